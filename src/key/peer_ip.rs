@@ -1,0 +1,360 @@
+//! Keys by the client's IP address, with forwarding headers honoured only
+//! from trusted proxies.
+
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+
+use http::request::Parts;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+
+use super::{Identity, Key, KeyExtractor};
+
+/// Forwarding hops beyond this many are not examined.
+const MAX_HOPS: usize = 64;
+
+/// Which forwarding header the trusted proxies write.
+///
+/// Only the header your proxies set may be read: a header they pass through
+/// untouched is whatever the client wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ForwardedHeader {
+    /// `X-Forwarded-For: client, proxy1, proxy2`.
+    #[default]
+    XForwardedFor,
+    /// RFC 7239 `Forwarded: for=client, for=proxy1`.
+    Forwarded,
+}
+
+/// Keys a request by the client's IP address.
+///
+/// The address is the TCP peer, from axum's `ConnectInfo<SocketAddr>` (serve
+/// with `into_make_service_with_connect_info::<SocketAddr>()`) or a plain
+/// `SocketAddr` request extension. Only when that peer is in a trusted proxy
+/// range is the forwarding header read, and then the right-most address that
+/// is not a trusted proxy is the client: hops to its left were written by
+/// the client and prove nothing. IPv6 clients are grouped by prefix (/64 by
+/// default, the usual size of one subscriber's network).
+///
+/// ```
+/// use slidegate::{KeyExtractor, PeerIp};
+/// use std::net::SocketAddr;
+///
+/// let peer_ip = PeerIp::new().trust_proxies(["10.0.0.0/8".parse().unwrap()]);
+/// let mut request = http::Request::builder()
+///     .header("x-forwarded-for", "6.6.6.6, 203.0.113.9, 10.0.0.7")
+///     .body(())
+///     .unwrap();
+/// request.extensions_mut().insert("10.0.0.2:5000".parse::<SocketAddr>().unwrap());
+/// let (parts, _) = request.into_parts();
+/// assert_eq!(peer_ip.extract(&parts).unwrap().key.as_str(), "ip:203.0.113.9");
+/// ```
+#[derive(Debug, Clone)]
+pub struct PeerIp {
+    trusted: Vec<IpNet>,
+    header: ForwardedHeader,
+    ipv4_prefix: u8,
+    ipv6_prefix: u8,
+}
+
+impl Default for PeerIp {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PeerIp {
+    /// The TCP peer's address, no proxies trusted, IPv6 grouped by /64.
+    pub fn new() -> Self {
+        Self {
+            trusted: Vec::new(),
+            header: ForwardedHeader::default(),
+            ipv4_prefix: 32,
+            ipv6_prefix: 64,
+        }
+    }
+
+    /// Trusts these proxy ranges to write the forwarding header.
+    ///
+    /// ```
+    /// use slidegate::PeerIp;
+    ///
+    /// let peer_ip = PeerIp::new().trust_proxies(["10.0.0.0/8".parse().unwrap(), "fd00::/8".parse().unwrap()]);
+    /// ```
+    #[must_use]
+    pub fn trust_proxies(mut self, ranges: impl IntoIterator<Item = IpNet>) -> Self {
+        self.trusted.extend(ranges);
+        self
+    }
+
+    /// Reads this forwarding header from trusted proxies (default
+    /// `X-Forwarded-For`).
+    ///
+    /// ```
+    /// use slidegate::{ForwardedHeader, PeerIp};
+    ///
+    /// let peer_ip = PeerIp::new().forwarded_header(ForwardedHeader::Forwarded);
+    /// ```
+    #[must_use]
+    pub fn forwarded_header(mut self, header: ForwardedHeader) -> Self {
+        self.header = header;
+        self
+    }
+
+    /// Groups IPv6 clients by this prefix length (default 64, at most 128).
+    ///
+    /// ```
+    /// use slidegate::PeerIp;
+    ///
+    /// let peer_ip = PeerIp::new().ipv6_prefix(56);
+    /// ```
+    #[must_use]
+    pub fn ipv6_prefix(mut self, bits: u8) -> Self {
+        self.ipv6_prefix = bits.min(128);
+        self
+    }
+
+    /// Groups IPv4 clients by this prefix length (default 32, at most 32).
+    ///
+    /// ```
+    /// use slidegate::PeerIp;
+    ///
+    /// let peer_ip = PeerIp::new().ipv4_prefix(24);
+    /// ```
+    #[must_use]
+    pub fn ipv4_prefix(mut self, bits: u8) -> Self {
+        self.ipv4_prefix = bits.min(32);
+        self
+    }
+
+    fn is_trusted(&self, ip: IpAddr) -> bool {
+        self.trusted.iter().any(|net| net.contains(&ip))
+    }
+
+    /// The client address: the peer, or when the peer is trusted, the
+    /// right-most untrusted forwarding hop. An unreadable hop stops the walk
+    /// at the last trusted address seen, so garbage never picks a key.
+    fn client_ip(&self, peer: IpAddr, parts: &Parts) -> IpAddr {
+        let mut client = peer;
+        if !self.is_trusted(peer) {
+            return client;
+        }
+        let hops = forwarding_hops(parts, self.header);
+        for hop in hops.iter().rev().take(MAX_HOPS) {
+            let Some(ip) = hop else { break };
+            client = canonical(*ip);
+            if !self.is_trusted(client) {
+                break;
+            }
+        }
+        client
+    }
+
+    fn group(&self, ip: IpAddr) -> String {
+        match ip {
+            IpAddr::V4(v4) if self.ipv4_prefix < 32 => {
+                let net = Ipv4Net::new(v4, self.ipv4_prefix).map(|n| n.trunc());
+                net.map_or_else(|_| v4.to_string(), |n| n.to_string())
+            }
+            IpAddr::V6(v6) if self.ipv6_prefix < 128 => {
+                let net = Ipv6Net::new(v6, self.ipv6_prefix).map(|n| n.trunc());
+                net.map_or_else(|_| v6.to_string(), |n| n.to_string())
+            }
+            other => other.to_string(),
+        }
+    }
+}
+
+impl KeyExtractor for PeerIp {
+    fn extract(&self, parts: &Parts) -> Option<Identity> {
+        let Some(peer) = peer_addr(parts) else {
+            tracing::error!(
+                "PeerIp found no peer address: serve with \
+                 into_make_service_with_connect_info::<SocketAddr>()"
+            );
+            return None;
+        };
+        let client = self.client_ip(canonical(peer.ip()), parts);
+        Some(Key::labelled("ip", Key::new(self.group(client))).into())
+    }
+}
+
+fn peer_addr(parts: &Parts) -> Option<SocketAddr> {
+    #[cfg(feature = "axum")]
+    if let Some(info) = parts
+        .extensions
+        .get::<axum::extract::ConnectInfo<SocketAddr>>()
+    {
+        return Some(info.0);
+    }
+    parts.extensions.get::<SocketAddr>().copied()
+}
+
+/// IPv4-mapped IPv6 addresses (`::ffff:1.2.3.4`) are IPv4 clients.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// Every hop of the forwarding header, left to right, across repeated header
+/// lines; `None` marks a hop that is not an address.
+fn forwarding_hops(parts: &Parts, header: ForwardedHeader) -> Vec<Option<IpAddr>> {
+    let name = match header {
+        ForwardedHeader::XForwardedFor => "x-forwarded-for",
+        ForwardedHeader::Forwarded => "forwarded",
+    };
+    let mut hops = Vec::new();
+    for value in parts.headers.get_all(name) {
+        let Ok(text) = value.to_str() else {
+            hops.push(None);
+            continue;
+        };
+        for element in text.split(',') {
+            hops.push(match header {
+                ForwardedHeader::XForwardedFor => parse_hop(element.trim()),
+                ForwardedHeader::Forwarded => forwarded_for(element).and_then(parse_hop),
+            });
+        }
+    }
+    hops
+}
+
+/// The `for=` parameter of one RFC 7239 element, unquoted.
+fn forwarded_for(element: &str) -> Option<&str> {
+    element.split(';').find_map(|pair| {
+        let (name, value) = pair.trim().split_once('=')?;
+        name.trim()
+            .eq_ignore_ascii_case("for")
+            .then(|| value.trim().trim_matches('"'))
+    })
+}
+
+/// An address, possibly with a port, possibly bracketed (`[v6]:port`).
+fn parse_hop(text: &str) -> Option<IpAddr> {
+    if let Ok(ip) = text.parse::<IpAddr>() {
+        return Some(ip);
+    }
+    if let Ok(socket) = text.parse::<SocketAddr>() {
+        return Some(socket.ip());
+    }
+    let bracketed = text.strip_prefix('[')?.strip_suffix(']')?;
+    bracketed.parse::<Ipv6Addr>().ok().map(IpAddr::V6)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(extractor: &PeerIp, peer: &str, headers: &[(&str, &[u8])]) -> Option<String> {
+        let mut request = http::Request::new(());
+        for (name, value) in headers {
+            request.headers_mut().append(
+                http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                http::HeaderValue::from_bytes(value).unwrap(),
+            );
+        }
+        request
+            .extensions_mut()
+            .insert(peer.parse::<SocketAddr>().unwrap());
+        let (parts, _) = request.into_parts();
+        extractor
+            .extract(&parts)
+            .map(|identity| identity.key.as_str().to_owned())
+    }
+
+    fn behind_proxy() -> PeerIp {
+        PeerIp::new().trust_proxies(["10.0.0.0/8".parse().unwrap()])
+    }
+
+    #[test]
+    fn untrusted_peer_cannot_spoof_forwarded_for() {
+        let xff: &[(&str, &[u8])] = &[("x-forwarded-for", b"1.1.1.1")];
+        assert_eq!(
+            key(&PeerIp::new(), "203.0.113.5:1", xff).unwrap(),
+            "ip:203.0.113.5"
+        );
+        assert_eq!(
+            key(&behind_proxy(), "203.0.113.5:1", xff).unwrap(),
+            "ip:203.0.113.5"
+        );
+    }
+
+    #[test]
+    fn right_most_untrusted_hop_wins() {
+        let headers: &[(&str, &[u8])] = &[
+            ("x-forwarded-for", b"9.9.9.9, 198.51.100.1"),
+            ("x-forwarded-for", b"10.1.1.1"),
+        ];
+        assert_eq!(
+            key(&behind_proxy(), "10.0.0.1:1", headers).unwrap(),
+            "ip:198.51.100.1"
+        );
+    }
+
+    #[test]
+    fn garbage_hop_stops_at_last_trusted_address() {
+        let headers: &[(&str, &[u8])] = &[("x-forwarded-for", b"1.2.3.4, not-an-ip, 10.9.9.9")];
+        assert_eq!(
+            key(&behind_proxy(), "10.0.0.1:1", headers).unwrap(),
+            "ip:10.9.9.9"
+        );
+        let binary: &[(&str, &[u8])] = &[("x-forwarded-for", b"\xff\xfe")];
+        assert_eq!(
+            key(&behind_proxy(), "10.0.0.1:1", binary).unwrap(),
+            "ip:10.0.0.1"
+        );
+    }
+
+    #[test]
+    fn no_header_from_trusted_proxy_keys_the_proxy() {
+        assert_eq!(
+            key(&behind_proxy(), "10.0.0.1:1", &[]).unwrap(),
+            "ip:10.0.0.1"
+        );
+    }
+
+    #[test]
+    fn rfc7239_forwarded_is_read_only_when_configured() {
+        let headers: &[(&str, &[u8])] = &[(
+            "forwarded",
+            b"for=192.0.2.1, for=\"[2001:db8:cafe::17]:4711\";proto=https",
+        )];
+        let forwarded = behind_proxy().forwarded_header(ForwardedHeader::Forwarded);
+        assert_eq!(
+            key(&forwarded, "10.0.0.1:1", headers).unwrap(),
+            "ip:2001:db8:cafe::/64"
+        );
+        assert_eq!(
+            key(&behind_proxy(), "10.0.0.1:1", headers).unwrap(),
+            "ip:10.0.0.1"
+        );
+    }
+
+    #[test]
+    fn ipv6_is_grouped_and_mapped_ipv4_is_ipv4() {
+        let a = key(&PeerIp::new(), "[2001:db8:1:2:aaaa::1]:1", &[]).unwrap();
+        let b = key(&PeerIp::new(), "[2001:db8:1:2:bbbb::2]:1", &[]).unwrap();
+        assert_eq!(a, "ip:2001:db8:1:2::/64");
+        assert_eq!(a, b);
+        let exact = PeerIp::new().ipv6_prefix(128);
+        assert_eq!(
+            key(&exact, "[2001:db8::1]:1", &[]).unwrap(),
+            "ip:2001:db8::1"
+        );
+        assert_eq!(
+            key(&PeerIp::new(), "[::ffff:192.0.2.7]:1", &[]).unwrap(),
+            "ip:192.0.2.7"
+        );
+        let v4_group = PeerIp::new().ipv4_prefix(24);
+        assert_eq!(
+            key(&v4_group, "192.0.2.7:1", &[]).unwrap(),
+            "ip:192.0.2.0/24"
+        );
+    }
+
+    #[test]
+    fn no_peer_address_yields_nothing() {
+        let (parts, _) = http::Request::new(()).into_parts();
+        assert!(PeerIp::new().extract(&parts).is_none());
+    }
+}

@@ -1,0 +1,126 @@
+//! [`RateLimitLayer`]: the settings, cheap to clone, that wrap a service.
+
+use std::sync::Arc;
+
+use tower_layer::Layer;
+
+use crate::{FailMode, HeaderStyle, KeyExtractor, Policies, RateLimit, ResetFormat, Store};
+
+/// Settings the response future needs; small and `Copy`.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Options {
+    pub(crate) fail_mode: FailMode,
+    pub(crate) header_style: HeaderStyle,
+    pub(crate) reset_format: ResetFormat,
+}
+
+/// Everything a [`RateLimit`] service shares with its clones.
+#[derive(Clone)]
+pub(crate) struct Shared {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) keys: Arc<dyn KeyExtractor>,
+    pub(crate) policies: Policies,
+    pub(crate) options: Options,
+}
+
+/// Applies sliding-window rate limiting to a service.
+///
+/// ```
+/// use axum::{Router, routing::get};
+/// use slidegate::{MemoryStore, PeerIp, Policies, Policy, RateLimitLayer};
+/// use std::time::Duration;
+///
+/// let policies = Policies::builder()
+///     .route("GET /api/search", Policy::new("search", 5, Duration::from_secs(60)))
+///     .default_policy(Policy::new("default", 100, Duration::from_secs(60)))
+///     .build()
+///     .unwrap();
+/// let app: Router = Router::new()
+///     .route("/api/search", get(|| async { "results" }))
+///     .route_layer(RateLimitLayer::new(MemoryStore::new(), PeerIp::new(), policies));
+/// ```
+#[derive(Clone)]
+pub struct RateLimitLayer {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for RateLimitLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field("policies", &self.shared.policies)
+            .field("options", &self.shared.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RateLimitLayer {
+    /// Limits requests by the client `key_extractor` finds, under
+    /// `policies`, with counts in `store`.
+    pub fn new(store: impl Store, key_extractor: impl KeyExtractor, policies: Policies) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                store: Arc::new(store),
+                keys: Arc::new(key_extractor),
+                policies,
+                options: Options::default(),
+            }),
+        }
+    }
+
+    fn options_mut(&mut self) -> &mut Options {
+        &mut Arc::make_mut(&mut self.shared).options
+    }
+
+    /// The fail mode of policies that set none (default [`FailMode::Open`]).
+    ///
+    /// ```
+    /// use slidegate::{FailMode, Global, MemoryStore, Policies, Policy, RateLimitLayer};
+    /// use std::time::Duration;
+    ///
+    /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).fail_mode(FailMode::Closed);
+    /// ```
+    #[must_use]
+    pub fn fail_mode(mut self, fail_mode: FailMode) -> Self {
+        self.options_mut().fail_mode = fail_mode;
+        self
+    }
+
+    /// Which rate-limit headers to send (default [`HeaderStyle::XRateLimit`]).
+    ///
+    /// ```
+    /// use slidegate::{Global, HeaderStyle, MemoryStore, Policies, Policy, RateLimitLayer};
+    /// use std::time::Duration;
+    ///
+    /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).header_style(HeaderStyle::None);
+    /// ```
+    #[must_use]
+    pub fn header_style(mut self, style: HeaderStyle) -> Self {
+        self.options_mut().header_style = style;
+        self
+    }
+
+    /// How `X-RateLimit-Reset` is written (default seconds from now).
+    ///
+    /// ```
+    /// use slidegate::{Global, MemoryStore, Policies, Policy, RateLimitLayer, ResetFormat};
+    /// use std::time::Duration;
+    ///
+    /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).reset_format(ResetFormat::UnixSeconds);
+    /// ```
+    #[must_use]
+    pub fn reset_format(mut self, format: ResetFormat) -> Self {
+        self.options_mut().reset_format = format;
+        self
+    }
+}
+
+impl<S> Layer<S> for RateLimitLayer {
+    type Service = RateLimit<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimit::from_shared(inner, self.shared.clone())
+    }
+}

@@ -1,0 +1,60 @@
+//! Exact sliding-window rate limiting for [Tower] and [axum] services, on
+//! Redis or in memory.
+//!
+//! Wrap a router in a [`RateLimitLayer`]: a [`KeyExtractor`] says who the
+//! client is, [`Policies`] say how much each route allows, and a [`Store`]
+//! ([`MemoryStore`] in one process, `RedisStore` across many) decides
+//! atomically. Responses carry `X-RateLimit-*` headers; a denied request gets
+//! `429 Too Many Requests` with `Retry-After`; when the store is down each
+//! policy fails open or closed.
+//!
+//! ```
+//! use axum::{Router, routing::{get, post}};
+//! use slidegate::{FailMode, MemoryStore, PeerIp, Policies, Policy, RateLimitLayer};
+//! use std::time::Duration;
+//!
+//! let policies = Policies::builder()
+//!     .route("POST /login", Policy::new("login", 5, Duration::from_secs(60)).fail_mode(FailMode::Closed))
+//!     .default_policy(Policy::new("default", 100, Duration::from_secs(60)))
+//!     .build()
+//!     .expect("valid policies");
+//! let app: Router = Router::new()
+//!     .route("/login", post(|| async { "welcome" }))
+//!     .route("/videos", get(|| async { "videos" }))
+//!     // route_layer: unmatched paths stay 404, never 429.
+//!     .route_layer(RateLimitLayer::new(MemoryStore::new(), PeerIp::new(), policies));
+//! // Serve with `app.into_make_service_with_connect_info::<std::net::SocketAddr>()`
+//! // so `PeerIp` sees the client address.
+//! ```
+//!
+//! [Tower]: https://docs.rs/tower
+//! [axum]: https://docs.rs/axum
+
+mod body;
+mod clock;
+mod decision;
+mod future;
+mod key;
+mod layer;
+mod policy;
+mod response;
+mod service;
+mod store;
+
+pub use body::ResponseBody;
+pub use clock::{Clock, FakeClock, SystemClock};
+pub use decision::Decision;
+pub use future::ResponseFuture;
+pub use key::{ForwardedHeader, Global, Header, Identity, Key, KeyExtractor, Or, PeerIp};
+pub use layer::RateLimitLayer;
+pub use policy::{Algorithm, FailMode, Policies, PoliciesBuilder, Policy, PolicyError, Route};
+pub use response::{
+    HeaderStyle, ResetFormat, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
+};
+pub use service::RateLimit;
+pub use store::{Check, CheckFuture, MemoryStore, MemoryStoreBuilder, Store, StoreError};
+#[cfg(feature = "redis")]
+pub use store::{RedisStore, RedisStoreBuilder};
+
+#[cfg(feature = "redis")]
+pub use deadpool_redis;

@@ -1,0 +1,553 @@
+//! Policies: how much a client may spend, on which routes, and what happens
+//! when the store cannot answer.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::Method;
+
+/// The counting algorithm of a [`Policy`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Algorithm {
+    /// An exact log of admitted requests: one entry per request, each with its
+    /// cost, pruned as it leaves the window.
+    #[default]
+    SlidingLog,
+}
+
+/// What a policy does when the store fails or times out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FailMode {
+    /// Let the request through and trace a warning.
+    #[default]
+    Open,
+    /// Answer `503 Service Unavailable`: the limiter, not the client, is the
+    /// problem.
+    Closed,
+}
+
+/// One limit: at most `limit` units of cost per sliding `window`.
+///
+/// ```
+/// use slidegate::{FailMode, Policy};
+/// use std::time::Duration;
+///
+/// let login = Policy::new("login", 5, Duration::from_secs(60))
+///     .cost(1)
+///     .fail_mode(FailMode::Closed);
+/// assert_eq!(login.limit(), 5);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    name: Arc<str>,
+    limit: u32,
+    window: Duration,
+    algorithm: Algorithm,
+    cost: u32,
+    fail_mode: Option<FailMode>,
+}
+
+impl Policy {
+    /// A policy named `name` allowing `limit` units per `window`, at a cost
+    /// of one unit per request. The name is part of every store key, so it
+    /// must be unique among the layer's policies and made of ASCII letters,
+    /// digits, `-` and `_`.
+    pub fn new(name: impl Into<Arc<str>>, limit: u32, window: Duration) -> Self {
+        Self {
+            name: name.into(),
+            limit,
+            window,
+            algorithm: Algorithm::default(),
+            cost: 1,
+            fail_mode: None,
+        }
+    }
+
+    /// Sets the counting algorithm.
+    ///
+    /// ```
+    /// use slidegate::{Algorithm, Policy};
+    /// use std::time::Duration;
+    ///
+    /// let policy = Policy::new("api", 100, Duration::from_secs(60)).algorithm(Algorithm::SlidingLog);
+    /// assert_eq!(policy.algorithm_kind(), Algorithm::SlidingLog);
+    /// ```
+    #[must_use]
+    pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
+        self.algorithm = algorithm;
+        self
+    }
+
+    /// Sets how many units one request consumes (default 1). A cost above
+    /// the limit is refused when the policies are built.
+    ///
+    /// ```
+    /// use slidegate::Policy;
+    /// use std::time::Duration;
+    ///
+    /// let export = Policy::new("export", 100, Duration::from_secs(3600)).cost(10);
+    /// assert_eq!(export.unit_cost(), 10);
+    /// ```
+    #[must_use]
+    pub fn cost(mut self, cost: u32) -> Self {
+        self.cost = cost;
+        self
+    }
+
+    /// Sets the fail mode; without it the layer's default applies.
+    ///
+    /// ```
+    /// use slidegate::{FailMode, Policy};
+    /// use std::time::Duration;
+    ///
+    /// let policy = Policy::new("pay", 3, Duration::from_secs(60)).fail_mode(FailMode::Closed);
+    /// assert_eq!(policy.configured_fail_mode(), Some(FailMode::Closed));
+    /// ```
+    #[must_use]
+    pub fn fail_mode(mut self, fail_mode: FailMode) -> Self {
+        self.fail_mode = Some(fail_mode);
+        self
+    }
+
+    /// The policy's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The shared form of the name, cheap to clone into a store check.
+    pub(crate) fn shared_name(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    /// Units allowed per window.
+    pub fn limit(&self) -> u32 {
+        self.limit
+    }
+
+    /// The sliding window.
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+
+    /// The counting algorithm.
+    pub fn algorithm_kind(&self) -> Algorithm {
+        self.algorithm
+    }
+
+    /// Units consumed by one request.
+    pub fn unit_cost(&self) -> u32 {
+        self.cost
+    }
+
+    /// The fail mode set on this policy, if any.
+    pub fn configured_fail_mode(&self) -> Option<FailMode> {
+        self.fail_mode
+    }
+
+    fn validate(&self) -> Result<(), PolicyError> {
+        let name = self.name.to_string();
+        if !is_valid_name(&self.name) {
+            return Err(PolicyError::InvalidName { name });
+        }
+        if self.limit == 0 {
+            return Err(PolicyError::ZeroLimit { name });
+        }
+        if self.window < Duration::from_millis(1) {
+            return Err(PolicyError::WindowTooShort { name });
+        }
+        if self.cost == 0 {
+            return Err(PolicyError::ZeroCost { name });
+        }
+        if self.cost > self.limit {
+            return Err(PolicyError::CostAboveLimit {
+                name,
+                cost: self.cost,
+                limit: self.limit,
+            });
+        }
+        Ok(())
+    }
+}
+
+fn is_valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// Which requests a policy applies to: an HTTP method (or any) and a route
+/// pattern as axum spells it (`/users/{id}`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    method: Option<Method>,
+    pattern: String,
+}
+
+impl Route {
+    /// Parses `"METHOD /pattern"` or `"/pattern"` (any method).
+    ///
+    /// ```
+    /// use slidegate::Route;
+    ///
+    /// let route = Route::parse("GET /api/search").unwrap();
+    /// assert!(route.matches(&http::Method::GET, "/api/search"));
+    /// assert!(!route.matches(&http::Method::POST, "/api/search"));
+    /// assert!(Route::parse("/api/videos").unwrap().matches(&http::Method::DELETE, "/api/videos"));
+    /// assert!(Route::parse("GET api").is_err());
+    /// ```
+    pub fn parse(route: &str) -> Result<Self, PolicyError> {
+        let invalid = || PolicyError::InvalidRoute {
+            route: route.to_owned(),
+        };
+        let route_text = route.trim();
+        let (method, pattern) = match route_text.split_once(char::is_whitespace) {
+            Some((method, pattern)) => {
+                let method = Method::from_bytes(method.as_bytes()).map_err(|_| invalid())?;
+                (Some(method), pattern.trim())
+            }
+            None => (None, route_text),
+        };
+        if !pattern.starts_with('/') || pattern.contains(char::is_whitespace) {
+            return Err(invalid());
+        }
+        Ok(Self {
+            method,
+            pattern: pattern.to_owned(),
+        })
+    }
+
+    /// Whether a request with `method` on the route pattern `path` matches.
+    pub fn matches(&self, method: &Method, path: &str) -> bool {
+        self.method.as_ref().is_none_or(|m| m == method) && self.pattern == path
+    }
+}
+
+impl fmt::Display for Route {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.method {
+            Some(method) => write!(f, "{method} {}", self.pattern),
+            None => f.write_str(&self.pattern),
+        }
+    }
+}
+
+/// A policy that failed validation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PolicyError {
+    /// The name is empty, too long, or has characters other than ASCII
+    /// letters, digits, `-` and `_`.
+    #[error("policy name `{name}` must be 1-64 ASCII letters, digits, `-` or `_`")]
+    InvalidName {
+        /// The offending name.
+        name: String,
+    },
+    /// Two policies share a name, and so would share store keys.
+    #[error("policy name `{name}` is used twice")]
+    DuplicateName {
+        /// The repeated name.
+        name: String,
+    },
+    /// A limit of zero admits nothing.
+    #[error("policy `{name}`: limit must be at least 1")]
+    ZeroLimit {
+        /// The policy.
+        name: String,
+    },
+    /// The window is shorter than a millisecond.
+    #[error("policy `{name}`: window must be at least 1ms")]
+    WindowTooShort {
+        /// The policy.
+        name: String,
+    },
+    /// A request must cost at least one unit.
+    #[error("policy `{name}`: cost must be at least 1")]
+    ZeroCost {
+        /// The policy.
+        name: String,
+    },
+    /// A request costing more than the limit could never be admitted.
+    #[error(
+        "policy `{name}`: cost {cost} is above the limit {limit}, so no request could ever be admitted"
+    )]
+    CostAboveLimit {
+        /// The policy.
+        name: String,
+        /// Its cost.
+        cost: u32,
+        /// Its limit.
+        limit: u32,
+    },
+    /// The route is not `"METHOD /pattern"` or `"/pattern"`.
+    #[error("route `{route}` must be \"METHOD /pattern\" or \"/pattern\"")]
+    InvalidRoute {
+        /// The offending route text.
+        route: String,
+    },
+}
+
+#[derive(Debug)]
+struct Scoped {
+    route: Option<Route>,
+    policy: Arc<Policy>,
+}
+
+/// The validated set of policies of a layer: route-scoped ones, ones for
+/// every route, and a default for requests no route-scoped policy matches.
+///
+/// Every policy whose route matches applies; a request is admitted only if
+/// all of them admit it.
+///
+/// ```
+/// use slidegate::{Policies, Policy};
+/// use std::time::Duration;
+///
+/// let policies = Policies::builder()
+///     .route("GET /api/search", Policy::new("search", 5, Duration::from_secs(60)))
+///     .every_route(Policy::new("account", 1000, Duration::from_secs(3600)))
+///     .default_policy(Policy::new("default", 100, Duration::from_secs(60)))
+///     .build()
+///     .unwrap();
+/// let names: Vec<_> = policies
+///     .select(&http::Method::GET, "/api/search")
+///     .iter()
+///     .map(|p| p.name().to_owned())
+///     .collect();
+/// assert_eq!(names, ["search", "account"]);
+/// ```
+#[derive(Debug, Clone)]
+pub struct Policies {
+    scoped: Arc<[Scoped]>,
+    default: Option<Arc<Policy>>,
+}
+
+impl Policies {
+    /// Starts an empty set of policies.
+    pub fn builder() -> PoliciesBuilder {
+        PoliciesBuilder::default()
+    }
+
+    /// A set holding one policy applied to every request.
+    ///
+    /// ```
+    /// use slidegate::{Policies, Policy};
+    /// use std::time::Duration;
+    ///
+    /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
+    /// assert_eq!(policies.select(&http::Method::GET, "/anything").len(), 1);
+    /// ```
+    pub fn single(policy: Policy) -> Result<Self, PolicyError> {
+        Self::builder().every_route(policy).build()
+    }
+
+    /// The policies that apply to a request with `method` whose matched route
+    /// pattern (or, outside axum, path) is `path`.
+    pub fn select(&self, method: &Method, path: &str) -> Vec<Arc<Policy>> {
+        let mut selected = Vec::new();
+        let mut route_matched = false;
+        for scoped in self.scoped.iter() {
+            match &scoped.route {
+                Some(route) if route.matches(method, path) => {
+                    route_matched = true;
+                    selected.push(scoped.policy.clone());
+                }
+                Some(_) => {}
+                None => selected.push(scoped.policy.clone()),
+            }
+        }
+        if let (false, Some(default)) = (route_matched, &self.default) {
+            selected.push(default.clone());
+        }
+        selected
+    }
+
+    /// Every policy in the set, default last.
+    pub fn iter(&self) -> impl Iterator<Item = &Policy> {
+        self.scoped
+            .iter()
+            .map(|s| s.policy.as_ref())
+            .chain(self.default.as_deref())
+    }
+}
+
+/// Collects policies for [`Policies`]; validation happens in
+/// [`build`](PoliciesBuilder::build).
+#[derive(Debug, Default)]
+#[must_use]
+pub struct PoliciesBuilder {
+    scoped: Vec<(Option<String>, Policy)>,
+    default: Option<Policy>,
+}
+
+impl PoliciesBuilder {
+    /// Applies `policy` to requests matching `route` (`"GET /api/search"` or
+    /// `"/api/search"`).
+    ///
+    /// ```
+    /// use slidegate::{Policies, Policy};
+    /// use std::time::Duration;
+    ///
+    /// let policies = Policies::builder()
+    ///     .route("POST /api/login", Policy::new("login", 5, Duration::from_secs(60)))
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(policies.select(&http::Method::POST, "/api/login").len(), 1);
+    /// assert!(policies.select(&http::Method::GET, "/api/login").is_empty());
+    /// ```
+    pub fn route(mut self, route: impl Into<String>, policy: Policy) -> Self {
+        self.scoped.push((Some(route.into()), policy));
+        self
+    }
+
+    /// Applies `policy` to every request, beside any route-scoped ones (a
+    /// per-account quota, say).
+    ///
+    /// ```
+    /// use slidegate::{Policies, Policy};
+    /// use std::time::Duration;
+    ///
+    /// let policies = Policies::builder()
+    ///     .every_route(Policy::new("quota", 10_000, Duration::from_secs(86_400)))
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(policies.select(&http::Method::GET, "/x").len(), 1);
+    /// ```
+    pub fn every_route(mut self, policy: Policy) -> Self {
+        self.scoped.push((None, policy));
+        self
+    }
+
+    /// Applies `policy` to requests that no route-scoped policy matches.
+    ///
+    /// ```
+    /// use slidegate::{Policies, Policy};
+    /// use std::time::Duration;
+    ///
+    /// let policies = Policies::builder()
+    ///     .route("/a", Policy::new("a", 1, Duration::from_secs(1)))
+    ///     .default_policy(Policy::new("rest", 100, Duration::from_secs(60)))
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(policies.select(&http::Method::GET, "/b")[0].name(), "rest");
+    /// assert_eq!(policies.select(&http::Method::GET, "/a")[0].name(), "a");
+    /// ```
+    pub fn default_policy(mut self, policy: Policy) -> Self {
+        self.default = Some(policy);
+        self
+    }
+
+    /// Validates every policy and route.
+    pub fn build(self) -> Result<Policies, PolicyError> {
+        let mut names = std::collections::HashSet::new();
+        let all = self
+            .scoped
+            .iter()
+            .map(|(_, p)| p)
+            .chain(self.default.as_ref());
+        for policy in all {
+            policy.validate()?;
+            if !names.insert(policy.name.clone()) {
+                return Err(PolicyError::DuplicateName {
+                    name: policy.name.to_string(),
+                });
+            }
+        }
+        let scoped = self
+            .scoped
+            .into_iter()
+            .map(|(route, policy)| {
+                Ok(Scoped {
+                    route: route.as_deref().map(Route::parse).transpose()?,
+                    policy: Arc::new(policy),
+                })
+            })
+            .collect::<Result<Vec<_>, PolicyError>>()?;
+        Ok(Policies {
+            scoped: scoped.into(),
+            default: self.default.map(Arc::new),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn minute(name: &str, limit: u32) -> Policy {
+        Policy::new(name, limit, Duration::from_secs(60))
+    }
+
+    #[test]
+    fn cost_above_limit_is_refused() {
+        let err = Policies::single(minute("p", 5).cost(6)).unwrap_err();
+        assert_eq!(
+            err,
+            PolicyError::CostAboveLimit {
+                name: "p".into(),
+                cost: 6,
+                limit: 5
+            }
+        );
+        assert!(Policies::single(minute("p", 5).cost(5)).is_ok());
+    }
+
+    #[test]
+    fn invalid_settings_are_refused() {
+        assert!(matches!(
+            Policies::single(minute("p", 0)),
+            Err(PolicyError::ZeroLimit { .. })
+        ));
+        assert!(matches!(
+            Policies::single(minute("p", 1).cost(0)),
+            Err(PolicyError::ZeroCost { .. })
+        ));
+        assert!(matches!(
+            Policies::single(Policy::new("p", 1, Duration::from_micros(10))),
+            Err(PolicyError::WindowTooShort { .. })
+        ));
+        for bad in ["", "a:b", "{x}", "a b", &"n".repeat(65)] {
+            assert!(matches!(
+                Policies::single(minute(bad, 1)),
+                Err(PolicyError::InvalidName { .. })
+            ));
+        }
+        let duplicate = Policies::builder()
+            .route("/a", minute("p", 1))
+            .default_policy(minute("p", 2))
+            .build();
+        assert!(matches!(duplicate, Err(PolicyError::DuplicateName { .. })));
+        let bad_route = Policies::builder().route("GET", minute("p", 1)).build();
+        assert!(matches!(bad_route, Err(PolicyError::InvalidRoute { .. })));
+    }
+
+    #[test]
+    fn default_applies_only_when_no_route_matches() {
+        let policies = Policies::builder()
+            .route("GET /a", minute("a", 1))
+            .route("/a", minute("a-any", 1))
+            .default_policy(minute("d", 1))
+            .build()
+            .unwrap();
+        let names = |method: Method, path: &str| -> Vec<String> {
+            policies
+                .select(&method, path)
+                .iter()
+                .map(|p| p.name().to_owned())
+                .collect()
+        };
+        assert_eq!(names(Method::GET, "/a"), ["a", "a-any"]);
+        assert_eq!(names(Method::POST, "/a"), ["a-any"]);
+        assert_eq!(names(Method::GET, "/b"), ["d"]);
+    }
+
+    #[test]
+    fn route_display_round_trips() {
+        for text in ["GET /api/search", "/api/videos", "POST /users/{id}"] {
+            assert_eq!(Route::parse(text).unwrap().to_string(), text);
+        }
+    }
+}

@@ -1,0 +1,269 @@
+//! The embedded store: sharded logs in process memory.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::sliding_log::Log;
+use super::{Check, CheckFuture, Store, StoreError};
+use crate::clock::{Clock, SystemClock, duration_micros};
+use crate::{Decision, Key};
+
+const DEFAULT_MAX_KEYS: usize = 1_000_000;
+const SHARDS: usize = 64;
+/// A shard sweeps idle logs when it grows past this many, then past twice
+/// what the sweep left, so sweeping costs O(1) per insert amortised.
+const MIN_SWEEP_AT: usize = 256;
+
+type LogKey = (Arc<str>, Key);
+
+#[derive(Debug)]
+struct Shard {
+    logs: HashMap<LogKey, Log>,
+    sweep_at: usize,
+}
+
+impl Shard {
+    fn evict_idle(&mut self, now: u64) -> usize {
+        let before = self.logs.len();
+        self.logs.retain(|_, log| !log.is_idle(now));
+        self.sweep_at = (self.logs.len() * 2).max(MIN_SWEEP_AT);
+        before - self.logs.len()
+    }
+}
+
+#[derive(Debug)]
+struct Inner {
+    shards: Box<[Mutex<Shard>]>,
+    hasher: RandomState,
+    clock: Box<dyn Clock>,
+    max_keys: usize,
+    max_keys_per_shard: usize,
+}
+
+/// The embedded store, for one process: exact sliding logs in sharded
+/// maps, with idle keys evicted and a bound on tracked keys so a flood of
+/// distinct clients cannot exhaust memory. When the bound is reached, a
+/// check that needs a new key fails with [`StoreError::Full`] and the
+/// policy's fail mode decides.
+///
+/// Clones share the same state.
+///
+/// ```
+/// use slidegate::{Check, Key, MemoryStore, Policy, Store};
+/// use std::time::Duration;
+///
+/// # tokio_test();
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn tokio_test() {
+/// let store = MemoryStore::new();
+/// let policy = Policy::new("api", 2, Duration::from_secs(60));
+/// let check = || vec![Check::new(&policy, Key::new("alice"))];
+/// assert!(store.check(check()).await.unwrap()[0].admitted);
+/// assert!(store.check(check()).await.unwrap()[0].admitted);
+/// assert!(!store.check(check()).await.unwrap()[0].admitted);
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryStore {
+    /// A store on the system clock tracking at most a million keys.
+    pub fn new() -> Self {
+        Self::builder().build()
+    }
+
+    /// Starts configuring a store.
+    pub fn builder() -> MemoryStoreBuilder {
+        MemoryStoreBuilder::default()
+    }
+
+    /// How many (policy, client) logs are tracked.
+    pub fn len(&self) -> usize {
+        self.inner.shards.iter().map(|s| lock(s).logs.len()).sum()
+    }
+
+    /// Whether no log is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Drops every log whose entries have all left the window, and returns
+    /// how many were dropped. Runs on its own as shards grow; call it to
+    /// reclaim memory eagerly.
+    pub fn evict_idle(&self) -> usize {
+        let now = self.inner.clock.now_micros();
+        self.inner
+            .shards
+            .iter()
+            .map(|s| lock(s).evict_idle(now))
+            .sum()
+    }
+
+    fn shard_of(&self, key: &LogKey) -> usize {
+        (self.inner.hasher.hash_one(key) % SHARDS as u64) as usize
+    }
+
+    fn check_now(&self, checks: Vec<Check>) -> Result<Vec<Decision>, StoreError> {
+        let inner = &*self.inner;
+        let now = inner.clock.now_micros();
+        let keyed: Vec<(LogKey, &Check)> = checks
+            .iter()
+            .map(|c| ((c.policy.clone(), c.key.clone()), c))
+            .collect();
+        let shard_ids: Vec<usize> = keyed.iter().map(|(k, _)| self.shard_of(k)).collect();
+        // Lock each shard once, in ascending order, so batches never deadlock.
+        let mut order = shard_ids.clone();
+        order.sort_unstable();
+        order.dedup();
+        let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> = order
+            .iter()
+            .map(|&id| (id, lock(&inner.shards[id])))
+            .collect();
+        let guard_of = |id: usize| order.binary_search(&id).unwrap_or_default();
+
+        let mut all_fit = true;
+        for ((key, check), &shard) in keyed.iter().zip(&shard_ids) {
+            if let Some(log) = guards[guard_of(shard)].1.logs.get_mut(key) {
+                log.prune(now, duration_micros(check.window));
+                all_fit &= log.fits(check.limit, check.cost);
+            } else {
+                all_fit &= check.cost <= check.limit;
+            }
+        }
+
+        if all_fit {
+            for ((key, _), &shard) in keyed.iter().zip(&shard_ids) {
+                let guard = &mut guards[guard_of(shard)].1;
+                if !guard.logs.contains_key(key) {
+                    make_room(guard, now, inner)?;
+                }
+            }
+        }
+
+        let mut decisions = Vec::with_capacity(keyed.len());
+        for ((key, check), &shard) in keyed.into_iter().zip(&shard_ids) {
+            let guard = &mut guards[guard_of(shard)].1;
+            let window = duration_micros(check.window);
+            let decision = if all_fit {
+                let log = guard.logs.entry(key).or_default();
+                log.prune(now, window);
+                log.record(now, check.cost);
+                log.decision(now, check.limit, check.cost, true)
+            } else {
+                match guard.logs.get(&key) {
+                    Some(log) => log.decision(now, check.limit, check.cost, false),
+                    None => {
+                        let mut empty = Log::default();
+                        empty.prune(now, window);
+                        empty.decision(now, check.limit, check.cost, false)
+                    }
+                }
+            };
+            decisions.push(decision);
+        }
+        Ok(decisions)
+    }
+}
+
+/// Ensures a shard can take one more log: sweeps idle logs when it has
+/// grown enough, and refuses when it is at its share of the bound.
+fn make_room(shard: &mut Shard, now: u64, inner: &Inner) -> Result<(), StoreError> {
+    if shard.logs.len() >= shard.sweep_at || shard.logs.len() >= inner.max_keys_per_shard {
+        shard.evict_idle(now);
+    }
+    if shard.logs.len() >= inner.max_keys_per_shard {
+        return Err(StoreError::Full {
+            max_keys: inner.max_keys,
+        });
+    }
+    Ok(())
+}
+
+fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    // A panic while holding a shard cannot leave a log half-updated in a way
+    // that over-admits, so a poisoned lock is still usable.
+    shard
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Store for MemoryStore {
+    fn check(&self, checks: Vec<Check>) -> CheckFuture {
+        Box::pin(std::future::ready(self.check_now(checks)))
+    }
+}
+
+/// Configures a [`MemoryStore`].
+#[derive(Debug)]
+#[must_use]
+pub struct MemoryStoreBuilder {
+    clock: Box<dyn Clock>,
+    max_keys: usize,
+}
+
+impl Default for MemoryStoreBuilder {
+    fn default() -> Self {
+        Self {
+            clock: Box::new(SystemClock::new()),
+            max_keys: DEFAULT_MAX_KEYS,
+        }
+    }
+}
+
+impl MemoryStoreBuilder {
+    /// Reads time from `clock` (a [`FakeClock`](crate::FakeClock) in tests).
+    ///
+    /// ```
+    /// use slidegate::{FakeClock, MemoryStore};
+    ///
+    /// let clock = FakeClock::new(0);
+    /// let store = MemoryStore::builder().clock(clock.clone()).build();
+    /// ```
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Box::new(clock);
+        self
+    }
+
+    /// Tracks at most about `max_keys` (policy, client) logs (default one
+    /// million). The bound is split evenly across 64 shards.
+    ///
+    /// ```
+    /// use slidegate::MemoryStore;
+    ///
+    /// let store = MemoryStore::builder().max_keys(10_000).build();
+    /// ```
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys;
+        self
+    }
+
+    /// Builds the store.
+    pub fn build(self) -> MemoryStore {
+        let shards = (0..SHARDS)
+            .map(|_| {
+                Mutex::new(Shard {
+                    logs: HashMap::new(),
+                    sweep_at: MIN_SWEEP_AT,
+                })
+            })
+            .collect();
+        MemoryStore {
+            inner: Arc::new(Inner {
+                shards,
+                hasher: RandomState::new(),
+                clock: self.clock,
+                max_keys: self.max_keys,
+                max_keys_per_shard: self.max_keys.div_ceil(SHARDS),
+            }),
+        }
+    }
+}

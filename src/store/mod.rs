@@ -1,0 +1,104 @@
+//! Where counts live: the [`Store`] trait and its two implementations.
+//!
+//! * [`MemoryStore`]: embedded, sharded, for one process.
+//! * `RedisStore` (feature `redis`): an atomic Lua script on a deadpool-redis
+//!   pool, shared by every instance of a service.
+//!
+//! Both give the same decisions for the same sequence of requests.
+
+mod memory;
+#[cfg(feature = "redis")]
+mod redis;
+mod sliding_log;
+
+pub use memory::{MemoryStore, MemoryStoreBuilder};
+#[cfg(feature = "redis")]
+pub use redis::{RedisStore, RedisStoreBuilder};
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::{Algorithm, Decision, Key, Policy};
+
+/// The future a [`Store`] returns.
+pub type CheckFuture =
+    Pin<Box<dyn Future<Output = Result<Vec<Decision>, StoreError>> + Send + 'static>>;
+
+/// One policy to check for one client, as part of a request's batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Check {
+    /// The policy's name; part of the store key.
+    pub policy: Arc<str>,
+    /// The client's key.
+    pub key: Key,
+    /// Units allowed per window.
+    pub limit: u32,
+    /// The sliding window.
+    pub window: Duration,
+    /// Units this request consumes; never above `limit`.
+    pub cost: u32,
+    /// The counting algorithm.
+    pub algorithm: Algorithm,
+}
+
+impl Check {
+    /// The check of `policy` for the client `key`.
+    ///
+    /// ```
+    /// use slidegate::{Check, Key, Policy};
+    /// use std::time::Duration;
+    ///
+    /// let check = Check::new(&Policy::new("api", 10, Duration::from_secs(1)), Key::new("alice"));
+    /// assert_eq!((check.limit, check.cost), (10, 1));
+    /// ```
+    pub fn new(policy: &Policy, key: Key) -> Self {
+        Self {
+            policy: policy.shared_name().clone(),
+            key,
+            limit: policy.limit(),
+            window: policy.window(),
+            cost: policy.unit_cost(),
+            algorithm: policy.algorithm_kind(),
+        }
+    }
+}
+
+/// A store of rate-limit state.
+///
+/// `check` decides a whole batch atomically: every check admits the request,
+/// and its cost is recorded in all of them, or none records anything. It
+/// returns one [`Decision`] per check, in order. Implementations bound their
+/// own latency (a hung backend must become an error, not a hung request).
+pub trait Store: Send + Sync + 'static {
+    /// Decides and, when admitted, records the batch.
+    fn check(&self, checks: Vec<Check>) -> CheckFuture;
+}
+
+impl<S: Store + ?Sized> Store for Arc<S> {
+    fn check(&self, checks: Vec<Check>) -> CheckFuture {
+        (**self).check(checks)
+    }
+}
+
+/// Why a store could not decide.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The backend did not answer in time.
+    #[error("rate-limit store timed out after {0:?}")]
+    Timeout(Duration),
+    /// The backend failed (connection refused, reset, script error, ...).
+    #[error("rate-limit store failed: {0}")]
+    Backend(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The in-memory store tracks as many keys as it may.
+    #[error("rate-limit store is full ({max_keys} keys tracked)")]
+    Full {
+        /// The configured bound.
+        max_keys: usize,
+    },
+    /// The backend answered something this crate does not understand.
+    #[error("rate-limit store answered unexpectedly: {0}")]
+    Protocol(String),
+}

@@ -1,0 +1,296 @@
+//! The shared store: one atomic Lua script per request on a deadpool-redis
+//! pool.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_redis::redis::{ErrorKind, RedisError, Script};
+use deadpool_redis::{Connection, Pool};
+
+use super::{Check, CheckFuture, Store, StoreError};
+use crate::Decision;
+use crate::clock::{Clock, duration_micros};
+
+const SLIDING_LOG: &str = include_str!("../../lua/sliding_log.lua");
+const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
+const DEFAULT_PREFIX: &str = "slidegate";
+
+struct Inner {
+    pool: Pool,
+    sliding_log: Script,
+    prefix: String,
+    timeout: Duration,
+    clock: Option<Box<dyn Clock>>,
+}
+
+/// The Redis store: every check is one `EVALSHA` of `lua/sliding_log.lua`,
+/// which prunes, counts, decides and records atomically, on Redis's own
+/// clock (`TIME`), so application servers' clocks never matter.
+///
+/// Keys are `<prefix>:<policy>:{<client>}` (the log) and the same with `:s`
+/// (its running sum); the braces make every key of one client one Redis
+/// Cluster slot. Every write sets a TTL just past the window.
+///
+/// Each call has a timeout (50 ms by default). A connection whose call timed
+/// out, was dropped mid-flight, or failed below the Redis protocol is thrown
+/// away rather than returned to the pool, since its replies may now be out of
+/// step.
+///
+/// ```no_run
+/// use slidegate::RedisStore;
+/// use slidegate::deadpool_redis::{Config, Runtime};
+/// use std::time::Duration;
+///
+/// let pool = Config::from_url("redis://127.0.0.1:6379/")
+///     .create_pool(Some(Runtime::Tokio1))
+///     .unwrap();
+/// let store = RedisStore::builder(pool)
+///     .prefix("myapp")
+///     .timeout(Duration::from_millis(30))
+///     .build();
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("prefix", &self.inner.prefix)
+            .field("timeout", &self.inner.timeout)
+            .field("pool", &self.inner.pool.status())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    /// A store on `pool` with the default prefix and timeout.
+    pub fn new(pool: Pool) -> Self {
+        Self::builder(pool).build()
+    }
+
+    /// Starts configuring a store on `pool`.
+    pub fn builder(pool: Pool) -> RedisStoreBuilder {
+        RedisStoreBuilder {
+            pool,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            timeout: DEFAULT_TIMEOUT,
+            clock: None,
+        }
+    }
+
+    /// The pool the store runs on.
+    pub fn pool(&self) -> &Pool {
+        &self.inner.pool
+    }
+
+    /// The Redis key of `check`'s log; its running sum lives at this key
+    /// with `:s` appended.
+    ///
+    /// ```no_run
+    /// # fn demo(store: slidegate::RedisStore) {
+    /// use slidegate::{Check, Key, Policy};
+    /// use std::time::Duration;
+    ///
+    /// let check = Check::new(&Policy::new("search", 5, Duration::from_secs(60)), Key::new("alice"));
+    /// assert_eq!(store.log_key(&check), "slidegate:search:{alice}");
+    /// # }
+    /// ```
+    pub fn log_key(&self, check: &Check) -> String {
+        format!("{}:{}:{{{}}}", self.inner.prefix, check.policy, check.key)
+    }
+}
+
+impl Inner {
+    async fn run(&self, store: &RedisStore, checks: &[Check]) -> Result<Vec<Decision>, StoreError> {
+        let connection = self
+            .pool
+            .get()
+            .await
+            .map_err(|e| StoreError::Backend(e.into()))?;
+        let mut checkout = Checkout::new(connection);
+
+        let mut invocation = self.sliding_log.prepare_invoke();
+        match &self.clock {
+            Some(clock) => invocation.arg(clock.now_micros()),
+            None => invocation.arg(""),
+        };
+        for check in checks {
+            let log = store.log_key(check);
+            let sum = format!("{log}:s");
+            invocation
+                .key(log)
+                .key(sum)
+                .arg(check.limit)
+                .arg(duration_micros(check.window))
+                .arg(check.cost);
+        }
+
+        let reply: Result<Vec<i64>, RedisError> =
+            invocation.invoke_async(checkout.connection()).await;
+        match reply {
+            Ok(values) => {
+                checkout.keep();
+                decisions(checks, &values)
+            }
+            Err(error) => {
+                if matches!(error.kind(), ErrorKind::Server(_)) {
+                    checkout.keep();
+                }
+                Err(StoreError::Backend(error.into()))
+            }
+        }
+    }
+}
+
+fn decisions(checks: &[Check], values: &[i64]) -> Result<Vec<Decision>, StoreError> {
+    if values.len() != checks.len() * 4 {
+        return Err(StoreError::Protocol(format!(
+            "expected {} integers, got {}",
+            checks.len() * 4,
+            values.len()
+        )));
+    }
+    let micros = |v: i64| Duration::from_micros(u64::try_from(v).unwrap_or(0));
+    Ok(checks
+        .iter()
+        .zip(values.chunks_exact(4))
+        .map(|(check, v)| Decision {
+            admitted: v[0] == 1,
+            limit: check.limit,
+            remaining: u32::try_from(v[1]).unwrap_or(0),
+            reset: micros(v[2]),
+            retry_after: (v[3] >= 0).then(|| micros(v[3])),
+        })
+        .collect())
+}
+
+/// A pooled connection that goes back to the pool only when [`keep`] was
+/// called: dropped any other way (timeout, cancelled request, broken
+/// socket), it is detached from the pool and closed.
+///
+/// [`keep`]: Checkout::keep
+struct Checkout {
+    connection: Option<Connection>,
+    keep: bool,
+}
+
+impl Checkout {
+    fn new(connection: Connection) -> Self {
+        Self {
+            connection: Some(connection),
+            keep: false,
+        }
+    }
+
+    fn connection(&mut self) -> &mut Connection {
+        self.connection
+            .as_mut()
+            .expect("a checkout holds its connection until dropped")
+    }
+
+    fn keep(&mut self) {
+        self.keep = true;
+    }
+}
+
+impl Drop for Checkout {
+    fn drop(&mut self) {
+        if let Some(connection) = self.connection.take()
+            && !self.keep
+        {
+            drop(Connection::take(connection));
+        }
+    }
+}
+
+impl Store for RedisStore {
+    fn check(&self, checks: Vec<Check>) -> CheckFuture {
+        let store = self.clone();
+        Box::pin(async move {
+            let timeout = store.inner.timeout;
+            tokio::time::timeout(timeout, store.inner.run(&store, &checks))
+                .await
+                .unwrap_or(Err(StoreError::Timeout(timeout)))
+        })
+    }
+}
+
+/// Configures a [`RedisStore`].
+#[must_use]
+pub struct RedisStoreBuilder {
+    pool: Pool,
+    prefix: String,
+    timeout: Duration,
+    clock: Option<Box<dyn Clock>>,
+}
+
+impl fmt::Debug for RedisStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStoreBuilder")
+            .field("prefix", &self.prefix)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStoreBuilder {
+    /// Prefixes every key (default `slidegate`), so several applications can
+    /// share one Redis.
+    ///
+    /// ```no_run
+    /// # fn demo(pool: slidegate::deadpool_redis::Pool) {
+    /// let store = slidegate::RedisStore::builder(pool).prefix("shop").build();
+    /// # }
+    /// ```
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Bounds each call, from taking a connection to the reply (default
+    /// 50 ms). Past it the call fails with [`StoreError::Timeout`].
+    ///
+    /// ```no_run
+    /// # fn demo(pool: slidegate::deadpool_redis::Pool) {
+    /// use std::time::Duration;
+    ///
+    /// let store = slidegate::RedisStore::builder(pool).timeout(Duration::from_millis(20)).build();
+    /// # }
+    /// ```
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// **For tests only:** passes `clock`'s time to the script instead of
+    /// letting it read Redis's `TIME`, so window edges can be tested
+    /// deterministically. Production stores must not set this: it would
+    /// make application servers' clocks part of the limit.
+    ///
+    /// ```no_run
+    /// # fn demo(pool: slidegate::deadpool_redis::Pool) {
+    /// let clock = slidegate::FakeClock::new(1_000_000);
+    /// let store = slidegate::RedisStore::builder(pool).clock(clock.clone()).build();
+    /// # }
+    /// ```
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Box::new(clock));
+        self
+    }
+
+    /// Builds the store; the script is hashed once here.
+    pub fn build(self) -> RedisStore {
+        RedisStore {
+            inner: Arc::new(Inner {
+                pool: self.pool,
+                sliding_log: Script::new(SLIDING_LOG),
+                prefix: self.prefix,
+                timeout: self.timeout,
+                clock: self.clock,
+            }),
+        }
+    }
+}

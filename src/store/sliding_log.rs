@@ -1,0 +1,113 @@
+//! The exact sliding-window log kept by [`MemoryStore`](super::MemoryStore),
+//! the in-process twin of `lua/sliding_log.lua`.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use crate::Decision;
+
+/// Admitted requests of one client under one policy, oldest first, with the
+/// running sum of their costs.
+#[derive(Debug, Default)]
+pub(super) struct Log {
+    entries: VecDeque<(u64, u32)>,
+    sum: u64,
+    window_micros: u64,
+}
+
+impl Log {
+    /// Drops entries that have left the window: an entry at `t` counts while
+    /// `now - window < t`.
+    pub(super) fn prune(&mut self, now: u64, window_micros: u64) {
+        self.window_micros = window_micros;
+        while let Some(&(at, cost)) = self.entries.front() {
+            if at.saturating_add(window_micros) > now {
+                break;
+            }
+            self.entries.pop_front();
+            self.sum -= u64::from(cost);
+        }
+    }
+
+    pub(super) fn fits(&self, limit: u32, cost: u32) -> bool {
+        self.sum + u64::from(cost) <= u64::from(limit)
+    }
+
+    pub(super) fn record(&mut self, now: u64, cost: u32) {
+        self.entries.push_back((now, cost));
+        self.sum += u64::from(cost);
+    }
+
+    /// Whether every entry has left the window, so the log can be dropped.
+    pub(super) fn is_idle(&self, now: u64) -> bool {
+        self.entries
+            .back()
+            .is_none_or(|&(at, _)| at.saturating_add(self.window_micros) <= now)
+    }
+
+    /// The decision for this log after pruning (and recording, if admitted).
+    pub(super) fn decision(&self, now: u64, limit: u32, cost: u32, admitted: bool) -> Decision {
+        let reset = self
+            .entries
+            .front()
+            .map_or(0, |&(at, _)| at + self.window_micros - now);
+        let retry_after = (!admitted && !self.fits(limit, cost)).then(|| {
+            let need = self.sum + u64::from(cost) - u64::from(limit);
+            let mut freed = 0;
+            let leaves = self.entries.iter().find_map(|&(at, entry_cost)| {
+                freed += u64::from(entry_cost);
+                (freed >= need).then_some(at)
+            });
+            // cost <= limit, so freeing every entry always suffices.
+            let at = leaves.unwrap_or(now);
+            Duration::from_micros(at + self.window_micros - now)
+        });
+        Decision {
+            admitted,
+            limit,
+            remaining: u32::try_from(u64::from(limit).saturating_sub(self.sum)).unwrap_or(0),
+            reset: Duration::from_micros(reset),
+            retry_after,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const W: u64 = 1_000_000;
+
+    #[test]
+    fn entry_leaves_exactly_one_window_later() {
+        let mut log = Log::default();
+        log.prune(0, W);
+        log.record(0, 1);
+        log.prune(W - 1, W);
+        assert!(!log.fits(1, 1));
+        assert_eq!(
+            log.decision(W - 1, 1, 1, false).retry_after,
+            Some(Duration::from_micros(1))
+        );
+        log.prune(W, W);
+        assert!(log.fits(1, 1));
+        assert!(log.is_idle(W));
+    }
+
+    #[test]
+    fn weighted_retry_after_waits_for_enough_units() {
+        let mut log = Log::default();
+        log.prune(0, W);
+        log.record(0, 3);
+        log.record(100, 3);
+        log.record(200, 3);
+        // 9 of 10 used; a cost of 5 needs 4 freed: the first two entries.
+        let decision = log.decision(300, 10, 5, false);
+        assert_eq!(decision.remaining, 1);
+        assert_eq!(
+            decision.retry_after,
+            Some(Duration::from_micros(100 + W - 300))
+        );
+        assert_eq!(decision.reset, Duration::from_micros(W - 300));
+    }
+}
