@@ -1,1 +1,181 @@
-fn main() {}
+//! A small video API behind slidegate: the crate's example server.
+//!
+//! ```sh
+//! cargo run --example server                          # in-memory store, built-in demo config
+//! REDIS_URL=redis://127.0.0.1:6379/ cargo run --example server
+//! cargo run --example server -- --config my.toml --bind 127.0.0.1:8080
+//! ```
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use axum::extract::Query;
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use clap::Parser;
+use serde_json::{Value, json};
+use slidegate::config::{Config, RedisSettings};
+use slidegate::deadpool_redis::{self, PoolConfig, Runtime};
+use slidegate::{Identity, MemoryStore, RateLimitLayer, RedisStore};
+
+const DEMO_CONFIG: &str = include_str!("demo.toml");
+
+/// The slidegate example server.
+#[derive(Debug, Parser)]
+#[command(about = "A small video API rate-limited by slidegate")]
+struct Args {
+    /// TOML configuration file; without it the built-in demo config runs.
+    #[arg(long, env = "SLIDEGATE_CONFIG")]
+    config: Option<PathBuf>,
+    /// Address to listen on.
+    #[arg(long, env = "BIND", default_value = "127.0.0.1:3000")]
+    bind: SocketAddr,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    match run(Args::parse()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    let config = match &args.config {
+        Some(path) => Config::from_file(path)?,
+        None => Config::from_toml_str(DEMO_CONFIG)?,
+    };
+    let (layer, store_name) = limiter(&config)?;
+    let app = app(layer);
+
+    let listener = tokio::net::TcpListener::bind(args.bind)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", args.bind))?;
+    tracing::info!(
+        "slidegate example server on http://{} ({store_name} store, config: {})",
+        listener.local_addr()?,
+        args.config
+            .as_deref()
+            .map_or("built-in demo".into(), |p| p.display().to_string()),
+    );
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown_signal())
+    .await?;
+    tracing::info!("shut down");
+    Ok(())
+}
+
+/// The layer on the configured store: Redis when `REDIS_URL` or
+/// `[redis] url` is set, memory otherwise.
+fn limiter(config: &Config) -> Result<(RateLimitLayer, String), Box<dyn std::error::Error>> {
+    let from_env = std::env::var("REDIS_URL")
+        .ok()
+        .filter(|url| !url.is_empty());
+    let settings = config.redis().cloned();
+    let url = match (from_env, &settings) {
+        (Some(url), _) => url,
+        (None, Some(RedisSettings { url: Some(url), .. })) => url.clone(),
+        (None, Some(_)) => return Err("[redis] has no `url` and REDIS_URL is not set".into()),
+        (None, None) => return Ok((config.layer(MemoryStore::new()), "memory".into())),
+    };
+    let settings = settings.unwrap_or_default();
+    let mut pool_config = deadpool_redis::Config::from_url(url.clone());
+    pool_config.pool = Some(PoolConfig::new(settings.pool_size));
+    let pool = pool_config
+        .create_pool(Some(Runtime::Tokio1))
+        .map_err(|e| format!("bad Redis URL `{url}`: {e}"))?;
+    let mut store = RedisStore::builder(pool).timeout(settings.timeout);
+    if let Some(prefix) = settings.prefix {
+        store = store.prefix(prefix);
+    }
+    Ok((config.layer(store.build()), format!("Redis ({url})")))
+}
+
+fn app(layer: RateLimitLayer) -> Router {
+    Router::new()
+        .route("/api/videos", get(videos))
+        .route("/api/search", get(search))
+        .route("/api/login", post(login))
+        .route("/api/whoami", get(whoami))
+        // Only matched routes are limited: an unknown path stays 404.
+        .route_layer(layer)
+        .route("/health", get(|| async { "ok" }))
+}
+
+const VIDEOS: [(&str, &str); 4] = [
+    ("v1", "Sliding windows explained"),
+    ("v2", "Redis scripting in practice"),
+    ("v3", "Rate limits at the edge"),
+    ("v4", "Tower middleware from scratch"),
+];
+
+async fn videos() -> Json<Value> {
+    let videos: Vec<Value> = VIDEOS
+        .iter()
+        .map(|(id, title)| json!({ "id": id, "title": title }))
+        .collect();
+    Json(json!({ "videos": videos }))
+}
+
+#[derive(serde::Deserialize)]
+struct SearchQuery {
+    #[serde(default)]
+    q: String,
+}
+
+async fn search(Query(query): Query<SearchQuery>) -> Json<Value> {
+    let needle = query.q.to_lowercase();
+    let results: Vec<Value> = VIDEOS
+        .iter()
+        .filter(|(_, title)| title.to_lowercase().contains(&needle))
+        .map(|(id, title)| json!({ "id": id, "title": title }))
+        .collect();
+    Json(json!({ "query": query.q, "results": results }))
+}
+
+async fn login() -> Json<Value> {
+    Json(json!({ "status": "logged in" }))
+}
+
+async fn whoami(identity: Option<Extension<Identity>>) -> Json<Value> {
+    match identity {
+        Some(Extension(identity)) => Json(json!({
+            "key": identity.key.as_str(),
+            "tier": identity.tier.as_deref(),
+        })),
+        None => {
+            Json(json!({ "key": null, "tier": null, "note": "no policy applies to this route" }))
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+    tracing::info!("shutting down");
+}

@@ -32,6 +32,8 @@
 
 mod body;
 mod clock;
+#[cfg(feature = "config")]
+pub mod config;
 mod decision;
 mod future;
 mod key;

@@ -1,0 +1,569 @@
+//! TOML configuration (feature `config`): the file format of the example
+//! server, usable by any application.
+//!
+//! ```
+//! use slidegate::config::Config;
+//!
+//! let config = Config::from_toml_str(r#"
+//!     [limiter]
+//!     keys = ["api_key", "ip"]
+//!
+//!     [[policy]]
+//!     name = "search"
+//!     route = "GET /api/search"
+//!     limit = 5
+//!     window = "60s"
+//!     fail = "closed"
+//!
+//!     [default]
+//!     limit = 100
+//!     window = "1m"
+//! "#).unwrap();
+//! assert_eq!(config.policies().iter().count(), 2);
+//!
+//! let error = Config::from_toml_str("[[policy]]\nname = \"p\"\nlimit = 5\nwindow = \"1s\"\ncost = 6\n").unwrap_err();
+//! assert_eq!(error.line(), Some(5));
+//! assert!(error.to_string().contains("cost"));
+//! ```
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http::HeaderName;
+use ipnet::IpNet;
+use serde::{Deserialize, Deserializer};
+use toml::Spanned;
+
+use crate::{
+    FailMode, Global, Header, HeaderStyle, KeyExtractor, PeerIp, Policies, Policy, PolicyError,
+    RateLimitLayer, ResetFormat, Route, Store,
+};
+
+const DEFAULT_REDIS_TIMEOUT_MS: u64 = 50;
+const DEFAULT_POOL_SIZE: usize = 16;
+
+/// A configuration file that could not be used: where, which key, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    file: Option<PathBuf>,
+    line: Option<usize>,
+    key: Option<String>,
+    message: String,
+}
+
+impl ConfigError {
+    /// The 1-based line of the offending key, when known.
+    pub fn line(&self) -> Option<usize> {
+        self.line
+    }
+
+    /// The offending key, e.g. `policy[1].cost`, when known.
+    pub fn key(&self) -> Option<&str> {
+        self.key.as_deref()
+    }
+
+    fn at(source: &str, offset: usize, key: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            file: None,
+            line: Some(line_of(source, offset)),
+            key: Some(key.into()),
+            message: message.into(),
+        }
+    }
+
+    fn in_file(mut self, file: &Path) -> Self {
+        self.file = Some(file.to_owned());
+        self
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.file {
+            Some(file) => write!(f, "{}", file.display())?,
+            None => f.write_str("config")?,
+        }
+        if let Some(line) = self.line {
+            write!(f, ", line {line}")?;
+        }
+        if let Some(key) = &self.key {
+            write!(f, ", key `{key}`")?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn line_of(source: &str, offset: usize) -> usize {
+    source[..offset.min(source.len())].matches('\n').count() + 1
+}
+
+/// The key written on the line at `offset`: `name` of `name = value`, or
+/// the table of a `[table]` header.
+fn key_on_line(source: &str, offset: usize) -> Option<String> {
+    let offset = offset.min(source.len());
+    let start = source[..offset].rfind('\n').map_or(0, |i| i + 1);
+    let line = source[start..].lines().next()?.trim();
+    if let Some((key, _)) = line.split_once('=') {
+        return Some(key.trim().trim_matches('"').to_owned());
+    }
+    line.starts_with('[').then(|| {
+        line.trim_matches(|c| c == '[' || c == ']')
+            .trim()
+            .to_owned()
+    })
+}
+
+/// A humantime duration such as `"60s"` or `"1h 30m"`.
+#[derive(Debug, Clone, Copy)]
+struct HumanDuration(Duration);
+
+impl<'de> Deserialize<'de> for HumanDuration {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        humantime::parse_duration(&text)
+            .map(HumanDuration)
+            .map_err(|e| {
+                serde::de::Error::custom(format!(
+                    "`{text}` is not a duration ({e}); write e.g. \"60s\" or \"1h\""
+                ))
+            })
+    }
+}
+
+/// A CIDR such as `"10.0.0.0/8"`, or one address.
+#[derive(Debug, Clone, Copy)]
+struct Cidr(IpNet);
+
+impl<'de> Deserialize<'de> for Cidr {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse::<IpNet>()
+            .or_else(|_| text.parse::<std::net::IpAddr>().map(IpNet::from))
+            .map(Cidr)
+            .map_err(|_| {
+                serde::de::Error::custom(format!("`{text}` is not a CIDR range or an IP address"))
+            })
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    redis: Option<RawRedis>,
+    #[serde(default)]
+    limiter: RawLimiter,
+    #[serde(default)]
+    policy: Vec<RawPolicy>,
+    default: Option<RawPolicyBody>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRedis {
+    url: Option<String>,
+    timeout_ms: Option<Spanned<u64>>,
+    pool_size: Option<Spanned<usize>>,
+    prefix: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawLimiter {
+    keys: Spanned<Vec<KeySource>>,
+    api_key_header: Spanned<String>,
+    trusted_proxies: Vec<Cidr>,
+    forwarded_header: ForwardedHeaderName,
+    ipv6_prefix: Spanned<u8>,
+    headers: HeaderStyleName,
+    reset: ResetName,
+    fail: FailName,
+}
+
+impl Default for RawLimiter {
+    fn default() -> Self {
+        Self {
+            keys: Spanned::new(0..0, vec![KeySource::Ip]),
+            api_key_header: Spanned::new(0..0, "x-api-key".to_owned()),
+            trusted_proxies: Vec::new(),
+            forwarded_header: ForwardedHeaderName::XForwardedFor,
+            ipv6_prefix: Spanned::new(0..0, 64),
+            headers: HeaderStyleName::XRatelimit,
+            reset: ResetName::Delta,
+            fail: FailName::Open,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum KeySource {
+    ApiKey,
+    Ip,
+    Global,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+enum ForwardedHeaderName {
+    XForwardedFor,
+    Forwarded,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+enum HeaderStyleName {
+    XRatelimit,
+    None,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum ResetName {
+    Delta,
+    Unix,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum FailName {
+    Open,
+    Closed,
+}
+
+impl From<FailName> for FailMode {
+    fn from(name: FailName) -> Self {
+        match name {
+            FailName::Open => FailMode::Open,
+            FailName::Closed => FailMode::Closed,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum AlgorithmName {
+    SlidingLog,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPolicy {
+    name: Spanned<String>,
+    route: Option<Spanned<String>>,
+    limit: Spanned<u32>,
+    window: Spanned<HumanDuration>,
+    algorithm: Option<AlgorithmName>,
+    cost: Option<Spanned<u32>>,
+    fail: Option<FailName>,
+}
+
+impl RawPolicy {
+    /// The name, the route, and what a `[default]` table also has.
+    fn split(self) -> (Spanned<String>, Option<Spanned<String>>, RawPolicyBody) {
+        let body = RawPolicyBody {
+            limit: self.limit,
+            window: self.window,
+            algorithm: self.algorithm,
+            cost: self.cost,
+            fail: self.fail,
+        };
+        (self.name, self.route, body)
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPolicyBody {
+    limit: Spanned<u32>,
+    window: Spanned<HumanDuration>,
+    algorithm: Option<AlgorithmName>,
+    cost: Option<Spanned<u32>>,
+    fail: Option<FailName>,
+}
+
+/// Where the example server's Redis is, and how to talk to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisSettings {
+    /// `redis://` URL; `REDIS_URL` overrides it in the example server.
+    pub url: Option<String>,
+    /// Per-call timeout.
+    pub timeout: Duration,
+    /// Connections in the pool.
+    pub pool_size: usize,
+    /// Key prefix, when set.
+    pub prefix: Option<String>,
+}
+
+impl Default for RedisSettings {
+    fn default() -> Self {
+        Self {
+            url: None,
+            timeout: Duration::from_millis(DEFAULT_REDIS_TIMEOUT_MS),
+            pool_size: DEFAULT_POOL_SIZE,
+            prefix: None,
+        }
+    }
+}
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    redis: Option<RedisSettings>,
+    keys: Vec<KeySource>,
+    api_key_header: HeaderName,
+    peer_ip: PeerIp,
+    policies: Policies,
+    fail_mode: FailMode,
+    header_style: HeaderStyle,
+    reset_format: ResetFormat,
+}
+
+impl Config {
+    /// Reads and validates the file at `path`.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ConfigError {
+                file: None,
+                line: None,
+                key: None,
+                message: format!("cannot read the file: {e}"),
+            }
+            .in_file(path)
+        })?;
+        Self::from_toml_str(&text).map_err(|e| e.in_file(path))
+    }
+
+    /// Parses and validates TOML text.
+    pub fn from_toml_str(source: &str) -> Result<Self, ConfigError> {
+        let raw: RawConfig = toml::from_str(source).map_err(|e| {
+            let offset = e.span().map_or(0, |s| s.start);
+            ConfigError {
+                file: None,
+                line: e.span().map(|_| line_of(source, offset)),
+                key: e.span().and_then(|_| key_on_line(source, offset)),
+                message: e.message().trim().to_owned(),
+            }
+        })?;
+        Self::validate(raw, source)
+    }
+
+    fn validate(raw: RawConfig, source: &str) -> Result<Self, ConfigError> {
+        let redis = raw.redis.map(|r| redis_settings(r, source)).transpose()?;
+        let limiter = raw.limiter;
+
+        if limiter.keys.get_ref().is_empty() {
+            return Err(ConfigError::at(
+                source,
+                limiter.keys.span().start,
+                "limiter.keys",
+                "needs at least one key source (api_key, ip, global)",
+            ));
+        }
+        let api_key_header = HeaderName::from_bytes(limiter.api_key_header.get_ref().as_bytes())
+            .map_err(|_| {
+                ConfigError::at(
+                    source,
+                    limiter.api_key_header.span().start,
+                    "limiter.api_key_header",
+                    "is not a valid header name",
+                )
+            })?;
+        let ipv6_prefix = *limiter.ipv6_prefix.get_ref();
+        if ipv6_prefix > 128 {
+            return Err(ConfigError::at(
+                source,
+                limiter.ipv6_prefix.span().start,
+                "limiter.ipv6_prefix",
+                "must be at most 128",
+            ));
+        }
+        let peer_ip = PeerIp::new()
+            .trust_proxies(limiter.trusted_proxies.into_iter().map(|c| c.0))
+            .forwarded_header(match limiter.forwarded_header {
+                ForwardedHeaderName::XForwardedFor => crate::ForwardedHeader::XForwardedFor,
+                ForwardedHeaderName::Forwarded => crate::ForwardedHeader::Forwarded,
+            })
+            .ipv6_prefix(ipv6_prefix);
+
+        let policies = build_policies(raw.policy, raw.default, source)?;
+
+        Ok(Self {
+            redis,
+            keys: limiter.keys.into_inner(),
+            api_key_header,
+            peer_ip,
+            policies,
+            fail_mode: limiter.fail.into(),
+            header_style: match limiter.headers {
+                HeaderStyleName::XRatelimit => HeaderStyle::XRateLimit,
+                HeaderStyleName::None => HeaderStyle::None,
+            },
+            reset_format: match limiter.reset {
+                ResetName::Delta => ResetFormat::DeltaSeconds,
+                ResetName::Unix => ResetFormat::UnixSeconds,
+            },
+        })
+    }
+
+    /// The `[redis]` section, if present.
+    pub fn redis(&self) -> Option<&RedisSettings> {
+        self.redis.as_ref()
+    }
+
+    /// The validated policies.
+    pub fn policies(&self) -> &Policies {
+        &self.policies
+    }
+
+    /// The key chain of `limiter.keys`, in order.
+    pub fn key_extractor(&self) -> Box<dyn KeyExtractor> {
+        let mut chain: Option<Box<dyn KeyExtractor>> = None;
+        for source in self.keys.iter().rev() {
+            let extractor: Box<dyn KeyExtractor> = match source {
+                KeySource::ApiKey => Box::new(Header::new(self.api_key_header.clone())),
+                KeySource::Ip => Box::new(self.peer_ip.clone()),
+                KeySource::Global => Box::new(Global),
+            };
+            chain = Some(match chain {
+                Some(next) => Box::new(extractor.or(next)),
+                None => extractor,
+            });
+        }
+        chain.expect("validation ensures at least one key source")
+    }
+
+    /// A layer with this configuration's keys, policies and options on
+    /// `store`.
+    pub fn layer(&self, store: impl Store) -> RateLimitLayer {
+        RateLimitLayer::new(store, self.key_extractor(), self.policies.clone())
+            .fail_mode(self.fail_mode)
+            .header_style(self.header_style)
+            .reset_format(self.reset_format)
+    }
+}
+
+fn redis_settings(raw: RawRedis, source: &str) -> Result<RedisSettings, ConfigError> {
+    let mut settings = RedisSettings {
+        url: raw.url,
+        prefix: raw.prefix,
+        ..RedisSettings::default()
+    };
+    if let Some(timeout) = raw.timeout_ms {
+        if *timeout.get_ref() == 0 {
+            return Err(ConfigError::at(
+                source,
+                timeout.span().start,
+                "redis.timeout_ms",
+                "must be at least 1",
+            ));
+        }
+        settings.timeout = Duration::from_millis(*timeout.get_ref());
+    }
+    if let Some(size) = raw.pool_size {
+        if *size.get_ref() == 0 {
+            return Err(ConfigError::at(
+                source,
+                size.span().start,
+                "redis.pool_size",
+                "must be at least 1",
+            ));
+        }
+        settings.pool_size = *size.get_ref();
+    }
+    Ok(settings)
+}
+
+fn build_policies(
+    raw: Vec<RawPolicy>,
+    default: Option<RawPolicyBody>,
+    source: &str,
+) -> Result<Policies, ConfigError> {
+    let mut builder = Policies::builder();
+    let mut seen = std::collections::HashSet::new();
+    for (index, raw) in raw.into_iter().enumerate() {
+        let prefix = format!("policy[{index}]");
+        let (name, route, body) = raw.split();
+        let name_span = name.span();
+        let name = name.into_inner();
+        if !seen.insert(name.clone()) {
+            return Err(ConfigError::at(
+                source,
+                name_span.start,
+                format!("{prefix}.name"),
+                format!("`{name}` is used by another policy"),
+            ));
+        }
+        let policy = policy_from(&name, &body, &prefix, name_span.start, source)?;
+        builder = match route {
+            Some(route) => {
+                Route::parse(route.get_ref()).map_err(|e| {
+                    ConfigError::at(
+                        source,
+                        route.span().start,
+                        format!("{prefix}.route"),
+                        e.to_string(),
+                    )
+                })?;
+                builder.route(route.into_inner(), policy)
+            }
+            None => builder.every_route(policy),
+        };
+    }
+    if let Some(body) = default {
+        if seen.contains("default") {
+            return Err(ConfigError::at(
+                source,
+                body.limit.span().start,
+                "default",
+                "a [[policy]] is already named `default`",
+            ));
+        }
+        let policy = policy_from("default", &body, "default", body.limit.span().start, source)?;
+        builder = builder.default_policy(policy);
+    }
+    builder.build().map_err(|e| ConfigError {
+        file: None,
+        line: None,
+        key: None,
+        message: e.to_string(),
+    })
+}
+
+fn policy_from(
+    name: &str,
+    body: &RawPolicyBody,
+    prefix: &str,
+    name_offset: usize,
+    source: &str,
+) -> Result<Policy, ConfigError> {
+    let mut policy = Policy::new(name, *body.limit.get_ref(), body.window.get_ref().0);
+    if let Some(AlgorithmName::SlidingLog) = body.algorithm {
+        policy = policy.algorithm(crate::Algorithm::SlidingLog);
+    }
+    if let Some(cost) = &body.cost {
+        policy = policy.cost(*cost.get_ref());
+    }
+    if let Some(fail) = body.fail {
+        policy = policy.fail_mode(fail.into());
+    }
+    Policies::single(policy.clone()).map_err(|error| {
+        let (key, offset) = match &error {
+            PolicyError::InvalidName { .. } => ("name", name_offset),
+            PolicyError::ZeroLimit { .. } => ("limit", body.limit.span().start),
+            PolicyError::WindowTooShort { .. } => ("window", body.window.span().start),
+            PolicyError::ZeroCost { .. } | PolicyError::CostAboveLimit { .. } => (
+                "cost",
+                body.cost
+                    .as_ref()
+                    .map_or(body.limit.span().start, |c| c.span().start),
+            ),
+            _ => ("name", name_offset),
+        };
+        ConfigError::at(source, offset, format!("{prefix}.{key}"), error.to_string())
+    })?;
+    Ok(policy)
+}
