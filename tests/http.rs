@@ -1,0 +1,392 @@
+//! The layer inside axum: headers, bodies, routing, keys and fail modes.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::routing::{get, post};
+use http::{HeaderMap, Request, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::Value;
+use slidegate::{
+    Check, CheckFuture, FailMode, FakeClock, Global, Header, HeaderStyle, Identity, KeyExtractor, MemoryStore,
+    PeerIp, Policies, Policy, RateLimit, RateLimitLayer, RedisStore, ResetFormat, Store,
+    StoreError,
+};
+use tower::{ServiceExt, service_fn};
+
+const START: u64 = 1_700_000_000_000_000;
+const MINUTE: Duration = Duration::from_secs(60);
+
+struct Reply {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: String,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(|v| v.to_str().unwrap())
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).expect("a JSON body")
+    }
+}
+
+async fn send(app: &Router, request: Request<Body>) -> Reply {
+    let response = app.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    Reply {
+        status,
+        headers,
+        body: String::from_utf8(body.to_vec()).unwrap(),
+    }
+}
+
+fn request(method: &str, uri: &str, peer: &str) -> Request<Body> {
+    let mut request = Request::builder()
+        .method(method)
+        .uri(uri)
+        .body(Body::empty())
+        .unwrap();
+    request
+        .extensions_mut()
+        .insert(ConnectInfo(peer.parse::<SocketAddr>().unwrap()));
+    request
+}
+
+fn get_from(uri: &str, peer: &str) -> Request<Body> {
+    request("GET", uri, peer)
+}
+
+fn demo_policies() -> Policies {
+    Policies::builder()
+        .route("GET /search", Policy::new("search", 3, MINUTE))
+        .route("POST /login", Policy::new("login", 2, MINUTE).fail_mode(FailMode::Closed))
+        .route("GET /items/{id}", Policy::new("items", 2, MINUTE))
+        .build()
+        .unwrap()
+}
+
+fn routes() -> Router {
+    Router::new()
+        .route("/search", get(|| async { "results" }))
+        .route("/login", post(|| async { "welcome" }))
+        .route("/items/{id}", get(|| async { "item" }))
+        .route("/free", get(|| async { "free" }))
+        .route(
+            "/whoami",
+            get(|identity: Option<axum::Extension<Identity>>| async move {
+                identity.map_or("none".to_owned(), |i| i.key.to_string())
+            }),
+        )
+}
+
+fn memory_app(clock: &FakeClock) -> Router {
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    routes().route_layer(RateLimitLayer::new(store, PeerIp::new(), demo_policies()))
+}
+
+#[tokio::test]
+async fn every_limited_response_carries_the_headers() {
+    let clock = FakeClock::new(START);
+    let app = memory_app(&clock);
+    for (remaining, reset) in [("2", "60"), ("1", "59"), ("0", "57")] {
+        let reply = send(&app, get_from("/search", "192.0.2.1:1000")).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(reply.body, "results");
+        assert_eq!(reply.header("x-ratelimit-limit"), Some("3"));
+        assert_eq!(reply.header("x-ratelimit-remaining"), Some(remaining));
+        assert_eq!(reply.header("x-ratelimit-reset"), Some(reset));
+        clock.advance(Duration::from_millis(1500));
+    }
+    // The first request was 4.5 s ago: capacity grows in 55.5 s.
+    let denied = send(&app, get_from("/search", "192.0.2.1:1000")).await;
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(denied.header("retry-after"), Some("56"));
+    assert_eq!(denied.header("x-ratelimit-remaining"), Some("0"));
+    assert_eq!(denied.header("x-ratelimit-reset"), Some("56"));
+    assert_eq!(denied.header("content-type"), Some("application/problem+json"));
+    let body = denied.json();
+    assert_eq!(body["status"], 429);
+    assert_eq!(body["title"], "Too Many Requests");
+    assert_eq!(body["policy"], "search");
+    assert_eq!(body["limit"], 3);
+    assert_eq!(body["window_seconds"], 60);
+    assert_eq!(body["retry_after_seconds"], 56);
+
+    // Unlimited routes carry no headers.
+    let free = send(&app, get_from("/free", "192.0.2.1:1000")).await;
+    assert_eq!(free.status, StatusCode::OK);
+    assert_eq!(free.header("x-ratelimit-limit"), None);
+}
+
+#[tokio::test]
+async fn retry_after_rounds_up_to_at_least_one_second() {
+    let clock = FakeClock::new(START);
+    let app = memory_app(&clock);
+    for _ in 0..3 {
+        send(&app, get_from("/search", "192.0.2.1:1")).await;
+    }
+    clock.advance(MINUTE - Duration::from_micros(1));
+    let denied = send(&app, get_from("/search", "192.0.2.1:1")).await;
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(denied.header("retry-after"), Some("1"));
+    assert_eq!(denied.json()["retry_after_seconds"], 1);
+}
+
+#[tokio::test]
+async fn route_layer_never_turns_404_into_429() {
+    let clock = FakeClock::new(START);
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let policies = Policies::builder()
+        .default_policy(Policy::new("default", 1, MINUTE))
+        .build()
+        .unwrap();
+    let app = routes().route_layer(RateLimitLayer::new(store, PeerIp::new(), policies));
+    assert_eq!(send(&app, get_from("/free", "192.0.2.1:1")).await.status, StatusCode::OK);
+    assert_eq!(
+        send(&app, get_from("/free", "192.0.2.1:1")).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    for _ in 0..3 {
+        let missing = send(&app, get_from("/missing", "192.0.2.1:1")).await;
+        assert_eq!(missing.status, StatusCode::NOT_FOUND);
+        assert_eq!(missing.header("x-ratelimit-limit"), None);
+    }
+}
+
+#[tokio::test]
+async fn router_layer_matches_route_patterns() {
+    let clock = FakeClock::new(START);
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let app = routes().layer(RateLimitLayer::new(store, PeerIp::new(), demo_policies()));
+    // Two different ids share the `/items/{id}` policy.
+    assert_eq!(send(&app, get_from("/items/1", "192.0.2.1:1")).await.status, StatusCode::OK);
+    assert_eq!(send(&app, get_from("/items/2", "192.0.2.1:1")).await.status, StatusCode::OK);
+    let third = send(&app, get_from("/items/3", "192.0.2.1:1")).await;
+    assert_eq!(third.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(third.json()["policy"], "items");
+    // The method is part of the route: GET /login has no policy.
+    assert_eq!(
+        send(&app, get_from("/login", "192.0.2.1:1")).await.status,
+        StatusCode::METHOD_NOT_ALLOWED
+    );
+    let login = send(&app, request("POST", "/login", "192.0.2.1:1")).await;
+    assert_eq!(login.header("x-ratelimit-limit"), Some("2"));
+}
+
+#[tokio::test]
+async fn clients_are_counted_apart_and_identity_reaches_the_handler() {
+    let clock = FakeClock::new(START);
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let policies = Policies::single(Policy::new("all", 1, MINUTE)).unwrap();
+    let app = routes().route_layer(RateLimitLayer::new(store, PeerIp::new(), policies));
+    let alice = send(&app, get_from("/whoami", "192.0.2.1:1")).await;
+    assert_eq!(alice.body, "ip:192.0.2.1");
+    let bob = send(&app, get_from("/whoami", "192.0.2.2:1")).await;
+    assert_eq!(bob.status, StatusCode::OK);
+    // Same /64: the same client.
+    let v6a = send(&app, get_from("/whoami", "[2001:db8::1]:1")).await;
+    assert_eq!(v6a.body, "ip:2001:db8::/64");
+    let v6b = send(&app, get_from("/whoami", "[2001:db8::ffff:2]:1")).await;
+    assert_eq!(v6b.status, StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test]
+async fn spoofed_forwarded_for_does_not_change_the_key() {
+    let clock = FakeClock::new(START);
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let policies = Policies::single(Policy::new("all", 1, MINUTE)).unwrap();
+    let keys = PeerIp::new().trust_proxies(["10.0.0.0/8".parse().unwrap()]);
+    let app = routes().route_layer(RateLimitLayer::new(store, keys, policies));
+    let spoof = |xff: &str, peer: &str| {
+        let mut r = get_from("/whoami", peer);
+        r.headers_mut().insert("x-forwarded-for", xff.parse().unwrap());
+        r
+    };
+    // From an untrusted peer the header is ignored.
+    let direct = send(&app, spoof("1.2.3.4", "198.51.100.7:1")).await;
+    assert_eq!(direct.body, "ip:198.51.100.7");
+    let again = send(&app, spoof("5.6.7.8", "198.51.100.7:1")).await;
+    assert_eq!(again.status, StatusCode::TOO_MANY_REQUESTS, "rotating the header buys nothing");
+    // Through the trusted proxy the client's own prefix of hops is ignored.
+    let proxied = send(&app, spoof("6.6.6.6, 203.0.113.50", "10.0.0.1:1")).await;
+    assert_eq!(proxied.body, "ip:203.0.113.50");
+    let rotated = send(&app, spoof("7.7.7.7, 203.0.113.50", "10.0.0.1:1")).await;
+    assert_eq!(rotated.status, StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test]
+async fn hostile_header_values_get_short_hashed_keys() {
+    let clock = FakeClock::new(START);
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let policies = Policies::single(Policy::new("all", 5, MINUTE)).unwrap();
+    let keys = Header::new(http::HeaderName::from_static("x-api-key")).or(Global);
+    let app = routes().route_layer(RateLimitLayer::new(store, keys, policies));
+    let values: [&[u8]; 4] = [
+        b"\xff\xfe\x80binary",
+        b"{slot}",
+        &[b'k'; 32 * 1024],
+        b"plain-secret",
+    ];
+    for value in values {
+        let mut r = get_from("/whoami", "192.0.2.1:1");
+        r.headers_mut()
+            .insert("x-api-key", http::HeaderValue::from_bytes(value).unwrap());
+        let reply = send(&app, r).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert!(reply.body.starts_with("x-api-key:#"), "{}", reply.body);
+        assert_eq!(reply.body.len(), "x-api-key:#".len() + 32);
+    }
+    let without = send(&app, get_from("/whoami", "192.0.2.1:1")).await;
+    assert_eq!(without.body, "global", "no header falls through to the next extractor");
+}
+
+#[tokio::test]
+async fn unidentified_client_is_a_clear_500() {
+    let store = MemoryStore::new();
+    let policies = Policies::single(Policy::new("all", 5, MINUTE)).unwrap();
+    let app = routes().route_layer(RateLimitLayer::new(store, PeerIp::new(), policies));
+    // No ConnectInfo: the server was not served with connect info.
+    let request = Request::get("/free").body(Body::empty()).unwrap();
+    let reply = send(&app, request).await;
+    assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(reply.header("content-type"), Some("application/problem+json"));
+    assert_eq!(reply.json()["title"], "Client Not Identified");
+}
+
+#[tokio::test]
+async fn header_style_none_and_unix_reset() {
+    let clock = FakeClock::new(START);
+    let policies = Policies::single(Policy::new("all", 1, MINUTE)).unwrap();
+    let none = routes().route_layer(
+        RateLimitLayer::new(MemoryStore::builder().clock(clock.clone()).build(), Global, policies.clone())
+            .header_style(HeaderStyle::None),
+    );
+    let ok = send(&none, get_from("/free", "192.0.2.1:1")).await;
+    assert_eq!(ok.header("x-ratelimit-limit"), None);
+    let denied = send(&none, get_from("/free", "192.0.2.1:1")).await;
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(denied.header("x-ratelimit-limit"), None);
+    assert_eq!(denied.header("retry-after"), Some("60"));
+
+    let unix = routes().route_layer(
+        RateLimitLayer::new(MemoryStore::new(), Global, policies).reset_format(ResetFormat::UnixSeconds),
+    );
+    let reply = send(&unix, get_from("/free", "192.0.2.1:1")).await;
+    let reset: u64 = reply.header("x-ratelimit-reset").unwrap().parse().unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!((now + 59..=now + 61).contains(&reset), "reset {reset}, now {now}");
+}
+
+/// A store whose backend is always down, to exercise fail modes without
+/// depending on timing.
+struct DownStore;
+
+impl Store for DownStore {
+    fn check(&self, _checks: Vec<Check>) -> CheckFuture {
+        Box::pin(async { Err(StoreError::Timeout(Duration::from_millis(50))) })
+    }
+}
+
+#[tokio::test]
+async fn fail_modes_decide_when_the_store_is_down() {
+    let open = routes().route_layer(RateLimitLayer::new(DownStore, Global, demo_policies()));
+    let passed = send(&open, get_from("/search", "192.0.2.1:1")).await;
+    assert_eq!(passed.status, StatusCode::OK);
+    assert_eq!(passed.header("x-ratelimit-limit"), None, "no made-up numbers");
+    let closed = send(&open, request("POST", "/login", "192.0.2.1:1")).await;
+    assert_eq!(closed.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(closed.header("retry-after"), Some("1"));
+    assert!(closed.json()["detail"].as_str().unwrap().contains("not the client"));
+
+    let all_closed = routes().route_layer(
+        RateLimitLayer::new(DownStore, Global, demo_policies()).fail_mode(FailMode::Closed),
+    );
+    let search = send(&all_closed, get_from("/search", "192.0.2.1:1")).await;
+    assert_eq!(search.status, StatusCode::SERVICE_UNAVAILABLE);
+}
+
+#[tokio::test]
+async fn works_on_any_tower_service_and_keeps_its_error_type() {
+    #[derive(Debug, PartialEq)]
+    struct InnerError;
+    let inner = service_fn(|request: Request<String>| async move {
+        if request.uri().path() == "/fail" {
+            Err(InnerError)
+        } else {
+            Ok::<_, InnerError>(http::Response::new(String::from("inner")))
+        }
+    });
+    let policies = Policies::single(Policy::new("all", 2, MINUTE)).unwrap();
+    let service = RateLimit::new(inner, MemoryStore::new(), Global, policies);
+    let ok = service
+        .clone()
+        .oneshot(Request::get("/").body(String::new()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(ok.headers()["x-ratelimit-remaining"], "1");
+    let body = ok.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"inner");
+    let failed = service
+        .clone()
+        .oneshot(Request::get("/fail").body(String::new()).unwrap())
+        .await;
+    assert_eq!(failed.unwrap_err(), InnerError);
+    let denied = service
+        .oneshot(Request::get("/").body(String::new()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test]
+async fn every_redis_key_written_has_a_ttl_just_past_its_window() {
+    let server = support::RedisServer::start();
+    let store = RedisStore::builder(server.pool(4)).timeout(Duration::from_secs(5)).build();
+    let policies = Policies::builder()
+        .route("GET /search", Policy::new("search", 3, MINUTE))
+        .every_route(Policy::new("hourly", 100, Duration::from_secs(3600)))
+        .default_policy(Policy::new("default", 10, Duration::from_secs(10)))
+        .build()
+        .unwrap();
+    let app = routes().route_layer(RateLimitLayer::new(store, PeerIp::new(), policies));
+    for client in 1..=5 {
+        for path in ["/search", "/free", "/search", "/search", "/search"] {
+            send(&app, get_from(path, &format!("192.0.2.{client}:1"))).await;
+        }
+    }
+    let keys: Vec<String> = server
+        .cli(&["--scan"])
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    // 5 clients x 3 policies x (log + sum).
+    assert_eq!(keys.len(), 30, "{keys:?}");
+    for key in &keys {
+        let ttl: i64 = server.cli(&["pttl", key]).trim().parse().unwrap();
+        let window_ms = if key.contains(":search:") {
+            60_000
+        } else if key.contains(":hourly:") {
+            3_600_000
+        } else {
+            10_000
+        };
+        assert!(
+            ttl > 0 && ttl <= window_ms + 1,
+            "{key} has TTL {ttl} ms for a {window_ms} ms window"
+        );
+        assert!(key.starts_with("slidegate:") && key.contains("{ip:192.0.2."), "{key}");
+    }
+}
