@@ -13,9 +13,9 @@ use http::{HeaderMap, Request, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::Value;
 use slidegate::{
-    Check, CheckFuture, FailMode, FakeClock, Global, Header, HeaderStyle, Identity, KeyExtractor, MemoryStore,
-    PeerIp, Policies, Policy, RateLimit, RateLimitLayer, RedisStore, ResetFormat, Store,
-    StoreError,
+    Check, CheckFuture, FailMode, FakeClock, Global, Header, HeaderStyle, Identity, KeyExtractor,
+    MemoryStore, PeerIp, Policies, Policy, RateLimit, RateLimitLayer, RedisStore, ResetFormat,
+    Store, StoreError,
 };
 use tower::{ServiceExt, service_fn};
 
@@ -69,7 +69,10 @@ fn get_from(uri: &str, peer: &str) -> Request<Body> {
 fn demo_policies() -> Policies {
     Policies::builder()
         .route("GET /search", Policy::new("search", 3, MINUTE))
-        .route("POST /login", Policy::new("login", 2, MINUTE).fail_mode(FailMode::Closed))
+        .route(
+            "POST /login",
+            Policy::new("login", 2, MINUTE).fail_mode(FailMode::Closed),
+        )
         .route("GET /items/{id}", Policy::new("items", 2, MINUTE))
         .build()
         .unwrap()
@@ -113,7 +116,10 @@ async fn every_limited_response_carries_the_headers() {
     assert_eq!(denied.header("retry-after"), Some("56"));
     assert_eq!(denied.header("x-ratelimit-remaining"), Some("0"));
     assert_eq!(denied.header("x-ratelimit-reset"), Some("56"));
-    assert_eq!(denied.header("content-type"), Some("application/problem+json"));
+    assert_eq!(
+        denied.header("content-type"),
+        Some("application/problem+json")
+    );
     let body = denied.json();
     assert_eq!(body["status"], 429);
     assert_eq!(body["title"], "Too Many Requests");
@@ -151,7 +157,10 @@ async fn route_layer_never_turns_404_into_429() {
         .build()
         .unwrap();
     let app = routes().route_layer(RateLimitLayer::new(store, PeerIp::new(), policies));
-    assert_eq!(send(&app, get_from("/free", "192.0.2.1:1")).await.status, StatusCode::OK);
+    assert_eq!(
+        send(&app, get_from("/free", "192.0.2.1:1")).await.status,
+        StatusCode::OK
+    );
     assert_eq!(
         send(&app, get_from("/free", "192.0.2.1:1")).await.status,
         StatusCode::TOO_MANY_REQUESTS
@@ -169,8 +178,14 @@ async fn router_layer_matches_route_patterns() {
     let store = MemoryStore::builder().clock(clock.clone()).build();
     let app = routes().layer(RateLimitLayer::new(store, PeerIp::new(), demo_policies()));
     // Two different ids share the `/items/{id}` policy.
-    assert_eq!(send(&app, get_from("/items/1", "192.0.2.1:1")).await.status, StatusCode::OK);
-    assert_eq!(send(&app, get_from("/items/2", "192.0.2.1:1")).await.status, StatusCode::OK);
+    assert_eq!(
+        send(&app, get_from("/items/1", "192.0.2.1:1")).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&app, get_from("/items/2", "192.0.2.1:1")).await.status,
+        StatusCode::OK
+    );
     let third = send(&app, get_from("/items/3", "192.0.2.1:1")).await;
     assert_eq!(third.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(third.json()["policy"], "items");
@@ -209,14 +224,19 @@ async fn spoofed_forwarded_for_does_not_change_the_key() {
     let app = routes().route_layer(RateLimitLayer::new(store, keys, policies));
     let spoof = |xff: &str, peer: &str| {
         let mut r = get_from("/whoami", peer);
-        r.headers_mut().insert("x-forwarded-for", xff.parse().unwrap());
+        r.headers_mut()
+            .insert("x-forwarded-for", xff.parse().unwrap());
         r
     };
     // From an untrusted peer the header is ignored.
     let direct = send(&app, spoof("1.2.3.4", "198.51.100.7:1")).await;
     assert_eq!(direct.body, "ip:198.51.100.7");
     let again = send(&app, spoof("5.6.7.8", "198.51.100.7:1")).await;
-    assert_eq!(again.status, StatusCode::TOO_MANY_REQUESTS, "rotating the header buys nothing");
+    assert_eq!(
+        again.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "rotating the header buys nothing"
+    );
     // Through the trusted proxy the client's own prefix of hops is ignored.
     let proxied = send(&app, spoof("6.6.6.6, 203.0.113.50", "10.0.0.1:1")).await;
     assert_eq!(proxied.body, "ip:203.0.113.50");
@@ -247,7 +267,10 @@ async fn hostile_header_values_get_short_hashed_keys() {
         assert_eq!(reply.body.len(), "x-api-key:#".len() + 32);
     }
     let without = send(&app, get_from("/whoami", "192.0.2.1:1")).await;
-    assert_eq!(without.body, "global", "no header falls through to the next extractor");
+    assert_eq!(
+        without.body, "global",
+        "no header falls through to the next extractor"
+    );
 }
 
 #[tokio::test]
@@ -259,7 +282,10 @@ async fn unidentified_client_is_a_clear_500() {
     let request = Request::get("/free").body(Body::empty()).unwrap();
     let reply = send(&app, request).await;
     assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR);
-    assert_eq!(reply.header("content-type"), Some("application/problem+json"));
+    assert_eq!(
+        reply.header("content-type"),
+        Some("application/problem+json")
+    );
     assert_eq!(reply.json()["title"], "Client Not Identified");
 }
 
@@ -268,8 +294,12 @@ async fn header_style_none_and_unix_reset() {
     let clock = FakeClock::new(START);
     let policies = Policies::single(Policy::new("all", 1, MINUTE)).unwrap();
     let none = routes().route_layer(
-        RateLimitLayer::new(MemoryStore::builder().clock(clock.clone()).build(), Global, policies.clone())
-            .header_style(HeaderStyle::None),
+        RateLimitLayer::new(
+            MemoryStore::builder().clock(clock.clone()).build(),
+            Global,
+            policies.clone(),
+        )
+        .header_style(HeaderStyle::None),
     );
     let ok = send(&none, get_from("/free", "192.0.2.1:1")).await;
     assert_eq!(ok.header("x-ratelimit-limit"), None);
@@ -279,7 +309,8 @@ async fn header_style_none_and_unix_reset() {
     assert_eq!(denied.header("retry-after"), Some("60"));
 
     let unix = routes().route_layer(
-        RateLimitLayer::new(MemoryStore::new(), Global, policies).reset_format(ResetFormat::UnixSeconds),
+        RateLimitLayer::new(MemoryStore::new(), Global, policies)
+            .reset_format(ResetFormat::UnixSeconds),
     );
     let reply = send(&unix, get_from("/free", "192.0.2.1:1")).await;
     let reset: u64 = reply.header("x-ratelimit-reset").unwrap().parse().unwrap();
@@ -287,7 +318,10 @@ async fn header_style_none_and_unix_reset() {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs();
-    assert!((now + 59..=now + 61).contains(&reset), "reset {reset}, now {now}");
+    assert!(
+        (now + 59..=now + 61).contains(&reset),
+        "reset {reset}, now {now}"
+    );
 }
 
 /// A store whose backend is always down, to exercise fail modes without
@@ -305,11 +339,20 @@ async fn fail_modes_decide_when_the_store_is_down() {
     let open = routes().route_layer(RateLimitLayer::new(DownStore, Global, demo_policies()));
     let passed = send(&open, get_from("/search", "192.0.2.1:1")).await;
     assert_eq!(passed.status, StatusCode::OK);
-    assert_eq!(passed.header("x-ratelimit-limit"), None, "no made-up numbers");
+    assert_eq!(
+        passed.header("x-ratelimit-limit"),
+        None,
+        "no made-up numbers"
+    );
     let closed = send(&open, request("POST", "/login", "192.0.2.1:1")).await;
     assert_eq!(closed.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(closed.header("retry-after"), Some("1"));
-    assert!(closed.json()["detail"].as_str().unwrap().contains("not the client"));
+    assert!(
+        closed.json()["detail"]
+            .as_str()
+            .unwrap()
+            .contains("not the client")
+    );
 
     let all_closed = routes().route_layer(
         RateLimitLayer::new(DownStore, Global, demo_policies()).fail_mode(FailMode::Closed),
@@ -354,7 +397,9 @@ async fn works_on_any_tower_service_and_keeps_its_error_type() {
 #[tokio::test]
 async fn every_redis_key_written_has_a_ttl_just_past_its_window() {
     let server = support::RedisServer::start();
-    let store = RedisStore::builder(server.pool(4)).timeout(Duration::from_secs(5)).build();
+    let store = RedisStore::builder(server.pool(4))
+        .timeout(Duration::from_secs(5))
+        .build();
     let policies = Policies::builder()
         .route("GET /search", Policy::new("search", 3, MINUTE))
         .every_route(Policy::new("hourly", 100, Duration::from_secs(3600)))
@@ -367,11 +412,7 @@ async fn every_redis_key_written_has_a_ttl_just_past_its_window() {
             send(&app, get_from(path, &format!("192.0.2.{client}:1"))).await;
         }
     }
-    let keys: Vec<String> = server
-        .cli(&["--scan"])
-        .lines()
-        .map(str::to_owned)
-        .collect();
+    let keys: Vec<String> = server.cli(&["--scan"]).lines().map(str::to_owned).collect();
     // 5 clients x 3 policies x (log + sum).
     assert_eq!(keys.len(), 30, "{keys:?}");
     for key in &keys {
@@ -387,6 +428,9 @@ async fn every_redis_key_written_has_a_ttl_just_past_its_window() {
             ttl > 0 && ttl <= window_ms + 1,
             "{key} has TTL {ttl} ms for a {window_ms} ms window"
         );
-        assert!(key.starts_with("slidegate:") && key.contains("{ip:192.0.2."), "{key}");
+        assert!(
+            key.starts_with("slidegate:") && key.contains("{ip:192.0.2."),
+            "{key}"
+        );
     }
 }

@@ -1,0 +1,240 @@
+//! Redis faults: killed, restarted, scripts flushed, frozen. Requests never
+//! wait past the store timeout, open routes pass, closed routes get 503, and
+//! enforcement comes back on its own.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::routing::get;
+use http::{Request, StatusCode};
+use slidegate::{FailMode, PeerIp, Policies, Policy, RateLimitLayer, RedisStore};
+use support::RedisServer;
+use tower::ServiceExt;
+
+const TIMEOUT: Duration = Duration::from_millis(100);
+/// Scheduling slack on a loaded two-core machine; the timeout itself is
+/// what keeps a request from hanging.
+const SLACK: Duration = Duration::from_millis(400);
+
+struct Fixture {
+    server: RedisServer,
+    store: RedisStore,
+    app: Router,
+}
+
+fn fixture() -> Fixture {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.pool(8)).timeout(TIMEOUT).build();
+    let policies = Policies::builder()
+        .route(
+            "/open",
+            Policy::new("open", 1000, Duration::from_secs(60)).fail_mode(FailMode::Open),
+        )
+        .route(
+            "/closed",
+            Policy::new("closed", 1000, Duration::from_secs(60)).fail_mode(FailMode::Closed),
+        )
+        .route(
+            "/tight",
+            Policy::new("tight", 3, Duration::from_secs(60)).fail_mode(FailMode::Closed),
+        )
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/open", get(|| async { "open" }))
+        .route("/closed", get(|| async { "closed" }))
+        .route("/tight", get(|| async { "tight" }))
+        .route_layer(RateLimitLayer::new(store.clone(), PeerIp::new(), policies));
+    Fixture { server, store, app }
+}
+
+impl Fixture {
+    /// Sends one request and returns its status and how long it took.
+    async fn send(&self, path: &str, client: u8) -> (StatusCode, Duration) {
+        let mut request = Request::get(path).body(Body::empty()).unwrap();
+        request
+            .extensions_mut()
+            .insert(ConnectInfo(SocketAddr::from(([192, 0, 2, client], 1))));
+        let started = Instant::now();
+        let response = self.app.clone().oneshot(request).await.unwrap();
+        (response.status(), started.elapsed())
+    }
+
+    /// Sends `count` concurrent requests to `path`; returns their statuses
+    /// and the slowest latency.
+    async fn burst(&self, path: &str, count: usize) -> (Vec<StatusCode>, Duration) {
+        let tasks: Vec<_> = (0..count)
+            .map(|i| {
+                let app = self.app.clone();
+                let path = path.to_owned();
+                tokio::spawn(async move {
+                    let mut request = Request::get(path).body(Body::empty()).unwrap();
+                    request
+                        .extensions_mut()
+                        .insert(ConnectInfo(SocketAddr::from(([198, 51, 100, i as u8], 1))));
+                    let started = Instant::now();
+                    let status = app.oneshot(request).await.unwrap().status();
+                    (status, started.elapsed())
+                })
+            })
+            .collect();
+        let mut statuses = Vec::new();
+        let mut worst = Duration::ZERO;
+        for task in tasks {
+            let (status, took) = task.await.unwrap();
+            statuses.push(status);
+            worst = worst.max(took);
+        }
+        (statuses, worst)
+    }
+
+    /// Polls `/tight`-style enforcement back: the time until a request to
+    /// `path` is answered by the store (200 or 429), bounded by `within`.
+    async fn time_to_recover(&self, path: &str, within: Duration) -> Option<Duration> {
+        let started = Instant::now();
+        while started.elapsed() < within {
+            let (status, _) = self.send(path, 9).await;
+            if status == StatusCode::OK || status == StatusCode::TOO_MANY_REQUESTS {
+                return Some(started.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        None
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_redis_fails_open_or_closed_without_waiting() {
+    let mut f = fixture();
+    assert_eq!(f.send("/closed", 1).await.0, StatusCode::OK);
+    f.server.kill();
+
+    let (open, open_worst) = f.burst("/open", 50).await;
+    let (closed, closed_worst) = f.burst("/closed", 50).await;
+    assert!(open.iter().all(|s| *s == StatusCode::OK), "{open:?}");
+    assert!(
+        closed.iter().all(|s| *s == StatusCode::SERVICE_UNAVAILABLE),
+        "{closed:?}"
+    );
+    let worst = open_worst.max(closed_worst);
+    println!("Redis killed: 100 requests, worst latency {worst:?} (timeout {TIMEOUT:?})");
+    assert!(worst <= TIMEOUT + SLACK, "a request waited {worst:?}");
+
+    // Restarted (empty): enforcement is back within a second.
+    f.server.restart();
+    let recovered = f.time_to_recover("/tight", Duration::from_secs(1)).await;
+    println!("Redis restarted: enforcement back after {recovered:?}");
+    assert!(
+        recovered.is_some(),
+        "enforcement did not come back within 1 s"
+    );
+    let statuses: Vec<_> = futures_statuses(&f, "/tight", 3).await;
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+}
+
+/// Sequential requests from client 9 (the one `time_to_recover` used).
+async fn futures_statuses(f: &Fixture, path: &str, count: usize) -> Vec<StatusCode> {
+    let mut statuses = Vec::new();
+    for _ in 0..count {
+        statuses.push(f.send(path, 9).await.0);
+    }
+    statuses
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_flush_is_invisible_to_requests() {
+    let f = fixture();
+    for round in 0..5 {
+        let (statuses, _) = f.burst("/closed", 20).await;
+        assert!(
+            statuses.iter().all(|s| *s == StatusCode::OK),
+            "round {round}: {statuses:?}"
+        );
+        assert_eq!(f.server.cli(&["script", "flush"]).trim(), "OK");
+        assert_eq!(f.server.cli(&["script", "exists", "0"]).trim(), "0");
+    }
+    // Limits still hold after the flushes.
+    let statuses = futures_statuses(&f, "/tight", 4).await;
+    assert_eq!(statuses[..3], [StatusCode::OK; 3]);
+    assert_eq!(statuses[3], StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frozen_redis_hits_the_timeout_and_the_pool_recovers() {
+    let f = fixture();
+    // Warm the pool with several connections.
+    let (warm, _) = f.burst("/closed", 16).await;
+    assert!(warm.iter().all(|s| *s == StatusCode::OK));
+
+    f.server.freeze();
+    let (open, open_worst) = f.burst("/open", 30).await;
+    let (closed, closed_worst) = f.burst("/closed", 30).await;
+    f.server.thaw();
+
+    assert!(open.iter().all(|s| *s == StatusCode::OK), "{open:?}");
+    assert!(
+        closed.iter().all(|s| *s == StatusCode::SERVICE_UNAVAILABLE),
+        "{closed:?}"
+    );
+    let worst = open_worst.max(closed_worst);
+    println!("Redis frozen: 60 requests, worst latency {worst:?} (timeout {TIMEOUT:?})");
+    assert!(
+        worst >= TIMEOUT,
+        "requests must have waited for the timeout, not failed early"
+    );
+    assert!(worst <= TIMEOUT + SLACK, "a request waited {worst:?}");
+
+    let recovered = f.time_to_recover("/closed", Duration::from_secs(2)).await;
+    println!("Redis thawed: answering again after {recovered:?}");
+    assert!(
+        recovered.is_some(),
+        "the pool did not recover after SIGCONT"
+    );
+    let (after, _) = f.burst("/closed", 16).await;
+    assert!(after.iter().all(|s| *s == StatusCode::OK), "{after:?}");
+    let status = f.store.pool().status();
+    assert!(status.size <= status.max_size, "{status:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_timed_out_mid_script_is_thrown_away() {
+    let f = fixture();
+    let (warm, _) = f.burst("/closed", 8).await;
+    assert!(warm.iter().all(|s| *s == StatusCode::OK));
+    let before = f.store.pool().status();
+    assert!(before.size > 0);
+
+    // Writes (so scripts) stall while PING, the pool's health check, still
+    // answers: each request times out in the middle of its EVALSHA.
+    assert_eq!(
+        f.server.cli(&["client", "pause", "3000", "write"]).trim(),
+        "OK"
+    );
+    let (paused, worst) = f.burst("/closed", before.size).await;
+    let during = f.store.pool().status();
+    assert_eq!(f.server.cli(&["client", "unpause"]).trim(), "OK");
+
+    assert!(
+        paused.iter().all(|s| *s == StatusCode::SERVICE_UNAVAILABLE),
+        "{paused:?}"
+    );
+    assert!(worst <= TIMEOUT + SLACK, "a request waited {worst:?}");
+    assert_eq!(
+        during.size, 0,
+        "connections that timed out mid-command went back to the pool: {during:?}"
+    );
+    let recovered = f.time_to_recover("/closed", Duration::from_secs(1)).await;
+    assert!(recovered.is_some());
+}
