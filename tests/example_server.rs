@@ -1,0 +1,274 @@
+//! The example server, run as a user would: as a process, over HTTP.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::RedisServer;
+
+/// `target/<profile>/examples/server`, which `cargo test` builds.
+fn server_binary() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().unwrap().parent().unwrap();
+    let binary = profile_dir.join("examples").join("server");
+    assert!(
+        binary.exists(),
+        "{} is missing: run via cargo test",
+        binary.display()
+    );
+    binary
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The running example server, killed on drop.
+struct ExampleServer {
+    child: Child,
+    port: u16,
+}
+
+impl ExampleServer {
+    fn start(args: &[&str], env: &[(&str, &str)]) -> Self {
+        let port = free_port();
+        let mut command = Command::new(server_binary());
+        command
+            .args(args)
+            .env("BIND", format!("127.0.0.1:{port}"))
+            .env_remove("REDIS_URL")
+            .env_remove("SLIDEGATE_CONFIG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let server = Self {
+            child: command.spawn().unwrap(),
+            port,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return server;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("the example server did not listen on {port}");
+    }
+
+    fn request(&self, method: &str, path: &str, headers: &[(&str, &str)]) -> Response {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: 0\r\n"
+        );
+        for (name, value) in headers {
+            head.push_str(&format!("{name}: {value}\r\n"));
+        }
+        head.push_str("\r\n");
+        stream.write_all(head.as_bytes()).unwrap();
+        let mut raw = String::new();
+        stream.read_to_string(&mut raw).unwrap();
+        Response::parse(&raw)
+    }
+
+    fn get(&self, path: &str) -> Response {
+        self.request("GET", path, &[])
+    }
+}
+
+impl Drop for ExampleServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Response {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Response {
+    fn parse(raw: &str) -> Self {
+        let (head, body) = raw.split_once("\r\n\r\n").expect("a complete response");
+        let mut lines = head.lines();
+        let status = lines
+            .next()
+            .unwrap()
+            .split(' ')
+            .nth(1)
+            .unwrap()
+            .parse()
+            .unwrap();
+        let headers = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
+            .collect();
+        Self {
+            status,
+            headers,
+            body: body.to_owned(),
+        }
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap()
+    }
+}
+
+#[test]
+fn demo_config_limits_search_and_login_but_never_health() {
+    let server = ExampleServer::start(&[], &[]);
+    for _ in 0..20 {
+        let health = server.get("/health");
+        assert_eq!(health.status, 200);
+        assert_eq!(health.header("x-ratelimit-limit"), None);
+    }
+    for remaining in ["4", "3", "2", "1", "0"] {
+        let reply = server.get("/api/search?q=redis");
+        assert_eq!(reply.status, 200);
+        assert_eq!(reply.header("x-ratelimit-limit"), Some("5"));
+        assert_eq!(reply.header("x-ratelimit-remaining"), Some(remaining));
+    }
+    let denied = server.get("/api/search?q=redis");
+    assert_eq!(denied.status, 429);
+    assert_eq!(
+        denied.header("content-type"),
+        Some("application/problem+json")
+    );
+    let retry: u64 = denied.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=60).contains(&retry));
+    assert_eq!(denied.json()["policy"], "search");
+
+    for _ in 0..3 {
+        assert_eq!(server.request("POST", "/api/login", &[]).status, 200);
+    }
+    assert_eq!(server.request("POST", "/api/login", &[]).status, 429);
+
+    let videos = server.get("/api/videos");
+    assert_eq!(videos.status, 200);
+    assert!(videos.json()["videos"].as_array().unwrap().len() > 1);
+    assert_eq!(server.get("/nope").status, 404);
+
+    let whoami = server.get("/api/whoami").json();
+    assert_eq!(whoami["key"], "ip:127.0.0.1");
+    let with_key = server
+        .request("GET", "/api/whoami", &[("x-api-key", "demo-secret")])
+        .json();
+    let key = with_key["key"].as_str().unwrap();
+    assert!(
+        key.starts_with("x-api-key:#") && !key.contains("demo-secret"),
+        "{key}"
+    );
+}
+
+#[test]
+fn redis_url_switches_to_redis() {
+    let redis = RedisServer::start();
+    let server = ExampleServer::start(&[], &[("REDIS_URL", &redis.url())]);
+    for _ in 0..3 {
+        assert_eq!(server.request("POST", "/api/login", &[]).status, 200);
+    }
+    assert_eq!(server.request("POST", "/api/login", &[]).status, 429);
+    let keys = redis.cli(&["--scan"]);
+    assert!(keys.contains("slidegate:login:{ip:127.0.0.1}"), "{keys}");
+
+    // Redis gone: login fails closed, videos fail open, health is untouched.
+    drop(redis);
+    assert_eq!(server.request("POST", "/api/login", &[]).status, 503);
+    assert_eq!(server.get("/api/videos").status, 200);
+    assert_eq!(server.get("/health").status, 200);
+}
+
+#[test]
+fn config_file_from_flag_or_environment() {
+    let dir = std::env::temp_dir().join(format!("slidegate-example-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("tight.toml");
+    std::fs::write(
+        &path,
+        "[limiter]\nkeys = [\"global\"]\n\n[default]\nlimit = 1\nwindow = \"1h\"\n",
+    )
+    .unwrap();
+    let path = path.to_str().unwrap();
+    for server in [
+        ExampleServer::start(&["--config", path], &[]),
+        ExampleServer::start(&[], &[("SLIDEGATE_CONFIG", path)]),
+    ] {
+        assert_eq!(server.get("/api/videos").status, 200);
+        assert_eq!(
+            server.get("/api/search").status,
+            429,
+            "one global key, limit 1"
+        );
+        assert_eq!(server.get("/api/whoami").status, 429);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn bad_config_stops_start_up_naming_key_and_line() {
+    let dir = std::env::temp_dir().join(format!("slidegate-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("bad.toml");
+    std::fs::write(
+        &path,
+        "[[policy]]\nname = \"p\"\nlimit = 5\nwindow = \"1m\"\ncost = 6\n",
+    )
+    .unwrap();
+    let output = Command::new(server_binary())
+        .args(["--config", path.to_str().unwrap(), "--bind", "127.0.0.1:0"])
+        .env_remove("REDIS_URL")
+        .output()
+        .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("line 5") && stderr.contains("cost"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn sigterm_shuts_down_gracefully() {
+    let mut server = ExampleServer::start(&[], &[]);
+    assert_eq!(server.get("/health").status, 200);
+    let status = Command::new("kill")
+        .args(["-TERM", &server.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(exit) = server.child.try_wait().unwrap() {
+            assert!(exit.success(), "exited with {exit}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the server did not stop on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
