@@ -21,7 +21,7 @@ use super::{Identity, Key, KeyExtractor};
 ///     .body(())
 ///     .unwrap()
 ///     .into_parts();
-/// let key = Header::new("x-api-key").extract(&parts).unwrap().key;
+/// let key = Header::new(http::HeaderName::from_static("x-api-key")).extract(&parts).unwrap().key;
 /// assert!(key.as_str().starts_with("x-api-key:#"));
 /// assert!(!key.as_str().contains("sk_live_abc"));
 /// ```

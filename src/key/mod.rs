@@ -122,7 +122,7 @@ impl From<Key> for Identity {
 /// use slidegate::{Header, Key, KeyExtractor, PeerIp};
 ///
 /// // API key when present, else the client's IP address.
-/// let keys = Header::new("x-api-key").or(PeerIp::new());
+/// let keys = Header::new(http::HeaderName::from_static("x-api-key")).or(PeerIp::new());
 /// // Any closure over the request head works too.
 /// let by_tenant = |parts: &http::request::Parts| {
 ///     parts.headers.get("x-tenant").map(|v| Key::new(v.as_bytes()))
