@@ -60,3 +60,8 @@ pub use store::{RedisStore, RedisStoreBuilder};
 
 #[cfg(feature = "redis")]
 pub use deadpool_redis;
+
+/// The README's examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
