@@ -26,8 +26,10 @@
 //! assert!(error.to_string().contains("cost"));
 //! ```
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::HeaderName;
@@ -36,8 +38,8 @@ use serde::{Deserialize, Deserializer};
 use toml::Spanned;
 
 use crate::{
-    FailMode, Global, Header, HeaderStyle, KeyExtractor, PeerIp, Policies, Policy, PolicyError,
-    RateLimitLayer, ResetFormat, Route, Store,
+    FailMode, Global, Header, HeaderStyle, JwtClaim, JwtError, KeyExtractor, PeerIp, Policies,
+    Policy, PolicyError, RateLimitLayer, ResetFormat, Route, Store, TierLimits,
 };
 
 const DEFAULT_REDIS_TIMEOUT_MS: u64 = 50;
@@ -116,6 +118,17 @@ fn key_on_line(source: &str, offset: usize) -> Option<String> {
     })
 }
 
+/// The `[table]` that the line at `offset` belongs to.
+fn section_of(source: &str, offset: usize) -> Option<&str> {
+    source[..offset.min(source.len())]
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find_map(|line| line.strip_prefix('['))
+        .and_then(|header| header.split(']').next())
+        .map(str::trim)
+}
+
 /// A humantime duration such as `"60s"` or `"1h 30m"`.
 #[derive(Debug, Clone, Copy)]
 struct HumanDuration(Duration);
@@ -155,9 +168,41 @@ struct RawConfig {
     redis: Option<RawRedis>,
     #[serde(default)]
     limiter: RawLimiter,
+    jwt: Option<Spanned<RawJwt>>,
+    api_keys: Option<Spanned<BTreeMap<String, Spanned<String>>>>,
     #[serde(default)]
     policy: Vec<RawPolicy>,
     default: Option<RawPolicyBody>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawJwt {
+    secret: Option<Spanned<String>>,
+    public_key_pem: Option<Spanned<PathBuf>>,
+    algorithms: Option<Spanned<Vec<String>>>,
+    key_claim: Option<Spanned<String>>,
+    tier_claim: Option<String>,
+    leeway: Option<Spanned<HumanDuration>>,
+    issuer: Option<OneOrMany>,
+    audience: Option<OneOrMany>,
+}
+
+/// A string, or a list of them.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    fn into_vec(self) -> Vec<String> {
+        match self {
+            Self::One(one) => vec![one],
+            Self::Many(many) => many,
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -200,6 +245,7 @@ impl Default for RawLimiter {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 enum KeySource {
+    Jwt,
     ApiKey,
     Ip,
     Global,
@@ -216,6 +262,8 @@ enum ForwardedHeaderName {
 #[serde(rename_all = "kebab-case")]
 enum HeaderStyleName {
     XRatelimit,
+    Ietf,
+    Both,
     None,
 }
 
@@ -258,6 +306,16 @@ struct RawPolicy {
     algorithm: Option<AlgorithmName>,
     cost: Option<Spanned<u32>>,
     fail: Option<FailName>,
+    tiers: Option<BTreeMap<String, Spanned<RawTier>>>,
+}
+
+/// A tier's overrides in `tiers = { pro = { limit = 50 } }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTier {
+    limit: Option<Spanned<u32>>,
+    window: Option<Spanned<HumanDuration>>,
+    cost: Option<Spanned<u32>>,
 }
 
 impl RawPolicy {
@@ -269,6 +327,7 @@ impl RawPolicy {
             algorithm: self.algorithm,
             cost: self.cost,
             fail: self.fail,
+            tiers: self.tiers,
         };
         (self.name, self.route, body)
     }
@@ -282,6 +341,7 @@ struct RawPolicyBody {
     algorithm: Option<AlgorithmName>,
     cost: Option<Spanned<u32>>,
     fail: Option<FailName>,
+    tiers: Option<BTreeMap<String, Spanned<RawTier>>>,
 }
 
 /// Where the example server's Redis is, and how to talk to it.
@@ -313,7 +373,9 @@ impl Default for RedisSettings {
 pub struct Config {
     redis: Option<RedisSettings>,
     keys: Vec<KeySource>,
-    api_key_header: HeaderName,
+    jwt: Option<JwtClaim>,
+    /// The API-key extractor with its tier table (hashed on the way in).
+    api_key: Header,
     peer_ip: PeerIp,
     policies: Policies,
     fail_mode: FailMode,
@@ -334,24 +396,41 @@ impl Config {
             }
             .in_file(path)
         })?;
-        Self::from_toml_str(&text).map_err(|e| e.in_file(path))
+        let base = path.parent().unwrap_or(Path::new(""));
+        Self::parse(&text, base).map_err(|e| e.in_file(path))
     }
 
-    /// Parses and validates TOML text.
+    /// Parses and validates TOML text; `[jwt] public_key_pem` paths are
+    /// relative to the working directory (to the file's directory with
+    /// [`Config::from_file`]).
     pub fn from_toml_str(source: &str) -> Result<Self, ConfigError> {
+        Self::parse(source, Path::new(""))
+    }
+
+    fn parse(source: &str, base: &Path) -> Result<Self, ConfigError> {
         let raw: RawConfig = toml::from_str(source).map_err(|e| {
             let offset = e.span().map_or(0, |s| s.start);
             ConfigError {
                 file: None,
                 line: e.span().map(|_| line_of(source, offset)),
-                key: e.span().and_then(|_| key_on_line(source, offset)),
+                key: e
+                    .span()
+                    .and_then(|_| key_on_line(source, offset))
+                    .map(|key| {
+                        // Keys of [api_keys] are secrets: name the table only.
+                        if section_of(source, offset) == Some("api_keys") {
+                            "api_keys".to_owned()
+                        } else {
+                            key
+                        }
+                    }),
                 message: e.message().trim().to_owned(),
             }
         })?;
-        Self::validate(raw, source)
+        Self::validate(raw, source, base)
     }
 
-    fn validate(raw: RawConfig, source: &str) -> Result<Self, ConfigError> {
+    fn validate(raw: RawConfig, source: &str, base: &Path) -> Result<Self, ConfigError> {
         let redis = raw.redis.map(|r| redis_settings(r, source)).transpose()?;
         let limiter = raw.limiter;
 
@@ -360,9 +439,31 @@ impl Config {
                 source,
                 limiter.keys.span().start,
                 "limiter.keys",
-                "needs at least one key source (api_key, ip, global)",
+                "needs at least one key source (jwt, api_key, ip, global)",
             ));
         }
+        let keys = limiter.keys.get_ref();
+        let keys_offset = limiter.keys.span().start;
+        let jwt = match raw.jwt {
+            Some(jwt) if keys.contains(&KeySource::Jwt) => Some(jwt_claim(jwt, source, base)?),
+            Some(jwt) => {
+                return Err(ConfigError::at(
+                    source,
+                    jwt.span().start,
+                    "jwt",
+                    "is configured but `limiter.keys` does not list \"jwt\"",
+                ));
+            }
+            None if keys.contains(&KeySource::Jwt) => {
+                return Err(ConfigError::at(
+                    source,
+                    keys_offset,
+                    "limiter.keys",
+                    "lists \"jwt\" but there is no [jwt] section",
+                ));
+            }
+            None => None,
+        };
         let api_key_header = HeaderName::from_bytes(limiter.api_key_header.get_ref().as_bytes())
             .map_err(|_| {
                 ConfigError::at(
@@ -372,6 +473,11 @@ impl Config {
                     "is not a valid header name",
                 )
             })?;
+        let api_key = Header::new(api_key_header).tiers(api_key_tiers(
+            raw.api_keys,
+            keys.contains(&KeySource::ApiKey),
+            source,
+        )?);
         let ipv6_prefix = *limiter.ipv6_prefix.get_ref();
         if ipv6_prefix > 128 {
             return Err(ConfigError::at(
@@ -394,12 +500,15 @@ impl Config {
         Ok(Self {
             redis,
             keys: limiter.keys.into_inner(),
-            api_key_header,
+            jwt,
+            api_key,
             peer_ip,
             policies,
             fail_mode: limiter.fail.into(),
             header_style: match limiter.headers {
                 HeaderStyleName::XRatelimit => HeaderStyle::XRateLimit,
+                HeaderStyleName::Ietf => HeaderStyle::Ietf,
+                HeaderStyleName::Both => HeaderStyle::Both,
                 HeaderStyleName::None => HeaderStyle::None,
             },
             reset_format: match limiter.reset {
@@ -424,7 +533,12 @@ impl Config {
         let mut chain: Option<Box<dyn KeyExtractor>> = None;
         for source in self.keys.iter().rev() {
             let extractor: Box<dyn KeyExtractor> = match source {
-                KeySource::ApiKey => Box::new(Header::new(self.api_key_header.clone())),
+                KeySource::Jwt => Box::new(
+                    self.jwt
+                        .clone()
+                        .expect("validation ensures [jwt] when keys list jwt"),
+                ),
+                KeySource::ApiKey => Box::new(self.api_key.clone()),
                 KeySource::Ip => Box::new(self.peer_ip.clone()),
                 KeySource::Global => Box::new(Global),
             };
@@ -444,6 +558,122 @@ impl Config {
             .header_style(self.header_style)
             .reset_format(self.reset_format)
     }
+}
+
+fn jwt_claim(raw: Spanned<RawJwt>, source: &str, base: &Path) -> Result<JwtClaim, ConfigError> {
+    let section = raw.span().start;
+    let raw = raw.into_inner();
+    let mut builder = JwtClaim::builder();
+    if raw.secret.is_none() && raw.public_key_pem.is_none() {
+        return Err(ConfigError::at(
+            source,
+            section,
+            "jwt",
+            "needs `secret` (HS*) or `public_key_pem` (RS*, PS*, ES*, EdDSA)",
+        ));
+    }
+    if let Some(secret) = &raw.secret {
+        if secret.get_ref().is_empty() {
+            return Err(ConfigError::at(
+                source,
+                secret.span().start,
+                "jwt.secret",
+                "must not be empty",
+            ));
+        }
+        builder = builder.secret(secret.get_ref());
+    }
+    if let Some(pem) = &raw.public_key_pem {
+        let offset = pem.span().start;
+        let path = base.join(pem.get_ref());
+        let bytes = std::fs::read(&path).map_err(|e| {
+            ConfigError::at(
+                source,
+                offset,
+                "jwt.public_key_pem",
+                format!("cannot read `{}`: {e}", path.display()),
+            )
+        })?;
+        builder = builder.public_key_pem(&bytes).map_err(|e| {
+            ConfigError::at(
+                source,
+                offset,
+                "jwt.public_key_pem",
+                format!("`{}`: {e}", path.display()),
+            )
+        })?;
+    }
+    let (names, names_offset) = match &raw.algorithms {
+        Some(names) => (names.get_ref().clone(), names.span().start),
+        None if raw.secret.is_some() => (vec!["HS256".to_owned()], section),
+        None => {
+            return Err(ConfigError::at(
+                source,
+                section,
+                "jwt.algorithms",
+                "is required with `public_key_pem`, e.g. [\"RS256\"]",
+            ));
+        }
+    };
+    builder = builder
+        .algorithm_names(&names)
+        .map_err(|e| ConfigError::at(source, names_offset, "jwt.algorithms", e.to_string()))?;
+    if let Some(claim) = raw.key_claim {
+        builder = builder.key_claim(claim.into_inner());
+    }
+    if let Some(claim) = raw.tier_claim {
+        builder = builder.tier_claim(claim);
+    }
+    if let Some(leeway) = raw.leeway {
+        builder = builder.leeway(leeway.get_ref().0);
+    }
+    if let Some(issuer) = raw.issuer {
+        builder = builder.issuers(issuer.into_vec());
+    }
+    if let Some(audience) = raw.audience {
+        builder = builder.audiences(audience.into_vec());
+    }
+    builder.build().map_err(|e| {
+        let key = match e {
+            JwtError::EmptyKeyClaim => "jwt.key_claim",
+            _ => "jwt.algorithms",
+        };
+        ConfigError::at(source, names_offset, key, e.to_string())
+    })
+}
+
+/// The `[api_keys]` table as (API key, tier) pairs.
+fn api_key_tiers(
+    raw: Option<Spanned<BTreeMap<String, Spanned<String>>>>,
+    keys_use_api_key: bool,
+    source: &str,
+) -> Result<Vec<(String, Arc<str>)>, ConfigError> {
+    let Some(raw) = raw else {
+        return Ok(Vec::new());
+    };
+    if !keys_use_api_key {
+        return Err(ConfigError::at(
+            source,
+            raw.span().start,
+            "api_keys",
+            "is configured but `limiter.keys` does not list \"api_key\"",
+        ));
+    }
+    raw.into_inner()
+        .into_iter()
+        .map(|(key, tier)| {
+            if key.is_empty() || tier.get_ref().is_empty() {
+                // Name the tier, never the key: it is a secret.
+                return Err(ConfigError::at(
+                    source,
+                    tier.span().start,
+                    "api_keys",
+                    "API keys and tier names must not be empty",
+                ));
+            }
+            Ok((key, Arc::from(tier.into_inner())))
+        })
+        .collect()
 }
 
 fn redis_settings(raw: RawRedis, source: &str) -> Result<RedisSettings, ConfigError> {
@@ -565,5 +795,48 @@ fn policy_from(
         };
         ConfigError::at(source, offset, format!("{prefix}.{key}"), error.to_string())
     })?;
+    for (tier, raw) in body.tiers.iter().flatten() {
+        let tier_offset = raw.span().start;
+        let raw = raw.get_ref();
+        let mut limits = TierLimits::new();
+        if let Some(limit) = &raw.limit {
+            limits = limits.limit(*limit.get_ref());
+        }
+        if let Some(window) = &raw.window {
+            limits = limits.window(window.get_ref().0);
+        }
+        if let Some(cost) = &raw.cost {
+            limits = limits.cost(*cost.get_ref());
+        }
+        let with_tier = policy.clone().tier(tier.as_str(), limits);
+        Policies::single(with_tier.clone()).map_err(|error| {
+            let span_of = |field: Option<usize>| field.unwrap_or(tier_offset);
+            let (key, offset) = match &error {
+                PolicyError::ZeroLimit { .. } => {
+                    ("limit", span_of(raw.limit.as_ref().map(|l| l.span().start)))
+                }
+                PolicyError::WindowTooShort { .. } => (
+                    "window",
+                    span_of(raw.window.as_ref().map(|w| w.span().start)),
+                ),
+                _ => (
+                    "cost",
+                    span_of(
+                        raw.cost
+                            .as_ref()
+                            .or(raw.limit.as_ref())
+                            .map(|c| c.span().start),
+                    ),
+                ),
+            };
+            ConfigError::at(
+                source,
+                offset,
+                format!("{prefix}.tiers.{tier}.{key}"),
+                error.to_string(),
+            )
+        })?;
+        policy = with_tier;
+    }
     Ok(policy)
 }

@@ -1,6 +1,7 @@
 //! [`ResponseFuture`]: check the store, then call the inner service or
 //! answer for it.
 
+use std::cmp::Reverse;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -13,16 +14,30 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use crate::layer::Options;
-use crate::response::{client_unidentified, limiter_unavailable, too_many_requests, write_headers};
+use crate::response::{
+    RateHeaders, client_unidentified, invalid_credentials, limiter_unavailable, too_many_requests,
+};
 use crate::store::{CheckFuture, StoreError};
-use crate::{Decision, FailMode, Policy, ResponseBody};
+use crate::{
+    Check, Decision, Identity, Key, KeyRejection, Policy, ResponseBody, Store, TierFuture,
+};
 
 /// What the request needs once the store has decided.
 pub(crate) struct Pending<S, ReqBody> {
     pub(crate) inner: S,
     pub(crate) request: Request<ReqBody>,
-    pub(crate) policies: Vec<Arc<Policy>>,
+    /// The checks sent to the store (empty until a tier lookup ends).
+    pub(crate) checks: Vec<Check>,
+    /// Whether any policy of the request fails closed.
+    pub(crate) fail_closed: bool,
     pub(crate) options: Options,
+}
+
+/// What a request waiting for its client's tier needs to build its checks.
+pub(crate) struct AwaitingTier {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) policies: Vec<Arc<Policy>>,
+    pub(crate) key: Key,
 }
 
 pin_project! {
@@ -42,6 +57,11 @@ pin_project! {
     where
         S: Service<Request<ReqBody>>,
     {
+        LookingUp {
+            lookup: TierFuture,
+            awaiting: Option<AwaitingTier>,
+            pending: Option<Pending<S, ReqBody>>,
+        },
         Checking {
             check: CheckFuture,
             pending: Option<Pending<S, ReqBody>>,
@@ -49,7 +69,7 @@ pin_project! {
         Calling {
             #[pin]
             future: S::Future,
-            headers: Option<(Decision, Options)>,
+            headers: Option<RateHeaders>,
         },
         Answered {
             response: Option<Response<Full<Bytes>>>,
@@ -74,10 +94,28 @@ where
         Self::answered(client_unidentified())
     }
 
+    pub(crate) fn rejected(rejection: &KeyRejection) -> Self {
+        Self::answered(invalid_credentials(rejection))
+    }
+
     pub(crate) fn checking(check: CheckFuture, pending: Pending<S, ReqBody>) -> Self {
         Self {
             state: State::Checking {
                 check,
+                pending: Some(pending),
+            },
+        }
+    }
+
+    pub(crate) fn looking_up(
+        lookup: TierFuture,
+        awaiting: AwaitingTier,
+        pending: Pending<S, ReqBody>,
+    ) -> Self {
+        Self {
+            state: State::LookingUp {
+                lookup,
+                awaiting: Some(awaiting),
                 pending: Some(pending),
             },
         }
@@ -94,59 +132,67 @@ where
 
 /// Where the store's answer leads.
 enum Next {
-    Call(Option<Decision>),
+    Call(Option<RateHeaders>),
     Answer(Response<Full<Bytes>>),
 }
 
+/// The index of the first decision with the least `key` (0 when empty).
+fn index_of_min<K: Ord>(decisions: &[Decision], key: impl Fn(&Decision) -> K) -> usize {
+    decisions
+        .iter()
+        .enumerate()
+        .min_by_key(|(_, decision)| key(decision))
+        .map_or(0, |(index, _)| index)
+}
+
 fn decide(
-    policies: &[Arc<Policy>],
+    checks: &[Check],
+    fail_closed: bool,
     options: Options,
     outcome: Result<Vec<Decision>, StoreError>,
 ) -> Next {
     let decisions = outcome.and_then(|decisions| {
-        if decisions.len() == policies.len() {
+        if decisions.len() == checks.len() {
             Ok(decisions)
         } else {
             Err(StoreError::Protocol(format!(
-                "{} decisions for {} policies",
+                "{} decisions for {} checks",
                 decisions.len(),
-                policies.len()
+                checks.len()
             )))
         }
     });
     match decisions {
         Ok(decisions) if decisions.iter().all(|d| d.admitted) => {
             // Report the policy closest to denying.
-            let tightest = decisions
-                .iter()
-                .min_by_key(|d| (d.remaining, std::cmp::Reverse(d.reset)));
-            Next::Call(tightest.copied())
+            let reported = index_of_min(&decisions, |d| (d.remaining, Reverse(d.reset)));
+            Next::Call(Some(RateHeaders::new(
+                checks,
+                &decisions,
+                reported,
+                None,
+                options.header_style,
+                options.reset_format,
+            )))
         }
         Ok(decisions) => {
             // The policy that frees last is the one the client waits for.
-            let (policy, decision) = policies
-                .iter()
-                .zip(&decisions)
-                .max_by_key(|(_, d)| d.retry_after)
-                .expect("a denied batch has at least one decision");
+            let denied = index_of_min(&decisions, |d| Reverse(d.retry_after));
             Next::Answer(too_many_requests(
-                policy,
-                decision,
+                checks,
+                &decisions,
+                denied,
                 options.header_style,
                 options.reset_format,
             ))
         }
+        Err(error) if fail_closed => {
+            tracing::error!(%error, "rate-limit store unavailable; failing closed");
+            Next::Answer(limiter_unavailable())
+        }
         Err(error) => {
-            let closed = policies
-                .iter()
-                .any(|p| p.configured_fail_mode().unwrap_or(options.fail_mode) == FailMode::Closed);
-            if closed {
-                tracing::error!(%error, "rate-limit store unavailable; failing closed");
-                Next::Answer(limiter_unavailable())
-            } else {
-                tracing::warn!(%error, "rate-limit store unavailable; failing open");
-                Next::Call(None)
-            }
+            tracing::warn!(%error, "rate-limit store unavailable; failing open");
+            Next::Call(None)
         }
     }
 }
@@ -161,18 +207,44 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
+                StateProj::LookingUp {
+                    lookup,
+                    awaiting,
+                    pending,
+                } => {
+                    let tier = ready!(lookup.as_mut().poll(cx));
+                    let AwaitingTier {
+                        store,
+                        policies,
+                        key,
+                    } = awaiting.take().expect("polled after the lookup completed");
+                    let mut pending = pending.take().expect("polled after the lookup completed");
+                    pending.checks = policies
+                        .iter()
+                        .map(|policy| Check::for_tier(policy, key.clone(), tier.as_deref()))
+                        .collect();
+                    if let Some(identity) = pending.request.extensions_mut().get_mut::<Identity>() {
+                        identity.tier = tier;
+                    }
+                    let check = store.check(pending.checks.clone());
+                    this.state.set(State::Checking {
+                        check,
+                        pending: Some(pending),
+                    });
+                }
                 StateProj::Checking { check, pending } => {
                     let outcome = ready!(check.as_mut().poll(cx));
                     let Pending {
                         mut inner,
                         request,
-                        policies,
+                        checks,
+                        fail_closed,
                         options,
                     } = pending.take().expect("polled after the check completed");
-                    let next = match decide(&policies, options, outcome) {
-                        Next::Call(decision) => State::Calling {
+                    let next = match decide(&checks, fail_closed, options, outcome) {
+                        Next::Call(headers) => State::Calling {
                             future: inner.call(request),
-                            headers: decision.map(|d| (d, options)),
+                            headers,
                         },
                         Next::Answer(response) => State::Answered {
                             response: Some(response),
@@ -182,13 +254,8 @@ where
                 }
                 StateProj::Calling { future, headers } => {
                     let mut response = ready!(future.poll(cx))?;
-                    if let Some((decision, options)) = headers.take() {
-                        write_headers(
-                            response.headers_mut(),
-                            &decision,
-                            options.header_style,
-                            options.reset_format,
-                        );
+                    if let Some(headers) = headers.take() {
+                        headers.write(response.headers_mut());
                     }
                     return Poll::Ready(Ok(response.map(ResponseBody::inner)));
                 }

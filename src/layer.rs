@@ -1,17 +1,32 @@
 //! [`RateLimitLayer`]: the settings, cheap to clone, that wrap a service.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tower_layer::Layer;
 
-use crate::{FailMode, HeaderStyle, KeyExtractor, Policies, RateLimit, ResetFormat, Store};
+use crate::{
+    FailMode, HeaderStyle, KeyExtractor, Policies, RateLimit, ResetFormat, Store, TierLookup,
+};
 
 /// Settings the response future needs; small and `Copy`.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct Options {
     pub(crate) fail_mode: FailMode,
     pub(crate) header_style: HeaderStyle,
     pub(crate) reset_format: ResetFormat,
+    pub(crate) lookup_timeout: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            fail_mode: FailMode::default(),
+            header_style: HeaderStyle::default(),
+            reset_format: ResetFormat::default(),
+            lookup_timeout: Duration::from_millis(100),
+        }
+    }
 }
 
 /// Everything a [`RateLimit`] service shares with its clones.
@@ -20,6 +35,7 @@ pub(crate) struct Shared {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) keys: Arc<dyn KeyExtractor>,
     pub(crate) policies: Policies,
+    pub(crate) tier_lookup: Option<Arc<dyn TierLookup>>,
     pub(crate) options: Options,
 }
 
@@ -62,6 +78,7 @@ impl RateLimitLayer {
                 store: Arc::new(store),
                 keys: Arc::new(key_extractor),
                 policies,
+                tier_lookup: None,
                 options: Options::default(),
             }),
         }
@@ -98,6 +115,31 @@ impl RateLimitLayer {
     #[must_use]
     pub fn header_style(mut self, style: HeaderStyle) -> Self {
         self.options_mut().header_style = style;
+        self
+    }
+
+    /// Looks up the tier of clients whose key extractor named none (an API
+    /// key's plan in a database, say); see [`TierLookup`].
+    #[must_use]
+    pub fn tier_lookup(mut self, lookup: impl TierLookup) -> Self {
+        Arc::make_mut(&mut self.shared).tier_lookup = Some(Arc::new(lookup));
+        self
+    }
+
+    /// How long to wait for the [`TierLookup`] (default 100 ms); past it,
+    /// the request gets the base limits and a warning is traced.
+    ///
+    /// ```
+    /// use slidegate::{Global, MemoryStore, Policies, Policy, RateLimitLayer};
+    /// use std::time::Duration;
+    ///
+    /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies)
+    ///     .tier_lookup_timeout(Duration::from_millis(20));
+    /// ```
+    #[must_use]
+    pub fn tier_lookup_timeout(mut self, timeout: Duration) -> Self {
+        self.options_mut().lookup_timeout = timeout;
         self
     }
 

@@ -42,24 +42,36 @@ mod policy;
 mod response;
 mod service;
 mod store;
+mod tier;
 
 pub use body::ResponseBody;
 pub use clock::{Clock, FakeClock, SystemClock};
 pub use decision::Decision;
 pub use future::ResponseFuture;
-pub use key::{ForwardedHeader, Global, Header, Identity, Key, KeyExtractor, Or, PeerIp};
+pub use key::{
+    Extracted, ForwardedHeader, Global, Header, Identity, Key, KeyExtractor, KeyRejection, Or,
+    PeerIp,
+};
+#[cfg(feature = "jwt")]
+pub use key::{JwtClaim, JwtClaimBuilder, JwtError};
 pub use layer::RateLimitLayer;
-pub use policy::{Algorithm, FailMode, Policies, PoliciesBuilder, Policy, PolicyError, Route};
+pub use policy::{
+    Algorithm, FailMode, Limits, Policies, PoliciesBuilder, Policy, PolicyError, Route, TierLimits,
+};
 pub use response::{
-    HeaderStyle, ResetFormat, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
+    HeaderStyle, RATELIMIT, RATELIMIT_POLICY, ResetFormat, X_RATELIMIT_LIMIT,
+    X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
 };
 pub use service::RateLimit;
 pub use store::{Check, CheckFuture, MemoryStore, MemoryStoreBuilder, Store, StoreError};
 #[cfg(feature = "redis")]
 pub use store::{RedisStore, RedisStoreBuilder};
+pub use tier::{TierFuture, TierLookup};
 
 #[cfg(feature = "redis")]
 pub use deadpool_redis;
+#[cfg(feature = "jwt")]
+pub use jsonwebtoken;
 
 /// The README's examples, compiled and run as doc tests.
 #[cfg(doctest)]

@@ -28,6 +28,62 @@ pub enum FailMode {
     Closed,
 }
 
+/// Per-tier overrides of a [`Policy`]'s limit, window and cost; what is not
+/// set keeps the policy's base value.
+///
+/// ```
+/// use slidegate::TierLimits;
+/// use std::time::Duration;
+///
+/// let pro = TierLimits::new().limit(50).window(Duration::from_secs(60));
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TierLimits {
+    limit: Option<u32>,
+    window: Option<Duration>,
+    cost: Option<u32>,
+}
+
+impl TierLimits {
+    /// No overrides yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Overrides the limit.
+    #[must_use]
+    pub fn limit(mut self, limit: u32) -> Self {
+        self.limit = Some(limit);
+        self
+    }
+
+    /// Overrides the window.
+    #[must_use]
+    pub fn window(mut self, window: Duration) -> Self {
+        self.window = Some(window);
+        self
+    }
+
+    /// Overrides the cost of one request.
+    #[must_use]
+    pub fn cost(mut self, cost: u32) -> Self {
+        self.cost = Some(cost);
+        self
+    }
+}
+
+/// The limit, window and cost in force for one request: a policy's base
+/// values, or its overrides for the client's tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Units allowed per window.
+    pub limit: u32,
+    /// The sliding window.
+    pub window: Duration,
+    /// Units one request consumes.
+    pub cost: u32,
+}
+
 /// One limit: at most `limit` units of cost per sliding `window`.
 ///
 /// ```
@@ -47,6 +103,7 @@ pub struct Policy {
     algorithm: Algorithm,
     cost: u32,
     fail_mode: Option<FailMode>,
+    tiers: Vec<(Arc<str>, TierLimits)>,
 }
 
 impl Policy {
@@ -62,6 +119,42 @@ impl Policy {
             algorithm: Algorithm::default(),
             cost: 1,
             fail_mode: None,
+            tiers: Vec::new(),
+        }
+    }
+
+    /// Overrides the limit, window or cost for clients of `tier` (from a
+    /// JWT claim or an API-key table). Clients of other tiers, or of none,
+    /// get the base values.
+    ///
+    /// ```
+    /// use slidegate::{Policy, TierLimits};
+    /// use std::time::Duration;
+    ///
+    /// let search = Policy::new("search", 5, Duration::from_secs(60))
+    ///     .tier("pro", TierLimits::new().limit(50));
+    /// assert_eq!(search.limits_for(Some("pro")).limit, 50);
+    /// assert_eq!(search.limits_for(Some("gold")).limit, 5);
+    /// assert_eq!(search.limits_for(None).limit, 5);
+    /// ```
+    #[must_use]
+    pub fn tier(mut self, tier: impl Into<Arc<str>>, limits: TierLimits) -> Self {
+        let tier = tier.into();
+        self.tiers.retain(|(name, _)| *name != tier);
+        self.tiers.push((tier, limits));
+        self
+    }
+
+    /// The limits in force for a client of `tier`.
+    pub fn limits_for(&self, tier: Option<&str>) -> Limits {
+        let overrides = tier
+            .and_then(|tier| self.tiers.iter().find(|(name, _)| &**name == tier))
+            .map(|(_, limits)| *limits)
+            .unwrap_or_default();
+        Limits {
+            limit: overrides.limit.unwrap_or(self.limit),
+            window: overrides.window.unwrap_or(self.window),
+            cost: overrides.cost.unwrap_or(self.cost),
         }
     }
 
@@ -147,28 +240,38 @@ impl Policy {
     }
 
     fn validate(&self) -> Result<(), PolicyError> {
-        let name = self.name.to_string();
         if !is_valid_name(&self.name) {
-            return Err(PolicyError::InvalidName { name });
-        }
-        if self.limit == 0 {
-            return Err(PolicyError::ZeroLimit { name });
-        }
-        if self.window < Duration::from_millis(1) {
-            return Err(PolicyError::WindowTooShort { name });
-        }
-        if self.cost == 0 {
-            return Err(PolicyError::ZeroCost { name });
-        }
-        if self.cost > self.limit {
-            return Err(PolicyError::CostAboveLimit {
-                name,
-                cost: self.cost,
-                limit: self.limit,
+            return Err(PolicyError::InvalidName {
+                name: self.name.to_string(),
             });
+        }
+        validate_limits(self.name.to_string(), self.limits_for(None))?;
+        for (tier, _) in &self.tiers {
+            let name = format!("{} (tier `{tier}`)", self.name);
+            validate_limits(name, self.limits_for(Some(tier)))?;
         }
         Ok(())
     }
+}
+
+fn validate_limits(name: String, limits: Limits) -> Result<(), PolicyError> {
+    if limits.limit == 0 {
+        return Err(PolicyError::ZeroLimit { name });
+    }
+    if limits.window < Duration::from_millis(1) {
+        return Err(PolicyError::WindowTooShort { name });
+    }
+    if limits.cost == 0 {
+        return Err(PolicyError::ZeroCost { name });
+    }
+    if limits.cost > limits.limit {
+        return Err(PolicyError::CostAboveLimit {
+            name,
+            cost: limits.cost,
+            limit: limits.limit,
+        });
+    }
+    Ok(())
 }
 
 fn is_valid_name(name: &str) -> bool {
@@ -522,6 +625,29 @@ mod tests {
         assert!(matches!(duplicate, Err(PolicyError::DuplicateName { .. })));
         let bad_route = Policies::builder().route("GET", minute("p", 1)).build();
         assert!(matches!(bad_route, Err(PolicyError::InvalidRoute { .. })));
+    }
+
+    #[test]
+    fn tier_overrides_are_validated_too() {
+        let bad_tier = minute("p", 10)
+            .cost(2)
+            .tier("free", TierLimits::new().limit(1));
+        assert_eq!(
+            Policies::single(bad_tier).unwrap_err(),
+            PolicyError::CostAboveLimit {
+                name: "p (tier `free`)".into(),
+                cost: 2,
+                limit: 1
+            }
+        );
+        let replaced = minute("p", 10)
+            .tier("pro", TierLimits::new().limit(1))
+            .tier("pro", TierLimits::new().limit(20).cost(4));
+        let pro = replaced.limits_for(Some("pro"));
+        assert_eq!(
+            (pro.limit, pro.cost, pro.window),
+            (20, 4, Duration::from_secs(60))
+        );
     }
 
     #[test]

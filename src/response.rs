@@ -1,15 +1,16 @@
-//! What the limiter writes: rate-limit headers, and the 429, 503 and 500
-//! answers with `application/problem+json` bodies.
+//! What the limiter writes: rate-limit headers, and the 429, 401, 503 and
+//! 500 answers with `application/problem+json` bodies.
 
+use std::fmt::Write as _;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::header::{CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use http_body_util::Full;
 use serde_json::json;
 
-use crate::{Decision, Policy};
+use crate::{Check, Decision, KeyRejection};
 
 /// `X-RateLimit-Limit`: units allowed per window.
 pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
@@ -20,15 +21,37 @@ pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-r
 
 const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
 
+/// `RateLimit-Policy`: the quota policies that applied (IETF httpapi draft).
+pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// `RateLimit`: what is left of each quota policy (IETF httpapi draft).
+pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
 /// Which rate-limit headers responses carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum HeaderStyle {
-    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`.
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`,
+    /// for the policy closest to denying (on a 429, the one that denied).
     #[default]
     XRateLimit,
+    /// `RateLimit-Policy` and `RateLimit` as in
+    /// draft-ietf-httpapi-ratelimit-headers-10, one item per policy that
+    /// applied: `"search";q=5;w=60` and `"search";r=4;t=58`.
+    Ietf,
+    /// Both of the above.
+    Both,
     /// No rate-limit headers (a 429 still carries `Retry-After`).
     None,
+}
+
+impl HeaderStyle {
+    fn x_ratelimit(self) -> bool {
+        matches!(self, Self::XRateLimit | Self::Both)
+    }
+
+    fn ietf(self) -> bool {
+        matches!(self, Self::Ietf | Self::Both)
+    }
 }
 
 /// How `X-RateLimit-Reset` expresses time.
@@ -46,28 +69,77 @@ pub(crate) fn ceil_seconds(duration: Duration) -> u64 {
     duration.as_secs() + u64::from(duration.subsec_nanos() > 0)
 }
 
-/// Writes the rate-limit headers for `decision`.
-pub(crate) fn write_headers(
-    headers: &mut HeaderMap,
-    decision: &Decision,
-    style: HeaderStyle,
-    reset_format: ResetFormat,
-) {
-    if style == HeaderStyle::None {
-        return;
-    }
-    let reset = match reset_format {
-        ResetFormat::DeltaSeconds => ceil_seconds(decision.reset),
-        ResetFormat::UnixSeconds => {
-            let now = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or_default();
-            ceil_seconds(now + decision.reset)
+/// Rate-limit header fields computed once the store has decided, written
+/// when the response is ready.
+#[derive(Debug, Default)]
+pub(crate) struct RateHeaders(Vec<(HeaderName, HeaderValue)>);
+
+impl RateHeaders {
+    /// The headers for a request whose checks got `decisions`: the
+    /// `X-RateLimit-*` trio from the decision at `reported`, the IETF fields
+    /// from all of them. On a 429, `retry_after` caps every `t`, so that no
+    /// `t` promises capacity later than `Retry-After` does.
+    pub(crate) fn new(
+        checks: &[Check],
+        decisions: &[Decision],
+        reported: usize,
+        retry_after: Option<u64>,
+        style: HeaderStyle,
+        reset_format: ResetFormat,
+    ) -> Self {
+        let mut fields = Vec::new();
+        if style.x_ratelimit() {
+            let decision = &decisions[reported];
+            let reset = match reset_format {
+                ResetFormat::DeltaSeconds => ceil_seconds(decision.reset),
+                ResetFormat::UnixSeconds => {
+                    let now = SystemTime::now()
+                        .duration_since(UNIX_EPOCH)
+                        .unwrap_or_default();
+                    ceil_seconds(now + decision.reset)
+                }
+            };
+            fields.push((X_RATELIMIT_LIMIT, HeaderValue::from(decision.limit)));
+            fields.push((X_RATELIMIT_REMAINING, HeaderValue::from(decision.remaining)));
+            fields.push((X_RATELIMIT_RESET, HeaderValue::from(reset)));
         }
-    };
-    headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(decision.limit));
-    headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(decision.remaining));
-    headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset));
+        if style.ietf() {
+            let mut policy = String::new();
+            let mut state = String::new();
+            for (check, decision) in checks.iter().zip(decisions) {
+                let separator = if policy.is_empty() { "" } else { ", " };
+                let t = ceil_seconds(decision.reset);
+                let t = retry_after.map_or(t, |cap| t.min(cap));
+                // Policy names are ASCII letters, digits, `-` and `_`: valid
+                // in a structured-field string as they are.
+                let _ = write!(
+                    policy,
+                    "{separator}\"{}\";q={};w={}",
+                    check.policy,
+                    check.limit,
+                    ceil_seconds(check.window)
+                );
+                let _ = write!(
+                    state,
+                    "{separator}\"{}\";r={};t={t}",
+                    check.policy, decision.remaining
+                );
+            }
+            for (name, value) in [(RATELIMIT_POLICY, policy), (RATELIMIT, state)] {
+                if let Ok(value) = HeaderValue::try_from(value) {
+                    fields.push((name, value));
+                }
+            }
+        }
+        Self(fields)
+    }
+
+    /// Writes the fields into `headers`, replacing any of the same name.
+    pub(crate) fn write(self, headers: &mut HeaderMap) {
+        for (name, value) in self.0 {
+            headers.insert(name, value);
+        }
+    }
 }
 
 fn problem(status: StatusCode, body: serde_json::Value) -> Response<Full<Bytes>> {
@@ -85,15 +157,24 @@ fn seconds_value(duration: Duration) -> serde_json::Value {
     }
 }
 
-/// `429 Too Many Requests` for the policy that denied the request.
+/// `Retry-After` for a denied decision: whole seconds, rounded up, at
+/// least one.
+pub(crate) fn retry_after_seconds(decision: &Decision) -> u64 {
+    ceil_seconds(decision.retry_after.unwrap_or_default()).max(1)
+}
+
+/// `429 Too Many Requests` for the check at `denied`, whose limits (the
+/// client's tier's, if it has one) the body reports.
 pub(crate) fn too_many_requests(
-    policy: &Policy,
-    decision: &Decision,
+    checks: &[Check],
+    decisions: &[Decision],
+    denied: usize,
     style: HeaderStyle,
     reset_format: ResetFormat,
 ) -> Response<Full<Bytes>> {
-    let retry_after = ceil_seconds(decision.retry_after.unwrap_or_default()).max(1);
-    let window = humantime::format_duration(policy.window());
+    let check = &checks[denied];
+    let retry_after = retry_after_seconds(&decisions[denied]);
+    let window = humantime::format_duration(check.window);
     let mut response = problem(
         StatusCode::TOO_MANY_REQUESTS,
         json!({
@@ -102,18 +183,45 @@ pub(crate) fn too_many_requests(
             "status": 429,
             "detail": format!(
                 "rate limit of {} per {window} reached for policy `{}`; retry in {retry_after} s",
-                policy.limit(),
-                policy.name(),
+                check.limit,
+                check.policy,
             ),
-            "policy": policy.name(),
-            "limit": policy.limit(),
-            "window_seconds": seconds_value(policy.window()),
+            "policy": &*check.policy,
+            "limit": check.limit,
+            "window_seconds": seconds_value(check.window),
             "retry_after_seconds": retry_after,
         }),
     );
     let headers = response.headers_mut();
     headers.insert(RETRY_AFTER, HeaderValue::from(retry_after));
-    write_headers(headers, decision, style, reset_format);
+    RateHeaders::new(
+        checks,
+        decisions,
+        denied,
+        Some(retry_after),
+        style,
+        reset_format,
+    )
+    .write(headers);
+    response
+}
+
+/// `401 Unauthorized`: the client presented credentials that do not verify.
+pub(crate) fn invalid_credentials(rejection: &KeyRejection) -> Response<Full<Bytes>> {
+    let mut response = problem(
+        StatusCode::UNAUTHORIZED,
+        json!({
+            "type": "about:blank",
+            "title": "Invalid Credentials",
+            "status": 401,
+            "detail": rejection.detail(),
+            "reason": rejection.reason(),
+        }),
+    );
+    response.headers_mut().insert(
+        WWW_AUTHENTICATE,
+        HeaderValue::from_static("Bearer error=\"invalid_token\""),
+    );
     response
 }
 

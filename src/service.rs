@@ -3,13 +3,16 @@
 use std::mem;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use http::{Request, Response};
 use tower_service::Service;
 
-use crate::future::{Pending, ResponseFuture};
+use crate::future::{AwaitingTier, Pending, ResponseFuture};
 use crate::layer::Shared;
-use crate::{Check, KeyExtractor, Policies, RateLimitLayer, ResponseBody, Store};
+use crate::{
+    Check, FailMode, KeyExtractor, Policies, RateLimitLayer, ResponseBody, Store, TierFuture,
+};
 
 /// Rate-limits requests to the inner service `S`; built by
 /// [`RateLimitLayer`].
@@ -73,6 +76,18 @@ fn route_path(parts: &http::request::Parts) -> &str {
     parts.uri.path()
 }
 
+/// Bounds a tier lookup: past `timeout` the base limits apply.
+fn with_timeout(lookup: TierFuture, timeout: Duration) -> TierFuture {
+    Box::pin(async move {
+        tokio::time::timeout(timeout, lookup)
+            .await
+            .unwrap_or_else(|_| {
+                tracing::warn!(?timeout, "tier lookup timed out; base limits apply");
+                None
+            })
+    })
+}
+
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
@@ -92,28 +107,61 @@ where
         if policies.is_empty() {
             return ResponseFuture::unlimited(self.inner.call(Request::from_parts(parts, body)));
         }
-        let Some(identity) = shared.keys.extract(&parts) else {
-            return ResponseFuture::unidentified();
+        let identity = match shared.keys.extract(&parts) {
+            Ok(Some(identity)) => identity,
+            Ok(None) => return ResponseFuture::unidentified(),
+            Err(rejection) => {
+                tracing::debug!(reason = rejection.reason(), "credentials refused");
+                return ResponseFuture::rejected(&rejection);
+            }
         };
-        let checks = policies
-            .iter()
-            .map(|policy| Check::new(policy, identity.key.clone()))
-            .collect();
+        let fail_closed = policies.iter().any(|policy| {
+            policy
+                .configured_fail_mode()
+                .unwrap_or(shared.options.fail_mode)
+                == FailMode::Closed
+        });
+        let lookup = match &shared.tier_lookup {
+            Some(lookup) if identity.tier.is_none() => Some(with_timeout(
+                lookup.lookup(&parts, &identity),
+                shared.options.lookup_timeout,
+            )),
+            _ => None,
+        };
+        let checks = match lookup {
+            Some(_) => Vec::new(),
+            None => policies
+                .iter()
+                .map(|policy| {
+                    Check::for_tier(policy, identity.key.clone(), identity.tier.as_deref())
+                })
+                .collect(),
+        };
+        let key = identity.key.clone();
         parts.extensions.insert(identity);
-        let check = shared.store.check(checks);
 
         // The clone may not be ready; the service that is ready goes with
         // this request (see tower-http's note on cloning inner services).
         let clone = self.inner.clone();
         let inner = mem::replace(&mut self.inner, clone);
-        ResponseFuture::checking(
-            check,
-            Pending {
-                inner,
-                request: Request::from_parts(parts, body),
-                policies,
-                options: shared.options,
-            },
-        )
+        let pending = Pending {
+            inner,
+            request: Request::from_parts(parts, body),
+            checks,
+            fail_closed,
+            options: shared.options,
+        };
+        match lookup {
+            Some(lookup) => ResponseFuture::looking_up(
+                lookup,
+                AwaitingTier {
+                    store: shared.store.clone(),
+                    policies,
+                    key,
+                },
+                pending,
+            ),
+            None => ResponseFuture::checking(shared.store.check(pending.checks.clone()), pending),
+        }
     }
 }

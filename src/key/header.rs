@@ -1,9 +1,13 @@
-//! Keys from a request header, such as an API key.
+//! Keys from a request header, such as an API key, with an optional
+//! value → tier table.
+
+use std::collections::HashMap;
+use std::sync::Arc;
 
 use http::HeaderName;
 use http::request::Parts;
 
-use super::{Identity, Key, KeyExtractor};
+use super::{Extracted, Identity, Key, KeyExtractor};
 
 /// Keys a request by one header's value, e.g. `x-api-key`.
 ///
@@ -21,7 +25,7 @@ use super::{Identity, Key, KeyExtractor};
 ///     .body(())
 ///     .unwrap()
 ///     .into_parts();
-/// let key = Header::new(http::HeaderName::from_static("x-api-key")).extract(&parts).unwrap().key;
+/// let key = Header::new(http::HeaderName::from_static("x-api-key")).extract(&parts).unwrap().unwrap().key;
 /// assert!(key.as_str().starts_with("x-api-key:#"));
 /// assert!(!key.as_str().contains("sk_live_abc"));
 /// ```
@@ -29,12 +33,19 @@ use super::{Identity, Key, KeyExtractor};
 pub struct Header {
     name: HeaderName,
     secret: bool,
+    /// Tier by the hashed header value: the table never holds a raw API
+    /// key after construction.
+    tiers: Arc<HashMap<Key, Arc<str>>>,
 }
 
 impl Header {
     /// Keys by the header `name`, hashing its value.
     pub fn new(name: HeaderName) -> Self {
-        Self { name, secret: true }
+        Self {
+            name,
+            secret: true,
+            tiers: Arc::default(),
+        }
     }
 
     /// Treats the value as public: kept as it is when it is short printable
@@ -48,7 +59,7 @@ impl Header {
     ///     .body(())
     ///     .unwrap()
     ///     .into_parts();
-    /// let key = Header::new(http::HeaderName::from_static("x-tenant")).public().extract(&parts).unwrap().key;
+    /// let key = Header::new(http::HeaderName::from_static("x-tenant")).public().extract(&parts).unwrap().unwrap().key;
     /// assert_eq!(key.as_str(), "x-tenant:acme");
     /// ```
     #[must_use]
@@ -56,26 +67,60 @@ impl Header {
         self.secret = false;
         self
     }
+
+    /// Gives clients a tier by header value (API key → tier). Values are
+    /// hashed on the way in, like the keys themselves; unknown values get
+    /// no tier, so policies' base limits.
+    ///
+    /// ```
+    /// use slidegate::{Header, KeyExtractor};
+    ///
+    /// let api_keys = Header::new(http::HeaderName::from_static("x-api-key"))
+    ///     .tiers([("key-of-a-pro", "pro"), ("key-of-a-free-user", "free")]);
+    /// let (parts, _) = http::Request::builder()
+    ///     .header("x-api-key", "key-of-a-pro")
+    ///     .body(())
+    ///     .unwrap()
+    ///     .into_parts();
+    /// let identity = api_keys.extract(&parts).unwrap().unwrap();
+    /// assert_eq!(identity.tier.as_deref(), Some("pro"));
+    /// ```
+    #[must_use]
+    pub fn tiers<V, T>(mut self, table: impl IntoIterator<Item = (V, T)>) -> Self
+    where
+        V: AsRef<[u8]>,
+        T: Into<Arc<str>>,
+    {
+        let mut tiers = (*self.tiers).clone();
+        for (value, tier) in table {
+            tiers.insert(Key::hashed(value), tier.into());
+        }
+        self.tiers = Arc::new(tiers);
+        self
+    }
 }
 
 impl KeyExtractor for Header {
-    fn extract(&self, parts: &Parts) -> Option<Identity> {
+    fn extract(&self, parts: &Parts) -> Extracted {
         let mut values = parts.headers.get_all(&self.name).iter();
-        let value = values.next()?;
+        let Some(value) = values.next() else {
+            return Ok(None);
+        };
         if values.next().is_some() {
             tracing::debug!(header = %self.name, "header sent more than once; not used as a key");
-            return None;
+            return Ok(None);
         }
         let bytes = value.as_bytes();
         if bytes.is_empty() {
-            return None;
+            return Ok(None);
         }
-        let material = if self.secret {
-            Key::hashed(bytes)
-        } else {
-            Key::new(bytes)
-        };
-        Some(Key::labelled(self.name.as_str(), material).into())
+        let hashed = Key::hashed(bytes);
+        let tier = self.tiers.get(&hashed).cloned();
+        let material = if self.secret { hashed } else { Key::new(bytes) };
+        Ok(Some(Identity {
+            key: Key::labelled(self.name.as_str(), material),
+            tier,
+        }))
     }
 }
 
@@ -93,7 +138,9 @@ mod tests {
     }
 
     fn extract(values: &[HeaderValue]) -> Option<Identity> {
-        Header::new(HeaderName::from_static("x-api-key")).extract(&parts_with(values))
+        Header::new(HeaderName::from_static("x-api-key"))
+            .extract(&parts_with(values))
+            .unwrap()
     }
 
     #[test]
@@ -120,5 +167,21 @@ mod tests {
         let a = extract(&[HeaderValue::from_static("key-a")]).unwrap();
         let b = extract(&[HeaderValue::from_static("key-b")]).unwrap();
         assert_ne!(a.key, b.key);
+    }
+
+    #[test]
+    fn tier_table_holds_no_raw_secret() {
+        let header =
+            Header::new(HeaderName::from_static("x-api-key")).tiers([("secret-pro", "pro")]);
+        assert!(!format!("{header:?}").contains("secret-pro"));
+        let tier = |h: &Header, v: &'static str| {
+            h.extract(&parts_with(&[HeaderValue::from_static(v)]))
+                .unwrap()
+                .unwrap()
+                .tier
+        };
+        assert_eq!(tier(&header, "secret-pro").as_deref(), Some("pro"));
+        assert_eq!(tier(&header, "unknown"), None);
+        assert_eq!(tier(&header.public(), "secret-pro").as_deref(), Some("pro"));
     }
 }

@@ -10,9 +10,13 @@
 //! with huge keys, or read another tenant's key names.
 
 mod header;
+#[cfg(feature = "jwt")]
+mod jwt;
 mod peer_ip;
 
 pub use header::Header;
+#[cfg(feature = "jwt")]
+pub use jwt::{JwtClaim, JwtClaimBuilder, JwtError};
 pub use peer_ip::{ForwardedHeader, PeerIp};
 
 use std::fmt::{self, Write as _};
@@ -116,6 +120,54 @@ impl From<Key> for Identity {
     }
 }
 
+/// Credentials that were presented but are not valid: the request is
+/// answered `401 Unauthorized` rather than keyed as someone else.
+///
+/// ```
+/// use slidegate::KeyRejection;
+///
+/// let rejection = KeyRejection::new("expired", "the token expired");
+/// assert_eq!(rejection.reason(), "expired");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRejection {
+    reason: &'static str,
+    detail: String,
+}
+
+impl KeyRejection {
+    /// A rejection of reason class `reason` (a short machine-readable word
+    /// such as `expired`) with a human-readable `detail`.
+    pub fn new(reason: &'static str, detail: impl Into<String>) -> Self {
+        Self {
+            reason,
+            detail: detail.into(),
+        }
+    }
+
+    /// The reason class.
+    pub fn reason(&self) -> &'static str {
+        self.reason
+    }
+
+    /// The human-readable detail.
+    pub fn detail(&self) -> &str {
+        &self.detail
+    }
+}
+
+impl fmt::Display for KeyRejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.reason, self.detail)
+    }
+}
+
+impl std::error::Error for KeyRejection {}
+
+/// What a [`KeyExtractor`] found: an identity, nothing (the next extractor
+/// in the chain decides), or credentials it refuses.
+pub type Extracted = Result<Option<Identity>, KeyRejection>;
+
 /// Reads a request head and says who the client is, or that it cannot tell.
 ///
 /// ```
@@ -132,14 +184,17 @@ impl From<Key> for Identity {
 ///     .body(())
 ///     .unwrap()
 ///     .into_parts();
-/// assert_eq!(by_tenant.extract(&parts).unwrap().key.as_str(), "acme");
-/// assert!(keys.extract(&parts).is_none());
+/// assert_eq!(by_tenant.extract(&parts).unwrap().unwrap().key.as_str(), "acme");
+/// assert!(keys.extract(&parts).unwrap().is_none());
 /// ```
 pub trait KeyExtractor: Send + Sync + 'static {
-    /// The client's identity, or `None` when this extractor cannot tell.
-    fn extract(&self, parts: &Parts) -> Option<Identity>;
+    /// The client's identity; `Ok(None)` when this extractor cannot tell;
+    /// an error when the client presented credentials that are not valid.
+    fn extract(&self, parts: &Parts) -> Extracted;
 
-    /// Tries `self`, then `next` when `self` yields nothing.
+    /// Tries `self`, then `next` when `self` yields nothing. A rejection
+    /// stops the chain: invalid credentials never fall through to a
+    /// weaker key.
     fn or<B>(self, next: B) -> Or<Self, B>
     where
         Self: Sized,
@@ -153,19 +208,19 @@ impl<F> KeyExtractor for F
 where
     F: Fn(&Parts) -> Option<Key> + Send + Sync + 'static,
 {
-    fn extract(&self, parts: &Parts) -> Option<Identity> {
-        self(parts).map(Identity::from)
+    fn extract(&self, parts: &Parts) -> Extracted {
+        Ok(self(parts).map(Identity::from))
     }
 }
 
 impl KeyExtractor for Box<dyn KeyExtractor> {
-    fn extract(&self, parts: &Parts) -> Option<Identity> {
+    fn extract(&self, parts: &Parts) -> Extracted {
         (**self).extract(parts)
     }
 }
 
 impl KeyExtractor for Arc<dyn KeyExtractor> {
-    fn extract(&self, parts: &Parts) -> Option<Identity> {
+    fn extract(&self, parts: &Parts) -> Extracted {
         (**self).extract(parts)
     }
 }
@@ -178,10 +233,11 @@ pub struct Or<A, B> {
 }
 
 impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
-    fn extract(&self, parts: &Parts) -> Option<Identity> {
-        self.first
-            .extract(parts)
-            .or_else(|| self.next.extract(parts))
+    fn extract(&self, parts: &Parts) -> Extracted {
+        match self.first.extract(parts)? {
+            Some(identity) => Ok(Some(identity)),
+            None => self.next.extract(parts),
+        }
     }
 }
 
@@ -191,14 +247,14 @@ impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
 /// use slidegate::{Global, KeyExtractor};
 ///
 /// let (parts, _) = http::Request::new(()).into_parts();
-/// assert_eq!(Global.extract(&parts).unwrap().key.as_str(), "global");
+/// assert_eq!(Global.extract(&parts).unwrap().unwrap().key.as_str(), "global");
 /// ```
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Global;
 
 impl KeyExtractor for Global {
-    fn extract(&self, _parts: &Parts) -> Option<Identity> {
-        Some(Key(Arc::from("global")).into())
+    fn extract(&self, _parts: &Parts) -> Extracted {
+        Ok(Some(Key(Arc::from("global")).into()))
     }
 }
 
@@ -244,13 +300,37 @@ mod tests {
         let first = |_: &Parts| Some(Key::new("first"));
         let (parts, _) = http::Request::new(()).into_parts();
         assert_eq!(
-            none.or(first).extract(&parts).unwrap().key.as_str(),
+            none.or(first)
+                .extract(&parts)
+                .unwrap()
+                .unwrap()
+                .key
+                .as_str(),
             "first"
         );
         assert_eq!(
-            first.or(Global).extract(&parts).unwrap().key.as_str(),
+            first
+                .or(Global)
+                .extract(&parts)
+                .unwrap()
+                .unwrap()
+                .key
+                .as_str(),
             "first"
         );
-        assert_eq!(none.or(none).extract(&parts), None);
+        assert_eq!(none.or(none).extract(&parts), Ok(None));
+    }
+
+    #[test]
+    fn a_rejection_stops_the_chain() {
+        struct Refuses;
+        impl KeyExtractor for Refuses {
+            fn extract(&self, _: &Parts) -> Extracted {
+                Err(KeyRejection::new("expired", "old"))
+            }
+        }
+        let (parts, _) = http::Request::new(()).into_parts();
+        let rejection = Refuses.or(Global).extract(&parts).unwrap_err();
+        assert_eq!(rejection.reason(), "expired");
     }
 }

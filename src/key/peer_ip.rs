@@ -6,7 +6,7 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use http::request::Parts;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
-use super::{Identity, Key, KeyExtractor};
+use super::{Extracted, Key, KeyExtractor};
 
 /// Forwarding hops beyond this many are not examined.
 const MAX_HOPS: usize = 64;
@@ -45,7 +45,7 @@ pub enum ForwardedHeader {
 ///     .unwrap();
 /// request.extensions_mut().insert("10.0.0.2:5000".parse::<SocketAddr>().unwrap());
 /// let (parts, _) = request.into_parts();
-/// assert_eq!(peer_ip.extract(&parts).unwrap().key.as_str(), "ip:203.0.113.9");
+/// assert_eq!(peer_ip.extract(&parts).unwrap().unwrap().key.as_str(), "ip:203.0.113.9");
 /// ```
 #[derive(Debug, Clone)]
 pub struct PeerIp {
@@ -164,16 +164,18 @@ impl PeerIp {
 }
 
 impl KeyExtractor for PeerIp {
-    fn extract(&self, parts: &Parts) -> Option<Identity> {
+    fn extract(&self, parts: &Parts) -> Extracted {
         let Some(peer) = peer_addr(parts) else {
             tracing::error!(
                 "PeerIp found no peer address: serve with \
                  into_make_service_with_connect_info::<SocketAddr>()"
             );
-            return None;
+            return Ok(None);
         };
         let client = self.client_ip(canonical(peer.ip()), parts);
-        Some(Key::labelled("ip", Key::new(self.group(client))).into())
+        Ok(Some(
+            Key::labelled("ip", Key::new(self.group(client))).into(),
+        ))
     }
 }
 
@@ -259,6 +261,7 @@ mod tests {
         let (parts, _) = request.into_parts();
         extractor
             .extract(&parts)
+            .unwrap()
             .map(|identity| identity.key.as_str().to_owned())
     }
 
@@ -355,6 +358,6 @@ mod tests {
     #[test]
     fn no_peer_address_yields_nothing() {
         let (parts, _) = http::Request::new(()).into_parts();
-        assert!(PeerIp::new().extract(&parts).is_none());
+        assert_eq!(PeerIp::new().extract(&parts), Ok(None));
     }
 }

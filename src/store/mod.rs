@@ -54,12 +54,28 @@ impl Check {
     /// assert_eq!((check.limit, check.cost), (10, 1));
     /// ```
     pub fn new(policy: &Policy, key: Key) -> Self {
+        Self::for_tier(policy, key, None)
+    }
+
+    /// The check of `policy` for the client `key` of `tier`: the tier's
+    /// overrides apply (see [`Policy::tier`]).
+    ///
+    /// ```
+    /// use slidegate::{Check, Key, Policy, TierLimits};
+    /// use std::time::Duration;
+    ///
+    /// let search = Policy::new("search", 5, Duration::from_secs(60)).tier("pro", TierLimits::new().limit(50));
+    /// assert_eq!(Check::for_tier(&search, Key::new("a"), Some("pro")).limit, 50);
+    /// assert_eq!(Check::for_tier(&search, Key::new("a"), Some("gold")).limit, 5);
+    /// ```
+    pub fn for_tier(policy: &Policy, key: Key, tier: Option<&str>) -> Self {
+        let limits = policy.limits_for(tier);
         Self {
             policy: policy.shared_name().clone(),
             key,
-            limit: policy.limit(),
-            window: policy.window(),
-            cost: policy.unit_cost(),
+            limit: limits.limit,
+            window: limits.window,
+            cost: limits.cost,
             algorithm: policy.algorithm_kind(),
         }
     }

@@ -1,0 +1,443 @@
+//! Keys from a verified JSON Web Token: [`JwtClaim`].
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use http::header::AUTHORIZATION;
+use http::request::Parts;
+use jsonwebtoken::errors::ErrorKind;
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use serde_json::{Map, Value};
+
+use super::{Extracted, Identity, Key, KeyRejection};
+
+/// Longest `Authorization` value looked at; longer ones are refused unread.
+const MAX_TOKEN_LEN: usize = 8 * 1024;
+
+/// Why a [`JwtClaim`] could not be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum JwtError {
+    /// A PEM file is not a public key of a supported type.
+    #[error("not a PEM-encoded RSA, EC (P-256/P-384) or Ed25519 public key: {0}")]
+    InvalidKey(String),
+    /// The algorithm allow-list is empty.
+    #[error("the algorithm allow-list is empty")]
+    NoAlgorithms,
+    /// An algorithm name is not one jsonwebtoken knows.
+    #[error("unknown JWT algorithm `{0}`")]
+    UnknownAlgorithm(String),
+    /// An allowed algorithm has no key of its family to verify it with.
+    #[error("algorithm {algorithm:?} is allowed but no {family} key was given")]
+    NoKeyFor {
+        /// The allowed algorithm.
+        algorithm: Algorithm,
+        /// The kind of key it needs.
+        family: &'static str,
+    },
+    /// The key claim is empty.
+    #[error("the key claim name is empty")]
+    EmptyKeyClaim,
+}
+
+fn family_name(algorithm: Algorithm) -> &'static str {
+    use jsonwebtoken::AlgorithmFamily::*;
+    match algorithm.family() {
+        Hmac => "HMAC secret",
+        Rsa => "RSA public",
+        Ec => "EC public",
+        Ed => "Ed25519 public",
+    }
+}
+
+/// Keys a request by a claim of its verified `Authorization: Bearer` JWT.
+///
+/// The token is verified against the configured keys with an explicit
+/// algorithm allow-list; `exp` is required, `exp` and `nbf` are checked with
+/// a small leeway (5 s by default), and `iss` and `aud` when configured. The
+/// key is the `sub` claim by default (a string or an integer), labelled
+/// `jwt:`; a tier claim, when configured, gives the client's tier.
+///
+/// A request without a bearer token yields no key, so the next extractor in
+/// the chain decides. A bearer token that does not verify is refused with a
+/// [`KeyRejection`] (the layer answers `401`), whose reason is one of
+/// `malformed`, `algorithm_not_allowed`, `wrong_key_type`, `bad_signature`,
+/// `expired`, `not_yet_valid`, `wrong_issuer`, `wrong_audience`,
+/// `missing_claim` and `invalid_claim`.
+///
+/// ```
+/// use slidegate::{JwtClaim, KeyExtractor};
+/// use slidegate::jsonwebtoken::Algorithm;
+///
+/// let jwt = JwtClaim::builder()
+///     .secret(b"change-me")
+///     .algorithms([Algorithm::HS256])
+///     .tier_claim("tier")
+///     .build()?;
+/// let (parts, _) = http::Request::new(()).into_parts();
+/// // No token: the next extractor decides.
+/// assert_eq!(jwt.extract(&parts), Ok(None));
+///
+/// let (parts, _) = http::Request::builder()
+///     .header("authorization", "Bearer not.a.token")
+///     .body(())?
+///     .into_parts();
+/// assert_eq!(jwt.extract(&parts).unwrap_err().reason(), "malformed");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct JwtClaim {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    keys: Vec<DecodingKey>,
+    algorithms: Vec<Algorithm>,
+    /// One validation per allowed algorithm, allowing that algorithm only.
+    validations: Vec<Validation>,
+    key_claim: String,
+    tier_claim: Option<String>,
+}
+
+impl fmt::Debug for JwtClaim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JwtClaim")
+            .field("algorithms", &self.inner.algorithms)
+            .field("key_claim", &self.inner.key_claim)
+            .field("tier_claim", &self.inner.tier_claim)
+            .finish_non_exhaustive()
+    }
+}
+
+impl JwtClaim {
+    /// Starts a builder; give it at least one key and an allow-list.
+    pub fn builder() -> JwtClaimBuilder {
+        JwtClaimBuilder::default()
+    }
+
+    fn verify(&self, token: &str) -> Result<Map<String, Value>, KeyRejection> {
+        let algorithm = header_algorithm(token)?;
+        let Some(position) = self.inner.algorithms.iter().position(|a| *a == algorithm) else {
+            return Err(KeyRejection::new(
+                "algorithm_not_allowed",
+                format!(
+                    "the token is signed with {algorithm:?}, which is not allowed (allowed: {:?})",
+                    self.inner.algorithms
+                ),
+            ));
+        };
+        let key = self
+            .inner
+            .keys
+            .iter()
+            .find(|key| key.family() == algorithm.family())
+            .expect("build() checks every allowed algorithm has a key");
+        jsonwebtoken::decode::<Map<String, Value>>(token, key, &self.inner.validations[position])
+            .map(|data| data.claims)
+            .map_err(|error| rejection(error.kind()))
+    }
+
+    fn identity(&self, claims: &Map<String, Value>) -> Result<Identity, KeyRejection> {
+        let name = &self.inner.key_claim;
+        let material = match claims.get(name) {
+            None | Some(Value::Null) => {
+                return Err(KeyRejection::new(
+                    "missing_claim",
+                    format!("the token has no `{name}` claim to identify the client"),
+                ));
+            }
+            Some(Value::String(text)) if !text.is_empty() => text.clone(),
+            Some(Value::Number(number)) if number.is_i64() || number.is_u64() => number.to_string(),
+            Some(_) => {
+                return Err(KeyRejection::new(
+                    "invalid_claim",
+                    format!("the token's `{name}` claim must be a non-empty string or an integer"),
+                ));
+            }
+        };
+        let tier = self.inner.tier_claim.as_ref().and_then(|tier_claim| {
+            match claims.get(tier_claim) {
+                Some(Value::String(tier)) if !tier.is_empty() => Some(Arc::from(tier.as_str())),
+                None | Some(Value::Null) => None,
+                Some(_) => {
+                    tracing::debug!(claim = %tier_claim, "tier claim is not a string; base limits apply");
+                    None
+                }
+            }
+        });
+        Ok(Identity {
+            key: Key::labelled("jwt", Key::new(material)),
+            tier,
+        })
+    }
+}
+
+impl super::KeyExtractor for JwtClaim {
+    fn extract(&self, parts: &Parts) -> Extracted {
+        let Some(token) = bearer_token(parts)? else {
+            return Ok(None);
+        };
+        let claims = self.verify(token)?;
+        self.identity(&claims).map(Some)
+    }
+}
+
+/// The bearer token of the request, if it has one.
+fn bearer_token(parts: &Parts) -> Result<Option<&str>, KeyRejection> {
+    let mut values = parts.headers.get_all(AUTHORIZATION).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(KeyRejection::new(
+            "malformed",
+            "more than one Authorization header",
+        ));
+    }
+    let bytes = value.as_bytes();
+    let is_bearer = bytes.len() > 7 && bytes[..7].eq_ignore_ascii_case(b"bearer ");
+    if !is_bearer {
+        // Another scheme (Basic, say): not ours to judge.
+        return Ok(None);
+    }
+    if bytes.len() > MAX_TOKEN_LEN {
+        return Err(KeyRejection::new(
+            "malformed",
+            format!("the bearer token is longer than {MAX_TOKEN_LEN} bytes"),
+        ));
+    }
+    let token = std::str::from_utf8(&bytes[7..])
+        .ok()
+        .map(str::trim)
+        .filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_graphic()))
+        .ok_or_else(|| KeyRejection::new("malformed", "the bearer token is not a JWT"))?;
+    Ok(Some(token))
+}
+
+/// The `alg` of the token's header, read before any verification so that
+/// `none` and unknown algorithms get their own answer.
+fn header_algorithm(token: &str) -> Result<Algorithm, KeyRejection> {
+    let malformed = |detail: &str| KeyRejection::new("malformed", detail.to_owned());
+    let mut segments = token.split('.');
+    let (Some(header), Some(_), Some(_), None) = (
+        segments.next(),
+        segments.next(),
+        segments.next(),
+        segments.next(),
+    ) else {
+        return Err(malformed("a JWT has three dot-separated segments"));
+    };
+    let header = URL_SAFE_NO_PAD
+        .decode(header)
+        .map_err(|_| malformed("the token header is not base64url"))?;
+    let header: Map<String, Value> = serde_json::from_slice(&header)
+        .map_err(|_| malformed("the token header is not a JSON object"))?;
+    let Some(Value::String(name)) = header.get("alg") else {
+        return Err(malformed("the token header has no `alg`"));
+    };
+    Algorithm::from_str(name).map_err(|_| {
+        KeyRejection::new(
+            "algorithm_not_allowed",
+            format!("the token's algorithm `{name}` is not allowed"),
+        )
+    })
+}
+
+fn rejection(kind: &ErrorKind) -> KeyRejection {
+    let (reason, detail) = match kind {
+        ErrorKind::InvalidSignature => ("bad_signature", "the token's signature does not verify"),
+        ErrorKind::ExpiredSignature => ("expired", "the token has expired"),
+        ErrorKind::ImmatureSignature => ("not_yet_valid", "the token is not valid yet (nbf)"),
+        ErrorKind::InvalidIssuer => ("wrong_issuer", "the token's issuer is not accepted"),
+        ErrorKind::InvalidAudience => ("wrong_audience", "the token's audience is not accepted"),
+        ErrorKind::MissingRequiredClaim(claim) => {
+            return KeyRejection::new("missing_claim", format!("the token has no `{claim}` claim"));
+        }
+        ErrorKind::InvalidAlgorithm
+        | ErrorKind::InvalidAlgorithmName
+        | ErrorKind::UnsupportedAlgorithm => (
+            "algorithm_not_allowed",
+            "the token's algorithm is not allowed",
+        ),
+        ErrorKind::InvalidEcdsaKey
+        | ErrorKind::InvalidEddsaKey
+        | ErrorKind::InvalidRsaKey(_)
+        | ErrorKind::InvalidKeyFormat => (
+            "wrong_key_type",
+            "the token's algorithm does not fit the configured key",
+        ),
+        _ => ("malformed", "the token could not be decoded"),
+    };
+    KeyRejection::new(reason, detail)
+}
+
+/// Builds a [`JwtClaim`]; see [`JwtClaim::builder`].
+#[derive(Default)]
+#[must_use]
+pub struct JwtClaimBuilder {
+    keys: Vec<DecodingKey>,
+    algorithms: Vec<Algorithm>,
+    key_claim: Option<String>,
+    tier_claim: Option<String>,
+    leeway: Option<Duration>,
+    issuers: Vec<String>,
+    audiences: Vec<String>,
+}
+
+impl fmt::Debug for JwtClaimBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JwtClaimBuilder")
+            .field("algorithms", &self.algorithms)
+            .finish_non_exhaustive()
+    }
+}
+
+impl JwtClaimBuilder {
+    /// Verifies HS256/384/512 tokens with this shared secret.
+    pub fn secret(mut self, secret: impl AsRef<[u8]>) -> Self {
+        self.keys.push(DecodingKey::from_secret(secret.as_ref()));
+        self
+    }
+
+    /// Verifies RS*/PS*, ES256/ES384 or EdDSA tokens with this PEM-encoded
+    /// public key (its type is read from the PEM).
+    ///
+    /// ```
+    /// use slidegate::JwtClaim;
+    ///
+    /// let pem = std::fs::read("tests/fixtures/rsa_public.pem")?;
+    /// let jwt = JwtClaim::builder()
+    ///     .public_key_pem(&pem)?
+    ///     .algorithm_names(["RS256"])?
+    ///     .build()?;
+    /// assert!(JwtClaim::builder().public_key_pem(b"not a key").is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn public_key_pem(mut self, pem: &[u8]) -> Result<Self, JwtError> {
+        let key = DecodingKey::from_rsa_pem(pem)
+            .or_else(|_| DecodingKey::from_ec_pem(pem))
+            .or_else(|_| DecodingKey::from_ed_pem(pem))
+            .map_err(|error| JwtError::InvalidKey(error.to_string()))?;
+        self.keys.push(key);
+        Ok(self)
+    }
+
+    /// The algorithms a token may be signed with; every other is refused,
+    /// `none` always.
+    pub fn algorithms(mut self, algorithms: impl IntoIterator<Item = Algorithm>) -> Self {
+        self.algorithms = algorithms.into_iter().collect();
+        self
+    }
+
+    /// The allow-list by name (`"HS256"`, `"RS256"`, `"ES256"`, `"EdDSA"`,
+    /// ...); an unknown name, `none` included, is an error.
+    ///
+    /// ```
+    /// use slidegate::{JwtClaim, JwtError};
+    ///
+    /// let refused = JwtClaim::builder().secret(b"s").algorithm_names(["none"]);
+    /// assert_eq!(refused.unwrap_err(), JwtError::UnknownAlgorithm("none".into()));
+    /// ```
+    pub fn algorithm_names<T: AsRef<str>>(
+        self,
+        names: impl IntoIterator<Item = T>,
+    ) -> Result<Self, JwtError> {
+        let algorithms = names
+            .into_iter()
+            .map(|name| {
+                let name = name.as_ref();
+                Algorithm::from_str(name).map_err(|_| JwtError::UnknownAlgorithm(name.to_owned()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(self.algorithms(algorithms))
+    }
+
+    /// The claim that identifies the client (default `sub`).
+    pub fn key_claim(mut self, claim: impl Into<String>) -> Self {
+        self.key_claim = Some(claim.into());
+        self
+    }
+
+    /// The claim that names the client's tier (default: none).
+    pub fn tier_claim(mut self, claim: impl Into<String>) -> Self {
+        self.tier_claim = Some(claim.into());
+        self
+    }
+
+    /// Clock skew allowed when checking `exp` and `nbf` (default 5 s,
+    /// whole seconds).
+    pub fn leeway(mut self, leeway: Duration) -> Self {
+        self.leeway = Some(leeway);
+        self
+    }
+
+    /// Accepts only tokens whose `iss` is one of `issuers`; the claim
+    /// becomes required.
+    pub fn issuers<T: Into<String>>(mut self, issuers: impl IntoIterator<Item = T>) -> Self {
+        self.issuers = issuers.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Accepts only tokens whose `aud` includes one of `audiences`; the
+    /// claim becomes required. Without it, tokens carrying an `aud` are
+    /// accepted whatever it says.
+    pub fn audiences<T: Into<String>>(mut self, audiences: impl IntoIterator<Item = T>) -> Self {
+        self.audiences = audiences.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Checks that every allowed algorithm has a key to verify it.
+    pub fn build(self) -> Result<JwtClaim, JwtError> {
+        if self.algorithms.is_empty() {
+            return Err(JwtError::NoAlgorithms);
+        }
+        for &algorithm in &self.algorithms {
+            if !self.keys.iter().any(|k| k.family() == algorithm.family()) {
+                return Err(JwtError::NoKeyFor {
+                    algorithm,
+                    family: family_name(algorithm),
+                });
+            }
+        }
+        let key_claim = self.key_claim.unwrap_or_else(|| "sub".to_owned());
+        if key_claim.is_empty() {
+            return Err(JwtError::EmptyKeyClaim);
+        }
+        let leeway = self.leeway.unwrap_or(Duration::from_secs(5)).as_secs();
+        let validations = self
+            .algorithms
+            .iter()
+            .map(|&algorithm| {
+                let mut validation = Validation::new(algorithm);
+                validation.leeway = leeway;
+                validation.validate_nbf = true;
+                let mut required = vec!["exp"];
+                if !self.issuers.is_empty() {
+                    validation.set_issuer(&self.issuers);
+                    required.push("iss");
+                }
+                if self.audiences.is_empty() {
+                    validation.validate_aud = false;
+                } else {
+                    validation.set_audience(&self.audiences);
+                    required.push("aud");
+                }
+                validation.set_required_spec_claims(&required);
+                validation
+            })
+            .collect();
+        Ok(JwtClaim {
+            inner: Arc::new(Inner {
+                keys: self.keys,
+                algorithms: self.algorithms,
+                validations,
+                key_claim,
+                tier_claim: self.tier_claim,
+            }),
+        })
+    }
+}
