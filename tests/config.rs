@@ -77,7 +77,16 @@ fn refused(source: &str, line: usize, key: &str) -> String {
 fn unknown_keys_are_errors() {
     refused("[limiter]\nfail = \"open\"\nfial = \"closed\"\n", 3, "fial");
     refused(&format!("{POLICY}limt = 5\n"), 6, "limt");
-    refused("[jwt]\nsecret = \"x\"\n", 1, "jwt");
+    refused(
+        "[limiter]\nkeys = [\"jwt\"]\n[jwt]\nsecret = \"x\"\nleway = \"5s\"\n",
+        5,
+        "leway",
+    );
+    refused(
+        &format!("{POLICY}tiers = {{ pro = {{ limt = 50 }} }}\n"),
+        6,
+        "limt",
+    );
     refused(
         "[redis]\nurl = \"redis://x\"\nclusterr = true\n",
         3,
@@ -159,4 +168,151 @@ fn a_missing_file_names_the_file() {
         error.to_string().contains("/nonexistent/slidegate.toml"),
         "{error}"
     );
+}
+
+/// The DESIGN's example configuration, word for word in its identity parts.
+const IDENTITY: &str = r#"
+[limiter]
+keys = ["jwt", "api_key", "ip"]      # ordered fallback chain
+api_key_header = "x-api-key"
+headers = "ietf"
+
+[jwt]
+secret = "change-me"                 # HS* secret
+algorithms = ["HS256"]
+key_claim = "sub"
+tier_claim = "tier"
+
+[api_keys]                           # api key -> tier
+"demo-pro-key" = "pro"
+
+[[policy]]
+name = "search"
+route = "GET /api/search"            # "METHOD /pattern" or "/pattern" (any method)
+limit = 5
+window = "60s"
+cost = 1
+fail = "closed"
+tiers = { pro = { limit = 50 } }     # per-tier overrides
+
+[default]
+limit = 100
+window = "60s"
+tiers = { pro = { limit = 1000, window = "1m", cost = 2 } }
+"#;
+
+#[test]
+fn jwt_api_keys_and_tiers_parse() {
+    let config = Config::from_toml_str(IDENTITY).unwrap();
+    let search = config.policies().iter().next().unwrap();
+    assert_eq!(search.limits_for(Some("pro")).limit, 50);
+    assert_eq!(search.limits_for(None).limit, 5);
+    let default = config.policies().iter().nth(1).unwrap();
+    let pro = default.limits_for(Some("pro"));
+    assert_eq!((pro.limit, pro.cost, pro.window.as_secs()), (1000, 2, 60));
+    // The [api_keys] table never shows a raw key.
+    assert!(!format!("{config:?}").contains("demo-pro-key"));
+}
+
+#[test]
+fn bad_identity_settings_name_key_and_line() {
+    let with = |from: &str, to: &str| {
+        assert!(IDENTITY.contains(from), "{from}");
+        IDENTITY.replacen(from, to, 1)
+    };
+    let message = refused(
+        &with("[\"HS256\"]", "[\"HS256\", \"none\"]"),
+        9,
+        "jwt.algorithms",
+    );
+    assert!(message.contains("none"), "{message}");
+    let message = refused(&with("[\"HS256\"]", "[\"RS256\"]"), 9, "jwt.algorithms");
+    assert!(message.contains("RSA"), "{message}");
+    refused(
+        &with("secret = \"change-me\"", "secret = \"\""),
+        8,
+        "jwt.secret",
+    );
+    refused(
+        &with(
+            "secret = \"change-me\"",
+            "public_key_pem = \"/nonexistent/key.pem\"",
+        ),
+        8,
+        "jwt.public_key_pem",
+    );
+    refused(
+        &with("secret = \"change-me\"        ", "tier_claim_x = 1\n"),
+        8,
+        "tier_claim_x",
+    );
+    refused(&with("secret = \"change-me\"", "issuer = \"me\""), 7, "jwt");
+    refused(
+        &with("[\"jwt\", \"api_key\", \"ip\"]", "[\"api_key\", \"ip\"]"),
+        7,
+        "jwt",
+    );
+    refused(
+        &with("[\"jwt\", \"api_key\", \"ip\"]", "[\"jwt\", \"ip\"]"),
+        13,
+        "api_keys",
+    );
+    refused("[limiter]\nkeys = [\"jwt\", \"ip\"]\n", 2, "limiter.keys");
+    let message = refused(
+        &with(
+            "{ pro = { limit = 50 } }",
+            "{ pro = { limit = 50, cost = 60 } }",
+        ),
+        23,
+        "policy[0].tiers.pro.cost",
+    );
+    assert!(message.contains("tier `pro`"), "{message}");
+    refused(
+        &with("{ pro = { limit = 50 } }", "{ pro = { limit = 0 } }"),
+        23,
+        "policy[0].tiers.pro.limit",
+    );
+    refused(
+        &with("window = \"1m\"", "window = \"0s\""),
+        28,
+        "default.tiers.pro.window",
+    );
+}
+
+#[test]
+fn a_bad_api_key_entry_does_not_echo_the_key() {
+    let source = IDENTITY.replace("\"demo-pro-key\" = \"pro\"", "\"sk-live-secret\" = 5");
+    let message = refused(&source, 14, "api_keys");
+    assert!(!message.contains("sk-live-secret"), "{message}");
+    let source = IDENTITY.replace("\"demo-pro-key\" = \"pro\"", "\"sk-live-secret\" = \"\"");
+    let message = refused(&source, 14, "api_keys");
+    assert!(!message.contains("sk-live-secret"), "{message}");
+}
+
+#[test]
+fn public_key_paths_are_relative_to_the_config_file() {
+    let dir = std::env::temp_dir().join(format!("slidegate-jwt-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("keys")).unwrap();
+    std::fs::copy(
+        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/rsa_public.pem"),
+        dir.join("keys/rsa_public.pem"),
+    )
+    .unwrap();
+    let path = dir.join("rs.toml");
+    std::fs::write(
+        &path,
+        "[limiter]\nkeys = [\"jwt\"]\n[jwt]\npublic_key_pem = \"keys/rsa_public.pem\"\nalgorithms = [\"RS256\"]\n",
+    )
+    .unwrap();
+    let loaded = Config::from_file(&path);
+    std::fs::write(
+        &path,
+        "[limiter]\nkeys = [\"jwt\"]\n[jwt]\npublic_key_pem = \"keys/rsa_public.pem\"\n",
+    )
+    .unwrap();
+    let without_algorithms = Config::from_file(&path);
+    std::fs::remove_dir_all(&dir).unwrap();
+    loaded.unwrap();
+    let message = without_algorithms.unwrap_err().to_string();
+    assert!(message.contains("jwt.algorithms"), "{message}");
 }

@@ -12,9 +12,14 @@ use support::RedisServer;
 
 /// `target/<profile>/examples/server`, which `cargo test` builds.
 fn server_binary() -> PathBuf {
+    example_binary("server")
+}
+
+/// `target/<profile>/examples/<name>`.
+fn example_binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let profile_dir = exe.parent().unwrap().parent().unwrap();
-    let binary = profile_dir.join("examples").join("server");
+    let binary = profile_dir.join("examples").join(name);
     assert!(
         binary.exists(),
         "{} is missing: run via cargo test",
@@ -180,6 +185,65 @@ fn demo_config_limits_search_and_login_but_never_health() {
         key.starts_with("x-api-key:#") && !key.contains("demo-secret"),
         "{key}"
     );
+}
+
+/// A demo token from the `mint_token` example, as the README mints it.
+fn mint_token(args: &[&str]) -> String {
+    let output = Command::new(example_binary("mint_token"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    String::from_utf8(output.stdout).unwrap().trim().to_owned()
+}
+
+#[test]
+fn demo_tiers_differ_for_minted_tokens_and_api_keys() {
+    let server = ExampleServer::start(&[], &[]);
+    let pro = format!("Bearer {}", mint_token(&["alice", "pro"]));
+    let whoami = server
+        .request("GET", "/api/whoami", &[("authorization", &pro)])
+        .json();
+    assert_eq!(whoami["key"], "jwt:alice");
+    assert_eq!(whoami["tier"], "pro");
+
+    // pro: 100 units a minute at 2 units a search.
+    let search = server.request("GET", "/api/search?q=redis", &[("authorization", &pro)]);
+    assert_eq!(search.status, 200);
+    assert_eq!(search.header("x-ratelimit-limit"), Some("100"));
+    assert_eq!(search.header("x-ratelimit-remaining"), Some("98"));
+    assert_eq!(
+        search.header("ratelimit-policy"),
+        Some("\"search\";q=100;w=60")
+    );
+    assert_eq!(search.header("ratelimit"), Some("\"search\";r=98;t=60"));
+
+    // No tier claim: the base 5 a minute.
+    let bob = format!("Bearer {}", mint_token(&["bob"]));
+    let search = server.request("GET", "/api/search", &[("authorization", &bob)]);
+    assert_eq!(search.header("x-ratelimit-limit"), Some("5"));
+
+    let by_key = server.request("GET", "/api/search", &[("x-api-key", "demo-pro-key")]);
+    assert_eq!(by_key.header("x-ratelimit-limit"), Some("100"));
+    let whoami = server
+        .request("GET", "/api/whoami", &[("x-api-key", "demo-free-key")])
+        .json();
+    assert_eq!(whoami["tier"], "free");
+
+    let forged = format!(
+        "Bearer {}",
+        mint_token(&["carol", "pro", "--secret", "guessed"])
+    );
+    let forged = server.request("GET", "/api/search", &[("authorization", &forged)]);
+    let garbage = server.request(
+        "GET",
+        "/api/search",
+        &[("authorization", "Bearer not-a-token")],
+    );
+    for (reply, reason) in [(forged, "bad_signature"), (garbage, "malformed")] {
+        assert_eq!(reply.status, 401, "{}", reply.body);
+        assert_eq!(reply.json()["reason"], reason);
+    }
 }
 
 #[test]

@@ -2,6 +2,8 @@
 
 mod support;
 
+use support::reply::send;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -9,9 +11,8 @@ use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::routing::{get, post};
-use http::{HeaderMap, Request, StatusCode};
+use http::{Request, StatusCode};
 use http_body_util::BodyExt;
-use serde_json::Value;
 use slidegate::{
     Check, CheckFuture, FailMode, FakeClock, Global, Header, HeaderStyle, Identity, KeyExtractor,
     MemoryStore, PeerIp, Policies, Policy, RateLimit, RateLimitLayer, RedisStore, ResetFormat,
@@ -21,34 +22,6 @@ use tower::{ServiceExt, service_fn};
 
 const START: u64 = 1_700_000_000_000_000;
 const MINUTE: Duration = Duration::from_secs(60);
-
-struct Reply {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: String,
-}
-
-impl Reply {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).map(|v| v.to_str().unwrap())
-    }
-
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.body).expect("a JSON body")
-    }
-}
-
-async fn send(app: &Router, request: Request<Body>) -> Reply {
-    let response = app.clone().oneshot(request).await.unwrap();
-    let status = response.status();
-    let headers = response.headers().clone();
-    let body = response.into_body().collect().await.unwrap().to_bytes();
-    Reply {
-        status,
-        headers,
-        body: String::from_utf8(body.to_vec()).unwrap(),
-    }
-}
 
 fn request(method: &str, uri: &str, peer: &str) -> Request<Body> {
     let mut request = Request::builder()

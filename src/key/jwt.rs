@@ -99,6 +99,9 @@ struct Inner {
     algorithms: Vec<Algorithm>,
     /// One validation per allowed algorithm, allowing that algorithm only.
     validations: Vec<Validation>,
+    /// Registered claims a token must carry: `exp`, and `iss`/`aud` when
+    /// those are checked.
+    required: Vec<&'static str>,
     key_claim: String,
     tier_claim: Option<String>,
 }
@@ -136,9 +139,27 @@ impl JwtClaim {
             .iter()
             .find(|key| key.family() == algorithm.family())
             .expect("build() checks every allowed algorithm has a key");
-        jsonwebtoken::decode::<Map<String, Value>>(token, key, &self.inner.validations[position])
-            .map(|data| data.claims)
-            .map_err(|error| rejection(error.kind()))
+        let claims = jsonwebtoken::decode::<Map<String, Value>>(
+            token,
+            key,
+            &self.inner.validations[position],
+        )
+        .map_err(|error| rejection(error.kind()))?
+        .claims;
+        // Presence is checked here rather than by jsonwebtoken, which
+        // reports a claim of the wrong type as missing.
+        let missing = self
+            .inner
+            .required
+            .iter()
+            .find(|claim| matches!(claims.get(**claim), None | Some(Value::Null)));
+        match missing {
+            Some(claim) => Err(KeyRejection::new(
+                "missing_claim",
+                format!("the token has no `{claim}` claim"),
+            )),
+            None => Ok(claims),
+        }
     }
 
     fn identity(&self, claims: &Map<String, Value>) -> Result<Identity, KeyRejection> {
@@ -254,8 +275,11 @@ fn rejection(kind: &ErrorKind) -> KeyRejection {
         ErrorKind::ImmatureSignature => ("not_yet_valid", "the token is not valid yet (nbf)"),
         ErrorKind::InvalidIssuer => ("wrong_issuer", "the token's issuer is not accepted"),
         ErrorKind::InvalidAudience => ("wrong_audience", "the token's audience is not accepted"),
-        ErrorKind::MissingRequiredClaim(claim) => {
-            return KeyRejection::new("missing_claim", format!("the token has no `{claim}` claim"));
+        ErrorKind::InvalidClaimFormat(claim) => {
+            return KeyRejection::new(
+                "invalid_claim",
+                format!("the token's `{claim}` claim is not a valid time"),
+            );
         }
         ErrorKind::InvalidAlgorithm
         | ErrorKind::InvalidAlgorithmName
@@ -270,6 +294,12 @@ fn rejection(kind: &ErrorKind) -> KeyRejection {
             "wrong_key_type",
             "the token's algorithm does not fit the configured key",
         ),
+        ErrorKind::Json(error) => {
+            return KeyRejection::new(
+                "malformed",
+                format!("the token's claims could not be read: {error}"),
+            );
+        }
         _ => ("malformed", "the token could not be decoded"),
     };
     KeyRejection::new(reason, detail)
@@ -318,6 +348,11 @@ impl JwtClaimBuilder {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn public_key_pem(mut self, pem: &[u8]) -> Result<Self, JwtError> {
+        if pem.windows(11).any(|w| w == b"PRIVATE KEY") {
+            return Err(JwtError::InvalidKey(
+                "this is a private key: give the matching public key".to_owned(),
+            ));
+        }
         let key = DecodingKey::from_rsa_pem(pem)
             .or_else(|_| DecodingKey::from_ec_pem(pem))
             .or_else(|_| DecodingKey::from_ed_pem(pem))
@@ -408,6 +443,13 @@ impl JwtClaimBuilder {
             return Err(JwtError::EmptyKeyClaim);
         }
         let leeway = self.leeway.unwrap_or(Duration::from_secs(5)).as_secs();
+        let mut required = vec!["exp"];
+        if !self.issuers.is_empty() {
+            required.push("iss");
+        }
+        if !self.audiences.is_empty() {
+            required.push("aud");
+        }
         let validations = self
             .algorithms
             .iter()
@@ -415,18 +457,15 @@ impl JwtClaimBuilder {
                 let mut validation = Validation::new(algorithm);
                 validation.leeway = leeway;
                 validation.validate_nbf = true;
-                let mut required = vec!["exp"];
+                validation.required_spec_claims.clear();
                 if !self.issuers.is_empty() {
                     validation.set_issuer(&self.issuers);
-                    required.push("iss");
                 }
                 if self.audiences.is_empty() {
                     validation.validate_aud = false;
                 } else {
                     validation.set_audience(&self.audiences);
-                    required.push("aud");
                 }
-                validation.set_required_spec_claims(&required);
                 validation
             })
             .collect();
@@ -435,6 +474,7 @@ impl JwtClaimBuilder {
                 keys: self.keys,
                 algorithms: self.algorithms,
                 validations,
+                required,
                 key_claim,
                 tier_claim: self.tier_claim,
             }),
