@@ -4,7 +4,8 @@
 //! Wrap a router in a [`RateLimitLayer`]: a [`KeyExtractor`] says who the
 //! client is, [`Policies`] say how much each route allows, and a [`Store`]
 //! ([`MemoryStore`] in one process, `RedisStore` across many) decides
-//! atomically. Responses carry `X-RateLimit-*` headers; a denied request gets
+//! atomically. Clients can be told apart by address, API key or a verified
+//! JWT claim, and each policy can give each tier its own limits. Responses carry `X-RateLimit-*` headers; a denied request gets
 //! `429 Too Many Requests` with `Retry-After`; when the store is down each
 //! policy fails open or closed.
 //!

@@ -1,8 +1,11 @@
 //! Who is asking: [`KeyExtractor`]s turn a request head into a [`Key`].
 //!
-//! Built-ins: [`PeerIp`], [`Header`], [`Global`], and any closure
+//! Built-ins: [`PeerIp`], [`Header`] (with an API key → tier table),
+//! `JwtClaim` (feature `jwt`), [`Global`], and any closure
 //! `Fn(&http::request::Parts) -> Option<Key>`. Chain them with
-//! [`KeyExtractor::or`]: the first that yields a key wins.
+//! [`KeyExtractor::or`]: the first that yields a key wins, and one that
+//! refuses the client's credentials ([`KeyRejection`], answered `401`)
+//! stops the chain.
 //!
 //! Key material from the client never reaches the store raw when it could
 //! hurt: secrets are hashed, and so is anything long, binary or holding a
