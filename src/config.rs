@@ -294,6 +294,18 @@ impl From<FailName> for FailMode {
 #[serde(rename_all = "snake_case")]
 enum AlgorithmName {
     SlidingLog,
+    SlidingCounter,
+    FixedWindow,
+}
+
+impl From<AlgorithmName> for crate::Algorithm {
+    fn from(name: AlgorithmName) -> Self {
+        match name {
+            AlgorithmName::SlidingLog => Self::SlidingLog,
+            AlgorithmName::SlidingCounter => Self::SlidingCounter,
+            AlgorithmName::FixedWindow => Self::FixedWindow,
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -771,8 +783,8 @@ fn policy_from(
     source: &str,
 ) -> Result<Policy, ConfigError> {
     let mut policy = Policy::new(name, *body.limit.get_ref(), body.window.get_ref().0);
-    if let Some(AlgorithmName::SlidingLog) = body.algorithm {
-        policy = policy.algorithm(crate::Algorithm::SlidingLog);
+    if let Some(algorithm) = body.algorithm {
+        policy = policy.algorithm(algorithm.into());
     }
     if let Some(cost) = &body.cost {
         policy = policy.cost(*cost.get_ref());
@@ -784,7 +796,9 @@ fn policy_from(
         let (key, offset) = match &error {
             PolicyError::InvalidName { .. } => ("name", name_offset),
             PolicyError::ZeroLimit { .. } => ("limit", body.limit.span().start),
-            PolicyError::WindowTooShort { .. } => ("window", body.window.span().start),
+            PolicyError::WindowTooShort { .. }
+            | PolicyError::CounterWindowNotWholeMillis { .. }
+            | PolicyError::CounterTooLarge { .. } => ("window", body.window.span().start),
             PolicyError::ZeroCost { .. } | PolicyError::CostAboveLimit { .. } => (
                 "cost",
                 body.cost
@@ -815,9 +829,16 @@ fn policy_from(
                 PolicyError::ZeroLimit { .. } => {
                     ("limit", span_of(raw.limit.as_ref().map(|l| l.span().start)))
                 }
-                PolicyError::WindowTooShort { .. } => (
+                PolicyError::WindowTooShort { .. }
+                | PolicyError::CounterWindowNotWholeMillis { .. }
+                | PolicyError::CounterTooLarge { .. } => (
                     "window",
-                    span_of(raw.window.as_ref().map(|w| w.span().start)),
+                    span_of(
+                        raw.window
+                            .as_ref()
+                            .map(|w| w.span().start)
+                            .or(raw.limit.as_ref().map(|l| l.span().start)),
+                    ),
                 ),
                 _ => (
                     "cost",

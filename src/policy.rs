@@ -15,7 +15,20 @@ pub enum Algorithm {
     /// cost, pruned as it leaves the window.
     #[default]
     SlidingLog,
+    /// Two epoch-aligned fixed-window counters, the previous weighted by its
+    /// overlap with the sliding window: constant memory per client, for very
+    /// high limits and millions of clients, at a small approximation.
+    /// Windows are whole milliseconds, and `limit × window in ms` must stay
+    /// below 2^51 so the arithmetic is exact.
+    SlidingCounter,
+    /// One epoch-aligned fixed-window counter: the cheapest, but a client
+    /// can spend up to twice the limit across a window boundary.
+    FixedWindow,
 }
+
+/// The largest `limit × window in ms` of a [`Algorithm::SlidingCounter`]
+/// policy: products stay exact in Redis's Lua numbers (doubles).
+const MAX_COUNTER_PRODUCT: u128 = 1 << 51;
 
 /// What a policy does when the store fails or times out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -245,16 +258,16 @@ impl Policy {
                 name: self.name.to_string(),
             });
         }
-        validate_limits(self.name.to_string(), self.limits_for(None))?;
+        validate_limits(self.name.to_string(), self.limits_for(None), self.algorithm)?;
         for (tier, _) in &self.tiers {
             let name = format!("{} (tier `{tier}`)", self.name);
-            validate_limits(name, self.limits_for(Some(tier)))?;
+            validate_limits(name, self.limits_for(Some(tier)), self.algorithm)?;
         }
         Ok(())
     }
 }
 
-fn validate_limits(name: String, limits: Limits) -> Result<(), PolicyError> {
+fn validate_limits(name: String, limits: Limits, algorithm: Algorithm) -> Result<(), PolicyError> {
     if limits.limit == 0 {
         return Err(PolicyError::ZeroLimit { name });
     }
@@ -270,6 +283,15 @@ fn validate_limits(name: String, limits: Limits) -> Result<(), PolicyError> {
             cost: limits.cost,
             limit: limits.limit,
         });
+    }
+    if algorithm == Algorithm::SlidingCounter {
+        let window_ms = limits.window.as_millis();
+        if !limits.window.subsec_nanos().is_multiple_of(1_000_000) {
+            return Err(PolicyError::CounterWindowNotWholeMillis { name });
+        }
+        if u128::from(limits.limit) * window_ms >= MAX_COUNTER_PRODUCT {
+            return Err(PolicyError::CounterTooLarge { name });
+        }
     }
     Ok(())
 }
@@ -384,6 +406,22 @@ pub enum PolicyError {
         cost: u32,
         /// Its limit.
         limit: u32,
+    },
+    /// A sliding-counter window is not a whole number of milliseconds.
+    #[error("policy `{name}`: a sliding_counter window must be whole milliseconds")]
+    CounterWindowNotWholeMillis {
+        /// The policy.
+        name: String,
+    },
+    /// A sliding counter's `limit × window in ms` is 2^51 or more, past
+    /// which its arithmetic would not be exact in Redis.
+    #[error(
+        "policy `{name}`: limit × window (in ms) must be below 2^51 for sliding_counter; \
+         use a shorter window, a lower limit, or sliding_log"
+    )]
+    CounterTooLarge {
+        /// The policy.
+        name: String,
     },
     /// The route is not `"METHOD /pattern"` or `"/pattern"`.
     #[error("route `{route}` must be \"METHOD /pattern\" or \"/pattern\"")]
@@ -648,6 +686,26 @@ mod tests {
             (pro.limit, pro.cost, pro.window),
             (20, 4, Duration::from_secs(60))
         );
+    }
+
+    #[test]
+    fn sliding_counter_limits_keep_its_arithmetic_exact() {
+        let counter = |limit, window| {
+            Policies::single(Policy::new("c", limit, window).algorithm(Algorithm::SlidingCounter))
+        };
+        assert!(counter(1_000_000, Duration::from_secs(3600)).is_ok());
+        assert!(matches!(
+            counter(u32::MAX, Duration::from_secs(86_400 * 30)),
+            Err(PolicyError::CounterTooLarge { .. })
+        ));
+        assert!(matches!(
+            counter(10, Duration::from_micros(1500)),
+            Err(PolicyError::CounterWindowNotWholeMillis { .. })
+        ));
+        // The log and the fixed window have no such bound.
+        let log = Policy::new("l", u32::MAX, Duration::from_secs(86_400 * 30));
+        assert!(Policies::single(log.clone()).is_ok());
+        assert!(Policies::single(log.algorithm(Algorithm::FixedWindow)).is_ok());
     }
 
     #[test]

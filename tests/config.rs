@@ -316,3 +316,24 @@ fn public_key_paths_are_relative_to_the_config_file() {
     let message = without_algorithms.unwrap_err().to_string();
     assert!(message.contains("jwt.algorithms"), "{message}");
 }
+
+#[test]
+fn every_algorithm_can_be_chosen() {
+    for (name, algorithm) in [
+        ("sliding_log", slidegate::Algorithm::SlidingLog),
+        ("sliding_counter", slidegate::Algorithm::SlidingCounter),
+        ("fixed_window", slidegate::Algorithm::FixedWindow),
+    ] {
+        let config = Config::from_toml_str(&format!("{POLICY}algorithm = \"{name}\"\n")).unwrap();
+        let policy = config.policies().iter().next().unwrap();
+        assert_eq!(policy.algorithm_kind(), algorithm);
+    }
+    let message = refused(
+        &format!("{POLICY}algorithm = \"sliding_counter\"\n")
+            .replace("limit = 5", "limit = 4000000000")
+            .replace("\"60s\"", "\"30d\""),
+        5,
+        "policy[0].window",
+    );
+    assert!(message.contains("2^51"), "{message}");
+}

@@ -1,5 +1,6 @@
 //! `MemoryStore` and `RedisStore` decide identically for the same sequence
-//! of requests (a model test over random sequences).
+//! of requests, for every algorithm, mixed in one batch (a model test over
+//! random sequences).
 
 mod support;
 
@@ -7,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use proptest::prelude::*;
-use slidegate::{Check, FakeClock, Key, MemoryStore, Policy, RedisStore, Store};
+use slidegate::{Algorithm, Check, FakeClock, Key, MemoryStore, Policy, RedisStore, Store};
 use support::RedisServer;
 
 #[derive(Debug, Clone)]
@@ -22,7 +23,7 @@ fn step() -> impl Strategy<Value = Step> {
     (
         prop_oneof![Just(0u64), 0u64..50, 0u64..3000],
         0u8..3,
-        1u8..4,
+        1u8..16,
         1u32..=3,
     )
         .prop_map(|(advance_ms, client, policies, cost)| Step {
@@ -37,6 +38,8 @@ fn policies(mask: u8, cost: u32) -> Vec<Policy> {
     let all = [
         Policy::new("short", 4, Duration::from_millis(1500)),
         Policy::new("long", 9, Duration::from_secs(10)),
+        Policy::new("counter", 7, Duration::from_secs(2)).algorithm(Algorithm::SlidingCounter),
+        Policy::new("fixed", 5, Duration::from_millis(1200)).algorithm(Algorithm::FixedWindow),
     ];
     all.into_iter()
         .enumerate()
@@ -59,7 +62,8 @@ fn memory_and_redis_decide_the_same() {
         ..ProptestConfig::default()
     };
     proptest!(config, |(steps in prop::collection::vec(step(), 1..150))| {
-        let clock = FakeClock::new(1_700_000_000_000_000);
+        // Not aligned to any window, and with a sub-millisecond part.
+        let clock = FakeClock::new(1_700_000_000_123_457);
         let memory = MemoryStore::builder().clock(clock.clone()).build();
         let redis = RedisStore::builder(pool.clone())
             .prefix(format!("case{}", case.fetch_add(1, Ordering::Relaxed)))

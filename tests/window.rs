@@ -6,7 +6,7 @@ mod support;
 use std::time::Duration;
 
 use slidegate::{
-    Check, Decision, FakeClock, Key, MemoryStore, Policy, RedisStore, Store, StoreError,
+    Algorithm, Check, Decision, FakeClock, Key, MemoryStore, Policy, RedisStore, Store, StoreError,
 };
 use support::RedisServer;
 
@@ -62,6 +62,16 @@ impl Subject {
 
     async fn one(&self, policy: &Policy, key: &str) -> Decision {
         self.check(&[policy], key).await[0]
+    }
+
+    /// The units left for `key` now, asked with a request costing more
+    /// than the limit, which can never be admitted and so records nothing.
+    async fn check_only(&self, policy: &Policy, key: &str) -> u32 {
+        let mut probe = Check::new(policy, Key::new(key));
+        probe.cost = policy.limit() + 1;
+        let d = self.store.check(vec![probe]).await.expect("store answers")[0];
+        assert!(!d.admitted, "the probe must not be admitted");
+        d.remaining
     }
 
     fn advance(&self, by: Duration) {
@@ -196,49 +206,134 @@ async fn several_policies_are_all_or_nothing(s: Subject) {
 }
 on_both_stores!(several_policies_are_all_or_nothing);
 
-/// A fixed-window counter with epoch-aligned windows, the algorithm the
-/// boundary test shows leaking.
-fn fixed_window_admits(trace: &[u64], limit: u32, window: u64) -> u32 {
-    let mut current = (u64::MAX, 0u32);
-    let mut admitted = 0;
-    for &at in trace {
-        let id = at / window;
-        if current.0 != id {
-            current = (id, 0);
-        }
-        if current.1 < limit {
-            current.1 += 1;
-            admitted += 1;
-        }
-    }
-    admitted
-}
-
 async fn boundary_burst_admits_exactly_the_limit(s: Subject) {
     const L: u32 = 20;
     let window = 60 * SEC;
     let window_us = 60_000_000;
-    let policy = Policy::new("boundary", L, window);
-    // Move to 100 ms before an epoch-aligned window boundary.
+    let policy = |algorithm| Policy::new("boundary", L, window).algorithm(algorithm);
+    // A burst of L 100 ms before an epoch-aligned window boundary and
+    // another 100 ms after it.
     let boundary = (START / window_us + 1) * window_us;
-    s.clock.set(boundary - 100_000);
-    let mut trace = Vec::new();
-    let mut admitted = 0;
+    let mut admitted = [0; 3];
     for phase in [boundary - 100_000, boundary + 100_000] {
         s.clock.set(phase);
         for _ in 0..L {
-            trace.push(phase);
-            admitted += u32::from(s.one(&policy, "burst").await.admitted);
+            for (i, algorithm) in ALGORITHMS.into_iter().enumerate() {
+                let key = format!("burst-{algorithm:?}");
+                admitted[i] += u32::from(s.one(&policy(algorithm), &key).await.admitted);
+            }
         }
     }
-    assert_eq!(admitted, L, "the sliding window holds across the boundary");
-    assert_eq!(
-        fixed_window_admits(&trace, L, window_us),
-        2 * L,
-        "a fixed window would have let twice the limit through"
-    );
+    let [log, counter, fixed] = admitted;
+    assert_eq!(log, L, "the sliding log holds across the boundary");
+    assert_eq!(counter, L, "the sliding counter holds too");
+    assert_eq!(fixed, 2 * L, "a fixed window lets twice the limit through");
 }
 on_both_stores!(boundary_burst_admits_exactly_the_limit);
+
+const ALGORITHMS: [Algorithm; 3] = [
+    Algorithm::SlidingLog,
+    Algorithm::SlidingCounter,
+    Algorithm::FixedWindow,
+];
+
+/// For every algorithm: a denied request fits exactly `retry_after` later,
+/// not a microsecond sooner, and `reset` is when capacity grows.
+async fn retry_after_is_exact_for_every_algorithm(s: Subject) {
+    for algorithm in ALGORITHMS {
+        let policy = Policy::new("exact", 10, 10 * SEC)
+            .cost(3)
+            .algorithm(algorithm);
+        let key = format!("{algorithm:?}");
+        // Spread three admissions over 7.3 s, then ask until denied.
+        let mut denied = None;
+        for _ in 0..10 {
+            let d = s.one(&policy, &key).await;
+            if !d.admitted {
+                denied = Some(d);
+                break;
+            }
+            s.advance(Duration::from_millis(2433));
+        }
+        let denied = denied.expect("a cost-3 request is denied within 10 tries");
+        let retry = denied.retry_after.expect("a denied request says when");
+        assert!(retry > Duration::ZERO, "{algorithm:?}");
+        s.advance(retry - Duration::from_micros(1));
+        let early = s.one(&policy, &key).await;
+        assert!(!early.admitted, "{algorithm:?}: admitted 1 µs early");
+        assert_eq!(
+            early.retry_after,
+            Some(Duration::from_micros(1)),
+            "{algorithm:?}"
+        );
+        s.advance(Duration::from_micros(1));
+        assert!(
+            s.one(&policy, &key).await.admitted,
+            "{algorithm:?}: not admitted at retry_after"
+        );
+
+        // Reset: capacity is the same a microsecond before and grows at it.
+        let probe = Policy::new("exact", 10, 10 * SEC)
+            .cost(1)
+            .algorithm(algorithm);
+        s.one(&probe, &format!("{key}-reset")).await;
+        s.advance(SEC);
+        let second = s.one(&probe, &format!("{key}-reset")).await;
+        assert!(second.reset > Duration::ZERO, "{algorithm:?}");
+        s.advance(second.reset - Duration::from_micros(1));
+        let held = s.check_only(&probe, &format!("{key}-reset")).await;
+        s.advance(Duration::from_micros(1));
+        let grown = s.check_only(&probe, &format!("{key}-reset")).await;
+        assert!(
+            grown > held,
+            "{algorithm:?}: remaining {held} before reset, {grown} at it"
+        );
+    }
+}
+on_both_stores!(retry_after_is_exact_for_every_algorithm);
+
+/// The sliding counter's estimate: the previous window weighted by its
+/// overlap, plus the current one.
+async fn sliding_counter_weights_the_previous_window(s: Subject) {
+    let window_us = 60_000_000;
+    let policy = Policy::new("weighted-counter", 10, 60 * SEC).algorithm(Algorithm::SlidingCounter);
+    let start = (START / window_us + 1) * window_us;
+    s.clock.set(start + 30_000_000);
+    for _ in 0..10 {
+        assert!(s.one(&policy, "c").await.admitted);
+    }
+    assert!(!s.one(&policy, "c").await.admitted);
+    // 25% into the next window the 10 weigh 7.5: two more fit, not three.
+    s.clock.set(start + window_us + 15_000_000);
+    let d = s.one(&policy, "c").await;
+    assert!(d.admitted);
+    assert_eq!(d.remaining, 1);
+    assert!(s.one(&policy, "c").await.admitted);
+    let denied = s.one(&policy, "c").await;
+    assert!(!denied.admitted);
+    // 10·(W − e)/W + 2 + 1 ≤ 10 once e ≥ 0.3·W: 3 s from now.
+    assert_eq!(denied.retry_after, Some(3 * SEC));
+}
+on_both_stores!(sliding_counter_weights_the_previous_window);
+
+async fn mixed_algorithms_are_all_or_nothing(s: Subject) {
+    let log = Policy::new("mixed-log", 5, 60 * SEC);
+    let counter = Policy::new("mixed-counter", 3, 60 * SEC).algorithm(Algorithm::SlidingCounter);
+    let fixed = Policy::new("mixed-fixed", 4, 60 * SEC).algorithm(Algorithm::FixedWindow);
+    for _ in 0..3 {
+        let d = s.check(&[&log, &counter, &fixed], "m").await;
+        assert!(d.iter().all(|d| d.admitted));
+    }
+    let denied = s.check(&[&log, &counter, &fixed], "m").await;
+    assert!(denied.iter().all(|d| !d.admitted));
+    assert!(denied[1].retry_after.is_some(), "the counter denied");
+    assert_eq!((denied[0].remaining, denied[2].remaining), (2, 1));
+    // Nothing was taken from the log or the fixed window.
+    let d = s.check(&[&log, &fixed], "m").await;
+    assert!(d[0].admitted && d[1].admitted);
+    assert_eq!((d[0].remaining, d[1].remaining), (1, 0));
+}
+on_both_stores!(mixed_algorithms_are_all_or_nothing);
 
 fn memory_with_handle(max_keys: usize) -> (Subject, MemoryStore) {
     let clock = FakeClock::new(START);

@@ -4,10 +4,11 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::counter::{FixedWindow, SlidingCounter};
 use super::sliding_log::Log;
 use super::{Check, CheckFuture, Store, StoreError};
 use crate::clock::{Clock, SystemClock, duration_micros};
-use crate::{Decision, Key};
+use crate::{Algorithm, Decision, Key};
 
 const DEFAULT_MAX_KEYS: usize = 1_000_000;
 const SHARDS: usize = 64;
@@ -17,16 +18,88 @@ const MIN_SWEEP_AT: usize = 256;
 
 type LogKey = (Arc<str>, Key);
 
+/// What one client has spent under one policy, per algorithm.
+#[derive(Debug)]
+enum Spent {
+    Log(Log),
+    Counter(SlidingCounter),
+    Fixed(FixedWindow),
+}
+
+impl Spent {
+    fn new(algorithm: Algorithm) -> Self {
+        match algorithm {
+            Algorithm::SlidingLog => Self::Log(Log::default()),
+            Algorithm::SlidingCounter => Self::Counter(SlidingCounter::default()),
+            Algorithm::FixedWindow => Self::Fixed(FixedWindow::default()),
+        }
+    }
+
+    /// Brings the state up to `now` for `check` (starting afresh if the
+    /// policy changed algorithm) and says whether its cost fits.
+    fn prepare(&mut self, now: u64, check: &Check) -> bool {
+        let window = duration_micros(check.window);
+        let same_algorithm = matches!(
+            (&*self, check.algorithm),
+            (Self::Log(_), Algorithm::SlidingLog)
+                | (Self::Counter(_), Algorithm::SlidingCounter)
+                | (Self::Fixed(_), Algorithm::FixedWindow)
+        );
+        if !same_algorithm {
+            *self = Self::new(check.algorithm);
+        }
+        match self {
+            Self::Log(log) => {
+                log.prune(now, window);
+                log.fits(check.limit, check.cost)
+            }
+            Self::Counter(counter) => {
+                counter.roll(now, window / 1000);
+                counter.fits(now, check.limit, check.cost)
+            }
+            Self::Fixed(fixed) => {
+                fixed.roll(now, window);
+                fixed.fits(check.limit, check.cost)
+            }
+        }
+    }
+
+    fn record(&mut self, now: u64, cost: u32) {
+        match self {
+            Self::Log(log) => log.record(now, cost),
+            Self::Counter(counter) => counter.record(cost),
+            Self::Fixed(fixed) => fixed.record(cost),
+        }
+    }
+
+    fn decision(&self, now: u64, check: &Check, admitted: bool) -> Decision {
+        let (limit, cost) = (check.limit, check.cost);
+        match self {
+            Self::Log(log) => log.decision(now, limit, cost, admitted),
+            Self::Counter(counter) => counter.decision(now, limit, cost, admitted),
+            Self::Fixed(fixed) => fixed.decision(now, limit, cost, admitted),
+        }
+    }
+
+    fn is_idle(&self, now: u64) -> bool {
+        match self {
+            Self::Log(log) => log.is_idle(now),
+            Self::Counter(counter) => counter.is_idle(now),
+            Self::Fixed(fixed) => fixed.is_idle(now),
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Shard {
-    logs: HashMap<LogKey, Log>,
+    logs: HashMap<LogKey, Spent>,
     sweep_at: usize,
 }
 
 impl Shard {
     fn evict_idle(&mut self, now: u64) -> usize {
         let before = self.logs.len();
-        self.logs.retain(|_, log| !log.is_idle(now));
+        self.logs.retain(|_, spent| !spent.is_idle(now));
         self.sweep_at = (self.logs.len() * 2).max(MIN_SWEEP_AT);
         before - self.logs.len()
     }
@@ -132,9 +205,8 @@ impl MemoryStore {
 
         let mut all_fit = true;
         for ((key, check), &shard) in keyed.iter().zip(&shard_ids) {
-            if let Some(log) = guards[guard_of(shard)].1.logs.get_mut(key) {
-                log.prune(now, duration_micros(check.window));
-                all_fit &= log.fits(check.limit, check.cost);
+            if let Some(spent) = guards[guard_of(shard)].1.logs.get_mut(key) {
+                all_fit &= spent.prepare(now, check);
             } else {
                 all_fit &= check.cost <= check.limit;
             }
@@ -152,19 +224,21 @@ impl MemoryStore {
         let mut decisions = Vec::with_capacity(keyed.len());
         for ((key, check), &shard) in keyed.into_iter().zip(&shard_ids) {
             let guard = &mut guards[guard_of(shard)].1;
-            let window = duration_micros(check.window);
             let decision = if all_fit {
-                let log = guard.logs.entry(key).or_default();
-                log.prune(now, window);
-                log.record(now, check.cost);
-                log.decision(now, check.limit, check.cost, true)
+                let spent = guard
+                    .logs
+                    .entry(key)
+                    .or_insert_with(|| Spent::new(check.algorithm));
+                spent.prepare(now, check);
+                spent.record(now, check.cost);
+                spent.decision(now, check, true)
             } else {
                 match guard.logs.get(&key) {
-                    Some(log) => log.decision(now, check.limit, check.cost, false),
+                    Some(spent) => spent.decision(now, check, false),
                     None => {
-                        let mut empty = Log::default();
-                        empty.prune(now, window);
-                        empty.decision(now, check.limit, check.cost, false)
+                        let mut empty = Spent::new(check.algorithm);
+                        empty.prepare(now, check);
+                        empty.decision(now, check, false)
                     }
                 }
             };

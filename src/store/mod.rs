@@ -6,6 +6,7 @@
 //!
 //! Both give the same decisions for the same sequence of requests.
 
+mod counter;
 mod memory;
 #[cfg(feature = "redis")]
 mod redis;

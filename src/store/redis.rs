@@ -9,28 +9,30 @@ use deadpool_redis::redis::{ErrorKind, RedisError, Script};
 use deadpool_redis::{Connection, Pool};
 
 use super::{Check, CheckFuture, Store, StoreError};
-use crate::Decision;
 use crate::clock::{Clock, duration_micros};
+use crate::{Algorithm, Decision};
 
-const SLIDING_LOG: &str = include_str!("../../lua/sliding_log.lua");
+const CHECK_SCRIPT: &str = include_str!("../../lua/check.lua");
 const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 const DEFAULT_PREFIX: &str = "slidegate";
 
 struct Inner {
     pool: Pool,
-    sliding_log: Script,
+    script: Script,
     prefix: String,
     timeout: Duration,
     clock: Option<Box<dyn Clock>>,
 }
 
-/// The Redis store: every check is one `EVALSHA` of `lua/sliding_log.lua`,
-/// which prunes, counts, decides and records atomically, on Redis's own
-/// clock (`TIME`), so application servers' clocks never matter.
+/// The Redis store: every check is one `EVALSHA` of `lua/check.lua`, which
+/// decides every policy of the request and records it atomically, for every
+/// [`Algorithm`], on Redis's own clock (`TIME`), so application servers'
+/// clocks never matter.
 ///
-/// Keys are `<prefix>:<policy>:{<client>}` (the log) and the same with `:s`
-/// (its running sum); the braces make every key of one client one Redis
-/// Cluster slot. Every write sets a TTL just past the window.
+/// Keys start with `<prefix>:<policy>:{<client>}` (see
+/// [`RedisStore::base_key`]); the braces make every key of one client one
+/// Redis Cluster slot. Every write sets a TTL just past the time its counts
+/// can matter.
 ///
 /// Each call has a timeout (50 ms by default). A connection whose call timed
 /// out, was dropped mid-flight, or failed below the Redis protocol is thrown
@@ -86,8 +88,9 @@ impl RedisStore {
         &self.inner.pool
     }
 
-    /// The Redis key of `check`'s log; its running sum lives at this key
-    /// with `:s` appended.
+    /// The key `check`'s state is named after: a sliding log's sorted set
+    /// is this key and its running sum this key with `:s`; a sliding
+    /// counter's hash is this key with `:c`, a fixed window's with `:f`.
     ///
     /// ```no_run
     /// # fn demo(store: slidegate::RedisStore) {
@@ -95,10 +98,10 @@ impl RedisStore {
     /// use std::time::Duration;
     ///
     /// let check = Check::new(&Policy::new("search", 5, Duration::from_secs(60)), Key::new("alice"));
-    /// assert_eq!(store.log_key(&check), "slidegate:search:{alice}");
+    /// assert_eq!(store.base_key(&check), "slidegate:search:{alice}");
     /// # }
     /// ```
-    pub fn log_key(&self, check: &Check) -> String {
+    pub fn base_key(&self, check: &Check) -> String {
         format!("{}:{}:{{{}}}", self.inner.prefix, check.policy, check.key)
     }
 }
@@ -112,17 +115,30 @@ impl Inner {
             .map_err(|e| StoreError::Backend(e.into()))?;
         let mut checkout = Checkout::new(connection);
 
-        let mut invocation = self.sliding_log.prepare_invoke();
+        let mut invocation = self.script.prepare_invoke();
         match &self.clock {
             Some(clock) => invocation.arg(clock.now_micros()),
             None => invocation.arg(""),
         };
         for check in checks {
-            let log = store.log_key(check);
-            let sum = format!("{log}:s");
+            let key = store.base_key(check);
+            let name = match check.algorithm {
+                Algorithm::SlidingLog => {
+                    let sum = format!("{key}:s");
+                    invocation.key(key).key(sum);
+                    "log"
+                }
+                Algorithm::SlidingCounter => {
+                    invocation.key(format!("{key}:c"));
+                    "counter"
+                }
+                Algorithm::FixedWindow => {
+                    invocation.key(format!("{key}:f"));
+                    "fixed"
+                }
+            };
             invocation
-                .key(log)
-                .key(sum)
+                .arg(name)
                 .arg(check.limit)
                 .arg(duration_micros(check.window))
                 .arg(check.cost);
@@ -286,7 +302,7 @@ impl RedisStoreBuilder {
         RedisStore {
             inner: Arc::new(Inner {
                 pool: self.pool,
-                sliding_log: Script::new(SLIDING_LOG),
+                script: Script::new(CHECK_SCRIPT),
                 prefix: self.prefix,
                 timeout: self.timeout,
                 clock: self.clock,

@@ -1,0 +1,275 @@
+//! The two counter algorithms as kept by [`MemoryStore`](super::MemoryStore),
+//! the in-process twins of their halves of `lua/check.lua`.
+//!
+//! Windows are aligned to the Unix epoch: window `n` covers
+//! `[n·W, (n+1)·W)`.
+//!
+//! The sliding counter estimates the units in the sliding window as
+//! `previous · (W − e) / W + current`, where `e` is the time elapsed in the
+//! current window. It works in whole milliseconds and in integers only:
+//! a request of cost `c` fits when
+//! `previous · (W − e) + (current + c) · W ≤ limit · W`, and
+//! [`Policy`](crate::Policy) validation keeps `limit · W` below 2^51, so the
+//! same arithmetic is exact in Redis's Lua (doubles) and here.
+
+use std::time::Duration;
+
+use crate::Decision;
+
+/// `floor(a / b)` for `b > 0`, with negative `a` giving 0.
+fn floor_div(a: i128, b: i128) -> i128 {
+    if a <= 0 { 0 } else { a / b }
+}
+
+/// Microseconds from `now_us` to the millisecond `at_ms`, at least zero.
+fn micros_until(at_ms: u64, now_us: u64) -> u64 {
+    (at_ms * 1000).saturating_sub(now_us)
+}
+
+/// Two epoch-aligned fixed windows, the previous weighted by its overlap
+/// with the sliding window.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct SlidingCounter {
+    /// The id of the current window.
+    id: u64,
+    current: u64,
+    previous: u64,
+    /// The window in milliseconds, as of the last roll.
+    window_ms: u64,
+}
+
+/// Where the current time falls: window id and milliseconds into it.
+#[derive(Debug, Clone, Copy)]
+struct Position {
+    now_ms: u64,
+    id: u64,
+    elapsed: u64,
+    window: u64,
+}
+
+impl Position {
+    fn new(now_us: u64, window_ms: u64) -> Self {
+        let now_ms = now_us / 1000;
+        let id = now_ms / window_ms;
+        Self {
+            now_ms,
+            id,
+            elapsed: now_ms - id * window_ms,
+            window: window_ms,
+        }
+    }
+}
+
+impl SlidingCounter {
+    /// Moves the counts to the window that holds `now_us`.
+    pub(super) fn roll(&mut self, now_us: u64, window_ms: u64) {
+        let id = Position::new(now_us, window_ms).id;
+        if self.id + 1 == id {
+            self.previous = self.current;
+            self.current = 0;
+        } else if self.id != id {
+            self.previous = 0;
+            self.current = 0;
+        }
+        self.id = id;
+        self.window_ms = window_ms;
+    }
+
+    fn weighted(&self, at: Position, extra: u64) -> i128 {
+        i128::from(self.previous) * i128::from(at.window - at.elapsed)
+            + i128::from(self.current + extra) * i128::from(at.window)
+    }
+
+    /// Whether `cost` more units fit, after [`roll`](Self::roll).
+    pub(super) fn fits(&self, now_us: u64, limit: u32, cost: u32) -> bool {
+        let at = Position::new(now_us, self.window_ms);
+        self.weighted(at, u64::from(cost)) <= i128::from(limit) * i128::from(at.window)
+    }
+
+    pub(super) fn record(&mut self, cost: u32) {
+        self.current += u64::from(cost);
+    }
+
+    /// Whether the counts can no longer matter at `now_us`.
+    pub(super) fn is_idle(&self, now_us: u64) -> bool {
+        self.window_ms == 0 || Position::new(now_us, self.window_ms).id >= self.id + 2
+    }
+
+    /// The first millisecond at which `cost` units fit, if nothing more is
+    /// admitted meanwhile.
+    fn fits_at(&self, at: Position, limit: u32, cost: u32) -> u64 {
+        let (limit, cost, w) = (i128::from(limit), i128::from(cost), i128::from(at.window));
+        let (previous, current) = (i128::from(self.previous), i128::from(self.current));
+        // In this window the estimate falls as the previous window slides
+        // out: the smallest e' with previous·(W − e') ≤ room·W.
+        let room = limit - current - cost;
+        if room >= 0 {
+            if previous * (w - i128::from(at.elapsed)) <= room * w {
+                return at.now_ms;
+            }
+            let elapsed = w - room * w / previous;
+            if elapsed < w {
+                return at.id * at.window + elapsed as u64;
+            }
+        }
+        // In the next window, the current count becomes the previous one.
+        let next = (at.id + 1) * at.window;
+        if current == 0 {
+            return next;
+        }
+        let elapsed = (w - (limit - cost) * w / current).max(0);
+        if elapsed < w {
+            next + elapsed as u64
+        } else {
+            next + at.window
+        }
+    }
+
+    /// The decision after [`roll`](Self::roll) (and [`record`](Self::record),
+    /// if admitted). `reset` is when one more unit fits.
+    pub(super) fn decision(&self, now_us: u64, limit: u32, cost: u32, admitted: bool) -> Decision {
+        let at = Position::new(now_us, self.window_ms);
+        let room = i128::from(limit) * i128::from(at.window) - self.weighted(at, 0);
+        let remaining = floor_div(room, i128::from(at.window)).min(i128::from(limit)) as u32;
+        let reset = if remaining >= limit {
+            0
+        } else {
+            micros_until(self.fits_at(at, limit, remaining + 1), now_us)
+        };
+        let retry_after = (!admitted && !self.fits(now_us, limit, cost))
+            .then(|| Duration::from_micros(micros_until(self.fits_at(at, limit, cost), now_us)));
+        Decision {
+            admitted,
+            limit,
+            remaining,
+            reset: Duration::from_micros(reset),
+            retry_after,
+        }
+    }
+}
+
+/// One epoch-aligned fixed window: cheap, and leaky at the boundary.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct FixedWindow {
+    id: u64,
+    count: u64,
+    window_us: u64,
+}
+
+impl FixedWindow {
+    /// Moves to the window that holds `now_us`, emptying it if it is new.
+    pub(super) fn roll(&mut self, now_us: u64, window_us: u64) {
+        let id = now_us / window_us;
+        if id != self.id {
+            self.count = 0;
+        }
+        self.id = id;
+        self.window_us = window_us;
+    }
+
+    pub(super) fn fits(&self, limit: u32, cost: u32) -> bool {
+        self.count + u64::from(cost) <= u64::from(limit)
+    }
+
+    pub(super) fn record(&mut self, cost: u32) {
+        self.count += u64::from(cost);
+    }
+
+    pub(super) fn is_idle(&self, now_us: u64) -> bool {
+        self.window_us == 0 || now_us / self.window_us != self.id
+    }
+
+    pub(super) fn decision(&self, now_us: u64, limit: u32, cost: u32, admitted: bool) -> Decision {
+        let ends_in = Duration::from_micros((self.id + 1) * self.window_us - now_us);
+        Decision {
+            admitted,
+            limit,
+            remaining: u32::try_from(u64::from(limit).saturating_sub(self.count)).unwrap_or(0),
+            reset: if self.count > 0 {
+                ends_in
+            } else {
+                Duration::ZERO
+            },
+            retry_after: (!admitted && !self.fits(limit, cost)).then_some(ends_in),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const W_MS: u64 = 60_000;
+    const W_US: u64 = W_MS * 1000;
+
+    fn counter_at(now_us: u64) -> SlidingCounter {
+        let mut counter = SlidingCounter::default();
+        counter.roll(now_us, W_MS);
+        counter
+    }
+
+    #[test]
+    fn sliding_counter_weights_the_previous_window() {
+        // 10 units in window 1; at 25% into window 2 they weigh 7.5.
+        let mut counter = counter_at(W_US);
+        counter.record(10);
+        let now = 2 * W_US + W_US / 4;
+        counter.roll(now, W_MS);
+        assert!(counter.fits(now, 10, 2));
+        assert!(!counter.fits(now, 10, 3));
+        let decision = counter.decision(now, 10, 3, false);
+        assert_eq!(decision.remaining, 2);
+        // 3 units fit once the previous window weighs 7: at 30%.
+        assert_eq!(
+            decision.retry_after,
+            Some(Duration::from_micros(W_US * 3 / 10 - W_US / 4))
+        );
+        // One more unit (3 in all) is the same moment.
+        assert_eq!(decision.reset, decision.retry_after.unwrap());
+    }
+
+    #[test]
+    fn sliding_counter_retry_can_fall_in_the_next_window() {
+        // The current window is full: nothing fits before it becomes the
+        // previous one and decays enough.
+        let now = 5 * W_US + W_US / 2;
+        let mut counter = counter_at(now);
+        counter.record(10);
+        let decision = counter.decision(now, 10, 4, false);
+        assert_eq!(decision.remaining, 0);
+        // In window 6, 10·(W − e)/W ≤ 6 from e = 0.4·W.
+        assert_eq!(
+            decision.retry_after,
+            Some(Duration::from_micros(6 * W_US + W_US * 4 / 10 - now))
+        );
+        // A cost equal to the limit waits for the whole next window.
+        let full = counter.decision(now, 10, 10, false);
+        assert_eq!(
+            full.retry_after,
+            Some(Duration::from_micros(7 * W_US - now))
+        );
+    }
+
+    #[test]
+    fn sliding_counter_forgets_after_two_windows() {
+        let mut counter = counter_at(0);
+        counter.record(5);
+        assert!(!counter.is_idle(W_US));
+        assert!(counter.is_idle(2 * W_US));
+        counter.roll(3 * W_US, W_MS);
+        assert_eq!(counter.decision(3 * W_US, 5, 1, false).remaining, 5);
+    }
+
+    #[test]
+    fn fixed_window_empties_at_the_boundary() {
+        let mut window = FixedWindow::default();
+        window.roll(W_US - 10, W_US);
+        window.record(3);
+        let decision = window.decision(W_US - 10, 3, 1, false);
+        assert_eq!(decision.retry_after, Some(Duration::from_micros(10)));
+        assert_eq!(decision.reset, Duration::from_micros(10));
+        window.roll(W_US, W_US);
+        assert!(window.fits(3, 3));
+        assert_eq!(window.decision(W_US, 3, 1, false).reset, Duration::ZERO);
+    }
+}
