@@ -3,6 +3,7 @@
 //! ```sh
 //! cargo run --example server                          # in-memory store, built-in demo config
 //! REDIS_URL=redis://127.0.0.1:6379/ cargo run --example server
+//! REDIS_URL=redis+cluster://127.0.0.1:7000,127.0.0.1:7001 cargo run --example server
 //! cargo run --example server -- --config my.toml --bind 127.0.0.1:8080
 //! ```
 
@@ -15,9 +16,8 @@ use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use clap::Parser;
 use serde_json::{Value, json};
-use slidegate::config::{Config, RedisSettings};
-use slidegate::deadpool_redis::{self, PoolConfig, Runtime};
-use slidegate::{Identity, MemoryStore, RateLimitLayer, RedisStore};
+use slidegate::config::Config;
+use slidegate::{Identity, MemoryStore, RateLimitLayer};
 
 const DEMO_CONFIG: &str = include_str!("demo.toml");
 
@@ -77,30 +77,27 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// The layer on the configured store: Redis when `REDIS_URL` or
-/// `[redis] url` is set, memory otherwise.
+/// The layer on the configured store: Redis (or a Redis Cluster) when
+/// `REDIS_URL` or `[redis]` says where, memory otherwise.
 fn limiter(config: &Config) -> Result<(RateLimitLayer, String), Box<dyn std::error::Error>> {
     let from_env = std::env::var("REDIS_URL")
         .ok()
         .filter(|url| !url.is_empty());
-    let settings = config.redis().cloned();
-    let url = match (from_env, &settings) {
-        (Some(url), _) => url,
-        (None, Some(RedisSettings { url: Some(url), .. })) => url.clone(),
-        (None, Some(_)) => return Err("[redis] has no `url` and REDIS_URL is not set".into()),
+    let settings = match (from_env, config.redis()) {
+        (Some(url), settings) => settings.cloned().unwrap_or_default().with_url(url),
+        (None, Some(settings)) => settings.clone(),
         (None, None) => return Ok((config.layer(MemoryStore::new()), "memory".into())),
     };
-    let settings = settings.unwrap_or_default();
-    let mut pool_config = deadpool_redis::Config::from_url(url.clone());
-    pool_config.pool = Some(PoolConfig::new(settings.pool_size));
-    let pool = pool_config
-        .create_pool(Some(Runtime::Tokio1))
-        .map_err(|e| format!("bad Redis URL `{url}`: {e}"))?;
-    let mut store = RedisStore::builder(pool).timeout(settings.timeout);
-    if let Some(prefix) = settings.prefix {
-        store = store.prefix(prefix);
-    }
-    Ok((config.layer(store.build()), format!("Redis ({url})")))
+    let store = settings.store()?;
+    let kind = if settings.is_cluster() {
+        "Redis Cluster"
+    } else {
+        "Redis"
+    };
+    Ok((
+        config.layer(store),
+        format!("{kind} ({})", settings.seeds().join(", ")),
+    ))
 }
 
 fn app(layer: RateLimitLayer) -> Router {

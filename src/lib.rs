@@ -66,7 +66,7 @@ pub use response::{
 pub use service::RateLimit;
 pub use store::{Check, CheckFuture, MemoryStore, MemoryStoreBuilder, Store, StoreError};
 #[cfg(feature = "redis")]
-pub use store::{RedisStore, RedisStoreBuilder};
+pub use store::{RedisPool, RedisStore, RedisStoreBuilder};
 pub use tier::{TierFuture, TierLookup};
 
 #[cfg(feature = "redis")]

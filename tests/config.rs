@@ -337,3 +337,22 @@ fn every_algorithm_can_be_chosen() {
     );
     assert!(message.contains("2^51"), "{message}");
 }
+
+#[test]
+fn redis_cluster_settings() {
+    let config = Config::from_toml_str(
+        "[redis]\ncluster = true\nurls = [\"redis://127.0.0.1:7000\", \"redis://127.0.0.1:7001\"]\n",
+    )
+    .unwrap();
+    let redis = config.redis().unwrap();
+    assert!(redis.is_cluster());
+    assert_eq!(redis.seeds().len(), 2);
+    let config = Config::from_toml_str("[redis]\nurl = \"redis+cluster://a:1,b:2\"\n").unwrap();
+    assert_eq!(
+        config.redis().unwrap().seeds(),
+        ["redis://a:1", "redis://b:2"]
+    );
+    refused("[redis]\nurls = [\"redis://a:1\"]\n", 2, "redis.urls");
+    refused("[redis]\nprefix = \"{app}\"\n", 2, "redis.prefix");
+    refused("[redis]\nurl = \"redis+cluster://\"\n", 2, "redis.url");
+}

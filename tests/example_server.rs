@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::RedisServer;
+use support::{RedisCluster, RedisServer};
 
 /// `target/<profile>/examples/server`, which `cargo test` builds.
 fn server_binary() -> PathBuf {
@@ -262,6 +262,32 @@ fn redis_url_switches_to_redis() {
     assert_eq!(server.request("POST", "/api/login", &[]).status, 503);
     assert_eq!(server.get("/api/videos").status, 200);
     assert_eq!(server.get("/health").status, 200);
+}
+
+#[test]
+fn a_cluster_url_runs_on_redis_cluster() {
+    let cluster = RedisCluster::start();
+    let seeds: Vec<String> = cluster
+        .urls()
+        .iter()
+        .take(2)
+        .map(|url| {
+            url.trim_start_matches("redis://")
+                .trim_end_matches('/')
+                .to_owned()
+        })
+        .collect();
+    let url = format!("redis+cluster://{}", seeds.join(","));
+    let server = ExampleServer::start(&[], &[("REDIS_URL", &url)]);
+    for _ in 0..3 {
+        assert_eq!(server.request("POST", "/api/login", &[]).status, 200);
+    }
+    assert_eq!(server.request("POST", "/api/login", &[]).status, 429);
+    let keys = cluster.keys();
+    assert!(
+        keys.iter().any(|k| k == "slidegate:login:{ip:127.0.0.1}"),
+        "{keys:?}"
+    );
 }
 
 #[test]

@@ -14,7 +14,7 @@ mod sliding_log;
 
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]
-pub use redis::{RedisStore, RedisStoreBuilder};
+pub use redis::{RedisPool, RedisStore, RedisStoreBuilder};
 
 use std::future::Future;
 use std::pin::Pin;

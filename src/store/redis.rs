@@ -5,8 +5,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_redis::redis::{ErrorKind, RedisError, Script};
-use deadpool_redis::{Connection, Pool};
+use deadpool_redis::redis::aio::ConnectionLike;
+use deadpool_redis::redis::{ErrorKind, RedisError, Script, ScriptInvocation};
+use deadpool_redis::{Connection, Pool, cluster};
 
 use super::{Check, CheckFuture, Store, StoreError};
 use crate::clock::{Clock, duration_micros};
@@ -16,8 +17,53 @@ const CHECK_SCRIPT: &str = include_str!("../../lua/check.lua");
 const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 const DEFAULT_PREFIX: &str = "slidegate";
 
+/// The pool a [`RedisStore`] runs on: one Redis server (or a primary
+/// behind a proxy), or a Redis Cluster.
+///
+/// Both deadpool-redis pool types convert into it.
+#[derive(Clone)]
+pub enum RedisPool {
+    /// A pool of connections to one server.
+    Standalone(Pool),
+    /// A pool of Redis Cluster clients; each follows `MOVED` and `ASK`
+    /// redirects and routes each script call to its keys' slot.
+    Cluster(cluster::Pool),
+}
+
+impl From<Pool> for RedisPool {
+    fn from(pool: Pool) -> Self {
+        Self::Standalone(pool)
+    }
+}
+
+impl From<cluster::Pool> for RedisPool {
+    fn from(pool: cluster::Pool) -> Self {
+        Self::Cluster(pool)
+    }
+}
+
+impl RedisPool {
+    /// The pool's size and idle connections.
+    pub fn status(&self) -> deadpool_redis::Status {
+        match self {
+            Self::Standalone(pool) => pool.status(),
+            Self::Cluster(pool) => pool.status(),
+        }
+    }
+}
+
+impl fmt::Debug for RedisPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self {
+            Self::Standalone(_) => "Standalone",
+            Self::Cluster(_) => "Cluster",
+        };
+        f.debug_tuple(kind).field(&self.status()).finish()
+    }
+}
+
 struct Inner {
-    pool: Pool,
+    pool: RedisPool,
     script: Script,
     prefix: String,
     timeout: Duration,
@@ -62,21 +108,22 @@ impl fmt::Debug for RedisStore {
         f.debug_struct("RedisStore")
             .field("prefix", &self.inner.prefix)
             .field("timeout", &self.inner.timeout)
-            .field("pool", &self.inner.pool.status())
+            .field("pool", &self.inner.pool)
             .finish_non_exhaustive()
     }
 }
 
 impl RedisStore {
-    /// A store on `pool` with the default prefix and timeout.
-    pub fn new(pool: Pool) -> Self {
+    /// A store on `pool` (standalone or cluster) with the default prefix
+    /// and timeout.
+    pub fn new(pool: impl Into<RedisPool>) -> Self {
         Self::builder(pool).build()
     }
 
-    /// Starts configuring a store on `pool`.
-    pub fn builder(pool: Pool) -> RedisStoreBuilder {
+    /// Starts configuring a store on `pool` (standalone or cluster).
+    pub fn builder(pool: impl Into<RedisPool>) -> RedisStoreBuilder {
         RedisStoreBuilder {
-            pool,
+            pool: pool.into(),
             prefix: DEFAULT_PREFIX.to_owned(),
             timeout: DEFAULT_TIMEOUT,
             clock: None,
@@ -84,7 +131,7 @@ impl RedisStore {
     }
 
     /// The pool the store runs on.
-    pub fn pool(&self) -> &Pool {
+    pub fn pool(&self) -> &RedisPool {
         &self.inner.pool
     }
 
@@ -108,13 +155,6 @@ impl RedisStore {
 
 impl Inner {
     async fn run(&self, store: &RedisStore, checks: &[Check]) -> Result<Vec<Decision>, StoreError> {
-        let connection = self
-            .pool
-            .get()
-            .await
-            .map_err(|e| StoreError::Backend(e.into()))?;
-        let mut checkout = Checkout::new(connection);
-
         let mut invocation = self.script.prepare_invoke();
         match &self.clock {
             Some(clock) => invocation.arg(clock.now_micros()),
@@ -144,21 +184,44 @@ impl Inner {
                 .arg(check.cost);
         }
 
-        let reply: Result<Vec<i64>, RedisError> =
-            invocation.invoke_async(checkout.connection()).await;
-        match reply {
-            Ok(values) => {
-                checkout.keep();
-                decisions(checks, &values)
+        let backend = |e: deadpool_redis::PoolError| StoreError::Backend(e.into());
+        let values = match &self.pool {
+            RedisPool::Standalone(pool) => {
+                invoke(
+                    Checkout::new(pool.get().await.map_err(backend)?),
+                    &invocation,
+                )
+                .await
             }
-            Err(error) => {
-                if matches!(error.kind(), ErrorKind::Server(_)) {
-                    checkout.keep();
-                }
-                Err(StoreError::Backend(error.into()))
+            RedisPool::Cluster(pool) => {
+                invoke(
+                    Checkout::new(pool.get().await.map_err(backend)?),
+                    &invocation,
+                )
+                .await
             }
         }
+        .map_err(|error| StoreError::Backend(error.into()))?;
+        decisions(checks, &values)
     }
+}
+
+/// Runs the script on the checked-out connection, which goes back to the
+/// pool only if the call got an answer from Redis.
+async fn invoke<C: Pooled>(
+    mut checkout: Checkout<C>,
+    invocation: &ScriptInvocation<'_>,
+) -> Result<Vec<i64>, RedisError> {
+    let reply = invocation.invoke_async(checkout.connection()).await;
+    // An error reply (a script error, CROSSSLOT, ...) leaves the connection
+    // in step; anything else (I/O, a dropped call) may not.
+    if reply.as_ref().map_or_else(
+        |error| matches!(error.kind(), ErrorKind::Server(_)),
+        |_| true,
+    ) {
+        checkout.keep();
+    }
+    reply
 }
 
 fn decisions(checks: &[Check], values: &[i64]) -> Result<Vec<Decision>, StoreError> {
@@ -183,25 +246,43 @@ fn decisions(checks: &[Check], values: &[i64]) -> Result<Vec<Decision>, StoreErr
         .collect())
 }
 
+/// A pooled connection of either kind.
+trait Pooled: ConnectionLike + Send {
+    /// Takes the connection out of its pool, so that dropping it closes it.
+    fn detach(self);
+}
+
+impl Pooled for Connection {
+    fn detach(self) {
+        drop(Connection::take(self));
+    }
+}
+
+impl Pooled for cluster::Connection {
+    fn detach(self) {
+        drop(cluster::Connection::take(self));
+    }
+}
+
 /// A pooled connection that goes back to the pool only when [`keep`] was
 /// called: dropped any other way (timeout, cancelled request, broken
 /// socket), it is detached from the pool and closed.
 ///
 /// [`keep`]: Checkout::keep
-struct Checkout {
-    connection: Option<Connection>,
+struct Checkout<C: Pooled> {
+    connection: Option<C>,
     keep: bool,
 }
 
-impl Checkout {
-    fn new(connection: Connection) -> Self {
+impl<C: Pooled> Checkout<C> {
+    fn new(connection: C) -> Self {
         Self {
             connection: Some(connection),
             keep: false,
         }
     }
 
-    fn connection(&mut self) -> &mut Connection {
+    fn connection(&mut self) -> &mut C {
         self.connection
             .as_mut()
             .expect("a checkout holds its connection until dropped")
@@ -212,12 +293,12 @@ impl Checkout {
     }
 }
 
-impl Drop for Checkout {
+impl<C: Pooled> Drop for Checkout<C> {
     fn drop(&mut self) {
         if let Some(connection) = self.connection.take()
             && !self.keep
         {
-            drop(Connection::take(connection));
+            connection.detach();
         }
     }
 }
@@ -237,7 +318,7 @@ impl Store for RedisStore {
 /// Configures a [`RedisStore`].
 #[must_use]
 pub struct RedisStoreBuilder {
-    pool: Pool,
+    pool: RedisPool,
     prefix: String,
     timeout: Duration,
     clock: Option<Box<dyn Clock>>,
@@ -261,8 +342,18 @@ impl RedisStoreBuilder {
     /// let store = slidegate::RedisStore::builder(pool).prefix("shop").build();
     /// # }
     /// ```
+    ///
+    /// # Panics
+    ///
+    /// If `prefix` holds `{` or `}`: the prefix would become every key's
+    /// Redis Cluster hash tag and put every client in one slot.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
+        let prefix = prefix.into();
+        assert!(
+            !prefix.contains(['{', '}']),
+            "a RedisStore prefix must not hold braces (it would become the cluster hash tag): {prefix:?}"
+        );
+        self.prefix = prefix;
         self
     }
 

@@ -16,10 +16,12 @@ use slidegate::deadpool_redis::{Config, Pool, PoolConfig, Runtime};
 const READY_WITHIN: Duration = Duration::from_secs(10);
 
 /// One `redis-server` on 127.0.0.1.
+#[derive(Debug)]
 pub struct RedisServer {
     child: Option<Child>,
     port: u16,
     dir: PathBuf,
+    extra_args: Vec<String>,
 }
 
 fn free_port() -> u16 {
@@ -54,20 +56,26 @@ impl RedisServer {
     /// Starts a server on a free port and waits until it answers PING.
     pub fn start() -> Self {
         for _ in 0..5 {
-            let port = free_port();
-            let dir =
-                std::env::temp_dir().join(format!("slidegate-redis-{port}-{}", std::process::id()));
-            std::fs::create_dir_all(&dir).unwrap();
-            let mut server = Self {
-                child: None,
-                port,
-                dir,
-            };
-            if server.spawn() {
+            if let Some(server) = Self::try_start(free_port(), &[]) {
                 return server;
             }
         }
         panic!("could not start redis-server on a free port");
+    }
+
+    /// Starts a server on `port` with `extra_args`; `None` if it would not
+    /// come up there.
+    fn try_start(port: u16, extra_args: &[&str]) -> Option<Self> {
+        let dir =
+            std::env::temp_dir().join(format!("slidegate-redis-{port}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut server = Self {
+            child: None,
+            port,
+            dir,
+            extra_args: extra_args.iter().map(|a| (*a).to_owned()).collect(),
+        };
+        server.spawn().then_some(server)
     }
 
     /// Spawns on `self.port`; false if the server exited before answering.
@@ -85,6 +93,7 @@ impl RedisServer {
                 "--dir",
                 self.dir.to_str().unwrap(),
             ])
+            .args(&self.extra_args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -170,4 +179,205 @@ impl Drop for RedisServer {
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// A free loopback port below 55535 whose cluster bus port (+10000) is free
+/// too.
+fn free_cluster_port(taken: &[u16]) -> u16 {
+    for _ in 0..1000 {
+        let port = free_port();
+        if port < 55_535
+            && !taken.contains(&port)
+            && !taken.contains(&(port - 10_000))
+            && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok()
+        {
+            return port;
+        }
+        // Ephemeral ports are often above 55535: try a random low one.
+        let candidate = 20_000 + (port % 30_000);
+        if !taken.contains(&candidate)
+            && TcpListener::bind(("127.0.0.1", candidate)).is_ok()
+            && TcpListener::bind(("127.0.0.1", candidate + 10_000)).is_ok()
+        {
+            return candidate;
+        }
+    }
+    panic!("no free port pair for a cluster node");
+}
+
+/// A local Redis Cluster: three primaries and three replicas on free
+/// loopback ports, every process killed when dropped.
+pub struct RedisCluster {
+    nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts six nodes, joins them with `redis-cli --cluster create`, and
+    /// waits until every node reports `cluster_state:ok`.
+    pub fn start() -> Self {
+        let mut nodes: Vec<RedisServer> = Vec::new();
+        while nodes.len() < 6 {
+            let taken: Vec<u16> = nodes.iter().map(RedisServer::port).collect();
+            let port = free_cluster_port(&taken);
+            let config = format!("nodes-{port}.conf");
+            if let Some(node) = RedisServer::try_start(
+                port,
+                &[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    &config,
+                    "--cluster-node-timeout",
+                    "2000",
+                ],
+            ) {
+                nodes.push(node);
+            }
+        }
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        let output = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addresses)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .output()
+            .expect("run redis-cli --cluster create");
+        assert!(
+            output.status.success(),
+            "redis-cli --cluster create failed: {}",
+            String::from_utf8_lossy(&output.stdout)
+        );
+        let cluster = Self { nodes };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !cluster.is_ready() {
+            assert!(
+                Instant::now() < deadline,
+                "the cluster did not become ready"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        cluster
+    }
+
+    fn is_ready(&self) -> bool {
+        self.nodes.iter().all(|node| {
+            let info = node.cli(&["cluster", "info"]);
+            let slots = node.cli(&["cluster", "slots"]);
+            info.contains("cluster_state:ok") && !slots.trim().is_empty()
+        })
+    }
+
+    /// The nodes' `redis://` URLs, as cluster seeds.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// A deadpool-redis cluster pool of at most `size` clients.
+    pub fn pool(&self, size: usize) -> slidegate::deadpool_redis::cluster::Pool {
+        let mut config = slidegate::deadpool_redis::cluster::Config::from_urls(self.urls());
+        config.pool = Some(PoolConfig::new(size));
+        config.create_pool(Some(Runtime::Tokio1)).unwrap()
+    }
+
+    /// The nodes that are primaries now.
+    pub fn primaries(&self) -> Vec<&RedisServer> {
+        self.nodes
+            .iter()
+            .filter(|node| {
+                node.cli(&["cluster", "nodes"])
+                    .lines()
+                    .any(|l| l.contains("myself") && l.contains("master"))
+            })
+            .collect()
+    }
+
+    /// Every key, with the primary that holds it, from `SCAN` on each
+    /// primary (replicas hold copies).
+    pub fn keys_by_primary(&self) -> Vec<(String, &RedisServer)> {
+        self.primaries()
+            .into_iter()
+            .flat_map(|node| {
+                node.cli(&["--scan"])
+                    .lines()
+                    .map(|key| (key.to_owned(), node))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    /// Every key in the cluster.
+    pub fn keys(&self) -> Vec<String> {
+        self.keys_by_primary()
+            .into_iter()
+            .map(|(key, _)| key)
+            .collect()
+    }
+
+    /// The node serving `key`'s slot as primary.
+    pub fn primary_of(&self, key: &str) -> &RedisServer {
+        let slot: u16 = self.nodes[0]
+            .cli(&["cluster", "keyslot", key])
+            .trim()
+            .parse()
+            .unwrap();
+        self.nodes
+            .iter()
+            .find(|node| {
+                node.cli(&["cluster", "nodes"]).lines().any(|line| {
+                    line.contains("myself") && line.contains("master") && serves(line, slot)
+                })
+            })
+            .expect("a primary serves every slot")
+    }
+
+    pub fn nodes(&self) -> &[RedisServer] {
+        &self.nodes
+    }
+
+    /// Moves the slot of `key`, with its keys, to another primary (as a
+    /// resharding would) and returns that primary's port.
+    pub fn migrate_slot_of(&self, key: &str) -> u16 {
+        let slot = self.nodes[0]
+            .cli(&["cluster", "keyslot", key])
+            .trim()
+            .to_owned();
+        let source = self.primary_of(key);
+        let id = |node: &RedisServer| node.cli(&["cluster", "myid"]).trim().to_owned();
+        let primaries = self.primaries();
+        let target = *primaries
+            .iter()
+            .find(|n| n.port() != source.port())
+            .expect("another primary");
+        let (source_id, target_id) = (id(source), id(target));
+        target.cli(&["cluster", "setslot", &slot, "importing", &source_id]);
+        source.cli(&["cluster", "setslot", &slot, "migrating", &target_id]);
+        loop {
+            let keys = source.cli(&["cluster", "getkeysinslot", &slot, "100"]);
+            let keys: Vec<&str> = keys.lines().filter(|k| !k.is_empty()).collect();
+            if keys.is_empty() {
+                break;
+            }
+            let port = target.port().to_string();
+            let mut args = vec!["migrate", "127.0.0.1", &port, "", "0", "5000", "keys"];
+            args.extend(keys);
+            source.cli(&args);
+        }
+        for node in primaries {
+            node.cli(&["cluster", "setslot", &slot, "node", &target_id]);
+        }
+        target.port()
+    }
+}
+
+/// Whether a `CLUSTER NODES` line lists `slot` among its ranges.
+fn serves(line: &str, slot: u16) -> bool {
+    line.split_whitespace().skip(8).any(|range| {
+        let (start, end) = range.split_once('-').unwrap_or((range, range));
+        match (start.parse::<u16>(), end.parse::<u16>()) {
+            (Ok(start), Ok(end)) => (start..=end).contains(&slot),
+            _ => false,
+        }
+    })
 }

@@ -38,12 +38,17 @@ use serde::{Deserialize, Deserializer};
 use toml::Spanned;
 
 use crate::{
-    FailMode, Global, Header, HeaderStyle, JwtClaim, JwtError, KeyExtractor, PeerIp, Policies,
-    Policy, PolicyError, RateLimitLayer, ResetFormat, Route, Store, TierLimits,
+    FailMode, Global, Header, HeaderStyle, JwtClaim, KeyExtractor, PeerIp, Policies, Policy,
+    PolicyError, RateLimitLayer, ResetFormat, Route, Store, TierLimits,
 };
 
-const DEFAULT_REDIS_TIMEOUT_MS: u64 = 50;
-const DEFAULT_POOL_SIZE: usize = 16;
+mod jwt;
+mod redis;
+
+pub use redis::RedisSettings;
+
+use jwt::{RawJwt, jwt_claim};
+use redis::{RawRedis, redis_settings};
 
 /// A configuration file that could not be used: where, which key, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -173,45 +178,6 @@ struct RawConfig {
     #[serde(default)]
     policy: Vec<RawPolicy>,
     default: Option<RawPolicyBody>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawJwt {
-    secret: Option<Spanned<String>>,
-    public_key_pem: Option<Spanned<PathBuf>>,
-    algorithms: Option<Spanned<Vec<String>>>,
-    key_claim: Option<Spanned<String>>,
-    tier_claim: Option<String>,
-    leeway: Option<Spanned<HumanDuration>>,
-    issuer: Option<OneOrMany>,
-    audience: Option<OneOrMany>,
-}
-
-/// A string, or a list of them.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum OneOrMany {
-    One(String),
-    Many(Vec<String>),
-}
-
-impl OneOrMany {
-    fn into_vec(self) -> Vec<String> {
-        match self {
-            Self::One(one) => vec![one],
-            Self::Many(many) => many,
-        }
-    }
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawRedis {
-    url: Option<String>,
-    timeout_ms: Option<Spanned<u64>>,
-    pool_size: Option<Spanned<usize>>,
-    prefix: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -354,30 +320,6 @@ struct RawPolicyBody {
     cost: Option<Spanned<u32>>,
     fail: Option<FailName>,
     tiers: Option<BTreeMap<String, Spanned<RawTier>>>,
-}
-
-/// Where the example server's Redis is, and how to talk to it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RedisSettings {
-    /// `redis://` URL; `REDIS_URL` overrides it in the example server.
-    pub url: Option<String>,
-    /// Per-call timeout.
-    pub timeout: Duration,
-    /// Connections in the pool.
-    pub pool_size: usize,
-    /// Key prefix, when set.
-    pub prefix: Option<String>,
-}
-
-impl Default for RedisSettings {
-    fn default() -> Self {
-        Self {
-            url: None,
-            timeout: Duration::from_millis(DEFAULT_REDIS_TIMEOUT_MS),
-            pool_size: DEFAULT_POOL_SIZE,
-            prefix: None,
-        }
-    }
 }
 
 /// A validated configuration.
@@ -572,88 +514,6 @@ impl Config {
     }
 }
 
-fn jwt_claim(raw: Spanned<RawJwt>, source: &str, base: &Path) -> Result<JwtClaim, ConfigError> {
-    let section = raw.span().start;
-    let raw = raw.into_inner();
-    let mut builder = JwtClaim::builder();
-    if raw.secret.is_none() && raw.public_key_pem.is_none() {
-        return Err(ConfigError::at(
-            source,
-            section,
-            "jwt",
-            "needs `secret` (HS*) or `public_key_pem` (RS*, PS*, ES*, EdDSA)",
-        ));
-    }
-    if let Some(secret) = &raw.secret {
-        if secret.get_ref().is_empty() {
-            return Err(ConfigError::at(
-                source,
-                secret.span().start,
-                "jwt.secret",
-                "must not be empty",
-            ));
-        }
-        builder = builder.secret(secret.get_ref());
-    }
-    if let Some(pem) = &raw.public_key_pem {
-        let offset = pem.span().start;
-        let path = base.join(pem.get_ref());
-        let bytes = std::fs::read(&path).map_err(|e| {
-            ConfigError::at(
-                source,
-                offset,
-                "jwt.public_key_pem",
-                format!("cannot read `{}`: {e}", path.display()),
-            )
-        })?;
-        builder = builder.public_key_pem(&bytes).map_err(|e| {
-            ConfigError::at(
-                source,
-                offset,
-                "jwt.public_key_pem",
-                format!("`{}`: {e}", path.display()),
-            )
-        })?;
-    }
-    let (names, names_offset) = match &raw.algorithms {
-        Some(names) => (names.get_ref().clone(), names.span().start),
-        None if raw.secret.is_some() => (vec!["HS256".to_owned()], section),
-        None => {
-            return Err(ConfigError::at(
-                source,
-                section,
-                "jwt.algorithms",
-                "is required with `public_key_pem`, e.g. [\"RS256\"]",
-            ));
-        }
-    };
-    builder = builder
-        .algorithm_names(&names)
-        .map_err(|e| ConfigError::at(source, names_offset, "jwt.algorithms", e.to_string()))?;
-    if let Some(claim) = raw.key_claim {
-        builder = builder.key_claim(claim.into_inner());
-    }
-    if let Some(claim) = raw.tier_claim {
-        builder = builder.tier_claim(claim);
-    }
-    if let Some(leeway) = raw.leeway {
-        builder = builder.leeway(leeway.get_ref().0);
-    }
-    if let Some(issuer) = raw.issuer {
-        builder = builder.issuers(issuer.into_vec());
-    }
-    if let Some(audience) = raw.audience {
-        builder = builder.audiences(audience.into_vec());
-    }
-    builder.build().map_err(|e| {
-        let key = match e {
-            JwtError::EmptyKeyClaim => "jwt.key_claim",
-            _ => "jwt.algorithms",
-        };
-        ConfigError::at(source, names_offset, key, e.to_string())
-    })
-}
-
 /// The `[api_keys]` table as (API key, tier) pairs.
 fn api_key_tiers(
     raw: Option<Spanned<BTreeMap<String, Spanned<String>>>>,
@@ -686,37 +546,6 @@ fn api_key_tiers(
             Ok((key, Arc::from(tier.into_inner())))
         })
         .collect()
-}
-
-fn redis_settings(raw: RawRedis, source: &str) -> Result<RedisSettings, ConfigError> {
-    let mut settings = RedisSettings {
-        url: raw.url,
-        prefix: raw.prefix,
-        ..RedisSettings::default()
-    };
-    if let Some(timeout) = raw.timeout_ms {
-        if *timeout.get_ref() == 0 {
-            return Err(ConfigError::at(
-                source,
-                timeout.span().start,
-                "redis.timeout_ms",
-                "must be at least 1",
-            ));
-        }
-        settings.timeout = Duration::from_millis(*timeout.get_ref());
-    }
-    if let Some(size) = raw.pool_size {
-        if *size.get_ref() == 0 {
-            return Err(ConfigError::at(
-                source,
-                size.span().start,
-                "redis.pool_size",
-                "must be at least 1",
-            ));
-        }
-        settings.pool_size = *size.get_ref();
-    }
-    Ok(settings)
 }
 
 fn build_policies(

@@ -1,0 +1,238 @@
+//! The `[redis]` section: where Redis is, standalone or a cluster, and how
+//! to talk to it.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::ConfigError;
+
+const DEFAULT_REDIS_TIMEOUT_MS: u64 = 50;
+const DEFAULT_POOL_SIZE: usize = 16;
+const CLUSTER_SCHEMES: [(&str, &str); 2] = [
+    ("redis+cluster://", "redis://"),
+    ("rediss+cluster://", "rediss://"),
+];
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRedis {
+    url: Option<Spanned<String>>,
+    cluster: Option<bool>,
+    urls: Option<Spanned<Vec<String>>>,
+    timeout_ms: Option<Spanned<u64>>,
+    pool_size: Option<Spanned<usize>>,
+    prefix: Option<Spanned<String>>,
+}
+
+/// Where Redis is, and how to talk to it.
+///
+/// ```
+/// use slidegate::config::RedisSettings;
+///
+/// let settings = RedisSettings::default().with_url("redis+cluster://10.0.0.1:7000,10.0.0.2:7000");
+/// assert!(settings.is_cluster());
+/// assert_eq!(settings.seeds(), ["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"]);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisSettings {
+    /// `redis://` URL, or `redis+cluster://host:port,host:port` for a Redis
+    /// Cluster; `REDIS_URL` overrides it in the example server.
+    pub url: Option<String>,
+    /// Whether Redis is a cluster (`cluster = true`).
+    pub cluster: bool,
+    /// Cluster seed nodes (`urls = [...]`, with `cluster = true`).
+    pub urls: Vec<String>,
+    /// Per-call timeout.
+    pub timeout: Duration,
+    /// Connections in the pool (cluster clients, for a cluster).
+    pub pool_size: usize,
+    /// Key prefix, when set.
+    pub prefix: Option<String>,
+}
+
+impl Default for RedisSettings {
+    fn default() -> Self {
+        Self {
+            url: None,
+            cluster: false,
+            urls: Vec::new(),
+            timeout: Duration::from_millis(DEFAULT_REDIS_TIMEOUT_MS),
+            pool_size: DEFAULT_POOL_SIZE,
+            prefix: None,
+        }
+    }
+}
+
+impl RedisSettings {
+    /// These settings with `url` in place of the configured URL and seeds
+    /// (`REDIS_URL` does this in the example server).
+    #[must_use]
+    pub fn with_url(mut self, url: impl Into<String>) -> Self {
+        self.url = Some(url.into());
+        self.urls.clear();
+        self
+    }
+
+    /// Whether these settings name a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        self.cluster
+            || self.url.as_deref().is_some_and(|url| {
+                CLUSTER_SCHEMES
+                    .iter()
+                    .any(|(scheme, _)| url.starts_with(scheme))
+            })
+    }
+
+    /// The URLs to connect to: the one server, or the cluster's seeds (a
+    /// `redis+cluster://a:1,b:2` URL gives one seed per host).
+    pub fn seeds(&self) -> Vec<String> {
+        let mut seeds = self.urls.clone();
+        if let Some(url) = &self.url {
+            seeds.extend(split_cluster_url(url));
+        }
+        seeds
+    }
+
+    /// A store on a new pool for these settings.
+    ///
+    /// ```
+    /// use slidegate::config::RedisSettings;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// // Pools connect lazily: building one needs no server.
+    /// let store = RedisSettings::default().with_url("redis://127.0.0.1:6379/").store().unwrap();
+    /// assert!(RedisSettings::default().store().is_err(), "no URL");
+    /// # }
+    /// ```
+    #[cfg(feature = "redis")]
+    pub fn store(&self) -> Result<crate::RedisStore, String> {
+        use deadpool_redis::{PoolConfig, Runtime};
+
+        let seeds = self.seeds();
+        if seeds.is_empty() {
+            return Err("no Redis URL: set [redis] url (or urls) or REDIS_URL".to_owned());
+        }
+        let pool: crate::RedisPool = if self.is_cluster() {
+            let mut config = deadpool_redis::cluster::Config::from_urls(seeds.clone());
+            config.pool = Some(PoolConfig::new(self.pool_size));
+            config
+                .create_pool(Some(Runtime::Tokio1))
+                .map_err(|e| format!("bad Redis Cluster URLs {seeds:?}: {e}"))?
+                .into()
+        } else {
+            let mut config = deadpool_redis::Config::from_url(seeds[0].clone());
+            config.pool = Some(PoolConfig::new(self.pool_size));
+            config
+                .create_pool(Some(Runtime::Tokio1))
+                .map_err(|e| format!("bad Redis URL `{}`: {e}", seeds[0]))?
+                .into()
+        };
+        let mut store = crate::RedisStore::builder(pool).timeout(self.timeout);
+        if let Some(prefix) = &self.prefix {
+            store = store.prefix(prefix.clone());
+        }
+        Ok(store.build())
+    }
+}
+
+/// `redis+cluster://[auth@]a:1,b:2[/rest]` as `redis://[auth@]a:1[/rest]`,
+/// `redis://[auth@]b:2[/rest]`; any other URL as it is.
+fn split_cluster_url(url: &str) -> Vec<String> {
+    let Some((rest, scheme)) = CLUSTER_SCHEMES
+        .iter()
+        .find_map(|(cluster, plain)| url.strip_prefix(cluster).map(|rest| (rest, *plain)))
+    else {
+        return vec![url.to_owned()];
+    };
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let (auth, hosts) = match authority.rsplit_once('@') {
+        Some((auth, hosts)) => (format!("{auth}@"), hosts),
+        None => (String::new(), authority),
+    };
+    hosts
+        .split(',')
+        .filter(|host| !host.is_empty())
+        .map(|host| format!("{scheme}{auth}{host}{path}"))
+        .collect()
+}
+
+pub(super) fn redis_settings(raw: RawRedis, source: &str) -> Result<RedisSettings, ConfigError> {
+    let mut settings = RedisSettings {
+        cluster: raw.cluster.unwrap_or(false),
+        ..RedisSettings::default()
+    };
+    if let Some(url) = raw.url {
+        if split_cluster_url(url.get_ref()).is_empty() {
+            return Err(ConfigError::at(
+                source,
+                url.span().start,
+                "redis.url",
+                "names no host",
+            ));
+        }
+        settings.url = Some(url.into_inner());
+    }
+    if let Some(urls) = raw.urls {
+        if !settings.cluster {
+            return Err(ConfigError::at(
+                source,
+                urls.span().start,
+                "redis.urls",
+                "lists cluster seeds: set `cluster = true` too (or use `url` for one server)",
+            ));
+        }
+        settings.urls = urls.into_inner();
+    }
+    if let Some(prefix) = raw.prefix {
+        if prefix.get_ref().contains(['{', '}']) {
+            return Err(ConfigError::at(
+                source,
+                prefix.span().start,
+                "redis.prefix",
+                "must not hold `{` or `}` (it would become every key's cluster hash tag)",
+            ));
+        }
+        settings.prefix = Some(prefix.into_inner());
+    }
+    if let Some(timeout) = raw.timeout_ms {
+        if *timeout.get_ref() == 0 {
+            return Err(ConfigError::at(
+                source,
+                timeout.span().start,
+                "redis.timeout_ms",
+                "must be at least 1",
+            ));
+        }
+        settings.timeout = Duration::from_millis(*timeout.get_ref());
+    }
+    if let Some(size) = raw.pool_size {
+        if *size.get_ref() == 0 {
+            return Err(ConfigError::at(
+                source,
+                size.span().start,
+                "redis.pool_size",
+                "must be at least 1",
+            ));
+        }
+        settings.pool_size = *size.get_ref();
+    }
+    Ok(settings)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_urls_split_into_seeds() {
+        assert_eq!(
+            split_cluster_url("rediss+cluster://u:p@a:1,b:2/0"),
+            ["rediss://u:p@a:1/0", "rediss://u:p@b:2/0"]
+        );
+        assert_eq!(split_cluster_url("redis://a:1/"), ["redis://a:1/"]);
+        assert!(split_cluster_url("redis+cluster://").is_empty());
+    }
+}

@@ -1,0 +1,171 @@
+//! `RedisStore` on a real local Redis Cluster (three primaries, three
+//! replicas): every algorithm, multi-policy batches in one slot, exactness
+//! under concurrency, cross-slot batches refused, and slot migration.
+
+mod support;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use slidegate::{
+    Algorithm, Check, Decision, FakeClock, Key, Policy, RedisStore, Store, StoreError,
+};
+use support::RedisCluster;
+
+const START: u64 = 1_700_000_000_000_000;
+const MINUTE: Duration = Duration::from_secs(60);
+
+fn store(cluster: &RedisCluster, clock: &FakeClock) -> RedisStore {
+    RedisStore::builder(cluster.pool(4))
+        .clock(clock.clone())
+        .timeout(Duration::from_secs(5))
+        .build()
+}
+
+async fn check(store: &RedisStore, policies: &[&Policy], key: &str) -> Vec<Decision> {
+    let checks = policies
+        .iter()
+        .map(|p| Check::new(p, Key::new(key)))
+        .collect();
+    store.check(checks).await.expect("the cluster answers")
+}
+
+fn slot(cluster: &RedisCluster, key: &str) -> String {
+    cluster.nodes()[0].cli(&["cluster", "keyslot", key])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_algorithm_and_mixed_batches_work_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    let clock = FakeClock::new(START);
+    let store = store(&cluster, &clock);
+    let log = Policy::new("c-log", 5, MINUTE);
+    let counter = Policy::new("c-counter", 4, MINUTE).algorithm(Algorithm::SlidingCounter);
+    let fixed = Policy::new("c-fixed", 3, MINUTE).algorithm(Algorithm::FixedWindow);
+
+    // Many clients, so their keys spread over every primary.
+    for client in 0..30 {
+        let key = format!("client-{client}");
+        for _ in 0..3 {
+            let d = check(&store, &[&log, &counter, &fixed], &key).await;
+            assert!(d.iter().all(|d| d.admitted), "{key}: {d:?}");
+        }
+        // The fixed window is spent: the batch is denied as a whole.
+        let denied = check(&store, &[&log, &counter, &fixed], &key).await;
+        assert!(denied.iter().all(|d| !d.admitted));
+        assert!(denied[2].retry_after.is_some());
+        assert_eq!((denied[0].remaining, denied[1].remaining), (2, 1));
+        // Each policy alone keeps exact counts.
+        assert_eq!(check(&store, &[&log], &key).await[0].remaining, 1);
+        assert_eq!(check(&store, &[&counter], &key).await[0].remaining, 0);
+        assert!(!check(&store, &[&counter], &key).await[0].admitted);
+    }
+
+    // Every key of one client is on one primary, in one slot; the clients
+    // spread over all three primaries; every key has a TTL.
+    let keys = cluster.keys_by_primary();
+    assert_eq!(keys.len(), 30 * 4, "log, sum, counter, fixed per client");
+    let mut primaries = HashSet::new();
+    for client in 0..30 {
+        let tag = format!("{{client-{client}}}");
+        let mine: Vec<&(String, &support::RedisServer)> =
+            keys.iter().filter(|(k, _)| k.contains(&tag)).collect();
+        assert_eq!(mine.len(), 4, "{mine:?}");
+        let slots: HashSet<String> = mine.iter().map(|(k, _)| slot(&cluster, k)).collect();
+        assert_eq!(slots.len(), 1, "{tag} spans slots {slots:?}");
+        let nodes: HashSet<u16> = mine.iter().map(|(_, node)| node.port()).collect();
+        assert_eq!(nodes.len(), 1);
+        primaries.extend(nodes);
+        for (key, node) in mine {
+            let ttl: i64 = node.cli(&["pttl", key]).trim().parse().unwrap();
+            assert!(ttl > 0, "{key} has no TTL");
+        }
+    }
+    assert_eq!(primaries.len(), 3, "30 clients land on all three primaries");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_checks_through_two_cluster_pools_admit_exactly_the_limit() {
+    let cluster = RedisCluster::start();
+    let stores = [
+        RedisStore::builder(cluster.pool(8))
+            .timeout(Duration::from_secs(5))
+            .build(),
+        RedisStore::builder(cluster.pool(8))
+            .timeout(Duration::from_secs(5))
+            .build(),
+    ];
+    for (limit, algorithm) in [
+        (100, Algorithm::SlidingLog),
+        (150, Algorithm::SlidingCounter),
+        (50, Algorithm::FixedWindow),
+    ] {
+        let policy =
+            Arc::new(Policy::new("hot", limit, Duration::from_secs(3600)).algorithm(algorithm));
+        let key = format!("hot-{algorithm:?}");
+        let mut tasks = Vec::new();
+        for i in 0..400 {
+            let store = stores[i % 2].clone();
+            let check = Check::new(&policy, Key::new(&key));
+            tasks.push(tokio::spawn(async move { store.check(vec![check]).await }));
+        }
+        let mut admitted = 0;
+        for task in tasks {
+            admitted += u32::from(task.await.unwrap().expect("the cluster answers")[0].admitted);
+        }
+        eprintln!("{algorithm:?}: 400 concurrent requests, limit {limit}: {admitted} admitted");
+        assert_eq!(admitted, limit, "{algorithm:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_across_slots_is_an_error_never_an_admit() {
+    let cluster = RedisCluster::start();
+    let clock = FakeClock::new(START);
+    let store = store(&cluster, &clock);
+    let policy = Policy::new("cross", 5, MINUTE);
+    // Two clients in one batch: their keys cannot be in one slot (find a
+    // pair that is not).
+    let (a, b) = (0..)
+        .map(|i| (format!("a{i}"), format!("b{i}")))
+        .find(|(a, b)| slot(&cluster, a) != slot(&cluster, b))
+        .unwrap();
+    let batch = vec![
+        Check::new(&policy, Key::new(&a)),
+        Check::new(&policy, Key::new(&b)),
+    ];
+    match store.check(batch).await {
+        Err(StoreError::Backend(error)) => {
+            let message = error.to_string();
+            assert!(message.to_lowercase().contains("crossslot"), "{message}");
+        }
+        other => panic!("a cross-slot batch must fail, got {other:?}"),
+    }
+    assert!(cluster.keys().is_empty(), "nothing was recorded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counts_follow_a_slot_migrated_to_another_primary() {
+    let cluster = RedisCluster::start();
+    let clock = FakeClock::new(START);
+    let store = store(&cluster, &clock);
+    let policy = Policy::new("moving", 10, MINUTE);
+    for remaining in (6..10).rev() {
+        assert_eq!(
+            check(&store, &[&policy], "mover").await[0].remaining,
+            remaining
+        );
+    }
+    let from = cluster.primary_of("{mover}").port();
+    let to = cluster.migrate_slot_of("{mover}");
+    assert_ne!(from, to);
+    assert_eq!(cluster.primary_of("{mover}").port(), to);
+    // The client follows MOVED to the new primary, where the log now is.
+    for remaining in (0..6).rev() {
+        let d = check(&store, &[&policy], "mover").await;
+        assert!(d[0].admitted);
+        assert_eq!(d[0].remaining, remaining);
+    }
+    assert!(!check(&store, &[&policy], "mover").await[0].admitted);
+}
