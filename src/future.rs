@@ -19,7 +19,8 @@ use crate::response::{
 };
 use crate::store::{CheckFuture, StoreError};
 use crate::{
-    Check, Decision, Identity, Key, KeyRejection, Policy, ResponseBody, Store, TierFuture,
+    Check, Decision, DenyCache, Identity, Key, KeyRejection, Policy, ResponseBody, Store,
+    TierFuture,
 };
 
 /// What the request needs once the store has decided.
@@ -31,6 +32,26 @@ pub(crate) struct Pending<S, ReqBody> {
     /// Whether any policy of the request fails closed.
     pub(crate) fail_closed: bool,
     pub(crate) options: Options,
+    pub(crate) deny_cache: Option<DenyCache>,
+    /// When the checks went to the store, on the deny cache's clock.
+    pub(crate) sent_at: u64,
+}
+
+/// A `429` from the deny cache, if a policy of `checks` is known to deny.
+fn cached_denial(
+    cache: &DenyCache,
+    checks: &[Check],
+    options: Options,
+) -> Option<Response<Full<Bytes>>> {
+    let (checks, decisions) = cache.lookup(checks)?;
+    let denied = index_of_min(&decisions, |d| Reverse(d.retry_after));
+    Some(too_many_requests(
+        &checks,
+        &decisions,
+        denied,
+        options.header_style,
+        options.reset_format,
+    ))
 }
 
 /// What a request waiting for its client's tier needs to build its checks.
@@ -98,12 +119,9 @@ where
         Self::answered(invalid_credentials(rejection))
     }
 
-    pub(crate) fn checking(check: CheckFuture, pending: Pending<S, ReqBody>) -> Self {
+    pub(crate) fn checking(store: &dyn Store, pending: Pending<S, ReqBody>) -> Self {
         Self {
-            state: State::Checking {
-                check,
-                pending: Some(pending),
-            },
+            state: State::checking(store, pending),
         }
     }
 
@@ -130,6 +148,27 @@ where
     }
 }
 
+impl<S, ReqBody> State<S, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+{
+    /// Sends the checks to the store, unless the deny cache answers.
+    fn checking(store: &dyn Store, mut pending: Pending<S, ReqBody>) -> Self {
+        if let Some(cache) = &pending.deny_cache {
+            if let Some(response) = cached_denial(cache, &pending.checks, pending.options) {
+                return Self::Answered {
+                    response: Some(response),
+                };
+            }
+            pending.sent_at = cache.now();
+        }
+        Self::Checking {
+            check: store.check(pending.checks.clone()),
+            pending: Some(pending),
+        }
+    }
+}
+
 /// Where the store's answer leads.
 enum Next {
     Call(Option<RateHeaders>),
@@ -149,6 +188,7 @@ fn decide(
     checks: &[Check],
     fail_closed: bool,
     options: Options,
+    deny_cache: Option<(&DenyCache, u64)>,
     outcome: Result<Vec<Decision>, StoreError>,
 ) -> Next {
     let decisions = outcome.and_then(|decisions| {
@@ -176,6 +216,9 @@ fn decide(
             )))
         }
         Ok(decisions) => {
+            if let Some((cache, sent_at)) = deny_cache {
+                cache.remember(checks, &decisions, sent_at);
+            }
             // The policy that frees last is the one the client waits for.
             let denied = index_of_min(&decisions, |d| Reverse(d.retry_after));
             Next::Answer(too_many_requests(
@@ -226,11 +269,7 @@ where
                     if let Some(identity) = pending.request.extensions_mut().get_mut::<Identity>() {
                         identity.tier = tier;
                     }
-                    let check = store.check(pending.checks.clone());
-                    this.state.set(State::Checking {
-                        check,
-                        pending: Some(pending),
-                    });
+                    this.state.set(State::checking(&*store, pending));
                 }
                 StateProj::Checking { check, pending } => {
                     let outcome = ready!(check.as_mut().poll(cx));
@@ -240,8 +279,11 @@ where
                         checks,
                         fail_closed,
                         options,
+                        deny_cache,
+                        sent_at,
                     } = pending.take().expect("polled after the check completed");
-                    let next = match decide(&checks, fail_closed, options, outcome) {
+                    let cache = deny_cache.as_ref().map(|cache| (cache, sent_at));
+                    let next = match decide(&checks, fail_closed, options, cache, outcome) {
                         Next::Call(headers) => State::Calling {
                             future: inner.call(request),
                             headers,

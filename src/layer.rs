@@ -6,7 +6,8 @@ use std::time::Duration;
 use tower_layer::Layer;
 
 use crate::{
-    FailMode, HeaderStyle, KeyExtractor, Policies, RateLimit, ResetFormat, Store, TierLookup,
+    DenyCache, FailMode, HeaderStyle, KeyExtractor, Policies, RateLimit, ResetFormat, Store,
+    TierLookup,
 };
 
 /// Settings the response future needs; small and `Copy`.
@@ -36,6 +37,7 @@ pub(crate) struct Shared {
     pub(crate) keys: Arc<dyn KeyExtractor>,
     pub(crate) policies: Policies,
     pub(crate) tier_lookup: Option<Arc<dyn TierLookup>>,
+    pub(crate) deny_cache: Option<DenyCache>,
     pub(crate) options: Options,
 }
 
@@ -72,9 +74,17 @@ impl std::fmt::Debug for RateLimitLayer {
 impl RateLimitLayer {
     /// Limits requests by the client `key_extractor` finds, under
     /// `policies`, with counts in `store`.
+    ///
+    /// When the store [`is_remote`](Store::is_remote) (Redis), the layer
+    /// keeps a [`DenyCache`] of 10,000 entries; see
+    /// [`deny_cache`](Self::deny_cache).
     pub fn new(store: impl Store, key_extractor: impl KeyExtractor, policies: Policies) -> Self {
+        let deny_cache = store
+            .is_remote()
+            .then(|| DenyCache::new(crate::deny_cache::DEFAULT_CAPACITY));
         Self {
             shared: Arc::new(Shared {
+                deny_cache,
                 store: Arc::new(store),
                 keys: Arc::new(key_extractor),
                 policies,
@@ -140,6 +150,29 @@ impl RateLimitLayer {
     #[must_use]
     pub fn tier_lookup_timeout(mut self, timeout: Duration) -> Self {
         self.options_mut().lookup_timeout = timeout;
+        self
+    }
+
+    /// Answers denied clients from `cache` until their retry time, without
+    /// a store round trip (see [`DenyCache`]).
+    #[must_use]
+    pub fn deny_cache(mut self, cache: DenyCache) -> Self {
+        Arc::make_mut(&mut self.shared).deny_cache = Some(cache);
+        self
+    }
+
+    /// Sends every request to the store, denied clients included.
+    ///
+    /// ```
+    /// use slidegate::{Global, MemoryStore, Policies, Policy, RateLimitLayer};
+    /// use std::time::Duration;
+    ///
+    /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).without_deny_cache();
+    /// ```
+    #[must_use]
+    pub fn without_deny_cache(mut self) -> Self {
+        Arc::make_mut(&mut self.shared).deny_cache = None;
         self
     }
 

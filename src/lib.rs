@@ -36,6 +36,7 @@ mod clock;
 #[cfg(feature = "config")]
 pub mod config;
 mod decision;
+mod deny_cache;
 mod future;
 mod key;
 mod layer;
@@ -48,6 +49,7 @@ mod tier;
 pub use body::ResponseBody;
 pub use clock::{Clock, FakeClock, SystemClock};
 pub use decision::Decision;
+pub use deny_cache::DenyCache;
 pub use future::ResponseFuture;
 pub use key::{
     Extracted, ForwardedHeader, Global, Header, Identity, Key, KeyExtractor, KeyRejection, Or,

@@ -150,6 +150,8 @@ where
             checks,
             fail_closed,
             options: shared.options,
+            deny_cache: shared.deny_cache.clone(),
+            sent_at: 0,
         };
         match lookup {
             Some(lookup) => ResponseFuture::looking_up(
@@ -161,7 +163,7 @@ where
                 },
                 pending,
             ),
-            None => ResponseFuture::checking(shared.store.check(pending.checks.clone()), pending),
+            None => ResponseFuture::checking(&*shared.store, pending),
         }
     }
 }

@@ -356,3 +356,11 @@ fn redis_cluster_settings() {
     refused("[redis]\nprefix = \"{app}\"\n", 2, "redis.prefix");
     refused("[redis]\nurl = \"redis+cluster://\"\n", 2, "redis.url");
 }
+
+#[test]
+fn the_deny_cache_can_be_switched() {
+    for value in ["true", "false"] {
+        Config::from_toml_str(&format!("[limiter]\ndeny_cache = {value}\n")).unwrap();
+    }
+    refused("[limiter]\ndeny_cache = \"sometimes\"\n", 2, "deny_cache");
+}

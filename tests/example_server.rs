@@ -258,8 +258,14 @@ fn redis_url_switches_to_redis() {
     assert!(keys.contains("slidegate:login:{ip:127.0.0.1}"), "{keys}");
 
     // Redis gone: login fails closed, videos fail open, health is untouched.
+    // The client denied a moment ago is still denied, from the deny cache.
     drop(redis);
-    assert_eq!(server.request("POST", "/api/login", &[]).status, 503);
+    assert_eq!(server.request("POST", "/api/login", &[]).status, 429);
+    let other_client = [("x-api-key", "another-client")];
+    assert_eq!(
+        server.request("POST", "/api/login", &other_client).status,
+        503
+    );
     assert_eq!(server.get("/api/videos").status, 200);
     assert_eq!(server.get("/health").status, 200);
 }

@@ -37,9 +37,10 @@ use ipnet::IpNet;
 use serde::{Deserialize, Deserializer};
 use toml::Spanned;
 
+use crate::deny_cache::DEFAULT_CAPACITY as DEFAULT_DENY_CACHE;
 use crate::{
-    FailMode, Global, Header, HeaderStyle, JwtClaim, KeyExtractor, PeerIp, Policies, Policy,
-    PolicyError, RateLimitLayer, ResetFormat, Route, Store, TierLimits,
+    DenyCache, FailMode, Global, Header, HeaderStyle, JwtClaim, KeyExtractor, PeerIp, Policies,
+    Policy, PolicyError, RateLimitLayer, ResetFormat, Route, Store, TierLimits,
 };
 
 mod jwt;
@@ -191,6 +192,7 @@ struct RawLimiter {
     headers: HeaderStyleName,
     reset: ResetName,
     fail: FailName,
+    deny_cache: Option<bool>,
 }
 
 impl Default for RawLimiter {
@@ -204,6 +206,7 @@ impl Default for RawLimiter {
             headers: HeaderStyleName::XRatelimit,
             reset: ResetName::Delta,
             fail: FailName::Open,
+            deny_cache: None,
         }
     }
 }
@@ -335,6 +338,9 @@ pub struct Config {
     fail_mode: FailMode,
     header_style: HeaderStyle,
     reset_format: ResetFormat,
+    /// `Some(on)` when `limiter.deny_cache` was set; otherwise the layer's
+    /// default (on for Redis).
+    deny_cache: Option<bool>,
 }
 
 impl Config {
@@ -465,6 +471,7 @@ impl Config {
                 HeaderStyleName::Both => HeaderStyle::Both,
                 HeaderStyleName::None => HeaderStyle::None,
             },
+            deny_cache: limiter.deny_cache,
             reset_format: match limiter.reset {
                 ResetName::Delta => ResetFormat::DeltaSeconds,
                 ResetName::Unix => ResetFormat::UnixSeconds,
@@ -507,10 +514,15 @@ impl Config {
     /// A layer with this configuration's keys, policies and options on
     /// `store`.
     pub fn layer(&self, store: impl Store) -> RateLimitLayer {
-        RateLimitLayer::new(store, self.key_extractor(), self.policies.clone())
+        let layer = RateLimitLayer::new(store, self.key_extractor(), self.policies.clone())
             .fail_mode(self.fail_mode)
             .header_style(self.header_style)
-            .reset_format(self.reset_format)
+            .reset_format(self.reset_format);
+        match self.deny_cache {
+            Some(true) => layer.deny_cache(DenyCache::new(DEFAULT_DENY_CACHE)),
+            Some(false) => layer.without_deny_cache(),
+            None => layer,
+        }
     }
 }
 

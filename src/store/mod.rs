@@ -91,11 +91,21 @@ impl Check {
 pub trait Store: Send + Sync + 'static {
     /// Decides and, when admitted, records the batch.
     fn check(&self, checks: Vec<Check>) -> CheckFuture;
+
+    /// Whether a check costs a network round trip, as with Redis; the
+    /// layer then keeps a [`DenyCache`](crate::DenyCache) by default.
+    fn is_remote(&self) -> bool {
+        false
+    }
 }
 
 impl<S: Store + ?Sized> Store for Arc<S> {
     fn check(&self, checks: Vec<Check>) -> CheckFuture {
         (**self).check(checks)
+    }
+
+    fn is_remote(&self) -> bool {
+        (**self).is_remote()
     }
 }
 

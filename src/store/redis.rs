@@ -304,6 +304,10 @@ impl<C: Pooled> Drop for Checkout<C> {
 }
 
 impl Store for RedisStore {
+    fn is_remote(&self) -> bool {
+        true
+    }
+
     fn check(&self, checks: Vec<Check>) -> CheckFuture {
         let store = self.clone();
         Box::pin(async move {

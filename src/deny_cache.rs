@@ -1,0 +1,267 @@
+//! [`DenyCache`]: answering a denied client locally until its retry time,
+//! without a store round trip.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use quick_cache::sync::Cache;
+
+use crate::clock::{Clock, SystemClock, duration_micros};
+use crate::{Algorithm, Check, Decision, Key};
+
+/// Entries a layer's deny cache holds by default.
+pub(crate) const DEFAULT_CAPACITY: usize = 10_000;
+
+/// What a store said when it denied a client under one policy.
+#[derive(Debug, Clone, Copy)]
+struct Denial {
+    /// Until when (µs) the request cannot fit: a lower bound on the store's
+    /// own retry time, since it counts from before the request was sent.
+    until: u64,
+    reset_at: u64,
+    remaining: u32,
+    limit: u32,
+    window: Duration,
+    cost: u32,
+    algorithm: Algorithm,
+}
+
+/// A small bounded cache of denials, so that a client that keeps sending
+/// while denied is answered `429` locally until its `Retry-After` passes,
+/// instead of costing a store round trip per request.
+///
+/// It is exact: a denial is cached until `sent + retry_after`, measured
+/// from before the request was sent, and capacity can only free later than
+/// the store said (other requests only add to the count), so the cache
+/// never denies a request the store would admit. An entry answers only
+/// requests with the same limit, window and algorithm and at least the
+/// same cost.
+///
+/// [`RateLimitLayer`](crate::RateLimitLayer) keeps one by default when its
+/// store [`is_remote`](crate::Store::is_remote) (Redis).
+///
+/// ```
+/// use slidegate::{DenyCache, Global, MemoryStore, Policies, Policy, RateLimitLayer};
+/// use std::time::Duration;
+///
+/// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
+/// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies)
+///     .deny_cache(DenyCache::new(50_000));
+/// ```
+#[derive(Clone)]
+pub struct DenyCache {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    entries: Cache<(Arc<str>, Key), Denial>,
+    clock: Box<dyn Clock>,
+}
+
+impl fmt::Debug for DenyCache {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DenyCache")
+            .field("entries", &self.inner.entries.len())
+            .field("capacity", &self.inner.entries.capacity())
+            .finish()
+    }
+}
+
+impl DenyCache {
+    /// A cache of at most `capacity` denials, on the system clock.
+    pub fn new(capacity: usize) -> Self {
+        Self::with_clock(capacity, SystemClock::new())
+    }
+
+    /// A cache of at most `capacity` denials, reading time from `clock` (a
+    /// [`FakeClock`](crate::FakeClock) in tests).
+    pub fn with_clock(capacity: usize, clock: impl Clock) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                entries: Cache::new(capacity.max(1)),
+                clock: Box::new(clock),
+            }),
+        }
+    }
+
+    /// How many denials are cached (some may have expired).
+    pub fn len(&self) -> usize {
+        self.inner.entries.len()
+    }
+
+    /// Whether no denial is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub(crate) fn now(&self) -> u64 {
+        self.inner.clock.now_micros()
+    }
+
+    /// The checks of the batch that are still denied, with their
+    /// decisions, if any is: the request can be answered `429` now.
+    pub(crate) fn lookup(&self, checks: &[Check]) -> Option<(Vec<Check>, Vec<Decision>)> {
+        let now = self.now();
+        let mut denied: Option<(Vec<Check>, Vec<Decision>)> = None;
+        for check in checks {
+            let key = (check.policy.clone(), check.key.clone());
+            let Some(denial) = self.inner.entries.get(&key) else {
+                continue;
+            };
+            if denial.until <= now {
+                self.inner.entries.remove(&key);
+                continue;
+            }
+            let same = denial.limit == check.limit
+                && denial.window == check.window
+                && denial.algorithm == check.algorithm
+                && check.cost >= denial.cost;
+            if !same {
+                continue;
+            }
+            let (checks, decisions) = denied.get_or_insert_with(Default::default);
+            checks.push(check.clone());
+            decisions.push(Decision {
+                admitted: false,
+                limit: check.limit,
+                remaining: denial.remaining,
+                reset: Duration::from_micros(denial.reset_at.saturating_sub(now)),
+                retry_after: Some(Duration::from_micros(denial.until - now)),
+            });
+        }
+        denied
+    }
+
+    /// Remembers the policies that denied a batch sent at `sent_at`.
+    pub(crate) fn remember(&self, checks: &[Check], decisions: &[Decision], sent_at: u64) {
+        for (check, decision) in checks.iter().zip(decisions) {
+            let Some(retry_after) = decision.retry_after else {
+                continue;
+            };
+            let denial = Denial {
+                until: sent_at.saturating_add(duration_micros(retry_after)),
+                reset_at: sent_at.saturating_add(duration_micros(decision.reset)),
+                remaining: decision.remaining,
+                limit: check.limit,
+                window: check.window,
+                cost: check.cost,
+                algorithm: check.algorithm,
+            };
+            self.inner
+                .entries
+                .insert((check.policy.clone(), check.key.clone()), denial);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{FakeClock, Policy};
+
+    const SEC: Duration = Duration::from_secs(1);
+
+    fn denied(retry: Duration, remaining: u32) -> Decision {
+        Decision {
+            admitted: false,
+            limit: 10,
+            remaining,
+            reset: retry,
+            retry_after: Some(retry),
+        }
+    }
+
+    #[test]
+    fn a_denial_answers_until_its_retry_time_only() {
+        let clock = FakeClock::new(1_000_000);
+        let cache = DenyCache::with_clock(100, clock.clone());
+        let policy = Policy::new("p", 10, 60 * SEC).cost(3);
+        let check = Check::new(&policy, Key::new("k"));
+        cache.remember(
+            std::slice::from_ref(&check),
+            &[denied(5 * SEC, 2)],
+            clock.now_micros(),
+        );
+
+        clock.advance(SEC);
+        let (checks, decisions) = cache.lookup(std::slice::from_ref(&check)).unwrap();
+        assert_eq!(checks, [check.clone()]);
+        assert_eq!(decisions[0].retry_after, Some(4 * SEC));
+        assert_eq!(decisions[0].remaining, 2);
+
+        clock.advance(4 * SEC - Duration::from_micros(1));
+        assert!(cache.lookup(std::slice::from_ref(&check)).is_some());
+        clock.advance(Duration::from_micros(1));
+        assert!(cache.lookup(std::slice::from_ref(&check)).is_none());
+        assert!(cache.is_empty(), "the expired denial was dropped");
+    }
+
+    #[test]
+    fn only_the_same_limits_and_at_least_the_same_cost_match() {
+        let clock = FakeClock::new(0);
+        let cache = DenyCache::with_clock(100, clock.clone());
+        let policy = Policy::new("p", 10, 60 * SEC).cost(3);
+        let check = Check::new(&policy, Key::new("k"));
+        cache.remember(std::slice::from_ref(&check), &[denied(5 * SEC, 2)], 0);
+        let variants = [
+            (
+                Policy::new("p", 10, 60 * SEC).cost(2),
+                false,
+                "a cheaper request may fit",
+            ),
+            (
+                Policy::new("p", 10, 60 * SEC).cost(4),
+                true,
+                "a dearer one cannot",
+            ),
+            (
+                Policy::new("p", 50, 60 * SEC).cost(3),
+                false,
+                "another tier's limit",
+            ),
+            (
+                Policy::new("p", 10, 30 * SEC).cost(3),
+                false,
+                "another window",
+            ),
+            (
+                Policy::new("q", 10, 60 * SEC).cost(3),
+                false,
+                "another policy",
+            ),
+        ];
+        for (policy, hit, why) in variants {
+            let check = Check::new(&policy, Key::new("k"));
+            assert_eq!(cache.lookup(&[check]).is_some(), hit, "{why}");
+        }
+        let other_client = Check::new(&policy, Key::new("someone-else"));
+        assert!(cache.lookup(&[other_client]).is_none());
+    }
+
+    #[test]
+    fn admitted_policies_of_a_denied_batch_are_not_cached() {
+        let cache = DenyCache::with_clock(100, FakeClock::new(0));
+        let tight = Check::new(&Policy::new("tight", 1, 60 * SEC), Key::new("k"));
+        let loose = Check::new(&Policy::new("loose", 100, 60 * SEC), Key::new("k"));
+        let fits = Decision {
+            retry_after: None,
+            ..denied(SEC, 50)
+        };
+        cache.remember(&[tight.clone(), loose.clone()], &[denied(SEC, 0), fits], 0);
+        assert!(cache.lookup(&[loose.clone()]).is_none());
+        let (checks, _) = cache.lookup(&[loose, tight.clone()]).unwrap();
+        assert_eq!(checks, [tight]);
+    }
+
+    #[test]
+    fn the_cache_stays_bounded() {
+        let cache = DenyCache::with_clock(100, FakeClock::new(0));
+        let policy = Policy::new("p", 10, 60 * SEC);
+        for client in 0..10_000 {
+            let check = Check::new(&policy, Key::new(format!("c{client}")));
+            cache.remember(&[check], &[denied(SEC, 0)], 0);
+        }
+        assert!(cache.len() <= 110, "{} entries", cache.len());
+    }
+}

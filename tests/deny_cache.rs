@@ -1,0 +1,129 @@
+//! The deny cache: a flood from one denied client reaches Redis at most once
+//! per retry period per process, and never denies what Redis would admit.
+
+mod support;
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::get;
+use http::{Request, StatusCode};
+use slidegate::{DenyCache, FakeClock, Global, Policies, Policy, RateLimitLayer, RedisStore};
+use support::RedisServer;
+use support::reply::send;
+
+const START: u64 = 1_700_000_000_000_000;
+const WINDOW: Duration = Duration::from_secs(10);
+
+/// `EVALSHA` calls that ran the script, from `INFO commandstats` (the
+/// first call fails with `NOSCRIPT` and is sent again after loading it).
+fn evalsha_calls(redis: &RedisServer) -> u64 {
+    let stats = redis.cli(&["info", "commandstats"]);
+    let Some(line) = stats
+        .lines()
+        .find_map(|line| line.strip_prefix("cmdstat_evalsha:"))
+    else {
+        return 0;
+    };
+    let field = |name: &str| -> u64 {
+        line.trim()
+            .split(',')
+            .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
+            .map_or(0, |value| value.parse().unwrap())
+    };
+    field("calls") - field("failed_calls")
+}
+
+fn app(redis: &RedisServer, clock: &FakeClock, cache: bool) -> Router {
+    let store = RedisStore::builder(redis.pool(4))
+        .clock(clock.clone())
+        .timeout(Duration::from_secs(5))
+        .build();
+    let policies = Policies::single(Policy::new("flood", 5, WINDOW)).unwrap();
+    let layer = RateLimitLayer::new(store, Global, policies);
+    let layer = if cache {
+        layer.deny_cache(DenyCache::with_clock(1000, clock.clone()))
+    } else {
+        layer.without_deny_cache()
+    };
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route_layer(layer)
+}
+
+async fn get_status(app: &Router) -> StatusCode {
+    send(app, Request::get("/").body(Body::empty()).unwrap())
+        .await
+        .status
+}
+
+#[tokio::test]
+async fn a_denied_flood_reaches_redis_once_per_retry_period() {
+    let redis = RedisServer::start();
+    let clock = FakeClock::new(START);
+    let app = app(&redis, &clock, true);
+    // A flood of 1000 requests a second for 30 s from one client allowed
+    // 5 per 10 s: denied most of the time, with a retry period of 10 s.
+    let before = evalsha_calls(&redis);
+    let (mut admitted, mut denied) = (0u64, 0u64);
+    for _second in 0..30 {
+        for _ in 0..1000 {
+            match get_status(&app).await {
+                StatusCode::OK => admitted += 1,
+                StatusCode::TOO_MANY_REQUESTS => denied += 1,
+                other => panic!("unexpected {other}"),
+            }
+        }
+        clock.advance(Duration::from_secs(1));
+    }
+    let calls = evalsha_calls(&redis) - before;
+    eprintln!(
+        "30,000 requests in 30 s from one client, limit 5 per 10 s: {admitted} admitted, \
+         {denied} denied, {calls} EVALSHA calls"
+    );
+    assert_eq!(admitted, 15, "three windows' worth");
+    // Each admitted request is a call; each 10 s retry period one more.
+    assert_eq!(calls, admitted + 3, "one round trip per denial period");
+
+    // The same flood without the cache: every request is a round trip.
+    let uncached = app_without_cache(&redis, &clock);
+    let before = evalsha_calls(&redis);
+    for _ in 0..1000 {
+        get_status(&uncached).await;
+    }
+    assert_eq!(evalsha_calls(&redis) - before, 1000);
+}
+
+fn app_without_cache(redis: &RedisServer, clock: &FakeClock) -> Router {
+    app(redis, clock, false)
+}
+
+#[tokio::test]
+async fn the_cache_answers_until_the_retry_time_and_not_a_microsecond_longer() {
+    let redis = RedisServer::start();
+    let clock = FakeClock::new(START);
+    let app = app(&redis, &clock, true);
+    for _ in 0..5 {
+        assert_eq!(get_status(&app).await, StatusCode::OK);
+    }
+    let denied = send(&app, Request::get("/").body(Body::empty()).unwrap()).await;
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(denied.header("retry-after"), Some("10"));
+
+    clock.advance(Duration::from_secs(4));
+    let calls = evalsha_calls(&redis);
+    let cached = send(&app, Request::get("/").body(Body::empty()).unwrap()).await;
+    assert_eq!(evalsha_calls(&redis), calls, "answered from the cache");
+    assert_eq!(cached.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(cached.header("retry-after"), Some("6"), "counts down");
+    assert_eq!(cached.header("x-ratelimit-remaining"), Some("0"));
+    assert_eq!(cached.json()["policy"], "flood");
+
+    clock.advance(Duration::from_secs(6) - Duration::from_micros(1));
+    assert_eq!(get_status(&app).await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(evalsha_calls(&redis), calls);
+    clock.advance(Duration::from_micros(1));
+    assert_eq!(get_status(&app).await, StatusCode::OK, "Redis admits at T");
+    assert_eq!(evalsha_calls(&redis), calls + 1);
+}
