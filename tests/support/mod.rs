@@ -4,6 +4,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod reply;
+pub mod trace;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
