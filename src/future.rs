@@ -163,7 +163,7 @@ where
             pending.sent_at = cache.now();
         }
         Self::Checking {
-            check: store.check(pending.checks.clone()),
+            check: store.check(&pending.checks),
             pending: Some(pending),
         }
     }

@@ -2,6 +2,7 @@
 //! 500 answers with `application/problem+json` bodies.
 
 use std::fmt::Write as _;
+use std::sync::LazyLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -72,7 +73,43 @@ pub(crate) fn ceil_seconds(duration: Duration) -> u64 {
 /// Rate-limit header fields computed once the store has decided, written
 /// when the response is ready.
 #[derive(Debug, Default)]
-pub(crate) struct RateHeaders(Vec<(HeaderName, HeaderValue)>);
+pub(crate) struct RateHeaders {
+    /// `X-RateLimit-Limit`, `-Remaining` and `-Reset`.
+    x_ratelimit: Option<[HeaderValue; 3]>,
+    /// `RateLimit-Policy` and `RateLimit`.
+    ietf: Option<[HeaderValue; 2]>,
+}
+
+/// Header values of the integers most often sent (limits, remaining units
+/// and seconds up to this), made once: cloning one costs no allocation.
+const CACHED_NUMBERS: u64 = 4096;
+
+/// The header value of `n`.
+pub(crate) fn number_value(n: u64) -> HeaderValue {
+    static NUMBERS: LazyLock<Vec<HeaderValue>> = LazyLock::new(|| {
+        // One string holding every cached number, kept for the life of the
+        // process, so that each value is a cheap `from_static`.
+        let mut text = String::new();
+        let mut ends = Vec::with_capacity(CACHED_NUMBERS as usize);
+        for n in 0..CACHED_NUMBERS {
+            let _ = write!(text, "{n}");
+            ends.push(text.len());
+        }
+        let text: &'static str = Box::leak(text.into_boxed_str());
+        let mut start = 0;
+        ends.into_iter()
+            .map(|end| {
+                let value = HeaderValue::from_static(&text[start..end]);
+                start = end;
+                value
+            })
+            .collect()
+    });
+    match usize::try_from(n) {
+        Ok(index) if n < CACHED_NUMBERS => NUMBERS[index].clone(),
+        _ => HeaderValue::from(n),
+    }
+}
 
 impl RateHeaders {
     /// The headers for a request whose checks got `decisions`: the
@@ -87,7 +124,7 @@ impl RateHeaders {
         style: HeaderStyle,
         reset_format: ResetFormat,
     ) -> Self {
-        let mut fields = Vec::new();
+        let mut fields = Self::default();
         if style.x_ratelimit() {
             let decision = &decisions[reported];
             let reset = match reset_format {
@@ -99,9 +136,11 @@ impl RateHeaders {
                     ceil_seconds(now + decision.reset)
                 }
             };
-            fields.push((X_RATELIMIT_LIMIT, HeaderValue::from(decision.limit)));
-            fields.push((X_RATELIMIT_REMAINING, HeaderValue::from(decision.remaining)));
-            fields.push((X_RATELIMIT_RESET, HeaderValue::from(reset)));
+            fields.x_ratelimit = Some([
+                number_value(decision.limit.into()),
+                number_value(decision.remaining.into()),
+                number_value(reset),
+            ]);
         }
         if style.ietf() {
             let mut policy = String::new();
@@ -125,25 +164,36 @@ impl RateHeaders {
                     check.policy, decision.remaining
                 );
             }
-            for (name, value) in [(RATELIMIT_POLICY, policy), (RATELIMIT, state)] {
-                if let Ok(value) = HeaderValue::try_from(value) {
-                    fields.push((name, value));
-                }
+            if let (Ok(policy), Ok(state)) =
+                (HeaderValue::try_from(policy), HeaderValue::try_from(state))
+            {
+                fields.ietf = Some([policy, state]);
             }
         }
-        Self(fields)
+        fields
     }
 
     /// Writes the fields into `headers`, replacing any of the same name.
     pub(crate) fn write(self, headers: &mut HeaderMap) {
-        for (name, value) in self.0 {
-            headers.insert(name, value);
+        headers.reserve(5);
+        if let Some([limit, remaining, reset]) = self.x_ratelimit {
+            headers.insert(X_RATELIMIT_LIMIT, limit);
+            headers.insert(X_RATELIMIT_REMAINING, remaining);
+            headers.insert(X_RATELIMIT_RESET, reset);
+        }
+        if let Some([policy, state]) = self.ietf {
+            headers.insert(RATELIMIT_POLICY, policy);
+            headers.insert(RATELIMIT, state);
         }
     }
 }
 
 fn problem(status: StatusCode, body: serde_json::Value) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
+    problem_body(status, body.to_string())
+}
+
+fn problem_body(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
     response.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
     response
@@ -174,26 +224,24 @@ pub(crate) fn too_many_requests(
 ) -> Response<Full<Bytes>> {
     let check = &checks[denied];
     let retry_after = retry_after_seconds(&decisions[denied]);
+    // Written directly rather than through serde_json: a flood of denied
+    // requests is the limiter's hot path. Every part is JSON-safe as it is:
+    // policy names are ASCII letters, digits, `-` and `_`, and humantime
+    // durations ASCII letters, digits and spaces.
+    let (policy, limit) = (&check.policy, check.limit);
     let window = humantime::format_duration(check.window);
-    let mut response = problem(
-        StatusCode::TOO_MANY_REQUESTS,
-        json!({
-            "type": "about:blank",
-            "title": "Too Many Requests",
-            "status": 429,
-            "detail": format!(
-                "rate limit of {} per {window} reached for policy `{}`; retry in {retry_after} s",
-                check.limit,
-                check.policy,
-            ),
-            "policy": &*check.policy,
-            "limit": check.limit,
-            "window_seconds": seconds_value(check.window),
-            "retry_after_seconds": retry_after,
-        }),
+    let mut body = String::with_capacity(320);
+    let _ = write!(
+        body,
+        "{{\"type\":\"about:blank\",\"title\":\"Too Many Requests\",\"status\":429,\
+         \"detail\":\"rate limit of {limit} per {window} reached for policy `{policy}`; \
+         retry in {retry_after} s\",\"policy\":\"{policy}\",\"limit\":{limit},\
+         \"window_seconds\":{},\"retry_after_seconds\":{retry_after}}}",
+        seconds_value(check.window),
     );
+    let mut response = problem_body(StatusCode::TOO_MANY_REQUESTS, body);
     let headers = response.headers_mut();
-    headers.insert(RETRY_AFTER, HeaderValue::from(retry_after));
+    headers.insert(RETRY_AFTER, number_value(retry_after));
     RateHeaders::new(
         checks,
         decisions,

@@ -47,7 +47,7 @@ const MAX_OVERSHOOT: f64 = 2.0;
 
 /// A `MemoryStore` decision, without a runtime: its future is ready at once.
 fn decide(store: &MemoryStore, check: Check) -> Decision {
-    let mut future = store.check(vec![check]);
+    let mut future = store.check(&[check]);
     match future
         .as_mut()
         .poll(&mut Context::from_waker(Waker::noop()))

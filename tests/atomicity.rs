@@ -45,7 +45,7 @@ async fn redis_admits_exactly_the_limit_across_independent_stores() {
             .map(|i| {
                 let store = stores[i % 2].clone();
                 let check = Check::new(&policy, key.clone());
-                tokio::spawn(async move { store.check(vec![check]).await })
+                tokio::spawn(async move { store.check(&[check]).await })
             })
             .collect();
         let mut admitted = 0;
@@ -131,7 +131,7 @@ fn memory_store_admits_exactly_the_limit_across_threads() {
                             } else {
                                 vec![b, a]
                             };
-                            let decisions = runtime.block_on(store.check(batch)).unwrap();
+                            let decisions = runtime.block_on(store.check(&batch)).unwrap();
                             admitted += u32::from(decisions[0].admitted);
                         }
                         admitted

@@ -27,8 +27,8 @@ async fn check(store: &RedisStore, policies: &[&Policy], key: &str) -> Vec<Decis
     let checks = policies
         .iter()
         .map(|p| Check::new(p, Key::new(key)))
-        .collect();
-    store.check(checks).await.expect("the cluster answers")
+        .collect::<Vec<_>>();
+    store.check(&checks).await.expect("the cluster answers")
 }
 
 fn slot(cluster: &RedisCluster, key: &str) -> String {
@@ -108,7 +108,7 @@ async fn concurrent_checks_through_two_cluster_pools_admit_exactly_the_limit() {
         for i in 0..400 {
             let store = stores[i % 2].clone();
             let check = Check::new(&policy, Key::new(&key));
-            tasks.push(tokio::spawn(async move { store.check(vec![check]).await }));
+            tasks.push(tokio::spawn(async move { store.check(&[check]).await }));
         }
         let mut admitted = 0;
         for task in tasks {
@@ -135,7 +135,7 @@ async fn a_batch_across_slots_is_an_error_never_an_admit() {
         Check::new(&policy, Key::new(&a)),
         Check::new(&policy, Key::new(&b)),
     ];
-    match store.check(batch).await {
+    match store.check(&batch).await {
         Err(StoreError::Backend(error)) => {
             let message = error.to_string();
             assert!(message.to_lowercase().contains("crossslot"), "{message}");

@@ -76,8 +76,8 @@ fn memory_and_redis_decide_the_same() {
                 .iter()
                 .map(|p| Check::new(p, Key::new(format!("client{}", step.client))))
                 .collect();
-            let from_memory = runtime.block_on(memory.check(checks.clone())).unwrap();
-            let from_redis = runtime.block_on(redis.check(checks)).unwrap();
+            let from_memory = runtime.block_on(memory.check(&checks)).unwrap();
+            let from_redis = runtime.block_on(redis.check(&checks)).unwrap();
             prop_assert_eq!(from_memory, from_redis, "at {:?}", step);
         }
     });

@@ -302,7 +302,7 @@ async fn header_style_none_and_unix_reset() {
 struct DownStore;
 
 impl Store for DownStore {
-    fn check(&self, _checks: Vec<Check>) -> CheckFuture {
+    fn check(&self, _checks: &[Check]) -> CheckFuture {
         Box::pin(async { Err(StoreError::Timeout(Duration::from_millis(50))) })
     }
 }

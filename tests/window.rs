@@ -56,8 +56,8 @@ impl Subject {
         let checks = policies
             .iter()
             .map(|p| Check::new(p, Key::new(key)))
-            .collect();
-        self.store.check(checks).await
+            .collect::<Vec<_>>();
+        self.store.check(&checks).await
     }
 
     async fn one(&self, policy: &Policy, key: &str) -> Decision {
@@ -69,7 +69,7 @@ impl Subject {
     async fn check_only(&self, policy: &Policy, key: &str) -> u32 {
         let mut probe = Check::new(policy, Key::new(key));
         probe.cost = policy.limit() + 1;
-        let d = self.store.check(vec![probe]).await.expect("store answers")[0];
+        let d = self.store.check(&[probe]).await.expect("store answers")[0];
         assert!(!d.admitted, "the probe must not be admitted");
         d.remaining
     }

@@ -69,6 +69,27 @@ impl Key {
         Self(format!("{kind}:{}", material.0).into())
     }
 
+    /// A key `label:value` for a value the crate formats itself (an IP
+    /// address or network), which is always short, printable and free of
+    /// braces; built with one allocation.
+    pub(crate) fn formatted(label: &str, value: impl fmt::Display) -> Self {
+        use std::io::Write as _;
+        let mut buffer = [0u8; MAX_RAW_LEN];
+        let mut cursor = std::io::Cursor::new(&mut buffer[..]);
+        if write!(cursor, "{label}:{value}").is_ok() {
+            let len = cursor.position() as usize;
+            if let Ok(text) = std::str::from_utf8(&buffer[..len]) {
+                return Self(text.into());
+            }
+        }
+        Self::labelled(label, Key::new(value.to_string()))
+    }
+
+    /// A key of text the crate built itself from ASCII.
+    pub(crate) fn from_ascii(text: &[u8]) -> Self {
+        Self(String::from_utf8_lossy(text).into())
+    }
+
     /// The key's text, as written into store keys.
     pub fn as_str(&self) -> &str {
         &self.0

@@ -1,8 +1,9 @@
 //! The embedded store: sharded logs in process memory.
 
-use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex, MutexGuard};
+
+use hashbrown::HashTable;
 
 use super::counter::{FixedWindow, SlidingCounter};
 use super::sliding_log::Log;
@@ -16,7 +17,21 @@ const SHARDS: usize = 64;
 /// what the sweep left, so sweeping costs O(1) per insert amortised.
 const MIN_SWEEP_AT: usize = 256;
 
-type LogKey = (Arc<str>, Key);
+/// What one (policy, client) pair has spent, with its hash, computed once
+/// per check.
+#[derive(Debug)]
+struct Entry {
+    hash: u64,
+    policy: Arc<str>,
+    key: Key,
+    spent: Spent,
+}
+
+impl Entry {
+    fn is(&self, check: &Check) -> bool {
+        self.policy == check.policy && self.key == check.key
+    }
+}
 
 /// What one client has spent under one policy, per algorithm.
 #[derive(Debug)]
@@ -92,16 +107,52 @@ impl Spent {
 
 #[derive(Debug)]
 struct Shard {
-    logs: HashMap<LogKey, Spent>,
+    logs: HashTable<Entry>,
     sweep_at: usize,
 }
 
 impl Shard {
     fn evict_idle(&mut self, now: u64) -> usize {
         let before = self.logs.len();
-        self.logs.retain(|_, spent| !spent.is_idle(now));
+        self.logs.retain(|entry| !entry.spent.is_idle(now));
         self.sweep_at = (self.logs.len() * 2).max(MIN_SWEEP_AT);
         before - self.logs.len()
+    }
+
+    fn get_mut(&mut self, hash: u64, check: &Check) -> Option<&mut Spent> {
+        self.logs
+            .find_mut(hash, |entry| entry.is(check))
+            .map(|entry| &mut entry.spent)
+    }
+
+    fn get(&self, hash: u64, check: &Check) -> Option<&Spent> {
+        self.logs
+            .find(hash, |entry| entry.is(check))
+            .map(|entry| &entry.spent)
+    }
+
+    /// The state of `check`'s pair, made room for and inserted if new.
+    fn get_or_insert(
+        &mut self,
+        hash: u64,
+        check: &Check,
+        now: u64,
+        inner: &Inner,
+    ) -> Result<&mut Spent, StoreError> {
+        if self.get(hash, check).is_none() {
+            make_room(self, now, inner)?;
+            self.logs.insert_unique(
+                hash,
+                Entry {
+                    hash,
+                    policy: check.policy.clone(),
+                    key: check.key.clone(),
+                    spent: Spent::new(check.algorithm),
+                },
+                |entry| entry.hash,
+            );
+        }
+        Ok(self.get_mut(hash, check).expect("present or just inserted"))
     }
 }
 
@@ -131,10 +182,10 @@ struct Inner {
 /// # async fn tokio_test() {
 /// let store = MemoryStore::new();
 /// let policy = Policy::new("api", 2, Duration::from_secs(60));
-/// let check = || vec![Check::new(&policy, Key::new("alice"))];
-/// assert!(store.check(check()).await.unwrap()[0].admitted);
-/// assert!(store.check(check()).await.unwrap()[0].admitted);
-/// assert!(!store.check(check()).await.unwrap()[0].admitted);
+/// let check = [Check::new(&policy, Key::new("alice"))];
+/// assert!(store.check(&check).await.unwrap()[0].admitted);
+/// assert!(store.check(&check).await.unwrap()[0].admitted);
+/// assert!(!store.check(&check).await.unwrap()[0].admitted);
 /// # }
 /// ```
 #[derive(Debug, Clone)]
@@ -181,70 +232,101 @@ impl MemoryStore {
             .sum()
     }
 
-    fn shard_of(&self, key: &LogKey) -> usize {
-        (self.inner.hasher.hash_one(key) % SHARDS as u64) as usize
+    fn hash_of(&self, check: &Check) -> u64 {
+        self.inner
+            .hasher
+            .hash_one((check.policy.as_ref(), check.key.as_str()))
     }
 
-    fn check_now(&self, checks: Vec<Check>) -> Result<Vec<Decision>, StoreError> {
+    fn shard_of(hash: u64) -> usize {
+        (hash % SHARDS as u64) as usize
+    }
+
+    fn check_now(&self, checks: &[Check]) -> Result<Vec<Decision>, StoreError> {
+        match checks {
+            [check] => self.check_one(check).map(|decision| vec![decision]),
+            _ => self.check_batch(checks),
+        }
+    }
+
+    /// The common case, one policy: one hash, one lock, no bookkeeping.
+    fn check_one(&self, check: &Check) -> Result<Decision, StoreError> {
         let inner = &*self.inner;
         let now = inner.clock.now_micros();
-        let keyed: Vec<(LogKey, &Check)> = checks
-            .iter()
-            .map(|c| ((c.policy.clone(), c.key.clone()), c))
-            .collect();
-        let shard_ids: Vec<usize> = keyed.iter().map(|(k, _)| self.shard_of(k)).collect();
+        let hash = self.hash_of(check);
+        let mut shard = lock(&inner.shards[Self::shard_of(hash)]);
+        let fits = match shard.get_mut(hash, check) {
+            Some(spent) => spent.prepare(now, check),
+            None => check.cost <= check.limit,
+        };
+        if fits {
+            let spent = shard.get_or_insert(hash, check, now, inner)?;
+            spent.prepare(now, check);
+            spent.record(now, check.cost);
+            Ok(spent.decision(now, check, true))
+        } else {
+            Ok(denied(shard.get(hash, check), now, check))
+        }
+    }
+
+    fn check_batch(&self, checks: &[Check]) -> Result<Vec<Decision>, StoreError> {
+        let inner = &*self.inner;
+        let now = inner.clock.now_micros();
+        let hashes: Vec<u64> = checks.iter().map(|c| self.hash_of(c)).collect();
         // Lock each shard once, in ascending order, so batches never deadlock.
-        let mut order = shard_ids.clone();
+        let mut order: Vec<usize> = hashes.iter().map(|&h| Self::shard_of(h)).collect();
         order.sort_unstable();
         order.dedup();
-        let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> = order
-            .iter()
-            .map(|&id| (id, lock(&inner.shards[id])))
-            .collect();
-        let guard_of = |id: usize| order.binary_search(&id).unwrap_or_default();
+        let mut guards: Vec<MutexGuard<'_, Shard>> =
+            order.iter().map(|&id| lock(&inner.shards[id])).collect();
+        let guard_of = |hash: u64| {
+            order
+                .binary_search(&Self::shard_of(hash))
+                .expect("every check's shard is locked")
+        };
 
         let mut all_fit = true;
-        for ((key, check), &shard) in keyed.iter().zip(&shard_ids) {
-            if let Some(spent) = guards[guard_of(shard)].1.logs.get_mut(key) {
-                all_fit &= spent.prepare(now, check);
-            } else {
-                all_fit &= check.cost <= check.limit;
-            }
-        }
-
-        if all_fit {
-            for ((key, _), &shard) in keyed.iter().zip(&shard_ids) {
-                let guard = &mut guards[guard_of(shard)].1;
-                if !guard.logs.contains_key(key) {
-                    make_room(guard, now, inner)?;
-                }
-            }
-        }
-
-        let mut decisions = Vec::with_capacity(keyed.len());
-        for ((key, check), &shard) in keyed.into_iter().zip(&shard_ids) {
-            let guard = &mut guards[guard_of(shard)].1;
-            let decision = if all_fit {
-                let spent = guard
-                    .logs
-                    .entry(key)
-                    .or_insert_with(|| Spent::new(check.algorithm));
-                spent.prepare(now, check);
-                spent.record(now, check.cost);
-                spent.decision(now, check, true)
-            } else {
-                match guard.logs.get(&key) {
-                    Some(spent) => spent.decision(now, check, false),
-                    None => {
-                        let mut empty = Spent::new(check.algorithm);
-                        empty.prepare(now, check);
-                        empty.decision(now, check, false)
-                    }
-                }
+        for (check, &hash) in checks.iter().zip(&hashes) {
+            all_fit &= match guards[guard_of(hash)].get_mut(hash, check) {
+                Some(spent) => spent.prepare(now, check),
+                None => check.cost <= check.limit,
             };
-            decisions.push(decision);
         }
-        Ok(decisions)
+        if all_fit {
+            // Make room for every new pair before recording any, so a full
+            // store refuses the batch whole.
+            for (check, &hash) in checks.iter().zip(&hashes) {
+                guards[guard_of(hash)].get_or_insert(hash, check, now, inner)?;
+            }
+        }
+        Ok(checks
+            .iter()
+            .zip(&hashes)
+            .map(|(check, &hash)| {
+                let shard = &mut guards[guard_of(hash)];
+                if all_fit {
+                    let spent = shard.get_mut(hash, check).expect("inserted above");
+                    spent.prepare(now, check);
+                    spent.record(now, check.cost);
+                    spent.decision(now, check, true)
+                } else {
+                    denied(shard.get(hash, check), now, check)
+                }
+            })
+            .collect())
+    }
+}
+
+/// The decision for a request that is not admitted, from its pair's state
+/// (already brought up to `now`) or a fresh one.
+fn denied(spent: Option<&Spent>, now: u64, check: &Check) -> Decision {
+    match spent {
+        Some(spent) => spent.decision(now, check, false),
+        None => {
+            let mut empty = Spent::new(check.algorithm);
+            empty.prepare(now, check);
+            empty.decision(now, check, false)
+        }
     }
 }
 
@@ -271,7 +353,7 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 }
 
 impl Store for MemoryStore {
-    fn check(&self, checks: Vec<Check>) -> CheckFuture {
+    fn check(&self, checks: &[Check]) -> CheckFuture {
         Box::pin(std::future::ready(self.check_now(checks)))
     }
 }
@@ -325,7 +407,7 @@ impl MemoryStoreBuilder {
         let shards = (0..SHARDS)
             .map(|_| {
                 Mutex::new(Shard {
-                    logs: HashMap::new(),
+                    logs: HashTable::new(),
                     sweep_at: MIN_SWEEP_AT,
                 })
             })

@@ -89,8 +89,9 @@ impl Check {
 /// returns one [`Decision`] per check, in order. Implementations bound their
 /// own latency (a hung backend must become an error, not a hung request).
 pub trait Store: Send + Sync + 'static {
-    /// Decides and, when admitted, records the batch.
-    fn check(&self, checks: Vec<Check>) -> CheckFuture;
+    /// Decides and, when admitted, records the batch. The checks are
+    /// borrowed: a store whose answer comes later copies what it needs.
+    fn check(&self, checks: &[Check]) -> CheckFuture;
 
     /// Whether a check costs a network round trip, as with Redis; the
     /// layer then keeps a [`DenyCache`](crate::DenyCache) by default.
@@ -100,7 +101,7 @@ pub trait Store: Send + Sync + 'static {
 }
 
 impl<S: Store + ?Sized> Store for Arc<S> {
-    fn check(&self, checks: Vec<Check>) -> CheckFuture {
+    fn check(&self, checks: &[Check]) -> CheckFuture {
         (**self).check(checks)
     }
 

@@ -153,35 +153,59 @@ impl RedisStore {
     }
 }
 
+/// One script call, prepared from the borrowed checks: the keys and
+/// arguments in the script's order, and the limits to report.
+struct Call {
+    keys: Vec<String>,
+    /// Per policy: algorithm, limit, window in µs, cost.
+    args: Vec<(&'static str, u32, u64, u32)>,
+    limits: Vec<u32>,
+}
+
+impl RedisStore {
+    fn prepare(&self, checks: &[Check]) -> Call {
+        let mut call = Call {
+            keys: Vec::with_capacity(checks.len() * 2),
+            args: Vec::with_capacity(checks.len()),
+            limits: checks.iter().map(|c| c.limit).collect(),
+        };
+        for check in checks {
+            let key = self.base_key(check);
+            let name = match check.algorithm {
+                Algorithm::SlidingLog => {
+                    let sum = format!("{key}:s");
+                    call.keys.push(key);
+                    call.keys.push(sum);
+                    "log"
+                }
+                Algorithm::SlidingCounter => {
+                    call.keys.push(format!("{key}:c"));
+                    "counter"
+                }
+                Algorithm::FixedWindow => {
+                    call.keys.push(format!("{key}:f"));
+                    "fixed"
+                }
+            };
+            call.args
+                .push((name, check.limit, duration_micros(check.window), check.cost));
+        }
+        call
+    }
+}
+
 impl Inner {
-    async fn run(&self, store: &RedisStore, checks: &[Check]) -> Result<Vec<Decision>, StoreError> {
+    async fn run(&self, call: Call) -> Result<Vec<Decision>, StoreError> {
         let mut invocation = self.script.prepare_invoke();
+        for key in &call.keys {
+            invocation.key(key);
+        }
         match &self.clock {
             Some(clock) => invocation.arg(clock.now_micros()),
             None => invocation.arg(""),
         };
-        for check in checks {
-            let key = store.base_key(check);
-            let name = match check.algorithm {
-                Algorithm::SlidingLog => {
-                    let sum = format!("{key}:s");
-                    invocation.key(key).key(sum);
-                    "log"
-                }
-                Algorithm::SlidingCounter => {
-                    invocation.key(format!("{key}:c"));
-                    "counter"
-                }
-                Algorithm::FixedWindow => {
-                    invocation.key(format!("{key}:f"));
-                    "fixed"
-                }
-            };
-            invocation
-                .arg(name)
-                .arg(check.limit)
-                .arg(duration_micros(check.window))
-                .arg(check.cost);
+        for &(name, limit, window, cost) in &call.args {
+            invocation.arg(name).arg(limit).arg(window).arg(cost);
         }
 
         let backend = |e: deadpool_redis::PoolError| StoreError::Backend(e.into());
@@ -202,7 +226,7 @@ impl Inner {
             }
         }
         .map_err(|error| StoreError::Backend(error.into()))?;
-        decisions(checks, &values)
+        decisions(&call.limits, &values)
     }
 }
 
@@ -224,21 +248,21 @@ async fn invoke<C: Pooled>(
     reply
 }
 
-fn decisions(checks: &[Check], values: &[i64]) -> Result<Vec<Decision>, StoreError> {
-    if values.len() != checks.len() * 4 {
+fn decisions(limits: &[u32], values: &[i64]) -> Result<Vec<Decision>, StoreError> {
+    if values.len() != limits.len() * 4 {
         return Err(StoreError::Protocol(format!(
             "expected {} integers, got {}",
-            checks.len() * 4,
+            limits.len() * 4,
             values.len()
         )));
     }
     let micros = |v: i64| Duration::from_micros(u64::try_from(v).unwrap_or(0));
-    Ok(checks
+    Ok(limits
         .iter()
         .zip(values.chunks_exact(4))
-        .map(|(check, v)| Decision {
+        .map(|(&limit, v)| Decision {
             admitted: v[0] == 1,
-            limit: check.limit,
+            limit,
             remaining: u32::try_from(v[1]).unwrap_or(0),
             reset: micros(v[2]),
             retry_after: (v[3] >= 0).then(|| micros(v[3])),
@@ -308,11 +332,12 @@ impl Store for RedisStore {
         true
     }
 
-    fn check(&self, checks: Vec<Check>) -> CheckFuture {
-        let store = self.clone();
+    fn check(&self, checks: &[Check]) -> CheckFuture {
+        let call = self.prepare(checks);
+        let inner = self.inner.clone();
         Box::pin(async move {
-            let timeout = store.inner.timeout;
-            tokio::time::timeout(timeout, store.inner.run(&store, &checks))
+            let timeout = inner.timeout;
+            tokio::time::timeout(timeout, inner.run(call))
                 .await
                 .unwrap_or(Err(StoreError::Timeout(timeout)))
         })

@@ -1,0 +1,165 @@
+//! Store decisions per second: `MemoryStore` per algorithm (one hot key;
+//! a million keys), and `RedisStore` at 1, 16 and 64 concurrent tasks beside
+//! a raw redis-rs `EVALSHA` loop of the same script, in the same run.
+//!
+//! ```sh
+//! cargo bench --bench stores
+//! ```
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::future::Future;
+use std::hint::black_box;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use slidegate::deadpool_redis::Pool;
+use slidegate::deadpool_redis::redis::Script;
+use slidegate::{Algorithm, Check, Key, MemoryStore, Policy, RedisStore, Store};
+use support::RedisServer;
+
+/// A limit no benchmark reaches: every decision admits and records.
+const NEVER: u32 = 1_000_000_000;
+const ALGORITHMS: [(&str, Algorithm); 3] = [
+    ("sliding_log", Algorithm::SlidingLog),
+    ("sliding_counter", Algorithm::SlidingCounter),
+    ("fixed_window", Algorithm::FixedWindow),
+];
+
+fn decide_now(store: &MemoryStore, check: Check) -> bool {
+    let mut future = store.check(&[check]);
+    match future
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+    {
+        Poll::Ready(decisions) => decisions.unwrap()[0].admitted,
+        Poll::Pending => unreachable!("the memory store decides at once"),
+    }
+}
+
+fn memory_store(c: &mut Criterion) {
+    let mut group = c.benchmark_group("memory_store");
+    group.throughput(Throughput::Elements(1));
+    for (name, algorithm) in ALGORITHMS {
+        let policy = Policy::new("bench", NEVER, Duration::from_secs(1)).algorithm(algorithm);
+        let store = MemoryStore::new();
+        let hot = Key::new("hot");
+        group.bench_function(format!("{name}/hot_key"), |b| {
+            b.iter(|| decide_now(&store, Check::new(&policy, hot.clone())));
+        });
+
+        let many = MemoryStore::builder().max_keys(2_000_000).build();
+        let keys: Vec<Key> = (0..1_000_000)
+            .map(|i| Key::new(format!("client-{i}")))
+            .collect();
+        for key in &keys {
+            decide_now(&many, Check::new(&policy, key.clone()));
+        }
+        let mut next = 0;
+        group.bench_function(format!("{name}/1m_keys"), |b| {
+            b.iter(|| {
+                next = (next + 7919) % keys.len();
+                decide_now(&many, Check::new(&policy, keys[next].clone()))
+            });
+        });
+    }
+    group.finish();
+}
+
+/// `iters` decisions spread over `tasks` tasks, each on its own key;
+/// returns the wall time.
+async fn concurrently<F, Fut>(tasks: usize, iters: u64, one: F) -> Duration
+where
+    F: Fn(usize) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    let one = Arc::new(one);
+    let per_task = iters.div_ceil(tasks as u64);
+    let started = Instant::now();
+    let handles: Vec<_> = (0..tasks)
+        .map(|task| {
+            let one = one.clone();
+            tokio::spawn(async move {
+                for _ in 0..per_task {
+                    one(task).await;
+                }
+            })
+        })
+        .collect();
+    for handle in handles {
+        handle.await.unwrap();
+    }
+    started.elapsed()
+}
+
+fn raw_evalsha(
+    pool: Pool,
+    script: Arc<Script>,
+) -> impl Fn(usize) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync + 'static {
+    move |task| {
+        let (pool, script) = (pool.clone(), script.clone());
+        Box::pin(async move {
+            let key = format!("raw:bench:{{task-{task}}}");
+            let mut connection = pool.get().await.unwrap();
+            let reply: Vec<i64> = script
+                .key(&key)
+                .key(format!("{key}:s"))
+                .arg("")
+                .arg("log")
+                .arg(NEVER)
+                .arg(1_000_000)
+                .arg(1)
+                .invoke_async(&mut connection)
+                .await
+                .unwrap();
+            black_box(reply);
+        })
+    }
+}
+
+fn redis_store(c: &mut Criterion) {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let _guard = runtime.enter();
+    let policy = Arc::new(Policy::new("bench", NEVER, Duration::from_secs(1)));
+    let mut group = c.benchmark_group("redis_store");
+    group.throughput(Throughput::Elements(1));
+    group.measurement_time(Duration::from_secs(4));
+    for tasks in [1usize, 16, 64] {
+        let pool = server.pool(tasks);
+        let store = RedisStore::builder(pool.clone())
+            .timeout(Duration::from_secs(1))
+            .build();
+        let keys: Arc<Vec<Key>> =
+            Arc::new((0..tasks).map(|t| Key::new(format!("task-{t}"))).collect());
+        group.bench_function(format!("slidegate/{tasks}_tasks"), |b| {
+            b.to_async(&runtime).iter_custom(|iters| {
+                let (store, keys, policy) = (store.clone(), keys.clone(), policy.clone());
+                concurrently(tasks, iters, move |task| {
+                    let check = Check::new(&policy, keys[task].clone());
+                    let future = store.check(&[check]);
+                    async move {
+                        black_box(future.await.unwrap());
+                    }
+                })
+            });
+        });
+        let script = Arc::new(Script::new(include_str!("../lua/check.lua")));
+        group.bench_function(format!("raw_evalsha/{tasks}_tasks"), |b| {
+            b.to_async(&runtime).iter_custom(|iters| {
+                concurrently(tasks, iters, raw_evalsha(pool.clone(), script.clone()))
+            });
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, memory_store, redis_store);
+criterion_main!(benches);
