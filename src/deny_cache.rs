@@ -8,13 +8,14 @@ use std::time::Duration;
 use quick_cache::sync::Cache;
 
 use crate::clock::{Clock, SystemClock, duration_micros};
+use crate::response::TooManyBody;
 use crate::{Algorithm, Check, Decision, Key};
 
 /// Entries a layer's deny cache holds by default.
 pub(crate) const DEFAULT_CAPACITY: usize = 10_000;
 
 /// What a store said when it denied a client under one policy.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Denial {
     /// Until when (µs) the request cannot fit: a lower bound on the store's
     /// own retry time, since it counts from before the request was sent.
@@ -25,6 +26,15 @@ struct Denial {
     window: Duration,
     cost: u32,
     algorithm: Algorithm,
+    body: Arc<TooManyBody>,
+}
+
+/// The still-denied checks of a batch, with what to answer them.
+#[derive(Debug, Default)]
+pub(crate) struct Denied {
+    pub(crate) checks: Vec<Check>,
+    pub(crate) decisions: Vec<Decision>,
+    pub(crate) bodies: Vec<Arc<TooManyBody>>,
 }
 
 /// A small bounded cache of denials, so that a client that keeps sending
@@ -101,9 +111,9 @@ impl DenyCache {
 
     /// The checks of the batch that are still denied, with their
     /// decisions, if any is: the request can be answered `429` now.
-    pub(crate) fn lookup(&self, checks: &[Check]) -> Option<(Vec<Check>, Vec<Decision>)> {
+    pub(crate) fn lookup(&self, checks: &[Check]) -> Option<Denied> {
         let now = self.now();
-        let mut denied: Option<(Vec<Check>, Vec<Decision>)> = None;
+        let mut denied: Option<Denied> = None;
         for check in checks {
             let key = (check.policy.clone(), check.key.clone());
             let Some(denial) = self.inner.entries.get(&key) else {
@@ -120,9 +130,10 @@ impl DenyCache {
             if !same {
                 continue;
             }
-            let (checks, decisions) = denied.get_or_insert_with(Default::default);
-            checks.push(check.clone());
-            decisions.push(Decision {
+            let denied = denied.get_or_insert_with(Denied::default);
+            denied.checks.push(check.clone());
+            denied.bodies.push(denial.body.clone());
+            denied.decisions.push(Decision {
                 admitted: false,
                 limit: check.limit,
                 remaining: denial.remaining,
@@ -147,6 +158,7 @@ impl DenyCache {
                 window: check.window,
                 cost: check.cost,
                 algorithm: check.algorithm,
+                body: Arc::new(TooManyBody::new(check)),
             };
             self.inner
                 .entries
@@ -185,10 +197,10 @@ mod tests {
         );
 
         clock.advance(SEC);
-        let (checks, decisions) = cache.lookup(std::slice::from_ref(&check)).unwrap();
-        assert_eq!(checks, std::slice::from_ref(&check));
-        assert_eq!(decisions[0].retry_after, Some(4 * SEC));
-        assert_eq!(decisions[0].remaining, 2);
+        let denied = cache.lookup(std::slice::from_ref(&check)).unwrap();
+        assert_eq!(denied.checks, std::slice::from_ref(&check));
+        assert_eq!(denied.decisions[0].retry_after, Some(4 * SEC));
+        assert_eq!(denied.decisions[0].remaining, 2);
 
         clock.advance(4 * SEC - Duration::from_micros(1));
         assert!(cache.lookup(std::slice::from_ref(&check)).is_some());
@@ -250,8 +262,8 @@ mod tests {
         };
         cache.remember(&[tight.clone(), loose.clone()], &[denied(SEC, 0), fits], 0);
         assert!(cache.lookup(std::slice::from_ref(&loose)).is_none());
-        let (checks, _) = cache.lookup(&[loose, tight.clone()]).unwrap();
-        assert_eq!(checks, [tight]);
+        let denied = cache.lookup(&[loose, tight.clone()]).unwrap();
+        assert_eq!(denied.checks, [tight]);
     }
 
     #[test]

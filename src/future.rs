@@ -27,6 +27,9 @@ use crate::{
 pub(crate) struct Pending<S, ReqBody> {
     pub(crate) inner: S,
     pub(crate) request: Request<ReqBody>,
+    /// Who the client is; put in the request's extensions only if the
+    /// request goes on to the inner service.
+    pub(crate) identity: Identity,
     /// The checks sent to the store (empty until a tier lookup ends).
     pub(crate) checks: Vec<Check>,
     /// Whether any policy of the request fails closed.
@@ -43,12 +46,13 @@ fn cached_denial(
     checks: &[Check],
     options: Options,
 ) -> Option<Response<Full<Bytes>>> {
-    let (checks, decisions) = cache.lookup(checks)?;
-    let denied = index_of_min(&decisions, |d| Reverse(d.retry_after));
+    let denied = cache.lookup(checks)?;
+    let index = index_of_min(&denied.decisions, |d| Reverse(d.retry_after));
     Some(too_many_requests(
-        &checks,
-        &decisions,
-        denied,
+        &denied.checks,
+        &denied.decisions,
+        index,
+        Some(&denied.bodies[index]),
         options.header_style,
         options.reset_format,
     ))
@@ -57,7 +61,7 @@ fn cached_denial(
 /// What a request waiting for its client's tier needs to build its checks.
 pub(crate) struct AwaitingTier {
     pub(crate) store: Arc<dyn Store>,
-    pub(crate) policies: Vec<Arc<Policy>>,
+    pub(crate) policies: Arc<[Arc<Policy>]>,
     pub(crate) key: Key,
 }
 
@@ -225,6 +229,7 @@ fn decide(
                 checks,
                 &decisions,
                 denied,
+                None,
                 options.header_style,
                 options.reset_format,
             ))
@@ -266,16 +271,15 @@ where
                         .iter()
                         .map(|policy| Check::for_tier(policy, key.clone(), tier.as_deref()))
                         .collect();
-                    if let Some(identity) = pending.request.extensions_mut().get_mut::<Identity>() {
-                        identity.tier = tier;
-                    }
+                    pending.identity.tier = tier;
                     this.state.set(State::checking(&*store, pending));
                 }
                 StateProj::Checking { check, pending } => {
                     let outcome = ready!(check.as_mut().poll(cx));
                     let Pending {
                         mut inner,
-                        request,
+                        mut request,
+                        identity,
                         checks,
                         fail_closed,
                         options,
@@ -284,10 +288,13 @@ where
                     } = pending.take().expect("polled after the check completed");
                     let cache = deny_cache.as_ref().map(|cache| (cache, sent_at));
                     let next = match decide(&checks, fail_closed, options, cache, outcome) {
-                        Next::Call(headers) => State::Calling {
-                            future: inner.call(request),
-                            headers,
-                        },
+                        Next::Call(headers) => {
+                            request.extensions_mut().insert(identity);
+                            State::Calling {
+                                future: inner.call(request),
+                                headers,
+                            }
+                        }
                         Next::Answer(response) => State::Answered {
                             response: Some(response),
                         },

@@ -1,6 +1,7 @@
 //! Policies: how much a client may spend, on which routes, and what happens
 //! when the store cannot answer.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -464,6 +465,93 @@ struct Scoped {
 pub struct Policies {
     scoped: Arc<[Scoped]>,
     default: Option<Arc<Policy>>,
+    selections: Arc<Selections>,
+}
+
+/// The answer of [`Policies::select`] for every route pattern and method,
+/// worked out once when the policies are built.
+#[derive(Debug, Default)]
+struct Selections {
+    by_pattern: HashMap<String, PatternSelections>,
+    /// For requests whose route no policy names.
+    elsewhere: Arc<[Arc<Policy>]>,
+}
+
+#[derive(Debug)]
+struct PatternSelections {
+    by_method: Vec<(Method, Arc<[Arc<Policy>]>)>,
+    other_methods: Arc<[Arc<Policy>]>,
+}
+
+impl Selections {
+    fn new(scoped: &[Scoped], default: Option<&Arc<Policy>>) -> Self {
+        let elsewhere = scoped
+            .iter()
+            .filter(|s| s.route.is_none())
+            .map(|s| s.policy.clone())
+            .chain(default.cloned())
+            .collect();
+        let mut by_pattern = HashMap::new();
+        for route in scoped.iter().filter_map(|s| s.route.as_ref()) {
+            if by_pattern.contains_key(&route.pattern) {
+                continue;
+            }
+            let mut methods: Vec<Method> = Vec::new();
+            for method in scoped
+                .iter()
+                .filter_map(|s| s.route.as_ref())
+                .filter(|r| r.pattern == route.pattern)
+                .filter_map(|r| r.method.as_ref())
+            {
+                if !methods.contains(method) {
+                    methods.push(method.clone());
+                }
+            }
+            // A method no route names stands for every such method.
+            let other = Method::from_bytes(b"SLIDEGATE-OTHER-METHOD").expect("a valid token");
+            let selections = PatternSelections {
+                by_method: methods
+                    .into_iter()
+                    .map(|m| {
+                        let selected = select_slowly(scoped, default, &m, &route.pattern);
+                        (m, selected.into())
+                    })
+                    .collect(),
+                other_methods: select_slowly(scoped, default, &other, &route.pattern).into(),
+            };
+            by_pattern.insert(route.pattern.clone(), selections);
+        }
+        Self {
+            by_pattern,
+            elsewhere,
+        }
+    }
+}
+
+/// Every policy whose route matches, in order, and the default when no
+/// route-scoped policy does.
+fn select_slowly(
+    scoped: &[Scoped],
+    default: Option<&Arc<Policy>>,
+    method: &Method,
+    path: &str,
+) -> Vec<Arc<Policy>> {
+    let mut selected = Vec::new();
+    let mut route_matched = false;
+    for scoped in scoped {
+        match &scoped.route {
+            Some(route) if route.matches(method, path) => {
+                route_matched = true;
+                selected.push(scoped.policy.clone());
+            }
+            Some(_) => {}
+            None => selected.push(scoped.policy.clone()),
+        }
+    }
+    if let (false, Some(default)) = (route_matched, default) {
+        selected.push(default.clone());
+    }
+    selected
 }
 
 impl Policies {
@@ -486,24 +574,18 @@ impl Policies {
     }
 
     /// The policies that apply to a request with `method` whose matched route
-    /// pattern (or, outside axum, path) is `path`.
-    pub fn select(&self, method: &Method, path: &str) -> Vec<Arc<Policy>> {
-        let mut selected = Vec::new();
-        let mut route_matched = false;
-        for scoped in self.scoped.iter() {
-            match &scoped.route {
-                Some(route) if route.matches(method, path) => {
-                    route_matched = true;
-                    selected.push(scoped.policy.clone());
-                }
-                Some(_) => {}
-                None => selected.push(scoped.policy.clone()),
-            }
+    /// pattern (or, outside axum, path) is `path`: a lookup in a table built
+    /// with the policies, whatever their number.
+    pub fn select(&self, method: &Method, path: &str) -> Arc<[Arc<Policy>]> {
+        match self.selections.by_pattern.get(path) {
+            Some(pattern) => pattern
+                .by_method
+                .iter()
+                .find(|(m, _)| m == method)
+                .map_or(&pattern.other_methods, |(_, selected)| selected)
+                .clone(),
+            None => self.selections.elsewhere.clone(),
         }
-        if let (false, Some(default)) = (route_matched, &self.default) {
-            selected.push(default.clone());
-        }
-        selected
     }
 
     /// Every policy in the set, default last.
@@ -607,9 +689,12 @@ impl PoliciesBuilder {
                 })
             })
             .collect::<Result<Vec<_>, PolicyError>>()?;
+        let default = self.default.map(Arc::new);
+        let selections = Arc::new(Selections::new(&scoped, default.as_ref()));
         Ok(Policies {
             scoped: scoped.into(),
-            default: self.default.map(Arc::new),
+            default,
+            selections,
         })
     }
 }
@@ -726,6 +811,37 @@ mod tests {
         assert_eq!(names(Method::GET, "/a"), ["a", "a-any"]);
         assert_eq!(names(Method::POST, "/a"), ["a-any"]);
         assert_eq!(names(Method::GET, "/b"), ["d"]);
+    }
+
+    #[test]
+    fn the_selection_table_agrees_with_matching_every_route() {
+        let policies = Policies::builder()
+            .route("GET /a", minute("get-a", 1))
+            .route("/a", minute("any-a", 1))
+            .route("POST /a", minute("post-a", 1))
+            .route("DELETE /b", minute("delete-b", 1))
+            .every_route(minute("quota", 1))
+            .default_policy(minute("d", 1))
+            .build()
+            .unwrap();
+        let names = |selected: &[Arc<Policy>]| -> Vec<String> {
+            selected.iter().map(|p| p.name().to_owned()).collect()
+        };
+        for method in [Method::GET, Method::POST, Method::DELETE, Method::PATCH] {
+            for path in ["/a", "/b", "/c", ""] {
+                let slow =
+                    select_slowly(&policies.scoped, policies.default.as_ref(), &method, path);
+                assert_eq!(
+                    names(&policies.select(&method, path)),
+                    names(&slow),
+                    "{method} {path}"
+                );
+            }
+        }
+        assert_eq!(
+            names(&policies.select(&Method::PATCH, "/b")),
+            ["quota", "d"]
+        );
     }
 
     #[test]

@@ -175,7 +175,6 @@ impl RateHeaders {
 
     /// Writes the fields into `headers`, replacing any of the same name.
     pub(crate) fn write(self, headers: &mut HeaderMap) {
-        headers.reserve(5);
         if let Some([limit, remaining, reset]) = self.x_ratelimit {
             headers.insert(X_RATELIMIT_LIMIT, limit);
             headers.insert(X_RATELIMIT_REMAINING, remaining);
@@ -195,8 +194,54 @@ fn problem(status: StatusCode, body: serde_json::Value) -> Response<Full<Bytes>>
 fn problem_body(status: StatusCode, body: String) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
+    // Room for the content type, Retry-After and every rate-limit header.
+    *response.headers_mut() = HeaderMap::with_capacity(8);
     response.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
     response
+}
+
+/// A 429 body for one policy's limits, but for its retry time: built once
+/// per denial and filled in per response. Written directly rather than
+/// through serde_json, since a flood of denied requests is the limiter's
+/// hot path; every part is JSON-safe as it is (policy names are ASCII
+/// letters, digits, `-` and `_`; humantime durations ASCII letters, digits
+/// and spaces).
+#[derive(Debug)]
+pub(crate) struct TooManyBody {
+    head: String,
+    middle: String,
+    tail: String,
+}
+
+impl TooManyBody {
+    pub(crate) fn new(check: &Check) -> Self {
+        let (policy, limit) = (&check.policy, check.limit);
+        let window = humantime::format_duration(check.window);
+        Self {
+            head: format!(
+                "{{\"type\":\"about:blank\",\"title\":\"Too Many Requests\",\"status\":429,\
+                 \"detail\":\"rate limit of {limit} per {window} reached for policy `{policy}`; \
+                 retry in "
+            ),
+            middle: format!(
+                " s\",\"policy\":\"{policy}\",\"limit\":{limit},\"window_seconds\":{},\
+                 \"retry_after_seconds\":",
+                seconds_value(check.window)
+            ),
+            tail: "}".to_owned(),
+        }
+    }
+
+    fn render(&self, retry_after: &HeaderValue) -> String {
+        let retry = retry_after.to_str().unwrap_or("0");
+        let mut body = String::with_capacity(
+            self.head.len() + self.middle.len() + self.tail.len() + 2 * retry.len(),
+        );
+        for part in [&*self.head, retry, &self.middle, retry, &self.tail] {
+            body.push_str(part);
+        }
+        body
+    }
 }
 
 fn seconds_value(duration: Duration) -> serde_json::Value {
@@ -215,33 +260,25 @@ pub(crate) fn retry_after_seconds(decision: &Decision) -> u64 {
 
 /// `429 Too Many Requests` for the check at `denied`, whose limits (the
 /// client's tier's, if it has one) the body reports.
+///
+/// `body` is the denying check's [`TooManyBody`] when the caller kept one.
 pub(crate) fn too_many_requests(
     checks: &[Check],
     decisions: &[Decision],
     denied: usize,
+    body: Option<&TooManyBody>,
     style: HeaderStyle,
     reset_format: ResetFormat,
 ) -> Response<Full<Bytes>> {
-    let check = &checks[denied];
     let retry_after = retry_after_seconds(&decisions[denied]);
-    // Written directly rather than through serde_json: a flood of denied
-    // requests is the limiter's hot path. Every part is JSON-safe as it is:
-    // policy names are ASCII letters, digits, `-` and `_`, and humantime
-    // durations ASCII letters, digits and spaces.
-    let (policy, limit) = (&check.policy, check.limit);
-    let window = humantime::format_duration(check.window);
-    let mut body = String::with_capacity(320);
-    let _ = write!(
-        body,
-        "{{\"type\":\"about:blank\",\"title\":\"Too Many Requests\",\"status\":429,\
-         \"detail\":\"rate limit of {limit} per {window} reached for policy `{policy}`; \
-         retry in {retry_after} s\",\"policy\":\"{policy}\",\"limit\":{limit},\
-         \"window_seconds\":{},\"retry_after_seconds\":{retry_after}}}",
-        seconds_value(check.window),
-    );
+    let retry_value = number_value(retry_after);
+    let body = match body {
+        Some(body) => body.render(&retry_value),
+        None => TooManyBody::new(&checks[denied]).render(&retry_value),
+    };
     let mut response = problem_body(StatusCode::TOO_MANY_REQUESTS, body);
     let headers = response.headers_mut();
-    headers.insert(RETRY_AFTER, number_value(retry_after));
+    headers.insert(RETRY_AFTER, retry_value);
     RateHeaders::new(
         checks,
         decisions,

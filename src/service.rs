@@ -101,7 +101,7 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let (mut parts, body) = request.into_parts();
+        let (parts, body) = request.into_parts();
         let shared = &*self.shared;
         let policies = shared.policies.select(&parts.method, route_path(&parts));
         if policies.is_empty() {
@@ -138,7 +138,6 @@ where
                 .collect(),
         };
         let key = identity.key.clone();
-        parts.extensions.insert(identity);
 
         // The clone may not be ready; the service that is ready goes with
         // this request (see tower-http's note on cloning inner services).
@@ -147,6 +146,7 @@ where
         let pending = Pending {
             inner,
             request: Request::from_parts(parts, body),
+            identity,
             checks,
             fail_closed,
             options: shared.options,
