@@ -91,14 +91,16 @@ fn memory_store_bytes_per_client() {
 fn measure_memory_store(only: &str) {
     for (name, algorithm) in ALGORITHMS.into_iter().filter(|(name, _)| *name == only) {
         let policy = Policy::new("m", 100, Duration::from_secs(3600)).algorithm(algorithm);
-        let keys: Vec<Key> = (0..CLIENTS).map(|i| Key::new(format!("client-{i}"))).collect();
+        let keys: Vec<Key> = (0..CLIENTS)
+            .map(|i| Key::new(format!("client-{i}")))
+            .collect();
         let before = resident_bytes();
         let store = MemoryStore::builder().max_keys(2 * CLIENTS).build();
         for key in &keys {
             let mut future = store.check(&[Check::new(&policy, key.clone())]);
-            let poll = future.as_mut().poll(&mut std::task::Context::from_waker(
-                std::task::Waker::noop(),
-            ));
+            let poll = future
+                .as_mut()
+                .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
             assert!(matches!(poll, std::task::Poll::Ready(Ok(_))));
         }
         let growth = resident_bytes().saturating_sub(before);

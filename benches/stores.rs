@@ -6,23 +6,21 @@
 //! cargo bench --bench stores
 //! ```
 
+mod common;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use std::future::Future;
 use std::hint::black_box;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use common::{NEVER, concurrently, raw_evalsha};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use slidegate::deadpool_redis::Pool;
 use slidegate::deadpool_redis::redis::Script;
 use slidegate::{Algorithm, Check, Key, MemoryStore, Policy, RedisStore, Store};
 use support::RedisServer;
 
-/// A limit no benchmark reaches: every decision admits and records.
-const NEVER: u32 = 1_000_000_000;
 const ALGORITHMS: [(&str, Algorithm); 3] = [
     ("sliding_log", Algorithm::SlidingLog),
     ("sliding_counter", Algorithm::SlidingCounter),
@@ -67,57 +65,6 @@ fn memory_store(c: &mut Criterion) {
         });
     }
     group.finish();
-}
-
-/// `iters` decisions spread over `tasks` tasks, each on its own key;
-/// returns the wall time.
-async fn concurrently<F, Fut>(tasks: usize, iters: u64, one: F) -> Duration
-where
-    F: Fn(usize) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = ()> + Send,
-{
-    let one = Arc::new(one);
-    let per_task = iters.div_ceil(tasks as u64);
-    let started = Instant::now();
-    let handles: Vec<_> = (0..tasks)
-        .map(|task| {
-            let one = one.clone();
-            tokio::spawn(async move {
-                for _ in 0..per_task {
-                    one(task).await;
-                }
-            })
-        })
-        .collect();
-    for handle in handles {
-        handle.await.unwrap();
-    }
-    started.elapsed()
-}
-
-fn raw_evalsha(
-    pool: Pool,
-    script: Arc<Script>,
-) -> impl Fn(usize) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync + 'static {
-    move |task| {
-        let (pool, script) = (pool.clone(), script.clone());
-        Box::pin(async move {
-            let key = format!("raw:bench:{{task-{task}}}");
-            let mut connection = pool.get().await.unwrap();
-            let reply: Vec<i64> = script
-                .key(&key)
-                .key(format!("{key}:s"))
-                .arg("")
-                .arg("log")
-                .arg(NEVER)
-                .arg(1_000_000)
-                .arg(1)
-                .invoke_async(&mut connection)
-                .await
-                .unwrap();
-            black_box(reply);
-        })
-    }
 }
 
 fn redis_store(c: &mut Criterion) {

@@ -1,0 +1,67 @@
+//! What the store benchmarks share: running decisions over concurrent
+//! tasks, and the raw redis-rs baseline.
+
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::hint::black_box;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use slidegate::deadpool_redis::Pool;
+use slidegate::deadpool_redis::redis::Script;
+
+/// A limit no benchmark reaches: every decision admits and records.
+pub(crate) const NEVER: u32 = 1_000_000_000;
+
+/// `iters` decisions spread over `tasks` tasks, each on its own key;
+/// returns the wall time.
+pub(crate) async fn concurrently<F, Fut>(tasks: usize, iters: u64, one: F) -> Duration
+where
+    F: Fn(usize) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    let one = Arc::new(one);
+    let per_task = iters.div_ceil(tasks as u64);
+    let started = Instant::now();
+    let handles: Vec<_> = (0..tasks)
+        .map(|task| {
+            let one = one.clone();
+            tokio::spawn(async move {
+                for _ in 0..per_task {
+                    one(task).await;
+                }
+            })
+        })
+        .collect();
+    for handle in handles {
+        handle.await.unwrap();
+    }
+    started.elapsed()
+}
+
+pub(crate) fn raw_evalsha(
+    pool: Pool,
+    script: Arc<Script>,
+) -> impl Fn(usize) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync + 'static {
+    move |task| {
+        let (pool, script) = (pool.clone(), script.clone());
+        Box::pin(async move {
+            let key = format!("raw:bench:{{task-{task}}}");
+            let mut connection = pool.get().await.unwrap();
+            let reply: Vec<i64> = script
+                .key(&key)
+                .key(format!("{key}:s"))
+                .arg("")
+                .arg("log")
+                .arg(NEVER)
+                .arg(1_000_000)
+                .arg(1)
+                .invoke_async(&mut connection)
+                .await
+                .unwrap();
+            black_box(reply);
+        })
+    }
+}

@@ -1,0 +1,96 @@
+//! `RedisStore` beside a raw redis-rs `EVALSHA` loop of the same script,
+//! interleaved: ten rounds per concurrency, each running both (in
+//! alternating order) for the same number of decisions, so that the drift
+//! of a shared machine hits both alike. Prints each one's median decisions
+//! per second and the median of the per-round ratios.
+//!
+//! ```sh
+//! cargo bench --bench redis_ratio
+//! ```
+
+mod common;
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{NEVER, concurrently, raw_evalsha};
+use slidegate::deadpool_redis::redis::Script;
+use slidegate::{Check, Key, Policy, RedisStore, Store};
+use support::RedisServer;
+
+const ROUNDS: usize = 10;
+const DECISIONS: u64 = 4_000;
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+fn main() {
+    // `cargo test` runs benches once as tests, with `--bench` absent: skip.
+    if !std::env::args().any(|arg| arg == "--bench") {
+        return;
+    }
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let policy = Arc::new(Policy::new("bench", NEVER, Duration::from_secs(1)));
+    let script = Arc::new(Script::new(include_str!("../lua/check.lua")));
+    println!(
+        "| tasks | RedisStore decisions/s | raw EVALSHA decisions/s | ratio (median of rounds) |"
+    );
+    println!("|---:|---:|---:|---:|");
+    for tasks in [1usize, 16, 64] {
+        let pool = server.pool(tasks);
+        let store = RedisStore::builder(pool.clone())
+            .timeout(Duration::from_secs(1))
+            .build();
+        let keys: Arc<Vec<Key>> =
+            Arc::new((0..tasks).map(|t| Key::new(format!("task-{t}"))).collect());
+        let slidegate = || {
+            let (store, keys, policy) = (store.clone(), keys.clone(), policy.clone());
+            runtime.block_on(concurrently(tasks, DECISIONS, move |task| {
+                let future = store.check(&[Check::new(&policy, keys[task].clone())]);
+                async move {
+                    black_box(future.await.unwrap());
+                }
+            }))
+        };
+        let raw = || {
+            runtime.block_on(concurrently(
+                tasks,
+                DECISIONS,
+                raw_evalsha(pool.clone(), script.clone()),
+            ))
+        };
+        // Warm both up: connections, the script cache.
+        slidegate();
+        raw();
+        let (mut ours, mut theirs, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..ROUNDS {
+            let (a, b) = if round % 2 == 0 {
+                let a = slidegate();
+                (a, raw())
+            } else {
+                let b = raw();
+                (slidegate(), b)
+            };
+            let rate = |elapsed: Duration| DECISIONS as f64 / elapsed.as_secs_f64();
+            ours.push(rate(a));
+            theirs.push(rate(b));
+            ratios.push(rate(a) / rate(b));
+        }
+        println!(
+            "| {tasks} | {:.0} | {:.0} | {:.3} |",
+            median(ours),
+            median(theirs),
+            median(ratios)
+        );
+    }
+}
