@@ -215,13 +215,11 @@ fn invalid_tokens() -> Vec<Refused> {
     let body = b64(&claims("mallory"));
     let valid = hs256(&claims("mallory"));
     let (head_and_body, signature) = valid.rsplit_once('.').unwrap();
-    let mut tampered_signature = signature.to_owned();
-    let last = if tampered_signature.ends_with('A') {
-        "B"
-    } else {
-        "A"
-    };
-    tampered_signature.replace_range(tampered_signature.len() - 1.., last);
+    // Change the first character: its six bits are all signature bits (the
+    // last character's low bits are padding, and changing them makes the
+    // base64 itself invalid).
+    let first = if signature.starts_with('A') { "B" } else { "A" };
+    let tampered_signature = format!("{first}{}", &signature[1..]);
     let rsa_public_as_secret = EncodingKey::from_secret(&fixture("rsa_public.pem"));
     vec![
         refused("not a JWT", "abc".into(), "malformed"),
