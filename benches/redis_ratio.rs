@@ -12,13 +12,11 @@ mod common;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{NEVER, concurrently, raw_evalsha};
+use common::{concurrently, raw_evalsha, slidegate_checks, store_on, task_keys};
 use slidegate::deadpool_redis::redis::Script;
-use slidegate::{Check, Key, Policy, RedisStore, Store};
 use support::RedisServer;
 
 const ROUNDS: usize = 10;
@@ -40,7 +38,6 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let policy = Arc::new(Policy::new("bench", NEVER, Duration::from_secs(1)));
     let script = Arc::new(Script::new(include_str!("../lua/check.lua")));
     println!(
         "| tasks | RedisStore decisions/s | raw EVALSHA decisions/s | ratio (median of rounds) |"
@@ -48,19 +45,14 @@ fn main() {
     println!("|---:|---:|---:|---:|");
     for tasks in [1usize, 16, 64] {
         let pool = server.pool(tasks);
-        let store = RedisStore::builder(pool.clone())
-            .timeout(Duration::from_secs(1))
-            .build();
-        let keys: Arc<Vec<Key>> =
-            Arc::new((0..tasks).map(|t| Key::new(format!("task-{t}"))).collect());
+        let store = store_on(pool.clone());
+        let keys = task_keys(tasks);
         let slidegate = || {
-            let (store, keys, policy) = (store.clone(), keys.clone(), policy.clone());
-            runtime.block_on(concurrently(tasks, DECISIONS, move |task| {
-                let future = store.check(&[Check::new(&policy, keys[task].clone())]);
-                async move {
-                    black_box(future.await.unwrap());
-                }
-            }))
+            runtime.block_on(concurrently(
+                tasks,
+                DECISIONS,
+                slidegate_checks(store.clone(), keys.clone()),
+            ))
         };
         let raw = || {
             runtime.block_on(concurrently(

@@ -10,15 +10,14 @@ mod common;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use std::hint::black_box;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use common::{NEVER, concurrently, raw_evalsha};
+use common::{NEVER, concurrently, raw_evalsha, slidegate_checks, store_on, task_keys};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use slidegate::deadpool_redis::redis::Script;
-use slidegate::{Algorithm, Check, Key, MemoryStore, Policy, RedisStore, Store};
+use slidegate::{Algorithm, Check, Key, MemoryStore, Policy, Store};
 use support::RedisServer;
 
 const ALGORITHMS: [(&str, Algorithm); 3] = [
@@ -75,27 +74,16 @@ fn redis_store(c: &mut Criterion) {
         .build()
         .unwrap();
     let _guard = runtime.enter();
-    let policy = Arc::new(Policy::new("bench", NEVER, Duration::from_secs(1)));
     let mut group = c.benchmark_group("redis_store");
     group.throughput(Throughput::Elements(1));
     group.measurement_time(Duration::from_secs(4));
     for tasks in [1usize, 16, 64] {
         let pool = server.pool(tasks);
-        let store = RedisStore::builder(pool.clone())
-            .timeout(Duration::from_secs(1))
-            .build();
-        let keys: Arc<Vec<Key>> =
-            Arc::new((0..tasks).map(|t| Key::new(format!("task-{t}"))).collect());
+        let store = store_on(pool.clone());
+        let keys = task_keys(tasks);
         group.bench_function(format!("slidegate/{tasks}_tasks"), |b| {
             b.to_async(&runtime).iter_custom(|iters| {
-                let (store, keys, policy) = (store.clone(), keys.clone(), policy.clone());
-                concurrently(tasks, iters, move |task| {
-                    let check = Check::new(&policy, keys[task].clone());
-                    let future = store.check(&[check]);
-                    async move {
-                        black_box(future.await.unwrap());
-                    }
-                })
+                concurrently(tasks, iters, slidegate_checks(store.clone(), keys.clone()))
             });
         });
         let script = Arc::new(Script::new(include_str!("../lua/check.lua")));

@@ -210,7 +210,6 @@ fn problem_body(status: StatusCode, body: String) -> Response<Full<Bytes>> {
 pub(crate) struct TooManyBody {
     head: String,
     middle: String,
-    tail: String,
 }
 
 impl TooManyBody {
@@ -228,16 +227,14 @@ impl TooManyBody {
                  \"retry_after_seconds\":",
                 seconds_value(check.window)
             ),
-            tail: "}".to_owned(),
         }
     }
 
     fn render(&self, retry_after: &HeaderValue) -> String {
         let retry = retry_after.to_str().unwrap_or("0");
-        let mut body = String::with_capacity(
-            self.head.len() + self.middle.len() + self.tail.len() + 2 * retry.len(),
-        );
-        for part in [&*self.head, retry, &self.middle, retry, &self.tail] {
+        let mut body =
+            String::with_capacity(self.head.len() + self.middle.len() + 2 * retry.len() + 1);
+        for part in [&*self.head, retry, &self.middle, retry, "}"] {
             body.push_str(part);
         }
         body

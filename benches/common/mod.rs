@@ -1,5 +1,5 @@
 //! What the store benchmarks share: running decisions over concurrent
-//! tasks, and the raw redis-rs baseline.
+//! tasks, slidegate's `RedisStore` and the raw redis-rs baseline.
 
 #![allow(dead_code)]
 
@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use slidegate::deadpool_redis::Pool;
 use slidegate::deadpool_redis::redis::Script;
+use slidegate::{Check, Key, Policy, RedisStore, Store};
 
 /// A limit no benchmark reaches: every decision admits and records.
 pub(crate) const NEVER: u32 = 1_000_000_000;
@@ -39,6 +40,33 @@ where
         handle.await.unwrap();
     }
     started.elapsed()
+}
+
+/// A `RedisStore` on `pool`, with a timeout no benchmark reaches.
+pub(crate) fn store_on(pool: Pool) -> RedisStore {
+    RedisStore::builder(pool)
+        .timeout(Duration::from_secs(1))
+        .build()
+}
+
+/// One key per task.
+pub(crate) fn task_keys(tasks: usize) -> Arc<Vec<Key>> {
+    Arc::new((0..tasks).map(|t| Key::new(format!("task-{t}"))).collect())
+}
+
+/// One decision for task `task` on its own key through `store`, under a
+/// policy that never denies: what `raw_evalsha` runs, through slidegate.
+pub(crate) fn slidegate_checks(
+    store: RedisStore,
+    keys: Arc<Vec<Key>>,
+) -> impl Fn(usize) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync + 'static {
+    let policy = Policy::new("bench", NEVER, Duration::from_secs(1));
+    move |task| {
+        let future = store.check(&[Check::new(&policy, keys[task].clone())]);
+        Box::pin(async move {
+            black_box(future.await.unwrap());
+        })
+    }
 }
 
 pub(crate) fn raw_evalsha(

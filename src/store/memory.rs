@@ -50,6 +50,13 @@ impl Spent {
         }
     }
 
+    /// A new state for `check`'s pair, brought up to `now`.
+    fn fresh(now: u64, check: &Check) -> Self {
+        let mut spent = Self::new(check.algorithm);
+        spent.prepare(now, check);
+        spent
+    }
+
     /// Brings the state up to `now` for `check` (starting afresh if the
     /// policy changed algorithm) and says whether its cost fits.
     fn prepare(&mut self, now: u64, check: &Check) -> bool {
@@ -131,28 +138,24 @@ impl Shard {
             .map(|entry| &entry.spent)
     }
 
-    /// The state of `check`'s pair, made room for and inserted if new.
-    fn get_or_insert(
+    /// Makes room for `check`'s pair, which is not tracked yet, and tracks
+    /// it, brought up to `now`.
+    fn insert(
         &mut self,
         hash: u64,
         check: &Check,
         now: u64,
         inner: &Inner,
     ) -> Result<&mut Spent, StoreError> {
-        if self.get(hash, check).is_none() {
-            make_room(self, now, inner)?;
-            self.logs.insert_unique(
-                hash,
-                Entry {
-                    hash,
-                    policy: check.policy.clone(),
-                    key: check.key.clone(),
-                    spent: Spent::new(check.algorithm),
-                },
-                |entry| entry.hash,
-            );
-        }
-        Ok(self.get_mut(hash, check).expect("present or just inserted"))
+        make_room(self, now, inner)?;
+        let entry = Entry {
+            hash,
+            policy: check.policy.clone(),
+            key: check.key.clone(),
+            spent: Spent::fresh(now, check),
+        };
+        let inserted = self.logs.insert_unique(hash, entry, |entry| entry.hash);
+        Ok(&mut inserted.into_mut().spent)
     }
 }
 
@@ -255,18 +258,19 @@ impl MemoryStore {
         let now = inner.clock.now_micros();
         let hash = self.hash_of(check);
         let mut shard = lock(&inner.shards[Self::shard_of(hash)]);
-        let fits = match shard.get_mut(hash, check) {
-            Some(spent) => spent.prepare(now, check),
-            None => check.cost <= check.limit,
-        };
-        if fits {
-            let spent = shard.get_or_insert(hash, check, now, inner)?;
-            spent.prepare(now, check);
-            spent.record(now, check.cost);
-            Ok(spent.decision(now, check, true))
-        } else {
-            Ok(denied(shard.get(hash, check), now, check))
+        if let Some(spent) = shard.get_mut(hash, check) {
+            let admitted = spent.prepare(now, check);
+            if admitted {
+                spent.record(now, check.cost);
+            }
+            return Ok(spent.decision(now, check, admitted));
         }
+        if check.cost > check.limit {
+            return Ok(denied(None, now, check));
+        }
+        let spent = shard.insert(hash, check, now, inner)?;
+        spent.record(now, check.cost);
+        Ok(spent.decision(now, check, true))
     }
 
     fn check_batch(&self, checks: &[Check]) -> Result<Vec<Decision>, StoreError> {
@@ -296,7 +300,10 @@ impl MemoryStore {
             // Make room for every new pair before recording any, so a full
             // store refuses the batch whole.
             for (check, &hash) in checks.iter().zip(&hashes) {
-                guards[guard_of(hash)].get_or_insert(hash, check, now, inner)?;
+                let shard = &mut guards[guard_of(hash)];
+                if shard.get(hash, check).is_none() {
+                    shard.insert(hash, check, now, inner)?;
+                }
             }
         }
         Ok(checks
@@ -306,7 +313,6 @@ impl MemoryStore {
                 let shard = &mut guards[guard_of(hash)];
                 if all_fit {
                     let spent = shard.get_mut(hash, check).expect("inserted above");
-                    spent.prepare(now, check);
                     spent.record(now, check.cost);
                     spent.decision(now, check, true)
                 } else {
@@ -322,11 +328,7 @@ impl MemoryStore {
 fn denied(spent: Option<&Spent>, now: u64, check: &Check) -> Decision {
     match spent {
         Some(spent) => spent.decision(now, check, false),
-        None => {
-            let mut empty = Spent::new(check.algorithm);
-            empty.prepare(now, check);
-            empty.decision(now, check, false)
-        }
+        None => Spent::fresh(now, check).decision(now, check, false),
     }
 }
 

@@ -154,12 +154,11 @@ impl RedisStore {
 }
 
 /// One script call, prepared from the borrowed checks: the keys and
-/// arguments in the script's order, and the limits to report.
+/// arguments in the script's order.
 struct Call {
     keys: Vec<String>,
     /// Per policy: algorithm, limit, window in µs, cost.
     args: Vec<(&'static str, u32, u64, u32)>,
-    limits: Vec<u32>,
 }
 
 impl RedisStore {
@@ -167,7 +166,6 @@ impl RedisStore {
         let mut call = Call {
             keys: Vec::with_capacity(checks.len() * 2),
             args: Vec::with_capacity(checks.len()),
-            limits: checks.iter().map(|c| c.limit).collect(),
         };
         for check in checks {
             let key = self.base_key(check);
@@ -226,7 +224,7 @@ impl Inner {
             }
         }
         .map_err(|error| StoreError::Backend(error.into()))?;
-        decisions(&call.limits, &values)
+        decisions(&call.args, &values)
     }
 }
 
@@ -248,19 +246,24 @@ async fn invoke<C: Pooled>(
     reply
 }
 
-fn decisions(limits: &[u32], values: &[i64]) -> Result<Vec<Decision>, StoreError> {
-    if values.len() != limits.len() * 4 {
+/// The script's four integers per policy as decisions, for the policies
+/// of `args`.
+fn decisions(
+    args: &[(&'static str, u32, u64, u32)],
+    values: &[i64],
+) -> Result<Vec<Decision>, StoreError> {
+    if values.len() != args.len() * 4 {
         return Err(StoreError::Protocol(format!(
             "expected {} integers, got {}",
-            limits.len() * 4,
+            args.len() * 4,
             values.len()
         )));
     }
     let micros = |v: i64| Duration::from_micros(u64::try_from(v).unwrap_or(0));
-    Ok(limits
+    Ok(args
         .iter()
         .zip(values.chunks_exact(4))
-        .map(|(&limit, v)| Decision {
+        .map(|(&(_, limit, _, _), v)| Decision {
             admitted: v[0] == 1,
             limit,
             remaining: u32::try_from(v[1]).unwrap_or(0),
