@@ -398,3 +398,28 @@ async fn memory_store_bounds_tracked_keys() {
     s.advance(60 * SEC);
     assert!(s.try_check(&[&policy], "newcomer").await.is_ok());
 }
+
+/// Redis expires keys on its own clock, which keeps running while a fake
+/// clock stands still: counts written at an injected time must not vanish
+/// before that time says their window is over.
+#[tokio::test]
+async fn redis_keeps_counts_while_its_own_clock_runs_ahead_of_an_injected_one() {
+    let s = redis();
+    let log = Policy::new("still-log", 2, Duration::from_millis(2));
+    let counter = Policy::new("still-counter", 2, Duration::from_millis(2))
+        .algorithm(Algorithm::SlidingCounter);
+    let fixed = Policy::new("still-fixed", 2, SEC).algorithm(Algorithm::FixedWindow);
+    // 500 µs before the fixed window's end: its exact TTL would be 1 ms.
+    s.advance(SEC - Duration::from_micros(500));
+    for policy in [&log, &counter, &fixed] {
+        let mut spend = Check::new(policy, Key::new("still"));
+        spend.cost = 2;
+        assert!(s.store.check(&[spend]).await.unwrap()[0].admitted);
+    }
+    // Real time passes well beyond every exact TTL; the fake clock does not.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for policy in [&log, &counter, &fixed] {
+        let d = s.one(policy, "still").await;
+        assert!(!d.admitted, "{} forgot its count: {d:?}", policy.name());
+    }
+}

@@ -407,7 +407,9 @@ impl RedisStoreBuilder {
     /// **For tests only:** passes `clock`'s time to the script instead of
     /// letting it read Redis's `TIME`, so window edges can be tested
     /// deterministically. Production stores must not set this: it would
-    /// make application servers' clocks part of the limit.
+    /// make application servers' clocks part of the limit. Because Redis
+    /// still expires keys on its own clock, keys written at a given time
+    /// live a minute longer than their windows need.
     ///
     /// ```no_run
     /// # fn demo(pool: slidegate::deadpool_redis::Pool) {

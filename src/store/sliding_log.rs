@@ -1,5 +1,5 @@
 //! The exact sliding-window log kept by [`MemoryStore`](super::MemoryStore),
-//! the in-process twin of `lua/sliding_log.lua`.
+//! the in-process twin of the log in `lua/check.lua`.
 
 use std::collections::VecDeque;
 use std::time::Duration;
