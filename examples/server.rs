@@ -7,6 +7,7 @@
 //! cargo run --example server -- --config my.toml --bind 127.0.0.1:8080
 //! ```
 
+use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -39,6 +40,7 @@ async fn main() -> ExitCode {
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
+        .with_ansi(std::io::stdout().is_terminal())
         .init();
     match run(Args::parse()).await {
         Ok(()) => ExitCode::SUCCESS,
