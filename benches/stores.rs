@@ -11,7 +11,6 @@ mod common;
 mod support;
 
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use common::{NEVER, concurrently, raw_evalsha, slidegate_checks, store_on, task_keys};
@@ -27,13 +26,9 @@ const ALGORITHMS: [(&str, Algorithm); 3] = [
 ];
 
 fn decide_now(store: &MemoryStore, check: Check) -> bool {
-    let mut future = store.check(&[check]);
-    match future
-        .as_mut()
-        .poll(&mut Context::from_waker(Waker::noop()))
-    {
-        Poll::Ready(decisions) => decisions.unwrap()[0].admitted,
-        Poll::Pending => unreachable!("the memory store decides at once"),
+    match store.check(&[check]).into_ready() {
+        Ok(decisions) => decisions.unwrap()[0].admitted,
+        Err(_) => unreachable!("the memory store decides at once"),
     }
 }
 

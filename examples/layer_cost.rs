@@ -55,7 +55,9 @@ async fn main() {
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(300_000);
-    let mut service = app(&variant).into_service::<Body>();
+    // As `axum::serve` does: routes are made into services once, not per
+    // request.
+    let mut service = app(&variant).with_state(()).into_service::<Body>();
     let peer: SocketAddr = "127.0.0.1:5000".parse().expect("an address");
     let started = Instant::now();
     for _ in 0..requests {

@@ -1,11 +1,13 @@
 //! [`DenyCache`]: answering a denied client locally until its retry time,
 //! without a store round trip.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use quick_cache::sync::Cache;
+use smallvec::SmallVec;
 
 use crate::clock::{Clock, SystemClock, duration_micros};
 use crate::response::TooManyBody;
@@ -29,12 +31,14 @@ struct Denial {
     body: Arc<TooManyBody>,
 }
 
-/// The still-denied checks of a batch, with what to answer them.
-#[derive(Debug, Default)]
-pub(crate) struct Denied {
-    pub(crate) checks: Vec<Check>,
-    pub(crate) decisions: Vec<Decision>,
-    pub(crate) bodies: Vec<Arc<TooManyBody>>,
+/// The still-denied checks of a batch, with what to answer them. A batch
+/// of one or two policies, all still denied, is answered without an
+/// allocation: a flood from a denied client is the cache's hot path.
+#[derive(Debug)]
+pub(crate) struct Denied<'a> {
+    pub(crate) checks: Cow<'a, [Check]>,
+    pub(crate) decisions: SmallVec<[Decision; 2]>,
+    pub(crate) bodies: SmallVec<[Arc<TooManyBody>; 2]>,
 }
 
 /// A small bounded cache of denials, so that a client that keeps sending
@@ -111,10 +115,12 @@ impl DenyCache {
 
     /// The checks of the batch that are still denied, with their
     /// decisions, if any is: the request can be answered `429` now.
-    pub(crate) fn lookup(&self, checks: &[Check]) -> Option<Denied> {
+    pub(crate) fn lookup<'a>(&self, checks: &'a [Check]) -> Option<Denied<'a>> {
         let now = self.now();
-        let mut denied: Option<Denied> = None;
-        for check in checks {
+        let mut denied_at: SmallVec<[usize; 2]> = SmallVec::new();
+        let mut decisions = SmallVec::new();
+        let mut bodies = SmallVec::new();
+        for (index, check) in checks.iter().enumerate() {
             let key = (check.policy.clone(), check.key.clone());
             let Some(denial) = self.inner.entries.get(&key) else {
                 continue;
@@ -130,10 +136,9 @@ impl DenyCache {
             if !same {
                 continue;
             }
-            let denied = denied.get_or_insert_with(Denied::default);
-            denied.checks.push(check.clone());
-            denied.bodies.push(denial.body.clone());
-            denied.decisions.push(Decision {
+            denied_at.push(index);
+            bodies.push(denial.body.clone());
+            decisions.push(Decision {
                 admitted: false,
                 limit: check.limit,
                 remaining: denial.remaining,
@@ -141,7 +146,19 @@ impl DenyCache {
                 retry_after: Some(Duration::from_micros(denial.until - now)),
             });
         }
-        denied
+        if denied_at.is_empty() {
+            return None;
+        }
+        let checks = if denied_at.len() == checks.len() {
+            Cow::Borrowed(checks)
+        } else {
+            Cow::Owned(denied_at.iter().map(|&i| checks[i].clone()).collect())
+        };
+        Some(Denied {
+            checks,
+            decisions,
+            bodies,
+        })
     }
 
     /// Remembers the policies that denied a batch sent at `sent_at`.
@@ -262,8 +279,9 @@ mod tests {
         };
         cache.remember(&[tight.clone(), loose.clone()], &[denied(SEC, 0), fits], 0);
         assert!(cache.lookup(std::slice::from_ref(&loose)).is_none());
-        let denied = cache.lookup(&[loose, tight.clone()]).unwrap();
-        assert_eq!(denied.checks, [tight]);
+        let batch = [loose, tight.clone()];
+        let denied = cache.lookup(&batch).unwrap();
+        assert_eq!(&*denied.checks, [tight]);
     }
 
     #[test]

@@ -17,7 +17,7 @@ use crate::layer::Options;
 use crate::response::{
     RateHeaders, client_unidentified, invalid_credentials, limiter_unavailable, too_many_requests,
 };
-use crate::store::{CheckFuture, StoreError};
+use crate::store::{CheckFuture, CheckOutcome, StoreError};
 use crate::{
     Check, Decision, DenyCache, Identity, Key, KeyRejection, Policy, ResponseBody, Store,
     TierFuture,
@@ -166,9 +166,39 @@ where
             }
             pending.sent_at = cache.now();
         }
-        Self::Checking {
-            check: store.check(&pending.checks),
-            pending: Some(pending),
+        match store.check(&pending.checks).into_ready() {
+            Ok(outcome) => Self::decided(pending, outcome),
+            Err(check) => Self::Checking {
+                check,
+                pending: Some(pending),
+            },
+        }
+    }
+
+    /// Calls the inner service or answers for it, as the store decided.
+    fn decided(pending: Pending<S, ReqBody>, outcome: CheckOutcome) -> Self {
+        let Pending {
+            mut inner,
+            mut request,
+            identity,
+            checks,
+            fail_closed,
+            options,
+            deny_cache,
+            sent_at,
+        } = pending;
+        let cache = deny_cache.as_ref().map(|cache| (cache, sent_at));
+        match decide(&checks, fail_closed, options, cache, outcome) {
+            Next::Call(headers) => {
+                request.extensions_mut().insert(identity);
+                Self::Calling {
+                    future: inner.call(request),
+                    headers,
+                }
+            }
+            Next::Answer(response) => Self::Answered {
+                response: Some(response),
+            },
         }
     }
 }
@@ -193,7 +223,7 @@ fn decide(
     fail_closed: bool,
     options: Options,
     deny_cache: Option<(&DenyCache, u64)>,
-    outcome: Result<Vec<Decision>, StoreError>,
+    outcome: CheckOutcome,
 ) -> Next {
     let decisions = outcome.and_then(|decisions| {
         if decisions.len() == checks.len() {
@@ -275,31 +305,9 @@ where
                     this.state.set(State::checking(&*store, pending));
                 }
                 StateProj::Checking { check, pending } => {
-                    let outcome = ready!(check.as_mut().poll(cx));
-                    let Pending {
-                        mut inner,
-                        mut request,
-                        identity,
-                        checks,
-                        fail_closed,
-                        options,
-                        deny_cache,
-                        sent_at,
-                    } = pending.take().expect("polled after the check completed");
-                    let cache = deny_cache.as_ref().map(|cache| (cache, sent_at));
-                    let next = match decide(&checks, fail_closed, options, cache, outcome) {
-                        Next::Call(headers) => {
-                            request.extensions_mut().insert(identity);
-                            State::Calling {
-                                future: inner.call(request),
-                                headers,
-                            }
-                        }
-                        Next::Answer(response) => State::Answered {
-                            response: Some(response),
-                        },
-                    };
-                    this.state.set(next);
+                    let outcome = ready!(Pin::new(check).poll(cx));
+                    let pending = pending.take().expect("polled after the check completed");
+                    this.state.set(State::decided(pending, outcome));
                 }
                 StateProj::Calling { future, headers } => {
                     let mut response = ready!(future.poll(cx))?;

@@ -66,7 +66,9 @@ pub use response::{
     X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
 };
 pub use service::RateLimit;
-pub use store::{Check, CheckFuture, MemoryStore, MemoryStoreBuilder, Store, StoreError};
+pub use store::{
+    Check, CheckFuture, CheckOutcome, MemoryStore, MemoryStoreBuilder, Store, StoreError,
+};
 #[cfg(feature = "redis")]
 pub use store::{RedisPool, RedisStore, RedisStoreBuilder};
 pub use tier::{TierFuture, TierLookup};

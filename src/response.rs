@@ -107,7 +107,9 @@ pub(crate) fn number_value(n: u64) -> HeaderValue {
     });
     match usize::try_from(n) {
         Ok(index) if n < CACHED_NUMBERS => NUMBERS[index].clone(),
-        _ => HeaderValue::from(n),
+        // Formatted on the stack and copied once (`From<u64>` allocates twice).
+        _ => HeaderValue::from_str(itoa::Buffer::new().format(n))
+            .expect("decimal digits are a valid header value"),
     }
 }
 
@@ -342,6 +344,21 @@ pub(crate) fn client_unidentified() -> Response<Full<Bytes>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn number_values_match_their_decimal_form_cached_or_not() {
+        for n in [
+            0,
+            1,
+            42,
+            CACHED_NUMBERS - 1,
+            CACHED_NUMBERS,
+            1_000_000_000,
+            u64::MAX,
+        ] {
+            assert_eq!(number_value(n), HeaderValue::from(n), "{n}");
+        }
+    }
 
     #[test]
     fn seconds_round_up() {

@@ -19,7 +19,6 @@
 
 mod support;
 
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use slidegate::{Algorithm, Check, Decision, FakeClock, Key, MemoryStore, Policy, Store};
@@ -45,15 +44,11 @@ const MAX_INDEPENDENT_WRONG: f64 = 0.095;
 /// another late in the next both count, for up to twice the limit.
 const MAX_OVERSHOOT: f64 = 2.0;
 
-/// A `MemoryStore` decision, without a runtime: its future is ready at once.
+/// A `MemoryStore` decision, without a runtime: its answer is ready at once.
 fn decide(store: &MemoryStore, check: Check) -> Decision {
-    let mut future = store.check(&[check]);
-    match future
-        .as_mut()
-        .poll(&mut Context::from_waker(Waker::noop()))
-    {
-        Poll::Ready(decisions) => decisions.expect("the memory store answers")[0],
-        Poll::Pending => unreachable!("the memory store decides at once"),
+    match store.check(&[check]).into_ready() {
+        Ok(decisions) => decisions.expect("the memory store answers")[0],
+        Err(_) => unreachable!("the memory store decides at once"),
     }
 }
 

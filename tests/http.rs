@@ -303,7 +303,7 @@ struct DownStore;
 
 impl Store for DownStore {
     fn check(&self, _checks: &[Check]) -> CheckFuture {
-        Box::pin(async { Err(StoreError::Timeout(Duration::from_millis(50))) })
+        CheckFuture::new(async { Err(StoreError::Timeout(Duration::from_millis(50))) })
     }
 }
 

@@ -356,7 +356,7 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 
 impl Store for MemoryStore {
     fn check(&self, checks: &[Check]) -> CheckFuture {
-        Box::pin(std::future::ready(self.check_now(checks)))
+        CheckFuture::ready(self.check_now(checks))
     }
 }
 

@@ -16,16 +16,83 @@ pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]
 pub use redis::{RedisPool, RedisStore, RedisStoreBuilder};
 
+use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use crate::{Algorithm, Decision, Key, Policy};
 
-/// The future a [`Store`] returns.
-pub type CheckFuture =
-    Pin<Box<dyn Future<Output = Result<Vec<Decision>, StoreError>> + Send + 'static>>;
+/// What a [`Store`] decided for a batch: one [`Decision`] per check.
+pub type CheckOutcome = Result<Vec<Decision>, StoreError>;
+
+/// The future a [`Store`] returns: either an answer already known, as from
+/// [`MemoryStore`], which costs no allocation and lets the layer go on
+/// without a second poll, or a boxed future, as from a network store.
+///
+/// ```
+/// use slidegate::{CheckFuture, StoreError};
+/// use std::time::Duration;
+///
+/// let known = CheckFuture::ready(Ok(Vec::new()));
+/// assert!(known.into_ready().is_ok());
+///
+/// let later = CheckFuture::new(async { Err(StoreError::Timeout(Duration::from_millis(50))) });
+/// assert!(later.into_ready().is_err(), "a boxed future is never taken as ready");
+/// ```
+#[must_use = "a store decides nothing until its future is polled"]
+pub struct CheckFuture(Answer);
+
+enum Answer {
+    Ready(Option<CheckOutcome>),
+    Later(Pin<Box<dyn Future<Output = CheckOutcome> + Send + 'static>>),
+}
+
+impl CheckFuture {
+    /// An answer known at once.
+    pub fn ready(outcome: CheckOutcome) -> Self {
+        Self(Answer::Ready(Some(outcome)))
+    }
+
+    /// An answer that comes later, from `future`.
+    pub fn new(future: impl Future<Output = CheckOutcome> + Send + 'static) -> Self {
+        Self(Answer::Later(Box::pin(future)))
+    }
+
+    /// The answer if it was known at once, or the future back.
+    pub fn into_ready(self) -> Result<CheckOutcome, Self> {
+        match self.0 {
+            Answer::Ready(Some(outcome)) => Ok(outcome),
+            answer => Err(Self(answer)),
+        }
+    }
+}
+
+impl Future for CheckFuture {
+    type Output = CheckOutcome;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<CheckOutcome> {
+        match &mut self.0 {
+            Answer::Ready(outcome) => {
+                Poll::Ready(outcome.take().expect("CheckFuture polled after completion"))
+            }
+            Answer::Later(future) => future.as_mut().poll(cx),
+        }
+    }
+}
+
+impl fmt::Debug for CheckFuture {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.0 {
+            Answer::Ready(Some(_)) => "ready",
+            Answer::Ready(None) => "taken",
+            Answer::Later(_) => "later",
+        };
+        f.debug_tuple("CheckFuture").field(&state).finish()
+    }
+}
 
 /// One policy to check for one client, as part of a request's batch.
 #[derive(Debug, Clone, PartialEq, Eq)]

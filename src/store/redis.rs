@@ -338,7 +338,7 @@ impl Store for RedisStore {
     fn check(&self, checks: &[Check]) -> CheckFuture {
         let call = self.prepare(checks);
         let inner = self.inner.clone();
-        Box::pin(async move {
+        CheckFuture::new(async move {
             let timeout = inner.timeout;
             tokio::time::timeout(timeout, inner.run(call))
                 .await
