@@ -155,6 +155,8 @@ impl Check {
 /// and its cost is recorded in all of them, or none records anything. It
 /// returns one [`Decision`] per check, in order. Implementations bound their
 /// own latency (a hung backend must become an error, not a hung request).
+/// A store that decides in process answers with [`CheckFuture::ready`]; one
+/// that waits on the network, with [`CheckFuture::new`].
 pub trait Store: Send + Sync + 'static {
     /// Decides and, when admitted, records the batch. The checks are
     /// borrowed: a store whose answer comes later copies what it needs.
