@@ -14,8 +14,10 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use crate::layer::Options;
+use crate::limited::LimitedResponse;
 use crate::response::{
-    RateHeaders, client_unidentified, invalid_credentials, limiter_unavailable, too_many_requests,
+    LimitedBody, RateHeaders, client_unidentified, invalid_credentials, limiter_unavailable,
+    too_many_requests,
 };
 use crate::store::{CheckFuture, CheckOutcome, StoreError};
 use crate::{
@@ -36,6 +38,7 @@ pub(crate) struct Pending<S, ReqBody> {
     pub(crate) fail_closed: bool,
     pub(crate) options: Options,
     pub(crate) deny_cache: Option<DenyCache>,
+    pub(crate) limited_response: Option<LimitedResponse>,
     /// When the checks went to the store, on the deny cache's clock.
     pub(crate) sent_at: u64,
 }
@@ -45,14 +48,19 @@ fn cached_denial(
     cache: &DenyCache,
     checks: &[Check],
     options: Options,
+    limited_response: Option<&LimitedResponse>,
 ) -> Option<Response<Full<Bytes>>> {
     let denied = cache.lookup(checks)?;
     let index = index_of_min(&denied.decisions, |d| Reverse(d.retry_after));
+    let body = limited_response.map_or(
+        LimitedBody::Template(&denied.bodies[index]),
+        LimitedBody::Custom,
+    );
     Some(too_many_requests(
         &denied.checks,
         &denied.decisions,
         index,
-        Some(&denied.bodies[index]),
+        body,
         options.header_style,
         options.reset_format,
     ))
@@ -159,7 +167,12 @@ where
     /// Sends the checks to the store, unless the deny cache answers.
     fn checking(store: &dyn Store, mut pending: Pending<S, ReqBody>) -> Self {
         if let Some(cache) = &pending.deny_cache {
-            if let Some(response) = cached_denial(cache, &pending.checks, pending.options) {
+            if let Some(response) = cached_denial(
+                cache,
+                &pending.checks,
+                pending.options,
+                pending.limited_response.as_ref(),
+            ) {
                 return Self::Answered {
                     response: Some(response),
                 };
@@ -185,10 +198,14 @@ where
             fail_closed,
             options,
             deny_cache,
+            limited_response,
             sent_at,
         } = pending;
         let cache = deny_cache.as_ref().map(|cache| (cache, sent_at));
-        match decide(&checks, fail_closed, options, cache, outcome) {
+        let limited_body = limited_response
+            .as_ref()
+            .map_or(LimitedBody::Problem, LimitedBody::Custom);
+        match decide(&checks, fail_closed, options, cache, limited_body, outcome) {
             Next::Call(headers) => {
                 request.extensions_mut().insert(identity);
                 Self::Calling {
@@ -223,6 +240,7 @@ fn decide(
     fail_closed: bool,
     options: Options,
     deny_cache: Option<(&DenyCache, u64)>,
+    limited_body: LimitedBody<'_>,
     outcome: CheckOutcome,
 ) -> Next {
     let decisions = outcome.and_then(|decisions| {
@@ -259,7 +277,7 @@ fn decide(
                 checks,
                 &decisions,
                 denied,
-                None,
+                limited_body,
                 options.header_style,
                 options.reset_format,
             ))

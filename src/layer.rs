@@ -5,9 +5,13 @@ use std::time::Duration;
 
 use tower_layer::Layer;
 
+use bytes::Bytes;
+use http::Response;
+
+use crate::limited::LimitedResponse;
 use crate::{
-    DenyCache, FailMode, HeaderStyle, KeyExtractor, Policies, RateLimit, ResetFormat, Store,
-    TierLookup,
+    DenyCache, FailMode, HeaderStyle, KeyExtractor, Limited, Policies, RateLimit, ResetFormat,
+    Store, TierLookup,
 };
 
 /// Settings the response future needs; small and `Copy`.
@@ -38,6 +42,7 @@ pub(crate) struct Shared {
     pub(crate) policies: Policies,
     pub(crate) tier_lookup: Option<Arc<dyn TierLookup>>,
     pub(crate) deny_cache: Option<DenyCache>,
+    pub(crate) limited_response: Option<LimitedResponse>,
     pub(crate) options: Options,
 }
 
@@ -89,6 +94,7 @@ impl RateLimitLayer {
                 keys: Arc::new(key_extractor),
                 policies,
                 tier_lookup: None,
+                limited_response: None,
                 options: Options::default(),
             }),
         }
@@ -173,6 +179,35 @@ impl RateLimitLayer {
     #[must_use]
     pub fn without_deny_cache(mut self) -> Self {
         Arc::make_mut(&mut self.shared).deny_cache = None;
+        self
+    }
+
+    /// Writes the `429` answer with `respond` instead of the default
+    /// `application/problem+json` body. The answer keeps its own headers
+    /// and body; its status is set to 429, and `Retry-After` and the
+    /// rate-limit headers are the limiter's, whatever it says.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use http::{Response, header::CONTENT_TYPE};
+    /// use slidegate::{Global, MemoryStore, Policies, Policy, RateLimitLayer};
+    /// use std::time::Duration;
+    ///
+    /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).limited_response(|limited| {
+    ///     let text = format!("slow down: try again in {} s\n", limited.retry_after().as_secs());
+    ///     Response::builder()
+    ///         .header(CONTENT_TYPE, "text/plain; charset=utf-8")
+    ///         .body(Bytes::from(text))
+    ///         .unwrap()
+    /// });
+    /// ```
+    #[must_use]
+    pub fn limited_response(
+        mut self,
+        respond: impl Fn(&Limited<'_>) -> Response<Bytes> + Send + Sync + 'static,
+    ) -> Self {
+        Arc::make_mut(&mut self.shared).limited_response = Some(Arc::new(respond));
         self
     }
 

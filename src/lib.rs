@@ -40,6 +40,7 @@ mod deny_cache;
 mod future;
 mod key;
 mod layer;
+mod limited;
 mod policy;
 mod response;
 mod service;
@@ -58,6 +59,7 @@ pub use key::{
 #[cfg(feature = "jwt")]
 pub use key::{JwtClaim, JwtClaimBuilder, JwtError};
 pub use layer::RateLimitLayer;
+pub use limited::Limited;
 pub use policy::{
     Algorithm, FailMode, Limits, Policies, PoliciesBuilder, Policy, PolicyError, Route, TierLimits,
 };

@@ -11,7 +11,8 @@ use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use http_body_util::Full;
 use serde_json::json;
 
-use crate::{Check, Decision, KeyRejection};
+use crate::limited::LimitedResponse;
+use crate::{Check, Decision, KeyRejection, Limited};
 
 /// `X-RateLimit-Limit`: units allowed per window.
 pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
@@ -257,25 +258,45 @@ pub(crate) fn retry_after_seconds(decision: &Decision) -> u64 {
     ceil_seconds(decision.retry_after.unwrap_or_default()).max(1)
 }
 
+/// What a `429` says in its body.
+pub(crate) enum LimitedBody<'a> {
+    /// The default problem+json body, built from the denying check.
+    Problem,
+    /// The default body, from a template kept with a cached denial.
+    Template(&'a TooManyBody),
+    /// The user's answer, from [`RateLimitLayer::limited_response`](crate::RateLimitLayer::limited_response).
+    Custom(&'a LimitedResponse),
+}
+
 /// `429 Too Many Requests` for the check at `denied`, whose limits (the
-/// client's tier's, if it has one) the body reports.
-///
-/// `body` is the denying check's [`TooManyBody`] when the caller kept one.
+/// client's tier's, if it has one) the body reports. A custom answer keeps
+/// its headers and body, but its status is 429 and its `Retry-After` and
+/// rate-limit headers are the limiter's, so they never disagree.
 pub(crate) fn too_many_requests(
     checks: &[Check],
     decisions: &[Decision],
     denied: usize,
-    body: Option<&TooManyBody>,
+    body: LimitedBody<'_>,
     style: HeaderStyle,
     reset_format: ResetFormat,
 ) -> Response<Full<Bytes>> {
     let retry_after = retry_after_seconds(&decisions[denied]);
     let retry_value = number_value(retry_after);
-    let body = match body {
-        Some(body) => body.render(&retry_value),
-        None => TooManyBody::new(&checks[denied]).render(&retry_value),
+    let mut response = match body {
+        LimitedBody::Problem => problem_body(
+            StatusCode::TOO_MANY_REQUESTS,
+            TooManyBody::new(&checks[denied]).render(&retry_value),
+        ),
+        LimitedBody::Template(template) => {
+            problem_body(StatusCode::TOO_MANY_REQUESTS, template.render(&retry_value))
+        }
+        LimitedBody::Custom(respond) => {
+            let limited = Limited::new(&checks[denied], &decisions[denied], retry_after);
+            let mut response = respond(&limited).map(Full::new);
+            *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+            response
+        }
     };
-    let mut response = problem_body(StatusCode::TOO_MANY_REQUESTS, body);
     let headers = response.headers_mut();
     headers.insert(RETRY_AFTER, retry_value);
     RateHeaders::new(

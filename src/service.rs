@@ -151,6 +151,7 @@ where
             fail_closed,
             options: shared.options,
             deny_cache: shared.deny_cache.clone(),
+            limited_response: shared.limited_response.clone(),
             sent_at: 0,
         };
         match lookup {

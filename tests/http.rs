@@ -11,12 +11,13 @@ use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::routing::{get, post};
+use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use slidegate::{
-    Check, CheckFuture, FailMode, FakeClock, Global, Header, HeaderStyle, Identity, KeyExtractor,
-    MemoryStore, PeerIp, Policies, Policy, RateLimit, RateLimitLayer, RedisStore, ResetFormat,
-    Store, StoreError,
+    Check, CheckFuture, DenyCache, FailMode, FakeClock, Global, Header, HeaderStyle, Identity,
+    KeyExtractor, Limited, MemoryStore, PeerIp, Policies, Policy, RateLimit, RateLimitLayer,
+    RedisStore, ResetFormat, Store, StoreError,
 };
 use tower::{ServiceExt, service_fn};
 
@@ -119,6 +120,81 @@ async fn retry_after_rounds_up_to_at_least_one_second() {
     assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(denied.header("retry-after"), Some("1"));
     assert_eq!(denied.json()["retry_after_seconds"], 1);
+}
+
+/// A layer whose 429 is plain text, and tries to set its own status and
+/// `Retry-After`, which the limiter overrides.
+fn plain_text_layer(store: MemoryStore, cache: Option<DenyCache>) -> RateLimitLayer {
+    let layer = RateLimitLayer::new(store, PeerIp::new(), demo_policies()).limited_response(
+        |limited: &Limited<'_>| {
+            let text = format!(
+                "{} allows {} per {} s; {} left; retry in {} s; you are {}",
+                limited.policy(),
+                limited.limit(),
+                limited.window().as_secs(),
+                limited.remaining(),
+                limited.retry_after().as_secs(),
+                limited.key(),
+            );
+            http::Response::builder()
+                .status(StatusCode::OK)
+                .header(http::header::CONTENT_TYPE, "text/plain; charset=utf-8")
+                .header(http::header::RETRY_AFTER, "0")
+                .header("x-served-by", "custom")
+                .body(Bytes::from(text))
+                .unwrap()
+        },
+    );
+    match cache {
+        Some(cache) => layer.deny_cache(cache),
+        None => layer,
+    }
+}
+
+#[tokio::test]
+async fn a_custom_429_keeps_its_body_but_not_a_wrong_status_or_retry_after() {
+    let clock = FakeClock::new(START);
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let cache = DenyCache::with_clock(100, clock.clone());
+    for cache in [None, Some(cache)] {
+        let app = routes().route_layer(plain_text_layer(store.clone(), cache.clone()));
+        let peer = if cache.is_some() {
+            "192.0.2.8:1"
+        } else {
+            "192.0.2.7:1"
+        };
+        for _ in 0..3 {
+            assert_eq!(
+                send(&app, get_from("/search", peer)).await.status,
+                StatusCode::OK
+            );
+        }
+        clock.advance(Duration::from_secs(4));
+        // The second denial comes from the deny cache when there is one.
+        for _ in 0..2 {
+            let denied = send(&app, get_from("/search", peer)).await;
+            assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+            assert_eq!(denied.header("retry-after"), Some("56"));
+            assert_eq!(denied.header("x-ratelimit-remaining"), Some("0"));
+            assert_eq!(
+                denied.header("content-type"),
+                Some("text/plain; charset=utf-8")
+            );
+            assert_eq!(denied.header("x-served-by"), Some("custom"));
+            let ip = peer.split(':').next().unwrap();
+            assert_eq!(
+                denied.body,
+                format!("search allows 3 per 60 s; 0 left; retry in 56 s; you are ip:{ip}")
+            );
+        }
+        if let Some(cache) = cache {
+            assert_eq!(
+                cache.len(),
+                1,
+                "the first denial was cached and answered the second"
+            );
+        }
+    }
 }
 
 #[tokio::test]

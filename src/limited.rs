@@ -1,0 +1,68 @@
+//! [`Limited`]: what a custom `429` answer is told about the denial.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Response;
+
+use crate::{Check, Decision, Key};
+
+/// Writes the `429` answer in place of the default problem+json one; set
+/// with [`RateLimitLayer::limited_response`](crate::RateLimitLayer::limited_response).
+pub(crate) type LimitedResponse = Arc<dyn Fn(&Limited<'_>) -> Response<Bytes> + Send + Sync>;
+
+/// A denied request, as a custom `429` answer sees it: the policy that
+/// denied it (the one the client waits for longest) and when to retry.
+#[derive(Debug)]
+pub struct Limited<'a> {
+    check: &'a Check,
+    decision: &'a Decision,
+    retry_after_seconds: u64,
+}
+
+impl<'a> Limited<'a> {
+    pub(crate) fn new(check: &'a Check, decision: &'a Decision, retry_after_seconds: u64) -> Self {
+        Self {
+            check,
+            decision,
+            retry_after_seconds,
+        }
+    }
+
+    /// The name of the policy that denied the request.
+    pub fn policy(&self) -> &str {
+        &self.check.policy
+    }
+
+    /// The client's key as the store sees it: API keys and other secret or
+    /// unsafe client material appear hashed.
+    pub fn key(&self) -> &Key {
+        &self.check.key
+    }
+
+    /// The policy's limit for this client's tier, in units per window.
+    pub fn limit(&self) -> u32 {
+        self.check.limit
+    }
+
+    /// The policy's window for this client's tier.
+    pub fn window(&self) -> Duration {
+        self.check.window
+    }
+
+    /// Units the request would have cost.
+    pub fn cost(&self) -> u32 {
+        self.check.cost
+    }
+
+    /// Units left in the window now.
+    pub fn remaining(&self) -> u32 {
+        self.decision.remaining
+    }
+
+    /// When to retry, in the whole seconds `Retry-After` carries.
+    pub fn retry_after(&self) -> Duration {
+        Duration::from_secs(self.retry_after_seconds)
+    }
+}
