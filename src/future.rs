@@ -13,11 +13,12 @@ use http_body_util::Full;
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
+use crate::cost::{self, CostAboveLimit, Costs};
 use crate::layer::Options;
 use crate::limited::LimitedResponse;
 use crate::response::{
-    LimitedBody, RateHeaders, client_unidentified, invalid_credentials, limiter_unavailable,
-    too_many_requests,
+    LimitedBody, RateHeaders, client_unidentified, cost_above_limit, invalid_credentials,
+    limiter_unavailable, too_many_requests,
 };
 use crate::store::{CheckFuture, CheckOutcome, StoreError};
 use crate::{
@@ -71,6 +72,7 @@ pub(crate) struct AwaitingTier {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) policies: Arc<[Arc<Policy>]>,
     pub(crate) key: Key,
+    pub(crate) costs: Option<Costs>,
 }
 
 pin_project! {
@@ -131,6 +133,10 @@ where
         Self::answered(invalid_credentials(rejection))
     }
 
+    pub(crate) fn cost_above_limit(denied: &CostAboveLimit) -> Self {
+        Self::answered(cost_above_limit(denied))
+    }
+
     pub(crate) fn checking(store: &dyn Store, pending: Pending<S, ReqBody>) -> Self {
         Self {
             state: State::checking(store, pending),
@@ -166,6 +172,10 @@ where
 {
     /// Sends the checks to the store, unless the deny cache answers.
     fn checking(store: &dyn Store, mut pending: Pending<S, ReqBody>) -> Self {
+        if pending.checks.is_empty() {
+            // The request costs nothing under any of its policies.
+            return Self::decided(pending, Ok(Vec::new()));
+        }
         if let Some(cache) = &pending.deny_cache {
             if let Some(response) = cached_denial(
                 cache,
@@ -255,6 +265,7 @@ fn decide(
         }
     });
     match decisions {
+        Ok(decisions) if decisions.is_empty() => Next::Call(None),
         Ok(decisions) if decisions.iter().all(|d| d.admitted) => {
             // Report the policy closest to denying.
             let reported = index_of_min(&decisions, |d| (d.remaining, Reverse(d.reset)));
@@ -313,14 +324,21 @@ where
                         store,
                         policies,
                         key,
+                        costs,
                     } = awaiting.take().expect("polled after the lookup completed");
                     let mut pending = pending.take().expect("polled after the lookup completed");
-                    pending.checks = policies
-                        .iter()
-                        .map(|policy| Check::for_tier(policy, key.clone(), tier.as_deref()))
-                        .collect();
-                    pending.identity.tier = tier;
-                    this.state.set(State::checking(&*store, pending));
+                    let next = match cost::checks(&policies, &key, tier.as_deref(), costs.as_ref())
+                    {
+                        Ok(checks) => {
+                            pending.checks = checks;
+                            pending.identity.tier = tier;
+                            State::checking(&*store, pending)
+                        }
+                        Err(denied) => State::Answered {
+                            response: Some(cost_above_limit(&denied)),
+                        },
+                    };
+                    this.state.set(next);
                 }
                 StateProj::Checking { check, pending } => {
                     let outcome = ready!(Pin::new(check).poll(cx));

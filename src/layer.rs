@@ -10,8 +10,8 @@ use http::Response;
 
 use crate::limited::LimitedResponse;
 use crate::{
-    DenyCache, FailMode, HeaderStyle, KeyExtractor, Limited, Policies, RateLimit, ResetFormat,
-    Store, TierLookup,
+    DenyCache, FailMode, HeaderStyle, KeyExtractor, Limited, Policies, RateLimit, RequestCost,
+    ResetFormat, Store, TierLookup,
 };
 
 /// Settings the response future needs; small and `Copy`.
@@ -43,6 +43,7 @@ pub(crate) struct Shared {
     pub(crate) tier_lookup: Option<Arc<dyn TierLookup>>,
     pub(crate) deny_cache: Option<DenyCache>,
     pub(crate) limited_response: Option<LimitedResponse>,
+    pub(crate) request_cost: Option<Arc<dyn RequestCost>>,
     pub(crate) options: Options,
 }
 
@@ -95,6 +96,7 @@ impl RateLimitLayer {
                 policies,
                 tier_lookup: None,
                 limited_response: None,
+                request_cost: None,
                 options: Options::default(),
             }),
         }
@@ -208,6 +210,26 @@ impl RateLimitLayer {
         respond: impl Fn(&Limited<'_>) -> Response<Bytes> + Send + Sync + 'static,
     ) -> Self {
         Arc::make_mut(&mut self.shared).limited_response = Some(Arc::new(respond));
+        self
+    }
+
+    /// Computes each request's cost per policy from its head (see
+    /// [`RequestCost`]) instead of the policies' fixed costs.
+    ///
+    /// ```
+    /// use slidegate::{Global, MemoryStore, Policies, Policy, RateLimitLayer};
+    /// use std::time::Duration;
+    ///
+    /// let policies = Policies::single(Policy::new("rows", 10_000, Duration::from_secs(60))).unwrap();
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).request_cost(
+    ///     |parts: &http::request::Parts, _: &Policy| {
+    ///         parts.headers.get("x-rows")?.to_str().ok()?.parse().ok()
+    ///     },
+    /// );
+    /// ```
+    #[must_use]
+    pub fn request_cost(mut self, cost: impl RequestCost) -> Self {
+        Arc::make_mut(&mut self.shared).request_cost = Some(Arc::new(cost));
         self
     }
 

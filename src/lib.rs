@@ -35,6 +35,7 @@ mod body;
 mod clock;
 #[cfg(feature = "config")]
 pub mod config;
+mod cost;
 mod decision;
 mod deny_cache;
 mod future;
@@ -49,6 +50,7 @@ mod tier;
 
 pub use body::ResponseBody;
 pub use clock::{Clock, FakeClock, SystemClock};
+pub use cost::RequestCost;
 pub use decision::Decision;
 pub use deny_cache::DenyCache;
 pub use future::ResponseFuture;

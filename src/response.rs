@@ -11,6 +11,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use http_body_util::Full;
 use serde_json::json;
 
+use crate::cost::CostAboveLimit;
 use crate::limited::LimitedResponse;
 use crate::{Check, Decision, KeyRejection, Limited};
 
@@ -309,6 +310,35 @@ pub(crate) fn too_many_requests(
     )
     .write(headers);
     response
+}
+
+/// `422 Unprocessable Content`: the request costs more under a policy than
+/// the client may spend in a whole window, so it can never be admitted.
+/// No `Retry-After`: waiting would not help.
+pub(crate) fn cost_above_limit(denied: &CostAboveLimit) -> Response<Full<Bytes>> {
+    let CostAboveLimit {
+        policy,
+        cost,
+        limit,
+        window,
+    } = denied;
+    problem(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        json!({
+            "type": "about:blank",
+            "title": "Request Cost Above Limit",
+            "status": 422,
+            "detail": format!(
+                "this request costs {cost} units under policy `{policy}`, which allows {limit} \
+                 per {}; it can never be admitted, so retrying will not help",
+                humantime::format_duration(*window)
+            ),
+            "policy": &**policy,
+            "cost": cost,
+            "limit": limit,
+            "window_seconds": seconds_value(*window),
+        }),
+    )
 }
 
 /// `401 Unauthorized`: the client presented credentials that do not verify.

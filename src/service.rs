@@ -8,11 +8,10 @@ use std::time::Duration;
 use http::{Request, Response};
 use tower_service::Service;
 
+use crate::cost::{self, Costs};
 use crate::future::{AwaitingTier, Pending, ResponseFuture};
 use crate::layer::Shared;
-use crate::{
-    Check, FailMode, KeyExtractor, Policies, RateLimitLayer, ResponseBody, Store, TierFuture,
-};
+use crate::{FailMode, KeyExtractor, Policies, RateLimitLayer, ResponseBody, Store, TierFuture};
 
 /// Rate-limits requests to the inner service `S`; built by
 /// [`RateLimitLayer`].
@@ -128,14 +127,23 @@ where
             )),
             _ => None,
         };
+        let costs: Option<Costs> = shared.request_cost.as_ref().map(|request_cost| {
+            policies
+                .iter()
+                .map(|policy| request_cost.cost(&parts, policy))
+                .collect()
+        });
         let checks = match lookup {
             Some(_) => Vec::new(),
-            None => policies
-                .iter()
-                .map(|policy| {
-                    Check::for_tier(policy, identity.key.clone(), identity.tier.as_deref())
-                })
-                .collect(),
+            None => match cost::checks(
+                &policies,
+                &identity.key,
+                identity.tier.as_deref(),
+                costs.as_ref(),
+            ) {
+                Ok(checks) => checks,
+                Err(denied) => return ResponseFuture::cost_above_limit(&denied),
+            },
         };
         let key = identity.key.clone();
 
@@ -161,6 +169,7 @@ where
                     store: shared.store.clone(),
                     policies,
                     key,
+                    costs,
                 },
                 pending,
             ),

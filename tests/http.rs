@@ -5,6 +5,7 @@ mod support;
 use support::reply::send;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -17,7 +18,7 @@ use http_body_util::BodyExt;
 use slidegate::{
     Check, CheckFuture, DenyCache, FailMode, FakeClock, Global, Header, HeaderStyle, Identity,
     KeyExtractor, Limited, MemoryStore, PeerIp, Policies, Policy, RateLimit, RateLimitLayer,
-    RedisStore, ResetFormat, Store, StoreError,
+    RedisStore, ResetFormat, Store, StoreError, TierLimits,
 };
 use tower::{ServiceExt, service_fn};
 
@@ -195,6 +196,116 @@ async fn a_custom_429_keeps_its_body_but_not_a_wrong_status_or_retry_after() {
             );
         }
     }
+}
+
+/// A `rows` policy of 10 a minute (50 for `pro`, named by an async tier
+/// lookup on `x-plan`) whose cost is the `x-rows` header, beside a fixed
+/// `calls` policy the header does not change.
+fn rows_app(clock: &FakeClock) -> Router {
+    let policies = Policies::builder()
+        .route(
+            "GET /search",
+            Policy::new("rows", 10, MINUTE).tier("pro", TierLimits::new().limit(50)),
+        )
+        .every_route(Policy::new("calls", 100, MINUTE))
+        .build()
+        .unwrap();
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let rows = |parts: &http::request::Parts, policy: &Policy| -> Option<u32> {
+        if policy.name() != "rows" {
+            return None;
+        }
+        parts.headers.get("x-rows")?.to_str().ok()?.parse().ok()
+    };
+    let plan = |parts: &http::request::Parts, _: &Identity| {
+        let pro = parts.headers.contains_key("x-plan");
+        async move { pro.then(|| Arc::<str>::from("pro")) }
+    };
+    routes().route_layer(
+        RateLimitLayer::new(store, PeerIp::new(), policies)
+            .request_cost(rows)
+            .tier_lookup(plan),
+    )
+}
+
+fn rows_request(rows: &str, peer: &str, pro: bool) -> Request<Body> {
+    let mut request = get_from("/search", peer);
+    request
+        .headers_mut()
+        .insert("x-rows", rows.parse().unwrap());
+    if pro {
+        request
+            .headers_mut()
+            .insert("x-plan", "pro".parse().unwrap());
+    }
+    request
+}
+
+#[tokio::test]
+async fn per_request_costs_are_spent_and_a_cost_above_the_limit_is_a_clear_422() {
+    let clock = FakeClock::new(START);
+    let app = rows_app(&clock);
+    let peer = "192.0.2.30:1";
+    let statuses = |replies: &[support::reply::Reply]| {
+        replies
+            .iter()
+            .map(|r| r.status.as_u16())
+            .collect::<Vec<_>>()
+    };
+    let mut replies = Vec::new();
+    for rows in ["4", "4", "3", "2"] {
+        replies.push(send(&app, rows_request(rows, peer, false)).await);
+    }
+    assert_eq!(
+        statuses(&replies),
+        [200, 200, 429, 200],
+        "4 + 4 + 2 fit in 10"
+    );
+    assert_eq!(replies[2].header("x-ratelimit-remaining"), Some("2"));
+    assert_eq!(replies[3].header("x-ratelimit-remaining"), Some("0"));
+
+    // Costing nothing under `rows` leaves only `calls`, which counts it.
+    let free = send(&app, rows_request("0", peer, false)).await;
+    assert_eq!(free.status, StatusCode::OK);
+    assert_eq!(free.header("x-ratelimit-limit"), Some("100"));
+
+    // More than the limit could ever allow: 422, no Retry-After, nothing spent.
+    let calls_before = free.header("x-ratelimit-remaining").unwrap().to_owned();
+    let too_big = send(&app, rows_request("11", peer, false)).await;
+    assert_eq!(too_big.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(too_big.header("retry-after"), None);
+    assert_eq!(
+        too_big.header("content-type"),
+        Some("application/problem+json")
+    );
+    let body = too_big.json();
+    assert_eq!(body["title"], "Request Cost Above Limit");
+    assert_eq!(
+        (&body["policy"], &body["cost"], &body["limit"]),
+        (&"rows".into(), &11.into(), &10.into())
+    );
+    let after = send(&app, rows_request("0", peer, false)).await;
+    assert_eq!(
+        after
+            .header("x-ratelimit-remaining")
+            .unwrap()
+            .parse::<u32>()
+            .unwrap(),
+        calls_before.parse::<u32>().unwrap() - 1,
+        "the 422 spent nothing from `calls` either"
+    );
+
+    // The pro tier's limit is known only after the async lookup; 11 fits it.
+    let pro = send(&app, rows_request("11", "192.0.2.31:1", true)).await;
+    assert_eq!(pro.status, StatusCode::OK);
+    assert_eq!(pro.header("x-ratelimit-limit"), Some("50"));
+    let pro_too_big = send(&app, rows_request("51", "192.0.2.31:1", true)).await;
+    assert_eq!(pro_too_big.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(pro_too_big.json()["limit"], 50);
+
+    // No header: the policy's own cost of one.
+    let plain = send(&app, get_from("/search", "192.0.2.32:1")).await;
+    assert_eq!(plain.header("x-ratelimit-remaining"), Some("9"));
 }
 
 #[tokio::test]
