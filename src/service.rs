@@ -114,11 +114,20 @@ where
                 return ResponseFuture::rejected(&rejection);
             }
         };
-        let fail_closed = policies.iter().any(|policy| {
-            policy
-                .configured_fail_mode()
-                .unwrap_or(shared.options.fail_mode)
-                == FailMode::Closed
+        let costs: Option<Costs> = shared.request_cost.as_ref().map(|request_cost| {
+            policies
+                .iter()
+                .map(|policy| request_cost.cost(&parts, policy))
+                .collect()
+        });
+        // Only the policies that count the request decide how it fails.
+        let fail_closed = policies.iter().enumerate().any(|(index, policy)| {
+            let counted = costs.as_ref().is_none_or(|costs| costs[index] != Some(0));
+            counted
+                && policy
+                    .configured_fail_mode()
+                    .unwrap_or(shared.options.fail_mode)
+                    == FailMode::Closed
         });
         let lookup = match &shared.tier_lookup {
             Some(lookup) if identity.tier.is_none() => Some(with_timeout(
@@ -127,12 +136,6 @@ where
             )),
             _ => None,
         };
-        let costs: Option<Costs> = shared.request_cost.as_ref().map(|request_cost| {
-            policies
-                .iter()
-                .map(|policy| request_cost.cost(&parts, policy))
-                .collect()
-        });
         let checks = match lookup {
             Some(_) => Vec::new(),
             None => match cost::checks(

@@ -519,6 +519,36 @@ async fn fail_modes_decide_when_the_store_is_down() {
     );
     let search = send(&all_closed, get_from("/search", "192.0.2.1:1")).await;
     assert_eq!(search.status, StatusCode::SERVICE_UNAVAILABLE);
+
+    // A closed policy the request costs nothing under does not close it.
+    let policies = Policies::builder()
+        .route(
+            "GET /search",
+            Policy::new("rows", 10, MINUTE).fail_mode(FailMode::Closed),
+        )
+        .every_route(Policy::new("calls", 100, MINUTE))
+        .build()
+        .unwrap();
+    let rows = |parts: &http::request::Parts, policy: &Policy| -> Option<u32> {
+        (policy.name() == "rows")
+            .then(|| parts.headers.get("x-rows")?.to_str().ok()?.parse().ok())?
+    };
+    let costed =
+        routes().route_layer(RateLimitLayer::new(DownStore, Global, policies).request_cost(rows));
+    for (rows, status) in [
+        ("0", StatusCode::OK),
+        ("1", StatusCode::SERVICE_UNAVAILABLE),
+    ] {
+        let mut request = get_from("/search", "192.0.2.1:1");
+        request
+            .headers_mut()
+            .insert("x-rows", rows.parse().unwrap());
+        assert_eq!(
+            send(&costed, request).await.status,
+            status,
+            "x-rows: {rows}"
+        );
+    }
 }
 
 #[tokio::test]
