@@ -98,7 +98,7 @@ fn limiter(config: &Config) -> Result<(RateLimitLayer, String), Box<dyn std::err
     };
     Ok((
         config.layer(store),
-        format!("{kind} ({})", settings.seeds().join(", ")),
+        format!("{kind} ({})", settings.redacted_seeds().join(", ")),
     ))
 }
 

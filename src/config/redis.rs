@@ -95,6 +95,19 @@ impl RedisSettings {
         seeds
     }
 
+    /// The seeds for logs and errors, each with its password, if any,
+    /// written as `***`.
+    ///
+    /// ```
+    /// use slidegate::config::RedisSettings;
+    ///
+    /// let settings = RedisSettings::default().with_url("redis://:hunter2@cache:6379/0");
+    /// assert_eq!(settings.redacted_seeds(), ["redis://:***@cache:6379/0"]);
+    /// ```
+    pub fn redacted_seeds(&self) -> Vec<String> {
+        self.seeds().iter().map(|seed| redacted(seed)).collect()
+    }
+
     /// A store on a new pool for these settings.
     ///
     /// ```
@@ -120,14 +133,14 @@ impl RedisSettings {
             config.pool = Some(PoolConfig::new(self.pool_size));
             config
                 .create_pool(Some(Runtime::Tokio1))
-                .map_err(|e| format!("bad Redis Cluster URLs {seeds:?}: {e}"))?
+                .map_err(|e| format!("bad Redis Cluster URLs {:?}: {e}", self.redacted_seeds()))?
                 .into()
         } else {
             let mut config = deadpool_redis::Config::from_url(seeds[0].clone());
             config.pool = Some(PoolConfig::new(self.pool_size));
             config
                 .create_pool(Some(Runtime::Tokio1))
-                .map_err(|e| format!("bad Redis URL `{}`: {e}", seeds[0]))?
+                .map_err(|e| format!("bad Redis URL `{}`: {e}", redacted(&seeds[0])))?
                 .into()
         };
         let mut store = crate::RedisStore::builder(pool).timeout(self.timeout);
@@ -135,6 +148,21 @@ impl RedisSettings {
             store = store.prefix(prefix.clone());
         }
         Ok(store.build())
+    }
+}
+
+/// `url` with its password written as `***`; a URL that does not parse is
+/// not shown at all, since where its secret is cannot be told.
+fn redacted(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut parsed) => {
+            if parsed.password().is_some() {
+                // Only URLs that cannot have a password refuse one.
+                let _ = parsed.set_password(Some("***"));
+            }
+            parsed.to_string()
+        }
+        Err(_) => "(a URL that does not parse)".to_owned(),
     }
 }
 
@@ -234,5 +262,31 @@ mod tests {
         );
         assert_eq!(split_cluster_url("redis://a:1/"), ["redis://a:1/"]);
         assert!(split_cluster_url("redis+cluster://").is_empty());
+    }
+
+    #[test]
+    fn passwords_never_reach_logs_or_errors() {
+        let cluster = RedisSettings::default().with_url("redis+cluster://app:hunter2@a:1,b:2/");
+        assert_eq!(
+            cluster.redacted_seeds(),
+            ["redis://app:***@a:1/", "redis://app:***@b:2/"]
+        );
+        assert_eq!(
+            redacted("redis://127.0.0.1:6379/"),
+            "redis://127.0.0.1:6379/"
+        );
+        assert_eq!(
+            redacted("redis://:hunter2@[::1]:x/"),
+            "(a URL that does not parse)"
+        );
+    }
+
+    #[cfg(feature = "redis")]
+    #[test]
+    fn a_bad_url_error_hides_its_password() {
+        let bad = RedisSettings::default().with_url("rediss+unknown://:hunter2@cache:6379/");
+        let error = bad.store().err().expect("an unknown scheme is refused");
+        assert!(error.starts_with("bad Redis URL"), "{error}");
+        assert!(!error.contains("hunter2"), "{error}");
     }
 }
