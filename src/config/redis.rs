@@ -285,7 +285,7 @@ mod tests {
     #[test]
     fn a_bad_url_error_hides_its_password() {
         let bad = RedisSettings::default().with_url("rediss+unknown://:hunter2@cache:6379/");
-        let error = bad.store().err().expect("an unknown scheme is refused");
+        let error = bad.store().expect_err("an unknown scheme is refused");
         assert!(error.starts_with("bad Redis URL"), "{error}");
         assert!(!error.contains("hunter2"), "{error}");
     }
