@@ -21,6 +21,7 @@ use crate::response::{
     limiter_unavailable, too_many_requests,
 };
 use crate::store::{CheckFuture, CheckOutcome, StoreError};
+use crate::throttle::STORE_FAILURES;
 use crate::{
     Check, Decision, DenyCache, Identity, Key, KeyRejection, Policy, ResponseBody, Store,
     TierFuture,
@@ -293,12 +294,17 @@ fn decide(
                 options.reset_format,
             ))
         }
+        // `held_back`: failures since the last line, which were not logged.
         Err(error) if fail_closed => {
-            tracing::error!(%error, "rate-limit store unavailable; failing closed");
+            if let Some(held_back) = STORE_FAILURES.admit() {
+                tracing::error!(%error, held_back, "rate-limit store unavailable; failing closed");
+            }
             Next::Answer(limiter_unavailable())
         }
         Err(error) => {
-            tracing::warn!(%error, "rate-limit store unavailable; failing open");
+            if let Some(held_back) = STORE_FAILURES.admit() {
+                tracing::warn!(%error, held_back, "rate-limit store unavailable; failing open");
+            }
             Next::Call(None)
         }
     }

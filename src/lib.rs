@@ -46,6 +46,7 @@ mod policy;
 mod response;
 mod service;
 mod store;
+mod throttle;
 mod tier;
 
 pub use body::ResponseBody;

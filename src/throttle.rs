@@ -1,0 +1,71 @@
+//! [`Throttle`]: at most one log line a second for a repeated failure. A
+//! Redis outage under load would otherwise write one identical line per
+//! request, burying everything else in the log.
+
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+/// When the process first asked a throttle for the time.
+static STARTED: LazyLock<Instant> = LazyLock::new(Instant::now);
+
+/// Lets one event through per second and counts the ones it holds back.
+#[derive(Debug)]
+pub(crate) struct Throttle {
+    /// The second (counted from [`STARTED`], plus one) from which the next
+    /// event may go through; 0 before the first.
+    next_second: AtomicU64,
+    held_back: AtomicU64,
+}
+
+/// Failures of the store, open or closed, from every layer in the process.
+pub(crate) static STORE_FAILURES: Throttle = Throttle::new();
+
+impl Throttle {
+    pub(crate) const fn new() -> Self {
+        Self {
+            next_second: AtomicU64::new(0),
+            held_back: AtomicU64::new(0),
+        }
+    }
+
+    /// `Some(held back since the last one)` if this event is to be logged.
+    pub(crate) fn admit(&self) -> Option<u64> {
+        self.admit_at(STARTED.elapsed().as_secs() + 1)
+    }
+
+    fn admit_at(&self, second: u64) -> Option<u64> {
+        let next = self.next_second.load(Ordering::Relaxed);
+        if second >= next
+            && self
+                .next_second
+                .compare_exchange(next, second + 1, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            Some(self.held_back.swap(0, Ordering::Relaxed))
+        } else {
+            self.held_back.fetch_add(1, Ordering::Relaxed);
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_event_a_second_goes_through_with_the_count_held_back() {
+        let throttle = Throttle::new();
+        assert_eq!(throttle.admit_at(1), Some(0), "the first is logged");
+        assert_eq!(throttle.admit_at(1), None);
+        assert_eq!(throttle.admit_at(1), None);
+        assert_eq!(
+            throttle.admit_at(2),
+            Some(2),
+            "the next second says two were held back"
+        );
+        assert_eq!(throttle.admit_at(2), None);
+        assert_eq!(throttle.admit_at(9), Some(1));
+    }
+}
