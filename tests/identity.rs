@@ -873,7 +873,9 @@ fn secrets_never_reach_the_logs() {
     );
     tracing::subscriber::with_default(subscriber, || {
         runtime.block_on(async {
-            // A store that is down makes the layer trace a warning.
+            // A store that is down makes the layer trace a warning. Store
+            // failures are traced once a second per process, so this must
+            // stay the only test in this file whose store fails.
             let redis = RedisServer::start();
             let store = RedisStore::new(redis.pool(2));
             drop(redis);
