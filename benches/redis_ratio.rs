@@ -15,7 +15,9 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{concurrently, raw_evalsha, slidegate_checks, store_on, task_keys};
+use common::{
+    concurrently, one_worker_runtime, raw_evalsha, slidegate_checks, store_on, task_keys,
+};
 use slidegate::deadpool_redis::redis::Script;
 use support::RedisServer;
 
@@ -33,11 +35,7 @@ fn main() {
         return;
     }
     let server = RedisServer::start();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = one_worker_runtime();
     let script = Arc::new(Script::new(include_str!("../lua/check.lua")));
     println!(
         "| tasks | RedisStore decisions/s | raw EVALSHA decisions/s | ratio (median of rounds) |"

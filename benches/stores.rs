@@ -13,7 +13,9 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{NEVER, concurrently, raw_evalsha, slidegate_checks, store_on, task_keys};
+use common::{
+    NEVER, concurrently, one_worker_runtime, raw_evalsha, slidegate_checks, store_on, task_keys,
+};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use slidegate::deadpool_redis::redis::Script;
 use slidegate::{Algorithm, Check, Key, MemoryStore, Policy, Store};
@@ -63,11 +65,7 @@ fn memory_store(c: &mut Criterion) {
 
 fn redis_store(c: &mut Criterion) {
     let server = RedisServer::start();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = one_worker_runtime();
     let _guard = runtime.enter();
     let mut group = c.benchmark_group("redis_store");
     group.throughput(Throughput::Elements(1));

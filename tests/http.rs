@@ -2,6 +2,7 @@
 
 mod support;
 
+use support::down_store::DownStore;
 use support::reply::send;
 
 use std::net::SocketAddr;
@@ -16,9 +17,9 @@ use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use slidegate::{
-    Check, CheckFuture, DenyCache, FailMode, FakeClock, Global, Header, HeaderStyle, Identity,
-    KeyExtractor, Limited, MemoryStore, PeerIp, Policies, Policy, RateLimit, RateLimitLayer,
-    RedisStore, ResetFormat, Store, StoreError, TierLimits,
+    DenyCache, FailMode, FakeClock, Global, Header, HeaderStyle, Identity, KeyExtractor, Limited,
+    MemoryStore, PeerIp, Policies, Policy, RateLimit, RateLimitLayer, RedisStore, ResetFormat,
+    TierLimits,
 };
 use tower::{ServiceExt, service_fn};
 
@@ -198,6 +199,14 @@ async fn a_custom_429_keeps_its_body_but_not_a_wrong_status_or_retry_after() {
     }
 }
 
+/// The `x-rows` header, as the cost under the policy named `rows` only.
+fn rows_cost(parts: &http::request::Parts, policy: &Policy) -> Option<u32> {
+    if policy.name() != "rows" {
+        return None;
+    }
+    parts.headers.get("x-rows")?.to_str().ok()?.parse().ok()
+}
+
 /// A `rows` policy of 10 a minute (50 for `pro`, named by an async tier
 /// lookup on `x-plan`) whose cost is the `x-rows` header, beside a fixed
 /// `calls` policy the header does not change.
@@ -211,19 +220,13 @@ fn rows_app(clock: &FakeClock) -> Router {
         .build()
         .unwrap();
     let store = MemoryStore::builder().clock(clock.clone()).build();
-    let rows = |parts: &http::request::Parts, policy: &Policy| -> Option<u32> {
-        if policy.name() != "rows" {
-            return None;
-        }
-        parts.headers.get("x-rows")?.to_str().ok()?.parse().ok()
-    };
     let plan = |parts: &http::request::Parts, _: &Identity| {
         let pro = parts.headers.contains_key("x-plan");
         async move { pro.then(|| Arc::<str>::from("pro")) }
     };
     routes().route_layer(
         RateLimitLayer::new(store, PeerIp::new(), policies)
-            .request_cost(rows)
+            .request_cost(rows_cost)
             .tier_lookup(plan),
     )
 }
@@ -484,16 +487,6 @@ async fn header_style_none_and_unix_reset() {
     );
 }
 
-/// A store whose backend is always down, to exercise fail modes without
-/// depending on timing.
-struct DownStore;
-
-impl Store for DownStore {
-    fn check(&self, _checks: &[Check]) -> CheckFuture {
-        CheckFuture::new(async { Err(StoreError::Timeout(Duration::from_millis(50))) })
-    }
-}
-
 #[tokio::test]
 async fn fail_modes_decide_when_the_store_is_down() {
     let open = routes().route_layer(RateLimitLayer::new(DownStore, Global, demo_policies()));
@@ -529,12 +522,8 @@ async fn fail_modes_decide_when_the_store_is_down() {
         .every_route(Policy::new("calls", 100, MINUTE))
         .build()
         .unwrap();
-    let rows = |parts: &http::request::Parts, policy: &Policy| -> Option<u32> {
-        (policy.name() == "rows")
-            .then(|| parts.headers.get("x-rows")?.to_str().ok()?.parse().ok())?
-    };
-    let costed =
-        routes().route_layer(RateLimitLayer::new(DownStore, Global, policies).request_cost(rows));
+    let costed = routes()
+        .route_layer(RateLimitLayer::new(DownStore, Global, policies).request_cost(rows_cost));
     for (rows, status) in [
         ("0", StatusCode::OK),
         ("1", StatusCode::SERVICE_UNAVAILABLE),

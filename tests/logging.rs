@@ -1,5 +1,7 @@
 //! A store outage under load is logged once a second, not once a request.
 
+mod support;
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -7,22 +9,12 @@ use axum::Router;
 use axum::body::Body;
 use axum::routing::get;
 use http::{Request, StatusCode};
-use slidegate::{
-    Check, CheckFuture, FailMode, Global, Policies, Policy, RateLimitLayer, Store, StoreError,
-};
+use slidegate::{FailMode, Global, Policies, Policy, RateLimitLayer};
+use support::down_store::DownStore;
 use tower::ServiceExt;
 use tracing::field::{Field, Visit};
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::{Layer, Registry};
-
-/// A store that is always down.
-struct DownStore;
-
-impl Store for DownStore {
-    fn check(&self, _checks: &[Check]) -> CheckFuture {
-        CheckFuture::ready(Err(StoreError::Timeout(Duration::from_millis(50))))
-    }
-}
 
 /// The `held_back` field of every event logged, in order.
 #[derive(Clone, Default)]

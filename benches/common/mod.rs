@@ -16,6 +16,16 @@ use slidegate::{Check, Key, Policy, RedisStore, Store};
 /// A limit no benchmark reaches: every decision admits and records.
 pub(crate) const NEVER: u32 = 1_000_000_000;
 
+/// The runtime the Redis benchmarks' tasks run on: one worker, so that the
+/// client's side of the comparison has the same CPU in every variant.
+pub(crate) fn one_worker_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 /// `iters` decisions spread over `tasks` tasks, each on its own key;
 /// returns the wall time.
 pub(crate) async fn concurrently<F, Fut>(tasks: usize, iters: u64, one: F) -> Duration

@@ -3,6 +3,7 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+pub mod down_store;
 pub mod reply;
 pub mod trace;
 
