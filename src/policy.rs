@@ -347,6 +347,8 @@ impl Route {
     }
 
     /// Whether a request with `method` on the route pattern `path` matches.
+    /// (Through [`Policies`], a `GET` route also governs `HEAD`, as axum
+    /// routes it.)
     pub fn matches(&self, method: &Method, path: &str) -> bool {
         self.method.as_ref().is_none_or(|m| m == method) && self.pattern == path
     }
@@ -507,6 +509,11 @@ impl Selections {
                     methods.push(method.clone());
                 }
             }
+            // axum serves `HEAD` with the `GET` handler unless a route names
+            // `HEAD`: so do the policies, sharing the `GET` counts.
+            if methods.contains(&Method::GET) && !methods.contains(&Method::HEAD) {
+                methods.push(Method::HEAD);
+            }
             // A method no route names stands for every such method.
             let other = Method::from_bytes(b"SLIDEGATE-OTHER-METHOD").expect("a valid token");
             let selections = PatternSelections {
@@ -529,13 +536,24 @@ impl Selections {
 }
 
 /// Every policy whose route matches, in order, and the default when no
-/// route-scoped policy does.
+/// route-scoped policy does. A `HEAD` request is a `GET` unless a route of
+/// its pattern names `HEAD`.
 fn select_slowly(
     scoped: &[Scoped],
     default: Option<&Arc<Policy>>,
     method: &Method,
     path: &str,
 ) -> Vec<Arc<Policy>> {
+    let head_named = scoped.iter().any(|s| {
+        s.route
+            .as_ref()
+            .is_some_and(|r| r.pattern == path && r.method.as_ref() == Some(&Method::HEAD))
+    });
+    let method = if *method == Method::HEAD && !head_named {
+        &Method::GET
+    } else {
+        method
+    };
     let mut selected = Vec::new();
     let mut route_matched = false;
     for scoped in scoped {
@@ -820,6 +838,8 @@ mod tests {
             .route("/a", minute("any-a", 1))
             .route("POST /a", minute("post-a", 1))
             .route("DELETE /b", minute("delete-b", 1))
+            .route("GET /c", minute("get-c", 1))
+            .route("HEAD /c", minute("head-c", 1))
             .every_route(minute("quota", 1))
             .default_policy(minute("d", 1))
             .build()
@@ -827,8 +847,15 @@ mod tests {
         let names = |selected: &[Arc<Policy>]| -> Vec<String> {
             selected.iter().map(|p| p.name().to_owned()).collect()
         };
-        for method in [Method::GET, Method::POST, Method::DELETE, Method::PATCH] {
-            for path in ["/a", "/b", "/c", ""] {
+        let methods = [
+            Method::GET,
+            Method::HEAD,
+            Method::POST,
+            Method::DELETE,
+            Method::PATCH,
+        ];
+        for method in methods {
+            for path in ["/a", "/b", "/c", "/d", ""] {
                 let slow =
                     select_slowly(&policies.scoped, policies.default.as_ref(), &method, path);
                 assert_eq!(
@@ -842,6 +869,23 @@ mod tests {
             names(&policies.select(&Method::PATCH, "/b")),
             ["quota", "d"]
         );
+    }
+
+    #[test]
+    fn head_is_get_unless_a_route_names_head() {
+        let policies = Policies::builder()
+            .route("GET /a", minute("get-a", 1))
+            .route("GET /c", minute("get-c", 1))
+            .route("HEAD /c", minute("head-c", 1))
+            .default_policy(minute("d", 1))
+            .build()
+            .unwrap();
+        let first =
+            |method: Method, path: &str| policies.select(&method, path)[0].name().to_owned();
+        assert_eq!(first(Method::HEAD, "/a"), "get-a");
+        assert_eq!(first(Method::HEAD, "/c"), "head-c");
+        assert_eq!(first(Method::GET, "/c"), "get-c");
+        assert_eq!(first(Method::HEAD, "/elsewhere"), "d");
     }
 
     #[test]

@@ -11,6 +11,7 @@ use tower_service::Service;
 use crate::cost::{self, Costs};
 use crate::future::{AwaitingTier, Pending, ResponseFuture};
 use crate::layer::Shared;
+use crate::throttle::TIER_LOOKUP_TIMEOUTS;
 use crate::{FailMode, KeyExtractor, Policies, RateLimitLayer, ResponseBody, Store, TierFuture};
 
 /// Rate-limits requests to the inner service `S`; built by
@@ -81,7 +82,13 @@ fn with_timeout(lookup: TierFuture, timeout: Duration) -> TierFuture {
         tokio::time::timeout(timeout, lookup)
             .await
             .unwrap_or_else(|_| {
-                tracing::warn!(?timeout, "tier lookup timed out; base limits apply");
+                if let Some(held_back) = TIER_LOOKUP_TIMEOUTS.admit() {
+                    tracing::warn!(
+                        ?timeout,
+                        held_back,
+                        "tier lookup timed out; base limits apply"
+                    );
+                }
                 None
             })
     })

@@ -21,6 +21,13 @@ pub(crate) struct Throttle {
 /// Failures of the store, open or closed, from every layer in the process.
 pub(crate) static STORE_FAILURES: Throttle = Throttle::new();
 
+/// Requests that reached a `PeerIp` without a peer address: a server set
+/// up without connect info, which would otherwise log once per request.
+pub(crate) static MISSING_PEER_ADDRESS: Throttle = Throttle::new();
+
+/// Tier lookups that took longer than the layer waits.
+pub(crate) static TIER_LOOKUP_TIMEOUTS: Throttle = Throttle::new();
+
 impl Throttle {
     pub(crate) const fn new() -> Self {
         Self {

@@ -125,13 +125,7 @@ impl JwtClaim {
     fn verify(&self, token: &str) -> Result<Map<String, Value>, KeyRejection> {
         let algorithm = header_algorithm(token)?;
         let Some(position) = self.inner.algorithms.iter().position(|a| *a == algorithm) else {
-            return Err(KeyRejection::new(
-                "algorithm_not_allowed",
-                format!(
-                    "the token is signed with {algorithm:?}, which is not allowed (allowed: {:?})",
-                    self.inner.algorithms
-                ),
-            ));
+            return Err(not_allowed());
         };
         let key = self
             .inner
@@ -146,20 +140,55 @@ impl JwtClaim {
         )
         .map_err(|error| rejection(error.kind()))?
         .claims;
-        // Presence is checked here rather than by jsonwebtoken, which
-        // reports a claim of the wrong type as missing.
+        // Presence and type are checked here rather than by jsonwebtoken,
+        // which reports a claim of the wrong type as missing, and skips it
+        // when it is not required.
         let missing = self
             .inner
             .required
             .iter()
             .find(|claim| matches!(claims.get(**claim), None | Some(Value::Null)));
-        match missing {
-            Some(claim) => Err(KeyRejection::new(
+        if let Some(claim) = missing {
+            return Err(KeyRejection::new(
                 "missing_claim",
                 format!("the token has no `{claim}` claim"),
-            )),
-            None => Ok(claims),
+            ));
         }
+        self.check_claim_types(&claims)?;
+        Ok(claims)
+    }
+
+    /// Refuses registered claims of the wrong type among those checked:
+    /// `exp` and `nbf` must be numbers, `iss` a string, `aud` a string or
+    /// an array of strings.
+    fn check_claim_types(&self, claims: &Map<String, Value>) -> Result<(), KeyRejection> {
+        let wrong = |claim: &str, expected: &str| {
+            Err(KeyRejection::new(
+                "invalid_claim",
+                format!("the token's `{claim}` claim must be {expected}"),
+            ))
+        };
+        for time in ["exp", "nbf"] {
+            if !matches!(claims.get(time), None | Some(Value::Number(_))) {
+                return wrong(time, "a number");
+            }
+        }
+        if self.inner.required.contains(&"iss")
+            && !matches!(claims.get("iss"), Some(Value::String(_)))
+        {
+            return wrong("iss", "a string");
+        }
+        if self.inner.required.contains(&"aud") {
+            let audience_ok = match claims.get("aud") {
+                Some(Value::String(_)) => true,
+                Some(Value::Array(items)) => items.iter().all(Value::is_string),
+                _ => false,
+            };
+            if !audience_ok {
+                return wrong("aud", "a string or an array of strings");
+            }
+        }
+        Ok(())
     }
 
     fn identity(&self, claims: &Map<String, Value>) -> Result<Identity, KeyRejection> {
@@ -260,12 +289,17 @@ fn header_algorithm(token: &str) -> Result<Algorithm, KeyRejection> {
     let Some(Value::String(name)) = header.get("alg") else {
         return Err(malformed("the token header has no `alg`"));
     };
-    Algorithm::from_str(name).map_err(|_| {
-        KeyRejection::new(
-            "algorithm_not_allowed",
-            format!("the token's algorithm `{name}` is not allowed"),
-        )
-    })
+    Algorithm::from_str(name).map_err(|_| not_allowed())
+}
+
+/// The refusal of a token signed with an algorithm outside the allow-list.
+/// It names neither the token's algorithm nor the allowed ones: a client
+/// probing for a weak algorithm learns nothing.
+fn not_allowed() -> KeyRejection {
+    KeyRejection::new(
+        "algorithm_not_allowed",
+        "the token's algorithm is not allowed",
+    )
 }
 
 fn rejection(kind: &ErrorKind) -> KeyRejection {

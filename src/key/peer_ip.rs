@@ -7,6 +7,7 @@ use http::request::Parts;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use super::{Extracted, Key, KeyExtractor};
+use crate::throttle::MISSING_PEER_ADDRESS;
 
 /// Forwarding hops beyond this many are not examined.
 const MAX_HOPS: usize = 64;
@@ -130,17 +131,18 @@ impl PeerIp {
     }
 
     /// The client address: the peer, or when the peer is trusted, the
-    /// right-most untrusted forwarding hop. An unreadable hop stops the walk
-    /// at the last trusted address seen, so garbage never picks a key.
+    /// right-most untrusted forwarding hop. Hops are read lazily from the
+    /// right, at most [`MAX_HOPS`] of them. An unreadable hop stops the walk
+    /// at the last trusted address seen: what lies to its left was written
+    /// by the client, so garbage never lets a client pick its key.
     fn client_ip(&self, peer: IpAddr, parts: &Parts) -> IpAddr {
         let mut client = peer;
         if !self.is_trusted(peer) {
             return client;
         }
-        let hops = forwarding_hops(parts, self.header);
-        for hop in hops.iter().rev().take(MAX_HOPS) {
+        for hop in hops_from_the_right(parts, self.header).take(MAX_HOPS) {
             let Some(ip) = hop else { break };
-            client = canonical(*ip);
+            client = canonical(ip);
             if !self.is_trusted(client) {
                 break;
             }
@@ -168,10 +170,13 @@ impl PeerIp {
 impl KeyExtractor for PeerIp {
     fn extract(&self, parts: &Parts) -> Extracted {
         let Some(peer) = peer_addr(parts) else {
-            tracing::error!(
-                "PeerIp found no peer address: serve with \
-                 into_make_service_with_connect_info::<SocketAddr>()"
-            );
+            if let Some(held_back) = MISSING_PEER_ADDRESS.admit() {
+                tracing::error!(
+                    held_back,
+                    "PeerIp found no peer address: serve with \
+                     into_make_service_with_connect_info::<SocketAddr>()"
+                );
+            }
             return Ok(None);
         };
         let client = self.client_ip(canonical(peer.ip()), parts);
@@ -223,27 +228,34 @@ fn canonical(ip: IpAddr) -> IpAddr {
     }
 }
 
-/// Every hop of the forwarding header, left to right, across repeated header
-/// lines; `None` marks a hop that is not an address.
-fn forwarding_hops(parts: &Parts, header: ForwardedHeader) -> Vec<Option<IpAddr>> {
+/// The hops of the forwarding header, right to left, across repeated header
+/// lines: the raw bytes are split on `,` and each element parsed on its own,
+/// so one unreadable element (`None`) never hides the others.
+fn hops_from_the_right(
+    parts: &Parts,
+    header: ForwardedHeader,
+) -> impl Iterator<Item = Option<IpAddr>> + '_ {
     let name = match header {
         ForwardedHeader::XForwardedFor => "x-forwarded-for",
         ForwardedHeader::Forwarded => "forwarded",
     };
-    let mut hops = Vec::new();
-    for value in parts.headers.get_all(name) {
-        let Ok(text) = value.to_str() else {
-            hops.push(None);
-            continue;
-        };
-        for element in text.split(',') {
-            hops.push(match header {
-                ForwardedHeader::XForwardedFor => parse_hop(element.trim()),
-                ForwardedHeader::Forwarded => forwarded_for(element).and_then(parse_hop),
-            });
-        }
+    parts
+        .headers
+        .get_all(name)
+        .iter()
+        .rev()
+        .flat_map(|value| value.as_bytes().rsplit(|&byte| byte == b','))
+        .map(move |element| parse_element(element, header))
+}
+
+/// One element of a forwarding header: an address, or `None` when it is not
+/// one (or not even text).
+fn parse_element(element: &[u8], header: ForwardedHeader) -> Option<IpAddr> {
+    let text = std::str::from_utf8(element.trim_ascii()).ok()?;
+    match header {
+        ForwardedHeader::XForwardedFor => parse_hop(text),
+        ForwardedHeader::Forwarded => forwarded_for(text).and_then(parse_hop),
     }
-    hops
 }
 
 /// The `for=` parameter of one RFC 7239 element, unquoted.
@@ -331,6 +343,137 @@ mod tests {
             key(&behind_proxy(), "10.0.0.1:1", binary).unwrap(),
             "ip:10.0.0.1"
         );
+    }
+
+    #[test]
+    fn one_non_ascii_element_does_not_hide_the_client_appended_after_it() {
+        // nginx appends the real client to the line the client sent.
+        let appended: &[(&str, &[u8])] = &[("x-forwarded-for", b"\x80, 203.0.113.9")];
+        assert_eq!(
+            key(&behind_proxy(), "10.0.0.1:1", appended).unwrap(),
+            "ip:203.0.113.9"
+        );
+        let forwarded: &[(&str, &[u8])] = &[("forwarded", b"for=\xff\xfe, for=203.0.113.9")];
+        assert_eq!(
+            key(
+                &behind_proxy().forwarded_header(ForwardedHeader::Forwarded),
+                "10.0.0.1:1",
+                forwarded
+            )
+            .unwrap(),
+            "ip:203.0.113.9"
+        );
+    }
+
+    #[test]
+    fn the_walk_stops_after_the_hop_cap() {
+        let mut line = b"203.0.113.9".to_vec();
+        for _ in 0..MAX_HOPS {
+            line.extend_from_slice(b", 10.1.1.1");
+        }
+        let headers: &[(&str, &[u8])] = &[("x-forwarded-for", &line)];
+        assert_eq!(
+            key(&behind_proxy(), "10.0.0.1:1", headers).unwrap(),
+            "ip:10.1.1.1",
+            "past the cap the last trusted hop seen is the key"
+        );
+    }
+
+    /// One element a forwarding line may hold.
+    #[derive(Debug, Clone)]
+    enum Element {
+        Trusted(Ipv4Addr),
+        Untrusted(IpAddr),
+        Garbage(Vec<u8>),
+    }
+
+    fn element() -> impl proptest::strategy::Strategy<Value = Element> {
+        use proptest::prelude::*;
+        let garbage_byte = prop_oneof![0x21u8..=0x2b, 0x2du8..=0x7e, 0x80u8..=0xff];
+        prop_oneof![
+            any::<[u8; 3]>().prop_map(|[a, b, c]| Element::Trusted(Ipv4Addr::new(10, a, b, c))),
+            any::<u8>().prop_map(|d| Element::Untrusted(Ipv4Addr::new(203, 0, 113, d).into())),
+            any::<u16>().prop_map(|d| {
+                Element::Untrusted(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, d).into())
+            }),
+            proptest::collection::vec(garbage_byte, 1..8)
+                .prop_filter("not an address", |bytes| {
+                    parse_element(bytes, ForwardedHeader::XForwardedFor).is_none()
+                })
+                .prop_map(Element::Garbage),
+        ]
+    }
+
+    fn bytes_of(element: &Element) -> Vec<u8> {
+        match element {
+            Element::Trusted(ip) => ip.to_string().into_bytes(),
+            Element::Untrusted(ip) => ip.to_string().into_bytes(),
+            Element::Garbage(bytes) => bytes.clone(),
+        }
+    }
+
+    proptest::proptest! {
+        /// Arbitrary bytes never panic the parser, and the client is the
+        /// peer or an address the lines hold.
+        #[test]
+        fn any_forwarding_bytes_are_survived(
+            lines in proptest::collection::vec(proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64), 0..4)
+        ) {
+            let mut request = http::Request::new(());
+            for line in &lines {
+                if let Ok(value) = http::HeaderValue::from_bytes(line) {
+                    request.headers_mut().append("x-forwarded-for", value);
+                }
+            }
+            let (parts, _) = request.into_parts();
+            let peer: IpAddr = Ipv4Addr::new(10, 0, 0, 1).into();
+            let client = behind_proxy().client_ip(peer, &parts);
+            let written: Vec<IpAddr> = lines
+                .iter()
+                .flat_map(|line| line.split(|&b| b == b','))
+                .filter_map(|element| parse_element(element, ForwardedHeader::XForwardedFor))
+                .map(canonical)
+                .collect();
+            proptest::prop_assert!(client == peer || written.contains(&client));
+        }
+
+        /// Walking from the right, the first element that is not a trusted
+        /// proxy is the client when it is an address; when it is garbage,
+        /// the last trusted address seen is, and nothing to its left counts.
+        #[test]
+        fn the_first_untrusted_hop_from_the_right_is_the_client(
+            elements in proptest::collection::vec(element(), 0..20),
+            breaks in proptest::collection::vec(proptest::prelude::any::<bool>(), 20),
+        ) {
+            let peer: IpAddr = Ipv4Addr::new(10, 0, 0, 1).into();
+            let mut expected = peer;
+            for element in elements.iter().rev() {
+                match element {
+                    Element::Trusted(ip) => expected = IpAddr::V4(*ip),
+                    Element::Untrusted(ip) => {
+                        expected = *ip;
+                        break;
+                    }
+                    Element::Garbage(_) => break,
+                }
+            }
+            // The elements, over one or more header lines.
+            let mut request = http::Request::new(());
+            let mut line: Vec<u8> = Vec::new();
+            for (index, element) in elements.iter().enumerate() {
+                if !line.is_empty() {
+                    line.extend_from_slice(b", ");
+                }
+                line.extend_from_slice(&bytes_of(element));
+                if breaks[index] || index + 1 == elements.len() {
+                    let value = http::HeaderValue::from_bytes(&line).unwrap();
+                    request.headers_mut().append("x-forwarded-for", value);
+                    line.clear();
+                }
+            }
+            let (parts, _) = request.into_parts();
+            proptest::prop_assert_eq!(behind_proxy().client_ip(peer, &parts), expected);
+        }
     }
 
     #[test]

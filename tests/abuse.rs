@@ -1,0 +1,233 @@
+//! The limiter tried as an attacker would: each test is a way around a
+//! limit, or a way to switch the limiter off, and shows it closed.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::routing::get;
+use http::{Request, StatusCode};
+use serde_json::{Value, json};
+use slidegate::jsonwebtoken::{Algorithm, EncodingKey, Header as JwtHeader, encode};
+use slidegate::{
+    JwtClaim, MemoryStore, PeerIp, Policies, Policy, RateLimitLayer, RedisStore, Store,
+};
+use support::RedisServer;
+use support::reply::send;
+
+const MINUTE: Duration = Duration::from_secs(60);
+const SECRET: &[u8] = b"secret-of-the-abuse-tests";
+
+fn request(method: &str, uri: &str, peer: &str, headers: &[(&str, &[u8])]) -> Request<Body> {
+    let mut builder = Request::builder().method(method).uri(uri);
+    for (name, value) in headers {
+        builder = builder.header(*name, http::HeaderValue::from_bytes(value).unwrap());
+    }
+    let mut request = builder.body(Body::empty()).unwrap();
+    request
+        .extensions_mut()
+        .insert(ConnectInfo(peer.parse::<SocketAddr>().unwrap()));
+    request
+}
+
+/// Sends `count` requests made by `make` and returns their statuses.
+async fn statuses(
+    app: &Router,
+    count: usize,
+    mut make: impl FnMut(usize) -> Request<Body>,
+) -> Vec<u16> {
+    let mut statuses = Vec::with_capacity(count);
+    for index in 0..count {
+        statuses.push(send(app, make(index)).await.status.as_u16());
+    }
+    statuses
+}
+
+async fn on_both_stores<F, Fut>(test: F)
+where
+    F: Fn(Arc<dyn Store>) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    test(Arc::new(MemoryStore::new())).await;
+    let redis = RedisServer::start();
+    test(Arc::new(
+        RedisStore::builder(redis.pool(4))
+            .timeout(Duration::from_secs(5))
+            .build(),
+    ))
+    .await;
+}
+
+// ------------------------------------------------------------ HEAD is GET
+
+fn search_app(store: impl Store) -> Router {
+    let policies = Policies::builder()
+        .route("GET /api/search", Policy::new("search", 5, MINUTE))
+        .build()
+        .unwrap();
+    Router::new()
+        .route("/api/search", get(|| async { "results" }))
+        .route_layer(RateLimitLayer::new(store, PeerIp::new(), policies).without_deny_cache())
+}
+
+#[tokio::test]
+async fn head_on_a_get_route_is_counted_as_the_get() {
+    on_both_stores(|store| async move {
+        let app = search_app(store);
+        let heads = statuses(&app, 8, |_| {
+            request("HEAD", "/api/search?q=a", "192.0.2.1:1", &[])
+        })
+        .await;
+        assert_eq!(heads, [200, 200, 200, 200, 200, 429, 429, 429]);
+        let get = send(&app, request("GET", "/api/search?q=a", "192.0.2.1:1", &[])).await;
+        assert_eq!(get.status, StatusCode::TOO_MANY_REQUESTS);
+
+        // HEAD then GET from another client: one count.
+        let head = send(&app, request("HEAD", "/api/search", "192.0.2.2:1", &[])).await;
+        assert_eq!(head.header("x-ratelimit-remaining"), Some("4"));
+        let get = send(&app, request("GET", "/api/search", "192.0.2.2:1", &[])).await;
+        assert_eq!(get.header("x-ratelimit-remaining"), Some("3"));
+    })
+    .await;
+}
+
+// ------------------------------------------------- forwarding header bytes
+
+#[tokio::test]
+async fn a_non_ascii_forwarding_element_does_not_key_the_client_as_its_proxy() {
+    let policies = Policies::single(Policy::new("all", 2, MINUTE)).unwrap();
+    let keys = PeerIp::new().trust_proxies(["10.0.0.0/8".parse().unwrap()]);
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route_layer(RateLimitLayer::new(MemoryStore::new(), keys, policies));
+    // Two clients behind one proxy, each with a junk byte of its own in
+    // front of the address the proxy appended.
+    let from = |client: &str| {
+        let line = [b"\x80, ".as_slice(), client.as_bytes()].concat();
+        request("GET", "/", "10.0.0.1:1", &[("x-forwarded-for", &line)])
+    };
+    let first = statuses(&app, 3, |_| from("203.0.113.9")).await;
+    assert_eq!(first, [200, 200, 429]);
+    let second = statuses(&app, 2, |_| from("198.51.100.4")).await;
+    assert_eq!(
+        second,
+        [200, 200],
+        "another client is not the proxy's bucket"
+    );
+}
+
+// ------------------------------------------- wrong-typed registered claims
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+fn hs256(claims: &Value) -> String {
+    let token = encode(
+        &JwtHeader::new(Algorithm::HS256),
+        claims,
+        &EncodingKey::from_secret(SECRET),
+    )
+    .unwrap();
+    format!("Bearer {token}")
+}
+
+#[tokio::test]
+async fn validly_signed_tokens_with_wrong_typed_claims_are_refused() {
+    let jwt = JwtClaim::builder()
+        .secret(SECRET)
+        .algorithms([Algorithm::HS256])
+        .issuers(["https://auth.example"])
+        .audiences(["video-api"])
+        .build()
+        .unwrap();
+    let policies = Policies::single(Policy::new("all", 100, MINUTE)).unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route_layer(RateLimitLayer::new(MemoryStore::new(), jwt, policies));
+    let valid = json!({
+        "sub": "alice",
+        "exp": now() + 3600,
+        "iss": "https://auth.example",
+        "aud": "video-api",
+    });
+    let with = |claim: &str, value: Value| {
+        let mut claims = valid.clone();
+        claims[claim] = value;
+        hs256(&claims)
+    };
+    let ok = send(
+        &app,
+        request(
+            "GET",
+            "/",
+            "192.0.2.1:1",
+            &[("authorization", hs256(&valid).as_bytes())],
+        ),
+    )
+    .await;
+    assert_eq!(ok.status, StatusCode::OK, "{}", ok.body);
+    for token in [
+        with("aud", json!(1)),
+        with("aud", json!(["video-api", 5])),
+        with("aud", json!({"video-api": true})),
+        with("iss", json!(1)),
+        with("iss", json!({"a": 1})),
+        with("exp", json!("never")),
+        with("nbf", json!("now")),
+    ] {
+        let reply = send(
+            &app,
+            request(
+                "GET",
+                "/",
+                "192.0.2.1:1",
+                &[("authorization", token.as_bytes())],
+            ),
+        )
+        .await;
+        assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "{}", reply.body);
+        assert_eq!(reply.json()["reason"], "invalid_claim", "{}", reply.body);
+    }
+}
+
+#[tokio::test]
+async fn a_refused_algorithm_is_not_echoed_nor_the_allowed_ones_listed() {
+    let jwt = JwtClaim::builder()
+        .secret(SECRET)
+        .algorithms([Algorithm::HS256])
+        .build()
+        .unwrap();
+    let policies = Policies::single(Policy::new("all", 100, MINUTE)).unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route_layer(RateLimitLayer::new(MemoryStore::new(), jwt, policies));
+    let token = encode(
+        &JwtHeader::new(Algorithm::HS512),
+        &json!({"sub": "a", "exp": now() + 60}),
+        &EncodingKey::from_secret(SECRET),
+    )
+    .unwrap();
+    let reply = send(
+        &app,
+        request(
+            "GET",
+            "/",
+            "192.0.2.1:1",
+            &[("authorization", format!("Bearer {token}").as_bytes())],
+        ),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(reply.json()["reason"], "algorithm_not_allowed");
+    assert!(!reply.body.contains("HS512"), "{}", reply.body);
+    assert!(!reply.body.contains("HS256"), "{}", reply.body);
+}
