@@ -174,7 +174,7 @@ where
     /// Sends the checks to the store, unless the deny cache answers.
     fn checking(store: &dyn Store, mut pending: Pending<S, ReqBody>) -> Self {
         if pending.checks.is_empty() {
-            // The request costs nothing under any of its policies.
+            // Every policy of the request exempts it.
             return Self::decided(pending, Ok(Vec::new()));
         }
         if let Some(cache) = &pending.deny_cache {

@@ -214,7 +214,8 @@ impl RateLimitLayer {
     }
 
     /// Computes each request's cost per policy from its head (see
-    /// [`RequestCost`]) instead of the policies' fixed costs.
+    /// [`RequestCost`]) instead of the policies' fixed costs. A cost the
+    /// client writes is the client's to choose: clamp it.
     ///
     /// ```
     /// use slidegate::{Global, MemoryStore, Policies, Policy, RateLimitLayer};
@@ -223,7 +224,9 @@ impl RateLimitLayer {
     /// let policies = Policies::single(Policy::new("rows", 10_000, Duration::from_secs(60))).unwrap();
     /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).request_cost(
     ///     |parts: &http::request::Parts, _: &Policy| {
-    ///         parts.headers.get("x-rows")?.to_str().ok()?.parse().ok()
+    ///         // No header: the policy's own cost. At least 1, at most 1,000.
+    ///         let rows: u32 = parts.headers.get("x-rows")?.to_str().ok()?.parse().ok()?;
+    ///         Some(rows.clamp(1, 1_000))
     ///     },
     /// );
     /// ```

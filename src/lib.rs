@@ -51,7 +51,7 @@ mod tier;
 
 pub use body::ResponseBody;
 pub use clock::{Clock, FakeClock, SystemClock};
-pub use cost::RequestCost;
+pub use cost::{Cost, RequestCost};
 pub use decision::Decision;
 pub use deny_cache::DenyCache;
 pub use future::ResponseFuture;

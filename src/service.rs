@@ -12,7 +12,9 @@ use crate::cost::{self, Costs};
 use crate::future::{AwaitingTier, Pending, ResponseFuture};
 use crate::layer::Shared;
 use crate::throttle::TIER_LOOKUP_TIMEOUTS;
-use crate::{FailMode, KeyExtractor, Policies, RateLimitLayer, ResponseBody, Store, TierFuture};
+use crate::{
+    Cost, FailMode, KeyExtractor, Policies, RateLimitLayer, ResponseBody, Store, TierFuture,
+};
 
 /// Rate-limits requests to the inner service `S`; built by
 /// [`RateLimitLayer`].
@@ -129,7 +131,9 @@ where
         });
         // Only the policies that count the request decide how it fails.
         let fail_closed = policies.iter().enumerate().any(|(index, policy)| {
-            let counted = costs.as_ref().is_none_or(|costs| costs[index] != Some(0));
+            let counted = costs
+                .as_ref()
+                .is_none_or(|costs| costs[index] != Cost::Exempt);
             counted
                 && policy
                     .configured_fail_mode()

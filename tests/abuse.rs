@@ -231,3 +231,35 @@ async fn a_refused_algorithm_is_not_echoed_nor_the_allowed_ones_listed() {
     assert!(!reply.body.contains("HS512"), "{}", reply.body);
     assert!(!reply.body.contains("HS256"), "{}", reply.body);
 }
+
+// ------------------------------------------------- a computed cost of zero
+
+#[tokio::test]
+async fn a_client_derived_cost_of_zero_is_never_free() {
+    on_both_stores(|store| async move {
+        let policies = Policies::single(Policy::new("rows", 3, MINUTE)).unwrap();
+        // The shape of cost function a user writes: a header's number.
+        let rows = |parts: &http::request::Parts, _: &Policy| {
+            parts
+                .headers
+                .get("x-rows")?
+                .to_str()
+                .ok()?
+                .parse::<u32>()
+                .ok()
+        };
+        let app = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .route_layer(
+                RateLimitLayer::new(store, PeerIp::new(), policies)
+                    .request_cost(rows)
+                    .without_deny_cache(),
+            );
+        let zeros = statuses(&app, 6, |_| {
+            request("GET", "/", "192.0.2.1:1", &[("x-rows", b"0")])
+        })
+        .await;
+        assert_eq!(zeros, [200, 200, 200, 429, 429, 429]);
+    })
+    .await;
+}

@@ -17,9 +17,9 @@ use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use slidegate::{
-    DenyCache, FailMode, FakeClock, Global, Header, HeaderStyle, Identity, KeyExtractor, Limited,
-    MemoryStore, PeerIp, Policies, Policy, RateLimit, RateLimitLayer, RedisStore, ResetFormat,
-    TierLimits,
+    Cost, DenyCache, FailMode, FakeClock, Global, Header, HeaderStyle, Identity, KeyExtractor,
+    Limited, MemoryStore, PeerIp, Policies, Policy, RateLimit, RateLimitLayer, RedisStore,
+    ResetFormat, TierLimits,
 };
 use tower::{ServiceExt, service_fn};
 
@@ -199,12 +199,16 @@ async fn a_custom_429_keeps_its_body_but_not_a_wrong_status_or_retry_after() {
     }
 }
 
-/// The `x-rows` header, as the cost under the policy named `rows` only.
-fn rows_cost(parts: &http::request::Parts, policy: &Policy) -> Option<u32> {
-    if policy.name() != "rows" {
-        return None;
+/// The `x-rows` header, as the cost under the policy named `rows` only;
+/// `x-rows: exempt` stands for a request the server decides not to count.
+fn rows_cost(parts: &http::request::Parts, policy: &Policy) -> Cost {
+    let rows = parts.headers.get("x-rows").and_then(|v| v.to_str().ok());
+    match rows {
+        _ if policy.name() != "rows" => Cost::Policy,
+        Some("exempt") => Cost::Exempt,
+        Some(rows) => rows.parse().map_or(Cost::Policy, Cost::Units),
+        None => Cost::Policy,
     }
-    parts.headers.get("x-rows")?.to_str().ok()?.parse().ok()
 }
 
 /// A `rows` policy of 10 a minute (50 for `pro`, named by an async tier
@@ -267,8 +271,8 @@ async fn per_request_costs_are_spent_and_a_cost_above_the_limit_is_a_clear_422()
     assert_eq!(replies[2].header("x-ratelimit-remaining"), Some("2"));
     assert_eq!(replies[3].header("x-ratelimit-remaining"), Some("0"));
 
-    // Costing nothing under `rows` leaves only `calls`, which counts it.
-    let free = send(&app, rows_request("0", peer, false)).await;
+    // Exempt from `rows`, the request is counted by `calls` alone.
+    let free = send(&app, rows_request("exempt", peer, false)).await;
     assert_eq!(free.status, StatusCode::OK);
     assert_eq!(free.header("x-ratelimit-limit"), Some("100"));
 
@@ -287,7 +291,7 @@ async fn per_request_costs_are_spent_and_a_cost_above_the_limit_is_a_clear_422()
         (&body["policy"], &body["cost"], &body["limit"]),
         (&"rows".into(), &11.into(), &10.into())
     );
-    let after = send(&app, rows_request("0", peer, false)).await;
+    let after = send(&app, rows_request("exempt", peer, false)).await;
     assert_eq!(
         after
             .header("x-ratelimit-remaining")
@@ -513,7 +517,7 @@ async fn fail_modes_decide_when_the_store_is_down() {
     let search = send(&all_closed, get_from("/search", "192.0.2.1:1")).await;
     assert_eq!(search.status, StatusCode::SERVICE_UNAVAILABLE);
 
-    // A closed policy the request costs nothing under does not close it.
+    // A closed policy that exempts the request does not close it.
     let policies = Policies::builder()
         .route(
             "GET /search",
@@ -525,7 +529,8 @@ async fn fail_modes_decide_when_the_store_is_down() {
     let costed = routes()
         .route_layer(RateLimitLayer::new(DownStore, Global, policies).request_cost(rows_cost));
     for (rows, status) in [
-        ("0", StatusCode::OK),
+        ("exempt", StatusCode::OK),
+        ("0", StatusCode::SERVICE_UNAVAILABLE),
         ("1", StatusCode::SERVICE_UNAVAILABLE),
     ] {
         let mut request = get_from("/search", "192.0.2.1:1");
