@@ -17,8 +17,8 @@ use crate::cost::{self, CostAboveLimit, Costs};
 use crate::layer::Options;
 use crate::limited::LimitedResponse;
 use crate::response::{
-    LimitedBody, RateHeaders, client_unidentified, cost_above_limit, invalid_credentials,
-    limiter_unavailable, too_many_requests,
+    LimitedBody, RateHeaders, cost_above_limit, invalid_credentials, limiter_unavailable,
+    too_many_requests,
 };
 use crate::store::{CheckFuture, CheckOutcome, StoreError};
 use crate::throttle::STORE_FAILURES;
@@ -126,10 +126,6 @@ where
         }
     }
 
-    pub(crate) fn unidentified() -> Self {
-        Self::answered(client_unidentified())
-    }
-
     pub(crate) fn rejected(rejection: &KeyRejection) -> Self {
         Self::answered(invalid_credentials(rejection))
     }
@@ -158,7 +154,7 @@ where
         }
     }
 
-    fn answered(response: Response<Full<Bytes>>) -> Self {
+    pub(crate) fn answered(response: Response<Full<Bytes>>) -> Self {
         Self {
             state: State::Answered {
                 response: Some(response),

@@ -7,6 +7,7 @@ use tower_layer::Layer;
 
 use bytes::Bytes;
 use http::Response;
+use http::request::Parts;
 
 use crate::limited::LimitedResponse;
 use crate::{
@@ -43,9 +44,14 @@ pub(crate) struct Shared {
     pub(crate) tier_lookup: Option<Arc<dyn TierLookup>>,
     pub(crate) deny_cache: Option<DenyCache>,
     pub(crate) limited_response: Option<LimitedResponse>,
+    pub(crate) unidentified_response: Option<UnidentifiedResponse>,
     pub(crate) request_cost: Option<Arc<dyn RequestCost>>,
     pub(crate) options: Options,
 }
+
+/// Writes the answer to a request no key extractor identified; set with
+/// [`RateLimitLayer::unidentified_response`].
+pub(crate) type UnidentifiedResponse = Arc<dyn Fn(&Parts) -> Response<Bytes> + Send + Sync>;
 
 /// Applies sliding-window rate limiting to a service.
 ///
@@ -96,6 +102,7 @@ impl RateLimitLayer {
                 policies,
                 tier_lookup: None,
                 limited_response: None,
+                unidentified_response: None,
                 request_cost: None,
                 options: Options::default(),
             }),
@@ -210,6 +217,37 @@ impl RateLimitLayer {
         respond: impl Fn(&Limited<'_>) -> Response<Bytes> + Send + Sync + 'static,
     ) -> Self {
         Arc::make_mut(&mut self.shared).limited_response = Some(Arc::new(respond));
+        self
+    }
+
+    /// Writes the answer to a request that no key extractor identified,
+    /// in place of the default: `401` (`missing_credentials`) when every
+    /// extractor of the chain needs credentials (an API key, a token), as
+    /// with [`Header`](crate::Header) alone, and `500` otherwise (a
+    /// server without a peer address for [`PeerIp`](crate::PeerIp), say).
+    /// Such a request is never admitted unlimited.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use http::{Response, StatusCode};
+    /// use slidegate::{Header, MemoryStore, Policies, Policy, RateLimitLayer};
+    /// use std::time::Duration;
+    ///
+    /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
+    /// let api_keys = Header::new(http::HeaderName::from_static("x-api-key")).keys(["k"]);
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), api_keys, policies).unidentified_response(|_parts| {
+    ///     Response::builder()
+    ///         .status(StatusCode::FORBIDDEN)
+    ///         .body(Bytes::from_static(b"an API key is required\n"))
+    ///         .unwrap()
+    /// });
+    /// ```
+    #[must_use]
+    pub fn unidentified_response(
+        mut self,
+        respond: impl Fn(&Parts) -> Response<Bytes> + Send + Sync + 'static,
+    ) -> Self {
+        Arc::make_mut(&mut self.shared).unidentified_response = Some(Arc::new(respond));
         self
     }
 

@@ -353,10 +353,11 @@ pub(crate) fn invalid_credentials(rejection: &KeyRejection) -> Response<Full<Byt
             "reason": rejection.reason(),
         }),
     );
-    response.headers_mut().insert(
-        WWW_AUTHENTICATE,
-        HeaderValue::from_static("Bearer error=\"invalid_token\""),
-    );
+    if let Some(challenge) = rejection.www_authenticate() {
+        response
+            .headers_mut()
+            .insert(WWW_AUTHENTICATE, challenge.clone());
+    }
     response
 }
 
@@ -376,6 +377,21 @@ pub(crate) fn limiter_unavailable() -> Response<Full<Bytes>> {
         .headers_mut()
         .insert(RETRY_AFTER, HeaderValue::from_static("1"));
     response
+}
+
+/// `401 Unauthorized`: the key extractors identify clients by credentials
+/// only, and the request carried none.
+pub(crate) fn missing_credentials() -> Response<Full<Bytes>> {
+    problem(
+        StatusCode::UNAUTHORIZED,
+        json!({
+            "type": "about:blank",
+            "title": "Credentials Required",
+            "status": 401,
+            "detail": "this endpoint is rate-limited per client, and the request carried no credentials that identify one",
+            "reason": "missing_credentials",
+        }),
+    )
 }
 
 /// `500 Internal Server Error`: no key extractor in the chain identified

@@ -5,12 +5,15 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::{Request, Response};
+use http_body_util::Full;
 use tower_service::Service;
 
 use crate::cost::{self, Costs};
 use crate::future::{AwaitingTier, Pending, ResponseFuture};
 use crate::layer::Shared;
+use crate::response::{client_unidentified, missing_credentials};
 use crate::throttle::TIER_LOOKUP_TIMEOUTS;
 use crate::{
     Cost, FailMode, KeyExtractor, Policies, RateLimitLayer, ResponseBody, Store, TierFuture,
@@ -78,6 +81,16 @@ fn route_path(parts: &http::request::Parts) -> &str {
     parts.uri.path()
 }
 
+/// The answer to a request no extractor identified: the layer's own, or
+/// `401` when the chain keys by credentials alone, `500` otherwise.
+fn unidentified(shared: &Shared, parts: &http::request::Parts) -> Response<Full<Bytes>> {
+    match &shared.unidentified_response {
+        Some(respond) => respond(parts).map(Full::new),
+        None if shared.keys.needs_credentials() => missing_credentials(),
+        None => client_unidentified(),
+    }
+}
+
 /// Bounds a tier lookup: past `timeout` the base limits apply.
 fn with_timeout(lookup: TierFuture, timeout: Duration) -> TierFuture {
     Box::pin(async move {
@@ -117,7 +130,7 @@ where
         }
         let identity = match shared.keys.extract(&parts) {
             Ok(Some(identity)) => identity,
-            Ok(None) => return ResponseFuture::unidentified(),
+            Ok(None) => return ResponseFuture::answered(unidentified(shared, &parts)),
             Err(rejection) => {
                 tracing::debug!(reason = rejection.reason(), "credentials refused");
                 return ResponseFuture::rejected(&rejection);

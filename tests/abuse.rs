@@ -10,12 +10,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
-use axum::routing::get;
-use http::{Request, StatusCode};
+use axum::routing::{get, post};
+use http::{HeaderName, Request, StatusCode};
 use serde_json::{Value, json};
+use slidegate::config::Config;
 use slidegate::jsonwebtoken::{Algorithm, EncodingKey, Header as JwtHeader, encode};
 use slidegate::{
-    JwtClaim, MemoryStore, PeerIp, Policies, Policy, RateLimitLayer, RedisStore, Store,
+    Header, JwtClaim, Key, KeyExtractor, MemoryStore, PeerIp, Policies, Policy, RateLimitLayer,
+    RedisStore, Store,
 };
 use support::RedisServer;
 use support::reply::send;
@@ -262,4 +264,223 @@ async fn a_client_derived_cost_of_zero_is_never_free() {
         assert_eq!(zeros, [200, 200, 200, 429, 429, 429]);
     })
     .await;
+}
+
+// ----------------------------------------------------- unknown API keys
+
+fn login_app(store: Arc<dyn Store>, keys: impl KeyExtractor) -> Router {
+    let policies = Policies::builder()
+        .route("POST /api/login", Policy::new("login", 3, MINUTE))
+        .build()
+        .unwrap();
+    Router::new()
+        .route("/api/login", post(|| async { "welcome" }))
+        .route_layer(RateLimitLayer::new(store, keys, policies).without_deny_cache())
+}
+
+fn api_keys() -> Header {
+    Header::new(HeaderName::from_static("x-api-key")).tiers([("key-of-acme", "pro")])
+}
+
+/// A fresh random API key per request, as an attacker would send.
+fn random_key(index: usize) -> Vec<u8> {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!("random-{index}-{nanos}").into_bytes()
+}
+
+#[tokio::test]
+async fn random_api_keys_are_limited_by_the_clients_address() {
+    on_both_stores(|store| async move {
+        let app = login_app(store, api_keys().or(PeerIp::new()));
+        let replies = statuses(&app, 6, |index| {
+            let key = random_key(index);
+            request("POST", "/api/login", "192.0.2.9:1", &[("x-api-key", &key)])
+        })
+        .await;
+        assert_eq!(replies, [200, 200, 200, 429, 429, 429]);
+        // The known key is its own client, with its own count.
+        let known = send(
+            &app,
+            request(
+                "POST",
+                "/api/login",
+                "192.0.2.9:1",
+                &[("x-api-key", b"key-of-acme")],
+            ),
+        )
+        .await;
+        assert_eq!(known.status, StatusCode::OK);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn unknown_api_keys_can_be_refused_outright() {
+    let app = login_app(
+        Arc::new(MemoryStore::new()),
+        api_keys().reject_unknown().or(PeerIp::new()),
+    );
+    let reply = send(
+        &app,
+        request(
+            "POST",
+            "/api/login",
+            "192.0.2.9:1",
+            &[("x-api-key", b"guess")],
+        ),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        reply.header("content-type"),
+        Some("application/problem+json")
+    );
+    assert_eq!(reply.json()["reason"], "unknown_api_key");
+    assert_eq!(
+        reply.header("www-authenticate"),
+        Some("ApiKey header=\"x-api-key\"")
+    );
+
+    // The same from a configuration file.
+    let config = Config::from_toml_str(
+        r#"
+        [limiter]
+        keys = ["api_key", "ip"]
+        unknown_api_key = "reject"
+
+        [api_keys]
+        "key-of-acme" = "pro"
+
+        [[policy]]
+        name = "login"
+        route = "POST /api/login"
+        limit = 3
+        window = "60s"
+        "#,
+    )
+    .unwrap();
+    let app = Router::new()
+        .route("/api/login", post(|| async { "welcome" }))
+        .route_layer(config.layer(MemoryStore::new()));
+    let guess = send(
+        &app,
+        request(
+            "POST",
+            "/api/login",
+            "192.0.2.9:1",
+            &[("x-api-key", b"guess")],
+        ),
+    )
+    .await;
+    assert_eq!(guess.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(guess.json()["reason"], "unknown_api_key");
+    let known = send(
+        &app,
+        request(
+            "POST",
+            "/api/login",
+            "192.0.2.9:1",
+            &[("x-api-key", b"key-of-acme")],
+        ),
+    )
+    .await;
+    assert_eq!(known.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_credentials_only_chain_answers_a_request_without_any_401() {
+    let app = login_app(Arc::new(MemoryStore::new()), api_keys());
+    let bare = send(&app, request("POST", "/api/login", "192.0.2.9:1", &[])).await;
+    assert_eq!(bare.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(bare.json()["reason"], "missing_credentials");
+    let unknown = send(
+        &app,
+        request(
+            "POST",
+            "/api/login",
+            "192.0.2.9:1",
+            &[("x-api-key", b"guess")],
+        ),
+    )
+    .await;
+    assert_eq!(
+        unknown.status,
+        StatusCode::UNAUTHORIZED,
+        "unknown is no identity either"
+    );
+
+    // The answer is the layer's to choose.
+    let policies = Policies::single(Policy::new("all", 3, MINUTE)).unwrap();
+    let custom = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route_layer(
+            RateLimitLayer::new(MemoryStore::new(), api_keys(), policies).unidentified_response(
+                |_| {
+                    http::Response::builder()
+                        .status(StatusCode::FORBIDDEN)
+                        .body(bytes::Bytes::from_static(b"send an API key"))
+                        .unwrap()
+                },
+            ),
+        );
+    let reply = send(&custom, request("GET", "/", "192.0.2.9:1", &[])).await;
+    assert_eq!(reply.status, StatusCode::FORBIDDEN);
+    assert_eq!(reply.body, "send an API key");
+}
+
+// ------------------------------------------------------------ key labels
+
+#[tokio::test]
+async fn no_closure_or_header_can_spend_another_sources_bucket() {
+    let policies = Policies::single(Policy::new("all", 2, MINUTE)).unwrap();
+    let store = MemoryStore::new();
+    let victim = "192.0.2.7:1";
+    // The victim, keyed by address, spends its two requests... after an
+    // attacker tried to spend them through keys that spell its bucket.
+    let forged = |parts: &http::request::Parts| {
+        parts
+            .headers
+            .get("x-tenant")
+            .map(|value| Key::new(value.as_bytes()))
+    };
+    let tenant = Header::trusted(HeaderName::from_static("x-tenant")).public();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route_layer(RateLimitLayer::new(
+            store.clone(),
+            forged.or(tenant).or(PeerIp::new()),
+            policies.clone(),
+        ));
+    let by_closure = statuses(&app, 3, |_| {
+        request(
+            "GET",
+            "/",
+            "198.51.100.1:1",
+            &[("x-tenant", b"ip:192.0.2.7")],
+        )
+    })
+    .await;
+    assert_eq!(by_closure, [200, 200, 429]);
+    let header_only = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route_layer(RateLimitLayer::new(
+            store.clone(),
+            Header::trusted(HeaderName::from_static("x-tenant")).public(),
+            policies.clone(),
+        ));
+    for forged in [&b"ip:192.0.2.7"[..], b"global", b"jwt:alice"] {
+        let replies = statuses(&header_only, 3, |_| {
+            request("GET", "/", "198.51.100.1:1", &[("x-tenant", forged)])
+        })
+        .await;
+        assert_eq!(replies, [200, 200, 429]);
+    }
+    let by_address = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route_layer(RateLimitLayer::new(store, PeerIp::new(), policies));
+    let replies = statuses(&by_address, 3, |_| request("GET", "/", victim, &[])).await;
+    assert_eq!(replies, [200, 200, 429], "the victim's bucket is untouched");
 }

@@ -68,7 +68,7 @@ async fn every_algorithm_and_mixed_batches_work_on_a_cluster() {
     assert_eq!(keys.len(), 30 * 4, "log, sum, counter, fixed per client");
     let mut primaries = HashSet::new();
     for client in 0..30 {
-        let tag = format!("{{client-{client}}}");
+        let tag = format!("{{user:client-{client}}}");
         let mine: Vec<&(String, &support::RedisServer)> =
             keys.iter().filter(|(k, _)| k.contains(&tag)).collect();
         assert_eq!(mine.len(), 4, "{mine:?}");

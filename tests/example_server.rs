@@ -177,14 +177,22 @@ fn demo_config_limits_search_and_login_but_never_health() {
 
     let whoami = server.get("/api/whoami").json();
     assert_eq!(whoami["key"], "ip:127.0.0.1");
+    let unknown_key = server
+        .request("GET", "/api/whoami", &[("x-api-key", "made-up")])
+        .json();
+    assert_eq!(
+        unknown_key["key"], "ip:127.0.0.1",
+        "an unknown API key is no identity"
+    );
     let with_key = server
-        .request("GET", "/api/whoami", &[("x-api-key", "demo-secret")])
+        .request("GET", "/api/whoami", &[("x-api-key", "demo-pro-key")])
         .json();
     let key = with_key["key"].as_str().unwrap();
     assert!(
-        key.starts_with("x-api-key:#") && !key.contains("demo-secret"),
+        key.starts_with("key:#") && !key.contains("demo-pro-key"),
         "{key}"
     );
+    assert_eq!(with_key["tier"], "pro");
 }
 
 /// A demo token from the `mint_token` example, as the README mints it.
@@ -261,7 +269,7 @@ fn redis_url_switches_to_redis() {
     // The client denied a moment ago is still denied, from the deny cache.
     drop(redis);
     assert_eq!(server.request("POST", "/api/login", &[]).status, 429);
-    let other_client = [("x-api-key", "another-client")];
+    let other_client = [("x-api-key", "demo-free-key")];
     assert_eq!(
         server.request("POST", "/api/login", &other_client).status,
         503

@@ -186,6 +186,7 @@ struct RawConfig {
 struct RawLimiter {
     keys: Spanned<Vec<KeySource>>,
     api_key_header: Spanned<String>,
+    unknown_api_key: UnknownApiKeyName,
     trusted_proxies: Vec<Cidr>,
     forwarded_header: ForwardedHeaderName,
     ipv6_prefix: Spanned<u8>,
@@ -200,6 +201,7 @@ impl Default for RawLimiter {
         Self {
             keys: Spanned::new(0..0, vec![KeySource::Ip]),
             api_key_header: Spanned::new(0..0, "x-api-key".to_owned()),
+            unknown_api_key: UnknownApiKeyName::Next,
             trusted_proxies: Vec::new(),
             forwarded_header: ForwardedHeaderName::XForwardedFor,
             ipv6_prefix: Spanned::new(0..0, 64),
@@ -218,6 +220,16 @@ enum KeySource {
     ApiKey,
     Ip,
     Global,
+}
+
+/// What an API key outside `[api_keys]` gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum UnknownApiKeyName {
+    /// No identity: the next key source decides.
+    Next,
+    /// `401` with reason `unknown_api_key`.
+    Reject,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -331,7 +343,8 @@ pub struct Config {
     redis: Option<RedisSettings>,
     keys: Vec<KeySource>,
     jwt: Option<JwtClaim>,
-    /// The API-key extractor with its tier table (hashed on the way in).
+    /// The API-key extractor with its table of known keys and their tiers
+    /// (hashed on the way in).
     api_key: Header,
     peer_ip: PeerIp,
     policies: Policies,
@@ -433,11 +446,14 @@ impl Config {
                     "is not a valid header name",
                 )
             })?;
-        let api_key = Header::new(api_key_header).tiers(api_key_tiers(
+        let mut api_key = Header::new(api_key_header).tiers(api_key_tiers(
             raw.api_keys,
             keys.contains(&KeySource::ApiKey),
             source,
         )?);
+        if limiter.unknown_api_key == UnknownApiKeyName::Reject {
+            api_key = api_key.reject_unknown();
+        }
         let ipv6_prefix = *limiter.ipv6_prefix.get_ref();
         if ipv6_prefix > 128 {
             return Err(ConfigError::at(

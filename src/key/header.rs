@@ -1,55 +1,105 @@
-//! Keys from a request header, such as an API key, with an optional
-//! value → tier table.
+//! Keys from a request header: API keys, known in advance, or the value of
+//! a header your own gateway sets.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use http::HeaderName;
 use http::request::Parts;
+use http::{HeaderName, HeaderValue};
 
-use super::{Extracted, Identity, Key, KeyExtractor};
+use super::{Extracted, Identity, Key, KeyExtractor, KeyRejection, digest, hex_of, sanitized};
 
-/// Keys a request by one header's value, e.g. `x-api-key`.
+/// The label of API keys in store keys.
+const API_KEY_LABEL: &str = "key";
+
+/// Who may write the header, and so what its value proves.
+#[derive(Debug, Clone, Copy)]
+enum Trust {
+    /// The client writes it: only values in the table are identities.
+    KnownOnly { reject_unknown: bool },
+    /// A gateway of yours writes it: every value is the client.
+    AsIs { secret: bool },
+}
+
+/// Keys a request by one header's value: an API key such as `x-api-key`
+/// (the default), or, by an explicit opt-in, a header your own gateway
+/// sets ([`Header::trusted`]).
 ///
-/// The value is a secret by default and always hashed; call
-/// [`Header::public`] for non-secret values (a tenant id, say), which are
-/// kept readable when short and safe. A missing or empty header, or the
-/// header sent more than once, yields no key, so the next extractor in the
-/// chain decides.
+/// **API keys are identities only when known:** a key in the table given
+/// to [`keys`](Header::keys) or [`tiers`](Header::tiers) is the client,
+/// as `key:<hash>`. Any other value is no identity, so the next extractor
+/// in the chain decides (a client sending a fresh random key each time is
+/// limited by its address, say), or, with
+/// [`reject_unknown`](Header::reject_unknown), is refused with `401`.
+/// Keys are hashed on the way in: neither the table nor any store key holds
+/// a raw API key. A missing or empty header, or one sent more than once,
+/// is no known key either.
 ///
 /// ```
 /// use slidegate::{Header, KeyExtractor};
 ///
-/// let (parts, _) = http::Request::builder()
-///     .header("x-api-key", "sk_live_abc")
-///     .body(())
-///     .unwrap()
-///     .into_parts();
-/// let key = Header::new(http::HeaderName::from_static("x-api-key")).extract(&parts).unwrap().unwrap().key;
-/// assert!(key.as_str().starts_with("x-api-key:#"));
-/// assert!(!key.as_str().contains("sk_live_abc"));
+/// let api_keys = Header::new(http::HeaderName::from_static("x-api-key")).keys(["sk_live_abc"]);
+/// let with = |key: &str| {
+///     let (parts, _) = http::Request::builder().header("x-api-key", key).body(()).unwrap().into_parts();
+///     api_keys.extract(&parts).unwrap()
+/// };
+/// let known = with("sk_live_abc").unwrap().key;
+/// assert!(known.as_str().starts_with("key:#"));
+/// assert!(!known.as_str().contains("sk_live_abc"));
+/// assert_eq!(with("made-up"), None, "unknown: the next extractor decides");
 /// ```
 #[derive(Debug, Clone)]
 pub struct Header {
     name: HeaderName,
-    secret: bool,
-    /// Tier by the hashed header value: the table never holds a raw API
-    /// key after construction.
-    tiers: Arc<HashMap<Key, Arc<str>>>,
+    trust: Trust,
+    /// Known values by their digest, with their tiers: the table never
+    /// holds a raw API key after construction.
+    known: Arc<HashMap<[u8; 16], Option<Arc<str>>>>,
 }
 
 impl Header {
-    /// Keys by the header `name`, hashing its value.
+    /// Keys by the API key in the header `name`; only keys added with
+    /// [`keys`](Header::keys) or [`tiers`](Header::tiers) identify a client.
     pub fn new(name: HeaderName) -> Self {
         Self {
             name,
-            secret: true,
-            tiers: Arc::default(),
+            trust: Trust::KnownOnly {
+                reject_unknown: false,
+            },
+            known: Arc::default(),
         }
     }
 
-    /// Treats the value as public: kept as it is when it is short printable
-    /// ASCII without `{`, `}` or `#`, hashed otherwise.
+    /// Keys by whatever value the header `name` holds, hashed, as
+    /// `header:<name>:<hash>`. **Only for a header your own gateway or
+    /// proxy sets** (after authenticating the client) and strips from what
+    /// clients send: any client that can write the header can pick its own
+    /// bucket with every request.
+    ///
+    /// ```
+    /// use slidegate::{Header, KeyExtractor};
+    ///
+    /// let (parts, _) = http::Request::builder()
+    ///     .header("x-authenticated-user", "u-1234")
+    ///     .body(())
+    ///     .unwrap()
+    ///     .into_parts();
+    /// let user = Header::trusted(http::HeaderName::from_static("x-authenticated-user"));
+    /// let key = user.extract(&parts).unwrap().unwrap().key;
+    /// assert!(key.as_str().starts_with("header:x-authenticated-user:#"));
+    /// ```
+    pub fn trusted(name: HeaderName) -> Self {
+        Self {
+            name,
+            trust: Trust::AsIs { secret: true },
+            known: Arc::default(),
+        }
+    }
+
+    /// For a [`trusted`](Header::trusted) header whose values are not
+    /// secret (a tenant id, say): they are kept readable when short and
+    /// safe, hashed otherwise. API keys are secrets and stay hashed: on a
+    /// header made with [`Header::new`] this changes nothing.
     ///
     /// ```
     /// use slidegate::{Header, KeyExtractor};
@@ -59,18 +109,48 @@ impl Header {
     ///     .body(())
     ///     .unwrap()
     ///     .into_parts();
-    /// let key = Header::new(http::HeaderName::from_static("x-tenant")).public().extract(&parts).unwrap().unwrap().key;
-    /// assert_eq!(key.as_str(), "x-tenant:acme");
+    /// let tenant = Header::trusted(http::HeaderName::from_static("x-tenant")).public();
+    /// assert_eq!(tenant.extract(&parts).unwrap().unwrap().key.as_str(), "header:x-tenant:acme");
     /// ```
     #[must_use]
     pub fn public(mut self) -> Self {
-        self.secret = false;
+        if let Trust::AsIs { secret } = &mut self.trust {
+            *secret = false;
+        }
         self
     }
 
-    /// Gives clients a tier by header value (API key → tier). Values are
-    /// hashed on the way in, like the keys themselves; unknown values get
-    /// no tier, so policies' base limits.
+    /// Refuses unknown API keys with `401` (reason `unknown_api_key`)
+    /// instead of letting the next extractor decide.
+    ///
+    /// ```
+    /// use slidegate::{Header, KeyExtractor};
+    ///
+    /// let api_keys = Header::new(http::HeaderName::from_static("x-api-key"))
+    ///     .keys(["sk_live_abc"])
+    ///     .reject_unknown();
+    /// let (parts, _) = http::Request::builder().header("x-api-key", "guess").body(()).unwrap().into_parts();
+    /// assert_eq!(api_keys.extract(&parts).unwrap_err().reason(), "unknown_api_key");
+    /// ```
+    #[must_use]
+    pub fn reject_unknown(mut self) -> Self {
+        if let Trust::KnownOnly { reject_unknown } = &mut self.trust {
+            *reject_unknown = true;
+        }
+        self
+    }
+
+    /// Adds known API keys without a tier (the policies' base limits).
+    /// They are hashed on the way in.
+    #[must_use]
+    pub fn keys<V: AsRef<[u8]>>(self, keys: impl IntoIterator<Item = V>) -> Self {
+        self.add(keys.into_iter().map(|key| (digest(key.as_ref()), None)))
+    }
+
+    /// Adds known API keys with their tiers (API key → tier). Keys are
+    /// hashed on the way in. On a [`trusted`](Header::trusted) header,
+    /// the table gives tiers to the values it names, and other values are
+    /// keyed without one.
     ///
     /// ```
     /// use slidegate::{Header, KeyExtractor};
@@ -86,48 +166,106 @@ impl Header {
     /// assert_eq!(identity.tier.as_deref(), Some("pro"));
     /// ```
     #[must_use]
-    pub fn tiers<V, T>(mut self, table: impl IntoIterator<Item = (V, T)>) -> Self
+    pub fn tiers<V, T>(self, table: impl IntoIterator<Item = (V, T)>) -> Self
     where
         V: AsRef<[u8]>,
         T: Into<Arc<str>>,
     {
-        let mut tiers = (*self.tiers).clone();
-        for (value, tier) in table {
-            tiers.insert(Key::hashed(value), tier.into());
-        }
-        self.tiers = Arc::new(tiers);
+        self.add(
+            table
+                .into_iter()
+                .map(|(key, tier)| (digest(key.as_ref()), Some(tier.into()))),
+        )
+    }
+
+    fn add(mut self, entries: impl Iterator<Item = ([u8; 16], Option<Arc<str>>)>) -> Self {
+        let mut known = (*self.known).clone();
+        known.extend(entries);
+        self.known = Arc::new(known);
         self
     }
+
+    /// The header's one non-empty value, or why there is none to use.
+    fn value<'a>(&self, parts: &'a Parts) -> Value<'a> {
+        let mut values = parts.headers.get_all(&self.name).iter();
+        match (values.next(), values.next()) {
+            (None, _) => Value::Absent,
+            (Some(value), None) if value.is_empty() => Value::Absent,
+            (Some(value), None) => Value::One(value),
+            (Some(_), Some(_)) => Value::Repeated,
+        }
+    }
+
+    fn unknown(&self, detail: String) -> Extracted {
+        match self.trust {
+            Trust::KnownOnly {
+                reject_unknown: true,
+            } => Err(KeyRejection::new("unknown_api_key", detail).challenge(self.challenge())),
+            _ => Ok(None),
+        }
+    }
+
+    /// `WWW-Authenticate` for a refused API key: which header to send it in.
+    fn challenge(&self) -> HeaderValue {
+        HeaderValue::try_from(format!("ApiKey header=\"{}\"", self.name))
+            .expect("a header name is a valid header value")
+    }
+}
+
+/// What a request holds in the header.
+enum Value<'a> {
+    Absent,
+    One(&'a HeaderValue),
+    Repeated,
 }
 
 impl KeyExtractor for Header {
     fn extract(&self, parts: &Parts) -> Extracted {
-        let mut values = parts.headers.get_all(&self.name).iter();
-        let Some(value) = values.next() else {
-            return Ok(None);
+        let value = match self.value(parts) {
+            Value::Absent => return Ok(None),
+            Value::Repeated => {
+                tracing::debug!(header = %self.name, "header sent more than once; not used as a key");
+                return self.unknown(format!("the {} header was sent more than once", self.name));
+            }
+            Value::One(value) => value.as_bytes(),
         };
-        if values.next().is_some() {
-            tracing::debug!(header = %self.name, "header sent more than once; not used as a key");
-            return Ok(None);
+        let digest = digest(value);
+        let tier = self.known.get(&digest);
+        match self.trust {
+            Trust::KnownOnly { .. } => match tier {
+                Some(tier) => Ok(Some(Identity {
+                    key: Key::labelled(API_KEY_LABEL, &hex_of(&digest)),
+                    tier: tier.clone(),
+                })),
+                None => self.unknown(format!("the {} is not a known API key", self.name)),
+            },
+            Trust::AsIs { secret } => {
+                let material = if secret {
+                    hex_of(&digest).into()
+                } else {
+                    sanitized(value)
+                };
+                let label = format!("header:{}", self.name);
+                Ok(Some(Identity {
+                    key: Key::labelled(&label, &material),
+                    tier: tier.cloned().flatten(),
+                }))
+            }
         }
-        let bytes = value.as_bytes();
-        if bytes.is_empty() {
-            return Ok(None);
-        }
-        let hashed = Key::hashed(bytes);
-        let tier = self.tiers.get(&hashed).cloned();
-        let material = if self.secret { hashed } else { Key::new(bytes) };
-        Ok(Some(Identity {
-            key: Key::labelled(self.name.as_str(), material),
-            tier,
-        }))
+    }
+
+    fn presents_credentials(&self, parts: &Parts) -> bool {
+        matches!(self.trust, Trust::KnownOnly { .. }) && parts.headers.contains_key(&self.name)
+    }
+
+    fn needs_credentials(&self) -> bool {
+        true
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::HeaderValue;
 
     fn parts_with(values: &[HeaderValue]) -> Parts {
         let mut request = http::Request::new(());
@@ -137,51 +275,89 @@ mod tests {
         request.into_parts().0
     }
 
-    fn extract(values: &[HeaderValue]) -> Option<Identity> {
+    fn api_keys() -> Header {
         Header::new(HeaderName::from_static("x-api-key"))
-            .extract(&parts_with(values))
-            .unwrap()
+            .keys(["key-a", "key-b"])
+            .tiers([("secret-pro", "pro")])
+    }
+
+    fn extract(header: &Header, values: &[HeaderValue]) -> Extracted {
+        header.extract(&parts_with(values))
     }
 
     #[test]
     fn missing_empty_or_repeated_header_yields_nothing() {
-        assert_eq!(extract(&[]), None);
-        assert_eq!(extract(&[HeaderValue::from_static("")]), None);
-        let twice = [HeaderValue::from_static("a"), HeaderValue::from_static("b")];
-        assert_eq!(extract(&twice), None);
+        let keys = api_keys();
+        assert_eq!(extract(&keys, &[]), Ok(None));
+        assert_eq!(extract(&keys, &[HeaderValue::from_static("")]), Ok(None));
+        let twice = [
+            HeaderValue::from_static("key-a"),
+            HeaderValue::from_static("key-b"),
+        ];
+        assert_eq!(extract(&keys, &twice), Ok(None));
+        assert_eq!(
+            extract(&keys.reject_unknown(), &twice)
+                .unwrap_err()
+                .reason(),
+            "unknown_api_key"
+        );
     }
 
     #[test]
-    fn binary_and_huge_values_are_hashed_to_a_short_key() {
+    fn only_known_keys_are_identities() {
+        let keys = api_keys();
+        let a = extract(&keys, &[HeaderValue::from_static("key-a")]).unwrap();
+        let b = extract(&keys, &[HeaderValue::from_static("key-b")]).unwrap();
+        assert_ne!(a.unwrap().key, b.unwrap().key);
+        for unknown in [&b"key-c"[..], b"\xff\xfe{x}", &[b'k'; 16 * 1024]] {
+            let value = HeaderValue::from_bytes(unknown).unwrap();
+            assert_eq!(extract(&keys, std::slice::from_ref(&value)), Ok(None));
+            let refused = extract(&keys.clone().reject_unknown(), &[value]).unwrap_err();
+            assert_eq!(refused.reason(), "unknown_api_key");
+            assert_eq!(
+                refused.www_authenticate().unwrap(),
+                "ApiKey header=\"x-api-key\""
+            );
+        }
+    }
+
+    #[test]
+    fn trusted_values_are_hashed_to_a_short_labelled_key() {
+        let trusted = Header::trusted(HeaderName::from_static("x-api-key"));
         let binary = HeaderValue::from_bytes(b"\xff\xfe{x}").unwrap();
         let huge = HeaderValue::from_str(&"k".repeat(16 * 1024)).unwrap();
         for value in [binary, huge] {
-            let key = extract(&[value]).unwrap().key;
-            assert_eq!(key.as_str().len(), "x-api-key:#".len() + 32);
+            let key = extract(&trusted, &[value]).unwrap().unwrap().key;
+            assert_eq!(key.as_str().len(), "header:x-api-key:#".len() + 32);
             assert!(!key.as_str().contains('{'));
         }
     }
 
     #[test]
-    fn distinct_secrets_get_distinct_keys() {
-        let a = extract(&[HeaderValue::from_static("key-a")]).unwrap();
-        let b = extract(&[HeaderValue::from_static("key-b")]).unwrap();
-        assert_ne!(a.key, b.key);
+    fn the_table_holds_no_raw_secret() {
+        let header = api_keys();
+        assert!(!format!("{header:?}").contains("secret-pro"));
+        let tier = |h: &Header, v: &'static str| {
+            extract(h, &[HeaderValue::from_static(v)])
+                .unwrap()
+                .and_then(|identity| identity.tier)
+        };
+        assert_eq!(tier(&header, "secret-pro").as_deref(), Some("pro"));
+        assert_eq!(tier(&header, "key-a"), None);
+        let trusted = Header::trusted(HeaderName::from_static("x-api-key"))
+            .tiers([("secret-pro", "pro")])
+            .public();
+        assert_eq!(tier(&trusted, "secret-pro").as_deref(), Some("pro"));
+        assert_eq!(tier(&trusted, "anyone"), None);
     }
 
     #[test]
-    fn tier_table_holds_no_raw_secret() {
-        let header =
-            Header::new(HeaderName::from_static("x-api-key")).tiers([("secret-pro", "pro")]);
-        assert!(!format!("{header:?}").contains("secret-pro"));
-        let tier = |h: &Header, v: &'static str| {
-            h.extract(&parts_with(&[HeaderValue::from_static(v)]))
-                .unwrap()
-                .unwrap()
-                .tier
-        };
-        assert_eq!(tier(&header, "secret-pro").as_deref(), Some("pro"));
-        assert_eq!(tier(&header, "unknown"), None);
-        assert_eq!(tier(&header.public(), "secret-pro").as_deref(), Some("pro"));
+    fn public_leaves_api_keys_hashed() {
+        let keys = api_keys().public();
+        let key = extract(&keys, &[HeaderValue::from_static("key-a")])
+            .unwrap()
+            .unwrap()
+            .key;
+        assert!(!key.as_str().contains("key-a"), "{key}");
     }
 }

@@ -7,13 +7,14 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use http::HeaderValue;
 use http::header::AUTHORIZATION;
 use http::request::Parts;
 use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde_json::{Map, Value};
 
-use super::{Extracted, Identity, Key, KeyRejection};
+use super::{Extracted, Identity, Key, KeyRejection, sanitized};
 
 /// Longest `Authorization` value looked at; longer ones are refused unread.
 const MAX_TOKEN_LEN: usize = 8 * 1024;
@@ -220,7 +221,7 @@ impl JwtClaim {
             }
         });
         Ok(Identity {
-            key: Key::labelled("jwt", Key::new(material)),
+            key: Key::labelled("jwt", &sanitized(material.as_bytes())),
             tier,
         })
     }
@@ -228,12 +229,34 @@ impl JwtClaim {
 
 impl super::KeyExtractor for JwtClaim {
     fn extract(&self, parts: &Parts) -> Extracted {
-        let Some(token) = bearer_token(parts)? else {
-            return Ok(None);
+        let verified = || {
+            let Some(token) = bearer_token(parts)? else {
+                return Ok(None);
+            };
+            let claims = self.verify(token)?;
+            self.identity(&claims).map(Some)
         };
-        let claims = self.verify(token)?;
-        self.identity(&claims).map(Some)
+        verified().map_err(|rejection| {
+            rejection.challenge(HeaderValue::from_static("Bearer error=\"invalid_token\""))
+        })
     }
+
+    fn presents_credentials(&self, parts: &Parts) -> bool {
+        parts
+            .headers
+            .get_all(AUTHORIZATION)
+            .iter()
+            .any(|value| is_bearer(value.as_bytes()))
+    }
+
+    fn needs_credentials(&self) -> bool {
+        true
+    }
+}
+
+/// Whether an `Authorization` value is of the `Bearer` scheme.
+fn is_bearer(value: &[u8]) -> bool {
+    value.len() > 7 && value[..7].eq_ignore_ascii_case(b"bearer ")
 }
 
 /// The bearer token of the request, if it has one.
@@ -249,8 +272,7 @@ fn bearer_token(parts: &Parts) -> Result<Option<&str>, KeyRejection> {
         ));
     }
     let bytes = value.as_bytes();
-    let is_bearer = bytes.len() > 7 && bytes[..7].eq_ignore_ascii_case(b"bearer ");
-    if !is_bearer {
+    if !is_bearer(bytes) {
         // Another scheme (Basic, say): not ours to judge.
         return Ok(None);
     }

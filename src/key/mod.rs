@@ -1,11 +1,18 @@
 //! Who is asking: [`KeyExtractor`]s turn a request head into a [`Key`].
 //!
-//! Built-ins: [`PeerIp`], [`Header`] (with an API key → tier table),
-//! `JwtClaim` (feature `jwt`), [`Global`], and any closure
+//! Built-ins: [`PeerIp`], [`Header`] (known API keys, or a header your own
+//! gateway sets), `JwtClaim` (feature `jwt`), [`Global`], and any closure
 //! `Fn(&http::request::Parts) -> Option<Key>`. Chain them with
 //! [`KeyExtractor::or`]: the first that yields a key wins, and one that
 //! refuses the client's credentials ([`KeyRejection`], answered `401`)
 //! stops the chain.
+//!
+//! Every source writes its keys under a label of its own, which no other
+//! source can produce: `ip:` ([`PeerIp`]), `jwt:` (`JwtClaim`), `key:`
+//! (API keys), `header:<name>:` (a trusted [`Header`]), `global`
+//! ([`Global`]), and `user:` for keys made with [`Key::new`] by closures and
+//! your own extractors. A client that controls a header or a claim can
+//! never name another client's IP bucket.
 //!
 //! Key material from the client never reaches the store raw when it could
 //! hurt: secrets are hashed, and so is anything long, binary or holding a
@@ -22,51 +29,61 @@ pub use header::Header;
 pub use jwt::{JwtClaim, JwtClaimBuilder, JwtError};
 pub use peer_ip::{ForwardedHeader, PeerIp};
 
+use std::borrow::Cow;
 use std::fmt::{self, Write as _};
 use std::sync::Arc;
 
+use http::HeaderValue;
 use http::request::Parts;
 use sha2::{Digest, Sha256};
 
 /// Longest key material kept as it is; longer material is hashed.
 const MAX_RAW_LEN: usize = 64;
 
-/// A client's identity as the store sees it: printable ASCII without braces,
-/// at most a hundred or so bytes.
+/// The label of keys made by [`Key::new`] and [`Key::hashed`].
+const USER_LABEL: &str = "user";
+
+/// A client's identity as the store sees it: a label naming the source,
+/// then printable ASCII without braces, at most a hundred or so bytes.
 ///
 /// ```
 /// use slidegate::Key;
 ///
-/// assert_eq!(Key::new("user-42").as_str(), "user-42");
+/// // Keys made in your code are labelled `user:`, so they can never be
+/// // mistaken for an address (`ip:`), a token's subject (`jwt:`) or an API
+/// // key (`key:`).
+/// assert_eq!(Key::new("tenant-42").as_str(), "user:tenant-42");
+/// assert_eq!(Key::new("ip:192.0.2.7").as_str(), "user:ip:192.0.2.7");
 /// // Braces would let a client choose its Redis Cluster slot: hashed.
-/// assert!(Key::new("{evil}").as_str().starts_with('#'));
+/// assert!(Key::new("{evil}").as_str().starts_with("user:#"));
 /// // Secrets are always hashed.
-/// assert_ne!(Key::hashed("sk_live_123").as_str(), "sk_live_123");
+/// assert!(!Key::hashed("sk_live_123").as_str().contains("sk_live_123"));
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Key(Arc<str>);
 
 impl Key {
-    /// Keeps `material` as it is when it is short printable ASCII without
-    /// `{`, `}` or `#`; hashes it otherwise.
+    /// A key of your own under the `user:` label: `material` is kept as it
+    /// is when it is short printable ASCII without `{`, `}` or `#`, and
+    /// hashed otherwise.
     pub fn new(material: impl AsRef<[u8]>) -> Self {
-        let bytes = material.as_ref();
-        match std::str::from_utf8(bytes) {
-            Ok(text) if is_safe_raw(text) => Self(text.into()),
-            _ => Self::hashed(bytes),
-        }
+        Self::labelled(USER_LABEL, &sanitized(material.as_ref()))
     }
 
-    /// Always hashes `material` (SHA-256, first 128 bits, hex, after a `#`).
-    /// Use this for secrets such as API keys.
+    /// A key of your own under the `user:` label, always hashed (SHA-256,
+    /// first 128 bits, hex, after a `#`). Use this for secrets.
     pub fn hashed(material: impl AsRef<[u8]>) -> Self {
-        Self(hash_hex(material.as_ref()).into())
+        Self::labelled(USER_LABEL, &hash_hex(material.as_ref()))
     }
 
-    /// A key made of a trusted `kind` label and client material, as
-    /// `kind:material` with the material sanitised like [`Key::new`].
-    pub(crate) fn labelled(kind: &str, material: Key) -> Self {
-        Self(format!("{kind}:{}", material.0).into())
+    /// `label:text`, for a label of a built-in source and text that is
+    /// already safe.
+    pub(crate) fn labelled(label: &str, text: &str) -> Self {
+        let mut key = String::with_capacity(label.len() + 1 + text.len());
+        key.push_str(label);
+        key.push(':');
+        key.push_str(text);
+        Self(key.into())
     }
 
     /// A key `label:value` for a value the crate formats itself (an IP
@@ -82,7 +99,7 @@ impl Key {
                 return Self(text.into());
             }
         }
-        Self::labelled(label, Key::new(value.to_string()))
+        Self::labelled(label, &sanitized(value.to_string().as_bytes()))
     }
 
     /// A key of text the crate built itself from ASCII.
@@ -108,6 +125,15 @@ impl fmt::Display for Key {
     }
 }
 
+/// `material` as it is when it is short printable ASCII without `{`, `}`
+/// or `#`; its hash otherwise.
+pub(crate) fn sanitized(material: &[u8]) -> Cow<'_, str> {
+    match std::str::from_utf8(material) {
+        Ok(text) if is_safe_raw(text) => Cow::Borrowed(text),
+        _ => Cow::Owned(hash_hex(material)),
+    }
+}
+
 fn is_safe_raw(text: &str) -> bool {
     !text.is_empty()
         && text.len() <= MAX_RAW_LEN
@@ -116,11 +142,24 @@ fn is_safe_raw(text: &str) -> bool {
             .all(|b| b.is_ascii_graphic() && !matches!(b, b'{' | b'}' | b'#'))
 }
 
-fn hash_hex(material: &[u8]) -> String {
+/// The first 128 bits of the SHA-256 of `material`: what secret material
+/// is known by.
+pub(crate) fn digest(material: &[u8]) -> [u8; 16] {
     let digest = Sha256::digest(material);
+    let mut first = [0u8; 16];
+    first.copy_from_slice(&digest[..16]);
+    first
+}
+
+/// `#` and the hex of [`digest`].
+fn hash_hex(material: &[u8]) -> String {
+    hex_of(&digest(material))
+}
+
+pub(crate) fn hex_of(digest: &[u8; 16]) -> String {
     let mut out = String::with_capacity(33);
     out.push('#');
-    for byte in &digest[..16] {
+    for byte in digest {
         let _ = write!(out, "{byte:02x}");
     }
     out
@@ -157,6 +196,7 @@ impl From<Key> for Identity {
 pub struct KeyRejection {
     reason: &'static str,
     detail: String,
+    challenge: Option<HeaderValue>,
 }
 
 impl KeyRejection {
@@ -166,7 +206,25 @@ impl KeyRejection {
         Self {
             reason,
             detail: detail.into(),
+            challenge: None,
         }
+    }
+
+    /// Sends `challenge` as the 401's `WWW-Authenticate` field (e.g.
+    /// `Bearer error="invalid_token"`).
+    ///
+    /// ```
+    /// use http::HeaderValue;
+    /// use slidegate::KeyRejection;
+    ///
+    /// let rejection = KeyRejection::new("expired", "the token expired")
+    ///     .challenge(HeaderValue::from_static("Bearer error=\"invalid_token\""));
+    /// assert!(rejection.www_authenticate().is_some());
+    /// ```
+    #[must_use]
+    pub fn challenge(mut self, challenge: HeaderValue) -> Self {
+        self.challenge = Some(challenge);
+        self
     }
 
     /// The reason class.
@@ -177,6 +235,11 @@ impl KeyRejection {
     /// The human-readable detail.
     pub fn detail(&self) -> &str {
         &self.detail
+    }
+
+    /// The `WWW-Authenticate` challenge, if any.
+    pub fn www_authenticate(&self) -> Option<&HeaderValue> {
+        self.challenge.as_ref()
     }
 }
 
@@ -197,9 +260,11 @@ pub type Extracted = Result<Option<Identity>, KeyRejection>;
 /// ```
 /// use slidegate::{Header, Key, KeyExtractor, PeerIp};
 ///
-/// // API key when present, else the client's IP address.
-/// let keys = Header::new(http::HeaderName::from_static("x-api-key")).or(PeerIp::new());
-/// // Any closure over the request head works too.
+/// // A known API key when one is sent, else the client's IP address.
+/// let keys = Header::new(http::HeaderName::from_static("x-api-key"))
+///     .keys(["key-of-acme"])
+///     .or(PeerIp::new());
+/// // Any closure over the request head works too; its keys are `user:`.
 /// let by_tenant = |parts: &http::request::Parts| {
 ///     parts.headers.get("x-tenant").map(|v| Key::new(v.as_bytes()))
 /// };
@@ -208,13 +273,30 @@ pub type Extracted = Result<Option<Identity>, KeyRejection>;
 ///     .body(())
 ///     .unwrap()
 ///     .into_parts();
-/// assert_eq!(by_tenant.extract(&parts).unwrap().unwrap().key.as_str(), "acme");
+/// assert_eq!(by_tenant.extract(&parts).unwrap().unwrap().key.as_str(), "user:acme");
 /// assert!(keys.extract(&parts).unwrap().is_none());
 /// ```
 pub trait KeyExtractor: Send + Sync + 'static {
     /// The client's identity; `Ok(None)` when this extractor cannot tell;
     /// an error when the client presented credentials that are not valid.
     fn extract(&self, parts: &Parts) -> Extracted;
+
+    /// Whether the request carries credentials this extractor would verify
+    /// (a bearer token, an API key), before verifying them. The layer
+    /// counts refused credentials per client address, and past a limit
+    /// answers requests that carry credentials without verifying them.
+    /// Default: `false`.
+    fn presents_credentials(&self, parts: &Parts) -> bool {
+        let _ = parts;
+        false
+    }
+
+    /// Whether this extractor identifies clients only by credentials, so
+    /// that a request it cannot key sent none: the layer then answers `401`
+    /// rather than `500`. Default: `false`.
+    fn needs_credentials(&self) -> bool {
+        false
+    }
 
     /// Tries `self`, then `next` when `self` yields nothing. A rejection
     /// stops the chain: invalid credentials never fall through to a
@@ -241,11 +323,27 @@ impl KeyExtractor for Box<dyn KeyExtractor> {
     fn extract(&self, parts: &Parts) -> Extracted {
         (**self).extract(parts)
     }
+
+    fn presents_credentials(&self, parts: &Parts) -> bool {
+        (**self).presents_credentials(parts)
+    }
+
+    fn needs_credentials(&self) -> bool {
+        (**self).needs_credentials()
+    }
 }
 
 impl KeyExtractor for Arc<dyn KeyExtractor> {
     fn extract(&self, parts: &Parts) -> Extracted {
         (**self).extract(parts)
+    }
+
+    fn presents_credentials(&self, parts: &Parts) -> bool {
+        (**self).presents_credentials(parts)
+    }
+
+    fn needs_credentials(&self) -> bool {
+        (**self).needs_credentials()
     }
 }
 
@@ -262,6 +360,14 @@ impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
             Some(identity) => Ok(Some(identity)),
             None => self.next.extract(parts),
         }
+    }
+
+    fn presents_credentials(&self, parts: &Parts) -> bool {
+        self.first.presents_credentials(parts) || self.next.presents_credentials(parts)
+    }
+
+    fn needs_credentials(&self) -> bool {
+        self.first.needs_credentials() && self.next.needs_credentials()
     }
 }
 
@@ -298,12 +404,12 @@ mod tests {
             long.as_bytes(),
         ] {
             let key = Key::new(material);
-            assert!(key.as_str().starts_with('#'), "{material:?} -> {key}");
-            assert_eq!(key.as_str().len(), 33);
+            assert!(key.as_str().starts_with("user:#"), "{material:?} -> {key}");
+            assert_eq!(key.as_str().len(), "user:".len() + 33);
         }
         assert_eq!(
             Key::new("a".repeat(MAX_RAW_LEN)).as_str().len(),
-            MAX_RAW_LEN
+            "user:".len() + MAX_RAW_LEN
         );
     }
 
@@ -314,8 +420,22 @@ mod tests {
         // SHA-256("abc") starts ba7816bf8f01cfea414140de5dae2223.
         assert_eq!(
             Key::hashed("abc").as_str(),
-            "#ba7816bf8f01cfea414140de5dae2223"
+            "user:#ba7816bf8f01cfea414140de5dae2223"
         );
+    }
+
+    #[test]
+    fn user_keys_never_name_a_built_in_source() {
+        for forged in [
+            "ip:192.0.2.7",
+            "jwt:alice",
+            "key:abc",
+            "global",
+            "header:x:y",
+        ] {
+            let key = Key::new(forged);
+            assert_eq!(key.as_str(), format!("user:{forged}"));
+        }
     }
 
     #[test]
@@ -330,7 +450,7 @@ mod tests {
                 .unwrap()
                 .key
                 .as_str(),
-            "first"
+            "user:first"
         );
         assert_eq!(
             first
@@ -340,7 +460,7 @@ mod tests {
                 .unwrap()
                 .key
                 .as_str(),
-            "first"
+            "user:first"
         );
         assert_eq!(none.or(none).extract(&parts), Ok(None));
     }
