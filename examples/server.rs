@@ -18,7 +18,7 @@ use axum::{Extension, Json, Router};
 use clap::Parser;
 use serde_json::{Value, json};
 use slidegate::config::Config;
-use slidegate::{Identity, MemoryStore, RateLimitLayer};
+use slidegate::{Identity, RateLimitLayer};
 
 const DEMO_CONFIG: &str = include_str!("demo.toml");
 
@@ -88,7 +88,7 @@ fn limiter(config: &Config) -> Result<(RateLimitLayer, String), Box<dyn std::err
     let settings = match (from_env, config.redis()) {
         (Some(url), settings) => settings.cloned().unwrap_or_default().with_url(url),
         (None, Some(settings)) => settings.clone(),
-        (None, None) => return Ok((config.layer(MemoryStore::new()), "memory".into())),
+        (None, None) => return Ok((config.layer(config.memory_store()), "memory".into())),
     };
     let store = settings.store()?;
     let kind = if settings.is_cluster() {

@@ -16,8 +16,8 @@ use serde_json::{Value, json};
 use slidegate::config::Config;
 use slidegate::jsonwebtoken::{Algorithm, EncodingKey, Header as JwtHeader, encode};
 use slidegate::{
-    Header, JwtClaim, Key, KeyExtractor, MemoryStore, PeerIp, Policies, Policy, RateLimitLayer,
-    RedisStore, Store,
+    FakeClock, Header, JwtClaim, Key, KeyExtractor, MemoryStore, PeerIp, Policies, Policy,
+    RateLimitLayer, RedisStore, Store,
 };
 use support::RedisServer;
 use support::reply::send;
@@ -483,4 +483,50 @@ async fn no_closure_or_header_can_spend_another_sources_bucket() {
         .route_layer(RateLimitLayer::new(store, PeerIp::new(), policies));
     let replies = statuses(&by_address, 3, |_| request("GET", "/", victim, &[])).await;
     assert_eq!(replies, [200, 200, 429], "the victim's bucket is untouched");
+}
+
+// ------------------------------------------------ a flood of new clients
+
+#[tokio::test]
+async fn a_flood_of_new_keys_never_fails_open_nor_forgets_an_active_client() {
+    let clock = FakeClock::new(1_700_000_000_000_000);
+    let store = MemoryStore::builder()
+        .clock(clock.clone())
+        .max_keys(64)
+        .build();
+    let policies = Policies::single(Policy::new("all", 5, MINUTE)).unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route_layer(RateLimitLayer::new(store.clone(), PeerIp::new(), policies));
+    let flooder = |n: usize| format!("10.1.{}.{}:1", n / 256, n % 256);
+    // The store is full before the active client arrives.
+    let filled = statuses(&app, 64, |n| request("GET", "/", &flooder(n), &[])).await;
+    assert!(filled.iter().all(|&s| s == 200));
+    let active = "192.0.2.50:1";
+    let spent = statuses(&app, 6, |_| request("GET", "/", active, &[])).await;
+    assert_eq!(spent, [200, 200, 200, 200, 200, 429]);
+
+    // A thousand one-request keys; the active client keeps sending.
+    for n in 64..1064 {
+        let reply = send(&app, request("GET", "/", &flooder(n), &[])).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(
+            reply.header("x-ratelimit-remaining"),
+            Some("4"),
+            "each flood key is counted, not waved through"
+        );
+        if n % 5 == 0 {
+            let again = send(&app, request("GET", "/", active, &[])).await;
+            assert_eq!(
+                again.status,
+                StatusCode::TOO_MANY_REQUESTS,
+                "after flood key {n}"
+            );
+        }
+        assert!(store.len() <= 64);
+    }
+
+    // A new client after the flood is counted like anyone else.
+    let newcomer = statuses(&app, 6, |_| request("GET", "/", "192.0.2.60:1", &[])).await;
+    assert_eq!(newcomer, [200, 200, 200, 200, 200, 429]);
 }

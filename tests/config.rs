@@ -125,6 +125,23 @@ fn bad_values_name_their_key() {
     );
     refused("[redis]\ntimeout_ms = 0\n", 2, "redis.timeout_ms");
     refused("[redis]\npool_size = 0\n", 2, "redis.pool_size");
+    refused("[memory]\nmax_keys = 0\n", 2, "memory.max_keys");
+    refused("[memory]\nmax_keys = -5\n", 2, "max_keys");
+    refused("[memory]\nmax_key = 5\n", 2, "max_key");
+    refused("[limiter]\nunknown_api_key = \"ignore\"\n", 2, "unknown_api_key");
+}
+
+#[tokio::test]
+async fn memory_max_keys_bounds_the_memory_store() {
+    use slidegate::{Check, Key, Policy, Store};
+    let config = Config::from_toml_str("[memory]\nmax_keys = 100\n").unwrap();
+    let store = config.memory_store();
+    let policy = Policy::new("p", 5, std::time::Duration::from_secs(60));
+    for client in 0..1000 {
+        let checks = [Check::new(&policy, Key::new(format!("c{client}")))];
+        assert!(store.check(&checks).await.unwrap()[0].admitted);
+    }
+    assert!(store.len() <= 100, "{} tracked", store.len());
 }
 
 #[test]

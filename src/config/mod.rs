@@ -39,8 +39,8 @@ use toml::Spanned;
 
 use crate::deny_cache::DEFAULT_CAPACITY as DEFAULT_DENY_CACHE;
 use crate::{
-    DenyCache, FailMode, Global, Header, HeaderStyle, JwtClaim, KeyExtractor, PeerIp, Policies,
-    Policy, PolicyError, RateLimitLayer, ResetFormat, Route, Store, TierLimits,
+    DenyCache, FailMode, Global, Header, HeaderStyle, JwtClaim, KeyExtractor, MemoryStore, PeerIp,
+    Policies, Policy, PolicyError, RateLimitLayer, ResetFormat, Route, Store, TierLimits,
 };
 
 mod jwt;
@@ -174,6 +174,7 @@ struct RawConfig {
     redis: Option<RawRedis>,
     #[serde(default)]
     limiter: RawLimiter,
+    memory: Option<RawMemory>,
     jwt: Option<Spanned<RawJwt>>,
     api_keys: Option<Spanned<BTreeMap<String, Spanned<String>>>>,
     #[serde(default)]
@@ -211,6 +212,13 @@ impl Default for RawLimiter {
             deny_cache: None,
         }
     }
+}
+
+/// The `[memory]` section: the in-process store.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMemory {
+    max_keys: Option<Spanned<usize>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -341,6 +349,8 @@ struct RawPolicyBody {
 #[derive(Debug, Clone)]
 pub struct Config {
     redis: Option<RedisSettings>,
+    /// `memory.max_keys`, when set.
+    max_keys: Option<usize>,
     keys: Vec<KeySource>,
     jwt: Option<JwtClaim>,
     /// The API-key extractor with its table of known keys and their tiers
@@ -405,6 +415,17 @@ impl Config {
 
     fn validate(raw: RawConfig, source: &str, base: &Path) -> Result<Self, ConfigError> {
         let redis = raw.redis.map(|r| redis_settings(r, source)).transpose()?;
+        let max_keys = match raw.memory.and_then(|memory| memory.max_keys) {
+            Some(max_keys) if *max_keys.get_ref() == 0 => {
+                return Err(ConfigError::at(
+                    source,
+                    max_keys.span().start,
+                    "memory.max_keys",
+                    "must be at least 1",
+                ));
+            }
+            max_keys => max_keys.map(Spanned::into_inner),
+        };
         let limiter = raw.limiter;
 
         if limiter.keys.get_ref().is_empty() {
@@ -475,6 +496,7 @@ impl Config {
 
         Ok(Self {
             redis,
+            max_keys,
             keys: limiter.keys.into_inner(),
             jwt,
             api_key,
@@ -498,6 +520,24 @@ impl Config {
     /// The `[redis]` section, if present.
     pub fn redis(&self) -> Option<&RedisSettings> {
         self.redis.as_ref()
+    }
+
+    /// A [`MemoryStore`] bounded by `memory.max_keys` (default a million
+    /// tracked (policy, client) pairs).
+    ///
+    /// ```
+    /// use slidegate::config::Config;
+    ///
+    /// let config = Config::from_toml_str("[memory]\nmax_keys = 50000\n").unwrap();
+    /// let store = config.memory_store();
+    /// assert!(store.is_empty());
+    /// ```
+    pub fn memory_store(&self) -> MemoryStore {
+        let builder = MemoryStore::builder();
+        match self.max_keys {
+            Some(max_keys) => builder.max_keys(max_keys).build(),
+            None => builder.build(),
+        }
     }
 
     /// The validated policies.

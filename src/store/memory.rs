@@ -1,35 +1,94 @@
-//! The embedded store: sharded logs in process memory.
+//! The embedded store: sharded logs in process memory, bounded, with
+//! S3-FIFO-style admission so a flood of new keys never pushes out the
+//! clients that keep coming back.
 
-use std::hash::{BuildHasher, RandomState};
+use std::hash::{BuildHasher, Hash, Hasher, RandomState};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use hashbrown::HashTable;
+use quick_cache::unsync::Cache;
+use quick_cache::{Equivalent, OptionsBuilder, UnitWeighter};
 
 use super::counter::{FixedWindow, SlidingCounter};
 use super::sliding_log::Log;
-use super::{Check, CheckFuture, Store, StoreError};
+use super::{Check, CheckFuture, Store};
 use crate::clock::{Clock, SystemClock, duration_micros};
 use crate::{Algorithm, Decision, Key};
 
 const DEFAULT_MAX_KEYS: usize = 1_000_000;
-const SHARDS: usize = 64;
-/// A shard sweeps idle logs when it grows past this many, then past twice
-/// what the sweep left, so sweeping costs O(1) per insert amortised.
-const MIN_SWEEP_AT: usize = 256;
+const MAX_SHARDS: usize = 64;
+/// Keys per shard below which the store does not split further: a small
+/// bound in few shards keeps room for active clients in each.
+const KEYS_PER_SHARD: usize = 1024;
+/// The share of a shard kept for clients seen more than once; new keys
+/// wait in the rest until they come back (S3-FIFO's small queue is 10%).
+const RETURNING_SHARE: f64 = 0.9;
+/// A shard sweeps idle pairs once it has taken in as many new pairs as it
+/// held after its last sweep (and at least this many), so sweeping costs
+/// O(1) per insert amortised, at the bound too.
+const MIN_SWEEP_AFTER: usize = 256;
 
-/// What one (policy, client) pair has spent, with its hash, computed once
-/// per check.
-#[derive(Debug)]
-struct Entry {
+/// One (policy, client) pair, as the shard's map key, with its hash
+/// computed once per check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Pair {
     hash: u64,
     policy: Arc<str>,
     key: Key,
-    spent: Spent,
 }
 
-impl Entry {
-    fn is(&self, check: &Check) -> bool {
-        self.policy == check.policy && self.key == check.key
+impl Hash for Pair {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+/// A check's pair, borrowed, to look up without building a [`Pair`].
+struct PairOf<'a> {
+    hash: u64,
+    check: &'a Check,
+}
+
+impl Hash for PairOf<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+impl Equivalent<Pair> for PairOf<'_> {
+    fn equivalent(&self, pair: &Pair) -> bool {
+        pair.policy == self.check.policy && pair.key == self.check.key
+    }
+}
+
+/// Hashes a [`Pair`] or [`PairOf`] to the hash it carries, already mixed.
+#[derive(Debug, Clone, Copy, Default)]
+struct CarriedHash;
+
+impl BuildHasher for CarriedHash {
+    type Hasher = Carried;
+
+    fn build_hasher(&self) -> Carried {
+        Carried(0)
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Carried(u64);
+
+impl Hasher for Carried {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is used; fold anything else in for completeness.
+        for &byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(byte);
+        }
+    }
+
+    fn write_u64(&mut self, hash: u64) {
+        self.0 = hash;
     }
 }
 
@@ -112,50 +171,54 @@ impl Spent {
     }
 }
 
+type Pairs = Cache<Pair, Spent, UnitWeighter, CarriedHash>;
+
 #[derive(Debug)]
 struct Shard {
-    logs: HashTable<Entry>,
-    sweep_at: usize,
+    pairs: Pairs,
+    /// New pairs taken in since the last sweep of idle ones.
+    inserted: usize,
+    /// How many new pairs trigger the next sweep.
+    sweep_after: usize,
 }
 
 impl Shard {
+    fn new(capacity: usize) -> Self {
+        let options = OptionsBuilder::new()
+            .estimated_items_capacity(capacity.min(KEYS_PER_SHARD))
+            .weight_capacity(capacity as u64)
+            .hot_allocation(RETURNING_SHARE)
+            .build()
+            .expect("valid cache options");
+        Self {
+            pairs: Cache::with_options(options, UnitWeighter, CarriedHash, Default::default()),
+            inserted: 0,
+            sweep_after: MIN_SWEEP_AFTER,
+        }
+    }
+
     fn evict_idle(&mut self, now: u64) -> usize {
-        let before = self.logs.len();
-        self.logs.retain(|entry| !entry.spent.is_idle(now));
-        self.sweep_at = (self.logs.len() * 2).max(MIN_SWEEP_AT);
-        before - self.logs.len()
+        let before = self.pairs.len();
+        self.pairs.retain(|_, spent| !spent.is_idle(now));
+        self.inserted = 0;
+        self.sweep_after = self.pairs.len().max(MIN_SWEEP_AFTER);
+        before - self.pairs.len()
     }
 
-    fn get_mut(&mut self, hash: u64, check: &Check) -> Option<&mut Spent> {
-        self.logs
-            .find_mut(hash, |entry| entry.is(check))
-            .map(|entry| &mut entry.spent)
-    }
-
-    fn get(&self, hash: u64, check: &Check) -> Option<&Spent> {
-        self.logs
-            .find(hash, |entry| entry.is(check))
-            .map(|entry| &entry.spent)
-    }
-
-    /// Makes room for `check`'s pair, which is not tracked yet, and tracks
-    /// it, brought up to `now`.
-    fn insert(
-        &mut self,
-        hash: u64,
-        check: &Check,
-        now: u64,
-        inner: &Inner,
-    ) -> Result<&mut Spent, StoreError> {
-        make_room(self, now, inner)?;
-        let entry = Entry {
+    /// Tracks a new pair, already brought up to `now`. Idle pairs go first,
+    /// in sweeps; at the bound, the cache evicts a pair that was seen once
+    /// before one that keeps coming back.
+    fn insert(&mut self, hash: u64, check: &Check, spent: Spent, now: u64) {
+        if self.inserted >= self.sweep_after {
+            self.evict_idle(now);
+        }
+        self.inserted += 1;
+        let pair = Pair {
             hash,
             policy: check.policy.clone(),
             key: check.key.clone(),
-            spent: Spent::fresh(now, check),
         };
-        let inserted = self.logs.insert_unique(hash, entry, |entry| entry.hash);
-        Ok(&mut inserted.into_mut().spent)
+        self.pairs.insert(pair, spent);
     }
 }
 
@@ -164,15 +227,18 @@ struct Inner {
     shards: Box<[Mutex<Shard>]>,
     hasher: RandomState,
     clock: Box<dyn Clock>,
-    max_keys: usize,
-    max_keys_per_shard: usize,
 }
 
 /// The embedded store, for one process: exact sliding logs in sharded
 /// maps, with idle keys evicted and a bound on tracked keys so a flood of
-/// distinct clients cannot exhaust memory. When the bound is reached, a
-/// check that needs a new key fails with [`StoreError::Full`] and the
-/// policy's fail mode decides.
+/// distinct clients cannot exhaust memory.
+///
+/// At the bound the store never refuses a check and never fails open: a
+/// new (policy, client) pair takes the place of an idle one, else of one
+/// seen only once, before any client that keeps coming back (an S3-FIFO
+/// style admission, from the `quick_cache` crate). A flood of one-request
+/// keys churns among itself while active clients keep their counts, and
+/// new clients are still counted.
 ///
 /// Clones share the same state.
 ///
@@ -213,19 +279,19 @@ impl MemoryStore {
         MemoryStoreBuilder::default()
     }
 
-    /// How many (policy, client) logs are tracked.
+    /// How many (policy, client) pairs are tracked.
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| lock(s).logs.len()).sum()
+        self.inner.shards.iter().map(|s| lock(s).pairs.len()).sum()
     }
 
-    /// Whether no log is tracked.
+    /// Whether no pair is tracked.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// Drops every log whose entries have all left the window, and returns
-    /// how many were dropped. Runs on its own as shards grow; call it to
-    /// reclaim memory eagerly.
+    /// Drops every pair whose counts have all left the window, and returns
+    /// how many were dropped. Runs on its own as shards take in new pairs;
+    /// call it to reclaim memory eagerly.
     pub fn evict_idle(&self) -> usize {
         let now = self.inner.clock.now_micros();
         self.inner
@@ -241,109 +307,106 @@ impl MemoryStore {
             .hash_one((check.policy.as_ref(), check.key.as_str()))
     }
 
-    fn shard_of(hash: u64) -> usize {
-        (hash % SHARDS as u64) as usize
+    /// The shard of a hash, from bits the shard's own table does not use
+    /// (it takes the lowest for positions and the highest for tags).
+    fn shard_of(&self, hash: u64) -> usize {
+        ((hash >> 32) % self.inner.shards.len() as u64) as usize
     }
 
-    fn check_now(&self, checks: &[Check]) -> Result<Vec<Decision>, StoreError> {
+    fn check_now(&self, checks: &[Check]) -> Vec<Decision> {
         match checks {
-            [check] => self.check_one(check).map(|decision| vec![decision]),
+            [check] => vec![self.check_one(check)],
             _ => self.check_batch(checks),
         }
     }
 
     /// The common case, one policy: one hash, one lock, no bookkeeping.
-    fn check_one(&self, check: &Check) -> Result<Decision, StoreError> {
+    fn check_one(&self, check: &Check) -> Decision {
         let inner = &*self.inner;
         let now = inner.clock.now_micros();
         let hash = self.hash_of(check);
-        let mut shard = lock(&inner.shards[Self::shard_of(hash)]);
-        if let Some(spent) = shard.get_mut(hash, check) {
+        let mut shard = lock(&inner.shards[self.shard_of(hash)]);
+        if let Some(mut spent) = shard.pairs.get_mut(&PairOf { hash, check }) {
             let admitted = spent.prepare(now, check);
             if admitted {
                 spent.record(now, check.cost);
             }
-            return Ok(spent.decision(now, check, admitted));
+            return spent.decision(now, check, admitted);
         }
+        let mut spent = Spent::fresh(now, check);
         if check.cost > check.limit {
-            return Ok(denied(None, now, check));
+            return spent.decision(now, check, false);
         }
-        let spent = shard.insert(hash, check, now, inner)?;
         spent.record(now, check.cost);
-        Ok(spent.decision(now, check, true))
+        let decision = spent.decision(now, check, true);
+        shard.insert(hash, check, spent, now);
+        decision
     }
 
-    fn check_batch(&self, checks: &[Check]) -> Result<Vec<Decision>, StoreError> {
+    fn check_batch(&self, checks: &[Check]) -> Vec<Decision> {
         let inner = &*self.inner;
         let now = inner.clock.now_micros();
         let hashes: Vec<u64> = checks.iter().map(|c| self.hash_of(c)).collect();
         // Lock each shard once, in ascending order, so batches never deadlock.
-        let mut order: Vec<usize> = hashes.iter().map(|&h| Self::shard_of(h)).collect();
+        let mut order: Vec<usize> = hashes.iter().map(|&h| self.shard_of(h)).collect();
         order.sort_unstable();
         order.dedup();
         let mut guards: Vec<MutexGuard<'_, Shard>> =
             order.iter().map(|&id| lock(&inner.shards[id])).collect();
         let guard_of = |hash: u64| {
             order
-                .binary_search(&Self::shard_of(hash))
+                .binary_search(&self.shard_of(hash))
                 .expect("every check's shard is locked")
         };
 
         let mut all_fit = true;
+        let mut tracked = Vec::with_capacity(checks.len());
         for (check, &hash) in checks.iter().zip(&hashes) {
-            all_fit &= match guards[guard_of(hash)].get_mut(hash, check) {
-                Some(spent) => spent.prepare(now, check),
-                None => check.cost <= check.limit,
+            let pairs = &mut guards[guard_of(hash)].pairs;
+            all_fit &= match pairs.get_mut(&PairOf { hash, check }) {
+                Some(mut spent) => {
+                    tracked.push(true);
+                    spent.prepare(now, check)
+                }
+                None => {
+                    tracked.push(false);
+                    check.cost <= check.limit
+                }
             };
         }
-        if all_fit {
-            // Make room for every new pair before recording any, so a full
-            // store refuses the batch whole.
-            for (check, &hash) in checks.iter().zip(&hashes) {
-                let shard = &mut guards[guard_of(hash)];
-                if shard.get(hash, check).is_none() {
-                    shard.insert(hash, check, now, inner)?;
+        let mut decisions: Vec<Option<Decision>> = vec![None; checks.len()];
+        // Tracked pairs first: a new pair taken in below may push one out,
+        // and its decision must not be lost with it.
+        for (index, (check, &hash)) in checks.iter().zip(&hashes).enumerate() {
+            let pairs = &mut guards[guard_of(hash)].pairs;
+            if let Some(mut spent) = pairs
+                .peek_mut(&PairOf { hash, check })
+                .filter(|_| tracked[index])
+            {
+                if all_fit {
+                    spent.record(now, check.cost);
                 }
+                decisions[index] = Some(spent.decision(now, check, all_fit));
             }
         }
-        Ok(checks
-            .iter()
-            .zip(&hashes)
-            .map(|(check, &hash)| {
-                let shard = &mut guards[guard_of(hash)];
-                if all_fit {
-                    let spent = shard.get_mut(hash, check).expect("inserted above");
-                    spent.record(now, check.cost);
-                    spent.decision(now, check, true)
-                } else {
-                    denied(shard.get(hash, check), now, check)
-                }
-            })
-            .collect())
+        for (index, (check, &hash)) in checks.iter().zip(&hashes).enumerate() {
+            if decisions[index].is_some() {
+                continue;
+            }
+            let mut spent = Spent::fresh(now, check);
+            if all_fit {
+                spent.record(now, check.cost);
+            }
+            decisions[index] = Some(spent.decision(now, check, all_fit));
+            if all_fit {
+                guards[guard_of(hash)].insert(hash, check, spent, now);
+            }
+        }
+        decisions
+            .into_iter()
+            .map(|decision| decision.expect("every check is decided"))
+            .collect()
     }
-}
-
-/// The decision for a request that is not admitted, from its pair's state
-/// (already brought up to `now`) or a fresh one.
-fn denied(spent: Option<&Spent>, now: u64, check: &Check) -> Decision {
-    match spent {
-        Some(spent) => spent.decision(now, check, false),
-        None => Spent::fresh(now, check).decision(now, check, false),
-    }
-}
-
-/// Ensures a shard can take one more log: sweeps idle logs when it has
-/// grown enough, and refuses when it is at its share of the bound.
-fn make_room(shard: &mut Shard, now: u64, inner: &Inner) -> Result<(), StoreError> {
-    if shard.logs.len() >= shard.sweep_at || shard.logs.len() >= inner.max_keys_per_shard {
-        shard.evict_idle(now);
-    }
-    if shard.logs.len() >= inner.max_keys_per_shard {
-        return Err(StoreError::Full {
-            max_keys: inner.max_keys,
-        });
-    }
-    Ok(())
 }
 
 fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
@@ -356,7 +419,7 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 
 impl Store for MemoryStore {
     fn check(&self, checks: &[Check]) -> CheckFuture {
-        CheckFuture::ready(self.check_now(checks))
+        CheckFuture::ready(Ok(self.check_now(checks)))
     }
 }
 
@@ -391,8 +454,10 @@ impl MemoryStoreBuilder {
         self
     }
 
-    /// Tracks at most about `max_keys` (policy, client) logs (default one
-    /// million). The bound is split evenly across 64 shards.
+    /// Tracks at most `max_keys` (policy, client) pairs (default one
+    /// million), split evenly across up to 64 shards. At the bound, a new
+    /// pair takes the place of an idle one, else of one seen only once,
+    /// before any that keeps coming back; checks are never refused.
     ///
     /// ```
     /// use slidegate::MemoryStore;
@@ -400,27 +465,23 @@ impl MemoryStoreBuilder {
     /// let store = MemoryStore::builder().max_keys(10_000).build();
     /// ```
     pub fn max_keys(mut self, max_keys: usize) -> Self {
-        self.max_keys = max_keys;
+        self.max_keys = max_keys.max(1);
         self
     }
 
     /// Builds the store.
     pub fn build(self) -> MemoryStore {
-        let shards = (0..SHARDS)
-            .map(|_| {
-                Mutex::new(Shard {
-                    logs: HashTable::new(),
-                    sweep_at: MIN_SWEEP_AT,
-                })
-            })
+        let shards = (self.max_keys / KEYS_PER_SHARD).clamp(1, MAX_SHARDS);
+        let per_shard = self.max_keys / shards;
+        let extra = self.max_keys % shards;
+        let shards = (0..shards)
+            .map(|index| Mutex::new(Shard::new(per_shard + usize::from(index < extra))))
             .collect();
         MemoryStore {
             inner: Arc::new(Inner {
                 shards,
                 hasher: RandomState::new(),
                 clock: self.clock,
-                max_keys: self.max_keys,
-                max_keys_per_shard: self.max_keys.div_ceil(SHARDS),
             }),
         }
     }

@@ -189,12 +189,6 @@ pub enum StoreError {
     /// The backend failed (connection refused, reset, script error, ...).
     #[error("rate-limit store failed: {0}")]
     Backend(#[source] Box<dyn std::error::Error + Send + Sync>),
-    /// The in-memory store tracks as many keys as it may.
-    #[error("rate-limit store is full ({max_keys} keys tracked)")]
-    Full {
-        /// The configured bound.
-        max_keys: usize,
-    },
     /// The backend answered something this crate does not understand.
     #[error("rate-limit store answered unexpectedly: {0}")]
     Protocol(String),
