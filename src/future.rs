@@ -14,6 +14,7 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use crate::cost::{self, CostAboveLimit, Costs};
+use crate::credentials::Refusal;
 use crate::layer::Options;
 use crate::limited::LimitedResponse;
 use crate::response::{
@@ -46,7 +47,7 @@ pub(crate) struct Pending<S, ReqBody> {
 }
 
 /// A `429` from the deny cache, if a policy of `checks` is known to deny.
-fn cached_denial(
+pub(crate) fn cached_denial(
     cache: &DenyCache,
     checks: &[Check],
     options: Options,
@@ -102,6 +103,10 @@ pin_project! {
             check: CheckFuture,
             pending: Option<Pending<S, ReqBody>>,
         },
+        CountingRefusal {
+            count: CheckFuture,
+            refusal: Option<Refusal>,
+        },
         Calling {
             #[pin]
             future: S::Future,
@@ -128,6 +133,23 @@ where
 
     pub(crate) fn rejected(rejection: &KeyRejection) -> Self {
         Self::answered(invalid_credentials(rejection))
+    }
+
+    /// Counts a refusal of credentials, then answers `401`, or `429` when
+    /// the address is past its limit.
+    pub(crate) fn counting_refusal(store: &dyn Store, refusal: Refusal) -> Self {
+        match store
+            .check(std::slice::from_ref(&refusal.check))
+            .into_ready()
+        {
+            Ok(outcome) => Self::answered(refusal.answer(outcome)),
+            Err(count) => Self {
+                state: State::CountingRefusal {
+                    count,
+                    refusal: Some(refusal),
+                },
+            },
+        }
     }
 
     pub(crate) fn cost_above_limit(denied: &CostAboveLimit) -> Self {
@@ -346,6 +368,13 @@ where
                     let outcome = ready!(Pin::new(check).poll(cx));
                     let pending = pending.take().expect("polled after the check completed");
                     this.state.set(State::decided(pending, outcome));
+                }
+                StateProj::CountingRefusal { count, refusal } => {
+                    let outcome = ready!(Pin::new(count).poll(cx));
+                    let refusal = refusal.take().expect("polled after the count completed");
+                    this.state.set(State::Answered {
+                        response: Some(refusal.answer(outcome)),
+                    });
                 }
                 StateProj::Calling { future, headers } => {
                     let mut response = ready!(future.poll(cx))?;

@@ -11,8 +11,8 @@ use http::request::Parts;
 
 use crate::limited::LimitedResponse;
 use crate::{
-    DenyCache, FailMode, HeaderStyle, KeyExtractor, Limited, Policies, RateLimit, RequestCost,
-    ResetFormat, Store, TierLookup,
+    CredentialFailures, DenyCache, FailMode, HeaderStyle, KeyExtractor, Limited, Policies,
+    RateLimit, RequestCost, ResetFormat, Store, TierLookup,
 };
 
 /// Settings the response future needs; small and `Copy`.
@@ -45,6 +45,7 @@ pub(crate) struct Shared {
     pub(crate) deny_cache: Option<DenyCache>,
     pub(crate) limited_response: Option<LimitedResponse>,
     pub(crate) unidentified_response: Option<UnidentifiedResponse>,
+    pub(crate) credential_failures: Option<CredentialFailures>,
     pub(crate) request_cost: Option<Arc<dyn RequestCost>>,
     pub(crate) options: Options,
 }
@@ -103,6 +104,7 @@ impl RateLimitLayer {
                 tier_lookup: None,
                 limited_response: None,
                 unidentified_response: None,
+                credential_failures: None,
                 request_cost: None,
                 options: Options::default(),
             }),
@@ -248,6 +250,17 @@ impl RateLimitLayer {
         respond: impl Fn(&Parts) -> Response<Bytes> + Send + Sync + 'static,
     ) -> Self {
         Arc::make_mut(&mut self.shared).unidentified_response = Some(Arc::new(respond));
+        self
+    }
+
+    /// Counts refused credentials per client address and, past the limit,
+    /// answers `429` to that address's credentialed requests without
+    /// verifying them; see [`CredentialFailures`]. Off unless set here (the
+    /// configuration file turns it on by default, with its trusted
+    /// proxies).
+    #[must_use]
+    pub fn credential_failures(mut self, failures: CredentialFailures) -> Self {
+        Arc::make_mut(&mut self.shared).credential_failures = Some(failures);
         self
     }
 

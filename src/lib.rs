@@ -36,6 +36,7 @@ mod clock;
 #[cfg(feature = "config")]
 pub mod config;
 mod cost;
+mod credentials;
 mod decision;
 mod deny_cache;
 mod future;
@@ -52,6 +53,7 @@ mod tier;
 pub use body::ResponseBody;
 pub use clock::{Clock, FakeClock, SystemClock};
 pub use cost::{Cost, RequestCost};
+pub use credentials::CredentialFailures;
 pub use decision::Decision;
 pub use deny_cache::DenyCache;
 pub use future::ResponseFuture;

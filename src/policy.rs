@@ -374,6 +374,13 @@ pub enum PolicyError {
         /// The offending name.
         name: String,
     },
+    /// The name is the one refused credentials are counted under (see
+    /// [`CredentialFailures`](crate::CredentialFailures)).
+    #[error("policy name `{name}` is reserved for counting refused credentials")]
+    ReservedName {
+        /// The reserved name.
+        name: String,
+    },
     /// Two policies share a name, and so would share store keys.
     #[error("policy name `{name}` is used twice")]
     DuplicateName {
@@ -691,6 +698,11 @@ impl PoliciesBuilder {
             .chain(self.default.as_ref());
         for policy in all {
             policy.validate()?;
+            if &*policy.name == crate::credentials::POLICY_NAME {
+                return Err(PolicyError::ReservedName {
+                    name: policy.name.to_string(),
+                });
+            }
             if !names.insert(policy.name.clone()) {
                 return Err(PolicyError::DuplicateName {
                     name: policy.name.to_string(),
@@ -766,6 +778,10 @@ mod tests {
         assert!(matches!(duplicate, Err(PolicyError::DuplicateName { .. })));
         let bad_route = Policies::builder().route("GET", minute("p", 1)).build();
         assert!(matches!(bad_route, Err(PolicyError::InvalidRoute { .. })));
+        assert!(matches!(
+            Policies::single(minute("credential_failures", 1)),
+            Err(PolicyError::ReservedName { .. })
+        ));
     }
 
     #[test]

@@ -128,12 +128,34 @@ where
         if policies.is_empty() {
             return ResponseFuture::unlimited(self.inner.call(Request::from_parts(parts, body)));
         }
+        // The refusals of this address's credentials, before verifying any.
+        let refusals = shared
+            .credential_failures
+            .as_ref()
+            .and_then(|guard| Some((guard, guard.check_for(&parts, &*shared.keys)?)));
+        if let Some((guard, check)) = &refusals
+            && let Some(blocked) =
+                guard.blocked_answer(check, shared.options, shared.limited_response.as_ref())
+        {
+            return ResponseFuture::answered(blocked);
+        }
         let identity = match shared.keys.extract(&parts) {
             Ok(Some(identity)) => identity,
             Ok(None) => return ResponseFuture::answered(unidentified(shared, &parts)),
             Err(rejection) => {
                 tracing::debug!(reason = rejection.reason(), "credentials refused");
-                return ResponseFuture::rejected(&rejection);
+                return match refusals {
+                    Some((guard, check)) => ResponseFuture::counting_refusal(
+                        &*shared.store,
+                        guard.refusal(
+                            check,
+                            rejection,
+                            shared.options,
+                            shared.limited_response.clone(),
+                        ),
+                    ),
+                    None => ResponseFuture::rejected(&rejection),
+                };
             }
         };
         let costs: Option<Costs> = shared.request_cost.as_ref().map(|request_cost| {

@@ -5,6 +5,7 @@ mod support;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
@@ -16,8 +17,8 @@ use serde_json::{Value, json};
 use slidegate::config::Config;
 use slidegate::jsonwebtoken::{Algorithm, EncodingKey, Header as JwtHeader, encode};
 use slidegate::{
-    FakeClock, Header, JwtClaim, Key, KeyExtractor, MemoryStore, PeerIp, Policies, Policy,
-    RateLimitLayer, RedisStore, Store,
+    CredentialFailures, FakeClock, Header, JwtClaim, Key, KeyExtractor, MemoryStore, PeerIp,
+    Policies, Policy, RateLimitLayer, RedisStore, Store,
 };
 use support::RedisServer;
 use support::reply::send;
@@ -529,4 +530,163 @@ async fn a_flood_of_new_keys_never_fails_open_nor_forgets_an_active_client() {
     // A new client after the flood is counted like anyone else.
     let newcomer = statuses(&app, 6, |_| request("GET", "/", "192.0.2.60:1", &[])).await;
     assert_eq!(newcomer, [200, 200, 200, 200, 200, 429]);
+}
+
+// ------------------------------------------- refused credentials, counted
+
+/// The RS256 extractor of the tests, counting the tokens it verifies.
+#[derive(Clone)]
+struct CountingJwt {
+    jwt: JwtClaim,
+    verified: Arc<AtomicUsize>,
+}
+
+impl KeyExtractor for CountingJwt {
+    fn extract(&self, parts: &http::request::Parts) -> slidegate::Extracted {
+        if self.jwt.presents_credentials(parts) {
+            self.verified.fetch_add(1, Ordering::SeqCst);
+        }
+        self.jwt.extract(parts)
+    }
+
+    fn presents_credentials(&self, parts: &http::request::Parts) -> bool {
+        self.jwt.presents_credentials(parts)
+    }
+
+    fn needs_credentials(&self) -> bool {
+        true
+    }
+}
+
+fn fixture(name: &str) -> Vec<u8> {
+    std::fs::read(format!(
+        "{}/tests/fixtures/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap()
+}
+
+fn rs256(private_pem: &str, sub: &str) -> String {
+    let key = EncodingKey::from_rsa_pem(&fixture(private_pem)).unwrap();
+    let claims = json!({ "sub": sub, "exp": now() + 3600 });
+    let token = encode(&JwtHeader::new(Algorithm::RS256), &claims, &key).unwrap();
+    format!("Bearer {token}")
+}
+
+#[tokio::test]
+async fn a_flood_of_forged_tokens_is_limited_before_verification() {
+    on_both_stores(|store| async move {
+        let verified = Arc::new(AtomicUsize::new(0));
+        let jwt = CountingJwt {
+            jwt: JwtClaim::builder()
+                .public_key_pem(&fixture("rsa_public.pem"))
+                .unwrap()
+                .algorithms([Algorithm::RS256])
+                .build()
+                .unwrap(),
+            verified: verified.clone(),
+        };
+        let policies = Policies::single(Policy::new("all", 1000, MINUTE)).unwrap();
+        let app = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .route_layer(
+                RateLimitLayer::new(store, jwt.or(PeerIp::new()), policies)
+                    .credential_failures(CredentialFailures::new(10, MINUTE)),
+            );
+        // Well-formed tokens signed with another key: bad signatures.
+        let forged = rs256("rsa_other_private.pem", "alice");
+        let attacker = "192.0.2.66:1";
+        let mut replies = Vec::new();
+        for _ in 0..30 {
+            replies.push(
+                send(
+                    &app,
+                    request(
+                        "GET",
+                        "/",
+                        attacker,
+                        &[("authorization", forged.as_bytes())],
+                    ),
+                )
+                .await,
+            );
+        }
+        let codes: Vec<u16> = replies.iter().map(|r| r.status.as_u16()).collect();
+        assert_eq!(codes[..10], [401; 10]);
+        assert_eq!(codes[10..], [429; 20]);
+        assert_eq!(replies[0].json()["reason"], "bad_signature");
+        let blocked = &replies[10];
+        let retry: u64 = blocked.header("retry-after").unwrap().parse().unwrap();
+        assert!((1..=60).contains(&retry), "Retry-After {retry}");
+        assert_eq!(blocked.json()["policy"], "credential_failures");
+        assert_eq!(
+            verified.load(Ordering::SeqCst),
+            10,
+            "nothing past the limit was verified"
+        );
+
+        // Any credential from that address waits, a valid one too...
+        let valid = rs256("rsa_private.pem", "alice");
+        let reply = send(
+            &app,
+            request("GET", "/", attacker, &[("authorization", valid.as_bytes())]),
+        )
+        .await;
+        assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+        // ...while requests without credentials, and other addresses, go on.
+        let bare = send(&app, request("GET", "/", attacker, &[])).await;
+        assert_eq!(bare.status, StatusCode::OK);
+        let elsewhere = send(
+            &app,
+            request(
+                "GET",
+                "/",
+                "192.0.2.67:1",
+                &[("authorization", valid.as_bytes())],
+            ),
+        )
+        .await;
+        assert_eq!(elsewhere.status, StatusCode::OK);
+        assert_eq!(verified.load(Ordering::SeqCst), 11);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn refused_api_keys_count_too_and_the_count_can_be_switched_off() {
+    let source = |failures: &str| {
+        format!(
+            r#"
+            [limiter]
+            keys = ["api_key", "ip"]
+            unknown_api_key = "reject"
+            {failures}
+
+            [api_keys]
+            "key-of-acme" = "pro"
+
+            [default]
+            limit = 100
+            window = "60s"
+            "#
+        )
+    };
+    for (failures, expected_429s) in [
+        ("", 4),
+        ("credential_failures = { limit = 3, window = \"1m\" }", 11),
+        ("credential_failures = false", 0),
+    ] {
+        let config = Config::from_toml_str(&source(failures)).unwrap();
+        let app = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .route_layer(config.layer(MemoryStore::new()));
+        let codes = statuses(&app, 14, |n| {
+            let key = random_key(n);
+            request("GET", "/", "192.0.2.70:1", &[("x-api-key", &key)])
+        })
+        .await;
+        let denied = codes.iter().filter(|&&c| c == 429).count();
+        assert_eq!(denied, expected_429s, "{failures:?}: {codes:?}");
+        assert!(codes.iter().all(|&c| c == 401 || c == 429));
+    }
 }

@@ -128,7 +128,11 @@ fn bad_values_name_their_key() {
     refused("[memory]\nmax_keys = 0\n", 2, "memory.max_keys");
     refused("[memory]\nmax_keys = -5\n", 2, "max_keys");
     refused("[memory]\nmax_key = 5\n", 2, "max_key");
-    refused("[limiter]\nunknown_api_key = \"ignore\"\n", 2, "unknown_api_key");
+    refused(
+        "[limiter]\nunknown_api_key = \"ignore\"\n",
+        2,
+        "unknown_api_key",
+    );
 }
 
 #[tokio::test]

@@ -39,8 +39,9 @@ use toml::Spanned;
 
 use crate::deny_cache::DEFAULT_CAPACITY as DEFAULT_DENY_CACHE;
 use crate::{
-    DenyCache, FailMode, Global, Header, HeaderStyle, JwtClaim, KeyExtractor, MemoryStore, PeerIp,
-    Policies, Policy, PolicyError, RateLimitLayer, ResetFormat, Route, Store, TierLimits,
+    CredentialFailures, DenyCache, FailMode, Global, Header, HeaderStyle, JwtClaim, KeyExtractor,
+    MemoryStore, PeerIp, Policies, Policy, PolicyError, RateLimitLayer, ResetFormat, Route, Store,
+    TierLimits,
 };
 
 mod jwt;
@@ -195,6 +196,7 @@ struct RawLimiter {
     reset: ResetName,
     fail: FailName,
     deny_cache: Option<bool>,
+    credential_failures: RawCredentialFailures,
 }
 
 impl Default for RawLimiter {
@@ -210,7 +212,74 @@ impl Default for RawLimiter {
             reset: ResetName::Delta,
             fail: FailName::Open,
             deny_cache: None,
+            credential_failures: RawCredentialFailures::default(),
         }
+    }
+}
+
+/// `limiter.credential_failures`: `false`, `true` (the defaults), or
+/// `{ limit = 10, window = "60s" }`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RawCredentialFailures {
+    Off,
+    On { limit: u32, window: Duration },
+}
+
+impl Default for RawCredentialFailures {
+    fn default() -> Self {
+        Self::On {
+            limit: 10,
+            window: Duration::from_secs(60),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for RawCredentialFailures {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Switch;
+
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Limits {
+            limit: u32,
+            window: HumanDuration,
+        }
+
+        impl<'de> serde::de::Visitor<'de> for Switch {
+            type Value = RawCredentialFailures;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("false, true, or { limit = 10, window = \"60s\" }")
+            }
+
+            fn visit_bool<E: serde::de::Error>(self, on: bool) -> Result<Self::Value, E> {
+                Ok(if on {
+                    RawCredentialFailures::default()
+                } else {
+                    RawCredentialFailures::Off
+                })
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let limits =
+                    Limits::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+                if limits.limit == 0 {
+                    return Err(serde::de::Error::custom("`limit` must be at least 1"));
+                }
+                if limits.window.0 < Duration::from_millis(1) {
+                    return Err(serde::de::Error::custom("`window` must be at least 1ms"));
+                }
+                Ok(RawCredentialFailures::On {
+                    limit: limits.limit,
+                    window: limits.window.0,
+                })
+            }
+        }
+
+        deserializer.deserialize_any(Switch)
     }
 }
 
@@ -364,6 +433,7 @@ pub struct Config {
     /// `Some(on)` when `limiter.deny_cache` was set; otherwise the layer's
     /// default (on for Redis).
     deny_cache: Option<bool>,
+    credential_failures: RawCredentialFailures,
 }
 
 impl Config {
@@ -510,6 +580,7 @@ impl Config {
                 HeaderStyleName::None => HeaderStyle::None,
             },
             deny_cache: limiter.deny_cache,
+            credential_failures: limiter.credential_failures,
             reset_format: match limiter.reset {
                 ResetName::Delta => ResetFormat::DeltaSeconds,
                 ResetName::Unix => ResetFormat::UnixSeconds,
@@ -570,10 +641,15 @@ impl Config {
     /// A layer with this configuration's keys, policies and options on
     /// `store`.
     pub fn layer(&self, store: impl Store) -> RateLimitLayer {
-        let layer = RateLimitLayer::new(store, self.key_extractor(), self.policies.clone())
+        let mut layer = RateLimitLayer::new(store, self.key_extractor(), self.policies.clone())
             .fail_mode(self.fail_mode)
             .header_style(self.header_style)
             .reset_format(self.reset_format);
+        if let RawCredentialFailures::On { limit, window } = self.credential_failures {
+            layer = layer.credential_failures(
+                CredentialFailures::new(limit, window).peer_ip(self.peer_ip.clone()),
+            );
+        }
         match self.deny_cache {
             Some(true) => layer.deny_cache(DenyCache::new(DEFAULT_DENY_CACHE)),
             Some(false) => layer.without_deny_cache(),
