@@ -53,7 +53,7 @@ fn redis_bytes_per_client(runtime: &tokio::runtime::Runtime, redis: &RedisServer
                 assert!(runtime.block_on(store.check(&check)).unwrap()[0].admitted);
             }
             let keys: Vec<String> = redis
-                .cli(&["--scan", "--pattern", &format!("*{{{client}}}*")])
+                .cli(&["--scan", "--pattern", &format!("*{{user:{client}}}*")])
                 .lines()
                 .map(str::to_owned)
                 .collect();

@@ -1,6 +1,7 @@
 //! The `[redis]` section: where Redis is, standalone or a cluster, and how
 //! to talk to it.
 
+use std::fmt;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -35,7 +36,7 @@ pub(super) struct RawRedis {
 /// assert!(settings.is_cluster());
 /// assert_eq!(settings.seeds(), ["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"]);
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct RedisSettings {
     /// `redis://` URL, or `redis+cluster://host:port,host:port` for a Redis
     /// Cluster; `REDIS_URL` overrides it in the example server.
@@ -62,6 +63,35 @@ impl Default for RedisSettings {
             pool_size: DEFAULT_POOL_SIZE,
             prefix: None,
         }
+    }
+}
+
+/// URLs are shown as [`RedisSettings::redacted_seeds`] shows them: a
+/// settings value can go into a log.
+///
+/// ```
+/// use slidegate::config::RedisSettings;
+///
+/// let settings = RedisSettings::default().with_url("redis://:hunter2@cache:6379/");
+/// assert!(!format!("{settings:?}").contains("hunter2"));
+/// ```
+impl fmt::Debug for RedisSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisSettings")
+            .field("url", &self.url.as_deref().map(redacted))
+            .field("cluster", &self.cluster)
+            .field(
+                "urls",
+                &self
+                    .urls
+                    .iter()
+                    .map(|url| redacted(url))
+                    .collect::<Vec<_>>(),
+            )
+            .field("timeout", &self.timeout)
+            .field("pool_size", &self.pool_size)
+            .field("prefix", &self.prefix)
+            .finish()
     }
 }
 
@@ -151,14 +181,25 @@ impl RedisSettings {
     }
 }
 
-/// `url` with its password written as `***`; a URL that does not parse is
-/// not shown at all, since where its secret is cannot be told.
+/// `url` with its password and every query value (`?password=` of a
+/// `redis+unix://` URL, say) written as `***`; a URL that does not parse
+/// is not shown at all, since where its secret is cannot be told.
 fn redacted(url: &str) -> String {
     match url::Url::parse(url) {
         Ok(mut parsed) => {
             if parsed.password().is_some() {
                 // Only URLs that cannot have a password refuse one.
                 let _ = parsed.set_password(Some("***"));
+            }
+            if parsed.query().is_some() {
+                let names: Vec<String> = parsed
+                    .query_pairs()
+                    .map(|(name, _)| name.into_owned())
+                    .collect();
+                parsed
+                    .query_pairs_mut()
+                    .clear()
+                    .extend_pairs(names.iter().map(|name| (name, "***")));
             }
             parsed.to_string()
         }
@@ -278,6 +319,19 @@ mod tests {
         assert_eq!(
             redacted("redis://:hunter2@[::1]:x/"),
             "(a URL that does not parse)"
+        );
+        assert_eq!(
+            redacted("redis+unix:///run/redis.sock?db=2&pass=hunter2"),
+            "redis+unix:///run/redis.sock?db=***&pass=***"
+        );
+        let config = crate::config::Config::from_toml_str(
+            "[redis]\nurl = \"redis://app:hunter2@cache:6379/?password=hunter3\"\n",
+        )
+        .unwrap();
+        let debug = format!("{config:?}");
+        assert!(
+            !debug.contains("hunter2") && !debug.contains("hunter3"),
+            "{debug}"
         );
     }
 
