@@ -376,3 +376,37 @@ fn sigterm_shuts_down_gracefully() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+#[test]
+fn the_demo_config_cannot_be_walked_around() {
+    let server = ExampleServer::start(&[], &[]);
+    // A fresh random API key per login: limited by address all the same.
+    let logins: Vec<u16> = (0..6)
+        .map(|n| {
+            let key = format!("random-key-{n}-{}", std::process::id());
+            server
+                .request("POST", "/api/login", &[("x-api-key", &key)])
+                .status
+        })
+        .collect();
+    assert_eq!(logins, [200, 200, 200, 429, 429, 429]);
+
+    // HEAD runs the GET handler, so it spends the GET's searches.
+    let heads: Vec<u16> = (0..8)
+        .map(|_| server.request("HEAD", "/api/search?q=a", &[]).status)
+        .collect();
+    assert_eq!(heads, [200, 200, 200, 200, 200, 429, 429, 429]);
+    assert_eq!(server.get("/api/search?q=a").status, 429);
+
+    // Forged tokens: ten refusals, then 429 without verifying.
+    let forged = format!("Bearer {}x", mint_token(&["mallory"]));
+    let replies: Vec<u16> = (0..12)
+        .map(|_| {
+            server
+                .request("GET", "/api/videos", &[("authorization", &forged)])
+                .status
+        })
+        .collect();
+    assert_eq!(replies[..10], [401; 10]);
+    assert_eq!(replies[10..], [429; 2]);
+}
