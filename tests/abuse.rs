@@ -21,7 +21,7 @@ use slidegate::{
     Policies, Policy, RateLimitLayer, RedisStore, Store,
 };
 use support::RedisServer;
-use support::reply::send;
+use support::reply::{Reply, send};
 
 const MINUTE: Duration = Duration::from_secs(60);
 const SECRET: &[u8] = b"secret-of-the-abuse-tests";
@@ -66,6 +66,22 @@ where
     .await;
 }
 
+/// `/` answering "ok", behind `layer`.
+fn root_app(layer: RateLimitLayer) -> Router {
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route_layer(layer)
+}
+
+/// `GET /` from `peer` with the `Authorization` value `token`.
+async fn with_token(app: &Router, peer: &str, token: &str) -> Reply {
+    send(
+        app,
+        request("GET", "/", peer, &[("authorization", token.as_bytes())]),
+    )
+    .await
+}
+
 // ------------------------------------------------------------ HEAD is GET
 
 fn search_app(store: impl Store) -> Router {
@@ -105,9 +121,7 @@ async fn head_on_a_get_route_is_counted_as_the_get() {
 async fn a_non_ascii_forwarding_element_does_not_key_the_client_as_its_proxy() {
     let policies = Policies::single(Policy::new("all", 2, MINUTE)).unwrap();
     let keys = PeerIp::new().trust_proxies(["10.0.0.0/8".parse().unwrap()]);
-    let app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .route_layer(RateLimitLayer::new(MemoryStore::new(), keys, policies));
+    let app = root_app(RateLimitLayer::new(MemoryStore::new(), keys, policies));
     // Two clients behind one proxy, each with a junk byte of its own in
     // front of the address the proxy appended.
     let from = |client: &str| {
@@ -153,9 +167,7 @@ async fn validly_signed_tokens_with_wrong_typed_claims_are_refused() {
         .build()
         .unwrap();
     let policies = Policies::single(Policy::new("all", 100, MINUTE)).unwrap();
-    let app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .route_layer(RateLimitLayer::new(MemoryStore::new(), jwt, policies));
+    let app = root_app(RateLimitLayer::new(MemoryStore::new(), jwt, policies));
     let valid = json!({
         "sub": "alice",
         "exp": now() + 3600,
@@ -187,16 +199,7 @@ async fn validly_signed_tokens_with_wrong_typed_claims_are_refused() {
         with("exp", json!("never")),
         with("nbf", json!("now")),
     ] {
-        let reply = send(
-            &app,
-            request(
-                "GET",
-                "/",
-                "192.0.2.1:1",
-                &[("authorization", token.as_bytes())],
-            ),
-        )
-        .await;
+        let reply = with_token(&app, "192.0.2.1:1", &token).await;
         assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "{}", reply.body);
         assert_eq!(reply.json()["reason"], "invalid_claim", "{}", reply.body);
     }
@@ -210,9 +213,7 @@ async fn a_refused_algorithm_is_not_echoed_nor_the_allowed_ones_listed() {
         .build()
         .unwrap();
     let policies = Policies::single(Policy::new("all", 100, MINUTE)).unwrap();
-    let app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .route_layer(RateLimitLayer::new(MemoryStore::new(), jwt, policies));
+    let app = root_app(RateLimitLayer::new(MemoryStore::new(), jwt, policies));
     let token = encode(
         &JwtHeader::new(Algorithm::HS512),
         &json!({"sub": "a", "exp": now() + 60}),
@@ -251,13 +252,11 @@ async fn a_client_derived_cost_of_zero_is_never_free() {
                 .parse::<u32>()
                 .ok()
         };
-        let app = Router::new()
-            .route("/", get(|| async { "ok" }))
-            .route_layer(
-                RateLimitLayer::new(store, PeerIp::new(), policies)
-                    .request_cost(rows)
-                    .without_deny_cache(),
-            );
+        let app = root_app(
+            RateLimitLayer::new(store, PeerIp::new(), policies)
+                .request_cost(rows)
+                .without_deny_cache(),
+        );
         let zeros = statuses(&app, 6, |_| {
             request("GET", "/", "192.0.2.1:1", &[("x-rows", b"0")])
         })
@@ -277,6 +276,11 @@ fn login_app(store: Arc<dyn Store>, keys: impl KeyExtractor) -> Router {
     Router::new()
         .route("/api/login", post(|| async { "welcome" }))
         .route_layer(RateLimitLayer::new(store, keys, policies).without_deny_cache())
+}
+
+/// `POST /api/login` from 192.0.2.9 with `headers`.
+async fn login(app: &Router, headers: &[(&str, &[u8])]) -> Reply {
+    send(app, request("POST", "/api/login", "192.0.2.9:1", headers)).await
 }
 
 fn api_keys() -> Header {
@@ -303,16 +307,7 @@ async fn random_api_keys_are_limited_by_the_clients_address() {
         .await;
         assert_eq!(replies, [200, 200, 200, 429, 429, 429]);
         // The known key is its own client, with its own count.
-        let known = send(
-            &app,
-            request(
-                "POST",
-                "/api/login",
-                "192.0.2.9:1",
-                &[("x-api-key", b"key-of-acme")],
-            ),
-        )
-        .await;
+        let known = login(&app, &[("x-api-key", b"key-of-acme")]).await;
         assert_eq!(known.status, StatusCode::OK);
     })
     .await;
@@ -324,16 +319,7 @@ async fn unknown_api_keys_can_be_refused_outright() {
         Arc::new(MemoryStore::new()),
         api_keys().reject_unknown().or(PeerIp::new()),
     );
-    let reply = send(
-        &app,
-        request(
-            "POST",
-            "/api/login",
-            "192.0.2.9:1",
-            &[("x-api-key", b"guess")],
-        ),
-    )
-    .await;
+    let reply = login(&app, &[("x-api-key", b"guess")]).await;
     assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
     assert_eq!(
         reply.header("content-type"),
@@ -366,47 +352,20 @@ async fn unknown_api_keys_can_be_refused_outright() {
     let app = Router::new()
         .route("/api/login", post(|| async { "welcome" }))
         .route_layer(config.layer(MemoryStore::new()));
-    let guess = send(
-        &app,
-        request(
-            "POST",
-            "/api/login",
-            "192.0.2.9:1",
-            &[("x-api-key", b"guess")],
-        ),
-    )
-    .await;
+    let guess = login(&app, &[("x-api-key", b"guess")]).await;
     assert_eq!(guess.status, StatusCode::UNAUTHORIZED);
     assert_eq!(guess.json()["reason"], "unknown_api_key");
-    let known = send(
-        &app,
-        request(
-            "POST",
-            "/api/login",
-            "192.0.2.9:1",
-            &[("x-api-key", b"key-of-acme")],
-        ),
-    )
-    .await;
+    let known = login(&app, &[("x-api-key", b"key-of-acme")]).await;
     assert_eq!(known.status, StatusCode::OK);
 }
 
 #[tokio::test]
 async fn a_credentials_only_chain_answers_a_request_without_any_401() {
     let app = login_app(Arc::new(MemoryStore::new()), api_keys());
-    let bare = send(&app, request("POST", "/api/login", "192.0.2.9:1", &[])).await;
+    let bare = login(&app, &[]).await;
     assert_eq!(bare.status, StatusCode::UNAUTHORIZED);
     assert_eq!(bare.json()["reason"], "missing_credentials");
-    let unknown = send(
-        &app,
-        request(
-            "POST",
-            "/api/login",
-            "192.0.2.9:1",
-            &[("x-api-key", b"guess")],
-        ),
-    )
-    .await;
+    let unknown = login(&app, &[("x-api-key", b"guess")]).await;
     assert_eq!(
         unknown.status,
         StatusCode::UNAUTHORIZED,
@@ -415,18 +374,14 @@ async fn a_credentials_only_chain_answers_a_request_without_any_401() {
 
     // The answer is the layer's to choose.
     let policies = Policies::single(Policy::new("all", 3, MINUTE)).unwrap();
-    let custom = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .route_layer(
-            RateLimitLayer::new(MemoryStore::new(), api_keys(), policies).unidentified_response(
-                |_| {
-                    http::Response::builder()
-                        .status(StatusCode::FORBIDDEN)
-                        .body(bytes::Bytes::from_static(b"send an API key"))
-                        .unwrap()
-                },
-            ),
-        );
+    let custom = root_app(
+        RateLimitLayer::new(MemoryStore::new(), api_keys(), policies).unidentified_response(|_| {
+            http::Response::builder()
+                .status(StatusCode::FORBIDDEN)
+                .body(bytes::Bytes::from_static(b"send an API key"))
+                .unwrap()
+        }),
+    );
     let reply = send(&custom, request("GET", "/", "192.0.2.9:1", &[])).await;
     assert_eq!(reply.status, StatusCode::FORBIDDEN);
     assert_eq!(reply.body, "send an API key");
@@ -448,13 +403,11 @@ async fn no_closure_or_header_can_spend_another_sources_bucket() {
             .map(|value| Key::new(value.as_bytes()))
     };
     let tenant = Header::trusted(HeaderName::from_static("x-tenant")).public();
-    let app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .route_layer(RateLimitLayer::new(
-            store.clone(),
-            forged.or(tenant).or(PeerIp::new()),
-            policies.clone(),
-        ));
+    let app = root_app(RateLimitLayer::new(
+        store.clone(),
+        forged.or(tenant).or(PeerIp::new()),
+        policies.clone(),
+    ));
     let by_closure = statuses(&app, 3, |_| {
         request(
             "GET",
@@ -465,13 +418,11 @@ async fn no_closure_or_header_can_spend_another_sources_bucket() {
     })
     .await;
     assert_eq!(by_closure, [200, 200, 429]);
-    let header_only = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .route_layer(RateLimitLayer::new(
-            store.clone(),
-            Header::trusted(HeaderName::from_static("x-tenant")).public(),
-            policies.clone(),
-        ));
+    let header_only = root_app(RateLimitLayer::new(
+        store.clone(),
+        Header::trusted(HeaderName::from_static("x-tenant")).public(),
+        policies.clone(),
+    ));
     for forged in [&b"ip:192.0.2.7"[..], b"global", b"jwt:alice"] {
         let replies = statuses(&header_only, 3, |_| {
             request("GET", "/", "198.51.100.1:1", &[("x-tenant", forged)])
@@ -479,9 +430,7 @@ async fn no_closure_or_header_can_spend_another_sources_bucket() {
         .await;
         assert_eq!(replies, [200, 200, 429]);
     }
-    let by_address = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .route_layer(RateLimitLayer::new(store, PeerIp::new(), policies));
+    let by_address = root_app(RateLimitLayer::new(store, PeerIp::new(), policies));
     let replies = statuses(&by_address, 3, |_| request("GET", "/", victim, &[])).await;
     assert_eq!(replies, [200, 200, 429], "the victim's bucket is untouched");
 }
@@ -496,9 +445,7 @@ async fn a_flood_of_new_keys_never_fails_open_nor_forgets_an_active_client() {
         .max_keys(64)
         .build();
     let policies = Policies::single(Policy::new("all", 5, MINUTE)).unwrap();
-    let app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .route_layer(RateLimitLayer::new(store.clone(), PeerIp::new(), policies));
+    let app = root_app(RateLimitLayer::new(store.clone(), PeerIp::new(), policies));
     let flooder = |n: usize| format!("10.1.{}.{}:1", n / 256, n % 256);
     // The store is full before the active client arrives.
     let filled = statuses(&app, 64, |n| request("GET", "/", &flooder(n), &[])).await;
@@ -587,29 +534,16 @@ async fn a_flood_of_forged_tokens_is_limited_before_verification() {
             verified: verified.clone(),
         };
         let policies = Policies::single(Policy::new("all", 1000, MINUTE)).unwrap();
-        let app = Router::new()
-            .route("/", get(|| async { "ok" }))
-            .route_layer(
-                RateLimitLayer::new(store, jwt.or(PeerIp::new()), policies)
-                    .credential_failures(CredentialFailures::new(10, MINUTE)),
-            );
+        let app = root_app(
+            RateLimitLayer::new(store, jwt.or(PeerIp::new()), policies)
+                .credential_failures(CredentialFailures::new(10, MINUTE)),
+        );
         // Well-formed tokens signed with another key: bad signatures.
         let forged = rs256("rsa_other_private.pem", "alice");
         let attacker = "192.0.2.66:1";
         let mut replies = Vec::new();
         for _ in 0..30 {
-            replies.push(
-                send(
-                    &app,
-                    request(
-                        "GET",
-                        "/",
-                        attacker,
-                        &[("authorization", forged.as_bytes())],
-                    ),
-                )
-                .await,
-            );
+            replies.push(with_token(&app, attacker, &forged).await);
         }
         let codes: Vec<u16> = replies.iter().map(|r| r.status.as_u16()).collect();
         assert_eq!(codes[..10], [401; 10]);
@@ -627,25 +561,12 @@ async fn a_flood_of_forged_tokens_is_limited_before_verification() {
 
         // Any credential from that address waits, a valid one too...
         let valid = rs256("rsa_private.pem", "alice");
-        let reply = send(
-            &app,
-            request("GET", "/", attacker, &[("authorization", valid.as_bytes())]),
-        )
-        .await;
+        let reply = with_token(&app, attacker, &valid).await;
         assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
         // ...while requests without credentials, and other addresses, go on.
         let bare = send(&app, request("GET", "/", attacker, &[])).await;
         assert_eq!(bare.status, StatusCode::OK);
-        let elsewhere = send(
-            &app,
-            request(
-                "GET",
-                "/",
-                "192.0.2.67:1",
-                &[("authorization", valid.as_bytes())],
-            ),
-        )
-        .await;
+        let elsewhere = with_token(&app, "192.0.2.67:1", &valid).await;
         assert_eq!(elsewhere.status, StatusCode::OK);
         assert_eq!(verified.load(Ordering::SeqCst), 11);
     })
@@ -677,9 +598,7 @@ async fn refused_api_keys_count_too_and_the_count_can_be_switched_off() {
         ("credential_failures = false", 0),
     ] {
         let config = Config::from_toml_str(&source(failures)).unwrap();
-        let app = Router::new()
-            .route("/", get(|| async { "ok" }))
-            .route_layer(config.layer(MemoryStore::new()));
+        let app = root_app(config.layer(MemoryStore::new()));
         let codes = statuses(&app, 14, |n| {
             let key = random_key(n);
             request("GET", "/", "192.0.2.70:1", &[("x-api-key", &key)])
