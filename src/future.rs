@@ -3,6 +3,7 @@
 
 use std::cmp::Reverse;
 use std::future::Future;
+use std::mem;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
@@ -15,16 +16,19 @@ use tower_service::Service;
 
 use crate::cost::{self, CostAboveLimit, Costs};
 use crate::credentials::Refusal;
+use crate::key::{Confirming, confirmed};
 use crate::layer::Options;
+use crate::layer::Shared;
 use crate::limited::LimitedResponse;
 use crate::response::{
     LimitedBody, RateHeaders, cost_above_limit, invalid_credentials, limiter_unavailable,
     too_many_requests,
 };
+use crate::service::{tier_lookup, unidentified};
 use crate::store::{CheckFuture, CheckOutcome, StoreError};
 use crate::throttle::STORE_FAILURES;
 use crate::{
-    Check, Decision, DenyCache, Identity, Key, KeyRejection, Policy, ResponseBody, Store,
+    Check, Decision, DenyCache, Extracted, Identity, KeyRejection, Policy, ResponseBody, Store,
     TierFuture,
 };
 
@@ -69,11 +73,75 @@ pub(crate) fn cached_denial(
     ))
 }
 
+/// What a request whose API key is being looked up needs to go on.
+pub(crate) struct Confirm<S, ReqBody> {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) policies: Arc<[Arc<Policy>]>,
+    pub(crate) costs: Option<Costs>,
+    /// The count of refused credentials of the client's address, if any.
+    pub(crate) refusal: Option<Check>,
+    pub(crate) pending: Pending<S, ReqBody>,
+}
+
+impl<S, ReqBody> Confirm<S, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+{
+    /// Goes on once the key is resolved: with the client it names, or
+    /// answering for a client the chain cannot key or refuses.
+    fn resolved(self, resolved: Extracted) -> State<S, ReqBody> {
+        let Self {
+            shared,
+            policies,
+            costs,
+            refusal,
+            mut pending,
+        } = self;
+        let identity = match resolved {
+            Ok(Some(identity)) => identity,
+            Ok(None) => {
+                let (parts, _) = pending.request.into_parts();
+                return State::answered(unidentified(&shared, &parts));
+            }
+            Err(rejection) => {
+                let guarded = shared.credential_failures.as_ref().zip(refusal);
+                return match guarded {
+                    Some((guard, check)) => State::counting_refusal(
+                        &*shared.store,
+                        guard.refusal(
+                            check,
+                            rejection,
+                            shared.options,
+                            shared.limited_response.clone(),
+                        ),
+                    ),
+                    None => State::answered(invalid_credentials(&rejection)),
+                };
+            }
+        };
+        let (parts, body) = pending.request.into_parts();
+        let lookup = tier_lookup(&shared, &parts, &identity);
+        pending.request = Request::from_parts(parts, body);
+        pending.identity = identity;
+        match lookup {
+            Some(lookup) => State::LookingUp {
+                lookup,
+                awaiting: Some(AwaitingTier {
+                    store: shared.store.clone(),
+                    policies,
+                    costs,
+                }),
+                pending: Some(pending),
+            },
+            None => State::with_checks(&*shared.store, &policies, costs.as_ref(), None, pending),
+        }
+    }
+}
+
 /// What a request waiting for its client's tier needs to build its checks.
 pub(crate) struct AwaitingTier {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) policies: Arc<[Arc<Policy>]>,
-    pub(crate) key: Key,
     pub(crate) costs: Option<Costs>,
 }
 
@@ -94,6 +162,10 @@ pin_project! {
     where
         S: Service<Request<ReqBody>>,
     {
+        Confirming {
+            confirm: Confirming,
+            rest: Option<Confirm<S, ReqBody>>,
+        },
         LookingUp {
             lookup: TierFuture,
             awaiting: Option<AwaitingTier>,
@@ -138,16 +210,20 @@ where
     /// Counts a refusal of credentials, then answers `401`, or `429` when
     /// the address is past its limit.
     pub(crate) fn counting_refusal(store: &dyn Store, refusal: Refusal) -> Self {
-        match store
-            .check(std::slice::from_ref(&refusal.check))
-            .into_ready()
-        {
-            Ok(outcome) => Self::answered(refusal.answer(outcome)),
-            Err(count) => Self {
-                state: State::CountingRefusal {
-                    count,
-                    refusal: Some(refusal),
-                },
+        Self {
+            state: State::counting_refusal(store, refusal),
+        }
+    }
+
+    /// Looks the request's API key up before going on (see
+    /// [`ApiKeyLookup`](crate::ApiKeyLookup)).
+    pub(crate) fn confirming(mut rest: Confirm<S, ReqBody>) -> Self {
+        let placeholder = Identity::new(rest.pending.identity.key.clone());
+        let identity = mem::replace(&mut rest.pending.identity, placeholder);
+        Self {
+            state: State::Confirming {
+                confirm: confirmed(identity, rest.shared.options.lookup_timeout),
+                rest: Some(rest),
             },
         }
     }
@@ -189,6 +265,51 @@ impl<S, ReqBody> State<S, ReqBody>
 where
     S: Service<Request<ReqBody>>,
 {
+    fn answered(response: Response<Full<Bytes>>) -> Self {
+        Self::Answered {
+            response: Some(response),
+        }
+    }
+
+    fn counting_refusal(store: &dyn Store, refusal: Refusal) -> Self {
+        match store
+            .check(std::slice::from_ref(&refusal.check))
+            .into_ready()
+        {
+            Ok(outcome) => Self::answered(refusal.answer(outcome)),
+            Err(count) => Self::CountingRefusal {
+                count,
+                refusal: Some(refusal),
+            },
+        }
+    }
+
+    /// Builds the request's checks for its client's `tier` and sends them,
+    /// or answers `422` for a cost above the client's limit.
+    fn with_checks(
+        store: &dyn Store,
+        policies: &[Arc<Policy>],
+        costs: Option<&Costs>,
+        tier: Option<Arc<str>>,
+        mut pending: Pending<S, ReqBody>,
+    ) -> Self {
+        if tier.is_some() {
+            pending.identity.tier = tier;
+        }
+        match cost::checks(
+            policies,
+            &pending.identity.key,
+            pending.identity.tier.as_deref(),
+            costs,
+        ) {
+            Ok(checks) => {
+                pending.checks = checks;
+                State::checking(store, pending)
+            }
+            Err(denied) => Self::answered(cost_above_limit(&denied)),
+        }
+    }
+
     /// Sends the checks to the store, unless the deny cache answers.
     fn checking(store: &dyn Store, mut pending: Pending<S, ReqBody>) -> Self {
         if pending.checks.is_empty() {
@@ -338,6 +459,11 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
+                StateProj::Confirming { confirm, rest } => {
+                    let resolved = ready!(confirm.as_mut().poll(cx));
+                    let rest = rest.take().expect("polled after the key was confirmed");
+                    this.state.set(rest.resolved(resolved));
+                }
                 StateProj::LookingUp {
                     lookup,
                     awaiting,
@@ -347,21 +473,11 @@ where
                     let AwaitingTier {
                         store,
                         policies,
-                        key,
                         costs,
                     } = awaiting.take().expect("polled after the lookup completed");
-                    let mut pending = pending.take().expect("polled after the lookup completed");
-                    let next = match cost::checks(&policies, &key, tier.as_deref(), costs.as_ref())
-                    {
-                        Ok(checks) => {
-                            pending.checks = checks;
-                            pending.identity.tier = tier;
-                            State::checking(&*store, pending)
-                        }
-                        Err(denied) => State::Answered {
-                            response: Some(cost_above_limit(&denied)),
-                        },
-                    };
+                    let pending = pending.take().expect("polled after the lookup completed");
+                    let next =
+                        State::with_checks(&*store, &policies, costs.as_ref(), tier, pending);
                     this.state.set(next);
                 }
                 StateProj::Checking { check, pending } => {

@@ -58,8 +58,8 @@ pub use decision::Decision;
 pub use deny_cache::DenyCache;
 pub use future::ResponseFuture;
 pub use key::{
-    Extracted, ForwardedHeader, Global, Header, Identity, Key, KeyExtractor, KeyRejection, Or,
-    PeerIp,
+    ApiKeyFuture, ApiKeyLookup, ApiKeyStatus, Extracted, ForwardedHeader, Global, Header, Identity,
+    Key, KeyExtractor, KeyRejection, Or, PeerIp,
 };
 #[cfg(feature = "jwt")]
 pub use key::{JwtClaim, JwtClaimBuilder, JwtError};

@@ -11,12 +11,13 @@ use http_body_util::Full;
 use tower_service::Service;
 
 use crate::cost::{self, Costs};
-use crate::future::{AwaitingTier, Pending, ResponseFuture};
+use crate::future::{AwaitingTier, Confirm, Pending, ResponseFuture};
 use crate::layer::Shared;
 use crate::response::{client_unidentified, missing_credentials};
 use crate::throttle::TIER_LOOKUP_TIMEOUTS;
 use crate::{
-    Cost, FailMode, KeyExtractor, Policies, RateLimitLayer, ResponseBody, Store, TierFuture,
+    Cost, FailMode, Identity, KeyExtractor, Policies, RateLimitLayer, ResponseBody, Store,
+    TierFuture,
 };
 
 /// Rate-limits requests to the inner service `S`; built by
@@ -83,11 +84,27 @@ fn route_path(parts: &http::request::Parts) -> &str {
 
 /// The answer to a request no extractor identified: the layer's own, or
 /// `401` when the chain keys by credentials alone, `500` otherwise.
-fn unidentified(shared: &Shared, parts: &http::request::Parts) -> Response<Full<Bytes>> {
+pub(crate) fn unidentified(shared: &Shared, parts: &http::request::Parts) -> Response<Full<Bytes>> {
     match &shared.unidentified_response {
         Some(respond) => respond(parts).map(Full::new),
         None if shared.keys.needs_credentials() => missing_credentials(),
         None => client_unidentified(),
+    }
+}
+
+/// The lookup of `identity`'s tier, when the layer has a lookup and the
+/// identity names no tier.
+pub(crate) fn tier_lookup(
+    shared: &Shared,
+    parts: &http::request::Parts,
+    identity: &Identity,
+) -> Option<TierFuture> {
+    match &shared.tier_lookup {
+        Some(lookup) if identity.tier.is_none() => Some(with_timeout(
+            lookup.lookup(parts, identity),
+            shared.options.lookup_timeout,
+        )),
+        _ => None,
     }
 }
 
@@ -175,14 +192,13 @@ where
                     .unwrap_or(shared.options.fail_mode)
                     == FailMode::Closed
         });
-        let lookup = match &shared.tier_lookup {
-            Some(lookup) if identity.tier.is_none() => Some(with_timeout(
-                lookup.lookup(&parts, &identity),
-                shared.options.lookup_timeout,
-            )),
-            _ => None,
+        let unconfirmed = identity.unconfirmed.is_some();
+        let lookup = match unconfirmed {
+            true => None,
+            false => tier_lookup(shared, &parts, &identity),
         };
         let checks = match lookup {
+            _ if unconfirmed => Vec::new(),
             Some(_) => Vec::new(),
             None => match cost::checks(
                 &policies,
@@ -194,7 +210,6 @@ where
                 Err(denied) => return ResponseFuture::cost_above_limit(&denied),
             },
         };
-        let key = identity.key.clone();
 
         // The clone may not be ready; the service that is ready goes with
         // this request (see tower-http's note on cloning inner services).
@@ -211,13 +226,21 @@ where
             limited_response: shared.limited_response.clone(),
             sent_at: 0,
         };
+        if unconfirmed {
+            return ResponseFuture::confirming(Confirm {
+                shared: self.shared.clone(),
+                policies,
+                costs,
+                refusal: refusals.map(|(_, check)| check),
+                pending,
+            });
+        }
         match lookup {
             Some(lookup) => ResponseFuture::looking_up(
                 lookup,
                 AwaitingTier {
                     store: shared.store.clone(),
                     policies,
-                    key,
                     costs,
                 },
                 pending,

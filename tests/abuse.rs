@@ -8,17 +8,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::routing::{get, post};
+use axum::{Extension, Router};
 use http::{HeaderName, Request, StatusCode};
 use serde_json::{Value, json};
 use slidegate::config::Config;
 use slidegate::jsonwebtoken::{Algorithm, EncodingKey, Header as JwtHeader, encode};
 use slidegate::{
-    CredentialFailures, FakeClock, Header, JwtClaim, Key, KeyExtractor, MemoryStore, PeerIp,
-    Policies, Policy, RateLimitLayer, RedisStore, Store,
+    ApiKeyLookup, ApiKeyStatus, CredentialFailures, FakeClock, Header, Identity, JwtClaim, Key,
+    KeyExtractor, MemoryStore, PeerIp, Policies, Policy, RateLimitLayer, RedisStore, Store,
 };
 use support::RedisServer;
 use support::reply::{Reply, send};
@@ -608,4 +608,144 @@ async fn refused_api_keys_count_too_and_the_count_can_be_switched_off() {
         assert_eq!(denied, expected_429s, "{failures:?}: {codes:?}");
         assert!(codes.iter().all(|&c| c == 401 || c == 429));
     }
+}
+
+// ------------------------------------------ API keys kept in a database
+
+/// `/` echoing the identity the limiter resolved, 3 a minute.
+fn whoami_app(layer: RateLimitLayer) -> Router {
+    Router::new()
+        .route(
+            "/",
+            get(|Extension(identity): Extension<Identity>| async move {
+                json!({ "key": identity.key.as_str(), "tier": identity.tier.as_deref() })
+                    .to_string()
+            }),
+        )
+        .route_layer(layer)
+}
+
+/// Keys starting `db-` exist, `db-pro` of tier `pro`; counts its calls.
+fn database(calls: Arc<AtomicUsize>) -> impl ApiKeyLookup {
+    move |key: &[u8]| {
+        calls.fetch_add(1, Ordering::SeqCst);
+        let status = match key {
+            b"db-pro" => ApiKeyStatus::Known(Some(Arc::from("pro"))),
+            key if key.starts_with(b"db-") => ApiKeyStatus::Known(None),
+            _ => ApiKeyStatus::Unknown,
+        };
+        async move {
+            tokio::task::yield_now().await;
+            status
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_async_lookup_confirms_keys_outside_the_table() {
+    on_both_stores(|store| async move {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let keys = api_keys().lookup(database(calls.clone())).or(PeerIp::new());
+        let policies = Policies::single(Policy::new("all", 3, MINUTE)).unwrap();
+        let app = whoami_app(RateLimitLayer::new(store, keys, policies).without_deny_cache());
+        let get = |key: &'static [u8]| request("GET", "/", "192.0.2.80:1", &[("x-api-key", key)]);
+
+        let pro = send(&app, get(b"db-pro")).await.json();
+        assert!(pro["key"].as_str().unwrap().starts_with("key:#"), "{pro}");
+        assert_eq!(pro["tier"], "pro");
+        let table = send(&app, get(b"key-of-acme")).await.json();
+        assert_eq!(table["tier"], "pro");
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            1,
+            "keys in the table are not looked up"
+        );
+
+        // Random keys the database does not know: the address decides.
+        let codes = statuses(&app, 5, |n| {
+            let key = random_key(n);
+            request("GET", "/", "192.0.2.80:1", &[("x-api-key", &key)])
+        })
+        .await;
+        assert_eq!(codes, [200, 200, 200, 429, 429]);
+        assert_eq!(calls.load(Ordering::SeqCst), 6);
+        let unknown = send(
+            &app,
+            request("GET", "/", "192.0.2.81:1", &[("x-api-key", b"nope")]),
+        )
+        .await;
+        assert_eq!(unknown.json()["key"], "ip:192.0.2.81");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_unknown_key_falls_through_the_whole_chain_or_is_refused() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let other = Header::new(HeaderName::from_static("x-other-key")).keys(["other-known"]);
+    let keys = api_keys()
+        .lookup(database(calls.clone()))
+        .or(other)
+        .or(PeerIp::new());
+    let policies = Policies::single(Policy::new("all", 3, MINUTE)).unwrap();
+    let app = whoami_app(RateLimitLayer::new(MemoryStore::new(), keys, policies));
+    let both = send(
+        &app,
+        request(
+            "GET",
+            "/",
+            "192.0.2.82:1",
+            &[("x-api-key", b"nope"), ("x-other-key", b"other-known")],
+        ),
+    )
+    .await
+    .json();
+    assert!(both["key"].as_str().unwrap().starts_with("key:#"), "{both}");
+    let only_ip = send(
+        &app,
+        request("GET", "/", "192.0.2.82:1", &[("x-api-key", b"nope")]),
+    )
+    .await;
+    assert_eq!(only_ip.json()["key"], "ip:192.0.2.82");
+
+    // With reject_unknown, the database's "no" is a 401, and it counts as
+    // a refused credential.
+    let refusing = api_keys()
+        .lookup(database(calls))
+        .reject_unknown()
+        .or(PeerIp::new());
+    let policies = Policies::single(Policy::new("all", 100, MINUTE)).unwrap();
+    let app = whoami_app(
+        RateLimitLayer::new(MemoryStore::new(), refusing, policies)
+            .credential_failures(CredentialFailures::new(2, MINUTE)),
+    );
+    let codes = statuses(&app, 4, |_| {
+        request("GET", "/", "192.0.2.83:1", &[("x-api-key", b"nope")])
+    })
+    .await;
+    assert_eq!(codes, [401, 401, 429, 429]);
+    let known = send(
+        &app,
+        request("GET", "/", "192.0.2.84:1", &[("x-api-key", b"db-x")]),
+    )
+    .await;
+    assert_eq!(known.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_lookup_that_hangs_counts_the_key_as_unknown() {
+    let hangs = |_: &[u8]| std::future::pending::<ApiKeyStatus>();
+    let keys = api_keys().lookup(hangs).or(PeerIp::new());
+    let policies = Policies::single(Policy::new("all", 3, MINUTE)).unwrap();
+    let app = whoami_app(
+        RateLimitLayer::new(MemoryStore::new(), keys, policies)
+            .tier_lookup_timeout(Duration::from_millis(20)),
+    );
+    let reply = send(
+        &app,
+        request("GET", "/", "192.0.2.85:1", &[("x-api-key", b"db-slow")]),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.json()["key"], "ip:192.0.2.85");
 }

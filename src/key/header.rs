@@ -2,12 +2,16 @@
 //! a header your own gateway sets.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::fmt;
+use std::sync::{Arc, Mutex};
 
 use http::request::Parts;
 use http::{HeaderName, HeaderValue};
 
-use super::{Extracted, Identity, Key, KeyExtractor, KeyRejection, digest, hex_of, sanitized};
+use super::{
+    ApiKeyLookup, Extracted, Identity, Key, KeyExtractor, KeyRejection, Otherwise, Unconfirmed,
+    digest, hex_of, sanitized,
+};
 
 /// The label of API keys in store keys.
 const API_KEY_LABEL: &str = "key";
@@ -48,13 +52,26 @@ enum Trust {
 /// assert!(!known.as_str().contains("sk_live_abc"));
 /// assert_eq!(with("made-up"), None, "unknown: the next extractor decides");
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Header {
     name: HeaderName,
     trust: Trust,
     /// Known values by their digest, with their tiers: the table never
     /// holds a raw API key after construction.
     known: Arc<HashMap<[u8; 16], Option<Arc<str>>>>,
+    /// Where keys outside the table are looked up, if anywhere.
+    lookup: Option<Arc<dyn ApiKeyLookup>>,
+}
+
+impl fmt::Debug for Header {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Header")
+            .field("name", &self.name)
+            .field("trust", &self.trust)
+            .field("known", &self.known.len())
+            .field("lookup", &self.lookup.is_some())
+            .finish()
+    }
 }
 
 impl Header {
@@ -67,6 +84,7 @@ impl Header {
                 reject_unknown: false,
             },
             known: Arc::default(),
+            lookup: None,
         }
     }
 
@@ -93,6 +111,7 @@ impl Header {
             name,
             trust: Trust::AsIs { secret: true },
             known: Arc::default(),
+            lookup: None,
         }
     }
 
@@ -178,6 +197,17 @@ impl Header {
         )
     }
 
+    /// Asks `lookup` about API keys that are not in the table (keys kept
+    /// in a database, say): a key it says is [`Known`](crate::ApiKeyStatus::Known)
+    /// is the client, with the tier it names; an unknown one is treated as
+    /// any unknown key (the next extractor decides, or `401` with
+    /// [`reject_unknown`](Header::reject_unknown)). See [`ApiKeyLookup`].
+    #[must_use]
+    pub fn lookup(mut self, lookup: impl ApiKeyLookup) -> Self {
+        self.lookup = Some(Arc::new(lookup));
+        self
+    }
+
     fn add(mut self, entries: impl Iterator<Item = ([u8; 16], Option<Arc<str>>)>) -> Self {
         let mut known = (*self.known).clone();
         known.extend(entries);
@@ -203,6 +233,15 @@ impl Header {
             } => Err(KeyRejection::new("unknown_api_key", detail).challenge(self.challenge())),
             _ => Ok(None),
         }
+    }
+
+    /// The refusal of a key neither the table nor the lookup knows.
+    fn unknown_key(&self) -> KeyRejection {
+        KeyRejection::new(
+            "unknown_api_key",
+            format!("the {} is not a known API key", self.name),
+        )
+        .challenge(self.challenge())
     }
 
     /// `WWW-Authenticate` for a refused API key: which header to send it in.
@@ -232,13 +271,25 @@ impl KeyExtractor for Header {
         let digest = digest(value);
         let tier = self.known.get(&digest);
         match self.trust {
-            Trust::KnownOnly { .. } => match tier {
-                Some(tier) => Ok(Some(Identity {
-                    key: Key::labelled(API_KEY_LABEL, &hex_of(&digest)),
-                    tier: tier.clone(),
-                })),
-                None => self.unknown(format!("the {} is not a known API key", self.name)),
-            },
+            Trust::KnownOnly { reject_unknown } => {
+                let mut identity = Identity::new(Key::labelled(API_KEY_LABEL, &hex_of(&digest)));
+                match (tier, &self.lookup) {
+                    (Some(tier), _) => identity.tier = tier.clone(),
+                    (None, Some(lookup)) => {
+                        identity.unconfirmed = Some(Box::new(Unconfirmed {
+                            lookup: Mutex::new(lookup.lookup(value)),
+                            otherwise: Otherwise {
+                                reject: reject_unknown.then(|| self.unknown_key()),
+                                fallback: None,
+                            },
+                        }));
+                    }
+                    (None, None) => {
+                        return self.unknown(format!("the {} is not a known API key", self.name));
+                    }
+                }
+                Ok(Some(identity))
+            }
             Trust::AsIs { secret } => {
                 let material = if secret {
                     hex_of(&digest).into()
@@ -246,10 +297,9 @@ impl KeyExtractor for Header {
                     sanitized(value)
                 };
                 let label = format!("header:{}", self.name);
-                Ok(Some(Identity {
-                    key: Key::labelled(&label, &material),
-                    tier: tier.cloned().flatten(),
-                }))
+                let mut identity = Identity::new(Key::labelled(&label, &material));
+                identity.tier = tier.cloned().flatten();
+                Ok(Some(identity))
             }
         }
     }

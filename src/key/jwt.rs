@@ -220,10 +220,9 @@ impl JwtClaim {
                 }
             }
         });
-        Ok(Identity {
-            key: Key::labelled("jwt", &sanitized(material.as_bytes())),
-            tier,
-        })
+        let mut identity = Identity::new(Key::labelled("jwt", &sanitized(material.as_bytes())));
+        identity.tier = tier;
+        Ok(identity)
     }
 }
 

@@ -22,11 +22,14 @@
 mod header;
 #[cfg(feature = "jwt")]
 mod jwt;
+mod lookup;
 mod peer_ip;
 
 pub use header::Header;
 #[cfg(feature = "jwt")]
 pub use jwt::{JwtClaim, JwtClaimBuilder, JwtError};
+pub use lookup::{ApiKeyFuture, ApiKeyLookup, ApiKeyStatus};
+pub(crate) use lookup::{Confirming, Otherwise, Unconfirmed, confirmed};
 pub use peer_ip::{ForwardedHeader, PeerIp};
 
 use std::borrow::Cow;
@@ -169,17 +172,69 @@ pub(crate) fn hex_of(digest: &[u8; 16]) -> String {
 /// the client's tier when the extractor knows one.
 ///
 /// The layer stores it in the request extensions, so handlers can read it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// ```
+/// use slidegate::{Identity, Key};
+///
+/// let identity = Identity::new(Key::new("tenant-7")).with_tier("pro");
+/// assert_eq!(identity.tier.as_deref(), Some("pro"));
+/// ```
+#[derive(Debug)]
 pub struct Identity {
     /// The key the request is counted against.
     pub key: Key,
     /// The client's tier, if known.
     pub tier: Option<Arc<str>>,
+    /// An API key that an async lookup must still confirm.
+    pub(crate) unconfirmed: Option<Box<Unconfirmed>>,
 }
+
+impl Identity {
+    /// The identity of the client `key`, without a tier.
+    pub fn new(key: Key) -> Self {
+        Self {
+            key,
+            tier: None,
+            unconfirmed: None,
+        }
+    }
+
+    /// This identity, of `tier`.
+    #[must_use]
+    pub fn with_tier(mut self, tier: impl Into<Arc<str>>) -> Self {
+        self.tier = Some(tier.into());
+        self
+    }
+}
+
+/// A copy of an identity whose API key is still to be confirmed can only
+/// turn out unknown: copying never confirms a key.
+impl Clone for Identity {
+    fn clone(&self) -> Self {
+        Self {
+            key: self.key.clone(),
+            tier: self.tier.clone(),
+            unconfirmed: self
+                .unconfirmed
+                .as_ref()
+                .map(|_| Box::new(Unconfirmed::lost())),
+        }
+    }
+}
+
+impl PartialEq for Identity {
+    fn eq(&self, other: &Self) -> bool {
+        self.key == other.key
+            && self.tier == other.tier
+            && self.unconfirmed.is_some() == other.unconfirmed.is_some()
+    }
+}
+
+impl Eq for Identity {}
 
 impl From<Key> for Identity {
     fn from(key: Key) -> Self {
-        Self { key, tier: None }
+        Self::new(key)
     }
 }
 
@@ -357,7 +412,16 @@ pub struct Or<A, B> {
 impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
     fn extract(&self, parts: &Parts) -> Extracted {
         match self.first.extract(parts)? {
-            Some(identity) => Ok(Some(identity)),
+            Some(mut identity) => {
+                // An API key still to be confirmed: should it be unknown,
+                // the rest of the chain decides.
+                if let Some(unconfirmed) = identity.unconfirmed.as_mut() {
+                    unconfirmed
+                        .otherwise
+                        .fall_back_to(|| self.next.extract(parts));
+                }
+                Ok(Some(identity))
+            }
             None => self.next.extract(parts),
         }
     }
@@ -463,6 +527,24 @@ mod tests {
             "user:first"
         );
         assert_eq!(none.or(none).extract(&parts), Ok(None));
+    }
+
+    #[tokio::test]
+    async fn a_copy_of_an_identity_awaiting_its_lookup_never_confirms() {
+        let exists = |_: &[u8]| async { ApiKeyStatus::Known(None) };
+        let header = Header::new(http::HeaderName::from_static("x-api-key")).lookup(exists);
+        let (parts, _) = http::Request::builder()
+            .header("x-api-key", "db-key")
+            .body(())
+            .unwrap()
+            .into_parts();
+        let identity = header.extract(&parts).unwrap().unwrap();
+        let copy = identity.clone();
+        let timeout = std::time::Duration::from_secs(5);
+        assert_eq!(confirmed(copy, timeout).await, Ok(None));
+        let original = confirmed(identity, timeout).await.unwrap().unwrap();
+        assert!(original.key.as_str().starts_with("key:#"));
+        assert!(original.unconfirmed.is_none());
     }
 
     #[test]
