@@ -73,8 +73,9 @@ impl fmt::Debug for CredentialFailures {
 impl CredentialFailures {
     /// At most `limit` refused credentials per address within `window`
     /// (the configuration's default is 10 a minute). A limit of 0 is taken
-    /// as 1.
+    /// as 1, and a window under a millisecond as one millisecond.
     pub fn new(limit: u32, window: Duration) -> Self {
+        let window = window.max(Duration::from_millis(1));
         Self {
             policy: Policy::new(POLICY_NAME, limit.max(1), window),
             peer_ip: PeerIp::new(),

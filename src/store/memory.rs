@@ -205,9 +205,9 @@ impl Shard {
         before - self.pairs.len()
     }
 
-    /// Tracks a new pair, already brought up to `now`. Idle pairs go first,
-    /// in sweeps; at the bound, the cache evicts a pair that was seen once
-    /// before one that keeps coming back.
+    /// Tracks a new pair, already brought up to `now`. Idle pairs are swept
+    /// out every so often; at the bound, the cache evicts a pair that was
+    /// seen once before one that keeps coming back.
     fn insert(&mut self, hash: u64, check: &Check, spent: Spent, now: u64) {
         if self.inserted >= self.sweep_after {
             self.evict_idle(now);
@@ -233,10 +233,11 @@ struct Inner {
 /// maps, with idle keys evicted and a bound on tracked keys so a flood of
 /// distinct clients cannot exhaust memory.
 ///
-/// At the bound the store never refuses a check and never fails open: a
-/// new (policy, client) pair takes the place of an idle one, else of one
-/// seen only once, before any client that keeps coming back (an S3-FIFO
-/// style admission, from the `quick_cache` crate). A flood of one-request
+/// At the bound the store never refuses a check and never fails open.
+/// Idle pairs are swept out regularly (at O(1) per new pair, amortised);
+/// between sweeps a new (policy, client) pair takes the place of one seen
+/// only once, before any client that keeps coming back (an S3-FIFO style
+/// admission, from the `quick_cache` crate). A flood of one-request
 /// keys churns among itself while active clients keep their counts, and
 /// new clients are still counted.
 ///
@@ -456,8 +457,9 @@ impl MemoryStoreBuilder {
 
     /// Tracks at most `max_keys` (policy, client) pairs (default one
     /// million), split evenly across up to 64 shards. At the bound, a new
-    /// pair takes the place of an idle one, else of one seen only once,
-    /// before any that keeps coming back; checks are never refused.
+    /// pair takes the place of one seen only once before any that keeps
+    /// coming back (idle pairs are swept out regularly); checks are never
+    /// refused.
     ///
     /// ```
     /// use slidegate::MemoryStore;
