@@ -12,8 +12,10 @@ use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::routing::get;
 use http::{Request, StatusCode};
+use slidegate::{Check, Key, Store};
 use slidegate::{FailMode, PeerIp, Policies, Policy, RateLimitLayer, RedisStore};
 use support::RedisServer;
+use support::proxy::TcpProxy;
 use tower::ServiceExt;
 
 const TIMEOUT: Duration = Duration::from_millis(100);
@@ -237,4 +239,58 @@ async fn a_connection_that_timed_out_mid_script_is_thrown_away() {
     );
     let recovered = f.time_to_recover("/closed", Duration::from_secs(1)).await;
     assert!(recovered.is_some());
+}
+
+/// A failover behind one address (a proxy, a virtual IP): the old primary
+/// becomes a replica and answers `READONLY`, new connections reach the new
+/// primary. Each pooled connection to the old one is dropped at its first
+/// such answer, so the pool follows within as many failures as it holds
+/// connections, then checks keep succeeding.
+#[tokio::test]
+async fn the_pool_follows_a_failover_that_demotes_the_old_primary() {
+    const POOL: usize = 4;
+    let old = RedisServer::start();
+    let new = RedisServer::start();
+    let proxy = TcpProxy::start(old.port());
+    let mut config = slidegate::deadpool_redis::Config::from_url(proxy.url());
+    config.pool = Some(slidegate::deadpool_redis::PoolConfig::new(POOL));
+    let pool = config
+        .create_pool(Some(slidegate::deadpool_redis::Runtime::Tokio1))
+        .unwrap();
+    let store = RedisStore::builder(pool)
+        .timeout(Duration::from_secs(2))
+        .build();
+    let policy = Policy::new("failover", 1_000_000, Duration::from_secs(60));
+    let check = |client: usize| [Check::new(&policy, Key::new(format!("c{client}")))];
+    // Every pooled connection in use at once, to the old primary.
+    let (a, b, c, d) = (check(0), check(1), check(2), check(3));
+    let answers = tokio::join!(
+        store.check(&a),
+        store.check(&b),
+        store.check(&c),
+        store.check(&d)
+    );
+    for answer in [answers.0, answers.1, answers.2, answers.3] {
+        assert!(answer.unwrap()[0].admitted);
+    }
+
+    old.cli(&["replicaof", "127.0.0.1", &new.port().to_string()]);
+    proxy.switch_to(new.port());
+
+    let mut failures = 0;
+    while let Err(error) = store.check(&check(9)).await {
+        failures += 1;
+        assert!(
+            failures <= POOL,
+            "still failing after {failures} checks: {error}"
+        );
+    }
+    for client in 0..20 {
+        let answer = store.check(&check(client)).await;
+        assert!(
+            answer.is_ok(),
+            "check {client} after the failover: {answer:?}"
+        );
+    }
+    assert!(new.cli(&["dbsize"]).trim().parse::<u64>().unwrap() > 0);
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_redis::redis::aio::ConnectionLike;
-use deadpool_redis::redis::{ErrorKind, RedisError, Script, ScriptInvocation};
+use deadpool_redis::redis::{ErrorKind, RedisError, Script, ScriptInvocation, ServerErrorKind};
 use deadpool_redis::{Connection, Pool, cluster};
 
 use super::{Check, CheckFuture, Store, StoreError};
@@ -83,7 +83,9 @@ struct Inner {
 /// Each call has a timeout (50 ms by default). A connection whose call timed
 /// out, was dropped mid-flight, or failed below the Redis protocol is thrown
 /// away rather than returned to the pool, since its replies may now be out of
-/// step.
+/// step; so is one whose server answered `READONLY`, `MASTERDOWN` or
+/// `LOADING`, so that after a failover the pool reconnects to wherever the
+/// address now leads.
 ///
 /// ```no_run
 /// use slidegate::RedisStore;
@@ -235,15 +237,27 @@ async fn invoke<C: Pooled>(
     invocation: &ScriptInvocation<'_>,
 ) -> Result<Vec<i64>, RedisError> {
     let reply = invocation.invoke_async(checkout.connection()).await;
-    // An error reply (a script error, CROSSSLOT, ...) leaves the connection
-    // in step; anything else (I/O, a dropped call) may not.
-    if reply.as_ref().map_or_else(
-        |error| matches!(error.kind(), ErrorKind::Server(_)),
-        |_| true,
-    ) {
+    if reply.as_ref().map_or_else(worth_keeping_after, |_| true) {
         checkout.keep();
     }
     reply
+}
+
+/// Whether a connection that got `error` may serve another check. An error
+/// reply (a script error, CROSSSLOT, ...) leaves it in step; anything else
+/// (I/O, a dropped call) may not. Nor is a connection kept that reached a
+/// server unable to take writes now (a primary demoted to a replica, one
+/// whose primary is down, one still loading): behind a failover address, a
+/// new connection reaches the new primary, while a kept one would fail
+/// every check until the process restarts.
+fn worth_keeping_after(error: &RedisError) -> bool {
+    match error.kind() {
+        ErrorKind::Server(
+            ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown | ServerErrorKind::BusyLoading,
+        ) => false,
+        ErrorKind::Server(_) => true,
+        _ => false,
+    }
 }
 
 /// The script's four integers per policy as decisions, for the policies

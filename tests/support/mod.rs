@@ -4,6 +4,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod down_store;
+pub mod proxy;
 pub mod reply;
 pub mod trace;
 
