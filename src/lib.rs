@@ -66,7 +66,8 @@ pub use key::{JwtClaim, JwtClaimBuilder, JwtError};
 pub use layer::RateLimitLayer;
 pub use limited::Limited;
 pub use policy::{
-    Algorithm, FailMode, Limits, Policies, PoliciesBuilder, Policy, PolicyError, Route, TierLimits,
+    Algorithm, FailMode, Limits, MAX_WINDOW, Policies, PoliciesBuilder, Policy, PolicyError, Route,
+    TierLimits,
 };
 pub use response::{
     HeaderStyle, RATELIMIT, RATELIMIT_POLICY, ResetFormat, X_RATELIMIT_LIMIT,

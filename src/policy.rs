@@ -31,6 +31,12 @@ pub enum Algorithm {
 /// policy: products stay exact in Redis's Lua numbers (doubles).
 const MAX_COUNTER_PRODUCT: u128 = 1 << 51;
 
+/// The longest window a policy may have: 366 days (a humantime `1y` is
+/// 365.25 days). Time arithmetic stays exact in Redis's Lua numbers well
+/// past it, and a store given a longer window by a hand-built
+/// [`Check`](crate::Check) counts it as this.
+pub const MAX_WINDOW: Duration = Duration::from_secs(366 * 86_400);
+
 /// What a policy does when the store fails or times out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FailMode {
@@ -275,6 +281,9 @@ fn validate_limits(name: String, limits: Limits, algorithm: Algorithm) -> Result
     if limits.window < Duration::from_millis(1) {
         return Err(PolicyError::WindowTooShort { name });
     }
+    if limits.window > MAX_WINDOW {
+        return Err(PolicyError::WindowTooLong { name });
+    }
     if limits.cost == 0 {
         return Err(PolicyError::ZeroCost { name });
     }
@@ -396,6 +405,12 @@ pub enum PolicyError {
     /// The window is shorter than a millisecond.
     #[error("policy `{name}`: window must be at least 1ms")]
     WindowTooShort {
+        /// The policy.
+        name: String,
+    },
+    /// The window is longer than [`MAX_WINDOW`] (366 days).
+    #[error("policy `{name}`: window must be at most 366 days")]
+    WindowTooLong {
         /// The policy.
         name: String,
     },
@@ -765,6 +780,13 @@ mod tests {
             Policies::single(Policy::new("p", 1, Duration::from_micros(10))),
             Err(PolicyError::WindowTooShort { .. })
         ));
+        for too_long in [Duration::MAX, MAX_WINDOW + Duration::from_micros(1)] {
+            assert!(matches!(
+                Policies::single(Policy::new("p", 1, too_long)),
+                Err(PolicyError::WindowTooLong { .. })
+            ));
+        }
+        assert!(Policies::single(Policy::new("p", 1, MAX_WINDOW)).is_ok());
         for bad in ["", "a:b", "{x}", "a b", &"n".repeat(65)] {
             assert!(matches!(
                 Policies::single(minute(bad, 1)),

@@ -104,6 +104,7 @@ fn bad_values_name_their_key() {
     refused(&POLICY.replace("limit = 5", "limit = \"five\""), 4, "limit");
     refused(&POLICY.replace("limit = 5", "limit = -1"), 4, "limit");
     refused(&POLICY.replace("\"60s\"", "\"soon\""), 5, "window");
+    refused(&POLICY.replace("\"60s\"", "\"400days\""), 5, "window");
     refused(
         &format!("{POLICY}algorithm = \"leaky_bucket\"\n"),
         6,

@@ -428,3 +428,32 @@ async fn redis_keeps_counts_while_its_own_clock_runs_ahead_of_an_injected_one() 
         assert!(!d.admitted, "{} forgot its count: {d:?}", policy.name());
     }
 }
+
+/// A hand-built check with an endless window (policies refuse one) is
+/// counted as the longest window a policy may have, by every algorithm.
+async fn an_endless_window_is_counted_as_the_longest(s: Subject) {
+    for algorithm in [
+        Algorithm::SlidingLog,
+        Algorithm::SlidingCounter,
+        Algorithm::FixedWindow,
+    ] {
+        let policy = Policy::new(format!("endless-{algorithm:?}"), 2, SEC).algorithm(algorithm);
+        let mut check = Check::new(&policy, Key::new("forever"));
+        check.window = Duration::MAX;
+        for expected in [true, true, false] {
+            let decision = s.store.check(std::slice::from_ref(&check)).await.unwrap()[0];
+            assert_eq!(decision.admitted, expected, "{algorithm:?}: {decision:?}");
+            // A sliding counter may wait into the next window.
+            let longest = 2 * slidegate::MAX_WINDOW;
+            assert!(decision.reset <= longest, "{algorithm:?}: {decision:?}");
+            if !expected {
+                let retry = decision.retry_after.expect("denied");
+                assert!(
+                    retry > SEC && retry <= longest,
+                    "{algorithm:?}: {decision:?}"
+                );
+            }
+        }
+    }
+}
+on_both_stores!(an_endless_window_is_counted_as_the_longest);

@@ -770,6 +770,7 @@ fn policy_from(
             PolicyError::InvalidName { .. } => ("name", name_offset),
             PolicyError::ZeroLimit { .. } => ("limit", body.limit.span().start),
             PolicyError::WindowTooShort { .. }
+            | PolicyError::WindowTooLong { .. }
             | PolicyError::CounterWindowNotWholeMillis { .. }
             | PolicyError::CounterTooLarge { .. } => ("window", body.window.span().start),
             PolicyError::ZeroCost { .. } | PolicyError::CostAboveLimit { .. } => (
@@ -803,6 +804,7 @@ fn policy_from(
                     ("limit", span_of(raw.limit.as_ref().map(|l| l.span().start)))
                 }
                 PolicyError::WindowTooShort { .. }
+                | PolicyError::WindowTooLong { .. }
                 | PolicyError::CounterWindowNotWholeMillis { .. }
                 | PolicyError::CounterTooLarge { .. } => (
                     "window",

@@ -11,7 +11,7 @@ use quick_cache::{Equivalent, OptionsBuilder, UnitWeighter};
 use super::counter::{FixedWindow, SlidingCounter};
 use super::sliding_log::Log;
 use super::{Check, CheckFuture, Store};
-use crate::clock::{Clock, SystemClock, duration_micros};
+use crate::clock::{Clock, SystemClock};
 use crate::{Algorithm, Decision, Key};
 
 const DEFAULT_MAX_KEYS: usize = 1_000_000;
@@ -119,7 +119,7 @@ impl Spent {
     /// Brings the state up to `now` for `check` (starting afresh if the
     /// policy changed algorithm) and says whether its cost fits.
     fn prepare(&mut self, now: u64, check: &Check) -> bool {
-        let window = duration_micros(check.window);
+        let window = check.window_micros();
         let same_algorithm = matches!(
             (&*self, check.algorithm),
             (Self::Log(_), Algorithm::SlidingLog)

@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::clock::duration_micros;
 use crate::{Algorithm, Decision, Key, Policy};
 
 /// What a [`Store`] decided for a batch: one [`Decision`] per check.
@@ -103,7 +104,8 @@ pub struct Check {
     pub key: Key,
     /// Units allowed per window.
     pub limit: u32,
-    /// The sliding window.
+    /// The sliding window; a store counts a window longer than
+    /// [`MAX_WINDOW`](crate::MAX_WINDOW) as that.
     pub window: Duration,
     /// Units this request consumes; never above `limit`.
     pub cost: u32,
@@ -146,6 +148,13 @@ impl Check {
             cost: limits.cost,
             algorithm: policy.algorithm_kind(),
         }
+    }
+}
+
+impl Check {
+    /// The window in microseconds, at most [`MAX_WINDOW`](crate::MAX_WINDOW)'s.
+    pub(crate) fn window_micros(&self) -> u64 {
+        duration_micros(self.window.min(crate::MAX_WINDOW))
     }
 }
 

@@ -10,7 +10,7 @@ use deadpool_redis::redis::{ErrorKind, RedisError, Script, ScriptInvocation, Ser
 use deadpool_redis::{Connection, Pool, cluster};
 
 use super::{Check, CheckFuture, Store, StoreError};
-use crate::clock::{Clock, duration_micros};
+use crate::clock::Clock;
 use crate::{Algorithm, Decision};
 
 const CHECK_SCRIPT: &str = include_str!("../../lua/check.lua");
@@ -188,7 +188,7 @@ impl RedisStore {
                 }
             };
             call.args
-                .push((name, check.limit, duration_micros(check.window), check.cost));
+                .push((name, check.limit, check.window_micros(), check.cost));
         }
         call
     }
