@@ -418,12 +418,13 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// **For tests only:** passes `clock`'s time to the script instead of
-    /// letting it read Redis's `TIME`, so window edges can be tested
-    /// deterministically. Production stores must not set this: it would
-    /// make application servers' clocks part of the limit. Because Redis
-    /// still expires keys on its own clock, keys written at a given time
-    /// live a minute longer than their windows need.
+    /// **For tests only** (feature `test-util`): passes `clock`'s time to
+    /// the script instead of letting it read Redis's `TIME`, so window
+    /// edges can be tested deterministically. Production stores must not
+    /// set this: it would make application servers' clocks part of the
+    /// limit. Because Redis still expires keys on its own clock, keys
+    /// written at a given time live a minute longer than their windows
+    /// need.
     ///
     /// ```no_run
     /// # fn demo(pool: slidegate::deadpool_redis::Pool) {
@@ -431,6 +432,7 @@ impl RedisStoreBuilder {
     /// let store = slidegate::RedisStore::builder(pool).clock(clock.clone()).build();
     /// # }
     /// ```
+    #[cfg(feature = "test-util")]
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Some(Box::new(clock));
         self
