@@ -1,5 +1,11 @@
+#!lua
 -- One request's rate-limit check: one or more policies, each with its own
 -- algorithm, decided all-or-nothing in one atomic call.
+--
+-- The shebang above (Redis 7 and later) declares a script that writes and
+-- may not run out of memory: under `maxmemory` Redis refuses the call
+-- before it starts, so a full Redis answers an error (and the policy's
+-- fail mode decides), never a write past its limit.
 --
 -- ARGV[1]: the time in microseconds, or "" to read the server's TIME (the
 --   empty form is the only one production uses).

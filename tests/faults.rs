@@ -294,3 +294,47 @@ async fn the_pool_follows_a_failover_that_demotes_the_old_primary() {
     }
     assert!(new.cli(&["dbsize"]).trim().parse::<u64>().unwrap() > 0);
 }
+
+/// Redis's `used_memory`, in bytes.
+fn used_memory(server: &RedisServer) -> u64 {
+    server
+        .cli(&["info", "memory"])
+        .lines()
+        .find_map(|line| line.strip_prefix("used_memory:"))
+        .and_then(|bytes| bytes.trim().parse().ok())
+        .expect("used_memory in INFO memory")
+}
+
+/// Under `maxmemory` with `noeviction`, a check that would write to a full
+/// Redis is an error (so the policy's fail mode answers), never a silent
+/// write past the limit.
+#[tokio::test]
+async fn a_full_redis_refuses_new_counts_instead_of_growing_past_its_limit() {
+    const LIMIT: u64 = 3 * 1024 * 1024;
+    let server =
+        RedisServer::start_with(&["--maxmemory", "3mb", "--maxmemory-policy", "noeviction"]);
+    let store = RedisStore::builder(server.pool(4))
+        .timeout(Duration::from_secs(5))
+        .build();
+    let policy = Policy::new("oom", 100, Duration::from_secs(3600));
+    let mut refused = 0;
+    for client in 0..20_000 {
+        if refused == 100 {
+            break;
+        }
+        let check = [Check::new(&policy, Key::new(format!("client-{client}")))];
+        match store.check(&check).await {
+            Ok(decisions) => assert!(decisions[0].admitted),
+            Err(error) => {
+                refused += 1;
+                assert!(error.to_string().contains("OOM"), "{error}");
+            }
+        }
+    }
+    assert!(refused > 0, "a full Redis refused nothing");
+    let used = used_memory(&server);
+    assert!(
+        used < LIMIT + LIMIT / 4,
+        "Redis grew to {used} bytes against a {LIMIT}-byte limit"
+    );
+}

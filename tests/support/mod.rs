@@ -66,6 +66,17 @@ impl RedisServer {
         panic!("could not start redis-server on a free port");
     }
 
+    /// Starts a server on a free port with `extra_args` (`--maxmemory 3mb`,
+    /// say) and waits until it answers PING.
+    pub fn start_with(extra_args: &[&str]) -> Self {
+        for _ in 0..5 {
+            if let Some(server) = Self::try_start(free_port(), extra_args) {
+                return server;
+            }
+        }
+        panic!("could not start redis-server on a free port");
+    }
+
     /// Starts a server on `port` with `extra_args`; `None` if it would not
     /// come up there.
     fn try_start(port: u16, extra_args: &[&str]) -> Option<Self> {
