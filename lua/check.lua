@@ -16,9 +16,15 @@
 --   log:     a sorted set of admitted requests scored by their time in
 --            microseconds, each member "<time>:<seq>:<cost>"; then a hash
 --            with the log's running cost `sum` and member sequence `seq`.
---   counter: a hash with the current window id `w`, its count `c` and the
---            previous window's count `p` (windows in milliseconds).
---   fixed:   a hash with the window id `w` and its count `c`.
+--   counter: a hash with the current window id `w`, its count `c`, the
+--            previous window's count `p` (windows in milliseconds) and `t`,
+--            the latest time (µs) a request was counted at.
+--   fixed:   a hash with the window id `w`, its count `c` and `t`.
+--
+-- The counters place `now` no earlier than `t`: a clock that steps back
+-- (NTP, a failover to a skewed node) never takes a key back to an earlier
+-- window, which would forget its count. Waits are still measured from the
+-- real `now`.
 --
 -- Returns, per policy, four integers: admitted (1 or 0, the same for every
 -- policy), remaining units, reset in microseconds, and retry-after in
@@ -44,6 +50,16 @@ end
 
 local function expire(key, ms)
   redis.call('PEXPIRE', key, ms + expiry_grace_ms)
+end
+
+-- The time a key's window is placed at: `now`, or the key's latest counted
+-- time `t` if the clock has stepped back since.
+local function high_water(t)
+  t = tonumber(t)
+  if t ~= nil and t > now then
+    return t
+  end
+  return now
 end
 
 -- floor(a / b) for a >= 0 and b > 0, exact where a / b in doubles may not be.
@@ -133,9 +149,10 @@ local counter = {}
 
 function counter.prepare(s)
   local w = s.window / 1000
-  local now_ms = idiv(now, 1000)
+  local stored = redis.call('HMGET', s.key, 'w', 'c', 'p', 't')
+  s.at = high_water(stored[4])
+  local now_ms = idiv(s.at, 1000)
   local id = idiv(now_ms, w)
-  local stored = redis.call('HMGET', s.key, 'w', 'c', 'p')
   local stored_id = tonumber(stored[1])
   local c, p = 0, 0
   if stored_id == id then
@@ -149,9 +166,10 @@ end
 
 function counter.record(s)
   s.c = s.c + s.cost
-  redis.call('HSET', s.key, 'w', s.id, 'c', s.c, 'p', s.p)
-  -- The counts matter until the end of the next window.
-  expire(s.key, (s.id + 2) * s.w - s.now_ms + 1)
+  redis.call('HSET', s.key, 'w', s.id, 'c', s.c, 'p', s.p, 't', string.format('%d', s.at))
+  -- The counts matter until the end of the next window (on Redis's own
+  -- clock, which expires the key: the real `now`, not the high water).
+  expire(s.key, (s.id + 2) * s.w - idiv(now, 1000) + 1)
 end
 
 -- The first millisecond at which `cost` units fit, if nothing more is
@@ -217,8 +235,9 @@ end
 local fixed = {}
 
 function fixed.prepare(s)
-  s.id = idiv(now, s.window)
-  local stored = redis.call('HMGET', s.key, 'w', 'c')
+  local stored = redis.call('HMGET', s.key, 'w', 'c', 't')
+  s.at = high_water(stored[3])
+  s.id = idiv(s.at, s.window)
   s.c = 0
   if tonumber(stored[1]) == s.id then
     s.c = tonumber(stored[2]) or 0
@@ -229,7 +248,7 @@ end
 
 function fixed.record(s)
   s.c = s.c + s.cost
-  redis.call('HSET', s.key, 'w', s.id, 'c', s.c)
+  redis.call('HSET', s.key, 'w', s.id, 'c', s.c, 't', string.format('%d', s.at))
   expire(s.key, math.floor(s.ends_in / 1000) + 1)
 end
 

@@ -457,3 +457,34 @@ async fn an_endless_window_is_counted_as_the_longest(s: Subject) {
     }
 }
 on_both_stores!(an_endless_window_is_counted_as_the_longest);
+
+/// A clock that steps back 2 ms across a window boundary (NTP, a failover
+/// to a skewed node) never resets a count: within 3 ms, no algorithm
+/// admits more than its limit.
+async fn a_clock_stepping_back_across_a_boundary_never_resets_a_count(s: Subject) {
+    for algorithm in [
+        Algorithm::SlidingLog,
+        Algorithm::SlidingCounter,
+        Algorithm::FixedWindow,
+    ] {
+        let policy = Policy::new(format!("step-{algorithm:?}"), 5, SEC).algorithm(algorithm);
+        // 1 ms past a whole second: a window boundary for the counters.
+        let boundary = (START / 1_000_000 + 10) * 1_000_000;
+        let mut admitted = 0;
+        for at in [boundary + 1_000, boundary - 1_000, boundary + 2_000] {
+            s.clock.set(at);
+            for _ in 0..5 {
+                admitted += usize::from(s.one(&policy, "stepper").await.admitted);
+            }
+        }
+        assert_eq!(admitted, 5, "{algorithm:?} admitted {admitted} within 3 ms");
+        // And the wait it reports is from the real (earlier) time.
+        s.clock.set(boundary - 1_000);
+        let denied = s.one(&policy, "stepper").await;
+        assert!(
+            denied.retry_after.unwrap() > Duration::from_millis(2),
+            "{algorithm:?}: {denied:?}"
+        );
+    }
+}
+on_both_stores!(a_clock_stepping_back_across_a_boundary_never_resets_a_count);

@@ -28,6 +28,11 @@ fn micros_until(at_ms: u64, now_us: u64) -> u64 {
 
 /// Two epoch-aligned fixed windows, the previous weighted by its overlap
 /// with the sliding window.
+///
+/// Both counters place the current time no earlier than the latest time
+/// they were brought to (`at_us`): a clock that steps back never takes
+/// them back to an earlier window, which would forget the count. Waits are
+/// still measured from the real time.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(super) struct SlidingCounter {
     /// The id of the current window.
@@ -36,6 +41,8 @@ pub(super) struct SlidingCounter {
     previous: u64,
     /// The window in milliseconds, as of the last roll.
     window_ms: u64,
+    /// The time the window is placed at: the latest seen, in µs.
+    at_us: u64,
 }
 
 /// Where the current time falls: window id and milliseconds into it.
@@ -61,9 +68,11 @@ impl Position {
 }
 
 impl SlidingCounter {
-    /// Moves the counts to the window that holds `now_us`.
+    /// Moves the counts to the window that holds `now_us`, or the latest
+    /// time seen if the clock has stepped back since.
     pub(super) fn roll(&mut self, now_us: u64, window_ms: u64) {
-        let id = Position::new(now_us, window_ms).id;
+        self.at_us = self.at_us.max(now_us);
+        let id = Position::new(self.at_us, window_ms).id;
         if self.id + 1 == id {
             self.previous = self.current;
             self.current = 0;
@@ -81,8 +90,8 @@ impl SlidingCounter {
     }
 
     /// Whether `cost` more units fit, after [`roll`](Self::roll).
-    pub(super) fn fits(&self, now_us: u64, limit: u32, cost: u32) -> bool {
-        let at = Position::new(now_us, self.window_ms);
+    pub(super) fn fits(&self, limit: u32, cost: u32) -> bool {
+        let at = Position::new(self.at_us, self.window_ms);
         self.weighted(at, u64::from(cost)) <= i128::from(limit) * i128::from(at.window)
     }
 
@@ -92,7 +101,8 @@ impl SlidingCounter {
 
     /// Whether the counts can no longer matter at `now_us`.
     pub(super) fn is_idle(&self, now_us: u64) -> bool {
-        self.window_ms == 0 || Position::new(now_us, self.window_ms).id >= self.id + 2
+        self.window_ms == 0
+            || Position::new(now_us.max(self.at_us), self.window_ms).id >= self.id + 2
     }
 
     /// The first millisecond at which `cost` units fit, if nothing more is
@@ -128,7 +138,7 @@ impl SlidingCounter {
     /// The decision after [`roll`](Self::roll) (and [`record`](Self::record),
     /// if admitted). `reset` is when one more unit fits.
     pub(super) fn decision(&self, now_us: u64, limit: u32, cost: u32, admitted: bool) -> Decision {
-        let at = Position::new(now_us, self.window_ms);
+        let at = Position::new(self.at_us, self.window_ms);
         let room = i128::from(limit) * i128::from(at.window) - self.weighted(at, 0);
         let remaining = floor_div(room, i128::from(at.window)).min(i128::from(limit)) as u32;
         let reset = if remaining >= limit {
@@ -136,7 +146,7 @@ impl SlidingCounter {
         } else {
             micros_until(self.fits_at(at, limit, remaining + 1), now_us)
         };
-        let retry_after = (!admitted && !self.fits(now_us, limit, cost))
+        let retry_after = (!admitted && !self.fits(limit, cost))
             .then(|| Duration::from_micros(micros_until(self.fits_at(at, limit, cost), now_us)));
         Decision {
             admitted,
@@ -154,12 +164,16 @@ pub(super) struct FixedWindow {
     id: u64,
     count: u64,
     window_us: u64,
+    /// The time the window is placed at: the latest seen, in µs.
+    at_us: u64,
 }
 
 impl FixedWindow {
-    /// Moves to the window that holds `now_us`, emptying it if it is new.
+    /// Moves to the window that holds `now_us` (or the latest time seen,
+    /// if the clock has stepped back since), emptying it if it is new.
     pub(super) fn roll(&mut self, now_us: u64, window_us: u64) {
-        let id = now_us / window_us;
+        self.at_us = self.at_us.max(now_us);
+        let id = self.at_us / window_us;
         if id != self.id {
             self.count = 0;
         }
@@ -176,7 +190,7 @@ impl FixedWindow {
     }
 
     pub(super) fn is_idle(&self, now_us: u64) -> bool {
-        self.window_us == 0 || now_us / self.window_us != self.id
+        self.window_us == 0 || now_us.max(self.at_us) / self.window_us != self.id
     }
 
     pub(super) fn decision(&self, now_us: u64, limit: u32, cost: u32, admitted: bool) -> Decision {
@@ -215,8 +229,8 @@ mod tests {
         counter.record(10);
         let now = 2 * W_US + W_US / 4;
         counter.roll(now, W_MS);
-        assert!(counter.fits(now, 10, 2));
-        assert!(!counter.fits(now, 10, 3));
+        assert!(counter.fits(10, 2));
+        assert!(!counter.fits(10, 3));
         let decision = counter.decision(now, 10, 3, false);
         assert_eq!(decision.remaining, 2);
         // 3 units fit once the previous window weighs 7: at 30%.

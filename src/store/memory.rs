@@ -136,7 +136,7 @@ impl Spent {
             }
             Self::Counter(counter) => {
                 counter.roll(now, window / 1000);
-                counter.fits(now, check.limit, check.cost)
+                counter.fits(check.limit, check.cost)
             }
             Self::Fixed(fixed) => {
                 fixed.roll(now, window);
