@@ -4,7 +4,7 @@
 //! clients with one request each.
 //!
 //! ```sh
-//! cargo bench --bench memory
+//! cargo bench --bench memory --features test-util
 //! ```
 
 #[path = "../tests/support/mod.rs"]
