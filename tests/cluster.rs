@@ -169,3 +169,27 @@ async fn counts_follow_a_slot_migrated_to_another_primary() {
     }
     assert!(!check(&store, &[&policy], "mover").await[0].admitted);
 }
+
+/// Scripts are not replicated: a node that lost its copy (a restart, a
+/// promoted replica, `SCRIPT FLUSH`) must get it back from the check that
+/// needs it, even while another node of the cluster is down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_script_comes_back_while_another_node_is_down() {
+    let mut cluster = RedisCluster::start();
+    let clock = FakeClock::new(START);
+    let store = store(&cluster, &clock);
+    let policy = Policy::new("c-reload", 100, MINUTE);
+    for client in 0..10 {
+        check(&store, &[&policy], &format!("r{client}")).await;
+    }
+    cluster.kill_a_replica();
+    for primary in cluster.primaries() {
+        primary.cli(&["script", "flush"]);
+    }
+    for client in 0..10 {
+        let checks = [Check::new(&policy, Key::new(format!("r{client}")))];
+        let answer = store.check(&checks).await;
+        assert!(answer.is_ok(), "client {client}: {answer:?}");
+        assert_eq!(answer.unwrap()[0].remaining, 98);
+    }
+}

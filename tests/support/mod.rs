@@ -133,6 +133,10 @@ impl RedisServer {
         self.port
     }
 
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
     }
@@ -299,6 +303,7 @@ impl RedisCluster {
     pub fn primaries(&self) -> Vec<&RedisServer> {
         self.nodes
             .iter()
+            .filter(|node| node.is_running())
             .filter(|node| {
                 node.cli(&["cluster", "nodes"])
                     .lines()
@@ -348,6 +353,18 @@ impl RedisCluster {
 
     pub fn nodes(&self) -> &[RedisServer] {
         &self.nodes
+    }
+
+    /// Kills a replica (SIGKILL) and returns its port.
+    pub fn kill_a_replica(&mut self) -> u16 {
+        let primaries: Vec<u16> = self.primaries().iter().map(|n| n.port()).collect();
+        let replica = self
+            .nodes
+            .iter_mut()
+            .find(|node| !primaries.contains(&node.port()))
+            .expect("a replica");
+        replica.kill();
+        replica.port()
     }
 
     /// Moves the slot of `key`, with its keys, to another primary (as a
