@@ -103,21 +103,7 @@ where
                 let (parts, _) = pending.request.into_parts();
                 return State::answered(unidentified(&shared, &parts));
             }
-            Err(rejection) => {
-                let guarded = shared.credential_failures.as_ref().zip(refusal);
-                return match guarded {
-                    Some((guard, check)) => State::counting_refusal(
-                        &*shared.store,
-                        guard.refusal(
-                            check,
-                            rejection,
-                            shared.options,
-                            shared.limited_response.clone(),
-                        ),
-                    ),
-                    None => State::answered(invalid_credentials(&rejection)),
-                };
-            }
+            Err(rejection) => return State::refused(&shared, refusal, rejection),
         };
         let (parts, body) = pending.request.into_parts();
         let lookup = tier_lookup(&shared, &parts, &identity);
@@ -203,15 +189,10 @@ where
         }
     }
 
-    pub(crate) fn rejected(rejection: &KeyRejection) -> Self {
-        Self::answered(invalid_credentials(rejection))
-    }
-
-    /// Counts a refusal of credentials, then answers `401`, or `429` when
-    /// the address is past its limit.
-    pub(crate) fn counting_refusal(store: &dyn Store, refusal: Refusal) -> Self {
+    /// Answers refused credentials; see [`State::refused`].
+    pub(crate) fn refused(shared: &Shared, check: Option<Check>, rejection: KeyRejection) -> Self {
         Self {
-            state: State::counting_refusal(store, refusal),
+            state: State::refused(shared, check, rejection),
         }
     }
 
@@ -268,6 +249,25 @@ where
     fn answered(response: Response<Full<Bytes>>) -> Self {
         Self::Answered {
             response: Some(response),
+        }
+    }
+
+    /// Answers refused credentials `401`, after counting the refusal
+    /// against the client's address (`check`) when the layer counts them:
+    /// `429` once the address is past its limit.
+    fn refused(shared: &Shared, check: Option<Check>, rejection: KeyRejection) -> Self {
+        tracing::debug!(reason = rejection.reason(), "credentials refused");
+        match shared.credential_failures.as_ref().zip(check) {
+            Some((guard, check)) => Self::counting_refusal(
+                &*shared.store,
+                guard.refusal(
+                    check,
+                    rejection,
+                    shared.options,
+                    shared.limited_response.clone(),
+                ),
+            ),
+            None => Self::answered(invalid_credentials(&rejection)),
         }
     }
 

@@ -160,19 +160,8 @@ where
             Ok(Some(identity)) => identity,
             Ok(None) => return ResponseFuture::answered(unidentified(shared, &parts)),
             Err(rejection) => {
-                tracing::debug!(reason = rejection.reason(), "credentials refused");
-                return match refusals {
-                    Some((guard, check)) => ResponseFuture::counting_refusal(
-                        &*shared.store,
-                        guard.refusal(
-                            check,
-                            rejection,
-                            shared.options,
-                            shared.limited_response.clone(),
-                        ),
-                    ),
-                    None => ResponseFuture::rejected(&rejection),
-                };
+                let check = refusals.map(|(_, check)| check);
+                return ResponseFuture::refused(shared, check, rejection);
             }
         };
         let costs: Option<Costs> = shared.request_cost.as_ref().map(|request_cost| {
