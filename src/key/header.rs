@@ -56,6 +56,8 @@ enum Trust {
 pub struct Header {
     name: HeaderName,
     trust: Trust,
+    /// The label of this header's keys: `key`, or `header:<name>`.
+    label: Arc<str>,
     /// Known values by their digest, with their tiers: the table never
     /// holds a raw API key after construction.
     known: Arc<HashMap<[u8; 16], Option<Arc<str>>>>,
@@ -83,6 +85,7 @@ impl Header {
             trust: Trust::KnownOnly {
                 reject_unknown: false,
             },
+            label: Arc::from(API_KEY_LABEL),
             known: Arc::default(),
             lookup: None,
         }
@@ -108,6 +111,7 @@ impl Header {
     /// ```
     pub fn trusted(name: HeaderName) -> Self {
         Self {
+            label: Arc::from(format!("header:{name}")),
             name,
             trust: Trust::AsIs { secret: true },
             known: Arc::default(),
@@ -272,7 +276,7 @@ impl KeyExtractor for Header {
         let tier = self.known.get(&digest);
         match self.trust {
             Trust::KnownOnly { reject_unknown } => {
-                let mut identity = Identity::new(Key::labelled(API_KEY_LABEL, &hex_of(&digest)));
+                let mut identity = Identity::new(Key::labelled(&self.label, &hex_of(&digest)));
                 match (tier, &self.lookup) {
                     (Some(tier), _) => identity.tier = tier.clone(),
                     (None, Some(lookup)) => {
@@ -296,8 +300,7 @@ impl KeyExtractor for Header {
                 } else {
                     sanitized(value)
                 };
-                let label = format!("header:{}", self.name);
-                let mut identity = Identity::new(Key::labelled(&label, &material));
+                let mut identity = Identity::new(Key::labelled(&self.label, &material));
                 identity.tier = tier.cloned().flatten();
                 Ok(Some(identity))
             }
