@@ -181,10 +181,13 @@ where
                     .unwrap_or(shared.options.fail_mode)
                     == FailMode::Closed
         });
+        // An API key still to be looked up has no tier to look up yet, and
+        // neither it nor a tier being looked up has its checks yet.
         let unconfirmed = identity.unconfirmed.is_some();
-        let lookup = match unconfirmed {
-            true => None,
-            false => tier_lookup(shared, &parts, &identity),
+        let lookup = if unconfirmed {
+            None
+        } else {
+            tier_lookup(shared, &parts, &identity)
         };
         let checks = match lookup {
             _ if unconfirmed => Vec::new(),
