@@ -13,9 +13,9 @@
 --   "fixed"), ARGV[4i-1] limit, ARGV[4i] window in microseconds,
 --   ARGV[4i+1] cost.
 -- KEYS, taken in policy order:
---   log:     a sorted set of admitted requests scored by their time in
---            microseconds, each member "<time>:<seq>:<cost>"; then a hash
---            with the log's running cost `sum` and member sequence `seq`.
+--   log:     a string holding the packed log (see "sliding log" below);
+--            then the sorted set an earlier version of this script kept
+--            the log in, read once when the string is new.
 --   counter: a hash with the current window id `w`, its count `c`, the
 --            previous window's count `p` (windows in milliseconds) and `t`,
 --            the latest time (µs) a request was counted at.
@@ -74,57 +74,313 @@ local function idiv(a, b)
 end
 
 ---------------------------------------------------------------- sliding log
+--
+-- One string per client and policy: a header, then a ring of records, one
+-- per admitted request, oldest first from slot `head`.
+--
+-- Header (big-endian, LOG_HEADER_SIZE bytes): format version (1), offset
+-- width in bytes (4 or 6), cost width in bytes (0, 1, 2 or 4), then u32
+-- `head`, `count`, `capacity` and `sum` (the records' total cost), then
+-- u64 `base` (µs; records hold their time as an offset from it) and u64
+-- `newest` (µs; the newest record's time).
+--
+-- A record is its offset, then its cost; with a cost width of 0 every cost
+-- is 1. Widths grow when a request needs them (a cost above 255, a window
+-- above LOG_SHORT_WINDOW) and the ring is rewritten then, when it is full
+-- (capacity doubles, up to the limit), when it holds a quarter of its
+-- capacity or less (it halves), and when an offset would outgrow its width
+-- (records are rebased on the oldest). Rewrites copy the live records only,
+-- so each costs O(live) and happens at most once per that many requests,
+-- or once per LOG_SHORT_WINDOW of time.
+--
+-- Records are kept in time order: a request is recorded no earlier than
+-- `newest`, so a clock that steps back never reorders the ring. If it
+-- steps back by more than a window, every record is pulled back to `now`:
+-- the count stays, and leaves within a window of the new time.
 
-local function member_cost(member)
-  return tonumber(string.match(member, ':(%d+)$'))
-end
+local LOG_VERSION = 1
+local LOG_HEADER = '>BBBI4I4I4I4I8I8'
+local LOG_HEADER_SIZE = 35
+-- Windows up to 2^31 µs (about 36 minutes) keep 4-byte offsets.
+local LOG_SHORT_WINDOW = 2147483648
+local LOG_MIN_CAPACITY = 4
 
 local log = {}
 
+local function cost_width(cost)
+  if cost == 1 then
+    return 0
+  elseif cost < 256 then
+    return 1
+  elseif cost < 65536 then
+    return 2
+  end
+  return 4
+end
+
+local function record_format(offset_width, cost_width)
+  if cost_width == 0 then
+    return '>I' .. offset_width
+  end
+  return '>I' .. offset_width .. 'I' .. cost_width
+end
+
+-- Reads `n` records from the `from`-th live one (0-based, from `head`),
+-- as one string.
+local function log_read(s, from, n)
+  local slot = (s.head + from) % s.capacity
+  local run = math.min(n, s.capacity - slot)
+  local start = LOG_HEADER_SIZE + slot * s.size
+  local bytes = redis.call('GETRANGE', s.key, start, start + run * s.size - 1)
+  if run < n then
+    bytes = bytes
+      .. redis.call('GETRANGE', s.key, LOG_HEADER_SIZE, LOG_HEADER_SIZE + (n - run) * s.size - 1)
+  end
+  return bytes
+end
+
+-- Decodes the record at byte `pos` of `bytes`: its time, cost and the
+-- position of the next record.
+local function log_decode(s, bytes, pos)
+  if s.cost_width == 0 then
+    local offset, next_pos = struct.unpack(s.format, bytes, pos)
+    return s.base + offset, 1, next_pos
+  end
+  local offset, cost, next_pos = struct.unpack(s.format, bytes, pos)
+  return s.base + offset, cost, next_pos
+end
+
+-- Takes every live record into Lua lists (`times`, `costs`), so that the
+-- log can be rewritten.
+local function log_load(s)
+  if s.times ~= nil then
+    return
+  end
+  s.times, s.costs = {}, {}
+  if s.count == 0 then
+    return
+  end
+  local bytes = log_read(s, 0, s.count)
+  local pos = 1
+  for i = 1, s.count do
+    s.times[i], s.costs[i], pos = log_decode(s, bytes, pos)
+  end
+end
+
+-- A log written by the first version of this script: a sorted set of
+-- members "<time>:<seq>:<cost>" scored by time, at `s.legacy`. Its live
+-- requests become this log's, so that upgrading forgets no count.
+local function log_import(s, cutoff)
+  s.times, s.costs = {}, {}
+  local entries = redis.call('ZRANGEBYSCORE', s.legacy, '(' .. string.format('%d', cutoff), '+inf', 'WITHSCORES')
+  for j = 1, #entries, 2 do
+    local cost = tonumber(string.match(entries[j], ':(%d+)$')) or 1
+    table.insert(s.times, tonumber(entries[j + 1]))
+    table.insert(s.costs, cost)
+    s.sum = s.sum + cost
+    s.cost_width = math.max(s.cost_width, cost_width(cost))
+  end
+  s.count = #s.times
+  if s.count > 0 then
+    s.oldest, s.newest = s.times[1], s.times[s.count]
+    s.dirty = true
+  end
+end
+
 function log.prepare(s)
-  local cutoff = string.format('%d', now - s.window)
-  local sum = tonumber(redis.call('HGET', s.meta, 'sum'))
-  if sum == nil then
-    -- No running sum (first use, or the hash was lost): rebuild it.
-    redis.call('ZREMRANGEBYSCORE', s.key, '-inf', cutoff)
-    sum = 0
-    for _, member in ipairs(redis.call('ZRANGE', s.key, 0, -1)) do
-      sum = sum + member_cost(member)
-    end
-  else
-    local expired = redis.call('ZRANGEBYSCORE', s.key, '-inf', cutoff)
-    if #expired > 0 then
-      for _, member in ipairs(expired) do
-        sum = sum - member_cost(member)
+  local cutoff = now - s.window
+  local header = redis.call('GETRANGE', s.key, 0, LOG_HEADER_SIZE - 1)
+  if header == '' then
+    s.head, s.count, s.capacity, s.sum, s.base, s.newest = 0, 0, 0, 0, 0, 0
+    s.offset_width, s.cost_width = 4, 0
+    log_import(s, cutoff)
+    return s.sum + s.cost <= s.limit
+  end
+  local version
+  version, s.offset_width, s.cost_width, s.head, s.count, s.capacity, s.sum, s.base, s.newest =
+    struct.unpack(LOG_HEADER, header)
+  if version ~= LOG_VERSION then
+    return error('unknown sliding log format ' .. tostring(version) .. ' at ' .. s.key)
+  end
+  s.format = record_format(s.offset_width, s.cost_width)
+  s.size = s.offset_width + s.cost_width
+
+  -- Prune from the oldest, reading a few records at a time, more each
+  -- round: O(expired) records read.
+  local chunk = 4
+  while s.count > 0 and s.oldest == nil do
+    local n = math.min(chunk, s.count)
+    local bytes = log_read(s, 0, n)
+    local pos, gone = 1, 0
+    for _ = 1, n do
+      local time, cost
+      time, cost, pos = log_decode(s, bytes, pos)
+      if time > cutoff then
+        s.oldest = time
+        break
       end
-      redis.call('ZREMRANGEBYSCORE', s.key, '-inf', cutoff)
-      redis.call('HSET', s.meta, 'sum', sum)
+      gone = gone + 1
+      s.sum = s.sum - cost
+    end
+    if gone > 0 then
+      s.head = (s.head + gone) % s.capacity
+      s.count = s.count - gone
+      s.dirty = true
+    end
+    chunk = chunk * 4
+  end
+
+  if s.count > 0 and s.newest - now > s.window then
+    -- The clock stepped back by more than a window: pull every record
+    -- back to now.
+    log_load(s)
+    for i = 1, s.count do
+      s.times[i] = math.min(s.times[i], now)
+    end
+    s.oldest, s.newest = s.times[1], now
+    s.dirty = true
+  end
+  return s.sum + s.cost <= s.limit
+end
+
+local function log_expire(s)
+  expire(s.key, math.floor((s.newest + s.window - now) / 1000) + 1)
+end
+
+local function log_header(s)
+  return struct.pack(
+    LOG_HEADER,
+    LOG_VERSION,
+    s.offset_width,
+    s.cost_width,
+    s.head,
+    s.count,
+    s.capacity,
+    s.sum,
+    s.base,
+    s.newest
+  )
+end
+
+-- Writes the loaded records afresh, from slot 0, based on the oldest, with
+-- room for twice as many (at least LOG_MIN_CAPACITY, at most the limit).
+local function log_rewrite(s)
+  local n = s.count
+  s.capacity = math.max(n, math.min(s.limit, math.max(LOG_MIN_CAPACITY, 2 * n)))
+  s.head = 0
+  if n == 0 then
+    s.base = now
+  else
+    s.base = s.times[1]
+  end
+  if s.window > LOG_SHORT_WINDOW or s.newest - s.base >= 4294967296 then
+    s.offset_width = 6
+  else
+    s.offset_width = 4
+  end
+  local format = record_format(s.offset_width, s.cost_width)
+  s.size = s.offset_width + s.cost_width
+  local parts = { log_header(s) }
+  for i = 1, n do
+    if s.cost_width == 0 then
+      parts[i + 1] = struct.pack(format, s.times[i] - s.base)
+    else
+      parts[i + 1] = struct.pack(format, s.times[i] - s.base, s.costs[i])
     end
   end
-  s.sum = sum
-  return sum + s.cost <= s.limit
+  parts[n + 2] = string.rep('\0', (s.capacity - n) * s.size)
+  redis.call('SET', s.key, table.concat(parts))
 end
 
 function log.record(s)
-  local seq = redis.call('HINCRBY', s.meta, 'seq', 1)
-  local member = string.format('%d:%d:%d', now, seq, s.cost)
-  redis.call('ZADD', s.key, string.format('%d', now), member)
-  s.sum = s.sum + s.cost
-  redis.call('HSET', s.meta, 'sum', s.sum)
-  local ttl = math.floor(s.window / 1000) + 1
-  expire(s.key, ttl)
-  expire(s.meta, ttl)
+  local at = now
+  if s.count > 0 and s.newest > at then
+    at = s.newest
+  end
+  if s.count == 0 then
+    s.oldest = at
+  end
+  local width = cost_width(s.cost)
+  local offset_width = s.offset_width
+  if s.window > LOG_SHORT_WINDOW then
+    offset_width = 6
+  end
+  local limit_offset = 2 ^ (8 * offset_width)
+  if
+    s.times ~= nil
+    or s.count == 0
+    or s.count == s.capacity
+    or (s.capacity > LOG_MIN_CAPACITY and 4 * s.count <= s.capacity)
+    or s.capacity > s.limit
+    or width > s.cost_width
+    or offset_width ~= s.offset_width
+    or at - s.base >= limit_offset
+  then
+    log_load(s)
+    s.count = s.count + 1
+    s.times[s.count], s.costs[s.count] = at, s.cost
+    s.sum, s.newest = s.sum + s.cost, at
+    s.cost_width = math.max(s.cost_width, width)
+    log_rewrite(s)
+  else
+    local slot = (s.head + s.count) % s.capacity
+    local record
+    if s.cost_width == 0 then
+      record = struct.pack(s.format, at - s.base)
+    else
+      record = struct.pack(s.format, at - s.base, s.cost)
+    end
+    redis.call('SETRANGE', s.key, LOG_HEADER_SIZE + slot * s.size, record)
+    s.count, s.sum, s.newest = s.count + 1, s.sum + s.cost, at
+    redis.call('SETRANGE', s.key, 0, log_header(s))
+  end
+  s.dirty = false
+  log_expire(s)
+end
+
+-- Saves what pruning changed, for a request that records nothing.
+function log.save(s)
+  if not s.dirty then
+    return
+  end
+  if s.times ~= nil then
+    log_rewrite(s)
+    log_expire(s)
+  else
+    redis.call('SETRANGE', s.key, 0, log_header(s))
+  end
 end
 
 function log.retry(s)
-  -- Walk the oldest entries until enough cost has left the window.
+  -- The oldest records, until enough cost has left the window: with unit
+  -- costs, the need-th record itself.
   local need = s.sum + s.cost - s.limit
-  local entries = redis.call('ZRANGE', s.key, 0, need - 1, 'WITHSCORES')
-  local freed = 0
-  for j = 1, #entries, 2 do
-    freed = freed + member_cost(entries[j])
+  if s.times ~= nil then
+    local freed = 0
+    for i = 1, s.count do
+      freed = freed + s.costs[i]
+      if freed >= need then
+        return s.times[i] + s.window - now
+      end
+    end
+    return 0
+  end
+  if s.cost_width == 0 then
+    if need > s.count then
+      return 0
+    end
+    local time = log_decode(s, log_read(s, need - 1, 1), 1)
+    return time + s.window - now
+  end
+  local n = math.min(need, s.count)
+  local bytes = log_read(s, 0, n)
+  local pos, freed = 1, 0
+  for _ = 1, n do
+    local time, cost
+    time, cost, pos = log_decode(s, bytes, pos)
+    freed = freed + cost
     if freed >= need then
-      return tonumber(entries[j + 1]) + s.window - now
+      return time + s.window - now
     end
   end
   return 0
@@ -135,12 +391,10 @@ function log.report(s)
   if remaining < 0 then
     remaining = 0
   end
-  local reset = 0
-  local oldest = redis.call('ZRANGE', s.key, 0, 0, 'WITHSCORES')
-  if #oldest > 0 then
-    reset = tonumber(oldest[2]) + s.window - now
+  if s.count == 0 then
+    return remaining, 0
   end
-  return remaining, reset
+  return remaining, s.oldest + s.window - now
 end
 
 ------------------------------------------------------------ sliding counter
@@ -289,7 +543,7 @@ for i = 1, policies do
   }
   next_key = next_key + 1
   if algorithm == log then
-    s.meta = KEYS[next_key]
+    s.legacy = KEYS[next_key]
     next_key = next_key + 1
   end
   s.fits = algorithm.prepare(s)
@@ -303,8 +557,13 @@ for i = 1, policies do
   local retry = -1
   if all_fit then
     s.algorithm.record(s)
-  elseif not s.fits then
-    retry = s.algorithm.retry(s)
+  else
+    if not s.fits then
+      retry = s.algorithm.retry(s)
+    end
+    if s.algorithm.save ~= nil then
+      s.algorithm.save(s)
+    end
   end
   local remaining, reset = s.algorithm.report(s)
   result[4 * i - 3] = all_fit and 1 or 0

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use proptest::prelude::*;
-use slidegate::{Algorithm, Check, FakeClock, Key, MemoryStore, Policy, RedisStore, Store};
+use slidegate::{Algorithm, Check, Clock, FakeClock, Key, MemoryStore, Policy, RedisStore, Store};
 use support::RedisServer;
 
 #[derive(Debug, Clone)]
@@ -81,4 +81,125 @@ fn memory_and_redis_decide_the_same() {
             prop_assert_eq!(from_memory, from_redis, "at {:?}", step);
         }
     });
+}
+
+/// A step of a trace that exercises every shape of the packed log: big
+/// and small costs (each cost width), long windows (wide offsets), jumps
+/// past an offset's range (rebasing), bursts (growing) and lulls
+/// (shrinking), and a clock stepping back a little or by more than a
+/// window.
+#[derive(Debug, Clone)]
+struct Move {
+    /// Microseconds to move the clock; negative steps it back.
+    by_us: i64,
+    client: u8,
+    cost: u32,
+}
+
+fn move_() -> impl Strategy<Value = Move> {
+    (
+        prop_oneof![
+            6 => Just(0i64),
+            4 => 0i64..50_000,
+            3 => 0i64..4_000_000,
+            1 => 600_000_000i64..1_500_000_000,
+            1 => 4_200_000_000i64..4_400_000_000,
+            1 => -5_000i64..0,
+            1 => -10_000_000i64..-3_000_000,
+        ],
+        0u8..2,
+        prop_oneof![4 => Just(1u32), 2 => 1u32..6, 1 => 200u32..300, 1 => 65_000u32..70_000],
+    )
+        .prop_map(|(by_us, client, cost)| Move {
+            by_us,
+            client,
+            cost,
+        })
+}
+
+/// Checks of four sliding logs: a small limit, a limit the ring grows
+/// and shrinks to, a window whose records outlive their offsets' range
+/// (they are rebased), and a window of hours with a limit large enough for
+/// any cost.
+fn log_checks(client: u8, cost: u32) -> Vec<Check> {
+    [
+        Policy::new("small", 3, Duration::from_secs(1)),
+        Policy::new("burst", 150, Duration::from_secs(3)),
+        Policy::new("half-hour", 40, Duration::from_secs(1800)),
+        Policy::new("hours", 100_000, Duration::from_secs(2 * 3600)),
+    ]
+    .iter()
+    .map(|policy| {
+        let mut check = Check::new(policy, Key::new(format!("client{client}")));
+        check.cost = cost.min(check.limit);
+        check
+    })
+    .collect()
+}
+
+#[test]
+fn the_packed_log_and_memory_decide_the_same_at_every_width() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let pool = server.pool(2);
+    let case = AtomicU64::new(0);
+    let config = ProptestConfig {
+        cases: 24,
+        ..ProptestConfig::default()
+    };
+    proptest!(config, |(moves in prop::collection::vec(move_(), 1..400))| {
+        let clock = FakeClock::new(1_700_000_000_123_457);
+        let memory = MemoryStore::builder().clock(clock.clone()).build();
+        let redis = RedisStore::builder(pool.clone())
+            .prefix(format!("wide{}", case.fetch_add(1, Ordering::Relaxed)))
+            .clock(clock.clone())
+            .timeout(Duration::from_secs(5))
+            .build();
+        for step in &moves {
+            clock.set(clock.now_micros().saturating_add_signed(step.by_us));
+            // Each policy alone and all together.
+            let checks = log_checks(step.client, step.cost);
+            let alone = checks.iter().map(std::slice::from_ref);
+            for batch in alone.chain([&checks[..]]) {
+                let from_memory = runtime.block_on(memory.check(batch)).unwrap();
+                let from_redis = runtime.block_on(redis.check(batch)).unwrap();
+                prop_assert_eq!(from_memory, from_redis, "at {:?}", step);
+            }
+        }
+    });
+}
+
+/// A client that keeps a log alive for hours, one request every five
+/// minutes against a half-hour window, outlives a 4-byte offset's range
+/// (71.6 minutes) many times over: its records are rebased, never wrapped.
+#[test]
+fn a_log_kept_alive_for_hours_decides_as_memory_does() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let clock = FakeClock::new(1_700_000_000_123_457);
+    let memory = MemoryStore::builder().clock(clock.clone()).build();
+    let redis = RedisStore::builder(server.pool(1))
+        .clock(clock.clone())
+        .timeout(Duration::from_secs(5))
+        .build();
+    let policy = Policy::new("half-hour", 6, Duration::from_secs(1800));
+    let check = [Check::new(&policy, Key::new("steady"))];
+    let mut denied = 0;
+    for minute in (0..6 * 60).step_by(5) {
+        clock.set(1_700_000_000_123_457 + minute * 60_000_000);
+        // Two requests at each tick: the window holds six ticks' worth.
+        for _ in 0..2 {
+            let from_memory = runtime.block_on(memory.check(&check)).unwrap();
+            let from_redis = runtime.block_on(redis.check(&check)).unwrap();
+            assert_eq!(from_memory, from_redis, "at minute {minute}");
+            denied += usize::from(!from_redis[0].admitted);
+        }
+    }
+    assert!(denied > 0, "the trace never reached the limit");
 }

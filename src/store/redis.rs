@@ -137,9 +137,9 @@ impl RedisStore {
         &self.inner.pool
     }
 
-    /// The key `check`'s state is named after: a sliding log's sorted set
-    /// is this key and its running sum this key with `:s`; a sliding
-    /// counter's hash is this key with `:c`, a fixed window's with `:f`.
+    /// The key `check`'s state is named after: a sliding log's packed
+    /// string is this key with `:l`, a sliding counter's hash this key with
+    /// `:c`, a fixed window's with `:f`.
     ///
     /// ```no_run
     /// # fn demo(store: slidegate::RedisStore) {
@@ -173,9 +173,9 @@ impl RedisStore {
             let key = self.base_key(check);
             let name = match check.algorithm {
                 Algorithm::SlidingLog => {
-                    let sum = format!("{key}:s");
+                    call.keys.push(format!("{key}:l"));
+                    // Where earlier versions kept the log: read once, on upgrade.
                     call.keys.push(key);
-                    call.keys.push(sum);
                     "log"
                 }
                 Algorithm::SlidingCounter => {

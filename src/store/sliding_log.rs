@@ -18,6 +18,10 @@ pub(super) struct Log {
 impl Log {
     /// Drops entries that have left the window: an entry at `t` counts while
     /// `now - window < t`.
+    ///
+    /// If the clock has stepped back by more than a window since the newest
+    /// entry, every entry is pulled back to `now`: the count stays, and
+    /// leaves within a window of the new time.
     pub(super) fn prune(&mut self, now: u64, window_micros: u64) {
         self.window_micros = window_micros;
         while let Some(&(at, cost)) = self.entries.front() {
@@ -27,14 +31,29 @@ impl Log {
             self.entries.pop_front();
             self.sum -= u64::from(cost);
         }
+        if self
+            .entries
+            .back()
+            .is_some_and(|&(newest, _)| newest.saturating_sub(now) > window_micros)
+        {
+            for (at, _) in &mut self.entries {
+                *at = (*at).min(now);
+            }
+        }
     }
 
     pub(super) fn fits(&self, limit: u32, cost: u32) -> bool {
         self.sum + u64::from(cost) <= u64::from(limit)
     }
 
+    /// Records `cost` at `now`, or at the newest entry's time if the clock
+    /// has stepped back since: entries stay in time order.
     pub(super) fn record(&mut self, now: u64, cost: u32) {
-        self.entries.push_back((now, cost));
+        let at = self
+            .entries
+            .back()
+            .map_or(now, |&(newest, _)| newest.max(now));
+        self.entries.push_back((at, cost));
         self.sum += u64::from(cost);
     }
 
