@@ -150,8 +150,8 @@ async fn naive(
     };
     let reply: Result<Vec<i64>, _> = naive
         .script
+        .key(format!("{key}:l"))
         .key(&key)
-        .key(format!("{key}:s"))
         .arg("")
         .arg("log")
         .arg(NEVER)

@@ -89,8 +89,8 @@ pub(crate) fn raw_evalsha(
             let key = format!("raw:bench:{{task-{task}}}");
             let mut connection = pool.get().await.unwrap();
             let reply: Vec<i64> = script
+                .key(format!("{key}:l"))
                 .key(&key)
-                .key(format!("{key}:s"))
                 .arg("")
                 .arg("log")
                 .arg(NEVER)

@@ -1,0 +1,195 @@
+//! What a `RedisStore` keeps in Redis: how many bytes a sliding log takes
+//! per request, that a log shrinks back when its client calms down, that a
+//! log written by the previous script is carried over, and what Redis
+//! evicting counts (`allkeys-lru`) does to a client.
+
+mod support;
+
+use std::time::Duration;
+
+use slidegate::deadpool_redis::redis::Script;
+use slidegate::{Check, Clock, Decision, FakeClock, Key, Policy, RedisStore, Store};
+use support::RedisServer;
+
+const START: u64 = 1_700_000_000_000_000;
+/// The script before the packed log: a sorted set and a hash per log.
+const PREVIOUS_SCRIPT: &str = include_str!("fixtures/check_v1.lua");
+
+fn store_on(server: &RedisServer, clock: &FakeClock) -> RedisStore {
+    RedisStore::builder(server.pool(2))
+        .clock(clock.clone())
+        .timeout(Duration::from_secs(5))
+        .build()
+}
+
+fn memory_usage(server: &RedisServer, key: &str) -> u64 {
+    let answer = server.cli(&["memory", "usage", key, "samples", "0"]);
+    answer
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("no key {key}: {answer:?}"))
+}
+
+/// Spends `requests` single units of `policy` for `client`, one
+/// millisecond apart, each admitted.
+async fn spend(
+    store: &RedisStore,
+    clock: &FakeClock,
+    policy: &Policy,
+    client: &str,
+    requests: u32,
+) {
+    let check = [Check::new(policy, Key::new(client))];
+    for _ in 0..requests {
+        clock.advance(Duration::from_millis(1));
+        let decision = store.check(&check).await.unwrap()[0];
+        assert!(decision.admitted, "{client}: {decision:?}");
+    }
+}
+
+/// A client at its limit takes at most 16 bytes of Redis memory per
+/// request from a limit of 1,000 up (`MEMORY USAGE` of its one key, all
+/// of Redis's own overhead included), with a window of a minute (4-byte
+/// records) or of an hour (6-byte records).
+#[tokio::test]
+async fn a_full_sliding_log_takes_at_most_16_bytes_per_request() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new(START);
+    let store = store_on(&server, &clock);
+    for window_s in [60, 3600] {
+        for limit in [10u32, 100, 1_000, 10_000] {
+            let name = format!("bytes-{window_s}s-{limit}");
+            let policy = Policy::new(name.as_str(), limit, Duration::from_secs(window_s));
+            spend(&store, &clock, &policy, "full", limit).await;
+            let check = Check::new(&policy, Key::new("full"));
+            let key = format!("{}:l", store.base_key(&check));
+            let bytes = memory_usage(&server, &key);
+            let per_request = bytes as f64 / f64::from(limit);
+            println!(
+                "window {window_s} s, limit {limit}: {bytes} bytes, {per_request:.1} per request"
+            );
+            if limit >= 1_000 {
+                assert!(per_request <= 16.0, "{name}: {bytes} bytes");
+            }
+            // Nothing else is kept for the client.
+            let keys = server.cli(&["--scan", "--pattern", &format!("*{name}:*")]);
+            assert_eq!(keys.lines().collect::<Vec<_>>(), [key.as_str()]);
+        }
+    }
+}
+
+/// A burst grows a log's ring to the limit; once the burst has left the
+/// window, the ring is rewritten small again.
+#[tokio::test]
+async fn a_log_shrinks_back_after_a_burst() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new(START);
+    let store = store_on(&server, &clock);
+    let policy = Policy::new("burst", 10_000, Duration::from_secs(10));
+    let key = format!(
+        "{}:l",
+        store.base_key(&Check::new(&policy, Key::new("bursty")))
+    );
+    spend(&store, &clock, &policy, "bursty", 1).await;
+    let calm = memory_usage(&server, &key);
+    spend(&store, &clock, &policy, "bursty", 5_000).await;
+    let burst = memory_usage(&server, &key);
+    clock.advance(Duration::from_secs(10));
+    spend(&store, &clock, &policy, "bursty", 1).await;
+    let after = memory_usage(&server, &key);
+    assert!(burst > 10 * calm, "a burst of 5,000 took {burst} bytes");
+    assert_eq!(after, calm, "the ring kept {after} bytes after the burst");
+}
+
+/// Runs the previous script's sliding log once for `client`: what an
+/// instance not yet upgraded does during a rolling deploy.
+async fn previous_check(
+    server: &RedisServer,
+    store: &RedisStore,
+    clock: &FakeClock,
+    policy: &Policy,
+    client: &str,
+) -> Vec<i64> {
+    let check = Check::new(policy, Key::new(client));
+    let key = store.base_key(&check);
+    let mut connection = server.pool(1).get().await.unwrap();
+    Script::new(PREVIOUS_SCRIPT)
+        .key(&key)
+        .key(format!("{key}:s"))
+        .arg(clock.now_micros())
+        .arg("log")
+        .arg(check.limit)
+        .arg(policy.window().as_micros() as u64)
+        .arg(check.cost)
+        .invoke_async(&mut connection)
+        .await
+        .unwrap()
+}
+
+/// Requests counted by the previous script's sorted set still count after
+/// the upgrade: the packed log takes them in when it is created.
+#[tokio::test]
+async fn counts_of_the_previous_sliding_log_are_carried_over() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new(START);
+    let store = store_on(&server, &clock);
+    let policy = Policy::new("upgrade", 5, Duration::from_secs(60));
+    for _ in 0..3 {
+        clock.advance(Duration::from_secs(1));
+        let reply = previous_check(&server, &store, &clock, &policy, "carried").await;
+        assert_eq!(reply[0], 1, "{reply:?}");
+    }
+    clock.advance(Duration::from_secs(1));
+    let check = [Check::new(&policy, Key::new("carried"))];
+    let decisions: Vec<Decision> = vec![
+        store.check(&check).await.unwrap()[0],
+        store.check(&check).await.unwrap()[0],
+        store.check(&check).await.unwrap()[0],
+    ];
+    assert_eq!(
+        decisions.iter().map(|d| d.admitted).collect::<Vec<_>>(),
+        [true, true, false]
+    );
+    // The first request the previous script counted, 3 s ago, leaves first.
+    assert_eq!(decisions[2].retry_after, Some(Duration::from_secs(57)));
+    assert_eq!(decisions[2].reset, Duration::from_secs(57));
+}
+
+/// Under `allkeys-lru` Redis evicts whole logs, never half of one: a
+/// client whose log was evicted starts afresh with its full limit, and
+/// no denial ever says to retry at once.
+#[tokio::test]
+async fn an_evicted_log_starts_afresh_and_never_sticks() {
+    let server =
+        RedisServer::start_with(&["--maxmemory", "3mb", "--maxmemory-policy", "allkeys-lru"]);
+    let clock = FakeClock::new(START);
+    let store = store_on(&server, &clock);
+    let policy = Policy::new("lru", 5, Duration::from_secs(60));
+    let victim = Check::new(&policy, Key::new("victim"));
+    let key = format!("{}:l", store.base_key(&victim));
+    spend(&store, &clock, &policy, "victim", 5).await;
+
+    // New clients, 100 to a call, until Redis has evicted the victim.
+    let mut flooded = 0;
+    while server.cli(&["exists", &key]).trim() == "1" {
+        assert!(flooded < 200_000, "the victim was never evicted");
+        let batch: Vec<Check> = (flooded..flooded + 100)
+            .map(|n| Check::new(&policy, Key::new(format!("flood-{n}"))))
+            .collect();
+        let decisions = store.check(&batch).await.unwrap();
+        assert!(decisions.iter().all(|d| d.admitted));
+        flooded += 100;
+    }
+
+    let mut admitted = 0;
+    for _ in 0..8 {
+        let decision = store.check(std::slice::from_ref(&victim)).await.unwrap()[0];
+        if decision.admitted {
+            admitted += 1;
+        } else {
+            let retry = decision.retry_after.expect("a denial has a retry time");
+            assert!(retry > Duration::ZERO, "{decision:?}");
+        }
+    }
+    assert_eq!(admitted, 5, "after eviction the victim's limit is its own");
+}
