@@ -65,13 +65,13 @@ async fn every_algorithm_and_mixed_batches_work_on_a_cluster() {
     // Every key of one client is on one primary, in one slot; the clients
     // spread over all three primaries; every key has a TTL.
     let keys = cluster.keys_by_primary();
-    assert_eq!(keys.len(), 30 * 4, "log, sum, counter, fixed per client");
+    assert_eq!(keys.len(), 30 * 3, "log, counter, fixed per client");
     let mut primaries = HashSet::new();
     for client in 0..30 {
         let tag = format!("{{user:client-{client}}}");
         let mine: Vec<&(String, &support::RedisServer)> =
             keys.iter().filter(|(k, _)| k.contains(&tag)).collect();
-        assert_eq!(mine.len(), 4, "{mine:?}");
+        assert_eq!(mine.len(), 3, "{mine:?}");
         let slots: HashSet<String> = mine.iter().map(|(k, _)| slot(&cluster, k)).collect();
         assert_eq!(slots.len(), 1, "{tag} spans slots {slots:?}");
         let nodes: HashSet<u16> = mine.iter().map(|(_, node)| node.port()).collect();

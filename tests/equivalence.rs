@@ -203,3 +203,107 @@ fn a_log_kept_alive_for_hours_decides_as_memory_does() {
     }
     assert!(denied > 0, "the trace never reached the limit");
 }
+
+/// The previous script, which kept each sliding log in a sorted set and a
+/// hash: the packed log must decide exactly as it did.
+const PREVIOUS_SCRIPT: &str = include_str!("fixtures/check_v1.lua");
+const SCRIPT: &str = include_str!("../lua/check.lua");
+
+fn forward() -> impl Strategy<Value = (u64, u8)> {
+    (
+        prop_oneof![
+            6 => Just(0u64),
+            4 => 0u64..50_000,
+            3 => 0u64..4_000_000,
+            1 => 600_000_000u64..1_500_000_000,
+        ],
+        prop_oneof![4 => Just(1u8), 2 => 1u8..6, 1 => 200u8..=255],
+    )
+}
+
+/// Runs one script for one batch of `checks`, keyed under `prefix`: the
+/// previous script takes each log's sorted set and hash, the packed one
+/// its string (and the sorted set it would carry over, here never
+/// written).
+async fn run_script(
+    connection: &mut slidegate::deadpool_redis::Connection,
+    script: &slidegate::deadpool_redis::redis::Script,
+    previous: bool,
+    prefix: &str,
+    now: u64,
+    checks: &[Check],
+) -> Vec<i64> {
+    let mut invocation = script.prepare_invoke();
+    invocation.arg(now);
+    for check in checks {
+        let key = format!("{prefix}:{}:{{{}}}", check.policy, check.key);
+        let (name, keys) = match (check.algorithm, previous) {
+            (Algorithm::SlidingLog, true) => ("log", vec![key.clone(), format!("{key}:s")]),
+            (Algorithm::SlidingLog, false) => ("log", vec![format!("{key}:l"), key.clone()]),
+            (Algorithm::SlidingCounter, _) => ("counter", vec![format!("{key}:c")]),
+            (Algorithm::FixedWindow, _) => ("fixed", vec![format!("{key}:f")]),
+            (algorithm, _) => panic!("no keys known for {algorithm:?}"),
+        };
+        for key in keys {
+            invocation.key(key);
+        }
+        invocation
+            .arg(name)
+            .arg(check.limit)
+            .arg(check.window.as_micros() as u64)
+            .arg(check.cost);
+    }
+    invocation.invoke_async(connection).await.unwrap()
+}
+
+#[test]
+fn the_packed_log_decides_as_the_previous_script_did() {
+    use slidegate::deadpool_redis::redis::Script;
+
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let pool = server.pool(1);
+    let (previous, packed) = (Script::new(PREVIOUS_SCRIPT), Script::new(SCRIPT));
+    let case = AtomicU64::new(0);
+    let config = ProptestConfig {
+        cases: 24,
+        ..ProptestConfig::default()
+    };
+    proptest!(config, |(moves in prop::collection::vec(forward(), 1..300))| {
+        let case = case.fetch_add(1, Ordering::Relaxed);
+        let policies = [
+            Policy::new("small", 3, Duration::from_secs(1)),
+            Policy::new("burst", 150, Duration::from_secs(3)),
+            Policy::new("half-hour", 40, Duration::from_secs(1800)),
+            Policy::new("counter", 7, Duration::from_secs(2)).algorithm(Algorithm::SlidingCounter),
+            Policy::new("fixed", 5, Duration::from_millis(1200)).algorithm(Algorithm::FixedWindow),
+        ];
+        let mut now = 1_700_000_000_123_457u64;
+        runtime.block_on(async {
+            let mut connection = pool.get().await.unwrap();
+            for &(advance, cost) in &moves {
+                now += advance;
+                let checks: Vec<Check> = policies
+                    .iter()
+                    .map(|policy| {
+                        let mut check = Check::new(policy, Key::new("client"));
+                        check.cost = u32::from(cost).min(check.limit);
+                        check
+                    })
+                    .collect();
+                let alone = checks.iter().map(std::slice::from_ref);
+                for batch in alone.chain([&checks[..]]) {
+                    let before =
+                        run_script(&mut connection, &previous, true, &format!("old{case}"), now, batch).await;
+                    let after =
+                        run_script(&mut connection, &packed, false, &format!("new{case}"), now, batch).await;
+                    prop_assert_eq!(before, after, "at {}", now);
+                }
+            }
+            Ok(())
+        })?;
+    });
+}

@@ -299,7 +299,7 @@ fn a_cluster_url_runs_on_redis_cluster() {
     assert_eq!(server.request("POST", "/api/login", &[]).status, 429);
     let keys = cluster.keys();
     assert!(
-        keys.iter().any(|k| k == "slidegate:login:{ip:127.0.0.1}"),
+        keys.iter().any(|k| k == "slidegate:login:{ip:127.0.0.1}:l"),
         "{keys:?}"
     );
 }
