@@ -34,19 +34,13 @@
 -- [n*W, (n+1)*W). All arithmetic stays in integers below 2^53, so Lua's
 -- doubles are exact; the crate's policy validation guarantees it.
 
+-- The time of the call being decided, in µs; set by `check`.
 local now
 -- Redis expires keys on its own clock. When the time is given instead, that
 -- clock and `now` drift apart (a test's fake clock may stand still while
 -- real time passes), so keys are kept a minute longer than their windows
 -- need: expiry only collects garbage, it must never forget a live count.
 local expiry_grace_ms = 0
-if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
-  expiry_grace_ms = 60000
-else
-  local time = redis.call('TIME')
-  now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-end
 
 local function expire(key, ms)
   redis.call('PEXPIRE', key, ms + expiry_grace_ms)
@@ -524,51 +518,66 @@ end
 ---------------------------------------------------------------- the batch
 
 local algorithms = { log = log, counter = counter, fixed = fixed }
-local policies = (#ARGV - 1) / 4
-local state = {}
-local all_fit = true
-local next_key = 1
 
-for i = 1, policies do
-  local algorithm = algorithms[ARGV[4 * i - 2]]
-  if algorithm == nil then
-    return redis.error_reply('unknown algorithm ' .. tostring(ARGV[4 * i - 2]))
-  end
-  local s = {
-    algorithm = algorithm,
-    key = KEYS[next_key],
-    limit = tonumber(ARGV[4 * i - 1]),
-    window = tonumber(ARGV[4 * i]),
-    cost = tonumber(ARGV[4 * i + 1]),
-  }
-  next_key = next_key + 1
-  if algorithm == log then
-    s.legacy = KEYS[next_key]
-    next_key = next_key + 1
-  end
-  s.fits = algorithm.prepare(s)
-  all_fit = all_fit and s.fits
-  state[i] = s
-end
-
-local result = {}
-for i = 1, policies do
-  local s = state[i]
-  local retry = -1
-  if all_fit then
-    s.algorithm.record(s)
+-- Decides one request: `keys` and `argv` as described at the top.
+local function check(keys, argv)
+  if argv[1] ~= '' then
+    now = tonumber(argv[1])
+    expiry_grace_ms = 60000
   else
-    if not s.fits then
-      retry = s.algorithm.retry(s)
-    end
-    if s.algorithm.save ~= nil then
-      s.algorithm.save(s)
-    end
+    local time = redis.call('TIME')
+    now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+    expiry_grace_ms = 0
   end
-  local remaining, reset = s.algorithm.report(s)
-  result[4 * i - 3] = all_fit and 1 or 0
-  result[4 * i - 2] = remaining
-  result[4 * i - 1] = reset
-  result[4 * i] = retry
+
+  local policies = (#argv - 1) / 4
+  local state = {}
+  local all_fit = true
+  local next_key = 1
+
+  for i = 1, policies do
+    local algorithm = algorithms[argv[4 * i - 2]]
+    if algorithm == nil then
+      return redis.error_reply('unknown algorithm ' .. tostring(argv[4 * i - 2]))
+    end
+    local s = {
+      algorithm = algorithm,
+      key = keys[next_key],
+      limit = tonumber(argv[4 * i - 1]),
+      window = tonumber(argv[4 * i]),
+      cost = tonumber(argv[4 * i + 1]),
+    }
+    next_key = next_key + 1
+    if algorithm == log then
+      s.legacy = keys[next_key]
+      next_key = next_key + 1
+    end
+    s.fits = algorithm.prepare(s)
+    all_fit = all_fit and s.fits
+    state[i] = s
+  end
+
+  local result = {}
+  for i = 1, policies do
+    local s = state[i]
+    local retry = -1
+    if all_fit then
+      s.algorithm.record(s)
+    else
+      if not s.fits then
+        retry = s.algorithm.retry(s)
+      end
+      if s.algorithm.save ~= nil then
+        s.algorithm.save(s)
+      end
+    end
+    local remaining, reset = s.algorithm.report(s)
+    result[4 * i - 3] = all_fit and 1 or 0
+    result[4 * i - 2] = remaining
+    result[4 * i - 1] = reset
+    result[4 * i] = retry
+  end
+  return result
 end
-return result
+
+return check(KEYS, ARGV)

@@ -170,9 +170,10 @@ async fn counts_follow_a_slot_migrated_to_another_primary() {
     assert!(!check(&store, &[&policy], "mover").await[0].admitted);
 }
 
-/// Scripts are not replicated: a node that lost its copy (a restart, a
-/// promoted replica, `SCRIPT FLUSH`) must get it back from the check that
-/// needs it, even while another node of the cluster is down.
+/// A node that lost the script and its function library (a restart
+/// without persistence, `SCRIPT FLUSH`, `FUNCTION FLUSH`) gets them back
+/// from the check that needs them, even while another node of the cluster
+/// is down.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_script_comes_back_while_another_node_is_down() {
     let mut cluster = RedisCluster::start();
@@ -185,6 +186,7 @@ async fn a_lost_script_comes_back_while_another_node_is_down() {
     cluster.kill_a_replica();
     for primary in cluster.primaries() {
         primary.cli(&["script", "flush"]);
+        primary.cli(&["function", "flush"]);
     }
     for client in 0..10 {
         let checks = [Check::new(&policy, Key::new(format!("r{client}")))];

@@ -156,7 +156,7 @@ async fn futures_statuses(f: &Fixture, path: &str, count: usize) -> Vec<StatusCo
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn script_flush_is_invisible_to_requests() {
+async fn script_and_function_flushes_are_invisible_to_requests() {
     let f = fixture();
     for round in 0..5 {
         let (statuses, _) = f.burst("/closed", 20).await;
@@ -166,6 +166,8 @@ async fn script_flush_is_invisible_to_requests() {
         );
         assert_eq!(f.server.cli(&["script", "flush"]).trim(), "OK");
         assert_eq!(f.server.cli(&["script", "exists", "0"]).trim(), "0");
+        assert_eq!(f.server.cli(&["function", "flush"]).trim(), "OK");
+        assert_eq!(f.server.cli(&["function", "list"]).trim(), "");
     }
     // Limits still hold after the flushes.
     let statuses = futures_statuses(&f, "/tight", 4).await;

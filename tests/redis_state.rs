@@ -193,3 +193,50 @@ async fn an_evicted_log_starts_afresh_and_never_sticks() {
     }
     assert_eq!(admitted, 5, "after eviction the victim's limit is its own");
 }
+
+/// The script runs as a function, loaded once; where an ACL refuses
+/// functions, the same script runs by `EVALSHA` and decides the same.
+#[tokio::test]
+async fn a_redis_that_refuses_functions_still_decides_exactly() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new(START);
+    let policy = Policy::new("acl", 3, Duration::from_secs(60));
+
+    let store = store_on(&server, &clock);
+    spend(&store, &clock, &policy, "with-functions", 3).await;
+    assert!(
+        server
+            .cli(&["function", "list"])
+            .contains("slidegate_check_"),
+        "the library was not loaded"
+    );
+    server.cli(&["function", "flush"]);
+
+    server.cli(&[
+        "acl",
+        "setuser",
+        "nofunctions",
+        "on",
+        ">secret",
+        "~*",
+        "+@all",
+        "-function",
+        "-fcall",
+    ]);
+    let url = format!("redis://nofunctions:secret@127.0.0.1:{}/", server.port());
+    let pool = slidegate::deadpool_redis::Config::from_url(url)
+        .create_pool(Some(slidegate::deadpool_redis::Runtime::Tokio1))
+        .unwrap();
+    let store = RedisStore::builder(pool)
+        .clock(clock.clone())
+        .timeout(Duration::from_secs(5))
+        .build();
+    spend(&store, &clock, &policy, "without", 3).await;
+    let denied = store
+        .check(&[Check::new(&policy, Key::new("without"))])
+        .await
+        .unwrap()[0];
+    assert!(!denied.admitted, "{denied:?}");
+    assert_eq!(denied.retry_after, Some(Duration::from_millis(60_000 - 2)));
+    assert_eq!(server.cli(&["function", "list"]).trim(), "");
+}

@@ -1,0 +1,223 @@
+//! Redis CPU per decision (`INFO commandstats`), per algorithm, admitted
+//! and denied: the previous script (a sorted set and a hash per sliding
+//! log), `lua/check.lua` by `EVALSHA`, and the same source loaded once as
+//! a Redis function library and run by `FCALL`. All three run on one
+//! redis-server in one process, scenario by scenario, on the same trace.
+//!
+//! ```sh
+//! cargo bench --bench redis_cpu
+//! ```
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use slidegate::deadpool_redis::redis::{self, Script};
+use support::RedisServer;
+
+const PREVIOUS: &str = include_str!("../tests/fixtures/check_v1.lua");
+const PACKED: &str = include_str!("../lua/check.lua");
+const CLIENTS: u64 = 20;
+const WARM_UP: u64 = 4_000;
+const DECISIONS: u64 = 20_000;
+const ROUNDS: usize = 3;
+
+#[derive(Clone, Copy, PartialEq)]
+enum Variant {
+    Previous,
+    PackedEvalsha,
+    PackedFcall,
+}
+
+impl Variant {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Previous => "previous script, EVALSHA",
+            Self::PackedEvalsha => "check.lua, EVALSHA",
+            Self::PackedFcall => "check.lua as a function, FCALL",
+        }
+    }
+
+    /// Where the variant's keys start, apart from the others'.
+    fn prefix(self) -> &'static str {
+        match self {
+            Self::Previous => "previous",
+            Self::PackedEvalsha => "evalsha",
+            Self::PackedFcall => "fcall",
+        }
+    }
+
+    fn command(self) -> &'static str {
+        match self {
+            Self::PackedFcall => "fcall",
+            _ => "evalsha",
+        }
+    }
+}
+
+/// `lua/check.lua` as a function library: its functions are defined once,
+/// when the library loads, rather than on every call.
+fn library() -> String {
+    let body = PACKED
+        .strip_prefix("#!lua\n")
+        .expect("check.lua starts with its shebang");
+    let body = body
+        .strip_suffix("return check(KEYS, ARGV)\n")
+        .expect("check.lua ends by deciding");
+    format!(
+        "#!lua name=slidegate_bench\n{body}\nredis.register_function('slidegate_check', function(keys, args) return check(keys, args) end)\n"
+    )
+}
+
+/// The calls and microseconds `command` has taken so far.
+fn command_stats(connection: &mut redis::Connection, command: &str) -> (u64, u64) {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(connection)
+        .unwrap();
+    let prefix = format!("cmdstat_{command}:");
+    let Some(line) = info.lines().find(|line| line.starts_with(&prefix)) else {
+        return (0, 0);
+    };
+    let field = |name: &str| -> u64 {
+        line.split([':', ','])
+            .find_map(|part| part.strip_prefix(&format!("{name}=")))
+            .and_then(|value| value.parse().ok())
+            .unwrap()
+    };
+    (field("calls"), field("usec"))
+}
+
+/// Runs `decisions` calls: clients in turn, the injected clock 1 ms on at
+/// each call. Returns how many were admitted.
+fn run(
+    connection: &mut redis::Connection,
+    variant: Variant,
+    algorithm: &str,
+    limit: u32,
+    scenario: &str,
+    from: u64,
+    decisions: u64,
+) -> u64 {
+    let previous = Script::new(PREVIOUS);
+    let packed = Script::new(PACKED);
+    let mut admitted = 0;
+    for call in from..from + decisions {
+        let now = 1_700_000_000_000_000 + call * 1_000;
+        let base = format!(
+            "{}:{scenario}:{algorithm}:{{client-{}}}",
+            variant.prefix(),
+            call % CLIENTS
+        );
+        let keys = match (algorithm, variant) {
+            ("log", Variant::Previous) => vec![base.clone(), format!("{base}:s")],
+            ("log", _) => vec![format!("{base}:l"), base.clone()],
+            ("counter", _) => vec![format!("{base}:c")],
+            _ => vec![format!("{base}:f")],
+        };
+        let args = (now, algorithm, limit, 1_000_000u64, 1u32);
+        let reply: Vec<i64> = match variant {
+            Variant::PackedFcall => redis::cmd("FCALL")
+                .arg("slidegate_check")
+                .arg(keys.len())
+                .arg(&keys)
+                .arg(args)
+                .query(connection)
+                .unwrap(),
+            _ => {
+                let script = if variant == Variant::Previous {
+                    &previous
+                } else {
+                    &packed
+                };
+                let mut invocation = script.prepare_invoke();
+                for key in &keys {
+                    invocation.key(key);
+                }
+                invocation.arg(args).invoke(connection).unwrap()
+            }
+        };
+        admitted += u64::from(reply[0] == 1);
+    }
+    admitted
+}
+
+fn main() {
+    // `cargo test` runs benches once as tests, with `--bench` absent: skip.
+    if !std::env::args().any(|arg| arg == "--bench") {
+        return;
+    }
+    let server = RedisServer::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut connection = client.get_connection().unwrap();
+    let _: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(library())
+        .query(&mut connection)
+        .unwrap();
+
+    println!(
+        "{CLIENTS} clients in turn, 1 ms apart, window 1 s; {DECISIONS} decisions per cell, median of {ROUNDS} rounds."
+    );
+    println!();
+    println!(
+        "| algorithm | scenario | variant | admitted | µs of Redis CPU per decision | ratio to previous |"
+    );
+    println!("|---|---|---|---:|---:|---:|");
+    // Each client calls every 20 ms: 50 a second. A limit of 100 admits
+    // all of them; a limit of 10 denies four in five.
+    for (scenario, limit) in [("admitted", 100u32), ("denied", 10)] {
+        for algorithm in ["log", "counter", "fixed"] {
+            let variants = [
+                Variant::Previous,
+                Variant::PackedEvalsha,
+                Variant::PackedFcall,
+            ];
+            let mut rounds: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
+            let mut admitted = vec![0; variants.len()];
+            for round in 0..ROUNDS as u64 {
+                for (i, &variant) in variants.iter().enumerate() {
+                    let from = round * (WARM_UP + DECISIONS);
+                    run(
+                        &mut connection,
+                        variant,
+                        algorithm,
+                        limit,
+                        scenario,
+                        from,
+                        WARM_UP,
+                    );
+                    let (calls, usec) = command_stats(&mut connection, variant.command());
+                    admitted[i] = run(
+                        &mut connection,
+                        variant,
+                        algorithm,
+                        limit,
+                        scenario,
+                        from + WARM_UP,
+                        DECISIONS,
+                    );
+                    let (calls_after, usec_after) =
+                        command_stats(&mut connection, variant.command());
+                    rounds[i].push((usec_after - usec) as f64 / (calls_after - calls) as f64);
+                }
+            }
+            let medians: Vec<f64> = rounds
+                .into_iter()
+                .map(|mut values| {
+                    values.sort_by(f64::total_cmp);
+                    values[values.len() / 2]
+                })
+                .collect();
+            for (i, variant) in variants.iter().enumerate() {
+                println!(
+                    "| {algorithm} | {scenario} | {} | {:.0}% | {:.2} | {:.2}× |",
+                    variant.name(),
+                    100.0 * admitted[i] as f64 / DECISIONS as f64,
+                    medians[i],
+                    medians[i] / medians[0]
+                );
+            }
+        }
+    }
+}
