@@ -1,7 +1,8 @@
 //! Memory per tracked client: in Redis (`MEMORY USAGE` of every key a
-//! client has) per algorithm at limits 10, 100 and 1000, each client at its
-//! limit; and in `MemoryStore` (growth of the resident set) at a million
-//! clients with one request each.
+//! client has) per algorithm at limits 10 to 10,000, each client at its
+//! limit, with the previous script's sorted-set log beside them; and in
+//! `MemoryStore` (growth of the resident set) at a million clients with
+//! one request each.
 //!
 //! ```sh
 //! cargo bench --bench memory --features test-util
@@ -43,7 +44,7 @@ fn redis_bytes_per_client(runtime: &tokio::runtime::Runtime, redis: &RedisServer
         .timeout(Duration::from_secs(5))
         .build();
     for (name, algorithm) in ALGORITHMS {
-        for limit in [10u32, 100, 1000] {
+        for limit in [10u32, 100, 1_000, 10_000] {
             let policy = Policy::new(format!("m{limit}"), limit, Duration::from_secs(3600))
                 .algorithm(algorithm);
             let client = format!("{name}-{limit}");
@@ -70,6 +71,53 @@ fn redis_bytes_per_client(runtime: &tokio::runtime::Runtime, redis: &RedisServer
             println!("| {name} | {limit} | {} | {bytes} |", keys.len());
         }
     }
+    for limit in [10u32, 100, 1_000, 10_000] {
+        let (keys, bytes) = previous_log_bytes(runtime, redis, limit);
+        println!("| sliding_log, previous script | {limit} | {keys} | {bytes} |");
+    }
+}
+
+/// The same client at its limit under the previous script, which kept a
+/// sliding log as a sorted set and a hash.
+fn previous_log_bytes(
+    runtime: &tokio::runtime::Runtime,
+    redis: &RedisServer,
+    limit: u32,
+) -> (usize, u64) {
+    use slidegate::deadpool_redis::redis::Script;
+
+    let script = Script::new(include_str!("../tests/fixtures/check_v1.lua"));
+    let key = format!("previous:{limit}:{{client}}");
+    let keys = [key.clone(), format!("{key}:s")];
+    let pool = redis.pool(1);
+    runtime.block_on(async {
+        let mut connection = pool.get().await.unwrap();
+        for call in 0..u64::from(limit) {
+            let reply: Vec<i64> = script
+                .key(&keys[0])
+                .key(&keys[1])
+                .arg(1_700_000_000_000_000 + call * 1_000)
+                .arg("log")
+                .arg(limit)
+                .arg(3_600_000_000u64)
+                .arg(1)
+                .invoke_async(&mut connection)
+                .await
+                .unwrap();
+            assert_eq!(reply[0], 1);
+        }
+    });
+    let bytes = keys
+        .iter()
+        .map(|key| {
+            redis
+                .cli(&["memory", "usage", key, "samples", "0"])
+                .trim()
+                .parse::<u64>()
+                .unwrap()
+        })
+        .sum();
+    (keys.len(), bytes)
 }
 
 /// Each algorithm in a process of its own, so that memory one freed is not

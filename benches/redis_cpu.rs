@@ -19,7 +19,7 @@ const PACKED: &str = include_str!("../lua/check.lua");
 const CLIENTS: u64 = 20;
 const WARM_UP: u64 = 4_000;
 const DECISIONS: u64 = 20_000;
-const ROUNDS: usize = 3;
+const ROUNDS: usize = 5;
 
 #[derive(Clone, Copy, PartialEq)]
 enum Variant {
@@ -32,8 +32,8 @@ impl Variant {
     fn name(self) -> &'static str {
         match self {
             Self::Previous => "previous script, EVALSHA",
-            Self::PackedEvalsha => "check.lua, EVALSHA",
-            Self::PackedFcall => "check.lua as a function, FCALL",
+            Self::PackedEvalsha => "check.lua, EVALSHA (the fallback)",
+            Self::PackedFcall => "check.lua as a function, FCALL (RedisStore)",
         }
     }
 

@@ -75,8 +75,13 @@ end
 -- Header (big-endian, LOG_HEADER_SIZE bytes): format version (1), offset
 -- width in bytes (4 or 6), cost width in bytes (0, 1, 2 or 4), then u32
 -- `head`, `count`, `capacity` and `sum` (the records' total cost), then
--- u64 `base` (µs; records hold their time as an offset from it) and u64
--- `newest` (µs; the newest record's time).
+-- u64 `base` (µs; records hold their time as an offset from it), u64
+-- `newest` (µs; the newest record's time) and u64 `expires` (µs; when the
+-- key's TTL, last set, runs out).
+--
+-- The TTL is set two windows past the newest record, and set again only
+-- once a new record would outlive it: one PEXPIRE per window, not per
+-- request.
 --
 -- A record is its offset, then its cost; with a cost width of 0 every cost
 -- is 1. Widths grow when a request needs them (a cost above 255, a window
@@ -93,8 +98,8 @@ end
 -- the count stays, and leaves within a window of the new time.
 
 local LOG_VERSION = 1
-local LOG_HEADER = '>BBBI4I4I4I4I8I8'
-local LOG_HEADER_SIZE = 35
+local LOG_HEADER = '>BBBI4I4I4I4I8I8I8'
+local LOG_HEADER_SIZE = 43
 -- Windows up to 2^31 µs (about 36 minutes) keep 4-byte offsets.
 local LOG_SHORT_WINDOW = 2147483648
 local LOG_MIN_CAPACITY = 4
@@ -185,13 +190,13 @@ function log.prepare(s)
   local cutoff = now - s.window
   local header = redis.call('GETRANGE', s.key, 0, LOG_HEADER_SIZE - 1)
   if header == '' then
-    s.head, s.count, s.capacity, s.sum, s.base, s.newest = 0, 0, 0, 0, 0, 0
+    s.head, s.count, s.capacity, s.sum, s.base, s.newest, s.expires = 0, 0, 0, 0, 0, 0, 0
     s.offset_width, s.cost_width = 4, 0
     log_import(s, cutoff)
     return s.sum + s.cost <= s.limit
   end
   local version
-  version, s.offset_width, s.cost_width, s.head, s.count, s.capacity, s.sum, s.base, s.newest =
+  version, s.offset_width, s.cost_width, s.head, s.count, s.capacity, s.sum, s.base, s.newest, s.expires =
     struct.unpack(LOG_HEADER, header)
   if version ~= LOG_VERSION then
     return error('unknown sliding log format ' .. tostring(version) .. ' at ' .. s.key)
@@ -237,8 +242,11 @@ function log.prepare(s)
   return s.sum + s.cost <= s.limit
 end
 
-local function log_expire(s)
-  expire(s.key, math.floor((s.newest + s.window - now) / 1000) + 1)
+-- Moves `expires` two windows past the newest record; returns the TTL in
+-- milliseconds to set.
+local function log_extend(s)
+  s.expires = s.newest + 2 * s.window
+  return math.floor((s.expires - now) / 1000) + 1 + expiry_grace_ms
 end
 
 local function log_header(s)
@@ -252,7 +260,8 @@ local function log_header(s)
     s.capacity,
     s.sum,
     s.base,
-    s.newest
+    s.newest,
+    s.expires
   )
 end
 
@@ -274,6 +283,7 @@ local function log_rewrite(s)
   end
   local format = record_format(s.offset_width, s.cost_width)
   s.size = s.offset_width + s.cost_width
+  local ttl = log_extend(s)
   local parts = { log_header(s) }
   for i = 1, n do
     if s.cost_width == 0 then
@@ -283,7 +293,7 @@ local function log_rewrite(s)
     end
   end
   parts[n + 2] = string.rep('\0', (s.capacity - n) * s.size)
-  redis.call('SET', s.key, table.concat(parts))
+  redis.call('SET', s.key, table.concat(parts), 'PX', ttl)
 end
 
 function log.record(s)
@@ -326,10 +336,16 @@ function log.record(s)
     end
     redis.call('SETRANGE', s.key, LOG_HEADER_SIZE + slot * s.size, record)
     s.count, s.sum, s.newest = s.count + 1, s.sum + s.cost, at
+    local ttl
+    if s.expires < at + s.window then
+      ttl = log_extend(s)
+    end
     redis.call('SETRANGE', s.key, 0, log_header(s))
+    if ttl ~= nil then
+      redis.call('PEXPIRE', s.key, ttl)
+    end
   end
   s.dirty = false
-  log_expire(s)
 end
 
 -- Saves what pruning changed, for a request that records nothing.
@@ -339,7 +355,6 @@ function log.save(s)
   end
   if s.times ~= nil then
     log_rewrite(s)
-    log_expire(s)
   else
     redis.call('SETRANGE', s.key, 0, log_header(s))
   end

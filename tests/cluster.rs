@@ -195,3 +195,40 @@ async fn a_lost_script_comes_back_while_another_node_is_down() {
         assert_eq!(answer.unwrap()[0].remaining, 98);
     }
 }
+
+/// `CLUSTER FAILOVER` promotes a replica while a client is counted: its
+/// next checks go to the new primary, which has its count and the
+/// function library (both replicated), and no request sees an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_failover_is_invisible_to_requests() {
+    let cluster = RedisCluster::start();
+    let clock = FakeClock::new(START);
+    let store = store(&cluster, &clock);
+    let policy = Policy::new("c-failover", 5, MINUTE);
+    let checks = [Check::new(&policy, Key::new("moving"))];
+    for _ in 0..3 {
+        assert!(store.check(&checks).await.unwrap()[0].admitted);
+    }
+    let key = format!("{}:l", store.base_key(&checks[0]));
+    let old_primary = cluster.primary_of(&key).port();
+    // The count has reached the replica before it takes over.
+    assert_eq!(
+        cluster.primary_of(&key).cli(&["wait", "1", "5000"]).trim(),
+        "1"
+    );
+    let new_primary = cluster.fail_over_primary_of(&key);
+    assert_ne!(new_primary, old_primary);
+
+    let mut admitted = Vec::new();
+    for _ in 0..3 {
+        let answer = store.check(&checks).await;
+        assert!(answer.is_ok(), "a request saw the failover: {answer:?}");
+        admitted.push(answer.unwrap()[0].admitted);
+    }
+    assert_eq!(
+        admitted,
+        [true, true, false],
+        "the count moved with the key"
+    );
+    assert_eq!(cluster.primary_of(&key).port(), new_primary);
+}

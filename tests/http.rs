@@ -583,7 +583,7 @@ async fn works_on_any_tower_service_and_keeps_its_error_type() {
 }
 
 #[tokio::test]
-async fn every_redis_key_written_has_a_ttl_just_past_its_window() {
+async fn every_redis_key_written_has_a_ttl_within_two_windows() {
     let server = support::RedisServer::start();
     let store = RedisStore::builder(server.pool(4))
         .timeout(Duration::from_secs(5))
@@ -613,7 +613,7 @@ async fn every_redis_key_written_has_a_ttl_just_past_its_window() {
             10_000
         };
         assert!(
-            ttl > 0 && ttl <= window_ms + 1,
+            ttl > 0 && ttl <= 2 * window_ms + 1,
             "{key} has TTL {ttl} ms for a {window_ms} ms window"
         );
         assert!(

@@ -139,15 +139,16 @@ impl Library {
 ///
 /// Keys start with `<prefix>:<policy>:{<client>}` (see
 /// [`RedisStore::base_key`]); the braces make every key of one client one
-/// Redis Cluster slot. Every write sets a TTL just past the time its counts
-/// can matter.
+/// Redis Cluster slot. Every key has a TTL, within two windows of the
+/// time its counts stop mattering.
 ///
-/// Each call has a timeout (50 ms by default). A connection whose call timed
-/// out, was dropped mid-flight, or failed below the Redis protocol is thrown
-/// away rather than returned to the pool, since its replies may now be out of
-/// step; so is one whose server answered `READONLY`, `MASTERDOWN` or
-/// `LOADING`, so that after a failover the pool reconnects to wherever the
-/// address now leads.
+/// Each call has a timeout (50 ms by default). A connection whose call
+/// timed out goes back to the pool: deadpool-redis's connections are
+/// multiplexed and stay in step when a call is abandoned, so a slow Redis
+/// costs slow answers, not a storm of reconnections. A connection that
+/// failed below the Redis protocol (I/O) is thrown away, and so is one whose
+/// server answered `READONLY`, `MASTERDOWN` or `LOADING`, so that after a
+/// failover the pool reconnects to wherever the address now leads.
 ///
 /// ```no_run
 /// use slidegate::RedisStore;
@@ -261,28 +262,25 @@ impl Inner {
         let backend = |e: deadpool_redis::PoolError| StoreError::Backend(e.into());
         let values = match &self.pool {
             RedisPool::Standalone(pool) => {
-                self.call(Checkout::new(pool.get().await.map_err(backend)?), &call)
-                    .await
+                self.call(pool.get().await.map_err(backend)?, &call).await
             }
-            RedisPool::Cluster(pool) => {
-                self.call(Checkout::new(pool.get().await.map_err(backend)?), &call)
-                    .await
-            }
+            RedisPool::Cluster(pool) => self.call(pool.get().await.map_err(backend)?, &call).await,
         }
         .map_err(|error| StoreError::Backend(error.into()))?;
         decisions(&call.args, &values)
     }
 
-    /// Runs the script on the checked-out connection, which goes back to
-    /// the pool only if the call got an answer from Redis.
-    async fn call<C: Pooled>(
-        &self,
-        mut checkout: Checkout<C>,
-        call: &Call,
-    ) -> RedisResult<Vec<i64>> {
-        let reply = self.decide(checkout.connection(), call).await;
-        if reply.as_ref().map_or_else(worth_keeping_after, |_| true) {
-            checkout.keep();
+    /// Runs the script on a pooled connection, which goes back to the pool
+    /// unless its answer says it should not (see [`worth_keeping_after`]).
+    /// A call cut short by the timeout also returns it: both kinds of
+    /// connection are multiplexed, and drop the reply of a call nobody
+    /// waits for, so they stay in step.
+    async fn call<C: Pooled>(&self, mut connection: C, call: &Call) -> RedisResult<Vec<i64>> {
+        let reply = self.decide(&mut connection, call).await;
+        if let Err(error) = &reply
+            && !worth_keeping_after(error)
+        {
+            connection.detach();
         }
         reply
     }
@@ -353,7 +351,7 @@ impl Inner {
 
 /// Whether a connection that got `error` may serve another check. An error
 /// reply (a script error, CROSSSLOT, ...) leaves it in step; anything else
-/// (I/O, a dropped call) may not. Nor is a connection kept that reached a
+/// (I/O, a closed connection) may not. Nor is a connection kept that reached a
 /// server unable to take writes now (a primary demoted to a replica, one
 /// whose primary is down, one still loading): behind a failover address, a
 /// new connection reaches the new primary, while a kept one would fail
@@ -428,45 +426,6 @@ impl Pooled for cluster::Connection {
         let primary = Route::with_key(key, SlotAddr::Master);
         let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(primary));
         self.route_command(command, routing).await.map(drop)
-    }
-}
-
-/// A pooled connection that goes back to the pool only when [`keep`] was
-/// called: dropped any other way (timeout, cancelled request, broken
-/// socket), it is detached from the pool and closed.
-///
-/// [`keep`]: Checkout::keep
-struct Checkout<C: Pooled> {
-    connection: Option<C>,
-    keep: bool,
-}
-
-impl<C: Pooled> Checkout<C> {
-    fn new(connection: C) -> Self {
-        Self {
-            connection: Some(connection),
-            keep: false,
-        }
-    }
-
-    fn connection(&mut self) -> &mut C {
-        self.connection
-            .as_mut()
-            .expect("a checkout holds its connection until dropped")
-    }
-
-    fn keep(&mut self) {
-        self.keep = true;
-    }
-}
-
-impl<C: Pooled> Drop for Checkout<C> {
-    fn drop(&mut self) {
-        if let Some(connection) = self.connection.take()
-            && !self.keep
-        {
-            connection.detach();
-        }
     }
 }
 

@@ -367,6 +367,35 @@ impl RedisCluster {
         replica.port()
     }
 
+    /// Promotes the replica of `key`'s primary with `CLUSTER FAILOVER` (a
+    /// coordinated failover: the replica catches up first), waits until
+    /// it reports itself primary, and returns its port.
+    pub fn fail_over_primary_of(&self, key: &str) -> u16 {
+        let id = self
+            .primary_of(key)
+            .cli(&["cluster", "myid"])
+            .trim()
+            .to_owned();
+        let replica = self
+            .nodes
+            .iter()
+            .filter(|node| node.is_running())
+            .find(|node| {
+                node.cli(&["cluster", "nodes"]).lines().any(|line| {
+                    line.contains("myself") && line.contains("slave") && line.contains(&id)
+                })
+            })
+            .expect("the primary has a replica");
+        assert_eq!(replica.cli(&["cluster", "failover"]).trim(), "OK");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let is_primary = |node: &RedisServer| node.cli(&["role"]).lines().next() == Some("master");
+        while !is_primary(replica) {
+            assert!(Instant::now() < deadline, "the replica was not promoted");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        replica.port()
+    }
+
     /// Moves the slot of `key`, with its keys, to another primary (as a
     /// resharding would) and returns that primary's port.
     pub fn migrate_slot_of(&self, key: &str) -> u16 {
