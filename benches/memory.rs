@@ -58,16 +58,7 @@ fn redis_bytes_per_client(runtime: &tokio::runtime::Runtime, redis: &RedisServer
                 .lines()
                 .map(str::to_owned)
                 .collect();
-            let bytes: u64 = keys
-                .iter()
-                .map(|key| {
-                    redis
-                        .cli(&["memory", "usage", key, "samples", "0"])
-                        .trim()
-                        .parse::<u64>()
-                        .unwrap()
-                })
-                .sum();
+            let bytes = redis_bytes(redis, &keys);
             println!("| {name} | {limit} | {} | {bytes} |", keys.len());
         }
     }
@@ -107,8 +98,12 @@ fn previous_log_bytes(
             assert_eq!(reply[0], 1);
         }
     });
-    let bytes = keys
-        .iter()
+    (keys.len(), redis_bytes(redis, &keys))
+}
+
+/// `MEMORY USAGE` of `keys`, summed.
+fn redis_bytes(redis: &RedisServer, keys: &[String]) -> u64 {
+    keys.iter()
         .map(|key| {
             redis
                 .cli(&["memory", "usage", key, "samples", "0"])
@@ -116,8 +111,7 @@ fn previous_log_bytes(
                 .parse::<u64>()
                 .unwrap()
         })
-        .sum();
-    (keys.len(), bytes)
+        .sum()
 }
 
 /// Each algorithm in a process of its own, so that memory one freed is not

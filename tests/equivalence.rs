@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use proptest::prelude::*;
+use slidegate::deadpool_redis::Pool;
 use slidegate::{Algorithm, Check, Clock, FakeClock, Key, MemoryStore, Policy, RedisStore, Store};
 use support::RedisServer;
 
@@ -48,13 +49,31 @@ fn policies(mask: u8, cost: u32) -> Vec<Policy> {
         .collect()
 }
 
+/// A current-thread runtime to drive the stores from a proptest body.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A memory store and a Redis store (keys under `prefix`) on one fake
+/// clock, which starts aligned to no window, with a sub-millisecond part.
+fn twin_stores(pool: &Pool, prefix: String) -> (FakeClock, MemoryStore, RedisStore) {
+    let clock = FakeClock::new(1_700_000_000_123_457);
+    let memory = MemoryStore::builder().clock(clock.clone()).build();
+    let redis = RedisStore::builder(pool.clone())
+        .prefix(prefix)
+        .clock(clock.clone())
+        .timeout(Duration::from_secs(5))
+        .build();
+    (clock, memory, redis)
+}
+
 #[test]
 fn memory_and_redis_decide_the_same() {
     let server = RedisServer::start();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = runtime();
     let pool = server.pool(2);
     let case = AtomicU64::new(0);
     let config = ProptestConfig {
@@ -62,14 +81,8 @@ fn memory_and_redis_decide_the_same() {
         ..ProptestConfig::default()
     };
     proptest!(config, |(steps in prop::collection::vec(step(), 1..150))| {
-        // Not aligned to any window, and with a sub-millisecond part.
-        let clock = FakeClock::new(1_700_000_000_123_457);
-        let memory = MemoryStore::builder().clock(clock.clone()).build();
-        let redis = RedisStore::builder(pool.clone())
-            .prefix(format!("case{}", case.fetch_add(1, Ordering::Relaxed)))
-            .clock(clock.clone())
-            .timeout(Duration::from_secs(5))
-            .build();
+        let prefix = format!("case{}", case.fetch_add(1, Ordering::Relaxed));
+        let (clock, memory, redis) = twin_stores(&pool, prefix);
         for step in &steps {
             clock.advance(Duration::from_millis(step.advance_ms));
             let checks: Vec<Check> = policies(step.policies, step.cost)
@@ -140,10 +153,7 @@ fn log_checks(client: u8, cost: u32) -> Vec<Check> {
 #[test]
 fn the_packed_log_and_memory_decide_the_same_at_every_width() {
     let server = RedisServer::start();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = runtime();
     let pool = server.pool(2);
     let case = AtomicU64::new(0);
     let config = ProptestConfig {
@@ -151,13 +161,8 @@ fn the_packed_log_and_memory_decide_the_same_at_every_width() {
         ..ProptestConfig::default()
     };
     proptest!(config, |(moves in prop::collection::vec(move_(), 1..400))| {
-        let clock = FakeClock::new(1_700_000_000_123_457);
-        let memory = MemoryStore::builder().clock(clock.clone()).build();
-        let redis = RedisStore::builder(pool.clone())
-            .prefix(format!("wide{}", case.fetch_add(1, Ordering::Relaxed)))
-            .clock(clock.clone())
-            .timeout(Duration::from_secs(5))
-            .build();
+        let prefix = format!("wide{}", case.fetch_add(1, Ordering::Relaxed));
+        let (clock, memory, redis) = twin_stores(&pool, prefix);
         for step in &moves {
             clock.set(clock.now_micros().saturating_add_signed(step.by_us));
             // Each policy alone and all together.
@@ -178,16 +183,8 @@ fn the_packed_log_and_memory_decide_the_same_at_every_width() {
 #[test]
 fn a_log_kept_alive_for_hours_decides_as_memory_does() {
     let server = RedisServer::start();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let clock = FakeClock::new(1_700_000_000_123_457);
-    let memory = MemoryStore::builder().clock(clock.clone()).build();
-    let redis = RedisStore::builder(server.pool(1))
-        .clock(clock.clone())
-        .timeout(Duration::from_secs(5))
-        .build();
+    let runtime = runtime();
+    let (clock, memory, redis) = twin_stores(&server.pool(1), "hours".to_owned());
     let policy = Policy::new("half-hour", 6, Duration::from_secs(1800));
     let check = [Check::new(&policy, Key::new("steady"))];
     let mut denied = 0;
@@ -261,10 +258,7 @@ fn the_packed_log_decides_as_the_previous_script_did() {
     use slidegate::deadpool_redis::redis::Script;
 
     let server = RedisServer::start();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = runtime();
     let pool = server.pool(1);
     let (previous, packed) = (Script::new(PREVIOUS_SCRIPT), Script::new(SCRIPT));
     let case = AtomicU64::new(0);
