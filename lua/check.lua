@@ -23,8 +23,9 @@
 --
 -- The counters place `now` no earlier than `t`: a clock that steps back
 -- (NTP, a failover to a skewed node) never takes a key back to an earlier
--- window, which would forget its count. Waits are still measured from the
--- real `now`.
+-- window, which would forget its count. A step back of more than a window
+-- carries the counts into the window of the new time instead. Waits are
+-- still measured from the real `now`.
 --
 -- Returns, per policy, four integers: admitted (1 or 0, the same for every
 -- policy), remaining units, reset in microseconds, and retry-after in
@@ -47,13 +48,18 @@ local function expire(key, ms)
 end
 
 -- The time a key's window is placed at: `now`, or the key's latest counted
--- time `t` if the clock has stepped back since.
-local function high_water(t)
+-- time `t` if the clock has stepped back since, by at most `window` µs.
+-- A longer step back places it at `now` and returns true: the key's counts
+-- are then carried into `now`'s window, so they are kept, and leave within
+-- two windows of the new time.
+local function high_water(t, window)
   t = tonumber(t)
-  if t ~= nil and t > now then
-    return t
+  if t == nil or t <= now then
+    return now, false
+  elseif t - now <= window then
+    return t, false
   end
-  return now
+  return now, true
 end
 
 -- floor(a / b) for a >= 0 and b > 0, exact where a / b in doubles may not be.
@@ -413,10 +419,14 @@ local counter = {}
 function counter.prepare(s)
   local w = s.window / 1000
   local stored = redis.call('HMGET', s.key, 'w', 'c', 'p', 't')
-  s.at = high_water(stored[4])
+  local carried
+  s.at, carried = high_water(stored[4], w * 1000)
   local now_ms = idiv(s.at, 1000)
   local id = idiv(now_ms, w)
   local stored_id = tonumber(stored[1])
+  if carried and stored_id ~= nil and stored_id > id then
+    stored_id, s.carried = id, true
+  end
   local c, p = 0, 0
   if stored_id == id then
     c, p = tonumber(stored[2]) or 0, tonumber(stored[3]) or 0
@@ -427,12 +437,24 @@ function counter.prepare(s)
   return p * (w - s.elapsed) + (c + s.cost) * w <= s.limit * w
 end
 
-function counter.record(s)
-  s.c = s.c + s.cost
+local function counter_write(s)
   redis.call('HSET', s.key, 'w', s.id, 'c', s.c, 'p', s.p, 't', string.format('%d', s.at))
   -- The counts matter until the end of the next window (on Redis's own
   -- clock, which expires the key: the real `now`, not the high water).
   expire(s.key, (s.id + 2) * s.w - idiv(now, 1000) + 1)
+end
+
+function counter.record(s)
+  s.c = s.c + s.cost
+  counter_write(s)
+end
+
+-- Saves counts carried back to the window of a clock that stepped back,
+-- for a request that records nothing.
+function counter.save(s)
+  if s.carried then
+    counter_write(s)
+  end
 end
 
 -- The first millisecond at which `cost` units fit, if nothing more is
@@ -499,20 +521,35 @@ local fixed = {}
 
 function fixed.prepare(s)
   local stored = redis.call('HMGET', s.key, 'w', 'c', 't')
-  s.at = high_water(stored[3])
+  local carried
+  s.at, carried = high_water(stored[3], s.window)
   s.id = idiv(s.at, s.window)
   s.c = 0
-  if tonumber(stored[1]) == s.id then
+  local stored_id = tonumber(stored[1])
+  if carried and stored_id ~= nil and stored_id > s.id then
+    stored_id, s.carried = s.id, true
+  end
+  if stored_id == s.id then
     s.c = tonumber(stored[2]) or 0
   end
   s.ends_in = (s.id + 1) * s.window - now
   return s.c + s.cost <= s.limit
 end
 
-function fixed.record(s)
-  s.c = s.c + s.cost
+local function fixed_write(s)
   redis.call('HSET', s.key, 'w', s.id, 'c', s.c, 't', string.format('%d', s.at))
   expire(s.key, math.floor(s.ends_in / 1000) + 1)
+end
+
+function fixed.record(s)
+  s.c = s.c + s.cost
+  fixed_write(s)
+end
+
+function fixed.save(s)
+  if s.carried then
+    fixed_write(s)
+  end
 end
 
 function fixed.retry(s)

@@ -488,3 +488,39 @@ async fn a_clock_stepping_back_across_a_boundary_never_resets_a_count(s: Subject
     }
 }
 on_both_stores!(a_clock_stepping_back_across_a_boundary_never_resets_a_count);
+
+/// A clock that steps back by an hour, far more than a window, keeps each
+/// client's count, and holds it no longer than two windows of the new
+/// time (not until real time catches up an hour later).
+async fn a_clock_stepping_back_by_an_hour_holds_a_count_two_windows_at_most(s: Subject) {
+    for algorithm in [
+        Algorithm::SlidingLog,
+        Algorithm::SlidingCounter,
+        Algorithm::FixedWindow,
+    ] {
+        let policy = Policy::new(format!("leap-{algorithm:?}"), 5, SEC).algorithm(algorithm);
+        let at = START + 3_600_000_000 + 250_000;
+        s.clock.set(at);
+        for _ in 0..5 {
+            assert!(s.one(&policy, "leaper").await.admitted, "{algorithm:?}");
+        }
+        s.clock.set(at - 3_600_000_000);
+        for _ in 0..5 {
+            let denied = s.one(&policy, "leaper").await;
+            assert!(
+                !denied.admitted,
+                "{algorithm:?} forgot its count: {denied:?}"
+            );
+            assert!(
+                denied.retry_after.unwrap() <= 2 * SEC,
+                "{algorithm:?}: {denied:?}"
+            );
+        }
+        s.advance(2 * SEC);
+        for _ in 0..5 {
+            let decision = s.one(&policy, "leaper").await;
+            assert!(decision.admitted, "{algorithm:?} still held: {decision:?}");
+        }
+    }
+}
+on_both_stores!(a_clock_stepping_back_by_an_hour_holds_a_count_two_windows_at_most);

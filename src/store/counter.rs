@@ -69,8 +69,14 @@ impl Position {
 
 impl SlidingCounter {
     /// Moves the counts to the window that holds `now_us`, or the latest
-    /// time seen if the clock has stepped back since.
+    /// time seen if the clock has stepped back since, by at most a window.
+    /// After a longer step back the counts are carried into `now_us`'s
+    /// window: kept, and gone within two windows of the new time.
     pub(super) fn roll(&mut self, now_us: u64, window_ms: u64) {
+        if self.at_us.saturating_sub(now_us) > window_ms * 1000 {
+            self.at_us = now_us;
+            self.id = self.id.min(Position::new(now_us, window_ms).id);
+        }
         self.at_us = self.at_us.max(now_us);
         let id = Position::new(self.at_us, window_ms).id;
         if self.id + 1 == id {
@@ -170,8 +176,14 @@ pub(super) struct FixedWindow {
 
 impl FixedWindow {
     /// Moves to the window that holds `now_us` (or the latest time seen,
-    /// if the clock has stepped back since), emptying it if it is new.
+    /// if the clock has stepped back since by at most a window), emptying
+    /// it if it is new. After a longer step back the count is carried into
+    /// `now_us`'s window.
     pub(super) fn roll(&mut self, now_us: u64, window_us: u64) {
+        if self.at_us.saturating_sub(now_us) > window_us {
+            self.at_us = now_us;
+            self.id = self.id.min(now_us / window_us);
+        }
         self.at_us = self.at_us.max(now_us);
         let id = self.at_us / window_us;
         if id != self.id {
