@@ -205,7 +205,7 @@ function log.prepare(s)
   version, s.offset_width, s.cost_width, s.head, s.count, s.capacity, s.sum, s.base, s.newest, s.expires =
     struct.unpack(LOG_HEADER, header)
   if version ~= LOG_VERSION then
-    return error('unknown sliding log format ' .. tostring(version) .. ' at ' .. s.key)
+    error('unknown sliding log format ' .. tostring(version) .. ' at ' .. s.key)
   end
   s.format = record_format(s.offset_width, s.cost_width)
   s.size = s.offset_width + s.cost_width

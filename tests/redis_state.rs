@@ -240,3 +240,21 @@ async fn a_redis_that_refuses_functions_still_decides_exactly() {
     assert_eq!(denied.retry_after, Some(Duration::from_millis(60_000 - 2)));
     assert_eq!(server.cli(&["function", "list"]).trim(), "");
 }
+
+/// A log key holding anything but a log this script wrote (a future
+/// format, foreign bytes) is an error, for the policy's fail mode to
+/// decide: never read as an empty log.
+#[tokio::test]
+async fn a_log_key_holding_foreign_bytes_is_an_error_not_an_empty_log() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new(START);
+    let store = store_on(&server, &clock);
+    let policy = Policy::new("foreign", 5, Duration::from_secs(60));
+    let check = [Check::new(&policy, Key::new("victim"))];
+    let key = format!("{}:l", store.base_key(&check[0]));
+    for foreign in ["short", &format!("\u{2}{}", "x".repeat(60))] {
+        server.cli(&["set", &key, foreign]);
+        let answer = store.check(&check).await;
+        assert!(answer.is_err(), "{foreign:?} was read as {answer:?}");
+    }
+}
