@@ -155,6 +155,14 @@ local function log_decode(s, bytes, pos)
   return s.base + offset, cost, next_pos
 end
 
+-- Encodes a record at `time` of `cost`, in the log's current widths.
+local function log_encode(s, time, cost)
+  if s.cost_width == 0 then
+    return struct.pack(s.format, time - s.base)
+  end
+  return struct.pack(s.format, time - s.base, cost)
+end
+
 -- Takes every live record into Lua lists (`times`, `costs`), so that the
 -- log can be rewritten.
 local function log_load(s)
@@ -287,16 +295,12 @@ local function log_rewrite(s)
   else
     s.offset_width = 4
   end
-  local format = record_format(s.offset_width, s.cost_width)
+  s.format = record_format(s.offset_width, s.cost_width)
   s.size = s.offset_width + s.cost_width
   local ttl = log_extend(s)
   local parts = { log_header(s) }
   for i = 1, n do
-    if s.cost_width == 0 then
-      parts[i + 1] = struct.pack(format, s.times[i] - s.base)
-    else
-      parts[i + 1] = struct.pack(format, s.times[i] - s.base, s.costs[i])
-    end
+    parts[i + 1] = log_encode(s, s.times[i], s.costs[i])
   end
   parts[n + 2] = string.rep('\0', (s.capacity - n) * s.size)
   redis.call('SET', s.key, table.concat(parts), 'PX', ttl)
@@ -311,11 +315,6 @@ function log.record(s)
     s.oldest = at
   end
   local width = cost_width(s.cost)
-  local offset_width = s.offset_width
-  if s.window > LOG_SHORT_WINDOW then
-    offset_width = 6
-  end
-  local limit_offset = 2 ^ (8 * offset_width)
   if
     s.times ~= nil
     or s.count == 0
@@ -323,8 +322,8 @@ function log.record(s)
     or (s.capacity > LOG_MIN_CAPACITY and 4 * s.count <= s.capacity)
     or s.capacity > s.limit
     or width > s.cost_width
-    or offset_width ~= s.offset_width
-    or at - s.base >= limit_offset
+    or (s.window > LOG_SHORT_WINDOW and s.offset_width < 6)
+    or at - s.base >= 2 ^ (8 * s.offset_width)
   then
     log_load(s)
     s.count = s.count + 1
@@ -334,13 +333,7 @@ function log.record(s)
     log_rewrite(s)
   else
     local slot = (s.head + s.count) % s.capacity
-    local record
-    if s.cost_width == 0 then
-      record = struct.pack(s.format, at - s.base)
-    else
-      record = struct.pack(s.format, at - s.base, s.cost)
-    end
-    redis.call('SETRANGE', s.key, LOG_HEADER_SIZE + slot * s.size, record)
+    redis.call('SETRANGE', s.key, LOG_HEADER_SIZE + slot * s.size, log_encode(s, at, s.cost))
     s.count, s.sum, s.newest = s.count + 1, s.sum + s.cost, at
     local ttl
     if s.expires < at + s.window then

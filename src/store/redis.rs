@@ -295,10 +295,8 @@ impl Inner {
                 .arg(&self.library.function)
                 .arg(call.keys.len())
                 .arg(&call.keys)
-                .arg(self.time());
-            for &(name, limit, window, cost) in &call.args {
-                fcall.arg(name).arg(limit).arg(window).arg(cost);
-            }
+                .arg(self.time())
+                .arg(&call.args);
             match fcall.query_async(connection).await {
                 Err(error) if Library::missing(&error) => {
                     match self.load(connection, &call.keys[0]).await {
@@ -317,10 +315,7 @@ impl Inner {
         for key in &call.keys {
             invocation.key(key);
         }
-        invocation.arg(self.time());
-        for &(name, limit, window, cost) in &call.args {
-            invocation.arg(name).arg(limit).arg(window).arg(cost);
-        }
+        invocation.arg(self.time()).arg(&call.args);
         invocation.invoke_async(connection).await
     }
 
