@@ -376,6 +376,9 @@ function log.retry(s)
   if s.cost_width == 0 then
     if need > s.count then
       return 0
+    elseif need == 1 then
+      -- The oldest record, which pruning has read.
+      return s.oldest + s.window - now
     end
     local time = log_decode(s, log_read(s, need - 1, 1), 1)
     return time + s.window - now
