@@ -1,26 +1,31 @@
 //! The shared store: one atomic Lua script per request on a deadpool-redis
 //! pool.
 
+mod lanes;
+mod library;
+
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
-use deadpool_redis::redis::aio::ConnectionLike;
+use deadpool_redis::redis::aio::{ConnectionLike, MultiplexedConnection};
+use deadpool_redis::redis::cluster_async::ClusterConnection;
 use deadpool_redis::redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use deadpool_redis::redis::{
     Cmd, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, cmd,
 };
-use deadpool_redis::{Connection, Pool, cluster};
+use deadpool_redis::{Pool, cluster};
 
+use self::lanes::{Lanes, Source};
+use self::library::Library;
 use super::{Check, CheckFuture, Store, StoreError};
 use crate::clock::Clock;
 use crate::{Algorithm, Decision};
 
-const CHECK_SCRIPT: &str = include_str!("../../lua/check.lua");
+const CHECK_SCRIPT: &str = include_str!("../../../lua/check.lua");
 const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 const DEFAULT_PREFIX: &str = "slidegate";
+const DEFAULT_CONNECTIONS: usize = 1;
 
 /// The pool a [`RedisStore`] runs on: one Redis server (or a primary
 /// behind a proxy), or a Redis Cluster.
@@ -69,63 +74,12 @@ impl fmt::Debug for RedisPool {
 
 struct Inner {
     pool: RedisPool,
+    connections: Connections,
     script: Script,
     library: Library,
     prefix: String,
     timeout: Duration,
     clock: Option<Box<dyn Clock>>,
-}
-
-/// `lua/check.lua` as a Redis function library. Its functions are defined
-/// once, when the library loads, instead of on every `EVALSHA`: in
-/// `benches/redis_cpu.rs`, a quarter to two fifths less Redis CPU per
-/// decision.
-///
-/// Library and function are named after the script's SHA-1, so that two
-/// versions of the crate, side by side in a rolling deploy, each call
-/// their own.
-struct Library {
-    source: String,
-    function: String,
-    /// Set once Redis has refused functions (an ACL without `FUNCTION`
-    /// or `FCALL`, a renamed command): every call is an `EVALSHA` then.
-    refused: AtomicBool,
-}
-
-impl Library {
-    fn new(script: &Script) -> Self {
-        let hash = script.get_hash();
-        let body = CHECK_SCRIPT
-            .strip_prefix("#!lua\n")
-            .and_then(|body| body.strip_suffix("return check(KEYS, ARGV)\n"))
-            .expect("lua/check.lua opens with `#!lua` and ends by returning check(KEYS, ARGV)");
-        let function = format!("slidegate_check_{hash}");
-        Self {
-            source: format!(
-                "#!lua name=slidegate_{hash}\n{body}\nredis.register_function('{function}', check)\n"
-            ),
-            function,
-            refused: AtomicBool::new(false),
-        }
-    }
-
-    fn refused(&self) -> bool {
-        self.refused.load(Ordering::Relaxed)
-    }
-
-    /// Whether `error` says this Redis does not let us use functions.
-    fn refuses(error: &RedisError) -> bool {
-        matches!(error.kind(), ErrorKind::Server(ServerErrorKind::NoPerm))
-            || error
-                .detail()
-                .is_some_and(|detail| detail.starts_with("unknown command"))
-    }
-
-    /// Whether `error` says the library is not loaded where the call ran
-    /// (a restarted server, a new node, `FUNCTION FLUSH`).
-    fn missing(error: &RedisError) -> bool {
-        error.detail() == Some("Function not found")
-    }
 }
 
 /// The Redis store: every check is one call of `lua/check.lua`, which
@@ -143,13 +97,19 @@ impl Library {
 /// Redis Cluster slot. Every key has a TTL, within two windows of the
 /// time its counts stop mattering.
 ///
+/// The store holds a few of the pool's connections (one by default, see
+/// [`RedisStoreBuilder::connections`]) and shares them between concurrent
+/// checks: deadpool-redis's connections are multiplexed, so checks in
+/// flight together are pipelined, written to Redis together and answered
+/// in one read, and no check pays the pool's health check.
+///
 /// Each call has a timeout (50 ms by default). A connection whose call
-/// timed out goes back to the pool: deadpool-redis's connections are
-/// multiplexed and stay in step when a call is abandoned, so a slow Redis
-/// costs slow answers, not a storm of reconnections. A connection that
-/// failed below the Redis protocol (I/O) is thrown away, and so is one whose
-/// server answered `READONLY`, `MASTERDOWN` or `LOADING`, so that after a
-/// failover the pool reconnects to wherever the address now leads.
+/// timed out is kept: it stays in step when a call is abandoned, so a slow
+/// Redis costs slow answers, not a storm of reconnections. A connection that
+/// failed below the Redis protocol (I/O) is closed and replaced from the
+/// pool, and so is one whose server answered `READONLY`, `MASTERDOWN` or
+/// `LOADING`, so that after a failover the store reconnects to wherever
+/// the address now leads.
 ///
 /// ```no_run
 /// use slidegate::RedisStore;
@@ -190,6 +150,7 @@ impl RedisStore {
     pub fn builder(pool: impl Into<RedisPool>) -> RedisStoreBuilder {
         RedisStoreBuilder {
             pool: pool.into(),
+            connections: DEFAULT_CONNECTIONS,
             prefix: DEFAULT_PREFIX.to_owned(),
             timeout: DEFAULT_TIMEOUT,
             clock: None,
@@ -258,37 +219,46 @@ impl RedisStore {
     }
 }
 
+/// The lanes of a store, on its kind of pool.
+enum Connections {
+    Standalone(Lanes<Pool>),
+    Cluster(Lanes<cluster::Pool>),
+}
+
 impl Inner {
     async fn run(&self, call: Call) -> Result<Vec<Decision>, StoreError> {
-        let backend = |e: deadpool_redis::PoolError| StoreError::Backend(e.into());
-        let values = match &self.pool {
-            RedisPool::Standalone(pool) => {
-                self.call(pool.get().await.map_err(backend)?, &call).await
-            }
-            RedisPool::Cluster(pool) => self.call(pool.get().await.map_err(backend)?, &call).await,
-        }
-        .map_err(|error| StoreError::Backend(error.into()))?;
+        let values = match &self.connections {
+            Connections::Standalone(lanes) => self.call(lanes, &call).await,
+            Connections::Cluster(lanes) => self.call(lanes, &call).await,
+        }?;
         decisions(&call.args, &values)
     }
 
-    /// Runs the script on a pooled connection, which goes back to the pool
-    /// unless its answer says it should not (see [`worth_keeping_after`]).
-    /// A call cut short by the timeout also returns it: both kinds of
-    /// connection are multiplexed, and drop the reply of a call nobody
-    /// waits for, so they stay in step.
-    async fn call<C: Pooled>(&self, mut connection: C, call: &Call) -> RedisResult<Vec<i64>> {
-        let reply = self.decide(&mut connection, call).await;
+    /// Runs the script on a lane's connection. The lane keeps its
+    /// connection unless the answer says it should not (see
+    /// [`worth_keeping_after`]); a call cut short by the timeout leaves it
+    /// too, as a multiplexed connection drops the reply of a call nobody
+    /// waits for and stays in step.
+    async fn call<S: Source>(&self, lanes: &Lanes<S>, call: &Call) -> Result<Vec<i64>, StoreError>
+    where
+        S::Shared: Routed,
+    {
+        let mut ticket = lanes
+            .ticket()
+            .await
+            .map_err(|error| StoreError::Backend(error.into()))?;
+        let reply = self.decide(&mut ticket.connection, call).await;
         if let Err(error) = &reply
             && !worth_keeping_after(error)
         {
-            connection.detach();
+            lanes.retire(&ticket);
         }
-        reply
+        reply.map_err(|error| StoreError::Backend(error.into()))
     }
 
     /// `FCALL`, loading the library first where it is missing; `EVALSHA`
     /// where Redis refuses functions.
-    async fn decide<C: Pooled>(&self, connection: &mut C, call: &Call) -> RedisResult<Vec<i64>> {
+    async fn decide<C: Routed>(&self, connection: &mut C, call: &Call) -> RedisResult<Vec<i64>> {
         if !self.library.refused() {
             let mut fcall = cmd("FCALL");
             fcall
@@ -308,8 +278,7 @@ impl Inner {
                 Err(error) if Library::refuses(&error) => {}
                 reply => return reply,
             }
-            self.library.refused.store(true, Ordering::Relaxed);
-            tracing::warn!("Redis refuses functions; rate-limit checks run by EVALSHA from now on");
+            self.library.refuse();
         }
         let mut invocation = self.script.prepare_invoke();
         for key in &call.keys {
@@ -321,7 +290,7 @@ impl Inner {
 
     /// Loads the library on the server that holds `key`; one loaded
     /// meanwhile by another caller counts as loaded.
-    async fn load<C: Pooled>(&self, connection: &mut C, key: &str) -> RedisResult<()> {
+    async fn load<C: Routed>(&self, connection: &mut C, key: &str) -> RedisResult<()> {
         let mut load = cmd("FUNCTION");
         load.arg("LOAD").arg(&self.library.source);
         match connection.route_to_key(load, key).await {
@@ -389,11 +358,8 @@ fn decisions(
         .collect())
 }
 
-/// A pooled connection of either kind.
-trait Pooled: ConnectionLike + Send {
-    /// Takes the connection out of its pool, so that dropping it closes it.
-    fn detach(self);
-
+/// A connection of either kind that can run a command where a key lives.
+trait Routed: ConnectionLike + Send {
     /// Runs `command` on the server that holds `key` (on a cluster, that
     /// node alone).
     fn route_to_key(
@@ -403,21 +369,13 @@ trait Pooled: ConnectionLike + Send {
     ) -> impl Future<Output = RedisResult<()>> + Send;
 }
 
-impl Pooled for Connection {
-    fn detach(self) {
-        drop(Connection::take(self));
-    }
-
+impl Routed for MultiplexedConnection {
     async fn route_to_key(&mut self, command: Cmd, _key: &str) -> RedisResult<()> {
         command.query_async(self).await
     }
 }
 
-impl Pooled for cluster::Connection {
-    fn detach(self) {
-        drop(cluster::Connection::take(self));
-    }
-
+impl Routed for ClusterConnection {
     async fn route_to_key(&mut self, command: Cmd, key: &str) -> RedisResult<()> {
         let primary = Route::with_key(key, SlotAddr::Master);
         let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(primary));
@@ -446,6 +404,7 @@ impl Store for RedisStore {
 #[must_use]
 pub struct RedisStoreBuilder {
     pool: RedisPool,
+    connections: usize,
     prefix: String,
     timeout: Duration,
     clock: Option<Box<dyn Clock>>,
@@ -454,6 +413,7 @@ pub struct RedisStoreBuilder {
 impl fmt::Debug for RedisStoreBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisStoreBuilder")
+            .field("connections", &self.connections)
             .field("prefix", &self.prefix)
             .field("timeout", &self.timeout)
             .finish_non_exhaustive()
@@ -481,6 +441,22 @@ impl RedisStoreBuilder {
             "a RedisStore prefix must not hold braces (it would become the cluster hash tag): {prefix:?}"
         );
         self.prefix = prefix;
+        self
+    }
+
+    /// How many of the pool's connections the store holds and shares
+    /// between concurrent checks (default 1, at least 1, at most the
+    /// pool's maximum size). One multiplexed connection pipelines every
+    /// check in flight; more spread the work of reading replies over more
+    /// tasks, for runtimes with many worker threads.
+    ///
+    /// ```no_run
+    /// # fn demo(pool: slidegate::deadpool_redis::Pool) {
+    /// let store = slidegate::RedisStore::builder(pool).connections(2).build();
+    /// # }
+    /// ```
+    pub fn connections(mut self, connections: usize) -> Self {
+        self.connections = connections;
         self
     }
 
@@ -522,9 +498,15 @@ impl RedisStoreBuilder {
     /// Builds the store; the script is hashed once here.
     pub fn build(self) -> RedisStore {
         let script = Script::new(CHECK_SCRIPT);
+        let count = self.connections.min(self.pool.status().max_size);
+        let connections = match &self.pool {
+            RedisPool::Standalone(pool) => Connections::Standalone(Lanes::new(pool.clone(), count)),
+            RedisPool::Cluster(pool) => Connections::Cluster(Lanes::new(pool.clone(), count)),
+        };
         RedisStore {
             inner: Arc::new(Inner {
                 pool: self.pool,
+                connections,
                 library: Library::new(&script),
                 script,
                 prefix: self.prefix,
