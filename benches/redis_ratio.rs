@@ -1,4 +1,5 @@
-//! `RedisStore` beside a raw redis-rs `EVALSHA` loop of the same script,
+//! `RedisStore` beside a raw redis-rs `EVALSHA` loop of the same script on
+//! one shared multiplexed connection,
 //! interleaved: ten rounds per concurrency, each running both (in
 //! alternating order) for the same number of decisions, so that the drift
 //! of a shared machine hits both alike. Prints each one's median decisions
@@ -16,7 +17,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{
-    concurrently, one_worker_runtime, raw_evalsha, slidegate_checks, store_on, task_keys,
+    concurrently, multiplexed, one_worker_runtime, raw_evalsha, slidegate_checks, store_on,
+    task_keys,
 };
 use slidegate::deadpool_redis::redis::Script;
 use support::RedisServer;
@@ -42,8 +44,8 @@ fn main() {
     );
     println!("|---:|---:|---:|---:|");
     for tasks in [1usize, 16, 64] {
-        let pool = server.pool(tasks);
-        let store = store_on(pool.clone());
+        let store = store_on(server.pool(tasks));
+        let connection = runtime.block_on(multiplexed(&server.url()));
         let keys = task_keys(tasks);
         let slidegate = || {
             runtime.block_on(concurrently(
@@ -56,7 +58,7 @@ fn main() {
             runtime.block_on(concurrently(
                 tasks,
                 DECISIONS,
-                raw_evalsha(pool.clone(), script.clone()),
+                raw_evalsha(connection.clone(), script.clone()),
             ))
         };
         // Warm both up: connections, the script cache.

@@ -14,7 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{
-    NEVER, concurrently, one_worker_runtime, raw_evalsha, slidegate_checks, store_on, task_keys,
+    NEVER, concurrently, multiplexed, one_worker_runtime, raw_evalsha, slidegate_checks, store_on,
+    task_keys,
 };
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use slidegate::deadpool_redis::redis::Script;
@@ -80,9 +81,14 @@ fn redis_store(c: &mut Criterion) {
             });
         });
         let script = Arc::new(Script::new(include_str!("../lua/check.lua")));
+        let connection = runtime.block_on(multiplexed(&server.url()));
         group.bench_function(format!("raw_evalsha/{tasks}_tasks"), |b| {
             b.to_async(&runtime).iter_custom(|iters| {
-                concurrently(tasks, iters, raw_evalsha(pool.clone(), script.clone()))
+                concurrently(
+                    tasks,
+                    iters,
+                    raw_evalsha(connection.clone(), script.clone()),
+                )
             });
         });
     }

@@ -20,9 +20,11 @@ use tower::ServiceExt;
 const REQUESTS: usize = 600;
 const TRIALS: usize = 5;
 
-fn redis_store(server: &RedisServer) -> RedisStore {
+/// A store pipelining its checks on `connections` shared connections.
+fn redis_store(server: &RedisServer, connections: usize) -> RedisStore {
     // A generous timeout: this test is about exactness, not latency.
     RedisStore::builder(server.pool(16))
+        .connections(connections)
         .timeout(Duration::from_secs(10))
         .build()
 }
@@ -31,8 +33,8 @@ fn redis_store(server: &RedisServer) -> RedisStore {
 async fn redis_admits_exactly_the_limit_across_independent_stores() {
     let server = RedisServer::start();
     let stores = [
-        Arc::new(redis_store(&server)),
-        Arc::new(redis_store(&server)),
+        Arc::new(redis_store(&server, 1)),
+        Arc::new(redis_store(&server, 3)),
     ];
     for (trial, (limit, cost)) in [(100, 1), (250, 1), (1, 1), (100, 3), (599, 1)]
         .into_iter()
@@ -72,8 +74,8 @@ fn app(store: impl Store, limit: u32) -> Router {
 async fn two_layers_on_one_redis_admit_exactly_the_limit() {
     let server = RedisServer::start();
     let apps = [
-        app(redis_store(&server), 200),
-        app(redis_store(&server), 200),
+        app(redis_store(&server, 2), 200),
+        app(redis_store(&server, 1), 200),
     ];
     let tasks: Vec<_> = (0..REQUESTS)
         .map(|i| {

@@ -146,6 +146,101 @@ async fn killed_redis_fails_open_or_closed_without_waiting() {
     );
 }
 
+/// Redis killed and restarted while requests keep coming: none waits past
+/// the timeout, and enforcement is back within 5 s of the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_and_restarted_under_load_recovers_without_a_hang() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    const WORKERS: usize = 16;
+    /// Each worker stops after this many requests, or when told.
+    const MAX_REQUESTS: usize = 20_000;
+    let mut f = fixture();
+    let app = f.app.clone();
+    let stop = Arc::new(AtomicBool::new(false));
+    let answered = Arc::new(AtomicUsize::new(0));
+    let load: Vec<_> = (0..WORKERS)
+        .map(|worker| {
+            let app = app.clone();
+            let stop = stop.clone();
+            let answered = answered.clone();
+            tokio::spawn(async move {
+                let mut worst = Duration::ZERO;
+                let mut sent = 0;
+                while sent < MAX_REQUESTS && !stop.load(Ordering::Relaxed) {
+                    let mut request = Request::get("/open").body(Body::empty()).unwrap();
+                    request
+                        .extensions_mut()
+                        .insert(ConnectInfo(SocketAddr::from((
+                            [203, 0, 113, worker as u8],
+                            1,
+                        ))));
+                    let started = Instant::now();
+                    let status = app.clone().oneshot(request).await.unwrap().status();
+                    worst = worst.max(started.elapsed());
+                    assert_eq!(
+                        status,
+                        StatusCode::OK,
+                        "a fail-open route answered {status}"
+                    );
+                    sent += 1;
+                    answered.fetch_add(1, Ordering::Relaxed);
+                }
+                (worst, sent)
+            })
+        })
+        .collect();
+
+    // Waits until the load has had `more` answers, at most 10 s.
+    let answers = |more: usize| {
+        let answered = answered.clone();
+        async move {
+            let target = answered.load(Ordering::Relaxed) + more;
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while answered.load(Ordering::Relaxed) < target && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+    };
+    // Enforcement is on before the fault.
+    answers(2_000).await;
+    assert!(
+        f.time_to_recover("/tight", Duration::from_secs(5))
+            .await
+            .is_some()
+    );
+    f.server.kill();
+    let (closed, _) = f.send("/closed", 1).await;
+    assert_eq!(closed, StatusCode::SERVICE_UNAVAILABLE);
+    answers(2_000).await;
+    f.server.restart();
+    let recovered = f.time_to_recover("/tight", Duration::from_secs(5)).await;
+    stop.store(true, Ordering::Relaxed);
+
+    let (mut worst, mut sent) = (Duration::ZERO, 0);
+    for worker in load {
+        let (slowest, count) = worker.await.unwrap();
+        worst = worst.max(slowest);
+        sent += count;
+    }
+    println!(
+        "Redis killed and restarted under load: {sent} requests, worst {worst:?}, enforcement back after {recovered:?}"
+    );
+    assert!(recovered.is_some(), "enforcement not back within 5 s");
+    assert!(worst <= TIMEOUT + SLACK, "a request waited {worst:?}");
+    // Client 9 made one request while recovering; two more fit, then 429.
+    let statuses = futures_statuses(&f, "/tight", 3).await;
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+}
+
 /// Sequential requests from client 9 (the one `time_to_recover` used).
 async fn futures_statuses(f: &Fixture, path: &str, count: usize) -> Vec<StatusCode> {
     let mut statuses = Vec::new();

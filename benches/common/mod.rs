@@ -1,5 +1,7 @@
 //! What the store benchmarks share: running decisions over concurrent
-//! tasks, slidegate's `RedisStore` and the raw redis-rs baseline.
+//! tasks, slidegate's `RedisStore` and the raw redis-rs baseline: the same
+//! script by `EVALSHA` on one shared multiplexed connection, which
+//! pipelines whatever is in flight.
 
 #![allow(dead_code)]
 
@@ -10,7 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use slidegate::deadpool_redis::Pool;
-use slidegate::deadpool_redis::redis::Script;
+use slidegate::deadpool_redis::redis::aio::MultiplexedConnection;
+use slidegate::deadpool_redis::redis::{Client, Script};
 use slidegate::{Check, Key, Policy, RedisStore, Store};
 
 /// A limit no benchmark reaches: every decision admits and records.
@@ -79,15 +82,25 @@ pub(crate) fn slidegate_checks(
     }
 }
 
+/// One multiplexed connection to `url`, for the baseline.
+pub(crate) async fn multiplexed(url: &str) -> MultiplexedConnection {
+    Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+/// One decision for task `task` by a plain `EVALSHA` of `lua/check.lua` on
+/// a handle of one shared multiplexed connection.
 pub(crate) fn raw_evalsha(
-    pool: Pool,
+    connection: MultiplexedConnection,
     script: Arc<Script>,
 ) -> impl Fn(usize) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync + 'static {
     move |task| {
-        let (pool, script) = (pool.clone(), script.clone());
+        let (mut connection, script) = (connection.clone(), script.clone());
         Box::pin(async move {
             let key = format!("raw:bench:{{task-{task}}}");
-            let mut connection = pool.get().await.unwrap();
             let reply: Vec<i64> = script
                 .key(format!("{key}:l"))
                 .key(&key)

@@ -80,8 +80,13 @@ pub(super) struct Lanes<S: Source> {
     taken: AtomicU64,
 }
 
-/// A lane: its connection, once it has one.
-type Slot<H> = Mutex<Option<Lane<H>>>;
+/// A lane: its connection, once it has one, and a lock taken to give it
+/// one, so that calls arriving together at an empty lane take one
+/// connection from the pool, not one each.
+struct Slot<H> {
+    lane: Mutex<Option<Lane<H>>>,
+    filling: tokio::sync::Mutex<()>,
+}
 
 struct Lane<H> {
     serial: u64,
@@ -101,7 +106,12 @@ impl<S: Source> Lanes<S> {
     pub(super) fn new(source: S, count: usize) -> Self {
         Self {
             source,
-            lanes: (0..count.max(1)).map(|_| Mutex::new(None)).collect(),
+            lanes: (0..count.max(1))
+                .map(|_| Slot {
+                    lane: Mutex::new(None),
+                    filling: tokio::sync::Mutex::new(()),
+                })
+                .collect(),
             next: AtomicUsize::new(0),
             taken: AtomicU64::new(0),
         }
@@ -114,23 +124,30 @@ impl<S: Source> Lanes<S> {
         if let Some(ticket) = self.share(lane) {
             return Ok(ticket);
         }
+        let _filling = self.lanes[lane].filling.lock().await;
+        // Filled by the call that held the lock before this one?
+        if let Some(ticket) = self.share(lane) {
+            return Ok(ticket);
+        }
         let held = self.source.get().await?;
-        let mut slot = self.lanes[lane].lock().unwrap_or_else(|e| e.into_inner());
-        // Another call may have filled the lane meanwhile: its connection
-        // wins, and this one goes back to the pool as it is dropped.
-        let filled = slot.get_or_insert_with(|| Lane {
-            serial: self.taken.fetch_add(1, Ordering::Relaxed),
-            held,
-        });
+        let serial = self.taken.fetch_add(1, Ordering::Relaxed);
+        let connection = S::share(&held);
+        *self.lanes[lane]
+            .lane
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(Lane { serial, held });
         Ok(Ticket {
             lane,
-            serial: filled.serial,
-            connection: S::share(&filled.held),
+            serial,
+            connection,
         })
     }
 
     fn share(&self, lane: usize) -> Option<Ticket<S::Shared>> {
-        let slot = self.lanes[lane].lock().unwrap_or_else(|e| e.into_inner());
+        let slot = self.lanes[lane]
+            .lane
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         slot.as_ref().map(|filled| Ticket {
             lane,
             serial: filled.serial,
@@ -142,6 +159,7 @@ impl<S: Source> Lanes<S> {
     /// already moved on to another; the lane's next call takes a fresh one.
     pub(super) fn retire(&self, ticket: &Ticket<S::Shared>) {
         let mut slot = self.lanes[ticket.lane]
+            .lane
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         if slot

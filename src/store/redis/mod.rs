@@ -6,7 +6,7 @@ mod library;
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use deadpool_redis::redis::aio::{ConnectionLike, MultiplexedConnection};
 use deadpool_redis::redis::cluster_async::ClusterConnection;
@@ -243,6 +243,7 @@ impl Inner {
     where
         S::Shared: Routed,
     {
+        let started = Instant::now();
         let mut ticket = lanes
             .ticket()
             .await
@@ -253,7 +254,14 @@ impl Inner {
         {
             lanes.retire(&ticket);
         }
-        reply.map_err(|error| StoreError::Backend(error.into()))
+        reply.map_err(|error| {
+            if error.is_timeout() {
+                // redis-rs's own response timeout, shorter than the store's.
+                StoreError::Timeout(started.elapsed())
+            } else {
+                StoreError::Backend(error.into())
+            }
+        })
     }
 
     /// `FCALL`, loading the library first where it is missing; `EVALSHA`
@@ -315,13 +323,19 @@ impl Inner {
 }
 
 /// Whether a connection that got `error` may serve another check. An error
-/// reply (a script error, CROSSSLOT, ...) leaves it in step; anything else
-/// (I/O, a closed connection) may not. Nor is a connection kept that reached a
+/// reply (a script error, CROSSSLOT, ...) leaves it in step, and so does a
+/// call abandoned by a timeout; anything else (I/O, a closed connection)
+/// may not. Nor is a connection kept that reached a
 /// server unable to take writes now (a primary demoted to a replica, one
 /// whose primary is down, one still loading): behind a failover address, a
 /// new connection reaches the new primary, while a kept one would fail
 /// every check until the process restarts.
 fn worth_keeping_after(error: &RedisError) -> bool {
+    if error.is_timeout() {
+        // A call abandoned by redis-rs's own response timeout: the
+        // connection drops its late reply, as for the store's timeout.
+        return true;
+    }
     match error.kind() {
         ErrorKind::Server(
             ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown | ServerErrorKind::BusyLoading,
@@ -462,6 +476,10 @@ impl RedisStoreBuilder {
 
     /// Bounds each call, from taking a connection to the reply (default
     /// 50 ms). Past it the call fails with [`StoreError::Timeout`].
+    ///
+    /// The pool's connections also have redis-rs's own response timeout
+    /// (500 ms unless the pool was built with another); when that is the
+    /// shorter, it ends the call first, with the same error.
     ///
     /// ```no_run
     /// # fn demo(pool: slidegate::deadpool_redis::Pool) {

@@ -1,0 +1,187 @@
+//! Checks in flight together share the store's held connections and are
+//! pipelined on them: each still gets its own answer, its own deadline and
+//! its own fail mode.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use slidegate::{Check, Key, Policy, RedisStore, Store, StoreError};
+use support::RedisServer;
+
+/// The clients Redis has, less the `redis-cli` that asks.
+fn clients(server: &RedisServer) -> usize {
+    server.cli(&["client", "list"]).lines().count() - 1
+}
+
+async fn check_all(store: &Arc<RedisStore>, checks: Vec<Check>) -> Vec<slidegate::Decision> {
+    let tasks: Vec<_> = checks
+        .into_iter()
+        .map(|check| {
+            let store = store.clone();
+            tokio::spawn(async move { store.check(&[check]).await })
+        })
+        .collect();
+    let mut decisions = Vec::new();
+    for task in tasks {
+        decisions.push(task.await.unwrap().expect("no store errors")[0]);
+    }
+    decisions
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_in_flight_share_the_connections_the_store_holds() {
+    let server = RedisServer::start();
+    let policy = Policy::new("shared", 10, Duration::from_secs(60));
+    for held in [1, 3] {
+        server.cli(&["flushall"]);
+        let store = Arc::new(
+            RedisStore::builder(server.pool(16))
+                .connections(held)
+                .timeout(Duration::from_secs(5))
+                .build(),
+        );
+        let checks = (0..300)
+            .map(|i| Check::new(&policy, Key::new(format!("c{i}"))))
+            .collect();
+        let decisions = check_all(&store, checks).await;
+        assert!(decisions.iter().all(|d| d.admitted && d.remaining == 9));
+        assert_eq!(
+            store.pool().status().size,
+            held,
+            "300 concurrent checks took more of the pool than the store holds"
+        );
+        assert_eq!(clients(&server), held);
+        drop(store);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipeline_mixing_clients_denies_only_the_client_over_its_limit() {
+    let server = RedisServer::start();
+    let store = Arc::new(
+        RedisStore::builder(server.pool(4))
+            .timeout(Duration::from_secs(5))
+            .build(),
+    );
+    let policy = Policy::new("mixed", 3, Duration::from_secs(60));
+    let spent = Check::new(&policy, Key::new("spent"));
+    for _ in 0..3 {
+        assert!(store.check(std::slice::from_ref(&spent)).await.unwrap()[0].admitted);
+    }
+    // Ten requests of the spent client among fifty of fresh ones, in flight
+    // together.
+    let checks: Vec<_> = (0..60)
+        .map(|i| {
+            if i % 6 == 0 {
+                spent.clone()
+            } else {
+                Check::new(&policy, Key::new(format!("fresh{i}")))
+            }
+        })
+        .collect();
+    let decisions = check_all(&store, checks).await;
+    for (i, decision) in decisions.iter().enumerate() {
+        if i % 6 == 0 {
+            assert!(
+                !decision.admitted,
+                "request {i} of the spent client admitted"
+            );
+            assert!(decision.retry_after.is_some());
+        } else {
+            assert!(decision.admitted, "fresh client {i} denied: {decision:?}");
+            assert_eq!(decision.remaining, 2);
+        }
+    }
+}
+
+/// The ids of the connections whose last command was a script call.
+fn script_connections(server: &RedisServer) -> Vec<String> {
+    server
+        .cli(&["client", "list"])
+        .lines()
+        .filter(|line| line.contains("cmd=fcall"))
+        .filter_map(|line| line.split(' ').next().map(str::to_owned))
+        .collect()
+}
+
+/// Whether the server fails to answer a PING within 50 ms: busy.
+fn is_busy(server: &RedisServer) -> bool {
+    let mut stream = TcpStream::connect(("127.0.0.1", server.port())).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_millis(50)))
+        .unwrap();
+    stream.write_all(b"PING\r\n").unwrap();
+    let mut reply = [0u8; 7];
+    stream.read_exact(&mut reply).is_err()
+}
+
+/// A check whose deadline passes while Redis is busy fails with a timeout;
+/// the checks sent after it on the same connection, still within their own
+/// deadlines, each get their own answer once Redis answers again: the late
+/// reply of the abandoned call goes to nobody.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_timing_out_in_a_pipeline_leaves_the_checks_behind_it_their_answers() {
+    // Redis busy for SLEEP; a check sent at its start times out at TIMEOUT,
+    // and checks sent then are answered at SLEEP, within their deadline of
+    // 2 × TIMEOUT: both with 200 ms to spare. (TIMEOUT stays below
+    // redis-rs's own response timeout of 500 ms.)
+    const SLEEP: &str = "0.7";
+    const TIMEOUT: Duration = Duration::from_millis(450);
+    let server = RedisServer::start_with(&["--enable-debug-command", "local"]);
+    let store = Arc::new(RedisStore::builder(server.pool(4)).timeout(TIMEOUT).build());
+    let policy = Policy::new("pipeline", 10, Duration::from_secs(60));
+    let check = |name: &str| Check::new(&policy, Key::new(name));
+    // Client d{i} has made i requests.
+    for i in 0..8 {
+        for _ in 0..i {
+            store.check(&[check(&format!("d{i}"))]).await.unwrap();
+        }
+    }
+
+    let connections = script_connections(&server);
+    assert_eq!(connections.len(), 1);
+
+    let sleeper = {
+        let port = server.port().to_string();
+        std::thread::spawn(move || {
+            std::process::Command::new("redis-cli")
+                .args(["-h", "127.0.0.1", "-p", &port, "debug", "sleep", SLEEP])
+                .output()
+                .expect("run redis-cli")
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !is_busy(&server) {
+        assert!(Instant::now() < deadline, "DEBUG SLEEP never started");
+    }
+
+    let abandoned = store.check(&[check("a")]).await;
+    assert!(
+        matches!(abandoned, Err(StoreError::Timeout(_))),
+        "{abandoned:?}"
+    );
+    let behind = check_all(&store, (0..8).map(|i| check(&format!("d{i}"))).collect()).await;
+    for (i, decision) in behind.iter().enumerate() {
+        assert!(decision.admitted);
+        assert_eq!(
+            decision.remaining,
+            10 - i as u32 - 1,
+            "client d{i} got another check's answer"
+        );
+    }
+    assert!(sleeper.join().unwrap().status.success());
+    assert_eq!(
+        script_connections(&server),
+        connections,
+        "the connection was replaced after a timeout"
+    );
+
+    // The abandoned check ran once Redis woke: a request answered by its
+    // fail mode may still have been counted, never the other way round.
+    let after = store.check(&[check("a")]).await.unwrap();
+    assert_eq!(after[0].remaining, 8);
+}
