@@ -1,0 +1,167 @@
+//! Whether batching pays on Redis: the Redis CPU per decision (`INFO cpu`,
+//! the whole server, networking included) of sixteen checks sent as
+//! sixteen pipelined `FCALL`s, which is what `RedisStore` sends when
+//! sixteen requests are in flight, against one `FCALL` of a batch function
+//! deciding all sixteen (a prototype: it reads `TIME` once and runs
+//! `lua/check.lua`'s `check` on each request's share of the arguments).
+//! Sliding logs of 10,000 clients, a limit never reached; the two
+//! variants interleaved round by round.
+//!
+//! ```sh
+//! cargo bench --bench redis_batch
+//! ```
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use slidegate::deadpool_redis::redis::{self, Connection};
+use support::RedisServer;
+
+const PACKED: &str = include_str!("../lua/check.lua");
+const CLIENTS: u64 = 10_000;
+const BATCH: u64 = 16;
+const DECISIONS: u64 = 64_000;
+const ROUNDS: usize = 5;
+
+/// `lua/check.lua` as a library with `check` for one request and `batch`
+/// for several: ARGV is the time (ignored: `batch` reads `TIME` once), then
+/// per request its number of policies and their four arguments each;
+/// KEYS are the requests' keys in order.
+fn library() -> String {
+    let body = PACKED
+        .strip_prefix("#!lua\n")
+        .and_then(|body| body.strip_suffix("return check(KEYS, ARGV)\n"))
+        .expect("check.lua opens with its shebang and ends by deciding");
+    format!(
+        r"#!lua name=slidegate_batch_bench
+{body}
+redis.register_function('one', check)
+redis.register_function('batch', function(keys, argv)
+  local time = redis.call('TIME')
+  local now = string.format('%d', tonumber(time[1]) * 1000000 + tonumber(time[2]))
+  local out, next_key, next_arg = {{}}, 1, 2
+  while next_arg <= #argv do
+    local policies = tonumber(argv[next_arg])
+    local request_keys, request_argv = {{}}, {{ now }}
+    for p = 0, policies - 1 do
+      local first = next_arg + 1 + 4 * p
+      for j = 0, 3 do
+        request_argv[2 + 4 * p + j] = argv[first + j]
+      end
+      request_keys[#request_keys + 1] = keys[next_key]
+      next_key = next_key + 1
+      if argv[first] == 'log' then
+        request_keys[#request_keys + 1] = keys[next_key]
+        next_key = next_key + 1
+      end
+    end
+    next_arg = next_arg + 1 + 4 * policies
+    for _, value in ipairs(check(request_keys, request_argv)) do
+      out[#out + 1] = value
+    end
+  end
+  return out
+end)
+"
+    )
+}
+
+/// Seconds of CPU the server has used.
+fn redis_cpu(connection: &mut Connection) -> f64 {
+    let info: String = redis::cmd("INFO").arg("cpu").query(connection).unwrap();
+    info.lines()
+        .filter(|line| line.starts_with("used_cpu_sys:") || line.starts_with("used_cpu_user:"))
+        .filter_map(|line| line.split(':').nth(1)?.trim().parse::<f64>().ok())
+        .sum()
+}
+
+/// The keys of client `client`'s sliding log.
+fn keys(client: u64) -> [String; 2] {
+    let base = format!("bench:{{client-{client}}}");
+    [format!("{base}:l"), base]
+}
+
+/// `DECISIONS` decisions, `BATCH` at a time, for pseudo-random clients.
+fn run(connection: &mut Connection, batched: bool, seed: u64) {
+    let mut client = seed;
+    for _ in 0..DECISIONS / BATCH {
+        let clients: Vec<u64> = (0..BATCH)
+            .map(|_| {
+                client = (client * 6_364_136_223_846_793_005 + 1) % (1 << 63);
+                client % CLIENTS
+            })
+            .collect();
+        let reply: Vec<i64> = if batched {
+            let mut call = redis::cmd("FCALL");
+            call.arg("batch").arg(clients.len() * 2);
+            for &c in &clients {
+                call.arg(&keys(c));
+            }
+            call.arg("");
+            for _ in &clients {
+                call.arg((1, "log", 1_000_000_000u32, 60_000_000u64, 1u32));
+            }
+            call.query(connection).unwrap()
+        } else {
+            let mut pipe = redis::pipe();
+            for &c in &clients {
+                pipe.cmd("FCALL").arg("one").arg(2).arg(&keys(c)).arg((
+                    "",
+                    "log",
+                    1_000_000_000u32,
+                    60_000_000u64,
+                    1u32,
+                ));
+            }
+            let replies: Vec<Vec<i64>> = pipe.query(connection).unwrap();
+            replies.concat()
+        };
+        assert_eq!(reply.len() as u64, BATCH * 4);
+        assert!(reply.chunks(4).all(|decision| decision[0] == 1));
+    }
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+fn main() {
+    // `cargo test` runs benches once as tests, with `--bench` absent: skip.
+    if !std::env::args().any(|arg| arg == "--bench") {
+        return;
+    }
+    let server = RedisServer::start();
+    let mut connection = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let _: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg(library())
+        .query(&mut connection)
+        .unwrap();
+    // Every client's log exists before measuring.
+    run(&mut connection, false, 1);
+    let (mut pipelined, mut batched) = (Vec::new(), Vec::new());
+    for round in 0..ROUNDS {
+        for batch in [round % 2 == 0, round % 2 == 1] {
+            let before = redis_cpu(&mut connection);
+            run(&mut connection, batch, 100 + round as u64);
+            let micros = (redis_cpu(&mut connection) - before) * 1e6 / DECISIONS as f64;
+            if batch {
+                batched.push(micros);
+            } else {
+                pipelined.push(micros);
+            }
+        }
+    }
+    let (pipelined, batched) = (median(pipelined), median(batched));
+    println!("| {BATCH} checks as | Redis CPU per decision | ratio |");
+    println!("|---|---:|---:|");
+    println!("| {BATCH} pipelined `FCALL`s | {pipelined:.2} µs | 1.000 |");
+    println!(
+        "| one batch `FCALL` | {batched:.2} µs | {:.3} |",
+        batched / pipelined
+    );
+}
