@@ -56,6 +56,8 @@ enum Variant {
     Governor,
     /// slidegate on Redis.
     Redis,
+    /// slidegate on Redis, every check its own script call.
+    RedisUnbatched,
     /// A hand-written sorted-set sliding log, one EVALSHA per request on
     /// one shared multiplexed (or cluster) connection.
     Naive,
@@ -156,12 +158,7 @@ async fn app(args: &Args) -> Router {
     let (limit, window) = args.limit();
     let policies = || Policies::single(Policy::new("bench", limit, window)).unwrap();
     let denied = || Policies::single(Policy::new("denied", 1, Duration::from_secs(3600))).unwrap();
-    let redis_store = || {
-        RedisStore::builder(args.pool())
-            .connections(args.connections)
-            .timeout(Duration::from_millis(200))
-            .build()
-    };
+    let batched_store = || redis_store(args, true);
     match args.variant {
         Variant::Bare => routes,
         Variant::Memory => routes.route_layer(RateLimitLayer::new(
@@ -177,8 +174,13 @@ async fn app(args: &Args) -> Router {
                 .expect("a governor quota");
             routes.route_layer(tower_governor::GovernorLayer::new(Arc::new(config)))
         }
+        Variant::RedisUnbatched => routes.route_layer(RateLimitLayer::new(
+            redis_store(args, false),
+            args.peer_ip(),
+            policies(),
+        )),
         Variant::Redis => routes.route_layer(RateLimitLayer::new(
-            redis_store(),
+            batched_store(),
             args.peer_ip(),
             policies(),
         )),
@@ -209,13 +211,23 @@ async fn app(args: &Args) -> Router {
                 naive,
             ))
         }
-        Variant::DeniedCached => {
-            routes.route_layer(RateLimitLayer::new(redis_store(), PeerIp::new(), denied()))
-        }
+        Variant::DeniedCached => routes.route_layer(RateLimitLayer::new(
+            batched_store(),
+            PeerIp::new(),
+            denied(),
+        )),
         Variant::DeniedUncached => routes.route_layer(
-            RateLimitLayer::new(redis_store(), PeerIp::new(), denied()).without_deny_cache(),
+            RateLimitLayer::new(batched_store(), PeerIp::new(), denied()).without_deny_cache(),
         ),
     }
+}
+
+fn redis_store(args: &Args, batch: bool) -> RedisStore {
+    RedisStore::builder(args.pool())
+        .connections(args.connections)
+        .batch(batch)
+        .timeout(Duration::from_millis(200))
+        .build()
 }
 
 /// One connection shared by every request: clones are handles on it.

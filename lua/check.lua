@@ -567,33 +567,38 @@ end
 
 local algorithms = { log = log, counter = counter, fixed = fixed }
 
--- Decides one request: `keys` and `argv` as described at the top.
-local function check(keys, argv)
-  if argv[1] ~= '' then
-    now = tonumber(argv[1])
+-- Sets `now` from a time argument: microseconds, or "" for Redis's TIME.
+local function set_now(time)
+  if time ~= '' then
+    now = tonumber(time)
     expiry_grace_ms = 60000
   else
-    local time = redis.call('TIME')
-    now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
     expiry_grace_ms = 0
   end
+end
 
-  local policies = (#argv - 1) / 4
+-- Decides one request's `policies` policies, whose keys start at
+-- keys[first_key] and whose arguments start at argv[first_arg], at `now`.
+-- Returns the four integers per policy, and the index of the next key.
+local function decide(keys, argv, first_key, first_arg, policies)
   local state = {}
   local all_fit = true
-  local next_key = 1
+  local next_key = first_key
 
   for i = 1, policies do
-    local algorithm = algorithms[argv[4 * i - 2]]
+    local a = first_arg + 4 * (i - 1)
+    local algorithm = algorithms[argv[a]]
     if algorithm == nil then
-      return redis.error_reply('unknown algorithm ' .. tostring(argv[4 * i - 2]))
+      error('unknown algorithm ' .. tostring(argv[a]))
     end
     local s = {
       algorithm = algorithm,
       key = keys[next_key],
-      limit = tonumber(argv[4 * i - 1]),
-      window = tonumber(argv[4 * i]),
-      cost = tonumber(argv[4 * i + 1]),
+      limit = tonumber(argv[a + 1]),
+      window = tonumber(argv[a + 2]),
+      cost = tonumber(argv[a + 3]),
     }
     next_key = next_key + 1
     if algorithm == log then
@@ -625,7 +630,44 @@ local function check(keys, argv)
     result[4 * i - 1] = reset
     result[4 * i] = retry
   end
+  return result, next_key
+end
+
+-- Decides one request: `keys` and `argv` as described at the top.
+local function check(keys, argv)
+  set_now(argv[1])
+  local result = decide(keys, argv, 1, 2, (#argv - 1) / 4)
   return result
+end
+
+-- Decides several requests, in order, each all-or-nothing on its own, at
+-- one time. ARGV[1] is the time as for `check`; then, per request, its
+-- number of policies and their four arguments each. KEYS are the
+-- requests' keys in the same order. Returns one entry per request: its
+-- integers as `check` returns them, or an error of its own, which leaves
+-- the other requests' decisions standing.
+local function check_batch(keys, argv)
+  set_now(argv[1])
+  local replies = {}
+  local next_key, next_arg = 1, 2
+  while next_arg <= #argv do
+    local policies = tonumber(argv[next_arg])
+    local ok, result, after = pcall(decide, keys, argv, next_key, next_arg + 1, policies)
+    if ok then
+      replies[#replies + 1] = result
+      next_key = after
+    else
+      -- A Redis command's error arrives as a table with its message.
+      local message = type(result) == 'table' and result.err or tostring(result)
+      replies[#replies + 1] = redis.error_reply(message)
+      -- Skip the failed request's keys: one per policy, two per log.
+      for i = 0, policies - 1 do
+        next_key = next_key + (argv[next_arg + 1 + 4 * i] == 'log' and 2 or 1)
+      end
+    end
+    next_arg = next_arg + 1 + 4 * policies
+  end
+  return replies
 end
 
 return check(KEYS, ARGV)

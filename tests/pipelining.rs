@@ -185,3 +185,141 @@ async fn a_check_timing_out_in_a_pipeline_leaves_the_checks_behind_it_their_answ
     let after = store.check(&[check("a")]).await.unwrap();
     assert_eq!(after[0].remaining, 8);
 }
+
+/// The calls of `command` Redis has run since its statistics were reset.
+fn calls(server: &RedisServer, command: &str) -> u64 {
+    server
+        .cli(&["info", "commandstats"])
+        .lines()
+        .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Checks queued at the same moment go to Redis as one call, and each
+/// gets its own decision, in arrival order.
+#[tokio::test(flavor = "current_thread")]
+async fn checks_queued_together_are_decided_by_one_call_in_arrival_order() {
+    let server = RedisServer::start();
+    let store = Arc::new(
+        RedisStore::builder(server.pool(4))
+            .timeout(Duration::from_secs(5))
+            .build(),
+    );
+    let policy = Policy::new("batched", 40, Duration::from_secs(60));
+    let check = |name: &str| Check::new(&policy, Key::new(name));
+    // Loads the library, so that what follows is one call.
+    store.check(&[check("warm")]).await.unwrap();
+    server.cli(&["config", "resetstat"]);
+
+    // A hundred checks of one client with a limit of 40, among a hundred
+    // of other clients, all queued before any is sent.
+    let checks = (0..200)
+        .map(|i| {
+            if i % 2 == 0 {
+                check("hot")
+            } else {
+                check(&format!("c{i}"))
+            }
+        })
+        .collect();
+    let decisions = check_all(&store, checks).await;
+    assert_eq!(calls(&server, "fcall"), 1, "200 checks queued together");
+    let hot: Vec<_> = decisions.iter().step_by(2).collect();
+    for (n, decision) in hot.iter().enumerate() {
+        // The first 40 in arrival order are admitted, with what was left.
+        assert_eq!(decision.admitted, n < 40, "hot request {n}");
+        assert_eq!(decision.remaining, 40u32.saturating_sub(n as u32 + 1));
+    }
+    assert!(
+        decisions
+            .iter()
+            .skip(1)
+            .step_by(2)
+            .all(|d| d.admitted && d.remaining == 39)
+    );
+}
+
+/// A request that fails inside a batch (its log key holds foreign bytes)
+/// fails alone: the others in the same call are decided and recorded.
+#[tokio::test(flavor = "current_thread")]
+async fn a_request_failing_inside_a_batch_leaves_the_others_decided() {
+    let server = RedisServer::start();
+    let store = Arc::new(
+        RedisStore::builder(server.pool(4))
+            .timeout(Duration::from_secs(5))
+            .build(),
+    );
+    let policy = Policy::new("isolated", 5, Duration::from_secs(60));
+    let check = |name: &str| Check::new(&policy, Key::new(name));
+    store.check(&[check("warm")]).await.unwrap();
+    let broken = check("broken");
+    server.cli(&["set", &format!("{}:l", store.base_key(&broken)), "short"]);
+    server.cli(&["config", "resetstat"]);
+
+    let tasks: Vec<_> = (0..9)
+        .map(|i| {
+            let store = store.clone();
+            let check = if i == 4 {
+                broken.clone()
+            } else {
+                check(&format!("fine{i}"))
+            };
+            tokio::spawn(async move { store.check(&[check]).await })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.push(task.await.unwrap());
+    }
+    assert_eq!(calls(&server, "fcall"), 1);
+    for (i, answer) in answers.iter().enumerate() {
+        if i == 4 {
+            assert!(answer.is_err(), "foreign bytes read as {answer:?}");
+        } else {
+            let decision = answer.as_ref().expect("the others are decided")[0];
+            assert!(decision.admitted && decision.remaining == 4, "{decision:?}");
+        }
+    }
+    // Recorded: a second request of a fine client has one fewer left.
+    let again = store.check(&[check("fine0")]).await.unwrap();
+    assert_eq!(again[0].remaining, 3);
+}
+
+/// Where an ACL refuses functions, the first batch is answered check by
+/// check by `EVALSHA`, exactly, and later checks are no longer queued.
+#[tokio::test(flavor = "current_thread")]
+async fn a_batch_refused_functions_is_decided_check_by_check() {
+    let server = RedisServer::start();
+    server.cli(&[
+        "acl",
+        "setuser",
+        "nofunctions",
+        "on",
+        ">secret",
+        "~*",
+        "+@all",
+        "-function",
+        "-fcall",
+    ]);
+    let url = format!("redis://nofunctions:secret@127.0.0.1:{}/", server.port());
+    let pool = slidegate::deadpool_redis::Config::from_url(url)
+        .create_pool(Some(slidegate::deadpool_redis::Runtime::Tokio1))
+        .unwrap();
+    let store = Arc::new(
+        RedisStore::builder(pool)
+            .timeout(Duration::from_secs(5))
+            .build(),
+    );
+    let policy = Policy::new("refused", 5, Duration::from_secs(60));
+    for round in 0..2 {
+        let checks = (0..12)
+            .map(|_| Check::new(&policy, Key::new(format!("client{round}"))))
+            .collect();
+        let decisions = check_all(&store, checks).await;
+        let admitted: Vec<bool> = decisions.iter().map(|d| d.admitted).collect();
+        assert_eq!(admitted, [[true; 5].as_slice(), &[false; 7]].concat());
+    }
+    assert_eq!(calls(&server, "fcall"), 0, "no FCALL ran");
+    assert!(calls(&server, "evalsha") + calls(&server, "eval") >= 24);
+}

@@ -18,6 +18,8 @@ use super::CHECK_SCRIPT;
 pub(super) struct Library {
     pub(super) source: String,
     pub(super) function: String,
+    /// The function deciding several requests at once.
+    pub(super) batch_function: String,
     /// Set once Redis has refused functions (an ACL without `FUNCTION`
     /// or `FCALL`, a renamed command): every call is an `EVALSHA` then.
     refused: AtomicBool,
@@ -31,11 +33,13 @@ impl Library {
             .and_then(|body| body.strip_suffix("return check(KEYS, ARGV)\n"))
             .expect("lua/check.lua opens with `#!lua` and ends by returning check(KEYS, ARGV)");
         let function = format!("slidegate_check_{hash}");
+        let batch_function = format!("slidegate_batch_{hash}");
         Self {
             source: format!(
-                "#!lua name=slidegate_{hash}\n{body}\nredis.register_function('{function}', check)\n"
+                "#!lua name=slidegate_{hash}\n{body}\nredis.register_function('{function}', check)\nredis.register_function('{batch_function}', check_batch)\n"
             ),
             function,
+            batch_function,
             refused: AtomicBool::new(false),
         }
     }

@@ -1,6 +1,7 @@
 //! The shared store: one atomic Lua script per request on a deadpool-redis
 //! pool.
 
+mod batch;
 mod lanes;
 mod library;
 
@@ -12,13 +13,14 @@ use deadpool_redis::redis::aio::{ConnectionLike, MultiplexedConnection};
 use deadpool_redis::redis::cluster_async::ClusterConnection;
 use deadpool_redis::redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use deadpool_redis::redis::{
-    Cmd, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, cmd,
+    Cmd, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value, cmd,
 };
 use deadpool_redis::{Pool, cluster};
 
+use self::batch::{Queue, Queued};
 use self::lanes::{Lanes, Source};
 use self::library::Library;
-use super::{Check, CheckFuture, Store, StoreError};
+use super::{Check, CheckFuture, CheckOutcome, Store, StoreError};
 use crate::clock::Clock;
 use crate::{Algorithm, Decision};
 
@@ -75,6 +77,8 @@ impl fmt::Debug for RedisPool {
 struct Inner {
     pool: RedisPool,
     connections: Connections,
+    /// Checks waiting to be sent together; see [`RedisStoreBuilder::batch`].
+    queue: Option<Queue>,
     script: Script,
     library: Library,
     prefix: String,
@@ -151,6 +155,7 @@ impl RedisStore {
         RedisStoreBuilder {
             pool: pool.into(),
             connections: DEFAULT_CONNECTIONS,
+            batch: true,
             prefix: DEFAULT_PREFIX.to_owned(),
             timeout: DEFAULT_TIMEOUT,
             clock: None,
@@ -264,6 +269,99 @@ impl Inner {
         })
     }
 
+    /// Sends every queued check: alone if it is the only one, else in one
+    /// call of the batch function.
+    async fn flush(self: Arc<Self>) {
+        // Every task ready now runs first, and may queue its check.
+        tokio::task::yield_now().await;
+        let Some(queue) = &self.queue else { return };
+        let mut queued = queue.take();
+        if queued.len() <= 1 {
+            if let Some(Queued { call, answer }) = queued.pop() {
+                let outcome = tokio::time::timeout(self.timeout, self.run(call))
+                    .await
+                    .unwrap_or(Err(StoreError::Timeout(self.timeout)));
+                let _ = answer.send(outcome);
+            }
+            return;
+        }
+        let Connections::Standalone(lanes) = &self.connections else {
+            unreachable!("only a standalone store queues its checks")
+        };
+        match tokio::time::timeout(self.timeout, self.call_batch(lanes, &queued)).await {
+            Ok(Ok(replies)) if replies.len() == queued.len() => {
+                for (Queued { call, answer }, reply) in queued.into_iter().zip(replies) {
+                    let _ = answer.send(batched_outcome(&call, reply));
+                }
+            }
+            Ok(Ok(replies)) => {
+                let message = format!(
+                    "a batch of {} checks had {} answers",
+                    queued.len(),
+                    replies.len()
+                );
+                for Queued { answer, .. } in queued {
+                    let _ = answer.send(Err(StoreError::Protocol(message.clone())));
+                }
+            }
+            Ok(Err(error)) if Library::refuses(&error) => {
+                // From now on checks are not queued; these go one by one.
+                self.library.refuse();
+                for Queued { call, answer } in queued {
+                    let inner = self.clone();
+                    tokio::spawn(async move {
+                        let outcome = tokio::time::timeout(inner.timeout, inner.run(call))
+                            .await
+                            .unwrap_or(Err(StoreError::Timeout(inner.timeout)));
+                        let _ = answer.send(outcome);
+                    });
+                }
+            }
+            Ok(Err(error)) => {
+                for Queued { answer, .. } in queued {
+                    let _ = answer.send(Err(StoreError::Backend(error.clone().into())));
+                }
+            }
+            Err(_) => {
+                for Queued { answer, .. } in queued {
+                    let _ = answer.send(Err(StoreError::Timeout(self.timeout)));
+                }
+            }
+        }
+    }
+
+    /// Runs the batch function over `queued` on a lane's connection,
+    /// loading the library first where it is missing; one reply per check.
+    async fn call_batch(&self, lanes: &Lanes<Pool>, queued: &[Queued]) -> RedisResult<Vec<Value>> {
+        let mut ticket = lanes.ticket().await.map_err(|error| {
+            RedisError::from((ErrorKind::Io, "no Redis connection", error.to_string()))
+        })?;
+        let mut fcall = cmd("FCALL");
+        let keys: usize = queued.iter().map(|q| q.call.keys.len()).sum();
+        fcall.arg(&self.library.batch_function).arg(keys);
+        for q in queued {
+            fcall.arg(&q.call.keys);
+        }
+        fcall.arg(self.time());
+        for q in queued {
+            fcall.arg(q.call.args.len()).arg(&q.call.args);
+        }
+        let mut reply = replies(&fcall, &mut ticket.connection).await;
+        if let Err(error) = &reply
+            && Library::missing(error)
+        {
+            self.load(&mut ticket.connection, &queued[0].call.keys[0])
+                .await?;
+            reply = replies(&fcall, &mut ticket.connection).await;
+        }
+        if let Err(error) = &reply
+            && !worth_keeping_after(error)
+        {
+            lanes.retire(&ticket);
+        }
+        reply
+    }
+
     /// `FCALL`, loading the library first where it is missing; `EVALSHA`
     /// where Redis refuses functions.
     async fn decide<C: Routed>(&self, connection: &mut C, call: &Call) -> RedisResult<Vec<i64>> {
@@ -372,6 +470,43 @@ fn decisions(
         .collect())
 }
 
+/// The batch function's replies, one per request, errors included: a
+/// request's error stays in its place instead of failing the whole call,
+/// as `query_async` would make it.
+async fn replies(fcall: &Cmd, connection: &mut MultiplexedConnection) -> RedisResult<Vec<Value>> {
+    match connection.req_packed_command(fcall).await? {
+        Value::Array(replies) => Ok(replies),
+        Value::ServerError(error) => Err(error.into()),
+        other => Err(RedisError::from((
+            ErrorKind::UnexpectedReturnType,
+            "the batch function answered something else than a list",
+            format!("{other:?}"),
+        ))),
+    }
+}
+
+/// One request's answer within a batch's reply.
+fn batched_outcome(call: &Call, reply: Value) -> CheckOutcome {
+    match reply {
+        Value::Array(values) => {
+            let values = values
+                .into_iter()
+                .map(|value| match value {
+                    Value::Int(n) => Ok(n),
+                    other => Err(StoreError::Protocol(format!(
+                        "expected an integer, got {other:?}"
+                    ))),
+                })
+                .collect::<Result<Vec<i64>, _>>()?;
+            decisions(&call.args, &values)
+        }
+        Value::ServerError(error) => Err(StoreError::Backend(RedisError::from(error).into())),
+        other => Err(StoreError::Protocol(format!(
+            "expected a request's integers, got {other:?}"
+        ))),
+    }
+}
+
 /// A connection of either kind that can run a command where a key lives.
 trait Routed: ConnectionLike + Send {
     /// Runs `command` on the server that holds `key` (on a cluster, that
@@ -405,8 +540,28 @@ impl Store for RedisStore {
     fn check(&self, checks: &[Check]) -> CheckFuture {
         let call = self.prepare(checks);
         let inner = self.inner.clone();
+        let timeout = inner.timeout;
+        if inner.queue.is_some() && !inner.library.refused() {
+            return CheckFuture::new(async move {
+                let Some(queue) = &inner.queue else {
+                    unreachable!("checked above")
+                };
+                // Queued when first polled: in a runtime, in the order the
+                // requests got there.
+                let (answer, first) = queue.push(call);
+                if first {
+                    tokio::spawn(inner.clone().flush());
+                }
+                match tokio::time::timeout(timeout, answer).await {
+                    Ok(Ok(outcome)) => outcome,
+                    Ok(Err(_)) => Err(StoreError::Protocol(
+                        "a batched check lost its answer".to_owned(),
+                    )),
+                    Err(_) => Err(StoreError::Timeout(timeout)),
+                }
+            });
+        }
         CheckFuture::new(async move {
-            let timeout = inner.timeout;
             tokio::time::timeout(timeout, inner.run(call))
                 .await
                 .unwrap_or(Err(StoreError::Timeout(timeout)))
@@ -419,6 +574,7 @@ impl Store for RedisStore {
 pub struct RedisStoreBuilder {
     pool: RedisPool,
     connections: usize,
+    batch: bool,
     prefix: String,
     timeout: Duration,
     clock: Option<Box<dyn Clock>>,
@@ -474,6 +630,23 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Whether checks queued at the same moment are decided by one script
+    /// call (default on; standalone Redis only, since on a cluster a call
+    /// must stay in one slot). Each check is still decided all-or-nothing
+    /// on its own, in arrival order, with its own timeout and its own
+    /// error. Off, every check is its own call, pipelined with the others
+    /// in flight.
+    ///
+    /// ```no_run
+    /// # fn demo(pool: slidegate::deadpool_redis::Pool) {
+    /// let store = slidegate::RedisStore::builder(pool).batch(false).build();
+    /// # }
+    /// ```
+    pub fn batch(mut self, batch: bool) -> Self {
+        self.batch = batch;
+        self
+    }
+
     /// Bounds each call, from taking a connection to the reply (default
     /// 50 ms). Past it the call fails with [`StoreError::Timeout`].
     ///
@@ -521,10 +694,13 @@ impl RedisStoreBuilder {
             RedisPool::Standalone(pool) => Connections::Standalone(Lanes::new(pool.clone(), count)),
             RedisPool::Cluster(pool) => Connections::Cluster(Lanes::new(pool.clone(), count)),
         };
+        let queue =
+            (self.batch && matches!(connections, Connections::Standalone(_))).then(Queue::default);
         RedisStore {
             inner: Arc::new(Inner {
                 pool: self.pool,
                 connections,
+                queue,
                 library: Library::new(&script),
                 script,
                 prefix: self.prefix,

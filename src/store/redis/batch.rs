@@ -1,0 +1,45 @@
+//! Checks queued at the same moment, decided by one script call.
+//!
+//! A check joins the queue; the first to find it empty spawns a flush,
+//! which first lets every task that is ready run (one yield, no timer),
+//! then takes the whole queue and sends it as one `FCALL` of the batch
+//! function. The script decides the requests in queue order, each
+//! all-or-nothing on its own, and answers each separately: one request's
+//! error leaves the others' decisions standing. A flush that finds one
+//! check sends it as usual.
+
+use std::mem;
+use std::sync::Mutex;
+
+use tokio::sync::oneshot;
+
+use super::Call;
+use crate::store::CheckOutcome;
+
+/// A check waiting for its flush.
+pub(super) struct Queued {
+    pub(super) call: Call,
+    pub(super) answer: oneshot::Sender<CheckOutcome>,
+}
+
+/// The checks waiting for the next flush.
+#[derive(Default)]
+pub(super) struct Queue {
+    waiting: Mutex<Vec<Queued>>,
+}
+
+impl Queue {
+    /// Queues `call`; returns where its answer comes, and whether the queue
+    /// was empty, in which case the caller must spawn a flush.
+    pub(super) fn push(&self, call: Call) -> (oneshot::Receiver<CheckOutcome>, bool) {
+        let (answer, receiver) = oneshot::channel();
+        let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        waiting.push(Queued { call, answer });
+        (receiver, waiting.len() == 1)
+    }
+
+    /// Everything queued so far.
+    pub(super) fn take(&self) -> Vec<Queued> {
+        mem::take(&mut *self.waiting.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
