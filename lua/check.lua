@@ -42,6 +42,21 @@ local now
 -- real time passes), so keys are kept a minute longer than their windows
 -- need: expiry only collects garbage, it must never forget a live count.
 local expiry_grace_ms = 0
+-- What this call has read or written per key, for a later request of the
+-- same call (a batch) to take instead of reading it again; valid for the
+-- window it was computed with. Each algorithm's `remember` fills it once a
+-- request's writes are done, so an entry always equals what a read from
+-- Redis would give.
+local known = {}
+
+-- The entry `known` holds for `s`'s key and window, if any.
+local function recall(s)
+  local entry = known[s.key]
+  if entry ~= nil and entry.window == s.window then
+    return entry
+  end
+  return nil
+end
 
 local function expire(key, ms)
   redis.call('PEXPIRE', key, ms + expiry_grace_ms)
@@ -201,6 +216,16 @@ local function log_import(s, cutoff)
 end
 
 function log.prepare(s)
+  local entry = recall(s)
+  if entry ~= nil then
+    -- Pruned at this same `now` by the request that left it.
+    s.head, s.count, s.capacity, s.sum = entry.head, entry.count, entry.capacity, entry.sum
+    s.base, s.newest, s.expires, s.oldest = entry.base, entry.newest, entry.expires, entry.oldest
+    s.offset_width, s.cost_width = entry.offset_width, entry.cost_width
+    s.format = record_format(s.offset_width, s.cost_width)
+    s.size = s.offset_width + s.cost_width
+    return s.sum + s.cost <= s.limit
+  end
   local cutoff = now - s.window
   local header = redis.call('GETRANGE', s.key, 0, LOG_HEADER_SIZE - 1)
   if header == '' then
@@ -397,6 +422,15 @@ function log.retry(s)
   return 0
 end
 
+function log.remember(s)
+  known[s.key] = {
+    window = s.window,
+    head = s.head, count = s.count, capacity = s.capacity, sum = s.sum,
+    base = s.base, newest = s.newest, expires = s.expires, oldest = s.oldest,
+    offset_width = s.offset_width, cost_width = s.cost_width,
+  }
+end
+
 function log.report(s)
   local remaining = s.limit - s.sum
   if remaining < 0 then
@@ -414,7 +448,9 @@ local counter = {}
 
 function counter.prepare(s)
   local w = s.window / 1000
-  local stored = redis.call('HMGET', s.key, 'w', 'c', 'p', 't')
+  local entry = recall(s)
+  local stored = entry and entry.stored or redis.call('HMGET', s.key, 'w', 'c', 'p', 't')
+  s.stored = stored
   local carried
   s.at, carried = high_water(stored[4], w * 1000)
   local now_ms = idiv(s.at, 1000)
@@ -434,7 +470,9 @@ function counter.prepare(s)
 end
 
 local function counter_write(s)
-  redis.call('HSET', s.key, 'w', s.id, 'c', s.c, 'p', s.p, 't', string.format('%d', s.at))
+  local t = string.format('%d', s.at)
+  redis.call('HSET', s.key, 'w', s.id, 'c', s.c, 'p', s.p, 't', t)
+  s.stored = { s.id, s.c, s.p, t }
   -- The counts matter until the end of the next window (on Redis's own
   -- clock, which expires the key: the real `now`, not the high water).
   expire(s.key, (s.id + 2) * s.w - idiv(now, 1000) + 1)
@@ -494,6 +532,10 @@ function counter.retry(s)
   return micros_until(counter_fits_at(s, s.cost))
 end
 
+function counter.remember(s)
+  known[s.key] = { window = s.window, stored = s.stored }
+end
+
 function counter.report(s)
   local w = s.w
   local room = s.limit * w - s.p * (w - s.elapsed) - s.c * w
@@ -516,7 +558,9 @@ end
 local fixed = {}
 
 function fixed.prepare(s)
-  local stored = redis.call('HMGET', s.key, 'w', 'c', 't')
+  local entry = recall(s)
+  local stored = entry and entry.stored or redis.call('HMGET', s.key, 'w', 'c', 't')
+  s.stored = stored
   local carried
   s.at, carried = high_water(stored[3], s.window)
   s.id = idiv(s.at, s.window)
@@ -533,7 +577,9 @@ function fixed.prepare(s)
 end
 
 local function fixed_write(s)
-  redis.call('HSET', s.key, 'w', s.id, 'c', s.c, 't', string.format('%d', s.at))
+  local t = string.format('%d', s.at)
+  redis.call('HSET', s.key, 'w', s.id, 'c', s.c, 't', t)
+  s.stored = { s.id, s.c, t }
   expire(s.key, math.floor(s.ends_in / 1000) + 1)
 end
 
@@ -550,6 +596,10 @@ end
 
 function fixed.retry(s)
   return s.ends_in
+end
+
+function fixed.remember(s)
+  known[s.key] = { window = s.window, stored = s.stored }
 end
 
 function fixed.report(s)
@@ -569,6 +619,7 @@ local algorithms = { log = log, counter = counter, fixed = fixed }
 
 -- Sets `now` from a time argument: microseconds, or "" for Redis's TIME.
 local function set_now(time)
+  known = {}
   if time ~= '' then
     now = tonumber(time)
     expiry_grace_ms = 60000
@@ -624,6 +675,7 @@ local function decide(keys, argv, first_key, first_arg, policies)
         s.algorithm.save(s)
       end
     end
+    s.algorithm.remember(s)
     local remaining, reset = s.algorithm.report(s)
     result[4 * i - 3] = all_fit and 1 or 0
     result[4 * i - 2] = remaining
@@ -657,6 +709,8 @@ local function check_batch(keys, argv)
       replies[#replies + 1] = result
       next_key = after
     else
+      -- What the failed request read or wrote is not known for sure.
+      known = {}
       -- A Redis command's error arrives as a table with its message.
       local message = type(result) == 'table' and result.err or tostring(result)
       replies[#replies + 1] = redis.error_reply(message)

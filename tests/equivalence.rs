@@ -96,6 +96,78 @@ fn memory_and_redis_decide_the_same() {
     });
 }
 
+/// Requests arriving together, after the clock moves on.
+#[derive(Debug, Clone)]
+struct Burst {
+    advance_ms: u64,
+    /// Client, policy mask and cost of each request.
+    requests: Vec<(u8, u8, u32)>,
+}
+
+fn burst() -> impl Strategy<Value = Burst> {
+    (
+        prop_oneof![Just(0u64), 0u64..50, 0u64..3000],
+        prop::collection::vec((0u8..3, 1u8..16, 1u32..=3), 1..24),
+    )
+        .prop_map(|(advance_ms, requests)| Burst {
+            advance_ms,
+            requests,
+        })
+}
+
+/// Requests queued together reach Redis as one batch call, where a later
+/// request of a client takes what an earlier one left instead of reading
+/// it again: each decides as the memory store does one after the other.
+#[test]
+fn a_batch_decides_as_its_requests_one_after_the_other() {
+    let server = RedisServer::start();
+    let runtime = runtime();
+    let pool = server.pool(2);
+    let case = AtomicU64::new(0);
+    let config = ProptestConfig {
+        cases: 32,
+        ..ProptestConfig::default()
+    };
+    proptest!(config, |(bursts in prop::collection::vec(burst(), 1..40))| {
+        let prefix = format!("batch{}", case.fetch_add(1, Ordering::Relaxed));
+        let (clock, memory, redis) = twin_stores(&pool, prefix);
+        let redis = std::sync::Arc::new(redis);
+        for burst in &bursts {
+            clock.advance(Duration::from_millis(burst.advance_ms));
+            let batches: Vec<Vec<Check>> = burst
+                .requests
+                .iter()
+                .map(|&(client, mask, cost)| {
+                    policies(mask, cost)
+                        .iter()
+                        .map(|p| Check::new(p, Key::new(format!("client{client}"))))
+                        .collect()
+                })
+                .collect();
+            let from_memory: Vec<_> = batches
+                .iter()
+                .map(|checks| runtime.block_on(memory.check(checks)).unwrap())
+                .collect();
+            let from_redis: Vec<_> = runtime.block_on(async {
+                let tasks: Vec<_> = batches
+                    .iter()
+                    .cloned()
+                    .map(|checks| {
+                        let redis = redis.clone();
+                        tokio::spawn(async move { redis.check(&checks).await })
+                    })
+                    .collect();
+                let mut decisions = Vec::new();
+                for task in tasks {
+                    decisions.push(task.await.unwrap().unwrap());
+                }
+                decisions
+            });
+            prop_assert_eq!(from_memory, from_redis, "at {:?}", burst);
+        }
+    });
+}
+
 /// A step of a trace that exercises every shape of the packed log: big
 /// and small costs (each cost width), long windows (wide offsets), jumps
 /// past an offset's range (rebasing), bursts (growing) and lulls
