@@ -178,6 +178,23 @@ local function log_encode(s, time, cost)
   return struct.pack(s.format, time - s.base, cost)
 end
 
+-- The header of a log in state `s`.
+local function log_header(s)
+  return struct.pack(
+    LOG_HEADER,
+    LOG_VERSION,
+    s.offset_width,
+    s.cost_width,
+    s.head,
+    s.count,
+    s.capacity,
+    s.sum,
+    s.base,
+    s.newest,
+    s.expires
+  )
+end
+
 -- Takes every live record into Lua lists (`times`, `costs`), so that the
 -- log can be rewritten.
 local function log_load(s)
@@ -222,11 +239,18 @@ function log.prepare(s)
     s.head, s.count, s.capacity, s.sum = entry.head, entry.count, entry.capacity, entry.sum
     s.base, s.newest, s.expires, s.oldest = entry.base, entry.newest, entry.expires, entry.oldest
     s.offset_width, s.cost_width = entry.offset_width, entry.cost_width
+    s.header_pending = entry.pending
     s.format = record_format(s.offset_width, s.cost_width)
     s.size = s.offset_width + s.cost_width
     return s.sum + s.cost <= s.limit
   end
   local cutoff = now - s.window
+  local stale = known[s.key]
+  if stale ~= nil and stale.pending then
+    -- Left under another window (a tier changed): written before reading.
+    redis.call('SETRANGE', s.key, 0, log_header(stale))
+    stale.pending = false
+  end
   local header = redis.call('GETRANGE', s.key, 0, LOG_HEADER_SIZE - 1)
   if header == '' then
     s.head, s.count, s.capacity, s.sum, s.base, s.newest, s.expires = 0, 0, 0, 0, 0, 0, 0
@@ -288,22 +312,6 @@ local function log_extend(s)
   return math.floor((s.expires - now) / 1000) + 1 + expiry_grace_ms
 end
 
-local function log_header(s)
-  return struct.pack(
-    LOG_HEADER,
-    LOG_VERSION,
-    s.offset_width,
-    s.cost_width,
-    s.head,
-    s.count,
-    s.capacity,
-    s.sum,
-    s.base,
-    s.newest,
-    s.expires
-  )
-end
-
 -- Writes the loaded records afresh, from slot 0, based on the oldest, with
 -- room for twice as many (at least LOG_MIN_CAPACITY, at most the limit).
 local function log_rewrite(s)
@@ -329,6 +337,7 @@ local function log_rewrite(s)
   end
   parts[n + 2] = string.rep('\0', (s.capacity - n) * s.size)
   redis.call('SET', s.key, table.concat(parts), 'PX', ttl)
+  s.header_pending = false
 end
 
 function log.record(s)
@@ -364,7 +373,9 @@ function log.record(s)
     if s.expires < at + s.window then
       ttl = log_extend(s)
     end
-    redis.call('SETRANGE', s.key, 0, log_header(s))
+    -- The header is written once the call is done (see
+    -- `write_headers`), once for every request of this key in the call.
+    s.header_pending = true
     if ttl ~= nil then
       redis.call('PEXPIRE', s.key, ttl)
     end
@@ -380,7 +391,7 @@ function log.save(s)
   if s.times ~= nil then
     log_rewrite(s)
   else
-    redis.call('SETRANGE', s.key, 0, log_header(s))
+    s.header_pending = true
   end
 end
 
@@ -425,6 +436,7 @@ end
 function log.remember(s)
   known[s.key] = {
     window = s.window,
+    pending = s.header_pending,
     head = s.head, count = s.count, capacity = s.capacity, sum = s.sum,
     base = s.base, newest = s.newest, expires = s.expires, oldest = s.oldest,
     offset_width = s.offset_width, cost_width = s.cost_width,
@@ -617,6 +629,16 @@ end
 
 local algorithms = { log = log, counter = counter, fixed = fixed }
 
+-- Writes the headers of the logs this call recorded in or pruned.
+local function write_headers()
+  for key, entry in pairs(known) do
+    if entry.pending then
+      redis.call('SETRANGE', key, 0, log_header(entry))
+      entry.pending = false
+    end
+  end
+end
+
 -- Sets `now` from a time argument: microseconds, or "" for Redis's TIME.
 local function set_now(time)
   known = {}
@@ -689,6 +711,7 @@ end
 local function check(keys, argv)
   set_now(argv[1])
   local result = decide(keys, argv, 1, 2, (#argv - 1) / 4)
+  write_headers()
   return result
 end
 
@@ -709,7 +732,9 @@ local function check_batch(keys, argv)
       replies[#replies + 1] = result
       next_key = after
     else
-      -- What the failed request read or wrote is not known for sure.
+      -- What the failed request read or wrote is not known for sure; what
+      -- the requests before it decided is written.
+      write_headers()
       known = {}
       -- A Redis command's error arrives as a table with its message.
       local message = type(result) == 'table' and result.err or tostring(result)
@@ -721,6 +746,7 @@ local function check_batch(keys, argv)
     end
     next_arg = next_arg + 1 + 4 * policies
   end
+  write_headers()
   return replies
 end
 
