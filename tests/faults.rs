@@ -420,6 +420,58 @@ async fn the_pool_follows_a_failover_that_demotes_the_old_primary() {
     assert!(new.cli(&["dbsize"]).trim().parse::<u64>().unwrap() > 0);
 }
 
+/// A connection whose other end vanishes without closing it (the proxy
+/// stops carrying bytes and closes nothing) times checks out; once it has
+/// answered nothing for a second, a timeout closes it and the next check
+/// reconnects, here to the new primary behind the same address. Without
+/// that, every check would time out, and every request fail open, for as
+/// long as the process runs.
+#[tokio::test]
+async fn a_connection_that_falls_silent_is_replaced() {
+    let old = RedisServer::start();
+    let new = RedisServer::start();
+    let proxy = TcpProxy::start(old.port());
+    let mut config = slidegate::deadpool_redis::Config::from_url(proxy.url());
+    config.pool = Some(slidegate::deadpool_redis::PoolConfig::new(4));
+    let pool = config
+        .create_pool(Some(slidegate::deadpool_redis::Runtime::Tokio1))
+        .unwrap();
+    let store = RedisStore::builder(pool).timeout(TIMEOUT).build();
+    let policy = Policy::new("silent", 1_000_000, Duration::from_secs(60));
+    let check = [Check::new(&policy, Key::new("c"))];
+    assert!(store.check(&check).await.unwrap()[0].admitted);
+
+    proxy.switch_to(new.port());
+    proxy.silence_open_connections();
+    let started = Instant::now();
+    let mut timeouts = 0;
+    loop {
+        match store.check(&check).await {
+            Ok(decisions) => {
+                assert!(decisions[0].admitted);
+                break;
+            }
+            Err(slidegate::StoreError::Timeout(_)) => timeouts += 1,
+            Err(error) => panic!("{error}"),
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "still timing out after {timeouts} checks"
+        );
+    }
+    let recovered = started.elapsed();
+    println!("silent connection: {timeouts} timeouts, replaced after {recovered:?}");
+    // Answered by the new primary: a fresh count there.
+    assert_eq!(
+        store.check(&check).await.unwrap()[0].remaining,
+        1_000_000 - 2
+    );
+    assert!(
+        recovered >= Duration::from_secs(1),
+        "replaced after {recovered:?}"
+    );
+}
+
 /// Redis's `used_memory`, in bytes.
 fn used_memory(server: &RedisServer) -> u64 {
     server

@@ -1,6 +1,7 @@
 //! A TCP proxy on a free loopback port whose upstream can be switched, as
 //! a virtual IP moves to a new primary on failover: new connections go to
-//! the new upstream, open ones stay where they were.
+//! the new upstream, open ones stay where they were, or fall silent, as
+//! when the old host vanishes without closing anything.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -13,6 +14,8 @@ pub struct TcpProxy {
     port: u16,
     upstream: Arc<AtomicU16>,
     stopped: Arc<AtomicBool>,
+    /// Bumped to silence every connection opened before.
+    generation: Arc<AtomicU16>,
     acceptor: Option<JoinHandle<()>>,
 }
 
@@ -23,8 +26,10 @@ impl TcpProxy {
         let port = listener.local_addr().unwrap().port();
         let upstream = Arc::new(AtomicU16::new(upstream));
         let stopped = Arc::new(AtomicBool::new(false));
+        let generation = Arc::new(AtomicU16::new(0));
         let acceptor = {
             let (upstream, stopped) = (upstream.clone(), stopped.clone());
+            let generation = generation.clone();
             std::thread::spawn(move || {
                 for client in listener.incoming() {
                     if stopped.load(Ordering::SeqCst) {
@@ -33,7 +38,7 @@ impl TcpProxy {
                     let Ok(client) = client else { continue };
                     let port = upstream.load(Ordering::SeqCst);
                     match TcpStream::connect(("127.0.0.1", port)) {
-                        Ok(server) => pump_both_ways(client, server),
+                        Ok(server) => pump_both_ways(client, server, &generation),
                         Err(_) => drop(client),
                     }
                 }
@@ -43,6 +48,7 @@ impl TcpProxy {
             port,
             upstream,
             stopped,
+            generation,
             acceptor: Some(acceptor),
         }
     }
@@ -55,19 +61,35 @@ impl TcpProxy {
     pub fn switch_to(&self, upstream: u16) {
         self.upstream.store(upstream, Ordering::SeqCst);
     }
+
+    /// Every connection open now stops carrying bytes either way, and
+    /// stays open: nothing is answered, nothing is closed.
+    pub fn silence_open_connections(&self) {
+        self.generation.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
-/// Copies bytes both ways until either side closes.
-fn pump_both_ways(client: TcpStream, server: TcpStream) {
+/// Copies bytes both ways until either side closes, or until the proxy
+/// silences the connection.
+fn pump_both_ways(client: TcpStream, server: TcpStream, generation: &Arc<AtomicU16>) {
     let (client_in, server_in) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-    std::thread::spawn(move || copy(client_in, server));
-    std::thread::spawn(move || copy(server_in, client));
+    let born = generation.load(Ordering::SeqCst);
+    let (up, down) = (generation.clone(), generation.clone());
+    std::thread::spawn(move || copy(client_in, server, born, &up));
+    std::thread::spawn(move || copy(server_in, client, born, &down));
 }
 
-fn copy(mut from: TcpStream, mut to: TcpStream) {
+fn copy(mut from: TcpStream, mut to: TcpStream, born: u16, generation: &AtomicU16) {
     let mut buffer = [0u8; 16 * 1024];
     while let Ok(read) = from.read(&mut buffer) {
-        if read == 0 || to.write_all(&buffer[..read]).is_err() {
+        if read == 0 {
+            break;
+        }
+        if generation.load(Ordering::SeqCst) != born {
+            // Silenced: swallow everything, close nothing.
+            continue;
+        }
+        if to.write_all(&buffer[..read]).is_err() {
             break;
         }
     }

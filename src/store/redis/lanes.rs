@@ -9,14 +9,27 @@
 //! connections from the pool once, keeps them as *lanes*, and gives each
 //! check a clone of one lane's connection (a handle on the same socket).
 //! A lane whose connection turns out unusable is handed back to be closed,
-//! and the next check on it takes a fresh connection from the pool.
+//! and the next check on it takes a fresh connection from the pool. So is
+//! one that has answered nothing for [`SILENT_FOR`] when a call on it times
+//! out: a connection whose other end vanished without closing it (a host
+//! gone, a network partition, a failover behind one address) would
+//! otherwise time out every check, and fail every request open, for as
+//! long as the process runs.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use deadpool_redis::redis::aio::{ConnectionLike, MultiplexedConnection};
 use deadpool_redis::redis::cluster_async::ClusterConnection;
 use deadpool_redis::{Connection, Pool, PoolError, cluster};
+
+/// How long a lane may go without an answer before a timeout on it closes
+/// its connection. Long enough that a busy or briefly stalled Redis keeps
+/// its connections (a frozen one is reconnected at most about once this
+/// often per lane), short enough that a dead connection is left within a
+/// couple of seconds.
+pub(super) const SILENT_FOR: Duration = Duration::from_secs(1);
 
 /// Where lanes come from: a deadpool-redis pool of either kind.
 pub(super) trait Source: Send + Sync + 'static {
@@ -75,6 +88,8 @@ pub(super) struct Lanes<S: Source> {
     source: S,
     lanes: Box<[Slot<S::Held>]>,
     next: AtomicUsize,
+    /// What the lanes' answer times are measured from.
+    started: Instant,
     /// Numbers every connection a lane takes, so that a call can retire
     /// the connection it used and not one that replaced it meanwhile.
     taken: AtomicU64,
@@ -86,6 +101,9 @@ pub(super) struct Lanes<S: Source> {
 struct Slot<H> {
     lane: Mutex<Option<Lane<H>>>,
     filling: tokio::sync::Mutex<()>,
+    /// When the lane last had an answer (or its connection), in µs from
+    /// [`Lanes::started`].
+    answered: AtomicU64,
 }
 
 struct Lane<H> {
@@ -110,9 +128,11 @@ impl<S: Source> Lanes<S> {
                 .map(|_| Slot {
                     lane: Mutex::new(None),
                     filling: tokio::sync::Mutex::new(()),
+                    answered: AtomicU64::new(0),
                 })
                 .collect(),
             next: AtomicUsize::new(0),
+            started: Instant::now(),
             taken: AtomicU64::new(0),
         }
     }
@@ -130,6 +150,9 @@ impl<S: Source> Lanes<S> {
             return Ok(ticket);
         }
         let held = self.source.get().await?;
+        self.lanes[lane]
+            .answered
+            .store(self.micros(), Ordering::Relaxed);
         let serial = self.taken.fetch_add(1, Ordering::Relaxed);
         let connection = S::share(&held);
         *self.lanes[lane]
@@ -155,9 +178,34 @@ impl<S: Source> Lanes<S> {
         })
     }
 
+    fn micros(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// Notes that a call on `ticket`'s lane was answered.
+    pub(super) fn answered(&self, ticket: &Ticket<S::Shared>) {
+        self.lanes[ticket.lane]
+            .answered
+            .store(self.micros(), Ordering::Relaxed);
+    }
+
+    /// Notes that a call on `ticket`'s lane timed out: its connection is
+    /// closed if the lane has answered nothing for [`SILENT_FOR`].
+    pub(super) fn timed_out(&self, ticket: &Ticket<S::Shared>) {
+        let answered = self.lanes[ticket.lane].answered.load(Ordering::Relaxed);
+        let silent = Duration::from_micros(self.micros().saturating_sub(answered));
+        if silent >= SILENT_FOR && self.retire(ticket) {
+            tracing::warn!(
+                silent_ms = silent.as_millis() as u64,
+                "a Redis connection has answered nothing for {silent:?}; it is closed and replaced"
+            );
+        }
+    }
+
     /// Closes the connection `ticket` was issued on, unless the lane has
     /// already moved on to another; the lane's next call takes a fresh one.
-    pub(super) fn retire(&self, ticket: &Ticket<S::Shared>) {
+    /// Returns whether it closed it.
+    pub(super) fn retire(&self, ticket: &Ticket<S::Shared>) -> bool {
         let mut slot = self.lanes[ticket.lane]
             .lane
             .lock()
@@ -168,6 +216,8 @@ impl<S: Source> Lanes<S> {
             && let Some(retired) = slot.take()
         {
             S::discard(retired.held);
+            return true;
         }
+        false
     }
 }

@@ -7,7 +7,7 @@ mod library;
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use deadpool_redis::redis::aio::{ConnectionLike, MultiplexedConnection};
 use deadpool_redis::redis::cluster_async::ClusterConnection;
@@ -230,43 +230,44 @@ enum Connections {
     Cluster(Lanes<cluster::Pool>),
 }
 
+/// How a call on a lane failed, in a form every check of a batch can share.
+enum Failed {
+    Timeout,
+    Redis(RedisError),
+}
+
 impl Inner {
     async fn run(&self, call: Call) -> Result<Vec<Decision>, StoreError> {
+        let deadline = tokio::time::Instant::now() + self.timeout;
         let values = match &self.connections {
-            Connections::Standalone(lanes) => self.call(lanes, &call).await,
-            Connections::Cluster(lanes) => self.call(lanes, &call).await,
-        }?;
+            Connections::Standalone(lanes) => self.call(lanes, &call, deadline).await,
+            Connections::Cluster(lanes) => self.call(lanes, &call, deadline).await,
+        }
+        .map_err(|failed| self.store_error(failed))?;
         decisions(&call.args, &values)
     }
 
-    /// Runs the script on a lane's connection. The lane keeps its
-    /// connection unless the answer says it should not (see
-    /// [`worth_keeping_after`]); a call cut short by the timeout leaves it
-    /// too, as a multiplexed connection drops the reply of a call nobody
-    /// waits for and stays in step.
-    async fn call<S: Source>(&self, lanes: &Lanes<S>, call: &Call) -> Result<Vec<i64>, StoreError>
+    /// Runs the script on a lane's connection by `deadline`.
+    async fn call<S: Source>(
+        &self,
+        lanes: &Lanes<S>,
+        call: &Call,
+        deadline: tokio::time::Instant,
+    ) -> Result<Vec<i64>, Failed>
     where
         S::Shared: Routed,
     {
-        let started = Instant::now();
-        let mut ticket = lanes
-            .ticket()
-            .await
-            .map_err(|error| StoreError::Backend(error.into()))?;
-        let reply = self.decide(&mut ticket.connection, call).await;
-        if let Err(error) = &reply
-            && !worth_keeping_after(error)
-        {
-            lanes.retire(&ticket);
+        let mut ticket = ticket(lanes, deadline).await?;
+        let reply =
+            tokio::time::timeout_at(deadline, self.decide(&mut ticket.connection, call)).await;
+        settle(lanes, &ticket, reply)
+    }
+
+    fn store_error(&self, failed: Failed) -> StoreError {
+        match failed {
+            Failed::Timeout => StoreError::Timeout(self.timeout),
+            Failed::Redis(error) => StoreError::Backend(error.into()),
         }
-        reply.map_err(|error| {
-            if error.is_timeout() {
-                // redis-rs's own response timeout, shorter than the store's.
-                StoreError::Timeout(started.elapsed())
-            } else {
-                StoreError::Backend(error.into())
-            }
-        })
     }
 
     /// Sends every queued check: alone if it is the only one, else in one
@@ -278,23 +279,21 @@ impl Inner {
         let mut queued = queue.take();
         if queued.len() <= 1 {
             if let Some(Queued { call, answer }) = queued.pop() {
-                let outcome = tokio::time::timeout(self.timeout, self.run(call))
-                    .await
-                    .unwrap_or(Err(StoreError::Timeout(self.timeout)));
-                let _ = answer.send(outcome);
+                let _ = answer.send(self.run(call).await);
             }
             return;
         }
         let Connections::Standalone(lanes) = &self.connections else {
             unreachable!("only a standalone store queues its checks")
         };
-        match tokio::time::timeout(self.timeout, self.call_batch(lanes, &queued)).await {
-            Ok(Ok(replies)) if replies.len() == queued.len() => {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        match self.call_batch(lanes, &queued, deadline).await {
+            Ok(replies) if replies.len() == queued.len() => {
                 for (Queued { call, answer }, reply) in queued.into_iter().zip(replies) {
                     let _ = answer.send(batched_outcome(&call, reply));
                 }
             }
-            Ok(Ok(replies)) => {
+            Ok(replies) => {
                 let message = format!(
                     "a batch of {} checks had {} answers",
                     queued.len(),
@@ -304,25 +303,22 @@ impl Inner {
                     let _ = answer.send(Err(StoreError::Protocol(message.clone())));
                 }
             }
-            Ok(Err(error)) if Library::refuses(&error) => {
+            Err(Failed::Redis(error)) if Library::refuses(&error) => {
                 // From now on checks are not queued; these go one by one.
                 self.library.refuse();
                 for Queued { call, answer } in queued {
                     let inner = self.clone();
                     tokio::spawn(async move {
-                        let outcome = tokio::time::timeout(inner.timeout, inner.run(call))
-                            .await
-                            .unwrap_or(Err(StoreError::Timeout(inner.timeout)));
-                        let _ = answer.send(outcome);
+                        let _ = answer.send(inner.run(call).await);
                     });
                 }
             }
-            Ok(Err(error)) => {
+            Err(Failed::Redis(error)) => {
                 for Queued { answer, .. } in queued {
                     let _ = answer.send(Err(StoreError::Backend(error.clone().into())));
                 }
             }
-            Err(_) => {
+            Err(Failed::Timeout) => {
                 for Queued { answer, .. } in queued {
                     let _ = answer.send(Err(StoreError::Timeout(self.timeout)));
                 }
@@ -332,10 +328,13 @@ impl Inner {
 
     /// Runs the batch function over `queued` on a lane's connection,
     /// loading the library first where it is missing; one reply per check.
-    async fn call_batch(&self, lanes: &Lanes<Pool>, queued: &[Queued]) -> RedisResult<Vec<Value>> {
-        let mut ticket = lanes.ticket().await.map_err(|error| {
-            RedisError::from((ErrorKind::Io, "no Redis connection", error.to_string()))
-        })?;
+    async fn call_batch(
+        &self,
+        lanes: &Lanes<Pool>,
+        queued: &[Queued],
+        deadline: tokio::time::Instant,
+    ) -> Result<Vec<Value>, Failed> {
+        let mut ticket = ticket(lanes, deadline).await?;
         let mut fcall = cmd("FCALL");
         let keys: usize = queued.iter().map(|q| q.call.keys.len()).sum();
         fcall.arg(&self.library.batch_function).arg(keys);
@@ -346,20 +345,18 @@ impl Inner {
         for q in queued {
             fcall.arg(q.call.args.len()).arg(&q.call.args);
         }
-        let mut reply = replies(&fcall, &mut ticket.connection).await;
-        if let Err(error) = &reply
-            && Library::missing(error)
-        {
-            self.load(&mut ticket.connection, &queued[0].call.keys[0])
-                .await?;
-            reply = replies(&fcall, &mut ticket.connection).await;
-        }
-        if let Err(error) = &reply
-            && !worth_keeping_after(error)
-        {
-            lanes.retire(&ticket);
-        }
-        reply
+        let connection = &mut ticket.connection;
+        let exchange = async {
+            match replies(&fcall, connection).await {
+                Err(error) if Library::missing(&error) => {
+                    self.load(connection, &queued[0].call.keys[0]).await?;
+                    replies(&fcall, connection).await
+                }
+                reply => reply,
+            }
+        };
+        let reply = tokio::time::timeout_at(deadline, exchange).await;
+        settle(lanes, &ticket, reply)
     }
 
     /// `FCALL`, loading the library first where it is missing; `EVALSHA`
@@ -420,20 +417,64 @@ impl Inner {
     }
 }
 
-/// Whether a connection that got `error` may serve another check. An error
-/// reply (a script error, CROSSSLOT, ...) leaves it in step, and so does a
-/// call abandoned by a timeout; anything else (I/O, a closed connection)
-/// may not. Nor is a connection kept that reached a
-/// server unable to take writes now (a primary demoted to a replica, one
+/// A lane's connection by `deadline`.
+async fn ticket<S: Source>(
+    lanes: &Lanes<S>,
+    deadline: tokio::time::Instant,
+) -> Result<lanes::Ticket<S::Shared>, Failed> {
+    match tokio::time::timeout_at(deadline, lanes.ticket()).await {
+        Ok(Ok(ticket)) => Ok(ticket),
+        Ok(Err(error)) => Err(Failed::Redis(RedisError::from((
+            ErrorKind::Io,
+            "no Redis connection",
+            error.to_string(),
+        )))),
+        Err(_) => Err(Failed::Timeout),
+    }
+}
+
+/// Tells the lanes how a call on `ticket` ended: an answer (an error reply
+/// included) keeps its connection; a timeout keeps it unless the lane has
+/// long been silent; any other failure closes it (see
+/// [`worth_keeping_after`]).
+fn settle<S: Source, T>(
+    lanes: &Lanes<S>,
+    ticket: &lanes::Ticket<S::Shared>,
+    reply: Result<RedisResult<T>, tokio::time::error::Elapsed>,
+) -> Result<T, Failed> {
+    match reply {
+        Ok(Ok(value)) => {
+            lanes.answered(ticket);
+            Ok(value)
+        }
+        Ok(Err(error)) if error.is_timeout() => {
+            // redis-rs's own response timeout, shorter than the store's.
+            lanes.timed_out(ticket);
+            Err(Failed::Timeout)
+        }
+        Ok(Err(error)) => {
+            if worth_keeping_after(&error) {
+                lanes.answered(ticket);
+            } else {
+                lanes.retire(ticket);
+            }
+            Err(Failed::Redis(error))
+        }
+        Err(_) => {
+            lanes.timed_out(ticket);
+            Err(Failed::Timeout)
+        }
+    }
+}
+
+/// Whether a connection that got `error` (not a timeout) may serve another
+/// check. An error reply (a script error, CROSSSLOT, ...) leaves it in
+/// step; anything else (I/O, a closed connection) may not. Nor is a
+/// connection kept that reached a server unable to take writes now (a primary demoted to a replica, one
 /// whose primary is down, one still loading): behind a failover address, a
 /// new connection reaches the new primary, while a kept one would fail
 /// every check until the process restarts.
 fn worth_keeping_after(error: &RedisError) -> bool {
-    if error.is_timeout() {
-        // A call abandoned by redis-rs's own response timeout: the
-        // connection drops its late reply, as for the store's timeout.
-        return true;
-    }
     match error.kind() {
         ErrorKind::Server(
             ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown | ServerErrorKind::BusyLoading,
@@ -561,11 +602,7 @@ impl Store for RedisStore {
                 }
             });
         }
-        CheckFuture::new(async move {
-            tokio::time::timeout(timeout, inner.run(call))
-                .await
-                .unwrap_or(Err(StoreError::Timeout(timeout)))
-        })
+        CheckFuture::new(async move { inner.run(call).await })
     }
 }
 
