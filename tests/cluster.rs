@@ -232,3 +232,84 @@ async fn a_cluster_failover_is_invisible_to_requests() {
     );
     assert_eq!(cluster.primary_of(&key).port(), new_primary);
 }
+
+/// The FCALLs the cluster's primaries have run since their statistics were
+/// reset.
+fn fcalls(cluster: &RedisCluster) -> u64 {
+    cluster
+        .primaries()
+        .iter()
+        .map(|node| {
+            node.cli(&["info", "commandstats"])
+                .lines()
+                .find_map(|line| line.strip_prefix("cmdstat_fcall:calls="))
+                .and_then(|rest| rest.split(',').next()?.parse::<u64>().ok())
+                .unwrap_or(0)
+        })
+        .sum()
+}
+
+/// Checks queued together on a cluster go as one call per slot: the
+/// requests of one busy client share a call and are decided in arrival
+/// order; one request spanning two slots fails alone.
+#[tokio::test(flavor = "current_thread")]
+async fn checks_queued_together_on_a_cluster_share_a_call_per_slot() {
+    let cluster = RedisCluster::start();
+    let clock = FakeClock::new(START);
+    let store = Arc::new(store(&cluster, &clock));
+    let policy = Policy::new("grouped", 10, MINUTE);
+    let one = |key: &str| vec![Check::new(&policy, Key::new(key))];
+    // Loads the library on every primary, so that what follows is counted
+    // from a steady state.
+    for client in 0..30 {
+        check(&store, &[&policy], &format!("warm{client}")).await;
+    }
+    for node in cluster.primaries() {
+        node.cli(&["config", "resetstat"]);
+    }
+    let (a, b) = (0..)
+        .map(|i| (format!("a{i}"), format!("b{i}")))
+        .find(|(a, b)| slot(&cluster, a) != slot(&cluster, b))
+        .unwrap();
+    let mut requests: Vec<Vec<Check>> = Vec::new();
+    for i in 0..20 {
+        requests.push(one("busy"));
+        requests.push(one(&format!("other{i}")));
+    }
+    requests.push(vec![
+        Check::new(&policy, Key::new(&a)),
+        Check::new(&policy, Key::new(&b)),
+    ]);
+    let slots: HashSet<String> = (0..20)
+        .map(|i| slot(&cluster, &format!("{{user:other{i}}}")))
+        .chain([slot(&cluster, "{user:busy}")])
+        .collect();
+
+    let tasks: Vec<_> = requests
+        .into_iter()
+        .map(|checks| {
+            let store = store.clone();
+            tokio::spawn(async move { store.check(&checks).await })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.push(task.await.unwrap());
+    }
+    let cross = answers.pop().unwrap();
+    assert!(cross.is_err(), "a request spanning slots: {cross:?}");
+    for (n, answer) in answers.iter().step_by(2).enumerate() {
+        let decision = answer.as_ref().expect("decided")[0];
+        assert_eq!(decision.admitted, n < 10, "busy request {n}");
+    }
+    assert!(
+        answers
+            .iter()
+            .skip(1)
+            .step_by(2)
+            .all(|a| a.as_ref().unwrap()[0].admitted)
+    );
+    // One call per slot, and the refused cross-slot request's own attempt
+    // (rejected before it runs, so not among the calls).
+    assert_eq!(fcalls(&cluster), slots.len() as u64);
+}

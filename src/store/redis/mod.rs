@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use deadpool_redis::redis::aio::{ConnectionLike, MultiplexedConnection};
 use deadpool_redis::redis::cluster_async::ClusterConnection;
-use deadpool_redis::redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use deadpool_redis::redis::cluster_routing::{
+    Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr,
+};
 use deadpool_redis::redis::{
     Cmd, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value, cmd,
 };
@@ -270,24 +272,51 @@ impl Inner {
         }
     }
 
-    /// Sends every queued check: alone if it is the only one, else in one
-    /// call of the batch function.
+    /// Sends every queued check. On a cluster, where a call must stay in
+    /// one slot, checks are grouped by slot, and each group is sent on its
+    /// own; a check whose keys span slots goes alone (and fails alone).
     async fn flush(self: Arc<Self>) {
         // Every task ready now runs first, and may queue its check.
         tokio::task::yield_now().await;
         let Some(queue) = &self.queue else { return };
-        let mut queued = queue.take();
+        let queued = queue.take();
+        if matches!(self.connections, Connections::Standalone(_)) {
+            return self.send(queued).await;
+        }
+        let mut groups: Vec<(Option<Slot>, Vec<Queued>)> = Vec::new();
+        for check in queued {
+            match slot(&check.call) {
+                Some(slot) => match groups.iter_mut().find(|(s, _)| *s == Some(slot)) {
+                    Some((_, group)) => group.push(check),
+                    None => groups.push((Some(slot), vec![check])),
+                },
+                None => groups.push((None, vec![check])),
+            }
+        }
+        let last = groups.pop();
+        for (_, group) in groups {
+            tokio::spawn(self.clone().send(group));
+        }
+        if let Some((_, group)) = last {
+            self.send(group).await;
+        }
+    }
+
+    /// Sends `queued` (checks of one slot): alone if there is one, else in
+    /// one call of the batch function.
+    async fn send(self: Arc<Self>, mut queued: Vec<Queued>) {
         if queued.len() <= 1 {
             if let Some(Queued { call, answer }) = queued.pop() {
                 let _ = answer.send(self.run(call).await);
             }
             return;
         }
-        let Connections::Standalone(lanes) = &self.connections else {
-            unreachable!("only a standalone store queues its checks")
-        };
         let deadline = tokio::time::Instant::now() + self.timeout;
-        match self.call_batch(lanes, &queued, deadline).await {
+        let replies = match &self.connections {
+            Connections::Standalone(lanes) => self.call_batch(lanes, &queued, deadline).await,
+            Connections::Cluster(lanes) => self.call_batch(lanes, &queued, deadline).await,
+        };
+        match replies {
             Ok(replies) if replies.len() == queued.len() => {
                 for (Queued { call, answer }, reply) in queued.into_iter().zip(replies) {
                     let _ = answer.send(batched_outcome(&call, reply));
@@ -328,12 +357,15 @@ impl Inner {
 
     /// Runs the batch function over `queued` on a lane's connection,
     /// loading the library first where it is missing; one reply per check.
-    async fn call_batch(
+    async fn call_batch<S: Source>(
         &self,
-        lanes: &Lanes<Pool>,
+        lanes: &Lanes<S>,
         queued: &[Queued],
         deadline: tokio::time::Instant,
-    ) -> Result<Vec<Value>, Failed> {
+    ) -> Result<Vec<Value>, Failed>
+    where
+        S::Shared: Routed,
+    {
         let mut ticket = ticket(lanes, deadline).await?;
         let mut fcall = cmd("FCALL");
         let keys: usize = queued.iter().map(|q| q.call.keys.len()).sum();
@@ -511,10 +543,18 @@ fn decisions(
         .collect())
 }
 
+/// The Redis Cluster slot of all of `call`'s keys; `None` if they span
+/// several (a check mixing clients, which Redis refuses).
+fn slot(call: &Call) -> Option<Slot> {
+    let mut keys = call.keys.iter().map(Slot::for_key);
+    let first = keys.next()?;
+    keys.all(|slot| slot == first).then_some(first)
+}
+
 /// The batch function's replies, one per request, errors included: a
 /// request's error stays in its place instead of failing the whole call,
 /// as `query_async` would make it.
-async fn replies(fcall: &Cmd, connection: &mut MultiplexedConnection) -> RedisResult<Vec<Value>> {
+async fn replies(fcall: &Cmd, connection: &mut impl ConnectionLike) -> RedisResult<Vec<Value>> {
     match connection.req_packed_command(fcall).await? {
         Value::Array(replies) => Ok(replies),
         Value::ServerError(error) => Err(error.into()),
@@ -668,11 +708,12 @@ impl RedisStoreBuilder {
     }
 
     /// Whether checks queued at the same moment are decided by one script
-    /// call (default on; standalone Redis only, since on a cluster a call
-    /// must stay in one slot). Each check is still decided all-or-nothing
-    /// on its own, in arrival order, with its own timeout and its own
-    /// error. Off, every check is its own call, pipelined with the others
-    /// in flight.
+    /// call (default on). On a cluster, where a call must stay in one slot,
+    /// there is one call per slot: the checks of one client (a busy one, a
+    /// global limit) share a call. Each check is still decided
+    /// all-or-nothing on its own, in arrival order, with its own timeout
+    /// and its own error. Off, every check is its own call, pipelined with
+    /// the others in flight.
     ///
     /// ```no_run
     /// # fn demo(pool: slidegate::deadpool_redis::Pool) {
@@ -731,8 +772,7 @@ impl RedisStoreBuilder {
             RedisPool::Standalone(pool) => Connections::Standalone(Lanes::new(pool.clone(), count)),
             RedisPool::Cluster(pool) => Connections::Cluster(Lanes::new(pool.clone(), count)),
         };
-        let queue =
-            (self.batch && matches!(connections, Connections::Standalone(_))).then(Queue::default);
+        let queue = self.batch.then(Queue::default);
         RedisStore {
             inner: Arc::new(Inner {
                 pool: self.pool,
