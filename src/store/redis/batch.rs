@@ -5,8 +5,9 @@
 //! then takes the whole queue and sends it as one `FCALL` of the batch
 //! function. The script decides the requests in queue order, each
 //! all-or-nothing on its own, and answers each separately: one request's
-//! error leaves the others' decisions standing. A flush that finds one
-//! check sends it as usual.
+//! error leaves the others' decisions standing. A check that finds no
+//! company (alone in the queue, or alone in its slot on a cluster) is
+//! handed back, and its own task sends it as usual.
 
 use std::mem;
 use std::sync::Mutex;
@@ -16,10 +17,18 @@ use tokio::sync::oneshot;
 use super::Call;
 use crate::store::CheckOutcome;
 
+/// What a flush tells a queued check.
+pub(super) enum Verdict {
+    /// Decided in a batch.
+    Decided(CheckOutcome),
+    /// Not batched: the check's own task sends it.
+    Alone(Call),
+}
+
 /// A check waiting for its flush.
 pub(super) struct Queued {
     pub(super) call: Call,
-    pub(super) answer: oneshot::Sender<CheckOutcome>,
+    pub(super) answer: oneshot::Sender<Verdict>,
 }
 
 /// The checks waiting for the next flush.
@@ -31,7 +40,7 @@ pub(super) struct Queue {
 impl Queue {
     /// Queues `call`; returns where its answer comes, and whether the queue
     /// was empty, in which case the caller must spawn a flush.
-    pub(super) fn push(&self, call: Call) -> (oneshot::Receiver<CheckOutcome>, bool) {
+    pub(super) fn push(&self, call: Call) -> (oneshot::Receiver<Verdict>, bool) {
         let (answer, receiver) = oneshot::channel();
         let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
         waiting.push(Queued { call, answer });

@@ -19,7 +19,7 @@ use deadpool_redis::redis::{
 };
 use deadpool_redis::{Pool, cluster};
 
-use self::batch::{Queue, Queued};
+use self::batch::{Queue, Queued, Verdict};
 use self::lanes::{Lanes, Source};
 use self::library::Library;
 use super::{Check, CheckFuture, CheckOutcome, Store, StoreError};
@@ -239,8 +239,7 @@ enum Failed {
 }
 
 impl Inner {
-    async fn run(&self, call: Call) -> Result<Vec<Decision>, StoreError> {
-        let deadline = tokio::time::Instant::now() + self.timeout;
+    async fn run(&self, call: Call, deadline: tokio::time::Instant) -> CheckOutcome {
         let values = match &self.connections {
             Connections::Standalone(lanes) => self.call(lanes, &call, deadline).await,
             Connections::Cluster(lanes) => self.call(lanes, &call, deadline).await,
@@ -293,21 +292,32 @@ impl Inner {
                 None => groups.push((None, vec![check])),
             }
         }
-        let last = groups.pop();
-        for (_, group) in groups {
-            tokio::spawn(self.clone().send(group));
+        // Checks alone in their slot go back to their own tasks; a task is
+        // spawned only for a second batch and beyond.
+        let mut batches = Vec::new();
+        for (_, mut group) in groups {
+            if group.len() == 1 {
+                let Queued { call, answer } = group.pop().expect("one check");
+                let _ = answer.send(Verdict::Alone(call));
+            } else {
+                batches.push(group);
+            }
         }
-        if let Some((_, group)) = last {
-            self.send(group).await;
+        let last = batches.pop();
+        for batch in batches {
+            tokio::spawn(self.clone().send(batch));
+        }
+        if let Some(batch) = last {
+            self.send(batch).await;
         }
     }
 
-    /// Sends `queued` (checks of one slot): alone if there is one, else in
-    /// one call of the batch function.
+    /// Sends `queued` (checks of one slot) in one call of the batch
+    /// function; a check alone goes back to its own task.
     async fn send(self: Arc<Self>, mut queued: Vec<Queued>) {
         if queued.len() <= 1 {
             if let Some(Queued { call, answer }) = queued.pop() {
-                let _ = answer.send(self.run(call).await);
+                let _ = answer.send(Verdict::Alone(call));
             }
             return;
         }
@@ -319,7 +329,7 @@ impl Inner {
         match replies {
             Ok(replies) if replies.len() == queued.len() => {
                 for (Queued { call, answer }, reply) in queued.into_iter().zip(replies) {
-                    let _ = answer.send(batched_outcome(&call, reply));
+                    let _ = answer.send(Verdict::Decided(batched_outcome(&call, reply)));
                 }
             }
             Ok(replies) => {
@@ -329,27 +339,27 @@ impl Inner {
                     replies.len()
                 );
                 for Queued { answer, .. } in queued {
-                    let _ = answer.send(Err(StoreError::Protocol(message.clone())));
+                    let failed = Err(StoreError::Protocol(message.clone()));
+                    let _ = answer.send(Verdict::Decided(failed));
                 }
             }
             Err(Failed::Redis(error)) if Library::refuses(&error) => {
                 // From now on checks are not queued; these go one by one.
                 self.library.refuse();
                 for Queued { call, answer } in queued {
-                    let inner = self.clone();
-                    tokio::spawn(async move {
-                        let _ = answer.send(inner.run(call).await);
-                    });
+                    let _ = answer.send(Verdict::Alone(call));
                 }
             }
             Err(Failed::Redis(error)) => {
                 for Queued { answer, .. } in queued {
-                    let _ = answer.send(Err(StoreError::Backend(error.clone().into())));
+                    let failed = Err(StoreError::Backend(error.clone().into()));
+                    let _ = answer.send(Verdict::Decided(failed));
                 }
             }
             Err(Failed::Timeout) => {
                 for Queued { answer, .. } in queued {
-                    let _ = answer.send(Err(StoreError::Timeout(self.timeout)));
+                    let failed = Err(StoreError::Timeout(self.timeout));
+                    let _ = answer.send(Verdict::Decided(failed));
                 }
             }
         }
@@ -624,6 +634,7 @@ impl Store for RedisStore {
         let timeout = inner.timeout;
         if inner.queue.is_some() && !inner.library.refused() {
             return CheckFuture::new(async move {
+                let deadline = tokio::time::Instant::now() + timeout;
                 let Some(queue) = &inner.queue else {
                     unreachable!("checked above")
                 };
@@ -633,8 +644,9 @@ impl Store for RedisStore {
                 if first {
                     tokio::spawn(inner.clone().flush());
                 }
-                match tokio::time::timeout(timeout, answer).await {
-                    Ok(Ok(outcome)) => outcome,
+                match tokio::time::timeout_at(deadline, answer).await {
+                    Ok(Ok(Verdict::Decided(outcome))) => outcome,
+                    Ok(Ok(Verdict::Alone(call))) => inner.run(call, deadline).await,
                     Ok(Err(_)) => Err(StoreError::Protocol(
                         "a batched check lost its answer".to_owned(),
                     )),
@@ -642,7 +654,10 @@ impl Store for RedisStore {
                 }
             });
         }
-        CheckFuture::new(async move { inner.run(call).await })
+        CheckFuture::new(async move {
+            let deadline = tokio::time::Instant::now() + timeout;
+            inner.run(call, deadline).await
+        })
     }
 }
 
