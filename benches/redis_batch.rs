@@ -9,9 +9,11 @@
 //! cargo bench --bench redis_batch
 //! ```
 
+mod common;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+use common::median;
 use slidegate::deadpool_redis::redis::{self, Connection};
 use support::RedisServer;
 
@@ -88,11 +90,6 @@ fn run(connection: &mut Connection, batched: bool, seed: u64) {
         assert_eq!(reply.len() as u64, BATCH * 4);
         assert!(reply.chunks(4).all(|decision| decision[0] == 1));
     }
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
 }
 
 fn main() {

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{
-    concurrently, multiplexed, one_worker_runtime, raw_evalsha, slidegate_checks, store_on,
+    concurrently, median, multiplexed, one_worker_runtime, raw_evalsha, slidegate_checks, store_on,
     task_keys,
 };
 use slidegate::deadpool_redis::redis::Script;
@@ -25,11 +25,6 @@ use support::RedisServer;
 
 const ROUNDS: usize = 10;
 const DECISIONS: u64 = 4_000;
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
-}
 
 fn main() {
     // `cargo test` runs benches once as tests, with `--bench` absent: skip.

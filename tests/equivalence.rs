@@ -49,6 +49,14 @@ fn policies(mask: u8, cost: u32) -> Vec<Policy> {
         .collect()
 }
 
+/// A model test's settings: `count` random cases.
+fn cases(count: u32) -> ProptestConfig {
+    ProptestConfig {
+        cases: count,
+        ..ProptestConfig::default()
+    }
+}
+
 /// A current-thread runtime to drive the stores from a proptest body.
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -76,10 +84,7 @@ fn memory_and_redis_decide_the_same() {
     let runtime = runtime();
     let pool = server.pool(2);
     let case = AtomicU64::new(0);
-    let config = ProptestConfig {
-        cases: 32,
-        ..ProptestConfig::default()
-    };
+    let config = cases(32);
     proptest!(config, |(steps in prop::collection::vec(step(), 1..150))| {
         let prefix = format!("case{}", case.fetch_add(1, Ordering::Relaxed));
         let (clock, memory, redis) = twin_stores(&pool, prefix);
@@ -124,10 +129,7 @@ fn a_batch_decides_as_its_requests_one_after_the_other() {
     let runtime = runtime();
     let pool = server.pool(2);
     let case = AtomicU64::new(0);
-    let config = ProptestConfig {
-        cases: 32,
-        ..ProptestConfig::default()
-    };
+    let config = cases(32);
     proptest!(config, |(bursts in prop::collection::vec(burst(), 1..40))| {
         let prefix = format!("batch{}", case.fetch_add(1, Ordering::Relaxed));
         let (clock, memory, redis) = twin_stores(&pool, prefix);
@@ -228,10 +230,7 @@ fn the_packed_log_and_memory_decide_the_same_at_every_width() {
     let runtime = runtime();
     let pool = server.pool(2);
     let case = AtomicU64::new(0);
-    let config = ProptestConfig {
-        cases: 24,
-        ..ProptestConfig::default()
-    };
+    let config = cases(24);
     proptest!(config, |(moves in prop::collection::vec(move_(), 1..400))| {
         let prefix = format!("wide{}", case.fetch_add(1, Ordering::Relaxed));
         let (clock, memory, redis) = twin_stores(&pool, prefix);
@@ -334,10 +333,7 @@ fn the_packed_log_decides_as_the_previous_script_did() {
     let pool = server.pool(1);
     let (previous, packed) = (Script::new(PREVIOUS_SCRIPT), Script::new(SCRIPT));
     let case = AtomicU64::new(0);
-    let config = ProptestConfig {
-        cases: 24,
-        ..ProptestConfig::default()
-    };
+    let config = cases(24);
     proptest!(config, |(moves in prop::collection::vec(forward(), 1..300))| {
         let case = case.fetch_add(1, Ordering::Relaxed);
         let policies = [

@@ -295,21 +295,7 @@ async fn a_request_failing_inside_a_batch_leaves_the_others_decided() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_batch_refused_functions_is_decided_check_by_check() {
     let server = RedisServer::start();
-    server.cli(&[
-        "acl",
-        "setuser",
-        "nofunctions",
-        "on",
-        ">secret",
-        "~*",
-        "+@all",
-        "-function",
-        "-fcall",
-    ]);
-    let url = format!("redis://nofunctions:secret@127.0.0.1:{}/", server.port());
-    let pool = slidegate::deadpool_redis::Config::from_url(url)
-        .create_pool(Some(slidegate::deadpool_redis::Runtime::Tokio1))
-        .unwrap();
+    let pool = server.pool_refusing_functions();
     let store = Arc::new(
         RedisStore::builder(pool)
             .timeout(Duration::from_secs(5))

@@ -212,21 +212,7 @@ async fn a_redis_that_refuses_functions_still_decides_exactly() {
     );
     server.cli(&["function", "flush"]);
 
-    server.cli(&[
-        "acl",
-        "setuser",
-        "nofunctions",
-        "on",
-        ">secret",
-        "~*",
-        "+@all",
-        "-function",
-        "-fcall",
-    ]);
-    let url = format!("redis://nofunctions:secret@127.0.0.1:{}/", server.port());
-    let pool = slidegate::deadpool_redis::Config::from_url(url)
-        .create_pool(Some(slidegate::deadpool_redis::Runtime::Tokio1))
-        .unwrap();
+    let pool = server.pool_refusing_functions();
     let store = RedisStore::builder(pool)
         .clock(clock.clone())
         .timeout(Duration::from_secs(5))

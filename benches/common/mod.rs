@@ -116,3 +116,9 @@ pub(crate) fn raw_evalsha(
         })
     }
 }
+
+/// The middle value of `values` (the upper middle for an even count).
+pub(crate) fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}

@@ -152,6 +152,26 @@ impl RedisServer {
         config.create_pool(Some(Runtime::Tokio1)).unwrap()
     }
 
+    /// A pool logged in as a user whom this server refuses `FUNCTION` and
+    /// `FCALL` (created here), as an ACL might.
+    pub fn pool_refusing_functions(&self) -> Pool {
+        self.cli(&[
+            "acl",
+            "setuser",
+            "nofunctions",
+            "on",
+            ">secret",
+            "~*",
+            "+@all",
+            "-function",
+            "-fcall",
+        ]);
+        let url = format!("redis://nofunctions:secret@127.0.0.1:{}/", self.port);
+        Config::from_url(url)
+            .create_pool(Some(Runtime::Tokio1))
+            .unwrap()
+    }
+
     /// Kills the server (SIGKILL) and reaps it.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
