@@ -313,3 +313,39 @@ async fn a_batch_refused_functions_is_decided_check_by_check() {
     assert_eq!(calls(&server, "fcall"), 0, "no FCALL ran");
     assert!(calls(&server, "evalsha") + calls(&server, "eval") >= 24);
 }
+
+/// A store built from the configuration keeps a timeout longer than
+/// redis-rs's own default of 500 ms: a reply 800 ms late is still taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configured_timeout_past_half_a_second_is_the_one_that_counts() {
+    let server = RedisServer::start_with(&["--enable-debug-command", "local"]);
+    let mut settings = slidegate::config::RedisSettings::default().with_url(server.url());
+    settings.timeout = Duration::from_secs(3);
+    let store = settings.store().unwrap();
+    let policy = Policy::new("patient", 10, Duration::from_secs(60));
+    let check = [Check::new(&policy, Key::new("c"))];
+    store.check(&check).await.unwrap();
+
+    let sleeper = {
+        let port = server.port().to_string();
+        std::thread::spawn(move || {
+            std::process::Command::new("redis-cli")
+                .args(["-h", "127.0.0.1", "-p", &port, "debug", "sleep", "0.8"])
+                .output()
+                .expect("run redis-cli")
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !is_busy(&server) {
+        assert!(Instant::now() < deadline, "DEBUG SLEEP never started");
+    }
+    let started = Instant::now();
+    let answer = store.check(&check).await;
+    let waited = started.elapsed();
+    assert!(sleeper.join().unwrap().status.success());
+    assert_eq!(answer.unwrap()[0].remaining, 8, "after waiting {waited:?}");
+    assert!(
+        waited > Duration::from_millis(500),
+        "Redis was busy, yet {waited:?}"
+    );
+}

@@ -152,6 +152,7 @@ impl RedisSettings {
     /// ```
     #[cfg(feature = "redis")]
     pub fn store(&self) -> Result<crate::RedisStore, String> {
+        use deadpool_redis::redis::AsyncConnectionConfig;
         use deadpool_redis::{PoolConfig, Runtime};
 
         let seeds = self.seeds();
@@ -166,11 +167,19 @@ impl RedisSettings {
                 .map_err(|e| format!("bad Redis Cluster URLs {:?}: {e}", self.redacted_seeds()))?
                 .into()
         } else {
-            let mut config = deadpool_redis::Config::from_url(seeds[0].clone());
-            config.pool = Some(PoolConfig::new(self.pool_size));
-            config
-                .create_pool(Some(Runtime::Tokio1))
-                .map_err(|e| format!("bad Redis URL `{}`: {e}", redacted(&seeds[0])))?
+            // redis-rs ends a call after its own response timeout (500 ms
+            // by default): none here, so that the store's timeout decides,
+            // however long it is.
+            let connection = AsyncConnectionConfig::new().set_response_timeout(None);
+            let bad_url =
+                |e: &dyn std::fmt::Display| format!("bad Redis URL `{}`: {e}", redacted(&seeds[0]));
+            let manager = deadpool_redis::Manager::new_with_config(seeds[0].as_str(), connection)
+                .map_err(|e| bad_url(&e))?;
+            deadpool_redis::Pool::builder(manager)
+                .max_size(self.pool_size)
+                .runtime(Runtime::Tokio1)
+                .build()
+                .map_err(|e| bad_url(&e))?
                 .into()
         };
         let mut store = crate::RedisStore::builder(pool).timeout(self.timeout);

@@ -745,7 +745,9 @@ impl RedisStoreBuilder {
     ///
     /// The pool's connections also have redis-rs's own response timeout
     /// (500 ms unless the pool was built with another); when that is the
-    /// shorter, it ends the call first, with the same error.
+    /// shorter, it ends the call first, with the same error. A standalone
+    /// pool made by `RedisSettings::store` (feature `config`) has none, so
+    /// the store's timeout is the one that counts.
     ///
     /// ```no_run
     /// # fn demo(pool: slidegate::deadpool_redis::Pool) {
