@@ -30,6 +30,10 @@ const CHECK_SCRIPT: &str = include_str!("../../../lua/check.lua");
 const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 const DEFAULT_PREFIX: &str = "slidegate";
 const DEFAULT_CONNECTIONS: usize = 1;
+/// The most checks one batch call decides: a flood of queued checks goes
+/// as several calls, so that no single script holds Redis (and every other
+/// client of it) for long.
+const MAX_BATCH: usize = 128;
 
 /// The pool a [`RedisStore`] runs on: one Redis server (or a primary
 /// behind a proxy), or a Redis Cluster.
@@ -312,8 +316,9 @@ impl Inner {
         }
     }
 
-    /// Sends `queued` (checks of one slot) in one call of the batch
-    /// function; a check alone goes back to its own task.
+    /// Sends `queued` (checks of one slot) in calls of the batch function,
+    /// at most [`MAX_BATCH`] checks each; a check alone goes back to its
+    /// own task.
     async fn send(self: Arc<Self>, mut queued: Vec<Queued>) {
         if queued.len() <= 1 {
             if let Some(Queued { call, answer }) = queued.pop() {
@@ -321,6 +326,17 @@ impl Inner {
             }
             return;
         }
+        while queued.len() > MAX_BATCH {
+            let rest = queued.split_off(MAX_BATCH);
+            tokio::spawn(self.clone().send_batch(queued));
+            queued = rest;
+        }
+        self.send_batch(queued).await;
+    }
+
+    /// Sends `queued` in one call of the batch function and hands each
+    /// check its answer.
+    async fn send_batch(self: Arc<Self>, queued: Vec<Queued>) {
         let deadline = tokio::time::Instant::now() + self.timeout;
         let replies = match &self.connections {
             Connections::Standalone(lanes) => self.call_batch(lanes, &queued, deadline).await,
