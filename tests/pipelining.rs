@@ -17,6 +17,15 @@ fn clients(server: &RedisServer) -> usize {
     server.cli(&["client", "list"]).lines().count() - 1
 }
 
+/// A store on `server` with its defaults and a timeout no test reaches.
+fn patient_store(server: &RedisServer) -> Arc<RedisStore> {
+    Arc::new(
+        RedisStore::builder(server.pool(4))
+            .timeout(Duration::from_secs(5))
+            .build(),
+    )
+}
+
 async fn check_all(store: &Arc<RedisStore>, checks: Vec<Check>) -> Vec<slidegate::Decision> {
     let tasks: Vec<_> = checks
         .into_iter()
@@ -66,11 +75,7 @@ async fn checks_in_flight_share_the_connections_the_store_holds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pipeline_mixing_clients_denies_only_the_client_over_its_limit() {
     let server = RedisServer::start();
-    let store = Arc::new(
-        RedisStore::builder(server.pool(4))
-            .timeout(Duration::from_secs(5))
-            .build(),
-    );
+    let store = patient_store(&server);
     let policy = Policy::new("mixed", 3, Duration::from_secs(60));
     let spent = Check::new(&policy, Key::new("spent"));
     for _ in 0..3 {
@@ -123,6 +128,25 @@ fn is_busy(server: &RedisServer) -> bool {
     stream.read_exact(&mut reply).is_err()
 }
 
+/// Makes the server busy for `seconds` (`DEBUG SLEEP`, from another
+/// thread) and returns once it is; the thread tells whether the sleep ran.
+fn keep_busy(server: &RedisServer, seconds: &str) -> std::thread::JoinHandle<bool> {
+    let (port, seconds) = (server.port().to_string(), seconds.to_owned());
+    let sleeper = std::thread::spawn(move || {
+        std::process::Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &port, "debug", "sleep", &seconds])
+            .output()
+            .expect("run redis-cli")
+            .status
+            .success()
+    });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !is_busy(server) {
+        assert!(Instant::now() < deadline, "DEBUG SLEEP never started");
+    }
+    sleeper
+}
+
 /// A check whose deadline passes while Redis is busy fails with a timeout;
 /// the checks sent after it on the same connection, still within their own
 /// deadlines, each get their own answer once Redis answers again: the late
@@ -149,19 +173,7 @@ async fn a_check_timing_out_in_a_pipeline_leaves_the_checks_behind_it_their_answ
     let connections = script_connections(&server);
     assert_eq!(connections.len(), 1);
 
-    let sleeper = {
-        let port = server.port().to_string();
-        std::thread::spawn(move || {
-            std::process::Command::new("redis-cli")
-                .args(["-h", "127.0.0.1", "-p", &port, "debug", "sleep", SLEEP])
-                .output()
-                .expect("run redis-cli")
-        })
-    };
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !is_busy(&server) {
-        assert!(Instant::now() < deadline, "DEBUG SLEEP never started");
-    }
+    let sleeper = keep_busy(&server, SLEEP);
 
     let abandoned = store.check(&[check("a")]).await;
     assert!(
@@ -177,7 +189,7 @@ async fn a_check_timing_out_in_a_pipeline_leaves_the_checks_behind_it_their_answ
             "client d{i} got another check's answer"
         );
     }
-    assert!(sleeper.join().unwrap().status.success());
+    assert!(sleeper.join().unwrap());
     assert_eq!(
         script_connections(&server),
         connections,
@@ -205,11 +217,7 @@ fn calls(server: &RedisServer, command: &str) -> u64 {
 #[tokio::test(flavor = "current_thread")]
 async fn checks_queued_together_are_decided_by_one_call_in_arrival_order() {
     let server = RedisServer::start();
-    let store = Arc::new(
-        RedisStore::builder(server.pool(4))
-            .timeout(Duration::from_secs(5))
-            .build(),
-    );
+    let store = patient_store(&server);
     let policy = Policy::new("batched", 40, Duration::from_secs(60));
     let check = |name: &str| Check::new(&policy, Key::new(name));
     // Loads the library, so that what follows is one call.
@@ -249,11 +257,7 @@ async fn checks_queued_together_are_decided_by_one_call_in_arrival_order() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_request_failing_inside_a_batch_leaves_the_others_decided() {
     let server = RedisServer::start();
-    let store = Arc::new(
-        RedisStore::builder(server.pool(4))
-            .timeout(Duration::from_secs(5))
-            .build(),
-    );
+    let store = patient_store(&server);
     let policy = Policy::new("isolated", 5, Duration::from_secs(60));
     let check = |name: &str| Check::new(&policy, Key::new(name));
     store.check(&[check("warm")]).await.unwrap();
@@ -326,23 +330,11 @@ async fn a_configured_timeout_past_half_a_second_is_the_one_that_counts() {
     let check = [Check::new(&policy, Key::new("c"))];
     store.check(&check).await.unwrap();
 
-    let sleeper = {
-        let port = server.port().to_string();
-        std::thread::spawn(move || {
-            std::process::Command::new("redis-cli")
-                .args(["-h", "127.0.0.1", "-p", &port, "debug", "sleep", "0.8"])
-                .output()
-                .expect("run redis-cli")
-        })
-    };
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !is_busy(&server) {
-        assert!(Instant::now() < deadline, "DEBUG SLEEP never started");
-    }
+    let sleeper = keep_busy(&server, "0.8");
     let started = Instant::now();
     let answer = store.check(&check).await;
     let waited = started.elapsed();
-    assert!(sleeper.join().unwrap().status.success());
+    assert!(sleeper.join().unwrap());
     assert_eq!(answer.unwrap()[0].remaining, 8, "after waiting {waited:?}");
     assert!(
         waited > Duration::from_millis(500),
@@ -356,11 +348,7 @@ async fn a_configured_timeout_past_half_a_second_is_the_one_that_counts() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_flood_of_queued_checks_is_split_into_calls_of_at_most_128() {
     let server = RedisServer::start();
-    let store = Arc::new(
-        RedisStore::builder(server.pool(4))
-            .timeout(Duration::from_secs(5))
-            .build(),
-    );
+    let store = patient_store(&server);
     let policy = Policy::new("flood", 100, Duration::from_secs(60));
     store
         .check(&[Check::new(&policy, Key::new("warm"))])
