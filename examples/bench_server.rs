@@ -58,6 +58,8 @@ enum Variant {
     Redis,
     /// slidegate on Redis, every check its own script call.
     RedisUnbatched,
+    /// slidegate on Redis without the deny cache: every request asks Redis.
+    RedisUncached,
     /// A hand-written sorted-set sliding log, one EVALSHA per request on
     /// one shared multiplexed (or cluster) connection.
     Naive,
@@ -174,6 +176,9 @@ async fn app(args: &Args) -> Router {
                 .expect("a governor quota");
             routes.route_layer(tower_governor::GovernorLayer::new(Arc::new(config)))
         }
+        Variant::RedisUncached => routes.route_layer(
+            RateLimitLayer::new(batched_store(), args.peer_ip(), policies()).without_deny_cache(),
+        ),
         Variant::RedisUnbatched => routes.route_layer(RateLimitLayer::new(
             redis_store(args, false),
             args.peer_ip(),
