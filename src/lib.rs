@@ -31,6 +31,8 @@
 //! [Tower]: https://docs.rs/tower
 //! [axum]: https://docs.rs/axum
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod body;
 mod clock;
 #[cfg(feature = "config")]
