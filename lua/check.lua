@@ -58,6 +58,20 @@ local function recall(s)
   return nil
 end
 
+-- The fields of a counter's or fixed window's hash: what this call left
+-- for `s`'s key and window, or else read from Redis. Kept in `s.stored`,
+-- which the writes update.
+local function hash_fields(s, ...)
+  local entry = recall(s)
+  s.stored = entry and entry.stored or redis.call('HMGET', s.key, ...)
+  return s.stored
+end
+
+-- `remember` for a hash: its fields as last read or written.
+local function remember_fields(s)
+  known[s.key] = { window = s.window, stored = s.stored }
+end
+
 local function expire(key, ms)
   redis.call('PEXPIRE', key, ms + expiry_grace_ms)
 end
@@ -460,9 +474,7 @@ local counter = {}
 
 function counter.prepare(s)
   local w = s.window / 1000
-  local entry = recall(s)
-  local stored = entry and entry.stored or redis.call('HMGET', s.key, 'w', 'c', 'p', 't')
-  s.stored = stored
+  local stored = hash_fields(s, 'w', 'c', 'p', 't')
   local carried
   s.at, carried = high_water(stored[4], w * 1000)
   local now_ms = idiv(s.at, 1000)
@@ -544,9 +556,7 @@ function counter.retry(s)
   return micros_until(counter_fits_at(s, s.cost))
 end
 
-function counter.remember(s)
-  known[s.key] = { window = s.window, stored = s.stored }
-end
+counter.remember = remember_fields
 
 function counter.report(s)
   local w = s.w
@@ -570,9 +580,7 @@ end
 local fixed = {}
 
 function fixed.prepare(s)
-  local entry = recall(s)
-  local stored = entry and entry.stored or redis.call('HMGET', s.key, 'w', 'c', 't')
-  s.stored = stored
+  local stored = hash_fields(s, 'w', 'c', 't')
   local carried
   s.at, carried = high_water(stored[3], s.window)
   s.id = idiv(s.at, s.window)
@@ -610,9 +618,7 @@ function fixed.retry(s)
   return s.ends_in
 end
 
-function fixed.remember(s)
-  known[s.key] = { window = s.window, stored = s.stored }
-end
+fixed.remember = remember_fields
 
 function fixed.report(s)
   local remaining = s.limit - s.c

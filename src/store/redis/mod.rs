@@ -354,10 +354,7 @@ impl Inner {
                     queued.len(),
                     replies.len()
                 );
-                for Queued { answer, .. } in queued {
-                    let failed = Err(StoreError::Protocol(message.clone()));
-                    let _ = answer.send(Verdict::Decided(failed));
-                }
+                fail_all(queued, || StoreError::Protocol(message.clone()));
             }
             Err(Failed::Redis(error)) if Library::refuses(&error) => {
                 // From now on checks are not queued; these go one by one.
@@ -367,17 +364,9 @@ impl Inner {
                 }
             }
             Err(Failed::Redis(error)) => {
-                for Queued { answer, .. } in queued {
-                    let failed = Err(StoreError::Backend(error.clone().into()));
-                    let _ = answer.send(Verdict::Decided(failed));
-                }
+                fail_all(queued, || StoreError::Backend(error.clone().into()));
             }
-            Err(Failed::Timeout) => {
-                for Queued { answer, .. } in queued {
-                    let failed = Err(StoreError::Timeout(self.timeout));
-                    let _ = answer.send(Verdict::Decided(failed));
-                }
-            }
+            Err(Failed::Timeout) => fail_all(queued, || StoreError::Timeout(self.timeout)),
         }
     }
 
@@ -592,6 +581,13 @@ async fn replies(fcall: &Cmd, connection: &mut impl ConnectionLike) -> RedisResu
     }
 }
 
+/// Answers every check of a failed batch with its own copy of the error.
+fn fail_all(queued: Vec<Queued>, error: impl Fn() -> StoreError) {
+    for Queued { answer, .. } in queued {
+        let _ = answer.send(Verdict::Decided(Err(error())));
+    }
+}
+
 /// One request's answer within a batch's reply.
 fn batched_outcome(call: &Call, reply: Value) -> CheckOutcome {
     match reply {
@@ -647,32 +643,26 @@ impl Store for RedisStore {
     fn check(&self, checks: &[Check]) -> CheckFuture {
         let call = self.prepare(checks);
         let inner = self.inner.clone();
-        let timeout = inner.timeout;
-        if inner.queue.is_some() && !inner.library.refused() {
-            return CheckFuture::new(async move {
-                let deadline = tokio::time::Instant::now() + timeout;
-                let Some(queue) = &inner.queue else {
-                    unreachable!("checked above")
-                };
-                // Queued when first polled: in a runtime, in the order the
-                // requests got there.
-                let (answer, first) = queue.push(call);
-                if first {
-                    tokio::spawn(inner.clone().flush());
-                }
-                match tokio::time::timeout_at(deadline, answer).await {
-                    Ok(Ok(Verdict::Decided(outcome))) => outcome,
-                    Ok(Ok(Verdict::Alone(call))) => inner.run(call, deadline).await,
-                    Ok(Err(_)) => Err(StoreError::Protocol(
-                        "a batched check lost its answer".to_owned(),
-                    )),
-                    Err(_) => Err(StoreError::Timeout(timeout)),
-                }
-            });
-        }
         CheckFuture::new(async move {
+            let timeout = inner.timeout;
             let deadline = tokio::time::Instant::now() + timeout;
-            inner.run(call, deadline).await
+            let Some(queue) = inner.queue.as_ref().filter(|_| !inner.library.refused()) else {
+                return inner.run(call, deadline).await;
+            };
+            // Queued when first polled: in a runtime, in the order the
+            // requests got there.
+            let (answer, first) = queue.push(call);
+            if first {
+                tokio::spawn(inner.clone().flush());
+            }
+            match tokio::time::timeout_at(deadline, answer).await {
+                Ok(Ok(Verdict::Decided(outcome))) => outcome,
+                Ok(Ok(Verdict::Alone(call))) => inner.run(call, deadline).await,
+                Ok(Err(_)) => Err(StoreError::Protocol(
+                    "a batched check lost its answer".to_owned(),
+                )),
+                Err(_) => Err(StoreError::Timeout(timeout)),
+            }
         })
     }
 }
