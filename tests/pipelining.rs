@@ -362,3 +362,28 @@ async fn a_flood_of_queued_checks_is_split_into_calls_of_at_most_128() {
     assert_eq!(calls(&server, "fcall"), 3, "300 checks in calls of 128");
     assert_eq!(decisions.iter().filter(|d| d.admitted).count(), 100);
 }
+
+/// A client whose tier changes the window of a log between two requests of
+/// one batch (same policy name, same key, another window) cannot spend the
+/// limit twice: the later request writes the earlier one's header before
+/// reading the log again.
+#[tokio::test(flavor = "current_thread")]
+async fn a_window_changing_inside_a_batch_never_admits_past_a_logs_limit() {
+    let server = RedisServer::start();
+    let store = patient_store(&server);
+    let warm = Policy::new("warm", 5, Duration::from_secs(60));
+    store
+        .check(&[Check::new(&warm, Key::new("warm"))])
+        .await
+        .unwrap();
+    let short = Policy::new("tiered", 5, Duration::from_secs(60));
+    let long = Policy::new("tiered", 5, Duration::from_secs(120));
+    let checks = (0..12)
+        .map(|i| Check::new(if i % 2 == 0 { &short } else { &long }, Key::new("tiered")))
+        .collect();
+    server.cli(&["config", "resetstat"]);
+    let decisions = check_all(&store, checks).await;
+    assert_eq!(calls(&server, "fcall"), 1, "one batch");
+    let admitted = decisions.iter().filter(|d| d.admitted).count();
+    assert_eq!(admitted, 5, "{admitted} admitted at a limit of 5");
+}
