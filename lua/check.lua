@@ -17,15 +17,19 @@
 --            then the sorted set an earlier version of this script kept
 --            the log in, read once when the string is new.
 --   counter: a hash with the current window id `w`, its count `c`, the
---            previous window's count `p` (windows in milliseconds) and `t`,
---            the latest time (µs) a request was counted at.
---   fixed:   a hash with the window id `w`, its count `c` and `t`.
+--            previous window's count `p`, the window length `l` (windows
+--            in milliseconds) and `t`, the latest time (µs) a request was
+--            counted at.
+--   fixed:   a hash with the window id `w`, its count `c`, `t` and the
+--            window length `l` in µs.
 --
 -- The counters place `now` no earlier than `t`: a clock that steps back
 -- (NTP, a failover to a skewed node) never takes a key back to an earlier
 -- window, which would forget its count. A step back of more than a window
 -- carries the counts into the window of the new time instead. Waits are
--- still measured from the real `now`.
+-- still measured from the real `now`. When a key's window length changes
+-- (a tier with a window of its own), its counts are re-placed under the
+-- new length, never dropped early; a log's TTL is moved to cover it.
 --
 -- Returns, per policy, four integers: admitted (1 or 0, the same for every
 -- policy), remaining units, reset in microseconds, and retry-after in
@@ -397,16 +401,22 @@ function log.record(s)
   s.dirty = false
 end
 
--- Saves what pruning changed, for a request that records nothing.
+-- Saves what pruning changed, for a request that records nothing. Under
+-- a window longer than the one the TTL was set for (a tier changed), the
+-- TTL is moved too, so the records are not dropped while they count.
 function log.save(s)
-  if not s.dirty then
+  local outlived = s.count > 0 and s.expires < s.newest + s.window
+  if not s.dirty and not outlived then
     return
   end
   if s.times ~= nil then
     log_rewrite(s)
-  else
-    s.header_pending = true
+    return
   end
+  if outlived then
+    redis.call('PEXPIRE', s.key, log_extend(s))
+  end
+  s.header_pending = true
 end
 
 function log.retry(s)
@@ -472,31 +482,71 @@ end
 
 local counter = {}
 
+-- Counts left under another window length (a tier with a window of its
+-- own), re-placed in `w`-millisecond windows as of `now_ms`: first brought
+-- to `now_ms` under their own window `old`, then the current count placed
+-- in the new window holding `t_ms`, the latest time a unit was counted at,
+-- and the previous count in the one holding the end of its window. So no
+-- count is forgotten early, and none is moved later than it was counted.
+-- Returns the new window id and its current and previous counts.
+local function counter_rewindow(id, c, p, old, w, now_ms, t_ms)
+  local old_id = idiv(now_ms, old)
+  if old_id == id + 1 then
+    c, p = 0, c
+  elseif old_id > id + 1 then
+    c, p = 0, 0
+  end
+  if old_id < id then
+    old_id = id
+  end
+  local new_id = idiv(now_ms, w)
+  local current, previous = 0, 0
+  local function place(units, at)
+    local bucket = idiv(at, w)
+    if bucket >= new_id then
+      current = current + units
+    elseif bucket + 1 == new_id then
+      previous = previous + units
+    end
+  end
+  place(c, t_ms)
+  place(p, math.max(0, math.min(old_id * old - 1, t_ms)))
+  return new_id, current, previous
+end
+
 function counter.prepare(s)
   local w = s.window / 1000
-  local stored = hash_fields(s, 'w', 'c', 'p', 't')
+  local stored = hash_fields(s, 'w', 'c', 'p', 't', 'l')
   local carried
   s.at, carried = high_water(stored[4], w * 1000)
+  s.t = stored[4]
   local now_ms = idiv(s.at, 1000)
   local id = idiv(now_ms, w)
   local stored_id = tonumber(stored[1])
+  local c, p = tonumber(stored[2]) or 0, tonumber(stored[3]) or 0
+  local old = tonumber(stored[5])
+  if stored_id ~= nil and old ~= nil and old ~= w then
+    local t_ms = idiv(tonumber(s.t) or s.at, 1000)
+    stored_id, c, p = counter_rewindow(stored_id, c, p, old, w, now_ms, t_ms)
+    s.rewindowed = true
+  end
   if carried and stored_id ~= nil and stored_id > id then
     stored_id, s.carried = id, true
+    s.t = string.format('%d', s.at)
   end
-  local c, p = 0, 0
-  if stored_id == id then
-    c, p = tonumber(stored[2]) or 0, tonumber(stored[3]) or 0
-  elseif stored_id == id - 1 then
-    p = tonumber(stored[2]) or 0
+  if stored_id == id - 1 then
+    c, p = 0, c
+  elseif stored_id ~= id then
+    c, p = 0, 0
   end
   s.w, s.now_ms, s.id, s.elapsed, s.c, s.p = w, now_ms, id, now_ms - id * w, c, p
   return p * (w - s.elapsed) + (c + s.cost) * w <= s.limit * w
 end
 
+-- Writes the counts, with `t` the latest time a unit was counted at.
 local function counter_write(s)
-  local t = string.format('%d', s.at)
-  redis.call('HSET', s.key, 'w', s.id, 'c', s.c, 'p', s.p, 't', t)
-  s.stored = { s.id, s.c, s.p, t }
+  redis.call('HSET', s.key, 'w', s.id, 'c', s.c, 'p', s.p, 't', s.t, 'l', s.w)
+  s.stored = { s.id, s.c, s.p, s.t, s.w }
   -- The counts matter until the end of the next window (on Redis's own
   -- clock, which expires the key: the real `now`, not the high water).
   expire(s.key, (s.id + 2) * s.w - idiv(now, 1000) + 1)
@@ -504,13 +554,15 @@ end
 
 function counter.record(s)
   s.c = s.c + s.cost
+  s.t = string.format('%d', s.at)
   counter_write(s)
 end
 
 -- Saves counts carried back to the window of a clock that stepped back,
--- for a request that records nothing.
+-- or re-placed under a new window length, for a request that records
+-- nothing.
 function counter.save(s)
-  if s.carried then
+  if s.carried or s.rewindowed then
     counter_write(s)
   end
 end
@@ -580,14 +632,27 @@ end
 local fixed = {}
 
 function fixed.prepare(s)
-  local stored = hash_fields(s, 'w', 'c', 't')
+  local stored = hash_fields(s, 'w', 'c', 't', 'l')
   local carried
   s.at, carried = high_water(stored[3], s.window)
+  s.t = stored[3]
   s.id = idiv(s.at, s.window)
   s.c = 0
   local stored_id = tonumber(stored[1])
+  local old = tonumber(stored[4])
+  if stored_id ~= nil and old ~= nil and old ~= s.window then
+    -- Left under another window length: the count stays in the new window
+    -- holding the latest time a unit was counted at, if that is now's.
+    if idiv(s.at, old) > stored_id or idiv(tonumber(s.t) or s.at, s.window) < s.id then
+      stored_id = nil
+    else
+      stored_id = s.id
+    end
+    s.rewindowed = true
+  end
   if carried and stored_id ~= nil and stored_id > s.id then
     stored_id, s.carried = s.id, true
+    s.t = string.format('%d', s.at)
   end
   if stored_id == s.id then
     s.c = tonumber(stored[2]) or 0
@@ -596,20 +661,21 @@ function fixed.prepare(s)
   return s.c + s.cost <= s.limit
 end
 
+-- Writes the count, with `t` the latest time a unit was counted at.
 local function fixed_write(s)
-  local t = string.format('%d', s.at)
-  redis.call('HSET', s.key, 'w', s.id, 'c', s.c, 't', t)
-  s.stored = { s.id, s.c, t }
+  redis.call('HSET', s.key, 'w', s.id, 'c', s.c, 't', s.t, 'l', s.window)
+  s.stored = { s.id, s.c, s.t, s.window }
   expire(s.key, math.floor(s.ends_in / 1000) + 1)
 end
 
 function fixed.record(s)
   s.c = s.c + s.cost
+  s.t = string.format('%d', s.at)
   fixed_write(s)
 end
 
 function fixed.save(s)
-  if s.carried then
+  if s.carried or s.rewindowed then
     fixed_write(s)
   end
 end

@@ -18,6 +18,7 @@ struct Step {
     client: u8,
     policies: u8,
     cost: u32,
+    tier: u8,
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -26,21 +27,26 @@ fn step() -> impl Strategy<Value = Step> {
         0u8..3,
         1u8..16,
         1u32..=3,
+        prop_oneof![4 => Just(0u8), 1 => Just(1u8)],
     )
-        .prop_map(|(advance_ms, client, policies, cost)| Step {
+        .prop_map(|(advance_ms, client, policies, cost, tier)| Step {
             advance_ms,
             client,
             policies,
             cost,
+            tier,
         })
 }
 
-fn policies(mask: u8, cost: u32) -> Vec<Policy> {
+/// The policies in `mask`, each under its own name: tier 0 with its usual
+/// window, tier 1 with another (as a tier with a window of its own).
+fn policies(mask: u8, cost: u32, tier: u8) -> Vec<Policy> {
+    let ms = |usual: u64, other: u64| Duration::from_millis(if tier == 0 { usual } else { other });
     let all = [
-        Policy::new("short", 4, Duration::from_millis(1500)),
-        Policy::new("long", 9, Duration::from_secs(10)),
-        Policy::new("counter", 7, Duration::from_secs(2)).algorithm(Algorithm::SlidingCounter),
-        Policy::new("fixed", 5, Duration::from_millis(1200)).algorithm(Algorithm::FixedWindow),
+        Policy::new("short", 4, ms(1500, 2500)),
+        Policy::new("long", 9, ms(10_000, 4_000)),
+        Policy::new("counter", 7, ms(2000, 3000)).algorithm(Algorithm::SlidingCounter),
+        Policy::new("fixed", 5, ms(1200, 1800)).algorithm(Algorithm::FixedWindow),
     ];
     all.into_iter()
         .enumerate()
@@ -90,7 +96,7 @@ fn memory_and_redis_decide_the_same() {
         let (clock, memory, redis) = twin_stores(&pool, prefix);
         for step in &steps {
             clock.advance(Duration::from_millis(step.advance_ms));
-            let checks: Vec<Check> = policies(step.policies, step.cost)
+            let checks: Vec<Check> = policies(step.policies, step.cost, step.tier)
                 .iter()
                 .map(|p| Check::new(p, Key::new(format!("client{}", step.client))))
                 .collect();
@@ -105,14 +111,22 @@ fn memory_and_redis_decide_the_same() {
 #[derive(Debug, Clone)]
 struct Burst {
     advance_ms: u64,
-    /// Client, policy mask and cost of each request.
-    requests: Vec<(u8, u8, u32)>,
+    /// Client, policy mask, cost and tier of each request.
+    requests: Vec<(u8, u8, u32, u8)>,
 }
 
 fn burst() -> impl Strategy<Value = Burst> {
     (
         prop_oneof![Just(0u64), 0u64..50, 0u64..3000],
-        prop::collection::vec((0u8..3, 1u8..16, 1u32..=3), 1..24),
+        prop::collection::vec(
+            (
+                0u8..3,
+                1u8..16,
+                1u32..=3,
+                prop_oneof![4 => Just(0u8), 1 => Just(1u8)],
+            ),
+            1..24,
+        ),
     )
         .prop_map(|(advance_ms, requests)| Burst {
             advance_ms,
@@ -139,8 +153,8 @@ fn a_batch_decides_as_its_requests_one_after_the_other() {
             let batches: Vec<Vec<Check>> = burst
                 .requests
                 .iter()
-                .map(|&(client, mask, cost)| {
-                    policies(mask, cost)
+                .map(|&(client, mask, cost, tier)| {
+                    policies(mask, cost, tier)
                         .iter()
                         .map(|p| Check::new(p, Key::new(format!("client{client}"))))
                         .collect()

@@ -244,3 +244,41 @@ async fn a_log_key_holding_foreign_bytes_is_an_error_not_an_empty_log() {
         assert!(answer.is_err(), "{foreign:?} was read as {answer:?}");
     }
 }
+
+/// A client whose window grows (its tier changed to one with a longer
+/// window) and who is denied there keeps its key alive for as long as the
+/// longer window counts it: the denial moves the TTL, for every algorithm.
+#[tokio::test]
+async fn a_longer_window_keeps_a_denied_clients_key_alive() {
+    use slidegate::Algorithm;
+
+    let server = RedisServer::start();
+    let clock = FakeClock::new(START);
+    let store = store_on(&server, &clock);
+    for (algorithm, suffix) in [
+        (Algorithm::SlidingLog, "l"),
+        (Algorithm::SlidingCounter, "c"),
+        (Algorithm::FixedWindow, "f"),
+    ] {
+        let name = format!("grown-{suffix}");
+        let minute = Policy::new(name.as_str(), 3, Duration::from_secs(60)).algorithm(algorithm);
+        let hour = Policy::new(name.as_str(), 3, Duration::from_secs(3600)).algorithm(algorithm);
+        spend(&store, &clock, &minute, "grower", 3).await;
+        let check = Check::new(&hour, Key::new("grower"));
+        let key = format!("{}:{suffix}", store.base_key(&check));
+        let minute_ttl: u64 = server.cli(&["pttl", &key]).trim().parse().unwrap();
+        // Two minutes and the injected clock's grace of one.
+        assert!(minute_ttl <= 180_001, "{algorithm:?}: {minute_ttl} ms");
+
+        let denied = store.check(std::slice::from_ref(&check)).await.unwrap()[0];
+        assert!(!denied.admitted, "{algorithm:?}: {denied:?}");
+        let hour_ttl: u64 = server.cli(&["pttl", &key]).trim().parse().unwrap();
+        // At least as long as the denial says the count is held.
+        let held = denied.retry_after.unwrap().as_millis() as u64;
+        assert!(held > 180_000, "{algorithm:?}: held {held} ms");
+        assert!(
+            hour_ttl >= held,
+            "{algorithm:?}: TTL {hour_ttl} ms < {held} ms"
+        );
+    }
+}

@@ -524,3 +524,50 @@ async fn a_clock_stepping_back_by_an_hour_holds_a_count_two_windows_at_most(s: S
     }
 }
 on_both_stores!(a_clock_stepping_back_by_an_hour_holds_a_count_two_windows_at_most);
+
+/// A policy whose window changes between requests of one client (a tier
+/// with its own window, a client whose tier changes) keeps the client's
+/// count: alternating windows never resets it, for any algorithm, and the
+/// count still leaves once nothing more is admitted (the counters estimate
+/// when, as they do under one window).
+async fn a_window_that_changes_between_requests_keeps_the_count(s: Subject) {
+    for algorithm in [
+        Algorithm::SlidingLog,
+        Algorithm::SlidingCounter,
+        Algorithm::FixedWindow,
+    ] {
+        let name = format!("tiered-{algorithm:?}");
+        let windows = [
+            Policy::new(name.clone(), 5, 60 * SEC).algorithm(algorithm),
+            Policy::new(name.clone(), 5, 120 * SEC).algorithm(algorithm),
+            Policy::new(name, 5, 45 * SEC).algorithm(algorithm),
+        ];
+        let mut admitted = 0;
+        for i in 0..24 {
+            let decision = s.one(&windows[i % 3], "switcher").await;
+            admitted += usize::from(decision.admitted);
+            s.advance(Duration::from_millis(250));
+        }
+        assert_eq!(
+            admitted, 5,
+            "{algorithm:?} admitted {admitted} of 24 within 6 s"
+        );
+        // Denied requests keep coming under every window; the count still
+        // leaves within two of the longest windows.
+        let mut freed_after = None;
+        for second in 0..=240 {
+            let decision = s.one(&windows[second % 3], "switcher").await;
+            if decision.admitted {
+                freed_after = Some(second);
+                break;
+            }
+            s.advance(SEC);
+        }
+        let freed_after = freed_after.unwrap_or_else(|| panic!("{algorithm:?} never let go"));
+        if algorithm == Algorithm::SlidingLog {
+            // Exact: the first units leave the shortest window after 45 s.
+            assert!(freed_after >= 38, "the log let go after {freed_after} s");
+        }
+    }
+}
+on_both_stores!(a_window_that_changes_between_requests_keeps_the_count);

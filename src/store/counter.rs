@@ -33,6 +33,11 @@ fn micros_until(at_ms: u64, now_us: u64) -> u64 {
 /// they were brought to (`at_us`): a clock that steps back never takes
 /// them back to an earlier window, which would forget the count. Waits are
 /// still measured from the real time.
+///
+/// Both keep their counts when the window changes between checks (a tier
+/// with a window of its own): each count is placed in the new window that
+/// holds the latest time it can have been counted at, so it is never
+/// forgotten early, and it still leaves once nothing more is counted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(super) struct SlidingCounter {
     /// The id of the current window.
@@ -43,6 +48,30 @@ pub(super) struct SlidingCounter {
     window_ms: u64,
     /// The time the window is placed at: the latest seen, in µs.
     at_us: u64,
+    /// The latest time a unit was counted at, in µs.
+    counted_us: u64,
+}
+
+/// Counts re-placed under a new window length.
+#[derive(Debug, Default)]
+struct Replaced {
+    /// The new window id, of the time the counts are placed at.
+    id: u64,
+    current: u64,
+    previous: u64,
+}
+
+impl Replaced {
+    /// Adds `units` last counted at `at` (in the new window's unit),
+    /// dropping them if that falls before the previous window.
+    fn place(&mut self, units: u64, at: u64, window: u64) {
+        let bucket = at / window;
+        if bucket >= self.id {
+            self.current += units;
+        } else if bucket + 1 == self.id {
+            self.previous += units;
+        }
+    }
 }
 
 /// Where the current time falls: window id and milliseconds into it.
@@ -73,12 +102,20 @@ impl SlidingCounter {
     /// After a longer step back the counts are carried into `now_us`'s
     /// window: kept, and gone within two windows of the new time.
     pub(super) fn roll(&mut self, now_us: u64, window_ms: u64) {
-        if self.at_us.saturating_sub(now_us) > window_ms * 1000 {
-            self.at_us = now_us;
-            self.id = self.id.min(Position::new(now_us, window_ms).id);
+        let stepped_back = self.at_us.saturating_sub(now_us) > window_ms * 1000;
+        self.at_us = if stepped_back {
+            now_us
+        } else {
+            self.at_us.max(now_us)
+        };
+        if self.window_ms != 0 && self.window_ms != window_ms {
+            self.rewindow(window_ms);
         }
-        self.at_us = self.at_us.max(now_us);
         let id = Position::new(self.at_us, window_ms).id;
+        if stepped_back && self.id > id {
+            self.id = id;
+            self.counted_us = self.at_us;
+        }
         if self.id + 1 == id {
             self.previous = self.current;
             self.current = 0;
@@ -87,6 +124,36 @@ impl SlidingCounter {
             self.current = 0;
         }
         self.id = id;
+        self.window_ms = window_ms;
+    }
+
+    /// Re-places the counts, as of `at_us` under the old window, in
+    /// `window_ms` windows: the current count at the latest time a unit
+    /// was counted, the previous one at the end of its window.
+    fn rewindow(&mut self, window_ms: u64) {
+        let old = self.window_ms;
+        let now_ms = self.at_us / 1000;
+        let old_id = now_ms / old;
+        if old_id == self.id + 1 {
+            self.previous = std::mem::take(&mut self.current);
+        } else if old_id > self.id + 1 {
+            (self.previous, self.current) = (0, 0);
+        }
+        let old_id = old_id.max(self.id);
+        let counted_ms = self.counted_us / 1000;
+        let mut replaced = Replaced {
+            id: now_ms / window_ms,
+            ..Replaced::default()
+        };
+        replaced.place(self.current, counted_ms, window_ms);
+        replaced.place(
+            self.previous,
+            (old_id * old).saturating_sub(1).min(counted_ms),
+            window_ms,
+        );
+        self.id = replaced.id;
+        self.current = replaced.current;
+        self.previous = replaced.previous;
         self.window_ms = window_ms;
     }
 
@@ -103,6 +170,7 @@ impl SlidingCounter {
 
     pub(super) fn record(&mut self, cost: u32) {
         self.current += u64::from(cost);
+        self.counted_us = self.at_us;
     }
 
     /// Whether the counts can no longer matter at `now_us`.
@@ -172,6 +240,8 @@ pub(super) struct FixedWindow {
     window_us: u64,
     /// The time the window is placed at: the latest seen, in µs.
     at_us: u64,
+    /// The latest time a unit was counted at, in µs.
+    counted_us: u64,
 }
 
 impl FixedWindow {
@@ -180,12 +250,26 @@ impl FixedWindow {
     /// it if it is new. After a longer step back the count is carried into
     /// `now_us`'s window.
     pub(super) fn roll(&mut self, now_us: u64, window_us: u64) {
-        if self.at_us.saturating_sub(now_us) > window_us {
-            self.at_us = now_us;
-            self.id = self.id.min(now_us / window_us);
-        }
-        self.at_us = self.at_us.max(now_us);
+        let stepped_back = self.at_us.saturating_sub(now_us) > window_us;
+        self.at_us = if stepped_back {
+            now_us
+        } else {
+            self.at_us.max(now_us)
+        };
         let id = self.at_us / window_us;
+        if self.window_us != 0 && self.window_us != window_us {
+            // Under a new window length the count stays in the window that
+            // holds the latest time a unit was counted at, if that is now's.
+            let old_id = self.at_us / self.window_us;
+            if old_id > self.id || self.counted_us / window_us < id {
+                self.count = 0;
+            }
+            self.id = id;
+        }
+        if stepped_back && self.id > id {
+            self.id = id;
+            self.counted_us = self.at_us;
+        }
         if id != self.id {
             self.count = 0;
         }
@@ -199,6 +283,7 @@ impl FixedWindow {
 
     pub(super) fn record(&mut self, cost: u32) {
         self.count += u64::from(cost);
+        self.counted_us = self.at_us;
     }
 
     pub(super) fn is_idle(&self, now_us: u64) -> bool {
