@@ -109,7 +109,8 @@ fn app(layer: RateLimitLayer) -> Router {
         .route("/api/login", post(login))
         .route("/api/whoami", get(whoami))
         // Only matched routes are limited: an unknown path stays 404.
-        .route_layer(layer)
+        // `/api/whoami` shows the client the limiter resolved.
+        .route_layer(layer.insert_identity(true))
         .route("/health", get(|| async { "ok" }))
 }
 

@@ -93,6 +93,10 @@ where
 /// The costs one request computed, one per applying policy.
 pub(crate) type Costs = SmallVec<[Cost; 2]>;
 
+/// One request's checks: one per policy that counts it, inline for the
+/// usual one or two.
+pub(crate) type Checks = SmallVec<[Check; 2]>;
+
 /// A request that costs more under a policy than the client may ever
 /// spend in one of its windows.
 #[derive(Debug)]
@@ -111,8 +115,8 @@ pub(crate) fn checks(
     key: &Key,
     tier: Option<&str>,
     costs: Option<&Costs>,
-) -> Result<Vec<Check>, CostAboveLimit> {
-    let mut checks = Vec::with_capacity(policies.len());
+) -> Result<Checks, CostAboveLimit> {
+    let mut checks = Checks::new();
     for (index, policy) in policies.iter().enumerate() {
         let mut check = Check::for_tier(policy, key.clone(), tier);
         match costs.map_or(Cost::Policy, |costs| costs[index]) {

@@ -8,9 +8,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::Response;
 use http::request::Parts;
-use http_body_util::Full;
 
-use crate::future::cached_denial;
+use crate::flow::cached_denial;
 use crate::layer::Options;
 use crate::limited::LimitedResponse;
 use crate::response::{LimitedBody, invalid_credentials, too_many_requests};
@@ -116,7 +115,7 @@ impl CredentialFailures {
         check: &Check,
         options: Options,
         limited_response: Option<&LimitedResponse>,
-    ) -> Option<Response<Full<Bytes>>> {
+    ) -> Option<Response<Bytes>> {
         cached_denial(
             &self.blocked,
             std::slice::from_ref(check),
@@ -160,7 +159,7 @@ impl Refusal {
     /// within its limit (remembering it as blocked when this refusal used
     /// the last of it), `429` past it. A store that cannot count does not
     /// change the answer: the credentials were refused all the same.
-    pub(crate) fn answer(self, outcome: CheckOutcome) -> Response<Full<Bytes>> {
+    pub(crate) fn answer(self, outcome: CheckOutcome) -> Response<Bytes> {
         let Ok(decisions) = outcome else {
             return invalid_credentials(&self.rejection);
         };

@@ -22,6 +22,8 @@ pub(crate) struct Options {
     pub(crate) header_style: HeaderStyle,
     pub(crate) reset_format: ResetFormat,
     pub(crate) lookup_timeout: Duration,
+    /// Whether admitted requests carry the client's `Identity` extension.
+    pub(crate) insert_identity: bool,
 }
 
 impl Default for Options {
@@ -31,6 +33,7 @@ impl Default for Options {
             header_style: HeaderStyle::default(),
             reset_format: ResetFormat::default(),
             lookup_timeout: Duration::from_millis(100),
+            insert_identity: false,
         }
     }
 }
@@ -284,6 +287,29 @@ impl RateLimitLayer {
     #[must_use]
     pub fn request_cost(mut self, cost: impl RequestCost) -> Self {
         Arc::make_mut(&mut self.shared).request_cost = Some(Arc::new(cost));
+        self
+    }
+
+    /// Hands each admitted request's client to the inner service as an
+    /// [`Identity`](crate::Identity) request extension (its key and tier), for handlers that
+    /// log, bill or personalise by it. Off by default: the extension costs
+    /// an allocation per request that no handler may read.
+    ///
+    /// ```
+    /// use axum::{Extension, Router, routing::get};
+    /// use slidegate::{Identity, MemoryStore, PeerIp, Policies, Policy, RateLimitLayer};
+    /// use std::time::Duration;
+    ///
+    /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
+    /// let app: Router = Router::new()
+    ///     .route("/whoami", get(|Extension(identity): Extension<Identity>| async move {
+    ///         identity.tier.as_deref().unwrap_or("none").to_owned()
+    ///     }))
+    ///     .route_layer(RateLimitLayer::new(MemoryStore::new(), PeerIp::new(), policies).insert_identity(true));
+    /// ```
+    #[must_use]
+    pub fn insert_identity(mut self, insert: bool) -> Self {
+        self.options_mut().insert_identity = insert;
         self
     }
 

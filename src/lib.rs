@@ -33,7 +33,6 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod body;
 mod clock;
 #[cfg(feature = "config")]
 pub mod config;
@@ -41,6 +40,7 @@ mod cost;
 mod credentials;
 mod decision;
 mod deny_cache;
+mod flow;
 mod future;
 mod key;
 mod layer;
@@ -52,7 +52,6 @@ mod store;
 mod throttle;
 mod tier;
 
-pub use body::ResponseBody;
 pub use clock::{Clock, FakeClock, SystemClock};
 pub use cost::{Cost, RequestCost};
 pub use credentials::CredentialFailures;

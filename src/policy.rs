@@ -498,13 +498,13 @@ pub struct Policies {
 struct Selections {
     by_pattern: HashMap<String, PatternSelections>,
     /// For requests whose route no policy names.
-    elsewhere: Arc<[Arc<Policy>]>,
+    elsewhere: Box<[Arc<Policy>]>,
 }
 
 #[derive(Debug)]
 struct PatternSelections {
-    by_method: Vec<(Method, Arc<[Arc<Policy>]>)>,
-    other_methods: Arc<[Arc<Policy>]>,
+    by_method: Vec<(Method, Box<[Arc<Policy>]>)>,
+    other_methods: Box<[Arc<Policy>]>,
 }
 
 impl Selections {
@@ -616,15 +616,14 @@ impl Policies {
     /// The policies that apply to a request with `method` whose matched route
     /// pattern (or, outside axum, path) is `path`: a lookup in a table built
     /// with the policies, whatever their number.
-    pub fn select(&self, method: &Method, path: &str) -> Arc<[Arc<Policy>]> {
+    pub fn select(&self, method: &Method, path: &str) -> &[Arc<Policy>] {
         match self.selections.by_pattern.get(path) {
             Some(pattern) => pattern
                 .by_method
                 .iter()
                 .find(|(m, _)| m == method)
-                .map_or(&pattern.other_methods, |(_, selected)| selected)
-                .clone(),
-            None => self.selections.elsewhere.clone(),
+                .map_or(&pattern.other_methods, |(_, selected)| selected),
+            None => &self.selections.elsewhere,
         }
     }
 
@@ -897,16 +896,13 @@ mod tests {
                 let slow =
                     select_slowly(&policies.scoped, policies.default.as_ref(), &method, path);
                 assert_eq!(
-                    names(&policies.select(&method, path)),
+                    names(policies.select(&method, path)),
                     names(&slow),
                     "{method} {path}"
                 );
             }
         }
-        assert_eq!(
-            names(&policies.select(&Method::PATCH, "/b")),
-            ["quota", "d"]
-        );
+        assert_eq!(names(policies.select(&Method::PATCH, "/b")), ["quota", "d"]);
     }
 
     #[test]

@@ -8,7 +8,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
-use http_body_util::Full;
 use serde_json::json;
 
 use crate::cost::CostAboveLimit;
@@ -191,12 +190,12 @@ impl RateHeaders {
     }
 }
 
-fn problem(status: StatusCode, body: serde_json::Value) -> Response<Full<Bytes>> {
+fn problem(status: StatusCode, body: serde_json::Value) -> Response<Bytes> {
     problem_body(status, body.to_string())
 }
 
-fn problem_body(status: StatusCode, body: String) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(body)));
+fn problem_body(status: StatusCode, body: String) -> Response<Bytes> {
+    let mut response = Response::new(Bytes::from(body));
     *response.status_mut() = status;
     // Room for the content type, Retry-After and every rate-limit header.
     *response.headers_mut() = HeaderMap::with_capacity(8);
@@ -280,7 +279,7 @@ pub(crate) fn too_many_requests(
     body: LimitedBody<'_>,
     style: HeaderStyle,
     reset_format: ResetFormat,
-) -> Response<Full<Bytes>> {
+) -> Response<Bytes> {
     let retry_after = retry_after_seconds(&decisions[denied]);
     let retry_value = number_value(retry_after);
     let mut response = match body {
@@ -293,7 +292,7 @@ pub(crate) fn too_many_requests(
         }
         LimitedBody::Custom(respond) => {
             let limited = Limited::new(&checks[denied], &decisions[denied], retry_after);
-            let mut response = respond(&limited).map(Full::new);
+            let mut response = respond(&limited);
             *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
             response
         }
@@ -315,7 +314,7 @@ pub(crate) fn too_many_requests(
 /// `422 Unprocessable Content`: the request costs more under a policy than
 /// the client may spend in a whole window, so it can never be admitted.
 /// No `Retry-After`: waiting would not help.
-pub(crate) fn cost_above_limit(denied: &CostAboveLimit) -> Response<Full<Bytes>> {
+pub(crate) fn cost_above_limit(denied: &CostAboveLimit) -> Response<Bytes> {
     let CostAboveLimit {
         policy,
         cost,
@@ -342,7 +341,7 @@ pub(crate) fn cost_above_limit(denied: &CostAboveLimit) -> Response<Full<Bytes>>
 }
 
 /// `401 Unauthorized`: the client presented credentials that do not verify.
-pub(crate) fn invalid_credentials(rejection: &KeyRejection) -> Response<Full<Bytes>> {
+pub(crate) fn invalid_credentials(rejection: &KeyRejection) -> Response<Bytes> {
     let mut response = problem(
         StatusCode::UNAUTHORIZED,
         json!({
@@ -362,7 +361,7 @@ pub(crate) fn invalid_credentials(rejection: &KeyRejection) -> Response<Full<Byt
 }
 
 /// `503 Service Unavailable`: the store failed and the policy fails closed.
-pub(crate) fn limiter_unavailable() -> Response<Full<Bytes>> {
+pub(crate) fn limiter_unavailable() -> Response<Bytes> {
     let mut response = problem(
         StatusCode::SERVICE_UNAVAILABLE,
         json!({
@@ -381,7 +380,7 @@ pub(crate) fn limiter_unavailable() -> Response<Full<Bytes>> {
 
 /// `401 Unauthorized`: the key extractors identify clients by credentials
 /// only, and the request carried none.
-pub(crate) fn missing_credentials() -> Response<Full<Bytes>> {
+pub(crate) fn missing_credentials() -> Response<Bytes> {
     problem(
         StatusCode::UNAUTHORIZED,
         json!({
@@ -396,7 +395,7 @@ pub(crate) fn missing_credentials() -> Response<Full<Bytes>> {
 
 /// `500 Internal Server Error`: no key extractor in the chain identified
 /// the client.
-pub(crate) fn client_unidentified() -> Response<Full<Bytes>> {
+pub(crate) fn client_unidentified() -> Response<Bytes> {
     problem(
         StatusCode::INTERNAL_SERVER_ERROR,
         json!({

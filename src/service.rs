@@ -3,22 +3,17 @@
 use std::mem;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
-use http_body_util::Full;
 use tower_service::Service;
 
-use crate::cost::{self, Costs};
-use crate::future::{AwaitingTier, Confirm, Pending, ResponseFuture};
+use crate::cost::Costs;
+use crate::flow::{self, Next, Sent};
+use crate::future::{Pending, ResponseFuture, Step};
+use crate::key::confirmed;
 use crate::layer::Shared;
-use crate::response::{client_unidentified, missing_credentials};
-use crate::throttle::TIER_LOOKUP_TIMEOUTS;
-use crate::{
-    Cost, FailMode, Identity, KeyExtractor, Policies, RateLimitLayer, ResponseBody, Store,
-    TierFuture,
-};
+use crate::{Identity, KeyExtractor, Policies, RateLimitLayer, Store};
 
 /// Rate-limits requests to the inner service `S`; built by
 /// [`RateLimitLayer`].
@@ -72,65 +67,12 @@ impl<S> RateLimit<S> {
     }
 }
 
-/// The route pattern policies match on: axum's `MatchedPath` when present,
-/// the request path otherwise.
-fn route_path(parts: &http::request::Parts) -> &str {
-    #[cfg(feature = "axum")]
-    if let Some(matched) = parts.extensions.get::<axum::extract::MatchedPath>() {
-        return matched.as_str();
-    }
-    parts.uri.path()
-}
-
-/// The answer to a request no extractor identified: the layer's own, or
-/// `401` when the chain keys by credentials alone, `500` otherwise.
-pub(crate) fn unidentified(shared: &Shared, parts: &http::request::Parts) -> Response<Full<Bytes>> {
-    match &shared.unidentified_response {
-        Some(respond) => respond(parts).map(Full::new),
-        None if shared.keys.needs_credentials() => missing_credentials(),
-        None => client_unidentified(),
-    }
-}
-
-/// The lookup of `identity`'s tier, when the layer has a lookup and the
-/// identity names no tier.
-pub(crate) fn tier_lookup(
-    shared: &Shared,
-    parts: &http::request::Parts,
-    identity: &Identity,
-) -> Option<TierFuture> {
-    match &shared.tier_lookup {
-        Some(lookup) if identity.tier.is_none() => Some(with_timeout(
-            lookup.lookup(parts, identity),
-            shared.options.lookup_timeout,
-        )),
-        _ => None,
-    }
-}
-
-/// Bounds a tier lookup: past `timeout` the base limits apply.
-fn with_timeout(lookup: TierFuture, timeout: Duration) -> TierFuture {
-    Box::pin(async move {
-        tokio::time::timeout(timeout, lookup)
-            .await
-            .unwrap_or_else(|_| {
-                if let Some(held_back) = TIER_LOOKUP_TIMEOUTS.admit() {
-                    tracing::warn!(
-                        ?timeout,
-                        held_back,
-                        "tier lookup timed out; base limits apply"
-                    );
-                }
-                None
-            })
-    })
-}
-
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    ResBody: From<Bytes>,
 {
-    type Response = Response<ResponseBody<ResBody>>;
+    type Response = Response<ResBody>;
     type Error = S::Error;
     type Future = ResponseFuture<S, ReqBody>;
 
@@ -138,30 +80,43 @@ where
         self.inner.poll_ready(cx)
     }
 
+    /// Decides the request here when every answer is known at once (a
+    /// store in process, the deny cache, an early rejection) and calls the
+    /// inner service directly; only a request that must wait (an API-key
+    /// or tier lookup, a store across the network) takes a clone of the
+    /// inner service into its future.
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let (parts, body) = request.into_parts();
+        let (mut parts, body) = request.into_parts();
         let shared = &*self.shared;
-        let policies = shared.policies.select(&parts.method, route_path(&parts));
+        let policies = shared
+            .policies
+            .select(&parts.method, flow::route_path(&parts));
         if policies.is_empty() {
-            return ResponseFuture::unlimited(self.inner.call(Request::from_parts(parts, body)));
+            return ResponseFuture::calling(
+                self.inner.call(Request::from_parts(parts, body)),
+                None,
+            );
         }
         // The refusals of this address's credentials, before verifying any.
-        let refusals = shared
+        let refusal = shared
             .credential_failures
             .as_ref()
             .and_then(|guard| Some((guard, guard.check_for(&parts, &*shared.keys)?)));
-        if let Some((guard, check)) = &refusals
+        if let Some((guard, check)) = &refusal
             && let Some(blocked) =
                 guard.blocked_answer(check, shared.options, shared.limited_response.as_ref())
         {
             return ResponseFuture::answered(blocked);
         }
+        let refusal = refusal.map(|(_, check)| check);
         let identity = match shared.keys.extract(&parts) {
             Ok(Some(identity)) => identity,
-            Ok(None) => return ResponseFuture::answered(unidentified(shared, &parts)),
+            Ok(None) => return ResponseFuture::answered(flow::unidentified(shared, &parts)),
             Err(rejection) => {
-                let check = refusals.map(|(_, check)| check);
-                return ResponseFuture::refused(shared, check, rejection);
+                return match flow::refused(shared, refusal, rejection) {
+                    Ok(response) => ResponseFuture::answered(response),
+                    Err(answer) => ResponseFuture::answering(answer),
+                };
             }
         };
         let costs: Option<Costs> = shared.request_cost.as_ref().map(|request_cost| {
@@ -170,37 +125,31 @@ where
                 .map(|policy| request_cost.cost(&parts, policy))
                 .collect()
         });
-        // Only the policies that count the request decide how it fails.
-        let fail_closed = policies.iter().enumerate().any(|(index, policy)| {
-            let counted = costs
-                .as_ref()
-                .is_none_or(|costs| costs[index] != Cost::Exempt);
-            counted
-                && policy
-                    .configured_fail_mode()
-                    .unwrap_or(shared.options.fail_mode)
-                    == FailMode::Closed
-        });
-        // An API key still to be looked up has no tier to look up yet, and
-        // neither it nor a tier being looked up has its checks yet.
-        let unconfirmed = identity.unconfirmed.is_some();
-        let lookup = if unconfirmed {
-            None
+        let fail_closed = flow::fails_closed(policies, costs.as_ref(), shared.options.fail_mode);
+
+        // An API key still to be confirmed has no tier to look up yet.
+        let (step, identity, sent, sent_at) = if identity.unconfirmed.is_some() {
+            let placeholder = Identity::new(identity.key.clone());
+            let confirm = confirmed(identity, shared.options.lookup_timeout);
+            (Step::Confirming(confirm), placeholder, None, 0)
+        } else if let Some(lookup) = flow::tier_lookup(shared, &parts, &identity) {
+            (Step::LookingUp(lookup), identity, None, 0)
         } else {
-            tier_lookup(shared, &parts, &identity)
-        };
-        let checks = match lookup {
-            _ if unconfirmed => Vec::new(),
-            Some(_) => Vec::new(),
-            None => match cost::checks(
-                &policies,
-                &identity.key,
-                identity.tier.as_deref(),
-                costs.as_ref(),
-            ) {
-                Ok(checks) => checks,
-                Err(denied) => return ResponseFuture::cost_above_limit(&denied),
-            },
+            match flow::send(shared, policies, &identity, costs.as_ref(), fail_closed) {
+                Sent::Now(Next::Call(headers)) => {
+                    if shared.options.insert_identity {
+                        parts.extensions.insert(identity);
+                    }
+                    let future = self.inner.call(Request::from_parts(parts, body));
+                    return ResponseFuture::calling(future, headers);
+                }
+                Sent::Now(Next::Answer(response)) => return ResponseFuture::answered(response),
+                Sent::Later {
+                    check,
+                    checks,
+                    sent_at,
+                } => (Step::Checking(check), identity, Some(checks), sent_at),
+            }
         };
 
         // The clone may not be ready; the service that is ready goes with
@@ -209,35 +158,16 @@ where
         let inner = mem::replace(&mut self.inner, clone);
         let pending = Pending {
             inner,
-            request: Request::from_parts(parts, body),
+            parts,
+            body,
+            shared: self.shared.clone(),
             identity,
-            checks,
+            costs,
             fail_closed,
-            options: shared.options,
-            deny_cache: shared.deny_cache.clone(),
-            limited_response: shared.limited_response.clone(),
-            sent_at: 0,
+            refusal,
+            sent,
+            sent_at,
         };
-        if unconfirmed {
-            return ResponseFuture::confirming(Confirm {
-                shared: self.shared.clone(),
-                policies,
-                costs,
-                refusal: refusals.map(|(_, check)| check),
-                pending,
-            });
-        }
-        match lookup {
-            Some(lookup) => ResponseFuture::looking_up(
-                lookup,
-                AwaitingTier {
-                    store: shared.store.clone(),
-                    policies,
-                    costs,
-                },
-                pending,
-            ),
-            None => ResponseFuture::checking(&*shared.store, pending),
-        }
+        ResponseFuture::waiting(step, pending)
     }
 }

@@ -622,7 +622,7 @@ fn whoami_app(layer: RateLimitLayer) -> Router {
                     .to_string()
             }),
         )
-        .route_layer(layer)
+        .route_layer(layer.insert_identity(true))
 }
 
 /// Keys starting `db-` exist, `db-pro` of tier `pro`; counts its calls.

@@ -370,7 +370,8 @@ async fn clients_are_counted_apart_and_identity_reaches_the_handler() {
     let clock = FakeClock::new(START);
     let store = MemoryStore::builder().clock(clock.clone()).build();
     let policies = Policies::single(Policy::new("all", 1, MINUTE)).unwrap();
-    let app = routes().route_layer(RateLimitLayer::new(store, PeerIp::new(), policies));
+    let layer = RateLimitLayer::new(store, PeerIp::new(), policies).insert_identity(true);
+    let app = routes().route_layer(layer);
     let alice = send(&app, get_from("/whoami", "192.0.2.1:1")).await;
     assert_eq!(alice.body, "ip:192.0.2.1");
     let bob = send(&app, get_from("/whoami", "192.0.2.2:1")).await;
@@ -382,13 +383,37 @@ async fn clients_are_counted_apart_and_identity_reaches_the_handler() {
     assert_eq!(v6b.status, StatusCode::TOO_MANY_REQUESTS);
 }
 
+/// The `Identity` extension is the handler's only when the layer is asked
+/// to insert it.
+#[tokio::test]
+async fn identity_reaches_the_handler_only_when_asked_for() {
+    let policies = || Policies::single(Policy::new("all", 5, MINUTE)).unwrap();
+    let plain = routes().route_layer(RateLimitLayer::new(
+        MemoryStore::new(),
+        PeerIp::new(),
+        policies(),
+    ));
+    assert_eq!(
+        send(&plain, get_from("/whoami", "192.0.2.1:1")).await.body,
+        "none"
+    );
+    let asked = routes().route_layer(
+        RateLimitLayer::new(MemoryStore::new(), PeerIp::new(), policies()).insert_identity(true),
+    );
+    assert_eq!(
+        send(&asked, get_from("/whoami", "192.0.2.1:1")).await.body,
+        "ip:192.0.2.1"
+    );
+}
+
 #[tokio::test]
 async fn spoofed_forwarded_for_does_not_change_the_key() {
     let clock = FakeClock::new(START);
     let store = MemoryStore::builder().clock(clock.clone()).build();
     let policies = Policies::single(Policy::new("all", 1, MINUTE)).unwrap();
     let keys = PeerIp::new().trust_proxies(["10.0.0.0/8".parse().unwrap()]);
-    let app = routes().route_layer(RateLimitLayer::new(store, keys, policies));
+    let app =
+        routes().route_layer(RateLimitLayer::new(store, keys, policies).insert_identity(true));
     let spoof = |xff: &str, peer: &str| {
         let mut r = get_from("/whoami", peer);
         r.headers_mut()
@@ -417,7 +442,8 @@ async fn hostile_header_values_get_short_hashed_keys() {
     let store = MemoryStore::builder().clock(clock.clone()).build();
     let policies = Policies::single(Policy::new("all", 5, MINUTE)).unwrap();
     let keys = Header::trusted(http::HeaderName::from_static("x-api-key")).or(Global);
-    let app = routes().route_layer(RateLimitLayer::new(store, keys, policies));
+    let app =
+        routes().route_layer(RateLimitLayer::new(store, keys, policies).insert_identity(true));
     let values: [&[u8]; 4] = [
         b"\xff\xfe\x80binary",
         b"{slot}",
@@ -549,20 +575,25 @@ async fn fail_modes_decide_when_the_store_is_down() {
     }
 }
 
+/// Any tower service whose response body can be made from bytes (axum's
+/// `Body`, `Full<Bytes>`, ...) can be limited: its own body type and error
+/// type come back unchanged, and the limiter's answers are in that type.
 #[tokio::test]
-async fn works_on_any_tower_service_and_keeps_its_error_type() {
+async fn works_on_any_tower_service_and_keeps_its_body_and_error_types() {
+    use http_body_util::Full;
+
     #[derive(Debug, PartialEq)]
     struct InnerError;
     let inner = service_fn(|request: Request<String>| async move {
         if request.uri().path() == "/fail" {
             Err(InnerError)
         } else {
-            Ok::<_, InnerError>(http::Response::new(String::from("inner")))
+            Ok::<_, InnerError>(http::Response::new(Full::new(Bytes::from("inner"))))
         }
     });
     let policies = Policies::single(Policy::new("all", 2, MINUTE)).unwrap();
     let service = RateLimit::new(inner, MemoryStore::new(), Global, policies);
-    let ok = service
+    let ok: http::Response<Full<Bytes>> = service
         .clone()
         .oneshot(Request::get("/").body(String::new()).unwrap())
         .await
@@ -580,6 +611,8 @@ async fn works_on_any_tower_service_and_keeps_its_error_type() {
         .await
         .unwrap();
     assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    let body = denied.into_body().collect().await.unwrap().to_bytes();
+    assert!(body.starts_with(b"{\"type\""), "{body:?}");
 }
 
 #[tokio::test]

@@ -108,7 +108,7 @@ fn app_with(layer: RateLimitLayer) -> Router {
                     .to_string()
             }),
         )
-        .route_layer(layer)
+        .route_layer(layer.insert_identity(true))
 }
 
 /// A GET from 192.0.2.7 with `headers`.

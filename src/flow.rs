@@ -1,0 +1,285 @@
+//! The steps a limited request goes through, shared by the layer's
+//! synchronous path (in [`RateLimit::call`](crate::RateLimit)) and its
+//! waiting one (in [`ResponseFuture`](crate::ResponseFuture)): find the
+//! policies, build the checks, ask the deny cache and the store, and turn
+//! the store's answer into a call of the inner service or an answer.
+
+use std::cmp::Reverse;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Response;
+use http::request::Parts;
+
+use crate::cost::{self, Checks, Costs};
+use crate::layer::{Options, Shared};
+use crate::limited::LimitedResponse;
+use crate::response::{
+    LimitedBody, RateHeaders, client_unidentified, cost_above_limit, invalid_credentials,
+    limiter_unavailable, missing_credentials, too_many_requests,
+};
+use crate::store::{CheckFuture, CheckOutcome, StoreError};
+use crate::throttle::{STORE_FAILURES, TIER_LOOKUP_TIMEOUTS};
+use crate::{
+    Check, Cost, Decision, DenyCache, FailMode, Identity, KeyRejection, Policy, TierFuture,
+};
+
+/// An answer of the limiter's that waits for the store.
+pub(crate) type AnswerFuture = Pin<Box<dyn Future<Output = Response<Bytes>> + Send + 'static>>;
+
+/// Where a request goes once it is decided.
+pub(crate) enum Next {
+    /// On to the inner service, with these rate-limit headers.
+    Call(Option<RateHeaders>),
+    /// Back to the client with the limiter's answer.
+    Answer(Response<Bytes>),
+}
+
+/// The request's checks, sent.
+pub(crate) enum Sent {
+    /// Decided at once: by the store, the deny cache, or before either.
+    Now(Next),
+    /// The store answers later.
+    Later {
+        check: CheckFuture,
+        checks: Checks,
+        sent_at: u64,
+    },
+}
+
+/// The route pattern policies match on: axum's `MatchedPath` when present,
+/// the request path otherwise.
+pub(crate) fn route_path(parts: &Parts) -> &str {
+    #[cfg(feature = "axum")]
+    if let Some(matched) = parts.extensions.get::<axum::extract::MatchedPath>() {
+        return matched.as_str();
+    }
+    parts.uri.path()
+}
+
+/// Whether a policy that counts the request fails closed: policies a
+/// computed cost exempts do not decide how the request fails.
+pub(crate) fn fails_closed(
+    policies: &[std::sync::Arc<Policy>],
+    costs: Option<&Costs>,
+    default: FailMode,
+) -> bool {
+    policies.iter().enumerate().any(|(index, policy)| {
+        let counted = costs.is_none_or(|costs| costs[index] != Cost::Exempt);
+        counted && policy.configured_fail_mode().unwrap_or(default) == FailMode::Closed
+    })
+}
+
+/// The answer to a request no extractor identified: the layer's own, or
+/// `401` when the chain keys by credentials alone, `500` otherwise.
+pub(crate) fn unidentified(shared: &Shared, parts: &Parts) -> Response<Bytes> {
+    match &shared.unidentified_response {
+        Some(respond) => respond(parts),
+        None if shared.keys.needs_credentials() => missing_credentials(),
+        None => client_unidentified(),
+    }
+}
+
+/// The lookup of `identity`'s tier, when the layer has a lookup and the
+/// identity names no tier.
+pub(crate) fn tier_lookup(
+    shared: &Shared,
+    parts: &Parts,
+    identity: &Identity,
+) -> Option<TierFuture> {
+    match &shared.tier_lookup {
+        Some(lookup) if identity.tier.is_none() => Some(with_timeout(
+            lookup.lookup(parts, identity),
+            shared.options.lookup_timeout,
+        )),
+        _ => None,
+    }
+}
+
+/// Bounds a tier lookup: past `timeout` the base limits apply.
+fn with_timeout(lookup: TierFuture, timeout: Duration) -> TierFuture {
+    Box::pin(async move {
+        tokio::time::timeout(timeout, lookup)
+            .await
+            .unwrap_or_else(|_| {
+                if let Some(held_back) = TIER_LOOKUP_TIMEOUTS.admit() {
+                    tracing::warn!(
+                        ?timeout,
+                        held_back,
+                        "tier lookup timed out; base limits apply"
+                    );
+                }
+                None
+            })
+    })
+}
+
+/// Answers refused credentials `401`, after counting the refusal against
+/// the client's address (`check`) when the layer counts them: `429` once
+/// the address is past its limit. The answer waits when the store does.
+pub(crate) fn refused(
+    shared: &Shared,
+    check: Option<Check>,
+    rejection: KeyRejection,
+) -> Result<Response<Bytes>, AnswerFuture> {
+    tracing::debug!(reason = rejection.reason(), "credentials refused");
+    let Some((guard, check)) = shared.credential_failures.as_ref().zip(check) else {
+        return Ok(invalid_credentials(&rejection));
+    };
+    let refusal = guard.refusal(
+        check,
+        rejection,
+        shared.options,
+        shared.limited_response.clone(),
+    );
+    match shared
+        .store
+        .check(std::slice::from_ref(&refusal.check))
+        .into_ready()
+    {
+        Ok(outcome) => Ok(refusal.answer(outcome)),
+        Err(count) => Err(Box::pin(async move { refusal.answer(count.await) })),
+    }
+}
+
+/// A `429` from the deny cache, if a policy of `checks` is known to deny.
+pub(crate) fn cached_denial(
+    cache: &DenyCache,
+    checks: &[Check],
+    options: Options,
+    limited_response: Option<&LimitedResponse>,
+) -> Option<Response<Bytes>> {
+    let denied = cache.lookup(checks)?;
+    let index = index_of_min(&denied.decisions, |d| Reverse(d.retry_after));
+    let body = limited_response.map_or(
+        LimitedBody::Template(&denied.bodies[index]),
+        LimitedBody::Custom,
+    );
+    Some(too_many_requests(
+        &denied.checks,
+        &denied.decisions,
+        index,
+        body,
+        options.header_style,
+        options.reset_format,
+    ))
+}
+
+/// Builds the checks of `identity` under `policies` and sends them: the
+/// answer is known at once for a cost above the limit, an exempt request,
+/// a denial the deny cache knows, or a store that decides in process.
+pub(crate) fn send(
+    shared: &Shared,
+    policies: &[std::sync::Arc<Policy>],
+    identity: &Identity,
+    costs: Option<&Costs>,
+    fail_closed: bool,
+) -> Sent {
+    let checks = match cost::checks(policies, &identity.key, identity.tier.as_deref(), costs) {
+        Ok(checks) => checks,
+        Err(denied) => return Sent::Now(Next::Answer(cost_above_limit(&denied))),
+    };
+    if checks.is_empty() {
+        // Every policy of the request exempts it.
+        return Sent::Now(Next::Call(None));
+    }
+    let mut sent_at = 0;
+    if let Some(cache) = &shared.deny_cache {
+        let options = shared.options;
+        if let Some(response) =
+            cached_denial(cache, &checks, options, shared.limited_response.as_ref())
+        {
+            return Sent::Now(Next::Answer(response));
+        }
+        sent_at = cache.now();
+    }
+    match shared.store.check(&checks).into_ready() {
+        Ok(outcome) => Sent::Now(decide(shared, &checks, fail_closed, sent_at, outcome)),
+        Err(check) => Sent::Later {
+            check,
+            checks,
+            sent_at,
+        },
+    }
+}
+
+/// The index of the first decision with the least `key` (0 when empty).
+fn index_of_min<K: Ord>(decisions: &[Decision], key: impl Fn(&Decision) -> K) -> usize {
+    decisions
+        .iter()
+        .enumerate()
+        .min_by_key(|(_, decision)| key(decision))
+        .map_or(0, |(index, _)| index)
+}
+
+/// Where the store's answer for `checks` leads: the inner service with the
+/// rate-limit headers, a `429`, or, when the store failed, the fail mode.
+pub(crate) fn decide(
+    shared: &Shared,
+    checks: &[Check],
+    fail_closed: bool,
+    sent_at: u64,
+    outcome: CheckOutcome,
+) -> Next {
+    let options = shared.options;
+    let decisions = outcome.and_then(|decisions| {
+        if decisions.len() == checks.len() {
+            Ok(decisions)
+        } else {
+            Err(StoreError::Protocol(format!(
+                "{} decisions for {} checks",
+                decisions.len(),
+                checks.len()
+            )))
+        }
+    });
+    match decisions {
+        Ok(decisions) if decisions.is_empty() => Next::Call(None),
+        Ok(decisions) if decisions.iter().all(|d| d.admitted) => {
+            // Report the policy closest to denying.
+            let reported = index_of_min(&decisions, |d| (d.remaining, Reverse(d.reset)));
+            Next::Call(Some(RateHeaders::new(
+                checks,
+                &decisions,
+                reported,
+                None,
+                options.header_style,
+                options.reset_format,
+            )))
+        }
+        Ok(decisions) => {
+            if let Some(cache) = &shared.deny_cache {
+                cache.remember(checks, &decisions, sent_at);
+            }
+            // The policy that frees last is the one the client waits for.
+            let denied = index_of_min(&decisions, |d| Reverse(d.retry_after));
+            let body = shared
+                .limited_response
+                .as_ref()
+                .map_or(LimitedBody::Problem, LimitedBody::Custom);
+            Next::Answer(too_many_requests(
+                checks,
+                &decisions,
+                denied,
+                body,
+                options.header_style,
+                options.reset_format,
+            ))
+        }
+        // `held_back`: failures since the last line, which were not logged.
+        Err(error) if fail_closed => {
+            if let Some(held_back) = STORE_FAILURES.admit() {
+                tracing::error!(%error, held_back, "rate-limit store unavailable; failing closed");
+            }
+            Next::Answer(limiter_unavailable())
+        }
+        Err(error) => {
+            if let Some(held_back) = STORE_FAILURES.admit() {
+                tracing::warn!(%error, held_back, "rate-limit store unavailable; failing open");
+            }
+            Next::Call(None)
+        }
+    }
+}
