@@ -76,7 +76,7 @@ pub use response::{
 };
 pub use service::RateLimit;
 pub use store::{
-    Check, CheckFuture, CheckOutcome, MemoryStore, MemoryStoreBuilder, Store, StoreError,
+    Check, CheckFuture, CheckOutcome, Decisions, MemoryStore, MemoryStoreBuilder, Store, StoreError,
 };
 #[cfg(feature = "redis")]
 pub use store::{RedisPool, RedisStore, RedisStoreBuilder};

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use slidegate::{
-    Algorithm, Check, Decision, FakeClock, Key, Policy, RedisStore, Store, StoreError,
+    Algorithm, Check, Decisions, FakeClock, Key, Policy, RedisStore, Store, StoreError,
 };
 use support::RedisCluster;
 
@@ -23,7 +23,7 @@ fn store(cluster: &RedisCluster, clock: &FakeClock) -> RedisStore {
         .build()
 }
 
-async fn check(store: &RedisStore, policies: &[&Policy], key: &str) -> Vec<Decision> {
+async fn check(store: &RedisStore, policies: &[&Policy], key: &str) -> Decisions {
     let checks = policies
         .iter()
         .map(|p| Check::new(p, Key::new(key)))

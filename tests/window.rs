@@ -6,7 +6,8 @@ mod support;
 use std::time::Duration;
 
 use slidegate::{
-    Algorithm, Check, Decision, FakeClock, Key, MemoryStore, Policy, RedisStore, Store, StoreError,
+    Algorithm, Check, Decision, Decisions, FakeClock, Key, MemoryStore, Policy, RedisStore, Store,
+    StoreError,
 };
 use support::RedisServer;
 
@@ -44,15 +45,11 @@ fn redis() -> Subject {
 }
 
 impl Subject {
-    async fn check(&self, policies: &[&Policy], key: &str) -> Vec<Decision> {
+    async fn check(&self, policies: &[&Policy], key: &str) -> Decisions {
         self.try_check(policies, key).await.expect("store answers")
     }
 
-    async fn try_check(
-        &self,
-        policies: &[&Policy],
-        key: &str,
-    ) -> Result<Vec<Decision>, StoreError> {
+    async fn try_check(&self, policies: &[&Policy], key: &str) -> Result<Decisions, StoreError> {
         let checks = policies
             .iter()
             .map(|p| Check::new(p, Key::new(key)))

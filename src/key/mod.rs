@@ -39,6 +39,7 @@ use std::sync::Arc;
 use http::HeaderValue;
 use http::request::Parts;
 use sha2::{Digest, Sha256};
+use smol_str::{SmolStr, SmolStrBuilder};
 
 /// Longest key material kept as it is; longer material is hashed.
 const MAX_RAW_LEN: usize = 64;
@@ -63,7 +64,7 @@ const USER_LABEL: &str = "user";
 /// assert!(!Key::hashed("sk_live_123").as_str().contains("sk_live_123"));
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash)]
-pub struct Key(Arc<str>);
+pub struct Key(SmolStr);
 
 impl Key {
     /// A key of your own under the `user:` label: `material` is kept as it
@@ -82,16 +83,16 @@ impl Key {
     /// `label:text`, for a label of a built-in source and text that is
     /// already safe.
     pub(crate) fn labelled(label: &str, text: &str) -> Self {
-        let mut key = String::with_capacity(label.len() + 1 + text.len());
+        let mut key = SmolStrBuilder::new();
         key.push_str(label);
         key.push(':');
         key.push_str(text);
-        Self(key.into())
+        Self(key.finish())
     }
 
     /// A key `label:value` for a value the crate formats itself (an IP
     /// address or network), which is always short, printable and free of
-    /// braces; built with one allocation.
+    /// braces; held inline (no allocation) when short, as IPv4 keys are.
     pub(crate) fn formatted(label: &str, value: impl fmt::Display) -> Self {
         use std::io::Write as _;
         let mut buffer = [0u8; MAX_RAW_LEN];
@@ -99,7 +100,7 @@ impl Key {
         if write!(cursor, "{label}:{value}").is_ok() {
             let len = cursor.position() as usize;
             if let Ok(text) = std::str::from_utf8(&buffer[..len]) {
-                return Self(text.into());
+                return Self(SmolStr::new(text));
             }
         }
         Self::labelled(label, &sanitized(value.to_string().as_bytes()))
@@ -107,7 +108,7 @@ impl Key {
 
     /// A key of text the crate built itself from ASCII.
     pub(crate) fn from_ascii(text: &[u8]) -> Self {
-        Self(String::from_utf8_lossy(text).into())
+        Self(SmolStr::new(String::from_utf8_lossy(text)))
     }
 
     /// The key's text, as written into store keys.
@@ -448,7 +449,7 @@ pub struct Global;
 
 impl KeyExtractor for Global {
     fn extract(&self, _parts: &Parts) -> Extracted {
-        Ok(Some(Key(Arc::from("global")).into()))
+        Ok(Some(Key(SmolStr::new_static("global")).into()))
     }
 }
 

@@ -10,7 +10,7 @@ use quick_cache::{Equivalent, OptionsBuilder, UnitWeighter};
 
 use super::counter::{FixedWindow, SlidingCounter};
 use super::sliding_log::Log;
-use super::{Check, CheckFuture, Store};
+use super::{Check, CheckFuture, Decisions, Store};
 use crate::clock::{Clock, SystemClock};
 use crate::{Algorithm, Decision, Key};
 
@@ -314,9 +314,9 @@ impl MemoryStore {
         ((hash >> 32) % self.inner.shards.len() as u64) as usize
     }
 
-    fn check_now(&self, checks: &[Check]) -> Vec<Decision> {
+    fn check_now(&self, checks: &[Check]) -> Decisions {
         match checks {
-            [check] => vec![self.check_one(check)],
+            [check] => smallvec::smallvec![self.check_one(check)],
             _ => self.check_batch(checks),
         }
     }
@@ -344,7 +344,7 @@ impl MemoryStore {
         decision
     }
 
-    fn check_batch(&self, checks: &[Check]) -> Vec<Decision> {
+    fn check_batch(&self, checks: &[Check]) -> Decisions {
         let inner = &*self.inner;
         let now = inner.clock.now_micros();
         let hashes: Vec<u64> = checks.iter().map(|c| self.hash_of(c)).collect();

@@ -26,18 +26,23 @@ use std::time::Duration;
 use crate::clock::duration_micros;
 use crate::{Algorithm, Decision, Key, Policy};
 
+/// One [`Decision`] per check of a batch, inline for the usual one or two
+/// (a [`SmallVec`](smallvec::SmallVec): `Decisions::new()`, `push`,
+/// `collect()`, and a slice when borrowed).
+pub type Decisions = smallvec::SmallVec<[Decision; 2]>;
+
 /// What a [`Store`] decided for a batch: one [`Decision`] per check.
-pub type CheckOutcome = Result<Vec<Decision>, StoreError>;
+pub type CheckOutcome = Result<Decisions, StoreError>;
 
 /// The future a [`Store`] returns: either an answer already known, as from
 /// [`MemoryStore`], which costs no allocation and lets the layer go on
 /// without a second poll, or a boxed future, as from a network store.
 ///
 /// ```
-/// use slidegate::{CheckFuture, StoreError};
+/// use slidegate::{CheckFuture, Decisions, StoreError};
 /// use std::time::Duration;
 ///
-/// let known = CheckFuture::ready(Ok(Vec::new()));
+/// let known = CheckFuture::ready(Ok(Decisions::new()));
 /// assert!(known.into_ready().is_ok());
 ///
 /// let later = CheckFuture::new(async { Err(StoreError::Timeout(Duration::from_millis(50))) });

@@ -22,7 +22,7 @@ use deadpool_redis::{Pool, cluster};
 use self::batch::{Queue, Queued, Verdict};
 use self::lanes::{Lanes, Source};
 use self::library::Library;
-use super::{Check, CheckFuture, CheckOutcome, Store, StoreError};
+use super::{Check, CheckFuture, CheckOutcome, Decisions, Store, StoreError};
 use crate::clock::Clock;
 use crate::{Algorithm, Decision};
 
@@ -536,7 +536,7 @@ fn worth_keeping_after(error: &RedisError) -> bool {
 fn decisions(
     args: &[(&'static str, u32, u64, u32)],
     values: &[i64],
-) -> Result<Vec<Decision>, StoreError> {
+) -> Result<Decisions, StoreError> {
     if values.len() != args.len() * 4 {
         return Err(StoreError::Protocol(format!(
             "expected {} integers, got {}",
