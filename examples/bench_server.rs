@@ -50,6 +50,9 @@ return 0
 enum Variant {
     /// axum alone.
     Bare,
+    /// axum with a `route_layer` that does nothing: axum's own cost of a
+    /// route layer, apart from ours.
+    NoopLayer,
     /// slidegate on the in-memory store.
     Memory,
     /// tower-governor keyed by peer IP, with a quota that never denies.
@@ -163,6 +166,7 @@ async fn app(args: &Args) -> Router {
     let batched_store = || redis_store(args, true);
     match args.variant {
         Variant::Bare => routes,
+        Variant::NoopLayer => routes.route_layer(tower::layer::util::Identity::new()),
         Variant::Memory => routes.route_layer(RateLimitLayer::new(
             MemoryStore::new(),
             args.peer_ip(),

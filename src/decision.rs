@@ -8,6 +8,7 @@ use std::time::Duration;
 /// store then reports the same `admitted` value on every decision, and a
 /// denied request has consumed nothing from any of them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Decision {
     /// Whether the request was admitted (and its cost recorded).
     pub admitted: bool,
@@ -22,4 +23,54 @@ pub struct Decision {
     /// capacity frees for its cost, exact to the microsecond. `None` when it
     /// fits.
     pub retry_after: Option<Duration>,
+}
+
+impl Decision {
+    /// An admitted request's decision: its cost is recorded, `remaining`
+    /// units are left, and capacity next grows in `reset`. For stores of
+    /// your own.
+    ///
+    /// ```
+    /// use slidegate::Decision;
+    /// use std::time::Duration;
+    ///
+    /// let decision = Decision::admitted(10, 9, Duration::from_secs(60));
+    /// assert!(decision.admitted && decision.retry_after.is_none());
+    /// ```
+    pub fn admitted(limit: u32, remaining: u32, reset: Duration) -> Self {
+        Self {
+            admitted: true,
+            limit,
+            remaining,
+            reset,
+            retry_after: None,
+        }
+    }
+
+    /// A denied request's decision: nothing is recorded. `retry_after` is
+    /// when this policy fits the request, or `None` if it fits now (another
+    /// policy of the request denied it).
+    ///
+    /// ```
+    /// use slidegate::Decision;
+    /// use std::time::Duration;
+    ///
+    /// let wait = Duration::from_secs(3);
+    /// let decision = Decision::denied(10, 0, wait, Some(wait));
+    /// assert!(!decision.admitted);
+    /// ```
+    pub fn denied(
+        limit: u32,
+        remaining: u32,
+        reset: Duration,
+        retry_after: Option<Duration>,
+    ) -> Self {
+        Self {
+            admitted: false,
+            limit,
+            remaining,
+            reset,
+            retry_after,
+        }
+    }
 }

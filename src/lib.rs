@@ -79,7 +79,7 @@ pub use store::{
     Check, CheckFuture, CheckOutcome, Decisions, MemoryStore, MemoryStoreBuilder, Store, StoreError,
 };
 #[cfg(feature = "redis")]
-pub use store::{RedisPool, RedisStore, RedisStoreBuilder};
+pub use store::{PrefixError, RedisPool, RedisStore, RedisStoreBuilder};
 pub use tier::{TierFuture, TierLookup};
 
 #[cfg(feature = "redis")]

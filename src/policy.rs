@@ -39,6 +39,7 @@ pub const MAX_WINDOW: Duration = Duration::from_secs(366 * 86_400);
 
 /// What a policy does when the store fails or times out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum FailMode {
     /// Let the request through and trace a warning.
     #[default]
@@ -95,6 +96,7 @@ impl TierLimits {
 /// The limit, window and cost in force for one request: a policy's base
 /// values, or its overrides for the client's tier.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Limits {
     /// Units allowed per window.
     pub limit: u32,

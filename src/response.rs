@@ -58,6 +58,7 @@ impl HeaderStyle {
 
 /// How `X-RateLimit-Reset` expresses time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum ResetFormat {
     /// Seconds from now, rounded up.
     #[default]
@@ -72,13 +73,15 @@ pub(crate) fn ceil_seconds(duration: Duration) -> u64 {
 }
 
 /// Rate-limit header fields computed once the store has decided, written
-/// when the response is ready.
+/// when the response is ready. Small, since it travels with the inner
+/// service's future: the `X-RateLimit-*` trio as numbers, the IETF fields
+/// (text) boxed.
 #[derive(Debug, Default)]
 pub(crate) struct RateHeaders {
     /// `X-RateLimit-Limit`, `-Remaining` and `-Reset`.
-    x_ratelimit: Option<[HeaderValue; 3]>,
+    x_ratelimit: Option<[u64; 3]>,
     /// `RateLimit-Policy` and `RateLimit`.
-    ietf: Option<[HeaderValue; 2]>,
+    ietf: Option<Box<[HeaderValue; 2]>>,
 }
 
 /// Header values of the integers most often sent (limits, remaining units
@@ -139,11 +142,7 @@ impl RateHeaders {
                     ceil_seconds(now + decision.reset)
                 }
             };
-            fields.x_ratelimit = Some([
-                number_value(decision.limit.into()),
-                number_value(decision.remaining.into()),
-                number_value(reset),
-            ]);
+            fields.x_ratelimit = Some([decision.limit.into(), decision.remaining.into(), reset]);
         }
         if style.ietf() {
             let mut policy = String::new();
@@ -170,7 +169,7 @@ impl RateHeaders {
             if let (Ok(policy), Ok(state)) =
                 (HeaderValue::try_from(policy), HeaderValue::try_from(state))
             {
-                fields.ietf = Some([policy, state]);
+                fields.ietf = Some(Box::new([policy, state]));
             }
         }
         fields
@@ -179,11 +178,12 @@ impl RateHeaders {
     /// Writes the fields into `headers`, replacing any of the same name.
     pub(crate) fn write(self, headers: &mut HeaderMap) {
         if let Some([limit, remaining, reset]) = self.x_ratelimit {
-            headers.insert(X_RATELIMIT_LIMIT, limit);
-            headers.insert(X_RATELIMIT_REMAINING, remaining);
-            headers.insert(X_RATELIMIT_RESET, reset);
+            headers.insert(X_RATELIMIT_LIMIT, number_value(limit));
+            headers.insert(X_RATELIMIT_REMAINING, number_value(remaining));
+            headers.insert(X_RATELIMIT_RESET, number_value(reset));
         }
-        if let Some([policy, state]) = self.ietf {
+        if let Some(ietf) = self.ietf {
+            let [policy, state] = *ietf;
             headers.insert(RATELIMIT_POLICY, policy);
             headers.insert(RATELIMIT, state);
         }

@@ -48,6 +48,8 @@ mod jwt;
 mod redis;
 
 pub use redis::RedisSettings;
+#[cfg(feature = "redis")]
+pub use redis::RedisSettingsError;
 
 use jwt::{RawJwt, jwt_claim};
 use redis::{RawRedis, redis_settings};

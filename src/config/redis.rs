@@ -151,20 +151,23 @@ impl RedisSettings {
     /// # }
     /// ```
     #[cfg(feature = "redis")]
-    pub fn store(&self) -> Result<crate::RedisStore, String> {
+    pub fn store(&self) -> Result<crate::RedisStore, RedisSettingsError> {
         use deadpool_redis::redis::AsyncConnectionConfig;
         use deadpool_redis::{PoolConfig, Runtime};
 
         let seeds = self.seeds();
         if seeds.is_empty() {
-            return Err("no Redis URL: set [redis] url (or urls) or REDIS_URL".to_owned());
+            return Err(RedisSettingsError::NoUrl);
         }
         let pool: crate::RedisPool = if self.is_cluster() {
             let mut config = deadpool_redis::cluster::Config::from_urls(seeds.clone());
             config.pool = Some(PoolConfig::new(self.pool_size));
             config
                 .create_pool(Some(Runtime::Tokio1))
-                .map_err(|e| format!("bad Redis Cluster URLs {:?}: {e}", self.redacted_seeds()))?
+                .map_err(|e| RedisSettingsError::BadUrl {
+                    urls: self.redacted_seeds().join(", "),
+                    source: Box::new(e),
+                })?
                 .into()
         } else {
             // redis-rs ends a call after its own response timeout (500 ms
@@ -172,22 +175,47 @@ impl RedisSettings {
             // however long it is.
             let connection = AsyncConnectionConfig::new().set_response_timeout(None);
             let bad_url =
-                |e: &dyn std::fmt::Display| format!("bad Redis URL `{}`: {e}", redacted(&seeds[0]));
+                |e: Box<dyn std::error::Error + Send + Sync>| RedisSettingsError::BadUrl {
+                    urls: redacted(&seeds[0]),
+                    source: e,
+                };
             let manager = deadpool_redis::Manager::new_with_config(seeds[0].as_str(), connection)
-                .map_err(|e| bad_url(&e))?;
+                .map_err(|e| bad_url(Box::new(e)))?;
             deadpool_redis::Pool::builder(manager)
                 .max_size(self.pool_size)
                 .runtime(Runtime::Tokio1)
                 .build()
-                .map_err(|e| bad_url(&e))?
+                .map_err(|e| bad_url(Box::new(e)))?
                 .into()
         };
         let mut store = crate::RedisStore::builder(pool).timeout(self.timeout);
         if let Some(prefix) = &self.prefix {
-            store = store.prefix(prefix.clone());
+            store = store.prefix(prefix.clone())?;
         }
         Ok(store.build())
     }
+}
+
+/// Why [`RedisSettings::store`] could not build a store.
+#[cfg(feature = "redis")]
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RedisSettingsError {
+    /// Neither a URL nor cluster seeds are set.
+    #[error("no Redis URL: set [redis] url (or urls) or REDIS_URL")]
+    NoUrl,
+    /// A URL that redis-rs refuses; shown with its password as `***`.
+    #[error("bad Redis URL `{urls}`: {source}")]
+    BadUrl {
+        /// The URL or URLs, redacted.
+        urls: String,
+        /// What redis-rs or the pool said.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The key prefix holds braces.
+    #[error(transparent)]
+    Prefix(#[from] crate::PrefixError),
 }
 
 /// `url` with its password and every query value (`?password=` of a
@@ -348,7 +376,10 @@ mod tests {
     #[test]
     fn a_bad_url_error_hides_its_password() {
         let bad = RedisSettings::default().with_url("rediss+unknown://:hunter2@cache:6379/");
-        let error = bad.store().expect_err("an unknown scheme is refused");
+        let error = bad
+            .store()
+            .expect_err("an unknown scheme is refused")
+            .to_string();
         assert!(error.starts_with("bad Redis URL"), "{error}");
         assert!(!error.contains("hunter2"), "{error}");
     }

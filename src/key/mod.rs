@@ -108,7 +108,10 @@ impl Key {
 
     /// A key of text the crate built itself from ASCII.
     pub(crate) fn from_ascii(text: &[u8]) -> Self {
-        Self(SmolStr::new(String::from_utf8_lossy(text)))
+        match std::str::from_utf8(text) {
+            Ok(text) => Self(SmolStr::new(text)),
+            Err(_) => Self(SmolStr::new(String::from_utf8_lossy(text))),
+        }
     }
 
     /// The key's text, as written into store keys.
@@ -181,6 +184,7 @@ pub(crate) fn hex_of(digest: &[u8; 16]) -> String {
 /// assert_eq!(identity.tier.as_deref(), Some("pro"));
 /// ```
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct Identity {
     /// The key the request is counted against.
     pub key: Key,

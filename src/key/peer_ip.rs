@@ -17,6 +17,7 @@ const MAX_HOPS: usize = 64;
 /// Only the header your proxies set may be read: a header they pass through
 /// untouched is whatever the client wrote.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum ForwardedHeader {
     /// `X-Forwarded-For: client, proxy1, proxy2`.
     #[default]

@@ -14,7 +14,7 @@ mod sliding_log;
 
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]
-pub use redis::{RedisPool, RedisStore, RedisStoreBuilder};
+pub use redis::{PrefixError, RedisPool, RedisStore, RedisStoreBuilder};
 
 use std::fmt;
 use std::future::Future;
@@ -102,6 +102,7 @@ impl fmt::Debug for CheckFuture {
 
 /// One policy to check for one client, as part of a request's batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Check {
     /// The policy's name; part of the store key.
     pub policy: Arc<str>,

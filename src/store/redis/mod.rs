@@ -40,6 +40,7 @@ const MAX_BATCH: usize = 128;
 ///
 /// Both deadpool-redis pool types convert into it.
 #[derive(Clone)]
+#[non_exhaustive]
 pub enum RedisPool {
     /// A pool of connections to one server.
     Standalone(Pool),
@@ -131,6 +132,7 @@ struct Inner {
 ///     .unwrap();
 /// let store = RedisStore::builder(pool)
 ///     .prefix("myapp")
+///     .expect("a prefix without braces")
 ///     .timeout(Duration::from_millis(30))
 ///     .build();
 /// ```
@@ -667,6 +669,17 @@ impl Store for RedisStore {
     }
 }
 
+/// A key prefix that [`RedisStoreBuilder::prefix`] refuses: one holding
+/// `{` or `}`, which would become every key's Redis Cluster hash tag and
+/// put every client in one slot.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "a RedisStore prefix must not hold braces (it would become the cluster hash tag): {prefix:?}"
+)]
+pub struct PrefixError {
+    prefix: String,
+}
+
 /// Configures a [`RedisStore`].
 #[must_use]
 pub struct RedisStoreBuilder {
@@ -693,23 +706,23 @@ impl RedisStoreBuilder {
     /// share one Redis.
     ///
     /// ```no_run
-    /// # fn demo(pool: slidegate::deadpool_redis::Pool) {
-    /// let store = slidegate::RedisStore::builder(pool).prefix("shop").build();
+    /// # fn demo(pool: slidegate::deadpool_redis::Pool) -> Result<(), slidegate::PrefixError> {
+    /// let store = slidegate::RedisStore::builder(pool).prefix("shop")?.build();
+    /// # Ok(())
     /// # }
     /// ```
     ///
-    /// # Panics
+    /// # Errors
     ///
     /// If `prefix` holds `{` or `}`: the prefix would become every key's
     /// Redis Cluster hash tag and put every client in one slot.
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Result<Self, PrefixError> {
         let prefix = prefix.into();
-        assert!(
-            !prefix.contains(['{', '}']),
-            "a RedisStore prefix must not hold braces (it would become the cluster hash tag): {prefix:?}"
-        );
+        if prefix.contains(['{', '}']) {
+            return Err(PrefixError { prefix });
+        }
         self.prefix = prefix;
-        self
+        Ok(self)
     }
 
     /// How many of the pool's connections the store holds and shares
