@@ -2,11 +2,11 @@
 //! make.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use http::request::Parts;
 use smallvec::SmallVec;
 
+use crate::rejection::CostAboveLimit;
 use crate::{Check, Key, Policy};
 
 /// What a request costs under one policy, as a [`RequestCost`] says.
@@ -96,16 +96,6 @@ pub(crate) type Costs = SmallVec<[Cost; 2]>;
 /// One request's checks: one per policy that counts it, inline for the
 /// usual one or two.
 pub(crate) type Checks = SmallVec<[Check; 2]>;
-
-/// A request that costs more under a policy than the client may ever
-/// spend in one of its windows.
-#[derive(Debug)]
-pub(crate) struct CostAboveLimit {
-    pub(crate) policy: Arc<str>,
-    pub(crate) cost: u32,
-    pub(crate) limit: u32,
-    pub(crate) window: Duration,
-}
 
 /// The request's checks for the client `key` of `tier`: one per policy,
 /// at the computed cost where there is one, none for a policy that exempts

@@ -11,8 +11,8 @@ use http::request::Parts;
 
 use crate::flow::cached_denial;
 use crate::layer::Options;
-use crate::limited::LimitedResponse;
-use crate::response::{LimitedBody, invalid_credentials, too_many_requests};
+use crate::rejection::{self, OnRejection, Rejection};
+use crate::response::{invalid_credentials, too_many_requests};
 use crate::store::CheckOutcome;
 use crate::{Check, Decision, DenyCache, KeyExtractor, KeyRejection, PeerIp, Policy};
 
@@ -114,13 +114,13 @@ impl CredentialFailures {
         &self,
         check: &Check,
         options: Options,
-        limited_response: Option<&LimitedResponse>,
+        on_rejection: Option<&OnRejection>,
     ) -> Option<Response<Bytes>> {
         cached_denial(
             &self.blocked,
             std::slice::from_ref(check),
             options,
-            limited_response,
+            on_rejection,
         )
     }
 
@@ -131,7 +131,7 @@ impl CredentialFailures {
         check: Check,
         rejection: KeyRejection,
         options: Options,
-        limited_response: Option<LimitedResponse>,
+        on_rejection: Option<OnRejection>,
     ) -> Refusal {
         Refusal {
             blocked: self.blocked.clone(),
@@ -139,7 +139,7 @@ impl CredentialFailures {
             rejection,
             sent_at: self.blocked.now(),
             options,
-            limited_response,
+            on_rejection,
         }
     }
 }
@@ -151,7 +151,7 @@ pub(crate) struct Refusal {
     pub(crate) rejection: KeyRejection,
     pub(crate) sent_at: u64,
     pub(crate) options: Options,
-    pub(crate) limited_response: Option<LimitedResponse>,
+    pub(crate) on_rejection: Option<OnRejection>,
 }
 
 impl Refusal {
@@ -160,38 +160,39 @@ impl Refusal {
     /// the last of it), `429` past it. A store that cannot count does not
     /// change the answer: the credentials were refused all the same.
     pub(crate) fn answer(self, outcome: CheckOutcome) -> Response<Bytes> {
-        let Ok(decisions) = outcome else {
-            return invalid_credentials(&self.rejection);
+        let hook = self.on_rejection.as_ref();
+        let refused = || {
+            rejection::answer(
+                hook,
+                &Rejection::InvalidCredentials(&self.rejection),
+                || invalid_credentials(&self.rejection),
+            )
         };
-        let Some(decision) = decisions.first() else {
-            return invalid_credentials(&self.rejection);
+        let Some(decision) = outcome
+            .ok()
+            .and_then(|decisions| decisions.first().copied())
+        else {
+            return refused();
         };
         let checks = std::slice::from_ref(&self.check);
         if decision.admitted {
             if decision.remaining == 0 {
                 // No refusal fits until the oldest leaves the window.
-                let blocked = Decision {
-                    admitted: false,
-                    limit: decision.limit,
-                    remaining: 0,
-                    reset: decision.reset,
-                    retry_after: Some(decision.reset),
-                };
+                let blocked =
+                    Decision::denied(decision.limit, 0, decision.reset, Some(decision.reset));
                 self.blocked
                     .remember(checks, std::slice::from_ref(&blocked), self.sent_at);
             }
-            return invalid_credentials(&self.rejection);
+            return refused();
         }
+        let decisions = [decision];
         self.blocked.remember(checks, &decisions, self.sent_at);
-        let body = self
-            .limited_response
-            .as_ref()
-            .map_or(LimitedBody::Problem, LimitedBody::Custom);
         too_many_requests(
             checks,
             &decisions,
             0,
-            body,
+            None,
+            hook,
             self.options.header_style,
             self.options.reset_format,
         )

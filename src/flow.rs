@@ -15,10 +15,10 @@ use http::request::Parts;
 
 use crate::cost::{self, Checks, Costs};
 use crate::layer::{Options, Shared};
-use crate::limited::LimitedResponse;
+use crate::rejection::{self, OnRejection, Rejection};
 use crate::response::{
-    LimitedBody, RateHeaders, client_unidentified, cost_above_limit, invalid_credentials,
-    limiter_unavailable, missing_credentials, too_many_requests,
+    RateHeaders, client_unidentified, cost_above_limit, invalid_credentials, limiter_unavailable,
+    missing_credentials, too_many_requests,
 };
 use crate::store::{CheckFuture, CheckOutcome, StoreError};
 use crate::throttle::{STORE_FAILURES, TIER_LOOKUP_TIMEOUTS};
@@ -72,14 +72,21 @@ pub(crate) fn fails_closed(
     })
 }
 
-/// The answer to a request no extractor identified: the layer's own, or
-/// `401` when the chain keys by credentials alone, `500` otherwise.
+/// The answer to a request no extractor identified: `401` when the chain
+/// keys by credentials alone, `500` otherwise.
 pub(crate) fn unidentified(shared: &Shared, parts: &Parts) -> Response<Bytes> {
-    match &shared.unidentified_response {
-        Some(respond) => respond(parts),
-        None if shared.keys.needs_credentials() => missing_credentials(),
-        None => client_unidentified(),
-    }
+    let missing_credentials = shared.keys.needs_credentials();
+    let rejection = Rejection::Unidentified {
+        parts,
+        missing_credentials,
+    };
+    rejection::answer(shared.on_rejection.as_ref(), &rejection, || {
+        if missing_credentials {
+            self::missing_credentials()
+        } else {
+            client_unidentified()
+        }
+    })
 }
 
 /// The lookup of `identity`'s tier, when the layer has a lookup and the
@@ -126,13 +133,18 @@ pub(crate) fn refused(
 ) -> Result<Response<Bytes>, AnswerFuture> {
     tracing::debug!(reason = rejection.reason(), "credentials refused");
     let Some((guard, check)) = shared.credential_failures.as_ref().zip(check) else {
-        return Ok(invalid_credentials(&rejection));
+        let refused = Rejection::InvalidCredentials(&rejection);
+        return Ok(rejection::answer(
+            shared.on_rejection.as_ref(),
+            &refused,
+            || invalid_credentials(&rejection),
+        ));
     };
     let refusal = guard.refusal(
         check,
         rejection,
         shared.options,
-        shared.limited_response.clone(),
+        shared.on_rejection.clone(),
     );
     match shared
         .store
@@ -149,19 +161,16 @@ pub(crate) fn cached_denial(
     cache: &DenyCache,
     checks: &[Check],
     options: Options,
-    limited_response: Option<&LimitedResponse>,
+    on_rejection: Option<&OnRejection>,
 ) -> Option<Response<Bytes>> {
     let denied = cache.lookup(checks)?;
     let index = index_of_min(&denied.decisions, |d| Reverse(d.retry_after));
-    let body = limited_response.map_or(
-        LimitedBody::Template(&denied.bodies[index]),
-        LimitedBody::Custom,
-    );
     Some(too_many_requests(
         &denied.checks,
         &denied.decisions,
         index,
-        body,
+        Some(&denied.bodies[index]),
+        on_rejection,
         options.header_style,
         options.reset_format,
     ))
@@ -179,7 +188,13 @@ pub(crate) fn send(
 ) -> Sent {
     let checks = match cost::checks(policies, &identity.key, identity.tier.as_deref(), costs) {
         Ok(checks) => checks,
-        Err(denied) => return Sent::Now(Next::Answer(cost_above_limit(&denied))),
+        Err(denied) => {
+            let rejection = Rejection::CostAboveLimit(&denied);
+            let response = rejection::answer(shared.on_rejection.as_ref(), &rejection, || {
+                cost_above_limit(&denied)
+            });
+            return Sent::Now(Next::Answer(response));
+        }
     };
     if checks.is_empty() {
         // Every policy of the request exempts it.
@@ -188,8 +203,7 @@ pub(crate) fn send(
     let mut sent_at = 0;
     if let Some(cache) = &shared.deny_cache {
         let options = shared.options;
-        if let Some(response) =
-            cached_denial(cache, &checks, options, shared.limited_response.as_ref())
+        if let Some(response) = cached_denial(cache, &checks, options, shared.on_rejection.as_ref())
         {
             return Sent::Now(Next::Answer(response));
         }
@@ -255,15 +269,12 @@ pub(crate) fn decide(
             }
             // The policy that frees last is the one the client waits for.
             let denied = index_of_min(&decisions, |d| Reverse(d.retry_after));
-            let body = shared
-                .limited_response
-                .as_ref()
-                .map_or(LimitedBody::Problem, LimitedBody::Custom);
             Next::Answer(too_many_requests(
                 checks,
                 &decisions,
                 denied,
-                body,
+                None,
+                shared.on_rejection.as_ref(),
                 options.header_style,
                 options.reset_format,
             ))
@@ -273,7 +284,12 @@ pub(crate) fn decide(
             if let Some(held_back) = STORE_FAILURES.admit() {
                 tracing::error!(%error, held_back, "rate-limit store unavailable; failing closed");
             }
-            Next::Answer(limiter_unavailable())
+            let rejection = Rejection::StoreUnavailable(&error);
+            Next::Answer(rejection::answer(
+                shared.on_rejection.as_ref(),
+                &rejection,
+                limiter_unavailable,
+            ))
         }
         Err(error) => {
             if let Some(held_back) = STORE_FAILURES.admit() {

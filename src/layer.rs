@@ -7,12 +7,11 @@ use tower_layer::Layer;
 
 use bytes::Bytes;
 use http::Response;
-use http::request::Parts;
 
-use crate::limited::LimitedResponse;
+use crate::rejection::OnRejection;
 use crate::{
-    CredentialFailures, DenyCache, FailMode, HeaderStyle, KeyExtractor, Limited, Policies,
-    RateLimit, RequestCost, ResetFormat, Store, TierLookup,
+    CredentialFailures, DenyCache, FailMode, HeaderStyle, KeyExtractor, Policies, RateLimit,
+    Rejection, RequestCost, ResetFormat, Store, TierLookup,
 };
 
 /// Settings the response future needs; small and `Copy`.
@@ -46,16 +45,11 @@ pub(crate) struct Shared {
     pub(crate) policies: Policies,
     pub(crate) tier_lookup: Option<Arc<dyn TierLookup>>,
     pub(crate) deny_cache: Option<DenyCache>,
-    pub(crate) limited_response: Option<LimitedResponse>,
-    pub(crate) unidentified_response: Option<UnidentifiedResponse>,
+    pub(crate) on_rejection: Option<OnRejection>,
     pub(crate) credential_failures: Option<CredentialFailures>,
     pub(crate) request_cost: Option<Arc<dyn RequestCost>>,
     pub(crate) options: Options,
 }
-
-/// Writes the answer to a request no key extractor identified; set with
-/// [`RateLimitLayer::unidentified_response`].
-pub(crate) type UnidentifiedResponse = Arc<dyn Fn(&Parts) -> Response<Bytes> + Send + Sync>;
 
 /// Applies sliding-window rate limiting to a service.
 ///
@@ -105,8 +99,7 @@ impl RateLimitLayer {
                 keys: Arc::new(key_extractor),
                 policies,
                 tier_lookup: None,
-                limited_response: None,
-                unidentified_response: None,
+                on_rejection: None,
                 credential_failures: None,
                 request_cost: None,
                 options: Options::default(),
@@ -196,63 +189,42 @@ impl RateLimitLayer {
         self
     }
 
-    /// Writes the `429` answer with `respond` instead of the default
-    /// `application/problem+json` body. The answer keeps its own headers
-    /// and body; its status is set to 429, and `Retry-After` and the
-    /// rate-limit headers are the limiter's, whatever it says.
+    /// Answers the limiter's rejections with `respond` where it returns a
+    /// response, and with the limiter's own `application/problem+json`
+    /// answers where it returns `None`. `respond` sees a typed
+    /// [`Rejection`](crate::Rejection): over a limit, invalid credentials,
+    /// an unidentified client, a cost above the limit, the store
+    /// unavailable. Its answer keeps its status, headers and body, and gets
+    /// the headers of the limiter's own answer that it does not set itself
+    /// (`Retry-After`, the rate-limit headers, `WWW-Authenticate`): set one
+    /// to send another value.
     ///
     /// ```
     /// use bytes::Bytes;
-    /// use http::{Response, header::CONTENT_TYPE};
-    /// use slidegate::{Global, MemoryStore, Policies, Policy, RateLimitLayer};
+    /// use http::{Response, StatusCode, header::CONTENT_TYPE};
+    /// use slidegate::{Global, MemoryStore, Policies, Policy, RateLimitLayer, Rejection};
     /// use std::time::Duration;
     ///
     /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
-    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).limited_response(|limited| {
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).on_rejection(|rejection| {
+    ///     let Rejection::Limited(limited) = rejection else {
+    ///         return None; // the limiter's own answer
+    ///     };
     ///     let text = format!("slow down: try again in {} s\n", limited.retry_after().as_secs());
-    ///     Response::builder()
+    ///     let response = Response::builder()
+    ///         .status(StatusCode::TOO_MANY_REQUESTS)
     ///         .header(CONTENT_TYPE, "text/plain; charset=utf-8")
     ///         .body(Bytes::from(text))
-    ///         .unwrap()
+    ///         .unwrap();
+    ///     Some(response)
     /// });
     /// ```
     #[must_use]
-    pub fn limited_response(
+    pub fn on_rejection(
         mut self,
-        respond: impl Fn(&Limited<'_>) -> Response<Bytes> + Send + Sync + 'static,
+        respond: impl Fn(&Rejection<'_>) -> Option<Response<Bytes>> + Send + Sync + 'static,
     ) -> Self {
-        Arc::make_mut(&mut self.shared).limited_response = Some(Arc::new(respond));
-        self
-    }
-
-    /// Writes the answer to a request that no key extractor identified,
-    /// in place of the default: `401` (`missing_credentials`) when every
-    /// extractor of the chain needs credentials (an API key, a token), as
-    /// with [`Header`](crate::Header) alone, and `500` otherwise (a
-    /// server without a peer address for [`PeerIp`](crate::PeerIp), say).
-    /// Such a request is never admitted unlimited.
-    ///
-    /// ```
-    /// use bytes::Bytes;
-    /// use http::{Response, StatusCode};
-    /// use slidegate::{Header, MemoryStore, Policies, Policy, RateLimitLayer};
-    /// use std::time::Duration;
-    ///
-    /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
-    /// let api_keys = Header::new(http::HeaderName::from_static("x-api-key")).keys(["k"]);
-    /// let layer = RateLimitLayer::new(MemoryStore::new(), api_keys, policies).unidentified_response(|_parts| {
-    ///     Response::builder()
-    ///         .status(StatusCode::FORBIDDEN)
-    ///         .body(Bytes::from_static(b"an API key is required\n"))
-    ///         .unwrap()
-    /// });
-    /// ```
-    #[must_use]
-    pub fn unidentified_response(
-        mut self,
-        respond: impl Fn(&Parts) -> Response<Bytes> + Send + Sync + 'static,
-    ) -> Self {
-        Arc::make_mut(&mut self.shared).unidentified_response = Some(Arc::new(respond));
+        Arc::make_mut(&mut self.shared).on_rejection = Some(Arc::new(respond));
         self
     }
 

@@ -46,6 +46,7 @@ mod key;
 mod layer;
 mod limited;
 mod policy;
+mod rejection;
 mod response;
 mod service;
 mod store;
@@ -70,6 +71,7 @@ pub use policy::{
     Algorithm, FailMode, Limits, MAX_WINDOW, Policies, PoliciesBuilder, Policy, PolicyError, Route,
     TierLimits,
 };
+pub use rejection::{CostAboveLimit, Rejection};
 pub use response::{
     HeaderStyle, RATELIMIT, RATELIMIT_POLICY, ResetFormat, X_RATELIMIT_LIMIT,
     X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,

@@ -1,18 +1,11 @@
-//! [`Limited`]: what a custom `429` answer is told about the denial.
+//! [`Limited`]: what a rejection hook is told about a denial.
 
-use std::sync::Arc;
 use std::time::Duration;
-
-use bytes::Bytes;
-use http::Response;
 
 use crate::{Check, Decision, Key};
 
-/// Writes the `429` answer in place of the default problem+json one; set
-/// with [`RateLimitLayer::limited_response`](crate::RateLimitLayer::limited_response).
-pub(crate) type LimitedResponse = Arc<dyn Fn(&Limited<'_>) -> Response<Bytes> + Send + Sync>;
-
-/// A denied request, as a custom `429` answer sees it: the policy that
+/// A denied request, as a rejection hook sees it
+/// ([`Rejection::Limited`](crate::Rejection::Limited)): the policy that
 /// denied it (the one the client waits for longest) and when to retry.
 #[derive(Debug)]
 pub struct Limited<'a> {

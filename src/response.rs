@@ -10,8 +10,7 @@ use http::header::{CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use serde_json::json;
 
-use crate::cost::CostAboveLimit;
-use crate::limited::LimitedResponse;
+use crate::rejection::{self, CostAboveLimit, OnRejection, Rejection};
 use crate::{Check, Decision, KeyRejection, Limited};
 
 /// `X-RateLimit-Limit`: units allowed per window.
@@ -258,57 +257,48 @@ pub(crate) fn retry_after_seconds(decision: &Decision) -> u64 {
     ceil_seconds(decision.retry_after.unwrap_or_default()).max(1)
 }
 
-/// What a `429` says in its body.
-pub(crate) enum LimitedBody<'a> {
-    /// The default problem+json body, built from the denying check.
-    Problem,
-    /// The default body, from a template kept with a cached denial.
-    Template(&'a TooManyBody),
-    /// The user's answer, from [`RateLimitLayer::limited_response`](crate::RateLimitLayer::limited_response).
-    Custom(&'a LimitedResponse),
-}
-
 /// `429 Too Many Requests` for the check at `denied`, whose limits (the
-/// client's tier's, if it has one) the body reports. A custom answer keeps
-/// its headers and body, but its status is 429 and its `Retry-After` and
-/// rate-limit headers are the limiter's, so they never disagree.
+/// client's tier's, if it has one) the body reports: from `template` (kept
+/// with a cached denial) when there is one. A hook's answer replaces it,
+/// and gets the limiter's `Retry-After` and rate-limit headers where it
+/// does not set them itself, so they never disagree by accident.
 pub(crate) fn too_many_requests(
     checks: &[Check],
     decisions: &[Decision],
     denied: usize,
-    body: LimitedBody<'_>,
+    template: Option<&TooManyBody>,
+    hook: Option<&OnRejection>,
     style: HeaderStyle,
     reset_format: ResetFormat,
 ) -> Response<Bytes> {
     let retry_after = retry_after_seconds(&decisions[denied]);
-    let retry_value = number_value(retry_after);
-    let mut response = match body {
-        LimitedBody::Problem => problem_body(
-            StatusCode::TOO_MANY_REQUESTS,
-            TooManyBody::new(&checks[denied]).render(&retry_value),
-        ),
-        LimitedBody::Template(template) => {
-            problem_body(StatusCode::TOO_MANY_REQUESTS, template.render(&retry_value))
-        }
-        LimitedBody::Custom(respond) => {
-            let limited = Limited::new(&checks[denied], &decisions[denied], retry_after);
-            let mut response = respond(&limited);
-            *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-            response
-        }
+    let own = || {
+        let retry_value = number_value(retry_after);
+        let body = match template {
+            Some(template) => template.render(&retry_value),
+            None => TooManyBody::new(&checks[denied]).render(&retry_value),
+        };
+        let mut response = problem_body(StatusCode::TOO_MANY_REQUESTS, body);
+        let headers = response.headers_mut();
+        headers.insert(RETRY_AFTER, retry_value);
+        RateHeaders::new(
+            checks,
+            decisions,
+            denied,
+            Some(retry_after),
+            style,
+            reset_format,
+        )
+        .write(headers);
+        response
     };
-    let headers = response.headers_mut();
-    headers.insert(RETRY_AFTER, retry_value);
-    RateHeaders::new(
-        checks,
-        decisions,
-        denied,
-        Some(retry_after),
-        style,
-        reset_format,
-    )
-    .write(headers);
-    response
+    match hook {
+        None => own(),
+        Some(hook) => {
+            let limited = Limited::new(&checks[denied], &decisions[denied], retry_after);
+            rejection::answer(Some(hook), &Rejection::Limited(&limited), own)
+        }
+    }
 }
 
 /// `422 Unprocessable Content`: the request costs more under a policy than

@@ -104,7 +104,7 @@ where
             .and_then(|guard| Some((guard, guard.check_for(&parts, &*shared.keys)?)));
         if let Some((guard, check)) = &refusal
             && let Some(blocked) =
-                guard.blocked_answer(check, shared.options, shared.limited_response.as_ref())
+                guard.blocked_answer(check, shared.options, shared.on_rejection.as_ref())
         {
             return ResponseFuture::answered(blocked);
         }

@@ -18,7 +18,8 @@ use slidegate::config::Config;
 use slidegate::jsonwebtoken::{Algorithm, EncodingKey, Header as JwtHeader, encode};
 use slidegate::{
     ApiKeyLookup, ApiKeyStatus, CredentialFailures, FakeClock, Header, Identity, JwtClaim, Key,
-    KeyExtractor, MemoryStore, PeerIp, Policies, Policy, RateLimitLayer, RedisStore, Store,
+    KeyExtractor, MemoryStore, PeerIp, Policies, Policy, RateLimitLayer, RedisStore, Rejection,
+    Store,
 };
 use support::RedisServer;
 use support::reply::{Reply, send};
@@ -375,11 +376,19 @@ async fn a_credentials_only_chain_answers_a_request_without_any_401() {
     // The answer is the layer's to choose.
     let policies = Policies::single(Policy::new("all", 3, MINUTE)).unwrap();
     let custom = root_app(
-        RateLimitLayer::new(MemoryStore::new(), api_keys(), policies).unidentified_response(|_| {
-            http::Response::builder()
+        RateLimitLayer::new(MemoryStore::new(), api_keys(), policies).on_rejection(|rejection| {
+            let Rejection::Unidentified {
+                missing_credentials: true,
+                ..
+            } = rejection
+            else {
+                return None;
+            };
+            let response = http::Response::builder()
                 .status(StatusCode::FORBIDDEN)
                 .body(bytes::Bytes::from_static(b"send an API key"))
-                .unwrap()
+                .unwrap();
+            Some(response)
         }),
     );
     let reply = send(&custom, request("GET", "/", "192.0.2.9:1", &[])).await;

@@ -18,7 +18,7 @@ use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use slidegate::{
     Cost, DenyCache, FailMode, FakeClock, Global, Header, HeaderStyle, Identity, KeyExtractor,
-    Limited, MemoryStore, PeerIp, Policies, Policy, RateLimit, RateLimitLayer, RedisStore,
+    MemoryStore, PeerIp, Policies, Policy, RateLimit, RateLimitLayer, RedisStore, Rejection,
     ResetFormat, TierLimits,
 };
 use tower::{ServiceExt, service_fn};
@@ -124,11 +124,15 @@ async fn retry_after_rounds_up_to_at_least_one_second() {
     assert_eq!(denied.json()["retry_after_seconds"], 1);
 }
 
-/// A layer whose 429 is plain text, and tries to set its own status and
-/// `Retry-After`, which the limiter overrides.
-fn plain_text_layer(store: MemoryStore, cache: Option<DenyCache>) -> RateLimitLayer {
-    let layer = RateLimitLayer::new(store, PeerIp::new(), demo_policies()).limited_response(
-        |limited: &Limited<'_>| {
+/// A layer whose 429 is a gRPC-style answer: status 200 with
+/// `grpc-status: 8` (resource exhausted), plain text, its own
+/// `X-RateLimit-Reset`, and no `Retry-After` of its own.
+fn grpc_style_layer(store: MemoryStore, cache: Option<DenyCache>) -> RateLimitLayer {
+    let layer = RateLimitLayer::new(store, PeerIp::new(), demo_policies()).on_rejection(
+        |rejection: &Rejection<'_>| {
+            let Rejection::Limited(limited) = rejection else {
+                return None;
+            };
             let text = format!(
                 "{} allows {} per {} s; {} left; retry in {} s; you are {}",
                 limited.policy(),
@@ -138,13 +142,14 @@ fn plain_text_layer(store: MemoryStore, cache: Option<DenyCache>) -> RateLimitLa
                 limited.retry_after().as_secs(),
                 limited.key(),
             );
-            http::Response::builder()
+            let response = http::Response::builder()
                 .status(StatusCode::OK)
+                .header("grpc-status", "8")
                 .header(http::header::CONTENT_TYPE, "text/plain; charset=utf-8")
-                .header(http::header::RETRY_AFTER, "0")
-                .header("x-served-by", "custom")
+                .header("x-ratelimit-reset", "custom")
                 .body(Bytes::from(text))
-                .unwrap()
+                .unwrap();
+            Some(response)
         },
     );
     match cache {
@@ -154,12 +159,12 @@ fn plain_text_layer(store: MemoryStore, cache: Option<DenyCache>) -> RateLimitLa
 }
 
 #[tokio::test]
-async fn a_custom_429_keeps_its_body_but_not_a_wrong_status_or_retry_after() {
+async fn a_custom_429_keeps_its_status_and_headers_and_gets_the_limiters_it_lacks() {
     let clock = FakeClock::new(START);
     let store = MemoryStore::builder().clock(clock.clone()).build();
     let cache = DenyCache::with_clock(100, clock.clone());
     for cache in [None, Some(cache)] {
-        let app = routes().route_layer(plain_text_layer(store.clone(), cache.clone()));
+        let app = routes().route_layer(grpc_style_layer(store.clone(), cache.clone()));
         let peer = if cache.is_some() {
             "192.0.2.8:1"
         } else {
@@ -175,14 +180,15 @@ async fn a_custom_429_keeps_its_body_but_not_a_wrong_status_or_retry_after() {
         // The second denial comes from the deny cache when there is one.
         for _ in 0..2 {
             let denied = send(&app, get_from("/search", peer)).await;
-            assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+            assert_eq!(denied.status, StatusCode::OK);
+            assert_eq!(denied.header("grpc-status"), Some("8"));
             assert_eq!(denied.header("retry-after"), Some("56"));
             assert_eq!(denied.header("x-ratelimit-remaining"), Some("0"));
+            assert_eq!(denied.header("x-ratelimit-reset"), Some("custom"));
             assert_eq!(
                 denied.header("content-type"),
                 Some("text/plain; charset=utf-8")
             );
-            assert_eq!(denied.header("x-served-by"), Some("custom"));
             let ip = peer.split(':').next().unwrap();
             assert_eq!(
                 denied.body,
@@ -197,6 +203,66 @@ async fn a_custom_429_keeps_its_body_but_not_a_wrong_status_or_retry_after() {
             );
         }
     }
+}
+
+/// Every kind of rejection reaches the hook, which answers some and
+/// leaves the others to the limiter.
+#[tokio::test]
+async fn the_rejection_hook_sees_every_kind_and_may_leave_any_to_the_limiter() {
+    let hook = |rejection: &Rejection<'_>| {
+        let kind = match rejection {
+            Rejection::StoreUnavailable(_) => "store",
+            Rejection::CostAboveLimit(over) => {
+                assert_eq!((over.policy(), over.cost(), over.limit()), ("rows", 11, 10));
+                "cost"
+            }
+            _ => return None,
+        };
+        let response = http::Response::builder()
+            .status(StatusCode::IM_A_TEAPOT)
+            .body(Bytes::from(kind))
+            .unwrap();
+        Some(response)
+    };
+    let down = routes().route_layer(
+        RateLimitLayer::new(DownStore, Global, demo_policies())
+            .fail_mode(FailMode::Closed)
+            .on_rejection(hook),
+    );
+    let unavailable = send(&down, get_from("/search", "192.0.2.1:1")).await;
+    assert_eq!(unavailable.status, StatusCode::IM_A_TEAPOT);
+    assert_eq!(unavailable.body, "store");
+    assert_eq!(
+        unavailable.header("retry-after"),
+        Some("1"),
+        "the limiter's Retry-After, which the hook did not set"
+    );
+
+    let clock = FakeClock::new(START);
+    let policies = Policies::single(Policy::new("rows", 10, MINUTE)).unwrap();
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let costed = routes().route_layer(
+        RateLimitLayer::new(store, PeerIp::new(), policies)
+            .request_cost(rows_cost)
+            .on_rejection(hook),
+    );
+    let mut too_big = get_from("/search", "192.0.2.1:1");
+    too_big
+        .headers_mut()
+        .insert("x-rows", "11".parse().unwrap());
+    let reply = send(&costed, too_big).await;
+    assert_eq!(
+        (reply.status, reply.body.as_str()),
+        (StatusCode::IM_A_TEAPOT, "cost")
+    );
+
+    // Left to the limiter: its own 429.
+    let mut spend = get_from("/search", "192.0.2.1:1");
+    spend.headers_mut().insert("x-rows", "10".parse().unwrap());
+    assert_eq!(send(&costed, spend).await.status, StatusCode::OK);
+    let denied = send(&costed, get_from("/search", "192.0.2.1:1")).await;
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(denied.json()["policy"], "rows");
 }
 
 /// The `x-rows` header, as the cost under the policy named `rows` only;
