@@ -56,6 +56,11 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         Some(path) => Config::from_file(path)?,
         None => Config::from_toml_str(DEMO_CONFIG)?,
     };
+    // A policy route no route of this server has is a typo to report: its
+    // requests would fall to the default policy.
+    for route in config.policies().routes_outside(LIMITED_ROUTES) {
+        tracing::warn!(%route, "a policy names a route this server does not serve");
+    }
     let (layer, store_name) = limiter(&config)?;
     let app = app(layer);
 
@@ -102,12 +107,16 @@ fn limiter(config: &Config) -> Result<(RateLimitLayer, String), Box<dyn std::err
     ))
 }
 
+/// The routes behind the limiter.
+const LIMITED_ROUTES: [&str; 4] = ["/api/videos", "/api/search", "/api/login", "/api/whoami"];
+
 fn app(layer: RateLimitLayer) -> Router {
+    let [videos_route, search_route, login_route, whoami_route] = LIMITED_ROUTES;
     Router::new()
-        .route("/api/videos", get(videos))
-        .route("/api/search", get(search))
-        .route("/api/login", post(login))
-        .route("/api/whoami", get(whoami))
+        .route(videos_route, get(videos))
+        .route(search_route, get(search))
+        .route(login_route, post(login))
+        .route(whoami_route, get(whoami))
         // Only matched routes are limited: an unknown path stays 404.
         // `/api/whoami` shows the client the limiter resolved.
         .route_layer(layer.insert_identity(true))

@@ -7,6 +7,7 @@
 use std::cmp::Reverse;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -49,20 +50,25 @@ pub(crate) enum Sent {
     },
 }
 
-/// The route pattern policies match on: axum's `MatchedPath` when present,
-/// the request path otherwise.
-pub(crate) fn route_path(parts: &Parts) -> &str {
+/// The policies of a request: by the route pattern axum matched
+/// (`MatchedPath`), or, outside axum, by its path matched against the
+/// policies' patterns.
+pub(crate) fn policies_for<'a>(shared: &'a Shared, parts: &Parts) -> &'a [Arc<Policy>] {
     #[cfg(feature = "axum")]
     if let Some(matched) = parts.extensions.get::<axum::extract::MatchedPath>() {
-        return matched.as_str();
+        return shared
+            .policies
+            .select_in(&parts.method, matched.as_str(), false);
     }
-    parts.uri.path()
+    shared
+        .policies
+        .select_in(&parts.method, parts.uri.path(), true)
 }
 
 /// Whether a policy that counts the request fails closed: policies a
 /// computed cost exempts do not decide how the request fails.
 pub(crate) fn fails_closed(
-    policies: &[std::sync::Arc<Policy>],
+    policies: &[Arc<Policy>],
     costs: Option<&Costs>,
     default: FailMode,
 ) -> bool {
@@ -181,7 +187,7 @@ pub(crate) fn cached_denial(
 /// a denial the deny cache knows, or a store that decides in process.
 pub(crate) fn send(
     shared: &Shared,
-    policies: &[std::sync::Arc<Policy>],
+    policies: &[Arc<Policy>],
     identity: &Identity,
     costs: Option<&Costs>,
     fail_closed: bool,

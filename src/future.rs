@@ -200,9 +200,7 @@ where
     /// once.
     fn send(&mut self) -> Flow {
         let shared = &*self.shared;
-        let policies = shared
-            .policies
-            .select(&self.parts.method, flow::route_path(&self.parts));
+        let policies = flow::policies_for(shared, &self.parts);
         match flow::send(
             shared,
             policies,

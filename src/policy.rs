@@ -456,6 +456,15 @@ pub enum PolicyError {
         /// The offending route text.
         route: String,
     },
+    /// The route's pattern is not one axum's router accepts beside the
+    /// others (a bad `{param}`, or two patterns that conflict).
+    #[error("route `{route}`: {reason}")]
+    InvalidPattern {
+        /// The offending route.
+        route: String,
+        /// What the router said.
+        reason: String,
+    },
 }
 
 #[derive(Debug)]
@@ -499,6 +508,9 @@ pub struct Policies {
 #[derive(Debug, Default)]
 struct Selections {
     by_pattern: HashMap<String, PatternSelections>,
+    /// The patterns, to match a request's path against outside axum, as
+    /// axum's router (matchit) would.
+    paths: matchit::Router<String>,
     /// For requests whose route no policy names.
     elsewhere: Box<[Arc<Policy>]>,
 }
@@ -510,7 +522,7 @@ struct PatternSelections {
 }
 
 impl Selections {
-    fn new(scoped: &[Scoped], default: Option<&Arc<Policy>>) -> Self {
+    fn new(scoped: &[Scoped], default: Option<&Arc<Policy>>) -> Result<Self, PolicyError> {
         let elsewhere = scoped
             .iter()
             .filter(|s| s.route.is_none())
@@ -518,10 +530,17 @@ impl Selections {
             .chain(default.cloned())
             .collect();
         let mut by_pattern = HashMap::new();
+        let mut paths = matchit::Router::new();
         for route in scoped.iter().filter_map(|s| s.route.as_ref()) {
             if by_pattern.contains_key(&route.pattern) {
                 continue;
             }
+            paths
+                .insert(route.pattern.clone(), route.pattern.clone())
+                .map_err(|error| PolicyError::InvalidPattern {
+                    route: route.to_string(),
+                    reason: error.to_string(),
+                })?;
             let mut methods: Vec<Method> = Vec::new();
             for method in scoped
                 .iter()
@@ -552,9 +571,23 @@ impl Selections {
             };
             by_pattern.insert(route.pattern.clone(), selections);
         }
-        Self {
+        Ok(Self {
             by_pattern,
+            paths,
             elsewhere,
+        })
+    }
+
+    /// The selections of the pattern `route`, or of the pattern the path
+    /// `route` matches.
+    fn of(&self, route: &str, is_path: bool) -> Option<&PatternSelections> {
+        match self.by_pattern.get(route) {
+            Some(selections) => Some(selections),
+            None if is_path => {
+                let pattern = self.paths.at(route).ok()?.value;
+                self.by_pattern.get(pattern)
+            }
+            None => None,
         }
     }
 }
@@ -615,11 +648,32 @@ impl Policies {
         Self::builder().every_route(policy).build()
     }
 
-    /// The policies that apply to a request with `method` whose matched route
-    /// pattern (or, outside axum, path) is `path`: a lookup in a table built
-    /// with the policies, whatever their number.
-    pub fn select(&self, method: &Method, path: &str) -> &[Arc<Policy>] {
-        match self.selections.by_pattern.get(path) {
+    /// The policies that apply to a request with `method` on `route`: the
+    /// pattern axum matched (`/users/{id}`, from `MatchedPath`), or, for a
+    /// service outside axum, the request's path (`/users/42`), matched
+    /// against the policies' patterns as axum's router would. A lookup in
+    /// a table built with the policies, whatever their number.
+    ///
+    /// ```
+    /// use slidegate::{Policies, Policy};
+    /// use std::time::Duration;
+    ///
+    /// let policies = Policies::builder()
+    ///     .route("GET /users/{id}", Policy::new("user", 5, Duration::from_secs(60)))
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(policies.select(&http::Method::GET, "/users/{id}")[0].name(), "user");
+    /// assert_eq!(policies.select(&http::Method::GET, "/users/42")[0].name(), "user");
+    /// assert!(policies.select(&http::Method::GET, "/users/42/posts").is_empty());
+    /// ```
+    pub fn select(&self, method: &Method, route: &str) -> &[Arc<Policy>] {
+        self.select_in(method, route, true)
+    }
+
+    /// The policies for `method` on the pattern `pattern` only (axum's
+    /// `MatchedPath`), or on the path `pattern` when `is_path`.
+    pub(crate) fn select_in(&self, method: &Method, route: &str, is_path: bool) -> &[Arc<Policy>] {
+        match self.selections.of(route, is_path) {
             Some(pattern) => pattern
                 .by_method
                 .iter()
@@ -627,6 +681,36 @@ impl Policies {
                 .map_or(&pattern.other_methods, |(_, selected)| selected),
             None => &self.selections.elsewhere,
         }
+    }
+
+    /// The route patterns of these policies that are none of `patterns`
+    /// (the routes a router serves): a route a policy names but no request
+    /// can reach, as a typo would make. The example server reports them
+    /// at start-up.
+    ///
+    /// ```
+    /// use slidegate::{Policies, Policy};
+    /// use std::time::Duration;
+    ///
+    /// let policies = Policies::builder()
+    ///     .route("GET /api/serach", Policy::new("search", 5, Duration::from_secs(60)))
+    ///     .build()
+    ///     .unwrap();
+    /// let unknown: Vec<String> = policies
+    ///     .routes_outside(["/api/search", "/api/videos"])
+    ///     .map(|route| route.to_string())
+    ///     .collect();
+    /// assert_eq!(unknown, ["GET /api/serach"]);
+    /// ```
+    pub fn routes_outside<'a>(
+        &'a self,
+        patterns: impl IntoIterator<Item = &'a str>,
+    ) -> impl Iterator<Item = &'a Route> {
+        let known: Vec<&str> = patterns.into_iter().collect();
+        self.scoped
+            .iter()
+            .filter_map(|scoped| scoped.route.as_ref())
+            .filter(move |route| !known.contains(&route.pattern.as_str()))
     }
 
     /// Every policy in the set, default last.
@@ -736,7 +820,7 @@ impl PoliciesBuilder {
             })
             .collect::<Result<Vec<_>, PolicyError>>()?;
         let default = self.default.map(Arc::new);
-        let selections = Arc::new(Selections::new(&scoped, default.as_ref()));
+        let selections = Arc::new(Selections::new(&scoped, default.as_ref())?);
         Ok(Policies {
             scoped: scoped.into(),
             default,

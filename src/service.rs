@@ -88,9 +88,7 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let (mut parts, body) = request.into_parts();
         let shared = &*self.shared;
-        let policies = shared
-            .policies
-            .select(&parts.method, flow::route_path(&parts));
+        let policies = flow::policies_for(shared, &parts);
         if policies.is_empty() {
             return ResponseFuture::calling(
                 self.inner.call(Request::from_parts(parts, body)),

@@ -681,6 +681,69 @@ async fn works_on_any_tower_service_and_keeps_its_body_and_error_types() {
     assert!(body.starts_with(b"{\"type\""), "{body:?}");
 }
 
+/// Outside axum there is no `MatchedPath`: a request's path is matched
+/// against the policies' patterns as axum's router would, so
+/// `/users/{id}` governs `/users/42`, and `/users/42/posts` falls to the
+/// default.
+#[tokio::test]
+async fn outside_axum_paths_are_matched_against_the_patterns() {
+    use http_body_util::Full;
+
+    let inner = service_fn(|_: Request<String>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from("ok"))))
+    });
+    let policies = Policies::builder()
+        .route("GET /users/{id}", Policy::new("user", 1, MINUTE))
+        .route("/files/{*path}", Policy::new("files", 2, MINUTE))
+        .default_policy(Policy::new("rest", 100, MINUTE))
+        .build()
+        .unwrap();
+    let service = RateLimit::new(inner, MemoryStore::new(), Global, policies);
+    let limit_of = |path: &'static str| {
+        let service = service.clone();
+        async move {
+            let request = Request::get(path).body(String::new()).unwrap();
+            let response = service.oneshot(request).await.unwrap();
+            (
+                response.status(),
+                response.headers()["x-ratelimit-limit"]
+                    .to_str()
+                    .unwrap()
+                    .to_owned(),
+            )
+        }
+    };
+    assert_eq!(
+        limit_of("/users/42").await,
+        (StatusCode::OK, "1".to_owned())
+    );
+    assert_eq!(
+        limit_of("/users/7").await.0,
+        StatusCode::TOO_MANY_REQUESTS,
+        "one pattern, one count, whatever the id"
+    );
+    assert_eq!(limit_of("/files/a/b.txt").await.1, "2");
+    assert_eq!(limit_of("/users/42/posts").await.1, "100");
+}
+
+#[test]
+fn patterns_axum_would_refuse_are_refused_when_the_policies_are_built() {
+    let conflicting = Policies::builder()
+        .route("/users/{id}", Policy::new("by-id", 1, MINUTE))
+        .route("/users/{name}", Policy::new("by-name", 1, MINUTE))
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(conflicting, slidegate::PolicyError::InvalidPattern { .. }),
+        "{conflicting}"
+    );
+    let unclosed = Policies::builder()
+        .route("/users/{id", Policy::new("bad", 1, MINUTE))
+        .build()
+        .unwrap_err();
+    assert!(unclosed.to_string().contains("/users/{id"), "{unclosed}");
+}
+
 #[tokio::test]
 async fn every_redis_key_written_has_a_ttl_within_two_windows() {
     let server = support::RedisServer::start();
