@@ -189,8 +189,27 @@ impl RateHeaders {
     }
 }
 
-fn problem(status: StatusCode, body: serde_json::Value) -> Response<Bytes> {
-    problem_body(status, body.to_string())
+/// An `application/problem+json` answer (RFC 9457): `type`, `title`,
+/// `status` and `detail`, then `extra`, in that order.
+fn problem(
+    status: StatusCode,
+    title: &str,
+    detail: &str,
+    extra: &[(&str, serde_json::Value)],
+) -> Response<Bytes> {
+    let mut body = String::with_capacity(160 + detail.len());
+    body.push_str("{\"type\":\"about:blank\"");
+    let fields = [
+        ("title", json!(title)),
+        ("status", json!(status.as_u16())),
+        ("detail", json!(detail)),
+    ];
+    for (name, value) in fields.iter().chain(extra) {
+        // Names are ours and plain; values are escaped by serde_json.
+        let _ = write!(body, ",\"{name}\":{value}");
+    }
+    body.push('}');
+    problem_body(status, body)
 }
 
 fn problem_body(status: StatusCode, body: String) -> Response<Bytes> {
@@ -311,22 +330,21 @@ pub(crate) fn cost_above_limit(denied: &CostAboveLimit) -> Response<Bytes> {
         limit,
         window,
     } = denied;
+    let detail = format!(
+        "this request costs {cost} units under policy `{policy}`, which allows {limit} per {}; \
+         it can never be admitted, so retrying will not help",
+        humantime::format_duration(*window)
+    );
     problem(
         StatusCode::UNPROCESSABLE_ENTITY,
-        json!({
-            "type": "about:blank",
-            "title": "Request Cost Above Limit",
-            "status": 422,
-            "detail": format!(
-                "this request costs {cost} units under policy `{policy}`, which allows {limit} \
-                 per {}; it can never be admitted, so retrying will not help",
-                humantime::format_duration(*window)
-            ),
-            "policy": &**policy,
-            "cost": cost,
-            "limit": limit,
-            "window_seconds": seconds_value(*window),
-        }),
+        "Request Cost Above Limit",
+        &detail,
+        &[
+            ("policy", json!(&**policy)),
+            ("cost", json!(cost)),
+            ("limit", json!(limit)),
+            ("window_seconds", seconds_value(*window)),
+        ],
     )
 }
 
@@ -334,13 +352,9 @@ pub(crate) fn cost_above_limit(denied: &CostAboveLimit) -> Response<Bytes> {
 pub(crate) fn invalid_credentials(rejection: &KeyRejection) -> Response<Bytes> {
     let mut response = problem(
         StatusCode::UNAUTHORIZED,
-        json!({
-            "type": "about:blank",
-            "title": "Invalid Credentials",
-            "status": 401,
-            "detail": rejection.detail(),
-            "reason": rejection.reason(),
-        }),
+        "Invalid Credentials",
+        rejection.detail(),
+        &[("reason", json!(rejection.reason()))],
     );
     if let Some(challenge) = rejection.www_authenticate() {
         response
@@ -354,13 +368,10 @@ pub(crate) fn invalid_credentials(rejection: &KeyRejection) -> Response<Bytes> {
 pub(crate) fn limiter_unavailable() -> Response<Bytes> {
     let mut response = problem(
         StatusCode::SERVICE_UNAVAILABLE,
-        json!({
-            "type": "about:blank",
-            "title": "Rate Limiter Unavailable",
-            "status": 503,
-            "detail": "the rate limiter's store is unavailable, so this request could not be \
-                       checked; the problem is on the server's side, not the client's",
-        }),
+        "Rate Limiter Unavailable",
+        "the rate limiter's store is unavailable, so this request could not be checked; the \
+         problem is on the server's side, not the client's",
+        &[],
     );
     response
         .headers_mut()
@@ -373,13 +384,10 @@ pub(crate) fn limiter_unavailable() -> Response<Bytes> {
 pub(crate) fn missing_credentials() -> Response<Bytes> {
     problem(
         StatusCode::UNAUTHORIZED,
-        json!({
-            "type": "about:blank",
-            "title": "Credentials Required",
-            "status": 401,
-            "detail": "this endpoint is rate-limited per client, and the request carried no credentials that identify one",
-            "reason": "missing_credentials",
-        }),
+        "Credentials Required",
+        "this endpoint is rate-limited per client, and the request carried no credentials that \
+         identify one",
+        &[("reason", json!("missing_credentials"))],
     )
 }
 
@@ -388,18 +396,32 @@ pub(crate) fn missing_credentials() -> Response<Bytes> {
 pub(crate) fn client_unidentified() -> Response<Bytes> {
     problem(
         StatusCode::INTERNAL_SERVER_ERROR,
-        json!({
-            "type": "about:blank",
-            "title": "Client Not Identified",
-            "status": 500,
-            "detail": "the rate limiter could not tell which client sent this request",
-        }),
+        "Client Not Identified",
+        "the rate limiter could not tell which client sent this request",
+        &[],
     )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn problem_bodies_keep_their_field_order_and_escape_text() {
+        let response = problem(
+            StatusCode::UNAUTHORIZED,
+            "Invalid Credentials",
+            "a \"quoted\" \\ detail\n",
+            &[("reason", json!("expired"))],
+        );
+        let body = std::str::from_utf8(response.body()).unwrap();
+        assert_eq!(
+            body,
+            r#"{"type":"about:blank","title":"Invalid Credentials","status":401,"detail":"a \"quoted\" \\ detail\n","reason":"expired"}"#
+        );
+        let parsed: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(parsed["detail"], "a \"quoted\" \\ detail\n");
+    }
 
     #[test]
     fn number_values_match_their_decimal_form_cached_or_not() {
