@@ -9,12 +9,14 @@ use bytes::Bytes;
 use http::Response;
 use http::request::Parts;
 
-use crate::flow::cached_denial;
+use crate::deny_cache::DenyCache;
+use crate::key::{KeyExtractor, KeyRejection, PeerIp};
 use crate::layer::Options;
-use crate::rejection::{self, OnRejection, Rejection};
-use crate::response::{invalid_credentials, too_many_requests};
-use crate::store::CheckOutcome;
-use crate::{Check, Decision, DenyCache, KeyExtractor, KeyRejection, PeerIp, Policy};
+use crate::layer::flow::cached_denial;
+use crate::policy::Policy;
+use crate::response::problem::{invalid_credentials, too_many_requests};
+use crate::response::rejection::{self, OnRejection, Rejection};
+use crate::store::{Check, CheckOutcome, Decision};
 
 /// The name under which refused credentials are counted; no policy of a
 /// layer may take it.

@@ -10,8 +10,10 @@ use quick_cache::sync::Cache;
 use smallvec::SmallVec;
 
 use crate::clock::{Clock, SystemClock, duration_micros};
-use crate::response::TooManyBody;
-use crate::{Algorithm, Check, Decision, Key};
+use crate::key::Key;
+use crate::policy::Algorithm;
+use crate::response::problem::TooManyBody;
+use crate::store::{Check, Decision};
 
 /// Entries a layer's deny cache holds by default.
 pub(crate) const DEFAULT_CAPACITY: usize = 10_000;
@@ -187,7 +189,8 @@ impl DenyCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{FakeClock, Policy};
+    use crate::clock::FakeClock;
+    use crate::policy::Policy;
 
     const SEC: Duration = Duration::from_secs(1);
 

@@ -36,49 +36,37 @@
 mod clock;
 #[cfg(feature = "config")]
 pub mod config;
-mod cost;
 mod credentials;
-mod decision;
 mod deny_cache;
-mod flow;
-mod future;
 mod key;
 mod layer;
-mod limited;
 mod policy;
-mod rejection;
 mod response;
-mod service;
 mod store;
 mod throttle;
 mod tier;
 
 pub use clock::{Clock, FakeClock, SystemClock};
-pub use cost::{Cost, RequestCost};
 pub use credentials::CredentialFailures;
-pub use decision::Decision;
 pub use deny_cache::DenyCache;
-pub use future::ResponseFuture;
 pub use key::{
     ApiKeyFuture, ApiKeyLookup, ApiKeyStatus, Extracted, ForwardedHeader, Global, Header, Identity,
     Key, KeyExtractor, KeyRejection, Or, PeerIp,
 };
 #[cfg(feature = "jwt")]
 pub use key::{JwtClaim, JwtClaimBuilder, JwtError};
-pub use layer::RateLimitLayer;
-pub use limited::Limited;
+pub use layer::{RateLimit, RateLimitLayer, ResponseFuture};
 pub use policy::{
-    Algorithm, FailMode, Limits, MAX_WINDOW, Policies, PoliciesBuilder, Policy, PolicyError, Route,
-    TierLimits,
+    Algorithm, Cost, FailMode, Limits, MAX_WINDOW, Policies, PoliciesBuilder, Policy, PolicyError,
+    RequestCost, Route, TierLimits,
 };
-pub use rejection::{CostAboveLimit, Rejection};
 pub use response::{
-    HeaderStyle, RATELIMIT, RATELIMIT_POLICY, ResetFormat, X_RATELIMIT_LIMIT,
-    X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
+    CostAboveLimit, HeaderStyle, Limited, RATELIMIT, RATELIMIT_POLICY, Rejection, ResetFormat,
+    X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
 };
-pub use service::RateLimit;
 pub use store::{
-    Check, CheckFuture, CheckOutcome, Decisions, MemoryStore, MemoryStoreBuilder, Store, StoreError,
+    Check, CheckFuture, CheckOutcome, Decision, Decisions, MemoryStore, MemoryStoreBuilder, Store,
+    StoreError,
 };
 #[cfg(feature = "redis")]
 pub use store::{PrefixError, RedisPool, RedisStore, RedisStoreBuilder};

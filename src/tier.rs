@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use http::request::Parts;
 
-use crate::Identity;
+use crate::key::Identity;
 
 /// The future a [`TierLookup`] returns: the client's tier, or `None` for the
 /// policies' base limits.

@@ -6,7 +6,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::{ConfigError, HumanDuration};
-use crate::{JwtClaim, JwtError};
+use crate::key::{JwtClaim, JwtError};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

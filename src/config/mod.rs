@@ -37,12 +37,13 @@ use ipnet::IpNet;
 use serde::{Deserialize, Deserializer};
 use toml::Spanned;
 
-use crate::deny_cache::DEFAULT_CAPACITY as DEFAULT_DENY_CACHE;
-use crate::{
-    CredentialFailures, DenyCache, FailMode, Global, Header, HeaderStyle, JwtClaim, KeyExtractor,
-    MemoryStore, PeerIp, Policies, Policy, PolicyError, RateLimitLayer, ResetFormat, Route, Store,
-    TierLimits,
-};
+use crate::credentials::CredentialFailures;
+use crate::deny_cache::{DEFAULT_CAPACITY as DEFAULT_DENY_CACHE, DenyCache};
+use crate::key::{Global, Header, JwtClaim, KeyExtractor, PeerIp};
+use crate::layer::RateLimitLayer;
+use crate::policy::{FailMode, Policies, Policy, PolicyError, Route, TierLimits};
+use crate::response::headers::{HeaderStyle, ResetFormat};
+use crate::store::{MemoryStore, Store};
 
 mod jwt;
 mod redis;

@@ -14,7 +14,7 @@
 
 use std::time::Duration;
 
-use crate::Decision;
+use crate::store::Decision;
 
 /// `floor(a / b)` for `b > 0`, with negative `a` giving 0.
 fn floor_div(a: i128, b: i128) -> i128 {

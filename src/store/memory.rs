@@ -12,7 +12,9 @@ use super::counter::{FixedWindow, SlidingCounter};
 use super::sliding_log::Log;
 use super::{Check, CheckFuture, Decisions, Store};
 use crate::clock::{Clock, SystemClock};
-use crate::{Algorithm, Decision, Key};
+use crate::key::Key;
+use crate::policy::Algorithm;
+use crate::store::Decision;
 
 const DEFAULT_MAX_KEYS: usize = 1_000_000;
 const MAX_SHARDS: usize = 64;

@@ -7,11 +7,13 @@
 //! Both give the same decisions for the same sequence of requests.
 
 mod counter;
+mod decision;
 mod memory;
 #[cfg(feature = "redis")]
 mod redis;
 mod sliding_log;
 
+pub use decision::Decision;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]
 pub use redis::{PrefixError, RedisPool, RedisStore, RedisStoreBuilder};
@@ -24,7 +26,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use crate::clock::duration_micros;
-use crate::{Algorithm, Decision, Key, Policy};
+use crate::key::Key;
+use crate::policy::{Algorithm, Policy};
 
 /// One [`Decision`] per check of a batch, inline for the usual one or two
 /// (a [`SmallVec`](smallvec::SmallVec): `Decisions::new()`, `push`,

@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use crate::Decision;
+use crate::store::Decision;
 
 /// Admitted requests of one client under one policy, oldest first, with the
 /// running sum of their costs.

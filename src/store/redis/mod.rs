@@ -24,7 +24,8 @@ use self::lanes::{Lanes, Source};
 use self::library::Library;
 use super::{Check, CheckFuture, CheckOutcome, Decisions, Store, StoreError};
 use crate::clock::Clock;
-use crate::{Algorithm, Decision};
+use crate::policy::Algorithm;
+use crate::store::Decision;
 
 const CHECK_SCRIPT: &str = include_str!("../../../lua/check.lua");
 const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);

@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use crate::{Check, Decision, Key};
+use crate::key::Key;
+use crate::store::{Check, Decision};
 
 /// A denied request, as a rejection hook sees it
 /// ([`Rejection::Limited`](crate::Rejection::Limited)): the policy that

@@ -13,13 +13,13 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use crate::cost::{Checks, Costs};
-use crate::flow::{self, AnswerFuture, Next, Sent};
-use crate::key::Confirming;
+use crate::key::{Confirming, Extracted};
 use crate::layer::Shared;
-use crate::response::RateHeaders;
-use crate::store::{CheckFuture, CheckOutcome};
-use crate::{Check, Extracted, TierFuture};
+use crate::layer::flow::{self, AnswerFuture, Next, Sent};
+use crate::policy::cost::{Checks, Costs};
+use crate::response::headers::RateHeaders;
+use crate::store::{Check, CheckFuture, CheckOutcome};
+use crate::tier::TierFuture;
 
 pin_project! {
     /// The response future of [`RateLimit`](crate::RateLimit).

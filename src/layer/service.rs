@@ -8,12 +8,13 @@ use bytes::Bytes;
 use http::{Request, Response};
 use tower_service::Service;
 
-use crate::cost::Costs;
-use crate::flow::{self, Next, Sent};
-use crate::future::{Pending, ResponseFuture, Step};
-use crate::key::confirmed;
-use crate::layer::Shared;
-use crate::{Identity, KeyExtractor, Policies, RateLimitLayer, Store};
+use crate::key::{Identity, KeyExtractor, confirmed};
+use crate::layer::flow::{self, Next, Sent};
+use crate::layer::future::{Pending, ResponseFuture, Step};
+use crate::layer::{RateLimitLayer, Shared};
+use crate::policy::Policies;
+use crate::policy::cost::Costs;
+use crate::store::Store;
 
 /// Rate-limits requests to the inner service `S`; built by
 /// [`RateLimitLayer`].

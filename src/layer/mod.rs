@@ -1,4 +1,16 @@
-//! [`RateLimitLayer`]: the settings, cheap to clone, that wrap a service.
+//! The middleware: [`RateLimitLayer`], the settings, cheap to clone, that
+//! wrap a service.
+//!
+//! * [`service`]: [`RateLimit`], whose `call` decides what it can at once;
+//! * [`flow`]: the steps of a request, shared by `call` and the future;
+//! * [`future`]: [`ResponseFuture`], for requests that wait.
+
+pub(crate) mod flow;
+mod future;
+mod service;
+
+pub use future::ResponseFuture;
+pub use service::RateLimit;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,11 +20,14 @@ use tower_layer::Layer;
 use bytes::Bytes;
 use http::Response;
 
-use crate::rejection::OnRejection;
-use crate::{
-    CredentialFailures, DenyCache, FailMode, HeaderStyle, KeyExtractor, Policies, RateLimit,
-    Rejection, RequestCost, ResetFormat, Store, TierLookup,
-};
+use crate::credentials::CredentialFailures;
+use crate::deny_cache::DenyCache;
+use crate::key::KeyExtractor;
+use crate::policy::{FailMode, Policies, RequestCost};
+use crate::response::headers::{HeaderStyle, ResetFormat};
+use crate::response::rejection::{OnRejection, Rejection};
+use crate::store::Store;
+use crate::tier::TierLookup;
 
 /// Settings the response future needs; small and `Copy`.
 #[derive(Debug, Clone, Copy)]

@@ -6,8 +6,10 @@ use std::sync::Arc;
 use http::request::Parts;
 use smallvec::SmallVec;
 
-use crate::rejection::CostAboveLimit;
-use crate::{Check, Key, Policy};
+use crate::key::Key;
+use crate::policy::Policy;
+use crate::response::rejection::CostAboveLimit;
+use crate::store::Check;
 
 /// What a request costs under one policy, as a [`RequestCost`] says.
 ///

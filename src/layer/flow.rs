@@ -14,18 +14,20 @@ use bytes::Bytes;
 use http::Response;
 use http::request::Parts;
 
-use crate::cost::{self, Checks, Costs};
+use crate::deny_cache::DenyCache;
+use crate::key::{Identity, KeyRejection};
 use crate::layer::{Options, Shared};
-use crate::rejection::{self, OnRejection, Rejection};
-use crate::response::{
-    RateHeaders, client_unidentified, cost_above_limit, invalid_credentials, limiter_unavailable,
+use crate::policy::cost::{self, Checks, Costs};
+use crate::policy::{Cost, FailMode, Policy};
+use crate::response::headers::RateHeaders;
+use crate::response::problem::{
+    client_unidentified, cost_above_limit, invalid_credentials, limiter_unavailable,
     missing_credentials, too_many_requests,
 };
-use crate::store::{CheckFuture, CheckOutcome, StoreError};
+use crate::response::rejection::{self, OnRejection, Rejection};
+use crate::store::{Check, CheckFuture, CheckOutcome, Decision, StoreError};
 use crate::throttle::{STORE_FAILURES, TIER_LOOKUP_TIMEOUTS};
-use crate::{
-    Check, Cost, Decision, DenyCache, FailMode, Identity, KeyRejection, Policy, TierFuture,
-};
+use crate::tier::TierFuture;
 
 /// An answer of the limiter's that waits for the store.
 pub(crate) type AnswerFuture = Pin<Box<dyn Future<Output = Response<Bytes>> + Send + 'static>>;

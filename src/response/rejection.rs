@@ -10,7 +10,9 @@ use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use http::request::Parts;
 use http::{Response, StatusCode};
 
-use crate::{KeyRejection, Limited, StoreError};
+use crate::key::KeyRejection;
+use crate::response::limited::Limited;
+use crate::store::StoreError;
 
 /// Answers the limiter's rejections in place of its defaults; see
 /// [`RateLimitLayer::on_rejection`](crate::RateLimitLayer::on_rejection).

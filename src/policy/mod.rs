@@ -1,0 +1,524 @@
+//! Policies: how much a client may spend, on which routes, and what happens
+//! when the store cannot answer.
+//!
+//! * this module: [`Policy`], its per-tier overrides and its validation;
+//! * [`route`]: the [`Route`] a policy applies to;
+//! * [`table`]: [`Policies`], the validated set, and the table that
+//!   selects a request's policies;
+//! * [`cost`]: what a request costs, and the checks it makes.
+
+pub(crate) mod cost;
+mod route;
+mod table;
+
+pub use cost::{Cost, RequestCost};
+pub use route::Route;
+pub use table::{Policies, PoliciesBuilder};
+
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The counting algorithm of a [`Policy`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Algorithm {
+    /// An exact log of admitted requests: one entry per request, each with its
+    /// cost, pruned as it leaves the window.
+    #[default]
+    SlidingLog,
+    /// Two epoch-aligned fixed-window counters, the previous weighted by its
+    /// overlap with the sliding window: constant memory per client, for very
+    /// high limits and millions of clients, at a small approximation.
+    /// Windows are whole milliseconds, and `limit × window in ms` must stay
+    /// below 2^51 so the arithmetic is exact.
+    SlidingCounter,
+    /// One epoch-aligned fixed-window counter: the cheapest, but a client
+    /// can spend up to twice the limit across a window boundary.
+    FixedWindow,
+}
+
+/// The largest `limit × window in ms` of a [`Algorithm::SlidingCounter`]
+/// policy: products stay exact in Redis's Lua numbers (doubles).
+const MAX_COUNTER_PRODUCT: u128 = 1 << 51;
+
+/// The longest window a policy may have: 366 days (a humantime `1y` is
+/// 365.25 days). Time arithmetic stays exact in Redis's Lua numbers well
+/// past it, and a store given a longer window by a hand-built
+/// [`Check`](crate::Check) counts it as this.
+pub const MAX_WINDOW: Duration = Duration::from_secs(366 * 86_400);
+
+/// What a policy does when the store fails or times out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum FailMode {
+    /// Let the request through and trace a warning.
+    #[default]
+    Open,
+    /// Answer `503 Service Unavailable`: the limiter, not the client, is the
+    /// problem.
+    Closed,
+}
+
+/// Per-tier overrides of a [`Policy`]'s limit, window and cost; what is not
+/// set keeps the policy's base value.
+///
+/// ```
+/// use slidegate::TierLimits;
+/// use std::time::Duration;
+///
+/// let pro = TierLimits::new().limit(50).window(Duration::from_secs(60));
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TierLimits {
+    limit: Option<u32>,
+    window: Option<Duration>,
+    cost: Option<u32>,
+}
+
+impl TierLimits {
+    /// No overrides yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Overrides the limit.
+    #[must_use]
+    pub fn limit(mut self, limit: u32) -> Self {
+        self.limit = Some(limit);
+        self
+    }
+
+    /// Overrides the window.
+    #[must_use]
+    pub fn window(mut self, window: Duration) -> Self {
+        self.window = Some(window);
+        self
+    }
+
+    /// Overrides the cost of one request.
+    #[must_use]
+    pub fn cost(mut self, cost: u32) -> Self {
+        self.cost = Some(cost);
+        self
+    }
+}
+
+/// The limit, window and cost in force for one request: a policy's base
+/// values, or its overrides for the client's tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Limits {
+    /// Units allowed per window.
+    pub limit: u32,
+    /// The sliding window.
+    pub window: Duration,
+    /// Units one request consumes.
+    pub cost: u32,
+}
+
+/// One limit: at most `limit` units of cost per sliding `window`.
+///
+/// ```
+/// use slidegate::{FailMode, Policy};
+/// use std::time::Duration;
+///
+/// let login = Policy::new("login", 5, Duration::from_secs(60))
+///     .cost(1)
+///     .fail_mode(FailMode::Closed);
+/// assert_eq!(login.limit(), 5);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    name: Arc<str>,
+    limit: u32,
+    window: Duration,
+    algorithm: Algorithm,
+    cost: u32,
+    fail_mode: Option<FailMode>,
+    tiers: Vec<(Arc<str>, TierLimits)>,
+}
+
+impl Policy {
+    /// A policy named `name` allowing `limit` units per `window`, at a cost
+    /// of one unit per request. The name is part of every store key, so it
+    /// must be unique among the layer's policies and made of ASCII letters,
+    /// digits, `-` and `_`.
+    pub fn new(name: impl Into<Arc<str>>, limit: u32, window: Duration) -> Self {
+        Self {
+            name: name.into(),
+            limit,
+            window,
+            algorithm: Algorithm::default(),
+            cost: 1,
+            fail_mode: None,
+            tiers: Vec::new(),
+        }
+    }
+
+    /// Overrides the limit, window or cost for clients of `tier` (from a
+    /// JWT claim or an API-key table). Clients of other tiers, or of none,
+    /// get the base values.
+    ///
+    /// ```
+    /// use slidegate::{Policy, TierLimits};
+    /// use std::time::Duration;
+    ///
+    /// let search = Policy::new("search", 5, Duration::from_secs(60))
+    ///     .tier("pro", TierLimits::new().limit(50));
+    /// assert_eq!(search.limits_for(Some("pro")).limit, 50);
+    /// assert_eq!(search.limits_for(Some("gold")).limit, 5);
+    /// assert_eq!(search.limits_for(None).limit, 5);
+    /// ```
+    #[must_use]
+    pub fn tier(mut self, tier: impl Into<Arc<str>>, limits: TierLimits) -> Self {
+        let tier = tier.into();
+        self.tiers.retain(|(name, _)| *name != tier);
+        self.tiers.push((tier, limits));
+        self
+    }
+
+    /// The limits in force for a client of `tier`.
+    pub fn limits_for(&self, tier: Option<&str>) -> Limits {
+        let overrides = tier
+            .and_then(|tier| self.tiers.iter().find(|(name, _)| &**name == tier))
+            .map(|(_, limits)| *limits)
+            .unwrap_or_default();
+        Limits {
+            limit: overrides.limit.unwrap_or(self.limit),
+            window: overrides.window.unwrap_or(self.window),
+            cost: overrides.cost.unwrap_or(self.cost),
+        }
+    }
+
+    /// Sets the counting algorithm.
+    ///
+    /// ```
+    /// use slidegate::{Algorithm, Policy};
+    /// use std::time::Duration;
+    ///
+    /// let policy = Policy::new("api", 100, Duration::from_secs(60)).algorithm(Algorithm::SlidingLog);
+    /// assert_eq!(policy.algorithm_kind(), Algorithm::SlidingLog);
+    /// ```
+    #[must_use]
+    pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
+        self.algorithm = algorithm;
+        self
+    }
+
+    /// Sets how many units one request consumes (default 1). A cost above
+    /// the limit is refused when the policies are built.
+    ///
+    /// ```
+    /// use slidegate::Policy;
+    /// use std::time::Duration;
+    ///
+    /// let export = Policy::new("export", 100, Duration::from_secs(3600)).cost(10);
+    /// assert_eq!(export.unit_cost(), 10);
+    /// ```
+    #[must_use]
+    pub fn cost(mut self, cost: u32) -> Self {
+        self.cost = cost;
+        self
+    }
+
+    /// Sets the fail mode; without it the layer's default applies.
+    ///
+    /// ```
+    /// use slidegate::{FailMode, Policy};
+    /// use std::time::Duration;
+    ///
+    /// let policy = Policy::new("pay", 3, Duration::from_secs(60)).fail_mode(FailMode::Closed);
+    /// assert_eq!(policy.configured_fail_mode(), Some(FailMode::Closed));
+    /// ```
+    #[must_use]
+    pub fn fail_mode(mut self, fail_mode: FailMode) -> Self {
+        self.fail_mode = Some(fail_mode);
+        self
+    }
+
+    /// The policy's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The shared form of the name, cheap to clone into a store check.
+    pub(crate) fn shared_name(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    /// Units allowed per window.
+    pub fn limit(&self) -> u32 {
+        self.limit
+    }
+
+    /// The sliding window.
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+
+    /// The counting algorithm.
+    pub fn algorithm_kind(&self) -> Algorithm {
+        self.algorithm
+    }
+
+    /// Units consumed by one request.
+    pub fn unit_cost(&self) -> u32 {
+        self.cost
+    }
+
+    /// The fail mode set on this policy, if any.
+    pub fn configured_fail_mode(&self) -> Option<FailMode> {
+        self.fail_mode
+    }
+
+    fn validate(&self) -> Result<(), PolicyError> {
+        if !is_valid_name(&self.name) {
+            return Err(PolicyError::InvalidName {
+                name: self.name.to_string(),
+            });
+        }
+        validate_limits(self.name.to_string(), self.limits_for(None), self.algorithm)?;
+        for (tier, _) in &self.tiers {
+            let name = format!("{} (tier `{tier}`)", self.name);
+            validate_limits(name, self.limits_for(Some(tier)), self.algorithm)?;
+        }
+        Ok(())
+    }
+}
+
+fn validate_limits(name: String, limits: Limits, algorithm: Algorithm) -> Result<(), PolicyError> {
+    if limits.limit == 0 {
+        return Err(PolicyError::ZeroLimit { name });
+    }
+    if limits.window < Duration::from_millis(1) {
+        return Err(PolicyError::WindowTooShort { name });
+    }
+    if limits.window > MAX_WINDOW {
+        return Err(PolicyError::WindowTooLong { name });
+    }
+    if limits.cost == 0 {
+        return Err(PolicyError::ZeroCost { name });
+    }
+    if limits.cost > limits.limit {
+        return Err(PolicyError::CostAboveLimit {
+            name,
+            cost: limits.cost,
+            limit: limits.limit,
+        });
+    }
+    if algorithm == Algorithm::SlidingCounter {
+        let window_ms = limits.window.as_millis();
+        if !limits.window.subsec_nanos().is_multiple_of(1_000_000) {
+            return Err(PolicyError::CounterWindowNotWholeMillis { name });
+        }
+        if u128::from(limits.limit) * window_ms >= MAX_COUNTER_PRODUCT {
+            return Err(PolicyError::CounterTooLarge { name });
+        }
+    }
+    Ok(())
+}
+
+fn is_valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+/// A policy that failed validation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PolicyError {
+    /// The name is empty, too long, or has characters other than ASCII
+    /// letters, digits, `-` and `_`.
+    #[error("policy name `{name}` must be 1-64 ASCII letters, digits, `-` or `_`")]
+    InvalidName {
+        /// The offending name.
+        name: String,
+    },
+    /// The name is the one refused credentials are counted under (see
+    /// [`CredentialFailures`](crate::CredentialFailures)).
+    #[error("policy name `{name}` is reserved for counting refused credentials")]
+    ReservedName {
+        /// The reserved name.
+        name: String,
+    },
+    /// Two policies share a name, and so would share store keys.
+    #[error("policy name `{name}` is used twice")]
+    DuplicateName {
+        /// The repeated name.
+        name: String,
+    },
+    /// A limit of zero admits nothing.
+    #[error("policy `{name}`: limit must be at least 1")]
+    ZeroLimit {
+        /// The policy.
+        name: String,
+    },
+    /// The window is shorter than a millisecond.
+    #[error("policy `{name}`: window must be at least 1ms")]
+    WindowTooShort {
+        /// The policy.
+        name: String,
+    },
+    /// The window is longer than [`MAX_WINDOW`] (366 days).
+    #[error("policy `{name}`: window must be at most 366 days")]
+    WindowTooLong {
+        /// The policy.
+        name: String,
+    },
+    /// A request must cost at least one unit.
+    #[error("policy `{name}`: cost must be at least 1")]
+    ZeroCost {
+        /// The policy.
+        name: String,
+    },
+    /// A request costing more than the limit could never be admitted.
+    #[error(
+        "policy `{name}`: cost {cost} is above the limit {limit}, so no request could ever be admitted"
+    )]
+    CostAboveLimit {
+        /// The policy.
+        name: String,
+        /// Its cost.
+        cost: u32,
+        /// Its limit.
+        limit: u32,
+    },
+    /// A sliding-counter window is not a whole number of milliseconds.
+    #[error("policy `{name}`: a sliding_counter window must be whole milliseconds")]
+    CounterWindowNotWholeMillis {
+        /// The policy.
+        name: String,
+    },
+    /// A sliding counter's `limit × window in ms` is 2^51 or more, past
+    /// which its arithmetic would not be exact in Redis.
+    #[error(
+        "policy `{name}`: limit × window (in ms) must be below 2^51 for sliding_counter; \
+         use a shorter window, a lower limit, or sliding_log"
+    )]
+    CounterTooLarge {
+        /// The policy.
+        name: String,
+    },
+    /// The route is not `"METHOD /pattern"` or `"/pattern"`.
+    #[error("route `{route}` must be \"METHOD /pattern\" or \"/pattern\"")]
+    InvalidRoute {
+        /// The offending route text.
+        route: String,
+    },
+    /// The route's pattern is not one axum's router accepts beside the
+    /// others (a bad `{param}`, or two patterns that conflict).
+    #[error("route `{route}`: {reason}")]
+    InvalidPattern {
+        /// The offending route.
+        route: String,
+        /// What the router said.
+        reason: String,
+    },
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn minute(name: &str, limit: u32) -> Policy {
+        Policy::new(name, limit, Duration::from_secs(60))
+    }
+
+    #[test]
+    fn cost_above_limit_is_refused() {
+        let err = Policies::single(minute("p", 5).cost(6)).unwrap_err();
+        assert_eq!(
+            err,
+            PolicyError::CostAboveLimit {
+                name: "p".into(),
+                cost: 6,
+                limit: 5
+            }
+        );
+        assert!(Policies::single(minute("p", 5).cost(5)).is_ok());
+    }
+
+    #[test]
+    fn invalid_settings_are_refused() {
+        assert!(matches!(
+            Policies::single(minute("p", 0)),
+            Err(PolicyError::ZeroLimit { .. })
+        ));
+        assert!(matches!(
+            Policies::single(minute("p", 1).cost(0)),
+            Err(PolicyError::ZeroCost { .. })
+        ));
+        assert!(matches!(
+            Policies::single(Policy::new("p", 1, Duration::from_micros(10))),
+            Err(PolicyError::WindowTooShort { .. })
+        ));
+        for too_long in [Duration::MAX, MAX_WINDOW + Duration::from_micros(1)] {
+            assert!(matches!(
+                Policies::single(Policy::new("p", 1, too_long)),
+                Err(PolicyError::WindowTooLong { .. })
+            ));
+        }
+        assert!(Policies::single(Policy::new("p", 1, MAX_WINDOW)).is_ok());
+        for bad in ["", "a:b", "{x}", "a b", &"n".repeat(65)] {
+            assert!(matches!(
+                Policies::single(minute(bad, 1)),
+                Err(PolicyError::InvalidName { .. })
+            ));
+        }
+        let duplicate = Policies::builder()
+            .route("/a", minute("p", 1))
+            .default_policy(minute("p", 2))
+            .build();
+        assert!(matches!(duplicate, Err(PolicyError::DuplicateName { .. })));
+        let bad_route = Policies::builder().route("GET", minute("p", 1)).build();
+        assert!(matches!(bad_route, Err(PolicyError::InvalidRoute { .. })));
+        assert!(matches!(
+            Policies::single(minute("credential_failures", 1)),
+            Err(PolicyError::ReservedName { .. })
+        ));
+    }
+
+    #[test]
+    fn tier_overrides_are_validated_too() {
+        let bad_tier = minute("p", 10)
+            .cost(2)
+            .tier("free", TierLimits::new().limit(1));
+        assert_eq!(
+            Policies::single(bad_tier).unwrap_err(),
+            PolicyError::CostAboveLimit {
+                name: "p (tier `free`)".into(),
+                cost: 2,
+                limit: 1
+            }
+        );
+        let replaced = minute("p", 10)
+            .tier("pro", TierLimits::new().limit(1))
+            .tier("pro", TierLimits::new().limit(20).cost(4));
+        let pro = replaced.limits_for(Some("pro"));
+        assert_eq!(
+            (pro.limit, pro.cost, pro.window),
+            (20, 4, Duration::from_secs(60))
+        );
+    }
+
+    #[test]
+    fn sliding_counter_limits_keep_its_arithmetic_exact() {
+        let counter = |limit, window| {
+            Policies::single(Policy::new("c", limit, window).algorithm(Algorithm::SlidingCounter))
+        };
+        assert!(counter(1_000_000, Duration::from_secs(3600)).is_ok());
+        assert!(matches!(
+            counter(u32::MAX, Duration::from_secs(86_400 * 30)),
+            Err(PolicyError::CounterTooLarge { .. })
+        ));
+        assert!(matches!(
+            counter(10, Duration::from_micros(1500)),
+            Err(PolicyError::CounterWindowNotWholeMillis { .. })
+        ));
+        // The log and the fixed window have no such bound.
+        let log = Policy::new("l", u32::MAX, Duration::from_secs(86_400 * 30));
+        assert!(Policies::single(log.clone()).is_ok());
+        assert!(Policies::single(log.algorithm(Algorithm::FixedWindow)).is_ok());
+    }
+}

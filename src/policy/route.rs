@@ -1,0 +1,77 @@
+//! [`Route`]: which requests a policy applies to.
+
+use std::fmt;
+
+use http::Method;
+
+use super::PolicyError;
+
+/// Which requests a policy applies to: an HTTP method (or any) and a route
+/// pattern as axum spells it (`/users/{id}`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    pub(super) method: Option<Method>,
+    pub(super) pattern: String,
+}
+
+impl Route {
+    /// Parses `"METHOD /pattern"` or `"/pattern"` (any method).
+    ///
+    /// ```
+    /// use slidegate::Route;
+    ///
+    /// let route = Route::parse("GET /api/search").unwrap();
+    /// assert!(route.matches(&http::Method::GET, "/api/search"));
+    /// assert!(!route.matches(&http::Method::POST, "/api/search"));
+    /// assert!(Route::parse("/api/videos").unwrap().matches(&http::Method::DELETE, "/api/videos"));
+    /// assert!(Route::parse("GET api").is_err());
+    /// ```
+    pub fn parse(route: &str) -> Result<Self, PolicyError> {
+        let invalid = || PolicyError::InvalidRoute {
+            route: route.to_owned(),
+        };
+        let route_text = route.trim();
+        let (method, pattern) = match route_text.split_once(char::is_whitespace) {
+            Some((method, pattern)) => {
+                let method = Method::from_bytes(method.as_bytes()).map_err(|_| invalid())?;
+                (Some(method), pattern.trim())
+            }
+            None => (None, route_text),
+        };
+        if !pattern.starts_with('/') || pattern.contains(char::is_whitespace) {
+            return Err(invalid());
+        }
+        Ok(Self {
+            method,
+            pattern: pattern.to_owned(),
+        })
+    }
+
+    /// Whether a request with `method` on the route pattern `path` matches.
+    /// (Through [`Policies`], a `GET` route also governs `HEAD`, as axum
+    /// routes it.)
+    pub fn matches(&self, method: &Method, path: &str) -> bool {
+        self.method.as_ref().is_none_or(|m| m == method) && self.pattern == path
+    }
+}
+
+impl fmt::Display for Route {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.method {
+            Some(method) => write!(f, "{method} {}", self.pattern),
+            None => f.write_str(&self.pattern),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn route_display_round_trips() {
+        for text in ["GET /api/search", "/api/videos", "POST /users/{id}"] {
+            assert_eq!(Route::parse(text).unwrap().to_string(), text);
+        }
+    }
+}

@@ -1,0 +1,456 @@
+//! [`Policies`]: the validated set of a layer's policies, and the table
+//! that selects a request's policies by route and method.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use http::Method;
+
+use super::{Policy, PolicyError, Route};
+
+#[derive(Debug)]
+struct Scoped {
+    route: Option<Route>,
+    policy: Arc<Policy>,
+}
+
+/// The validated set of policies of a layer: route-scoped ones, ones for
+/// every route, and a default for requests no route-scoped policy matches.
+///
+/// Every policy whose route matches applies; a request is admitted only if
+/// all of them admit it.
+///
+/// ```
+/// use slidegate::{Policies, Policy};
+/// use std::time::Duration;
+///
+/// let policies = Policies::builder()
+///     .route("GET /api/search", Policy::new("search", 5, Duration::from_secs(60)))
+///     .every_route(Policy::new("account", 1000, Duration::from_secs(3600)))
+///     .default_policy(Policy::new("default", 100, Duration::from_secs(60)))
+///     .build()
+///     .unwrap();
+/// let names: Vec<_> = policies
+///     .select(&http::Method::GET, "/api/search")
+///     .iter()
+///     .map(|p| p.name().to_owned())
+///     .collect();
+/// assert_eq!(names, ["search", "account"]);
+/// ```
+#[derive(Debug, Clone)]
+pub struct Policies {
+    scoped: Arc<[Scoped]>,
+    default: Option<Arc<Policy>>,
+    selections: Arc<Selections>,
+}
+
+/// The answer of [`Policies::select`] for every route pattern and method,
+/// worked out once when the policies are built.
+#[derive(Debug, Default)]
+struct Selections {
+    by_pattern: HashMap<String, PatternSelections>,
+    /// The patterns, to match a request's path against outside axum, as
+    /// axum's router (matchit) would.
+    paths: matchit::Router<String>,
+    /// For requests whose route no policy names.
+    elsewhere: Box<[Arc<Policy>]>,
+}
+
+#[derive(Debug)]
+struct PatternSelections {
+    by_method: Vec<(Method, Box<[Arc<Policy>]>)>,
+    other_methods: Box<[Arc<Policy>]>,
+}
+
+impl Selections {
+    fn new(scoped: &[Scoped], default: Option<&Arc<Policy>>) -> Result<Self, PolicyError> {
+        let elsewhere = scoped
+            .iter()
+            .filter(|s| s.route.is_none())
+            .map(|s| s.policy.clone())
+            .chain(default.cloned())
+            .collect();
+        let mut by_pattern = HashMap::new();
+        let mut paths = matchit::Router::new();
+        for route in scoped.iter().filter_map(|s| s.route.as_ref()) {
+            if by_pattern.contains_key(&route.pattern) {
+                continue;
+            }
+            paths
+                .insert(route.pattern.clone(), route.pattern.clone())
+                .map_err(|error| PolicyError::InvalidPattern {
+                    route: route.to_string(),
+                    reason: error.to_string(),
+                })?;
+            let mut methods: Vec<Method> = Vec::new();
+            for method in scoped
+                .iter()
+                .filter_map(|s| s.route.as_ref())
+                .filter(|r| r.pattern == route.pattern)
+                .filter_map(|r| r.method.as_ref())
+            {
+                if !methods.contains(method) {
+                    methods.push(method.clone());
+                }
+            }
+            // axum serves `HEAD` with the `GET` handler unless a route names
+            // `HEAD`: so do the policies, sharing the `GET` counts.
+            if methods.contains(&Method::GET) && !methods.contains(&Method::HEAD) {
+                methods.push(Method::HEAD);
+            }
+            // A method no route names stands for every such method.
+            let other = Method::from_bytes(b"SLIDEGATE-OTHER-METHOD").expect("a valid token");
+            let selections = PatternSelections {
+                by_method: methods
+                    .into_iter()
+                    .map(|m| {
+                        let selected = select_slowly(scoped, default, &m, &route.pattern);
+                        (m, selected.into())
+                    })
+                    .collect(),
+                other_methods: select_slowly(scoped, default, &other, &route.pattern).into(),
+            };
+            by_pattern.insert(route.pattern.clone(), selections);
+        }
+        Ok(Self {
+            by_pattern,
+            paths,
+            elsewhere,
+        })
+    }
+
+    /// The selections of the pattern `route`, or of the pattern the path
+    /// `route` matches.
+    fn of(&self, route: &str, is_path: bool) -> Option<&PatternSelections> {
+        match self.by_pattern.get(route) {
+            Some(selections) => Some(selections),
+            None if is_path => {
+                let pattern = self.paths.at(route).ok()?.value;
+                self.by_pattern.get(pattern)
+            }
+            None => None,
+        }
+    }
+}
+
+/// Every policy whose route matches, in order, and the default when no
+/// route-scoped policy does. A `HEAD` request is a `GET` unless a route of
+/// its pattern names `HEAD`.
+fn select_slowly(
+    scoped: &[Scoped],
+    default: Option<&Arc<Policy>>,
+    method: &Method,
+    path: &str,
+) -> Vec<Arc<Policy>> {
+    let head_named = scoped.iter().any(|s| {
+        s.route
+            .as_ref()
+            .is_some_and(|r| r.pattern == path && r.method.as_ref() == Some(&Method::HEAD))
+    });
+    let method = if *method == Method::HEAD && !head_named {
+        &Method::GET
+    } else {
+        method
+    };
+    let mut selected = Vec::new();
+    let mut route_matched = false;
+    for scoped in scoped {
+        match &scoped.route {
+            Some(route) if route.matches(method, path) => {
+                route_matched = true;
+                selected.push(scoped.policy.clone());
+            }
+            Some(_) => {}
+            None => selected.push(scoped.policy.clone()),
+        }
+    }
+    if let (false, Some(default)) = (route_matched, default) {
+        selected.push(default.clone());
+    }
+    selected
+}
+
+impl Policies {
+    /// Starts an empty set of policies.
+    pub fn builder() -> PoliciesBuilder {
+        PoliciesBuilder::default()
+    }
+
+    /// A set holding one policy applied to every request.
+    ///
+    /// ```
+    /// use slidegate::{Policies, Policy};
+    /// use std::time::Duration;
+    ///
+    /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
+    /// assert_eq!(policies.select(&http::Method::GET, "/anything").len(), 1);
+    /// ```
+    pub fn single(policy: Policy) -> Result<Self, PolicyError> {
+        Self::builder().every_route(policy).build()
+    }
+
+    /// The policies that apply to a request with `method` on `route`: the
+    /// pattern axum matched (`/users/{id}`, from `MatchedPath`), or, for a
+    /// service outside axum, the request's path (`/users/42`), matched
+    /// against the policies' patterns as axum's router would. A lookup in
+    /// a table built with the policies, whatever their number.
+    ///
+    /// ```
+    /// use slidegate::{Policies, Policy};
+    /// use std::time::Duration;
+    ///
+    /// let policies = Policies::builder()
+    ///     .route("GET /users/{id}", Policy::new("user", 5, Duration::from_secs(60)))
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(policies.select(&http::Method::GET, "/users/{id}")[0].name(), "user");
+    /// assert_eq!(policies.select(&http::Method::GET, "/users/42")[0].name(), "user");
+    /// assert!(policies.select(&http::Method::GET, "/users/42/posts").is_empty());
+    /// ```
+    pub fn select(&self, method: &Method, route: &str) -> &[Arc<Policy>] {
+        self.select_in(method, route, true)
+    }
+
+    /// The policies for `method` on the pattern `pattern` only (axum's
+    /// `MatchedPath`), or on the path `pattern` when `is_path`.
+    pub(crate) fn select_in(&self, method: &Method, route: &str, is_path: bool) -> &[Arc<Policy>] {
+        match self.selections.of(route, is_path) {
+            Some(pattern) => pattern
+                .by_method
+                .iter()
+                .find(|(m, _)| m == method)
+                .map_or(&pattern.other_methods, |(_, selected)| selected),
+            None => &self.selections.elsewhere,
+        }
+    }
+
+    /// The route patterns of these policies that are none of `patterns`
+    /// (the routes a router serves): a route a policy names but no request
+    /// can reach, as a typo would make. The example server reports them
+    /// at start-up.
+    ///
+    /// ```
+    /// use slidegate::{Policies, Policy};
+    /// use std::time::Duration;
+    ///
+    /// let policies = Policies::builder()
+    ///     .route("GET /api/serach", Policy::new("search", 5, Duration::from_secs(60)))
+    ///     .build()
+    ///     .unwrap();
+    /// let unknown: Vec<String> = policies
+    ///     .routes_outside(["/api/search", "/api/videos"])
+    ///     .map(|route| route.to_string())
+    ///     .collect();
+    /// assert_eq!(unknown, ["GET /api/serach"]);
+    /// ```
+    pub fn routes_outside<'a>(
+        &'a self,
+        patterns: impl IntoIterator<Item = &'a str>,
+    ) -> impl Iterator<Item = &'a Route> {
+        let known: Vec<&str> = patterns.into_iter().collect();
+        self.scoped
+            .iter()
+            .filter_map(|scoped| scoped.route.as_ref())
+            .filter(move |route| !known.contains(&route.pattern.as_str()))
+    }
+
+    /// Every policy in the set, default last.
+    pub fn iter(&self) -> impl Iterator<Item = &Policy> {
+        self.scoped
+            .iter()
+            .map(|s| s.policy.as_ref())
+            .chain(self.default.as_deref())
+    }
+}
+
+/// Collects policies for [`Policies`]; validation happens in
+/// [`build`](PoliciesBuilder::build).
+#[derive(Debug, Default)]
+#[must_use]
+pub struct PoliciesBuilder {
+    scoped: Vec<(Option<String>, Policy)>,
+    default: Option<Policy>,
+}
+
+impl PoliciesBuilder {
+    /// Applies `policy` to requests matching `route` (`"GET /api/search"` or
+    /// `"/api/search"`).
+    ///
+    /// ```
+    /// use slidegate::{Policies, Policy};
+    /// use std::time::Duration;
+    ///
+    /// let policies = Policies::builder()
+    ///     .route("POST /api/login", Policy::new("login", 5, Duration::from_secs(60)))
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(policies.select(&http::Method::POST, "/api/login").len(), 1);
+    /// assert!(policies.select(&http::Method::GET, "/api/login").is_empty());
+    /// ```
+    pub fn route(mut self, route: impl Into<String>, policy: Policy) -> Self {
+        self.scoped.push((Some(route.into()), policy));
+        self
+    }
+
+    /// Applies `policy` to every request, beside any route-scoped ones (a
+    /// per-account quota, say).
+    ///
+    /// ```
+    /// use slidegate::{Policies, Policy};
+    /// use std::time::Duration;
+    ///
+    /// let policies = Policies::builder()
+    ///     .every_route(Policy::new("quota", 10_000, Duration::from_secs(86_400)))
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(policies.select(&http::Method::GET, "/x").len(), 1);
+    /// ```
+    pub fn every_route(mut self, policy: Policy) -> Self {
+        self.scoped.push((None, policy));
+        self
+    }
+
+    /// Applies `policy` to requests that no route-scoped policy matches.
+    ///
+    /// ```
+    /// use slidegate::{Policies, Policy};
+    /// use std::time::Duration;
+    ///
+    /// let policies = Policies::builder()
+    ///     .route("/a", Policy::new("a", 1, Duration::from_secs(1)))
+    ///     .default_policy(Policy::new("rest", 100, Duration::from_secs(60)))
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(policies.select(&http::Method::GET, "/b")[0].name(), "rest");
+    /// assert_eq!(policies.select(&http::Method::GET, "/a")[0].name(), "a");
+    /// ```
+    pub fn default_policy(mut self, policy: Policy) -> Self {
+        self.default = Some(policy);
+        self
+    }
+
+    /// Validates every policy and route.
+    pub fn build(self) -> Result<Policies, PolicyError> {
+        let mut names = std::collections::HashSet::new();
+        let all = self
+            .scoped
+            .iter()
+            .map(|(_, p)| p)
+            .chain(self.default.as_ref());
+        for policy in all {
+            policy.validate()?;
+            if &*policy.name == crate::credentials::POLICY_NAME {
+                return Err(PolicyError::ReservedName {
+                    name: policy.name.to_string(),
+                });
+            }
+            if !names.insert(policy.name.clone()) {
+                return Err(PolicyError::DuplicateName {
+                    name: policy.name.to_string(),
+                });
+            }
+        }
+        let scoped = self
+            .scoped
+            .into_iter()
+            .map(|(route, policy)| {
+                Ok(Scoped {
+                    route: route.as_deref().map(Route::parse).transpose()?,
+                    policy: Arc::new(policy),
+                })
+            })
+            .collect::<Result<Vec<_>, PolicyError>>()?;
+        let default = self.default.map(Arc::new);
+        let selections = Arc::new(Selections::new(&scoped, default.as_ref())?);
+        Ok(Policies {
+            scoped: scoped.into(),
+            default,
+            selections,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn minute(name: &str, limit: u32) -> Policy {
+        Policy::new(name, limit, Duration::from_secs(60))
+    }
+
+    #[test]
+    fn default_applies_only_when_no_route_matches() {
+        let policies = Policies::builder()
+            .route("GET /a", minute("a", 1))
+            .route("/a", minute("a-any", 1))
+            .default_policy(minute("d", 1))
+            .build()
+            .unwrap();
+        let names = |method: Method, path: &str| -> Vec<String> {
+            policies
+                .select(&method, path)
+                .iter()
+                .map(|p| p.name().to_owned())
+                .collect()
+        };
+        assert_eq!(names(Method::GET, "/a"), ["a", "a-any"]);
+        assert_eq!(names(Method::POST, "/a"), ["a-any"]);
+        assert_eq!(names(Method::GET, "/b"), ["d"]);
+    }
+
+    #[test]
+    fn the_selection_table_agrees_with_matching_every_route() {
+        let policies = Policies::builder()
+            .route("GET /a", minute("get-a", 1))
+            .route("/a", minute("any-a", 1))
+            .route("POST /a", minute("post-a", 1))
+            .route("DELETE /b", minute("delete-b", 1))
+            .route("GET /c", minute("get-c", 1))
+            .route("HEAD /c", minute("head-c", 1))
+            .every_route(minute("quota", 1))
+            .default_policy(minute("d", 1))
+            .build()
+            .unwrap();
+        let names = |selected: &[Arc<Policy>]| -> Vec<String> {
+            selected.iter().map(|p| p.name().to_owned()).collect()
+        };
+        let methods = [
+            Method::GET,
+            Method::HEAD,
+            Method::POST,
+            Method::DELETE,
+            Method::PATCH,
+        ];
+        for method in methods {
+            for path in ["/a", "/b", "/c", "/d", ""] {
+                let slow =
+                    select_slowly(&policies.scoped, policies.default.as_ref(), &method, path);
+                assert_eq!(
+                    names(policies.select(&method, path)),
+                    names(&slow),
+                    "{method} {path}"
+                );
+            }
+        }
+        assert_eq!(names(policies.select(&Method::PATCH, "/b")), ["quota", "d"]);
+    }
+
+    #[test]
+    fn head_is_get_unless_a_route_names_head() {
+        let policies = Policies::builder()
+            .route("GET /a", minute("get-a", 1))
+            .route("GET /c", minute("get-c", 1))
+            .route("HEAD /c", minute("head-c", 1))
+            .default_policy(minute("d", 1))
+            .build()
+            .unwrap();
+        let first =
+            |method: Method, path: &str| policies.select(&method, path)[0].name().to_owned();
+        assert_eq!(first(Method::HEAD, "/a"), "get-a");
+        assert_eq!(first(Method::HEAD, "/c"), "head-c");
+        assert_eq!(first(Method::GET, "/c"), "get-c");
+        assert_eq!(first(Method::HEAD, "/elsewhere"), "d");
+    }
+}

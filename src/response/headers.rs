@@ -1,0 +1,212 @@
+//! The rate-limit headers: `X-RateLimit-*`, the IETF `RateLimit` and
+//! `RateLimit-Policy` fields, and the ready-made values of small numbers.
+
+use std::fmt::Write as _;
+use std::sync::LazyLock;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+use crate::store::{Check, Decision};
+
+/// `X-RateLimit-Limit`: units allowed per window.
+pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+/// `X-RateLimit-Remaining`: units left in the window.
+pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+/// `X-RateLimit-Reset`: when capacity next grows.
+pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// `RateLimit-Policy`: the quota policies that applied (IETF httpapi draft).
+pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// `RateLimit`: what is left of each quota policy (IETF httpapi draft).
+pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
+/// Which rate-limit headers responses carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum HeaderStyle {
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`,
+    /// for the policy closest to denying (on a 429, the one that denied).
+    #[default]
+    XRateLimit,
+    /// `RateLimit-Policy` and `RateLimit` as in
+    /// draft-ietf-httpapi-ratelimit-headers-10, one item per policy that
+    /// applied: `"search";q=5;w=60` and `"search";r=4;t=58`.
+    Ietf,
+    /// Both of the above.
+    Both,
+    /// No rate-limit headers (a 429 still carries `Retry-After`).
+    None,
+}
+
+impl HeaderStyle {
+    fn x_ratelimit(self) -> bool {
+        matches!(self, Self::XRateLimit | Self::Both)
+    }
+
+    fn ietf(self) -> bool {
+        matches!(self, Self::Ietf | Self::Both)
+    }
+}
+
+/// How `X-RateLimit-Reset` expresses time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ResetFormat {
+    /// Seconds from now, rounded up.
+    #[default]
+    DeltaSeconds,
+    /// A Unix timestamp in seconds, rounded up.
+    UnixSeconds,
+}
+
+/// Whole seconds, rounded up.
+pub(crate) fn ceil_seconds(duration: Duration) -> u64 {
+    duration.as_secs() + u64::from(duration.subsec_nanos() > 0)
+}
+
+/// Rate-limit header fields computed once the store has decided, written
+/// when the response is ready. Small, since it travels with the inner
+/// service's future: the `X-RateLimit-*` trio as numbers, the IETF fields
+/// (text) boxed.
+#[derive(Debug, Default)]
+pub(crate) struct RateHeaders {
+    /// `X-RateLimit-Limit`, `-Remaining` and `-Reset`.
+    x_ratelimit: Option<[u64; 3]>,
+    /// `RateLimit-Policy` and `RateLimit`.
+    ietf: Option<Box<[HeaderValue; 2]>>,
+}
+
+/// Header values of the integers most often sent (limits, remaining units
+/// and seconds up to this), made once: cloning one costs no allocation.
+const CACHED_NUMBERS: u64 = 4096;
+
+/// The header value of `n`.
+pub(crate) fn number_value(n: u64) -> HeaderValue {
+    static NUMBERS: LazyLock<Vec<HeaderValue>> = LazyLock::new(|| {
+        // One string holding every cached number, kept for the life of the
+        // process, so that each value is a cheap `from_static`.
+        let mut text = String::new();
+        let mut ends = Vec::with_capacity(CACHED_NUMBERS as usize);
+        for n in 0..CACHED_NUMBERS {
+            let _ = write!(text, "{n}");
+            ends.push(text.len());
+        }
+        let text: &'static str = Box::leak(text.into_boxed_str());
+        let mut start = 0;
+        ends.into_iter()
+            .map(|end| {
+                let value = HeaderValue::from_static(&text[start..end]);
+                start = end;
+                value
+            })
+            .collect()
+    });
+    match usize::try_from(n) {
+        Ok(index) if n < CACHED_NUMBERS => NUMBERS[index].clone(),
+        // Formatted on the stack and copied once (`From<u64>` allocates twice).
+        _ => HeaderValue::from_str(itoa::Buffer::new().format(n))
+            .expect("decimal digits are a valid header value"),
+    }
+}
+
+impl RateHeaders {
+    /// The headers for a request whose checks got `decisions`: the
+    /// `X-RateLimit-*` trio from the decision at `reported`, the IETF fields
+    /// from all of them. On a 429, `retry_after` caps every `t`, so that no
+    /// `t` promises capacity later than `Retry-After` does.
+    pub(crate) fn new(
+        checks: &[Check],
+        decisions: &[Decision],
+        reported: usize,
+        retry_after: Option<u64>,
+        style: HeaderStyle,
+        reset_format: ResetFormat,
+    ) -> Self {
+        let mut fields = Self::default();
+        if style.x_ratelimit() {
+            let decision = &decisions[reported];
+            let reset = match reset_format {
+                ResetFormat::DeltaSeconds => ceil_seconds(decision.reset),
+                ResetFormat::UnixSeconds => {
+                    let now = SystemTime::now()
+                        .duration_since(UNIX_EPOCH)
+                        .unwrap_or_default();
+                    ceil_seconds(now + decision.reset)
+                }
+            };
+            fields.x_ratelimit = Some([decision.limit.into(), decision.remaining.into(), reset]);
+        }
+        if style.ietf() {
+            let mut policy = String::new();
+            let mut state = String::new();
+            for (check, decision) in checks.iter().zip(decisions) {
+                let separator = if policy.is_empty() { "" } else { ", " };
+                let t = ceil_seconds(decision.reset);
+                let t = retry_after.map_or(t, |cap| t.min(cap));
+                // Policy names are ASCII letters, digits, `-` and `_`: valid
+                // in a structured-field string as they are.
+                let _ = write!(
+                    policy,
+                    "{separator}\"{}\";q={};w={}",
+                    check.policy,
+                    check.limit,
+                    ceil_seconds(check.window)
+                );
+                let _ = write!(
+                    state,
+                    "{separator}\"{}\";r={};t={t}",
+                    check.policy, decision.remaining
+                );
+            }
+            if let (Ok(policy), Ok(state)) =
+                (HeaderValue::try_from(policy), HeaderValue::try_from(state))
+            {
+                fields.ietf = Some(Box::new([policy, state]));
+            }
+        }
+        fields
+    }
+
+    /// Writes the fields into `headers`, replacing any of the same name.
+    pub(crate) fn write(self, headers: &mut HeaderMap) {
+        if let Some([limit, remaining, reset]) = self.x_ratelimit {
+            headers.insert(X_RATELIMIT_LIMIT, number_value(limit));
+            headers.insert(X_RATELIMIT_REMAINING, number_value(remaining));
+            headers.insert(X_RATELIMIT_RESET, number_value(reset));
+        }
+        if let Some(ietf) = self.ietf {
+            let [policy, state] = *ietf;
+            headers.insert(RATELIMIT_POLICY, policy);
+            headers.insert(RATELIMIT, state);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn number_values_match_their_decimal_form_cached_or_not() {
+        for n in [
+            0,
+            1,
+            42,
+            CACHED_NUMBERS - 1,
+            CACHED_NUMBERS,
+            1_000_000_000,
+            u64::MAX,
+        ] {
+            assert_eq!(number_value(n), HeaderValue::from(n), "{n}");
+        }
+    }
+
+    #[test]
+    fn seconds_round_up() {
+        assert_eq!(ceil_seconds(Duration::ZERO), 0);
+        assert_eq!(ceil_seconds(Duration::from_micros(1)), 1);
+        assert_eq!(ceil_seconds(Duration::from_secs(2)), 2);
+        assert_eq!(ceil_seconds(Duration::from_millis(2001)), 3);
+    }
+}

@@ -1,0 +1,20 @@
+//! What the limiter writes: the rate-limit headers on every answer, and
+//! the answers it gives itself, which a rejection hook may replace.
+//!
+//! * [`headers`]: `X-RateLimit-*` and the IETF fields;
+//! * [`problem`]: the default `application/problem+json` answers;
+//! * [`rejection`]: [`Rejection`], what the hook sees, and how its answer
+//!   is completed;
+//! * [`limited`]: [`Limited`], a denial as the hook sees it.
+
+pub(crate) mod headers;
+pub(crate) mod limited;
+pub(crate) mod problem;
+pub(crate) mod rejection;
+
+pub use headers::{
+    HeaderStyle, RATELIMIT, RATELIMIT_POLICY, ResetFormat, X_RATELIMIT_LIMIT,
+    X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
+};
+pub use limited::Limited;
+pub use rejection::{CostAboveLimit, Rejection};
