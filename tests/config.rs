@@ -69,55 +69,80 @@ fn refused(source: &str, line: usize, key: &str) -> String {
     let error = Config::from_toml_str(source).expect_err("the config must be refused");
     let message = error.to_string();
     assert_eq!(error.line(), Some(line), "wrong line in: {message}");
+    assert_eq!(error.key(), Some(key), "wrong key in: {message}");
     assert!(message.contains(key), "`{key}` not named in: {message}");
     message
 }
 
 #[test]
 fn unknown_keys_are_errors() {
-    refused("[limiter]\nfail = \"open\"\nfial = \"closed\"\n", 3, "fial");
-    refused(&format!("{POLICY}limt = 5\n"), 6, "limt");
+    refused(
+        "[limiter]\nfail = \"open\"\nfial = \"closed\"\n",
+        3,
+        "limiter.fial",
+    );
+    refused(&format!("{POLICY}limt = 5\n"), 6, "policy[0].limt");
     refused(
         "[limiter]\nkeys = [\"jwt\"]\n[jwt]\nsecret = \"x\"\nleway = \"5s\"\n",
         5,
-        "leway",
+        "jwt.leway",
     );
     refused(
         &format!("{POLICY}tiers = {{ pro = {{ limt = 50 }} }}\n"),
         6,
-        "limt",
+        "policy[0].tiers.pro.limt",
     );
     refused(
         "[redis]\nurl = \"redis://x\"\nclusterr = true\n",
         3,
-        "clusterr",
+        "redis.clusterr",
     );
     refused(
         "[default]\nlimit = 1\nwindow = \"1s\"\nroute = \"/x\"\n",
         4,
-        "route",
+        "default.route",
     );
 }
 
 #[test]
 fn bad_values_name_their_key() {
-    refused(&POLICY.replace("limit = 5", "limit = \"five\""), 4, "limit");
-    refused(&POLICY.replace("limit = 5", "limit = -1"), 4, "limit");
-    refused(&POLICY.replace("\"60s\"", "\"soon\""), 5, "window");
-    refused(&POLICY.replace("\"60s\"", "\"400days\""), 5, "window");
+    refused(
+        &POLICY.replace("limit = 5", "limit = \"five\""),
+        4,
+        "policy[0].limit",
+    );
+    refused(
+        &POLICY.replace("limit = 5", "limit = -1"),
+        4,
+        "policy[0].limit",
+    );
+    refused(
+        &POLICY.replace("\"60s\"", "\"soon\""),
+        5,
+        "policy[0].window",
+    );
+    refused(
+        &POLICY.replace("\"60s\"", "\"400days\""),
+        5,
+        "policy[0].window",
+    );
     refused(
         &format!("{POLICY}algorithm = \"leaky_bucket\"\n"),
         6,
-        "algorithm",
+        "policy[0].algorithm",
     );
-    refused(&format!("{POLICY}fail = \"maybe\"\n"), 6, "fail");
-    refused("[limiter]\nheaders = \"fancy\"\n", 2, "headers");
+    refused(&format!("{POLICY}fail = \"maybe\"\n"), 6, "policy[0].fail");
+    refused("[limiter]\nheaders = \"fancy\"\n", 2, "limiter.headers");
     refused(
         "[limiter]\ntrusted_proxies = [\"10.0.0.0/33\"]\n",
         2,
-        "trusted_proxies",
+        "limiter.trusted_proxies[0]",
     );
-    refused("[limiter]\nkeys = [\"ip\", \"fingerprint\"]\n", 2, "keys");
+    refused(
+        "[limiter]\nkeys = [\"ip\", \"fingerprint\"]\n",
+        2,
+        "limiter.keys[1]",
+    );
     refused("[limiter]\nkeys = []\n", 2, "limiter.keys");
     refused(
         "[limiter]\napi_key_header = \"bad header\"\n",
@@ -127,12 +152,12 @@ fn bad_values_name_their_key() {
     refused("[redis]\ntimeout_ms = 0\n", 2, "redis.timeout_ms");
     refused("[redis]\npool_size = 0\n", 2, "redis.pool_size");
     refused("[memory]\nmax_keys = 0\n", 2, "memory.max_keys");
-    refused("[memory]\nmax_keys = -5\n", 2, "max_keys");
-    refused("[memory]\nmax_key = 5\n", 2, "max_key");
+    refused("[memory]\nmax_keys = -5\n", 2, "memory.max_keys");
+    refused("[memory]\nmax_key = 5\n", 2, "memory.max_key");
     refused(
         "[limiter]\nunknown_api_key = \"ignore\"\n",
         2,
-        "unknown_api_key",
+        "limiter.unknown_api_key",
     );
 }
 
@@ -179,8 +204,12 @@ fn invalid_policies_name_their_key() {
 
 #[test]
 fn missing_keys_and_broken_syntax_point_at_the_line() {
-    refused("[[policy]]\nname = \"p\"\nwindow = \"1s\"\n", 1, "limit");
-    refused("[limiter\nfail = \"open\"\n", 1, "config");
+    refused(
+        "[[policy]]\nname = \"p\"\nwindow = \"1s\"\n",
+        1,
+        "policy[0].limit",
+    );
+    refused("[limiter\nfail = \"open\"\n", 1, "limiter");
 }
 
 #[test]
@@ -266,7 +295,7 @@ fn bad_identity_settings_name_key_and_line() {
     refused(
         &with("secret = \"change-me\"        ", "tier_claim_x = 1\n"),
         8,
-        "tier_claim_x",
+        "jwt.tier_claim_x",
     );
     refused(&with("secret = \"change-me\"", "issuer = \"me\""), 7, "jwt");
     refused(
@@ -384,5 +413,9 @@ fn the_deny_cache_can_be_switched() {
     for value in ["true", "false"] {
         Config::from_toml_str(&format!("[limiter]\ndeny_cache = {value}\n")).unwrap();
     }
-    refused("[limiter]\ndeny_cache = \"sometimes\"\n", 2, "deny_cache");
+    refused(
+        "[limiter]\ndeny_cache = \"sometimes\"\n",
+        2,
+        "limiter.deny_cache",
+    );
 }

@@ -112,6 +112,38 @@ fn line_of(source: &str, offset: usize) -> usize {
     source[..offset.min(source.len())].matches('\n').count() + 1
 }
 
+/// The step a path takes into a `toml::Spanned` value, which is not a key
+/// of the file.
+const SPANNED_STEP: &str = ".$__serde_spanned_private_value";
+
+/// The field a "missing field `name`" error names.
+fn missing_field(message: &str) -> Option<&str> {
+    message.strip_prefix("missing field `")?.split('`').next()
+}
+
+/// A file that is not TOML at all: the line is exact, the key the one
+/// written on it, if any (the table only, in `[api_keys]`, whose keys are
+/// secrets).
+fn syntax_error(source: &str, error: &toml::de::Error) -> ConfigError {
+    let offset = error.span().map_or(0, |span| span.start);
+    let key = error
+        .span()
+        .and_then(|_| key_on_line(source, offset))
+        .map(|key| {
+            if section_of(source, offset) == Some("api_keys") {
+                "api_keys".to_owned()
+            } else {
+                key
+            }
+        });
+    ConfigError {
+        file: None,
+        line: error.span().map(|_| line_of(source, offset)),
+        key,
+        message: error.message().trim().to_owned(),
+    }
+}
+
 /// The key written on the line at `offset`: `name` of `name = value`, or
 /// the table of a `[table]` header.
 fn key_on_line(source: &str, offset: usize) -> Option<String> {
@@ -464,23 +496,31 @@ impl Config {
     }
 
     fn parse(source: &str, base: &Path) -> Result<Self, ConfigError> {
-        let raw: RawConfig = toml::from_str(source).map_err(|e| {
-            let offset = e.span().map_or(0, |s| s.start);
+        let deserializer =
+            toml::Deserializer::parse(source).map_err(|e| syntax_error(source, &e))?;
+        let raw: RawConfig = serde_path_to_error::deserialize(deserializer).map_err(|e| {
+            // The path serde took to the value, exact: `policy[0].limit`
+            // (less the step into a `Spanned`), and a missing field's name.
+            let mut path = e.path().to_string().replace(SPANNED_STEP, "");
+            let error = e.into_inner();
+            if let Some(field) = missing_field(error.message()) {
+                path = if path == "." {
+                    field.to_owned()
+                } else {
+                    format!("{path}.{field}")
+                };
+            }
+            let key = match path.as_str() {
+                "" | "." => None,
+                // Keys of [api_keys] are secrets: name the table only.
+                path if path.starts_with("api_keys") => Some("api_keys".to_owned()),
+                path => Some(path.to_owned()),
+            };
             ConfigError {
                 file: None,
-                line: e.span().map(|_| line_of(source, offset)),
-                key: e
-                    .span()
-                    .and_then(|_| key_on_line(source, offset))
-                    .map(|key| {
-                        // Keys of [api_keys] are secrets: name the table only.
-                        if section_of(source, offset) == Some("api_keys") {
-                            "api_keys".to_owned()
-                        } else {
-                            key
-                        }
-                    }),
-                message: e.message().trim().to_owned(),
+                line: error.span().map(|span| line_of(source, span.start)),
+                key,
+                message: error.message().trim().to_owned(),
             }
         })?;
         Self::validate(raw, source, base)
