@@ -7,18 +7,18 @@
 use std::cmp::Reverse;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::Response;
 use http::request::Parts;
+use http::{HeaderValue, Response};
 
 use crate::deny_cache::DenyCache;
 use crate::key::{Identity, KeyRejection};
 use crate::layer::{Options, Shared};
 use crate::policy::cost::{self, Checks, Costs};
-use crate::policy::{Cost, FailMode, Policy};
+use crate::policy::plan::Plan;
+use crate::policy::{Cost, FailMode};
 use crate::response::headers::RateHeaders;
 use crate::response::problem::{
     client_unidentified, cost_above_limit, invalid_credentials, limiter_unavailable,
@@ -52,31 +52,30 @@ pub(crate) enum Sent {
     },
 }
 
-/// The policies of a request: by the route pattern axum matched
+/// The plan of a request: by the route pattern axum matched
 /// (`MatchedPath`), or, outside axum, by its path matched against the
 /// policies' patterns.
-pub(crate) fn policies_for<'a>(shared: &'a Shared, parts: &Parts) -> &'a [Arc<Policy>] {
+pub(crate) fn plan_for<'a>(shared: &'a Shared, parts: &Parts) -> &'a Plan {
     #[cfg(feature = "axum")]
     if let Some(matched) = parts.extensions.get::<axum::extract::MatchedPath>() {
         return shared
             .policies
-            .select_in(&parts.method, matched.as_str(), false);
+            .plan_in(&parts.method, matched.as_str(), false);
     }
     shared
         .policies
-        .select_in(&parts.method, parts.uri.path(), true)
+        .plan_in(&parts.method, parts.uri.path(), true)
 }
 
 /// Whether a policy that counts the request fails closed: policies a
 /// computed cost exempts do not decide how the request fails.
-pub(crate) fn fails_closed(
-    policies: &[Arc<Policy>],
-    costs: Option<&Costs>,
-    default: FailMode,
-) -> bool {
-    policies.iter().enumerate().any(|(index, policy)| {
-        let counted = costs.is_none_or(|costs| costs[index] != Cost::Exempt);
-        counted && policy.configured_fail_mode().unwrap_or(default) == FailMode::Closed
+pub(crate) fn fails_closed(plan: &Plan, costs: Option<&Costs>, default: FailMode) -> bool {
+    let Some(costs) = costs else {
+        return plan.fails_closed(default);
+    };
+    plan.policies().iter().zip(costs).any(|(policy, cost)| {
+        *cost != Cost::Exempt
+            && policy.configured_fail_mode().unwrap_or(default) == FailMode::Closed
     })
 }
 
@@ -184,17 +183,18 @@ pub(crate) fn cached_denial(
     ))
 }
 
-/// Builds the checks of `identity` under `policies` and sends them: the
-/// answer is known at once for a cost above the limit, an exempt request,
-/// a denial the deny cache knows, or a store that decides in process.
+/// Builds the checks of `identity` under `plan` and sends them: the answer
+/// is known at once for a cost above the limit, an exempt request, a
+/// denial the deny cache knows, or a store that decides in process.
 pub(crate) fn send(
     shared: &Shared,
-    policies: &[Arc<Policy>],
+    plan: &Plan,
     identity: &Identity,
     costs: Option<&Costs>,
     fail_closed: bool,
 ) -> Sent {
-    let checks = match cost::checks(policies, &identity.key, identity.tier.as_deref(), costs) {
+    let tier = identity.tier.as_deref();
+    let checks = match cost::checks(plan, &identity.key, tier, costs) {
         Ok(checks) => checks,
         Err(denied) => {
             let rejection = Rejection::CostAboveLimit(&denied);
@@ -218,13 +218,35 @@ pub(crate) fn send(
         sent_at = cache.now();
     }
     match shared.store.check(&checks).into_ready() {
-        Ok(outcome) => Sent::Now(decide(shared, &checks, fail_closed, sent_at, outcome)),
+        Ok(outcome) => {
+            let ietf_policy = ietf_policy(plan, tier, &checks);
+            Sent::Now(decide(
+                shared,
+                &checks,
+                ietf_policy,
+                fail_closed,
+                sent_at,
+                outcome,
+            ))
+        }
         Err(check) => Sent::Later {
             check,
             checks,
             sent_at,
         },
     }
+}
+
+/// `RateLimit-Policy` as the plan has it for `tier`, when every policy
+/// counts the request (`checks` holds one check per policy).
+pub(crate) fn ietf_policy<'a>(
+    plan: &'a Plan,
+    tier: Option<&str>,
+    checks: &[Check],
+) -> Option<&'a HeaderValue> {
+    (checks.len() == plan.policies().len())
+        .then(|| plan.tier(tier).ietf_policy.as_ref())
+        .flatten()
 }
 
 /// The index of the first decision with the least `key` (0 when empty).
@@ -237,10 +259,12 @@ fn index_of_min<K: Ord>(decisions: &[Decision], key: impl Fn(&Decision) -> K) ->
 }
 
 /// Where the store's answer for `checks` leads: the inner service with the
-/// rate-limit headers, a `429`, or, when the store failed, the fail mode.
+/// rate-limit headers (`RateLimit-Policy` as `ietf_policy` when the plan
+/// has it), a `429`, or, when the store failed, the fail mode.
 pub(crate) fn decide(
     shared: &Shared,
     checks: &[Check],
+    ietf_policy: Option<&HeaderValue>,
     fail_closed: bool,
     sent_at: u64,
     outcome: CheckOutcome,
@@ -267,6 +291,7 @@ pub(crate) fn decide(
                 &decisions,
                 reported,
                 None,
+                ietf_policy,
                 options.header_style,
                 options.reset_format,
             )))

@@ -200,10 +200,10 @@ where
     /// once.
     fn send(&mut self) -> Flow {
         let shared = &*self.shared;
-        let policies = flow::policies_for(shared, &self.parts);
+        let plan = flow::plan_for(shared, &self.parts);
         match flow::send(
             shared,
-            policies,
+            plan,
             &self.identity,
             self.costs.as_ref(),
             self.fail_closed,
@@ -223,9 +223,12 @@ where
 
     fn decided(&mut self, outcome: CheckOutcome) -> Next {
         let checks = self.sent.take().unwrap_or_default();
+        let plan = flow::plan_for(&self.shared, &self.parts);
+        let tier = self.identity.tier.as_deref();
         flow::decide(
             &self.shared,
             &checks,
+            flow::ietf_policy(plan, tier, &checks),
             self.fail_closed,
             self.sent_at,
             outcome,

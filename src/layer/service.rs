@@ -89,8 +89,8 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let (mut parts, body) = request.into_parts();
         let shared = &*self.shared;
-        let policies = flow::policies_for(shared, &parts);
-        if policies.is_empty() {
+        let plan = flow::plan_for(shared, &parts);
+        if plan.policies().is_empty() {
             return ResponseFuture::calling(
                 self.inner.call(Request::from_parts(parts, body)),
                 None,
@@ -119,12 +119,12 @@ where
             }
         };
         let costs: Option<Costs> = shared.request_cost.as_ref().map(|request_cost| {
-            policies
+            plan.policies()
                 .iter()
                 .map(|policy| request_cost.cost(&parts, policy))
                 .collect()
         });
-        let fail_closed = flow::fails_closed(policies, costs.as_ref(), shared.options.fail_mode);
+        let fail_closed = flow::fails_closed(plan, costs.as_ref(), shared.options.fail_mode);
 
         // An API key still to be confirmed has no tier to look up yet.
         let (step, identity, sent, sent_at) = if identity.unconfirmed.is_some() {
@@ -134,7 +134,7 @@ where
         } else if let Some(lookup) = flow::tier_lookup(shared, &parts, &identity) {
             (Step::LookingUp(lookup), identity, None, 0)
         } else {
-            match flow::send(shared, policies, &identity, costs.as_ref(), fail_closed) {
+            match flow::send(shared, plan, &identity, costs.as_ref(), fail_closed) {
                 Sent::Now(Next::Call(headers)) => {
                     if shared.options.insert_identity {
                         parts.extensions.insert(identity);

@@ -1,11 +1,10 @@
 //! Per-request costs: [`RequestCost`], and the checks a request's costs
 //! make.
 
-use std::sync::Arc;
-
 use http::request::Parts;
 use smallvec::SmallVec;
 
+use super::plan::Plan;
 use crate::key::Key;
 use crate::policy::Policy;
 use crate::response::rejection::CostAboveLimit;
@@ -99,32 +98,39 @@ pub(crate) type Costs = SmallVec<[Cost; 2]>;
 /// usual one or two.
 pub(crate) type Checks = SmallVec<[Check; 2]>;
 
-/// The request's checks for the client `key` of `tier`: one per policy,
-/// at the computed cost where there is one, none for a policy that exempts
-/// the request.
+/// The request's checks for the client `key` of `tier` under `plan`: one
+/// per policy, at the computed cost where there is one, none for a policy
+/// that exempts the request.
 pub(crate) fn checks(
-    policies: &[Arc<Policy>],
+    plan: &Plan,
     key: &Key,
     tier: Option<&str>,
     costs: Option<&Costs>,
 ) -> Result<Checks, CostAboveLimit> {
     let mut checks = Checks::new();
-    for (index, policy) in policies.iter().enumerate() {
-        let mut check = Check::for_tier(policy, key.clone(), tier);
-        match costs.map_or(Cost::Policy, |costs| costs[index]) {
-            Cost::Policy => {}
+    let limits = &plan.tier(tier).limits;
+    for (index, (policy, limits)) in plan.policies().iter().zip(limits.iter()).enumerate() {
+        let cost = match costs.map_or(Cost::Policy, |costs| costs[index]) {
+            Cost::Policy => limits.cost,
             Cost::Exempt => continue,
-            Cost::Units(units) if units > check.limit => {
+            Cost::Units(units) if units > limits.limit => {
                 return Err(CostAboveLimit {
-                    policy: check.policy,
+                    policy: policy.shared_name().clone(),
                     cost: units,
-                    limit: check.limit,
-                    window: check.window,
+                    limit: limits.limit,
+                    window: limits.window,
                 });
             }
-            Cost::Units(units) => check.cost = units.max(1),
-        }
-        checks.push(check);
+            Cost::Units(units) => units.max(1),
+        };
+        checks.push(Check {
+            policy: policy.shared_name().clone(),
+            key: key.clone(),
+            limit: limits.limit,
+            window: limits.window,
+            cost,
+            algorithm: policy.algorithm_kind(),
+        });
     }
     Ok(checks)
 }

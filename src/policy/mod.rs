@@ -5,9 +5,12 @@
 //! * [`route`]: the [`Route`] a policy applies to;
 //! * [`table`]: [`Policies`], the validated set, and the table that
 //!   selects a request's policies;
+//! * [`plan`]: what the request path reads for one route and method,
+//!   per tier, worked out when the policies are built;
 //! * [`cost`]: what a request costs, and the checks it makes.
 
 pub(crate) mod cost;
+pub(crate) mod plan;
 mod route;
 mod table;
 

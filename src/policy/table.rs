@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use http::Method;
 
+use super::plan::Plan;
 use super::{Policy, PolicyError, Route};
 
 #[derive(Debug)]
@@ -46,30 +47,32 @@ pub struct Policies {
 
 /// The answer of [`Policies::select`] for every route pattern and method,
 /// worked out once when the policies are built.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Selections {
     by_pattern: HashMap<String, PatternSelections>,
     /// The patterns, to match a request's path against outside axum, as
     /// axum's router (matchit) would.
     paths: matchit::Router<String>,
     /// For requests whose route no policy names.
-    elsewhere: Box<[Arc<Policy>]>,
+    elsewhere: Plan,
 }
 
 #[derive(Debug)]
 struct PatternSelections {
-    by_method: Vec<(Method, Box<[Arc<Policy>]>)>,
-    other_methods: Box<[Arc<Policy>]>,
+    by_method: Vec<(Method, Plan)>,
+    other_methods: Plan,
 }
 
 impl Selections {
     fn new(scoped: &[Scoped], default: Option<&Arc<Policy>>) -> Result<Self, PolicyError> {
-        let elsewhere = scoped
-            .iter()
-            .filter(|s| s.route.is_none())
-            .map(|s| s.policy.clone())
-            .chain(default.cloned())
-            .collect();
+        let elsewhere = Plan::new(
+            scoped
+                .iter()
+                .filter(|s| s.route.is_none())
+                .map(|s| s.policy.clone())
+                .chain(default.cloned())
+                .collect(),
+        );
         let mut by_pattern = HashMap::new();
         let mut paths = matchit::Router::new();
         for route in scoped.iter().filter_map(|s| s.route.as_ref()) {
@@ -105,10 +108,10 @@ impl Selections {
                     .into_iter()
                     .map(|m| {
                         let selected = select_slowly(scoped, default, &m, &route.pattern);
-                        (m, selected.into())
+                        (m, Plan::new(selected))
                     })
                     .collect(),
-                other_methods: select_slowly(scoped, default, &other, &route.pattern).into(),
+                other_methods: Plan::new(select_slowly(scoped, default, &other, &route.pattern)),
             };
             by_pattern.insert(route.pattern.clone(), selections);
         }
@@ -208,18 +211,18 @@ impl Policies {
     /// assert!(policies.select(&http::Method::GET, "/users/42/posts").is_empty());
     /// ```
     pub fn select(&self, method: &Method, route: &str) -> &[Arc<Policy>] {
-        self.select_in(method, route, true)
+        self.plan_in(method, route, true).policies()
     }
 
-    /// The policies for `method` on the pattern `pattern` only (axum's
-    /// `MatchedPath`), or on the path `pattern` when `is_path`.
-    pub(crate) fn select_in(&self, method: &Method, route: &str, is_path: bool) -> &[Arc<Policy>] {
+    /// The plan for `method` on the pattern `route` only (axum's
+    /// `MatchedPath`), or on the path `route` when `is_path`.
+    pub(crate) fn plan_in(&self, method: &Method, route: &str, is_path: bool) -> &Plan {
         match self.selections.of(route, is_path) {
             Some(pattern) => pattern
                 .by_method
                 .iter()
                 .find(|(m, _)| m == method)
-                .map_or(&pattern.other_methods, |(_, selected)| selected),
+                .map_or(&pattern.other_methods, |(_, plan)| plan),
             None => &self.selections.elsewhere,
         }
     }

@@ -110,16 +110,49 @@ pub(crate) fn number_value(n: u64) -> HeaderValue {
     }
 }
 
+/// `RateLimit-Policy` for `checks`: `"name";q=limit;w=window` each.
+/// Policy names are ASCII letters, digits, `-` and `_`: valid in a
+/// structured-field string as they are.
+fn policy_value(checks: &[Check]) -> Option<HeaderValue> {
+    let mut text = String::new();
+    for check in checks {
+        let separator = if text.is_empty() { "" } else { ", " };
+        let (limit, window) = (check.limit, ceil_seconds(check.window));
+        let _ = write!(text, "{separator}\"{}\";q={limit};w={window}", check.policy);
+    }
+    HeaderValue::try_from(text).ok()
+}
+
+/// `RateLimit` for `checks` and their `decisions`:
+/// `"name";r=remaining;t=seconds` each, `t` at most `retry_after`.
+fn state_value(
+    checks: &[Check],
+    decisions: &[Decision],
+    retry_after: Option<u64>,
+) -> Option<HeaderValue> {
+    let mut text = String::new();
+    for (check, decision) in checks.iter().zip(decisions) {
+        let separator = if text.is_empty() { "" } else { ", " };
+        let t = ceil_seconds(decision.reset);
+        let t = retry_after.map_or(t, |cap| t.min(cap));
+        let remaining = decision.remaining;
+        let _ = write!(text, "{separator}\"{}\";r={remaining};t={t}", check.policy);
+    }
+    HeaderValue::try_from(text).ok()
+}
+
 impl RateHeaders {
     /// The headers for a request whose checks got `decisions`: the
     /// `X-RateLimit-*` trio from the decision at `reported`, the IETF fields
-    /// from all of them. On a 429, `retry_after` caps every `t`, so that no
-    /// `t` promises capacity later than `Retry-After` does.
+    /// from all of them (`RateLimit-Policy` is `policy` when the plan has
+    /// it ready). On a 429, `retry_after` caps every `t`, so that no `t`
+    /// promises capacity later than `Retry-After` does.
     pub(crate) fn new(
         checks: &[Check],
         decisions: &[Decision],
         reported: usize,
         retry_after: Option<u64>,
+        policy: Option<&HeaderValue>,
         style: HeaderStyle,
         reset_format: ResetFormat,
     ) -> Self {
@@ -138,30 +171,9 @@ impl RateHeaders {
             fields.x_ratelimit = Some([decision.limit.into(), decision.remaining.into(), reset]);
         }
         if style.ietf() {
-            let mut policy = String::new();
-            let mut state = String::new();
-            for (check, decision) in checks.iter().zip(decisions) {
-                let separator = if policy.is_empty() { "" } else { ", " };
-                let t = ceil_seconds(decision.reset);
-                let t = retry_after.map_or(t, |cap| t.min(cap));
-                // Policy names are ASCII letters, digits, `-` and `_`: valid
-                // in a structured-field string as they are.
-                let _ = write!(
-                    policy,
-                    "{separator}\"{}\";q={};w={}",
-                    check.policy,
-                    check.limit,
-                    ceil_seconds(check.window)
-                );
-                let _ = write!(
-                    state,
-                    "{separator}\"{}\";r={};t={t}",
-                    check.policy, decision.remaining
-                );
-            }
-            if let (Ok(policy), Ok(state)) =
-                (HeaderValue::try_from(policy), HeaderValue::try_from(state))
-            {
+            let policy = policy.cloned().or_else(|| policy_value(checks));
+            let state = state_value(checks, decisions, retry_after);
+            if let (Some(policy), Some(state)) = (policy, state) {
                 fields.ietf = Some(Box::new([policy, state]));
             }
         }

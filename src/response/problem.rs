@@ -133,6 +133,7 @@ pub(crate) fn too_many_requests(
             decisions,
             denied,
             Some(retry_after),
+            None,
             style,
             reset_format,
         )

@@ -1,0 +1,152 @@
+//! [`Plan`]: what the request path reads for one (route, method), worked
+//! out once when the policies are built: the policies, and per tier their
+//! limits and the `RateLimit-Policy` field.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use http::HeaderValue;
+
+use super::{FailMode, Limits, Policy};
+use crate::response::headers::ceil_seconds;
+
+/// The policies that apply to one (route, method), and what a request
+/// under them needs per tier.
+#[derive(Debug)]
+pub(crate) struct Plan {
+    policies: Box<[Arc<Policy>]>,
+    /// For clients of no tier, or of a tier no policy names.
+    base: TierPlan,
+    /// For clients of each tier some policy names.
+    tiers: Box<[(Arc<str>, TierPlan)]>,
+    /// Whether a policy sets [`FailMode::Closed`] itself.
+    closed: bool,
+    /// Whether a policy sets no fail mode (the layer's default decides).
+    defaulted: bool,
+}
+
+/// What a request of one tier reads: one entry per policy, in order.
+#[derive(Debug)]
+pub(crate) struct TierPlan {
+    /// The limit, window and cost of each policy for the tier.
+    pub(crate) limits: Box<[Limits]>,
+    /// `RateLimit-Policy` when every policy counts the request.
+    pub(crate) ietf_policy: Option<HeaderValue>,
+}
+
+impl TierPlan {
+    fn new(policies: &[Arc<Policy>], tier: Option<&str>) -> Self {
+        let limits: Box<[Limits]> = policies.iter().map(|p| p.limits_for(tier)).collect();
+        let mut text = String::new();
+        for (policy, limits) in policies.iter().zip(&limits) {
+            let separator = if text.is_empty() { "" } else { ", " };
+            // Policy names are ASCII letters, digits, `-` and `_`: valid in
+            // a structured-field string as they are.
+            let _ = write!(
+                text,
+                "{separator}\"{}\";q={};w={}",
+                policy.name(),
+                limits.limit,
+                ceil_seconds(limits.window)
+            );
+        }
+        Self {
+            limits,
+            ietf_policy: HeaderValue::try_from(text).ok(),
+        }
+    }
+}
+
+impl Plan {
+    pub(crate) fn new(policies: Vec<Arc<Policy>>) -> Self {
+        let mut tier_names: Vec<&Arc<str>> = Vec::new();
+        for policy in &policies {
+            for (tier, _) in &policy.tiers {
+                if !tier_names.contains(&tier) {
+                    tier_names.push(tier);
+                }
+            }
+        }
+        let tiers = tier_names
+            .into_iter()
+            .map(|tier| (tier.clone(), TierPlan::new(&policies, Some(tier))))
+            .collect();
+        Self {
+            base: TierPlan::new(&policies, None),
+            tiers,
+            closed: policies
+                .iter()
+                .any(|p| p.fail_mode == Some(FailMode::Closed)),
+            defaulted: policies.iter().any(|p| p.fail_mode.is_none()),
+            policies: policies.into(),
+        }
+    }
+
+    /// The policies, in order.
+    pub(crate) fn policies(&self) -> &[Arc<Policy>] {
+        &self.policies
+    }
+
+    /// What a client of `tier` reads.
+    pub(crate) fn tier(&self, tier: Option<&str>) -> &TierPlan {
+        tier.and_then(|tier| self.tiers.iter().find(|(name, _)| &**name == tier))
+            .map_or(&self.base, |(_, plan)| plan)
+    }
+
+    /// Whether a request that every policy counts fails closed when the
+    /// layer's default is `default`.
+    pub(crate) fn fails_closed(&self, default: FailMode) -> bool {
+        self.closed || (self.defaulted && default == FailMode::Closed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::policy::TierLimits;
+
+    fn plan() -> Plan {
+        let search = Policy::new("search", 5, Duration::from_secs(60)).tier(
+            "pro",
+            TierLimits::new()
+                .limit(50)
+                .window(Duration::from_millis(1500)),
+        );
+        let daily =
+            Policy::new("daily", 1000, Duration::from_secs(86_400)).fail_mode(FailMode::Open);
+        Plan::new(vec![Arc::new(search), Arc::new(daily)])
+    }
+
+    #[test]
+    fn each_tier_reads_its_own_limits_and_policy_field() {
+        let plan = plan();
+        let pro = plan.tier(Some("pro"));
+        assert_eq!(pro.limits[0].limit, 50);
+        assert_eq!(pro.limits[1].limit, 1000);
+        assert_eq!(
+            pro.ietf_policy.as_ref().unwrap(),
+            "\"search\";q=50;w=2, \"daily\";q=1000;w=86400"
+        );
+        for tier in [None, Some("gold")] {
+            let base = plan.tier(tier);
+            assert_eq!(base.limits[0].limit, 5);
+            assert_eq!(
+                base.ietf_policy.as_ref().unwrap(),
+                "\"search\";q=5;w=60, \"daily\";q=1000;w=86400"
+            );
+        }
+    }
+
+    #[test]
+    fn a_policy_without_a_fail_mode_takes_the_layers() {
+        let plan = plan();
+        assert!(!plan.fails_closed(FailMode::Open));
+        assert!(plan.fails_closed(FailMode::Closed));
+        let closed = Plan::new(vec![Arc::new(
+            Policy::new("pay", 3, Duration::from_secs(60)).fail_mode(FailMode::Closed),
+        )]);
+        assert!(closed.fails_closed(FailMode::Open));
+    }
+}
