@@ -267,6 +267,10 @@ impl RedisCluster {
                     &config,
                     "--cluster-node-timeout",
                     "2000",
+                    // Replicas sync at once, not after diskless sync's
+                    // default wait of 5 s for more replicas to join.
+                    "--repl-diskless-sync-delay",
+                    "0",
                 ],
             ) {
                 nodes.push(node);
@@ -299,11 +303,19 @@ impl RedisCluster {
         cluster
     }
 
+    /// Whether every node sees the cluster as ok with its slots, and every
+    /// replication link is up, its replica online (so `WAIT` can count it).
     fn is_ready(&self) -> bool {
         self.nodes.iter().all(|node| {
             let info = node.cli(&["cluster", "info"]);
             let slots = node.cli(&["cluster", "slots"]);
-            info.contains("cluster_state:ok") && !slots.trim().is_empty()
+            let replication = node.cli(&["info", "replication"]);
+            let linked = if replication.contains("role:master") {
+                replication.contains("state=online")
+            } else {
+                replication.contains("master_link_status:up")
+            };
+            info.contains("cluster_state:ok") && !slots.trim().is_empty() && linked
         })
     }
 
