@@ -1,0 +1,126 @@
+//! [`ConfigError`]: where a configuration file went wrong, to the key and
+//! line.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// A configuration file that could not be used: where, which key, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub(super) file: Option<PathBuf>,
+    pub(super) line: Option<usize>,
+    pub(super) key: Option<String>,
+    pub(super) message: String,
+}
+
+impl ConfigError {
+    /// The 1-based line of the offending key, when known.
+    pub fn line(&self) -> Option<usize> {
+        self.line
+    }
+
+    /// The offending key, e.g. `policy[1].cost`, when known.
+    pub fn key(&self) -> Option<&str> {
+        self.key.as_deref()
+    }
+
+    pub(super) fn at(
+        source: &str,
+        offset: usize,
+        key: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        Self {
+            file: None,
+            line: Some(line_of(source, offset)),
+            key: Some(key.into()),
+            message: message.into(),
+        }
+    }
+
+    pub(super) fn in_file(mut self, file: &Path) -> Self {
+        self.file = Some(file.to_owned());
+        self
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.file {
+            Some(file) => write!(f, "{}", file.display())?,
+            None => f.write_str("config")?,
+        }
+        if let Some(line) = self.line {
+            write!(f, ", line {line}")?;
+        }
+        if let Some(key) = &self.key {
+            write!(f, ", key `{key}`")?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+pub(super) fn line_of(source: &str, offset: usize) -> usize {
+    source[..offset.min(source.len())].matches('\n').count() + 1
+}
+
+/// The step a path takes into a `toml::Spanned` value, which is not a key
+/// of the file.
+pub(super) const SPANNED_STEP: &str = ".$__serde_spanned_private_value";
+
+/// The field a "missing field `name`" error names.
+pub(super) fn missing_field(message: &str) -> Option<&str> {
+    message.strip_prefix("missing field `")?.split('`').next()
+}
+
+/// A file that is not TOML at all: the line is exact, the key the one
+/// written on it, if any (the table only, in `[api_keys]`, whose keys are
+/// secrets).
+pub(super) fn syntax_error(source: &str, error: &toml::de::Error) -> ConfigError {
+    let offset = error.span().map_or(0, |span| span.start);
+    let key = error
+        .span()
+        .and_then(|_| key_on_line(source, offset))
+        .map(|key| {
+            if section_of(source, offset) == Some("api_keys") {
+                "api_keys".to_owned()
+            } else {
+                key
+            }
+        });
+    ConfigError {
+        file: None,
+        line: error.span().map(|_| line_of(source, offset)),
+        key,
+        message: error.message().trim().to_owned(),
+    }
+}
+
+/// The key written on the line at `offset`: `name` of `name = value`, or
+/// the table of a `[table]` header.
+pub(super) fn key_on_line(source: &str, offset: usize) -> Option<String> {
+    let offset = offset.min(source.len());
+    let start = source[..offset].rfind('\n').map_or(0, |i| i + 1);
+    let line = source[start..].lines().next()?.trim();
+    if let Some((key, _)) = line.split_once('=') {
+        return Some(key.trim().trim_matches('"').to_owned());
+    }
+    line.starts_with('[').then(|| {
+        line.trim_matches(|c| c == '[' || c == ']')
+            .trim()
+            .to_owned()
+    })
+}
+
+/// The `[table]` that the line at `offset` belongs to.
+pub(super) fn section_of(source: &str, offset: usize) -> Option<&str> {
+    source[..offset.min(source.len())]
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find_map(|line| line.strip_prefix('['))
+        .and_then(|header| header.split(']').next())
+        .map(str::trim)
+}

@@ -1,0 +1,292 @@
+//! The configuration file as TOML reads it, before validation: spans kept
+//! for error positions, names for every closed set of values.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use ipnet::IpNet;
+use serde::{Deserialize, Deserializer};
+use toml::Spanned;
+
+use super::jwt::RawJwt;
+use super::redis::RawRedis;
+use crate::policy::{Algorithm, FailMode};
+
+/// A humantime duration such as `"60s"` or `"1h 30m"`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct HumanDuration(pub(super) Duration);
+
+impl<'de> Deserialize<'de> for HumanDuration {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        humantime::parse_duration(&text)
+            .map(HumanDuration)
+            .map_err(|e| {
+                serde::de::Error::custom(format!(
+                    "`{text}` is not a duration ({e}); write e.g. \"60s\" or \"1h\""
+                ))
+            })
+    }
+}
+
+/// A CIDR such as `"10.0.0.0/8"`, or one address.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Cidr(pub(super) IpNet);
+
+impl<'de> Deserialize<'de> for Cidr {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse::<IpNet>()
+            .or_else(|_| text.parse::<std::net::IpAddr>().map(IpNet::from))
+            .map(Cidr)
+            .map_err(|_| {
+                serde::de::Error::custom(format!("`{text}` is not a CIDR range or an IP address"))
+            })
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConfig {
+    pub(super) redis: Option<RawRedis>,
+    #[serde(default)]
+    pub(super) limiter: RawLimiter,
+    pub(super) memory: Option<RawMemory>,
+    pub(super) jwt: Option<Spanned<RawJwt>>,
+    pub(super) api_keys: Option<Spanned<BTreeMap<String, Spanned<String>>>>,
+    #[serde(default)]
+    pub(super) policy: Vec<RawPolicy>,
+    pub(super) default: Option<RawPolicyBody>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawLimiter {
+    pub(super) keys: Spanned<Vec<KeySource>>,
+    pub(super) api_key_header: Spanned<String>,
+    pub(super) unknown_api_key: UnknownApiKeyName,
+    pub(super) trusted_proxies: Vec<Cidr>,
+    pub(super) forwarded_header: ForwardedHeaderName,
+    pub(super) ipv6_prefix: Spanned<u8>,
+    pub(super) headers: HeaderStyleName,
+    pub(super) reset: ResetName,
+    pub(super) fail: FailName,
+    pub(super) deny_cache: Option<bool>,
+    pub(super) credential_failures: RawCredentialFailures,
+}
+
+impl Default for RawLimiter {
+    fn default() -> Self {
+        Self {
+            keys: Spanned::new(0..0, vec![KeySource::Ip]),
+            api_key_header: Spanned::new(0..0, "x-api-key".to_owned()),
+            unknown_api_key: UnknownApiKeyName::Next,
+            trusted_proxies: Vec::new(),
+            forwarded_header: ForwardedHeaderName::XForwardedFor,
+            ipv6_prefix: Spanned::new(0..0, 64),
+            headers: HeaderStyleName::XRatelimit,
+            reset: ResetName::Delta,
+            fail: FailName::Open,
+            deny_cache: None,
+            credential_failures: RawCredentialFailures::default(),
+        }
+    }
+}
+
+/// `limiter.credential_failures`: `false`, `true` (the defaults), or
+/// `{ limit = 10, window = "60s" }`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum RawCredentialFailures {
+    Off,
+    On { limit: u32, window: Duration },
+}
+
+impl Default for RawCredentialFailures {
+    fn default() -> Self {
+        Self::On {
+            limit: 10,
+            window: Duration::from_secs(60),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for RawCredentialFailures {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Switch;
+
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Limits {
+            limit: u32,
+            window: HumanDuration,
+        }
+
+        impl<'de> serde::de::Visitor<'de> for Switch {
+            type Value = RawCredentialFailures;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("false, true, or { limit = 10, window = \"60s\" }")
+            }
+
+            fn visit_bool<E: serde::de::Error>(self, on: bool) -> Result<Self::Value, E> {
+                Ok(if on {
+                    RawCredentialFailures::default()
+                } else {
+                    RawCredentialFailures::Off
+                })
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let limits =
+                    Limits::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+                if limits.limit == 0 {
+                    return Err(serde::de::Error::custom("`limit` must be at least 1"));
+                }
+                if limits.window.0 < Duration::from_millis(1) {
+                    return Err(serde::de::Error::custom("`window` must be at least 1ms"));
+                }
+                Ok(RawCredentialFailures::On {
+                    limit: limits.limit,
+                    window: limits.window.0,
+                })
+            }
+        }
+
+        deserializer.deserialize_any(Switch)
+    }
+}
+
+/// The `[memory]` section: the in-process store.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawMemory {
+    pub(super) max_keys: Option<Spanned<usize>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum KeySource {
+    Jwt,
+    ApiKey,
+    Ip,
+    Global,
+}
+
+/// What an API key outside `[api_keys]` gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum UnknownApiKeyName {
+    /// No identity: the next key source decides.
+    Next,
+    /// `401` with reason `unknown_api_key`.
+    Reject,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(super) enum ForwardedHeaderName {
+    XForwardedFor,
+    Forwarded,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(super) enum HeaderStyleName {
+    XRatelimit,
+    Ietf,
+    Both,
+    None,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum ResetName {
+    Delta,
+    Unix,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum FailName {
+    Open,
+    Closed,
+}
+
+impl From<FailName> for FailMode {
+    fn from(name: FailName) -> Self {
+        match name {
+            FailName::Open => FailMode::Open,
+            FailName::Closed => FailMode::Closed,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum AlgorithmName {
+    SlidingLog,
+    SlidingCounter,
+    FixedWindow,
+}
+
+impl From<AlgorithmName> for Algorithm {
+    fn from(name: AlgorithmName) -> Self {
+        match name {
+            AlgorithmName::SlidingLog => Self::SlidingLog,
+            AlgorithmName::SlidingCounter => Self::SlidingCounter,
+            AlgorithmName::FixedWindow => Self::FixedWindow,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPolicy {
+    pub(super) name: Spanned<String>,
+    pub(super) route: Option<Spanned<String>>,
+    pub(super) limit: Spanned<u32>,
+    pub(super) window: Spanned<HumanDuration>,
+    pub(super) algorithm: Option<AlgorithmName>,
+    pub(super) cost: Option<Spanned<u32>>,
+    pub(super) fail: Option<FailName>,
+    pub(super) tiers: Option<BTreeMap<String, Spanned<RawTier>>>,
+}
+
+/// A tier's overrides in `tiers = { pro = { limit = 50 } }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTier {
+    pub(super) limit: Option<Spanned<u32>>,
+    pub(super) window: Option<Spanned<HumanDuration>>,
+    pub(super) cost: Option<Spanned<u32>>,
+}
+
+impl RawPolicy {
+    /// The name, the route, and what a `[default]` table also has.
+    pub(super) fn split(self) -> (Spanned<String>, Option<Spanned<String>>, RawPolicyBody) {
+        let body = RawPolicyBody {
+            limit: self.limit,
+            window: self.window,
+            algorithm: self.algorithm,
+            cost: self.cost,
+            fail: self.fail,
+            tiers: self.tiers,
+        };
+        (self.name, self.route, body)
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPolicyBody {
+    pub(super) limit: Spanned<u32>,
+    pub(super) window: Spanned<HumanDuration>,
+    pub(super) algorithm: Option<AlgorithmName>,
+    pub(super) cost: Option<Spanned<u32>>,
+    pub(super) fail: Option<FailName>,
+    pub(super) tiers: Option<BTreeMap<String, Spanned<RawTier>>>,
+}

@@ -1,0 +1,182 @@
+//! [`RedisStoreBuilder`]: how a [`RedisStore`] is configured.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_redis::redis::Script;
+
+use super::batch::Queue;
+use super::lanes::Lanes;
+use super::library::Library;
+use super::{
+    CHECK_SCRIPT, Connections, DEFAULT_CONNECTIONS, DEFAULT_PREFIX, DEFAULT_TIMEOUT, Inner,
+    RedisPool, RedisStore,
+};
+use crate::clock::Clock;
+
+/// A key prefix that [`RedisStoreBuilder::prefix`] refuses: one holding
+/// `{` or `}`, which would become every key's Redis Cluster hash tag and
+/// put every client in one slot.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "a RedisStore prefix must not hold braces (it would become the cluster hash tag): {prefix:?}"
+)]
+pub struct PrefixError {
+    prefix: String,
+}
+
+/// Configures a [`RedisStore`].
+#[must_use]
+pub struct RedisStoreBuilder {
+    pool: RedisPool,
+    connections: usize,
+    batch: bool,
+    prefix: String,
+    timeout: Duration,
+    clock: Option<Box<dyn Clock>>,
+}
+
+impl fmt::Debug for RedisStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStoreBuilder")
+            .field("connections", &self.connections)
+            .field("prefix", &self.prefix)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStoreBuilder {
+    pub(super) fn new(pool: RedisPool) -> Self {
+        Self {
+            pool,
+            connections: DEFAULT_CONNECTIONS,
+            batch: true,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            timeout: DEFAULT_TIMEOUT,
+            clock: None,
+        }
+    }
+
+    /// Prefixes every key (default `slidegate`), so several applications can
+    /// share one Redis.
+    ///
+    /// ```no_run
+    /// # fn demo(pool: slidegate::deadpool_redis::Pool) -> Result<(), slidegate::PrefixError> {
+    /// let store = slidegate::RedisStore::builder(pool).prefix("shop")?.build();
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// If `prefix` holds `{` or `}`: the prefix would become every key's
+    /// Redis Cluster hash tag and put every client in one slot.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Result<Self, PrefixError> {
+        let prefix = prefix.into();
+        if prefix.contains(['{', '}']) {
+            return Err(PrefixError { prefix });
+        }
+        self.prefix = prefix;
+        Ok(self)
+    }
+
+    /// How many of the pool's connections the store holds and shares
+    /// between concurrent checks (default 1, at least 1, at most the
+    /// pool's maximum size). One multiplexed connection pipelines every
+    /// check in flight; more spread the work of reading replies over more
+    /// tasks, for runtimes with many worker threads.
+    ///
+    /// ```no_run
+    /// # fn demo(pool: slidegate::deadpool_redis::Pool) {
+    /// let store = slidegate::RedisStore::builder(pool).connections(2).build();
+    /// # }
+    /// ```
+    pub fn connections(mut self, connections: usize) -> Self {
+        self.connections = connections;
+        self
+    }
+
+    /// Whether checks queued at the same moment are decided by one script
+    /// call (default on). On a cluster, where a call must stay in one slot,
+    /// there is one call per slot: the checks of one client (a busy one, a
+    /// global limit) share a call. Each check is still decided
+    /// all-or-nothing on its own, in arrival order, with its own timeout
+    /// and its own error. Off, every check is its own call, pipelined with
+    /// the others in flight.
+    ///
+    /// ```no_run
+    /// # fn demo(pool: slidegate::deadpool_redis::Pool) {
+    /// let store = slidegate::RedisStore::builder(pool).batch(false).build();
+    /// # }
+    /// ```
+    pub fn batch(mut self, batch: bool) -> Self {
+        self.batch = batch;
+        self
+    }
+
+    /// Bounds each call, from taking a connection to the reply (default
+    /// 50 ms). Past it the call fails with [`StoreError::Timeout`].
+    ///
+    /// The pool's connections also have redis-rs's own response timeout
+    /// (500 ms unless the pool was built with another); when that is the
+    /// shorter, it ends the call first, with the same error. A standalone
+    /// pool made by `RedisSettings::store` (feature `config`) has none, so
+    /// the store's timeout is the one that counts.
+    ///
+    /// ```no_run
+    /// # fn demo(pool: slidegate::deadpool_redis::Pool) {
+    /// use std::time::Duration;
+    ///
+    /// let store = slidegate::RedisStore::builder(pool).timeout(Duration::from_millis(20)).build();
+    /// # }
+    /// ```
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// **For tests only** (feature `test-util`): passes `clock`'s time to
+    /// the script instead of letting it read Redis's `TIME`, so window
+    /// edges can be tested deterministically. Production stores must not
+    /// set this: it would make application servers' clocks part of the
+    /// limit. Because Redis still expires keys on its own clock, keys
+    /// written at a given time live a minute longer than their windows
+    /// need.
+    ///
+    /// ```no_run
+    /// # fn demo(pool: slidegate::deadpool_redis::Pool) {
+    /// let clock = slidegate::FakeClock::new(1_000_000);
+    /// let store = slidegate::RedisStore::builder(pool).clock(clock.clone()).build();
+    /// # }
+    /// ```
+    #[cfg(feature = "test-util")]
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Box::new(clock));
+        self
+    }
+
+    /// Builds the store; the script is hashed once here.
+    pub fn build(self) -> RedisStore {
+        let script = Script::new(CHECK_SCRIPT);
+        let count = self.connections.min(self.pool.status().max_size);
+        let connections = match &self.pool {
+            RedisPool::Standalone(pool) => Connections::Standalone(Lanes::new(pool.clone(), count)),
+            RedisPool::Cluster(pool) => Connections::Cluster(Lanes::new(pool.clone(), count)),
+        };
+        let queue = self.batch.then(Queue::default);
+        RedisStore {
+            inner: Arc::new(Inner {
+                pool: self.pool,
+                connections,
+                queue,
+                library: Library::new(&script),
+                script,
+                prefix: self.prefix,
+                timeout: self.timeout,
+                clock: self.clock,
+            }),
+        }
+    }
+}

@@ -1,0 +1,78 @@
+//! Reading the script's replies: the four integers per policy as
+//! decisions, and a batch call's replies, one per request, each with its
+//! own error.
+
+use std::time::Duration;
+
+use deadpool_redis::redis::aio::ConnectionLike;
+use deadpool_redis::redis::{Cmd, ErrorKind, RedisError, RedisResult, Value};
+
+use super::Call;
+use crate::store::{CheckOutcome, Decision, Decisions, StoreError};
+
+/// The script's four integers per policy as decisions, for the policies
+/// of `args`.
+pub(super) fn decisions(
+    args: &[(&'static str, u32, u64, u32)],
+    values: &[i64],
+) -> Result<Decisions, StoreError> {
+    if values.len() != args.len() * 4 {
+        return Err(StoreError::Protocol(format!(
+            "expected {} integers, got {}",
+            args.len() * 4,
+            values.len()
+        )));
+    }
+    let micros = |v: i64| Duration::from_micros(u64::try_from(v).unwrap_or(0));
+    Ok(args
+        .iter()
+        .zip(values.chunks_exact(4))
+        .map(|(&(_, limit, _, _), v)| Decision {
+            admitted: v[0] == 1,
+            limit,
+            remaining: u32::try_from(v[1]).unwrap_or(0),
+            reset: micros(v[2]),
+            retry_after: (v[3] >= 0).then(|| micros(v[3])),
+        })
+        .collect())
+}
+
+/// The batch function's replies, one per request, errors included: a
+/// request's error stays in its place instead of failing the whole call,
+/// as `query_async` would make it.
+pub(super) async fn replies(
+    fcall: &Cmd,
+    connection: &mut impl ConnectionLike,
+) -> RedisResult<Vec<Value>> {
+    match connection.req_packed_command(fcall).await? {
+        Value::Array(replies) => Ok(replies),
+        Value::ServerError(error) => Err(error.into()),
+        other => Err(RedisError::from((
+            ErrorKind::UnexpectedReturnType,
+            "the batch function answered something else than a list",
+            format!("{other:?}"),
+        ))),
+    }
+}
+
+/// One request's answer within a batch's reply.
+pub(super) fn batched_outcome(call: &Call, reply: Value) -> CheckOutcome {
+    match reply {
+        Value::Array(values) => {
+            let values = values
+                .into_iter()
+                .map(|value| match value {
+                    Value::Int(n) => Ok(n),
+                    other => Err(StoreError::Protocol(format!(
+                        "expected an integer, got {other:?}"
+                    ))),
+                })
+                .collect::<Result<Vec<i64>, _>>()?;
+            decisions(&call.args, &values)
+        }
+        Value::ServerError(error) => Err(StoreError::Backend(RedisError::from(error).into())),
+        other => Err(StoreError::Protocol(format!(
+            "expected a request's integers, got {other:?}"
+        ))),
+    }
+}
