@@ -420,11 +420,13 @@ pub enum PolicyError {
         reason: String,
     },
 }
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn minute(name: &str, limit: u32) -> Policy {
+    /// A policy of `limit` a minute, for the policy modules' tests.
+    pub(super) fn minute(name: &str, limit: u32) -> Policy {
         Policy::new(name, limit, Duration::from_secs(60))
     }
 

@@ -48,7 +48,7 @@ impl Route {
     }
 
     /// Whether a request with `method` on the route pattern `path` matches.
-    /// (Through [`Policies`], a `GET` route also governs `HEAD`, as axum
+    /// (Through [`Policies`](crate::Policies), a `GET` route also governs `HEAD`, as axum
     /// routes it.)
     pub fn matches(&self, method: &Method, path: &str) -> bool {
         self.method.as_ref().is_none_or(|m| m == method) && self.pattern == path

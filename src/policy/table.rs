@@ -375,13 +375,8 @@ impl PoliciesBuilder {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
-
-    fn minute(name: &str, limit: u32) -> Policy {
-        Policy::new(name, limit, Duration::from_secs(60))
-    }
+    use crate::policy::tests::minute;
 
     #[test]
     fn default_applies_only_when_no_route_matches() {

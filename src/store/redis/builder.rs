@@ -117,7 +117,7 @@ impl RedisStoreBuilder {
     }
 
     /// Bounds each call, from taking a connection to the reply (default
-    /// 50 ms). Past it the call fails with [`StoreError::Timeout`].
+    /// 50 ms). Past it the call fails with [`StoreError::Timeout`](crate::StoreError::Timeout).
     ///
     /// The pool's connections also have redis-rs's own response timeout
     /// (500 ms unless the pool was built with another); when that is the
