@@ -303,8 +303,9 @@ impl RedisCluster {
         cluster
     }
 
-    /// Whether every node sees the cluster as ok with its slots, and every
-    /// replication link is up, its replica online (so `WAIT` can count it).
+    /// Whether every node sees the cluster as ok with its slots and every
+    /// node, and every replication link is up, its replica online (so
+    /// `WAIT` can count it).
     fn is_ready(&self) -> bool {
         self.nodes.iter().all(|node| {
             let info = node.cli(&["cluster", "info"]);
@@ -315,7 +316,11 @@ impl RedisCluster {
             } else {
                 replication.contains("master_link_status:up")
             };
-            info.contains("cluster_state:ok") && !slots.trim().is_empty() && linked
+            let known = format!("cluster_known_nodes:{}", self.nodes.len());
+            info.contains("cluster_state:ok")
+                && info.contains(&known)
+                && !slots.trim().is_empty()
+                && linked
         })
     }
 
@@ -418,12 +423,18 @@ impl RedisCluster {
                 })
             })
             .expect("the primary has a replica");
-        assert_eq!(replica.cli(&["cluster", "failover"]).trim(), "OK");
-        let deadline = Instant::now() + Duration::from_secs(10);
+        // A manual failover that finds the cluster still settling (its
+        // election gets no majority) is given up after a few seconds:
+        // asked again, it goes through.
+        let deadline = Instant::now() + Duration::from_secs(30);
         let is_primary = |node: &RedisServer| node.cli(&["role"]).lines().next() == Some("master");
         while !is_primary(replica) {
             assert!(Instant::now() < deadline, "the replica was not promoted");
-            std::thread::sleep(Duration::from_millis(20));
+            assert_eq!(replica.cli(&["cluster", "failover"]).trim(), "OK");
+            let asked = Instant::now();
+            while !is_primary(replica) && asked.elapsed() < Duration::from_secs(6) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
         }
         replica.port()
     }
