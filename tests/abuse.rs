@@ -758,3 +758,73 @@ async fn a_lookup_that_hangs_counts_the_key_as_unknown() {
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(reply.json()["key"], "ip:192.0.2.85");
 }
+
+// ------------------------------------------------------------ exemptions
+
+/// Exempt clients (an internal network, a partner's API key) pass
+/// untouched: never limited, no rate-limit headers, and nothing counted in
+/// the store; everyone else is limited as before.
+#[tokio::test]
+async fn exempt_clients_are_never_limited_and_leave_no_key() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.pool(2))
+        .timeout(Duration::from_secs(5))
+        .build();
+    let config = Config::from_toml_str(
+        r#"
+[limiter]
+keys = ["api_key", "ip"]
+exempt = ["192.0.2.0/28", "2001:db8::/32"]
+exempt_api_keys = ["internal-key"]
+
+[[policy]]
+name = "all"
+limit = 2
+window = "60s"
+"#,
+    )
+    .unwrap();
+    let app = root_app(config.layer(store));
+    let exempt = |n: usize| match n % 3 {
+        0 => request("GET", "/", "192.0.2.9:1", &[]),
+        1 => request("GET", "/", "[2001:db8::7]:1", &[]),
+        _ => request(
+            "GET",
+            "/",
+            "198.51.100.7:1",
+            &[("x-api-key", b"internal-key")],
+        ),
+    };
+    for n in 0..15 {
+        let reply = send(&app, exempt(n)).await;
+        assert_eq!(reply.status, StatusCode::OK, "request {n}");
+        assert_eq!(reply.header("x-ratelimit-limit"), None, "request {n}");
+    }
+    assert_eq!(
+        server.cli(&["dbsize"]).trim(),
+        "0",
+        "nothing is counted for exempt clients"
+    );
+    // Next door to the exempt network, and with another key: limited.
+    for peer in ["192.0.2.16:1", "198.51.100.8:1"] {
+        let codes = statuses(&app, 3, |_| request("GET", "/", peer, &[])).await;
+        assert_eq!(codes, [200, 200, 429], "{peer}");
+    }
+    let codes = statuses(&app, 3, |_| {
+        request(
+            "GET",
+            "/",
+            "198.51.100.9:1",
+            &[("x-api-key", b"internal-key-2")],
+        )
+    })
+    .await;
+    assert_eq!(codes, [200, 200, 429]);
+}
+
+#[test]
+fn a_bad_exempt_network_names_its_key() {
+    let error = Config::from_toml_str("[limiter]\nexempt = [\"10.1.0.0/33\"]\n").unwrap_err();
+    assert_eq!(error.key(), Some("limiter.exempt[0]"), "{error}");
+    assert_eq!(error.line(), Some(2));
+}

@@ -419,3 +419,15 @@ fn the_deny_cache_can_be_switched() {
         "limiter.deny_cache",
     );
 }
+
+/// The configuration reference in README.md is a file that parses.
+#[test]
+fn the_readmes_configuration_reference_parses() {
+    let readme = include_str!("../README.md");
+    let section = &readme[readme.find("## Configuration file").unwrap()..];
+    let start = section.find("```toml\n").unwrap() + "```toml\n".len();
+    let block = &section[start..];
+    let block = &block[..block.find("```").unwrap()];
+    let config = Config::from_toml_str(block).unwrap_or_else(|e| panic!("{e}"));
+    assert!(config.policies().iter().any(|p| p.name() == "search"));
+}

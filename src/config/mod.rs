@@ -26,16 +26,17 @@
 //! assert!(error.to_string().contains("cost"));
 //! ```
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 
 use http::HeaderName;
+use ipnet::IpNet;
 use toml::Spanned;
 
 use crate::credentials::CredentialFailures;
 use crate::deny_cache::{DEFAULT_CAPACITY as DEFAULT_DENY_CACHE, DenyCache};
-use crate::key::{Global, Header, JwtClaim, KeyExtractor, PeerIp};
+use crate::key::{Global, Header, JwtClaim, KeyExtractor, PeerIp, digest};
 use crate::layer::RateLimitLayer;
 use crate::policy::{FailMode, Policies, Policy, PolicyError, Route, TierLimits};
 use crate::response::headers::{HeaderStyle, ResetFormat};
@@ -73,6 +74,11 @@ pub struct Config {
     /// (hashed on the way in).
     api_key: Header,
     peer_ip: PeerIp,
+    /// `limiter.exempt`: client networks the limiter leaves alone.
+    exempt: Arc<[IpNet]>,
+    /// `limiter.exempt_api_keys`, by digest, and the header they come in.
+    exempt_api_keys: Arc<HashSet<[u8; 16]>>,
+    api_key_header: HeaderName,
     policies: Policies,
     fail_mode: FailMode,
     header_style: HeaderStyle,
@@ -192,7 +198,7 @@ impl Config {
                     "is not a valid header name",
                 )
             })?;
-        let mut api_key = Header::new(api_key_header).tiers(api_key_tiers(
+        let mut api_key = Header::new(api_key_header.clone()).tiers(api_key_tiers(
             raw.api_keys,
             keys.contains(&KeySource::ApiKey),
             source,
@@ -226,6 +232,15 @@ impl Config {
             jwt,
             api_key,
             peer_ip,
+            exempt: limiter.exempt.into_iter().map(|cidr| cidr.0).collect(),
+            exempt_api_keys: Arc::new(
+                limiter
+                    .exempt_api_keys
+                    .iter()
+                    .map(|key| digest(key.as_bytes()))
+                    .collect(),
+            ),
+            api_key_header,
             policies,
             fail_mode: limiter.fail.into(),
             header_style: match limiter.headers {
@@ -300,6 +315,24 @@ impl Config {
             .fail_mode(self.fail_mode)
             .header_style(self.header_style)
             .reset_format(self.reset_format);
+        if !self.exempt.is_empty() || !self.exempt_api_keys.is_empty() {
+            let (networks, keys) = (self.exempt.clone(), self.exempt_api_keys.clone());
+            let (addresses, header) = (self.peer_ip.clone(), self.api_key_header.clone());
+            layer = layer.exempt(move |parts| {
+                let exempt_address = || {
+                    addresses
+                        .client(parts)
+                        .is_some_and(|ip| networks.iter().any(|net| net.contains(&ip)))
+                };
+                let exempt_key = || {
+                    parts
+                        .headers
+                        .get(&header)
+                        .is_some_and(|key| keys.contains(&digest(key.as_bytes())))
+                };
+                (!networks.is_empty() && exempt_address()) || (!keys.is_empty() && exempt_key())
+            });
+        }
         if let RawCredentialFailures::On { limit, window } = self.credential_failures {
             layer = layer.credential_failures(
                 CredentialFailures::new(limit, window).peer_ip(self.peer_ip.clone()),

@@ -151,6 +151,28 @@ impl PeerIp {
         client
     }
 
+    /// The client's address as this extractor resolves it (the peer, or
+    /// behind trusted proxies the right-most untrusted hop), before any
+    /// grouping; `None` without a peer address. For decisions of your own
+    /// about a client, such as exempting an internal network with
+    /// [`RateLimitLayer::exempt`](crate::RateLimitLayer::exempt).
+    ///
+    /// ```
+    /// use axum::extract::ConnectInfo;
+    /// use slidegate::PeerIp;
+    /// use std::net::SocketAddr;
+    ///
+    /// let proxies = PeerIp::new().trust_proxies(["10.0.0.0/8".parse().unwrap()]);
+    /// let mut request = http::Request::get("/").header("x-forwarded-for", "203.0.113.9").body(()).unwrap();
+    /// request.extensions_mut().insert(ConnectInfo(SocketAddr::from(([10, 0, 0, 1], 5000))));
+    /// let (parts, ()) = request.into_parts();
+    /// assert_eq!(proxies.client(&parts), Some("203.0.113.9".parse().unwrap()));
+    /// ```
+    pub fn client(&self, parts: &Parts) -> Option<IpAddr> {
+        let peer = peer_addr(parts)?;
+        Some(self.client_ip(canonical(peer.ip()), parts))
+    }
+
     /// The key of `ip`'s group: the address, or its network when grouped.
     fn group(&self, ip: IpAddr) -> Key {
         match ip {

@@ -19,6 +19,7 @@ use tower_layer::Layer;
 
 use bytes::Bytes;
 use http::Response;
+use http::request::Parts;
 
 use crate::credentials::CredentialFailures;
 use crate::deny_cache::DenyCache;
@@ -61,10 +62,15 @@ pub(crate) struct Shared {
     pub(crate) tier_lookup: Option<Arc<dyn TierLookup>>,
     pub(crate) deny_cache: Option<DenyCache>,
     pub(crate) on_rejection: Option<OnRejection>,
+    pub(crate) exempt: Option<Exempt>,
     pub(crate) credential_failures: Option<CredentialFailures>,
     pub(crate) request_cost: Option<Arc<dyn RequestCost>>,
     pub(crate) options: Options,
 }
+
+/// Says which requests the limiter leaves alone; set with
+/// [`RateLimitLayer::exempt`].
+pub(crate) type Exempt = Arc<dyn Fn(&Parts) -> bool + Send + Sync>;
 
 /// Applies sliding-window rate limiting to a service.
 ///
@@ -115,6 +121,7 @@ impl RateLimitLayer {
                 policies,
                 tier_lookup: None,
                 on_rejection: None,
+                exempt: None,
                 credential_failures: None,
                 request_cost: None,
                 options: Options::default(),
@@ -240,6 +247,34 @@ impl RateLimitLayer {
         respond: impl Fn(&Rejection<'_>) -> Option<Response<Bytes>> + Send + Sync + 'static,
     ) -> Self {
         Arc::make_mut(&mut self.shared).on_rejection = Some(Arc::new(respond));
+        self
+    }
+
+    /// Leaves the requests `exempt` says yes to alone: they go to the inner
+    /// service untouched, count nowhere and carry no rate-limit headers
+    /// (an internal network, a health checker, a partner's key). Called
+    /// for every request a policy applies to, before the client is
+    /// identified, so keep it cheap. Set twice, a request is exempt when
+    /// either says so.
+    ///
+    /// ```
+    /// use ipnet::IpNet;
+    /// use slidegate::{MemoryStore, PeerIp, Policies, Policy, RateLimitLayer};
+    /// use std::time::Duration;
+    ///
+    /// let policies = Policies::single(Policy::new("all", 100, Duration::from_secs(60))).unwrap();
+    /// let internal: IpNet = "10.1.0.0/16".parse().unwrap();
+    /// let addresses = PeerIp::new();
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), addresses.clone(), policies)
+    ///     .exempt(move |parts| addresses.client(parts).is_some_and(|ip| internal.contains(&ip)));
+    /// ```
+    #[must_use]
+    pub fn exempt(mut self, exempt: impl Fn(&Parts) -> bool + Send + Sync + 'static) -> Self {
+        let shared = Arc::make_mut(&mut self.shared);
+        shared.exempt = Some(match shared.exempt.take() {
+            Some(earlier) => Arc::new(move |parts: &Parts| earlier(parts) || exempt(parts)),
+            None => Arc::new(exempt),
+        });
         self
     }
 

@@ -90,7 +90,8 @@ where
         let (mut parts, body) = request.into_parts();
         let shared = &*self.shared;
         let plan = flow::plan_for(shared, &parts);
-        if plan.policies().is_empty() {
+        let exempt = || shared.exempt.as_ref().is_some_and(|exempt| exempt(&parts));
+        if plan.policies().is_empty() || exempt() {
             return ResponseFuture::calling(
                 self.inner.call(Request::from_parts(parts, body)),
                 None,
