@@ -900,3 +900,88 @@ fn secrets_never_reach_the_logs() {
         assert!(!logs.contains(secret), "`{secret}` was logged: {logs}");
     }
 }
+
+/// A token signed with `key` whose header names `kid`.
+fn with_kid(algorithm: Algorithm, kid: &str, key: &EncodingKey, claims: &Value) -> String {
+    let mut header = JwtHeader::new(algorithm);
+    header.kid = Some(kid.to_owned());
+    encode(&header, claims, key).unwrap()
+}
+
+/// Rotating keys, from the config file: tokens of each `kid` verify with
+/// their own key, one naming a `kid` no key has is refused `unknown_key`,
+/// and one signed with another `kid`'s key does not verify.
+#[tokio::test]
+async fn rotated_keys_are_chosen_by_kid() {
+    let dir = std::env::temp_dir().join(format!("slidegate-kid-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("rsa.pem"), fixture("rsa_public.pem")).unwrap();
+    let config = format!(
+        r#"
+[limiter]
+keys = ["jwt"]
+
+[jwt]
+[[jwt.keys]]
+kid = "2026-10"
+algorithm = "HS256"
+secret = "the old secret"
+
+[[jwt.keys]]
+kid = "2026-11"
+algorithm = "RS256"
+public_key_pem = "{}"
+
+[[policy]]
+name = "all"
+limit = 100
+window = "60s"
+"#,
+        dir.join("rsa.pem").display()
+    );
+    let config = slidegate::config::Config::from_toml_str(&config).unwrap();
+    let app = app_with(config.layer(MemoryStore::new()));
+    let old = EncodingKey::from_secret(b"the old secret");
+    let new = EncodingKey::from_rsa_pem(&fixture("rsa_private.pem")).unwrap();
+
+    let token = with_kid(Algorithm::HS256, "2026-10", &old, &claims("alice"));
+    let reply = whoami(&app, &[("authorization", &bearer(&token))]).await;
+    assert_eq!(reply.json()["key"], "jwt:alice", "{}", reply.body);
+    let token = with_kid(Algorithm::RS256, "2026-11", &new, &claims("bob"));
+    let reply = whoami(&app, &[("authorization", &bearer(&token))]).await;
+    assert_eq!(reply.json()["key"], "jwt:bob", "{}", reply.body);
+
+    for token in [
+        with_kid(Algorithm::HS256, "2026-09", &old, &claims("eve")),
+        sign(Algorithm::HS256, &old, &claims("eve")),
+    ] {
+        let reply = whoami(&app, &[("authorization", &bearer(&token))]).await;
+        assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
+        assert_eq!(reply.json()["reason"], "unknown_key");
+    }
+    // The right kid with another key's signature does not verify.
+    let forged = with_kid(
+        Algorithm::HS256,
+        "2026-10",
+        &EncodingKey::from_secret(b"a guess"),
+        &claims("eve"),
+    );
+    let reply = whoami(&app, &[("authorization", &bearer(&forged))]).await;
+    assert_eq!(reply.json()["reason"], "bad_signature");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_rotated_key_must_fit_its_algorithm() {
+    let refused = |entry: &str| {
+        let source =
+            format!("[limiter]\nkeys = [\"jwt\"]\n[jwt]\n[[jwt.keys]]\nkid = \"k\"\n{entry}\n");
+        slidegate::config::Config::from_toml_str(&source).unwrap_err()
+    };
+    let error = refused("algorithm = \"RS256\"\nsecret = \"s\"");
+    assert_eq!(error.key(), Some("jwt.keys[0]"), "{error}");
+    let error = refused("algorithm = \"XX999\"\nsecret = \"s\"");
+    assert_eq!(error.key(), Some("jwt.keys[0].algorithm"), "{error}");
+    let error = refused("algorithm = \"HS256\"");
+    assert_eq!(error.key(), Some("jwt.keys[0]"), "{error}");
+}

@@ -1,12 +1,14 @@
 //! The `[jwt]` section: a [`JwtClaim`] key extractor.
 
 use std::path::{Path, PathBuf};
+use std::str::FromStr;
 
+use jsonwebtoken::{Algorithm, AlgorithmFamily};
 use serde::Deserialize;
 use toml::Spanned;
 
 use super::{ConfigError, HumanDuration};
-use crate::key::{JwtClaim, JwtError};
+use crate::key::{JwtClaim, JwtClaimBuilder, JwtError};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -19,6 +21,17 @@ pub(super) struct RawJwt {
     leeway: Option<Spanned<HumanDuration>>,
     issuer: Option<OneOrMany>,
     audience: Option<OneOrMany>,
+    keys: Option<Vec<Spanned<RawJwtKey>>>,
+}
+
+/// One key of `[[jwt.keys]]`: a token naming `kid` is verified with it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawJwtKey {
+    kid: String,
+    algorithm: Spanned<String>,
+    secret: Option<String>,
+    public_key_pem: Option<Spanned<PathBuf>>,
 }
 
 /// A string, or a list of them.
@@ -46,12 +59,13 @@ pub(super) fn jwt_claim(
     let section = raw.span().start;
     let raw = raw.into_inner();
     let mut builder = JwtClaim::builder();
-    if raw.secret.is_none() && raw.public_key_pem.is_none() {
+    let keyed = raw.keys.unwrap_or_default();
+    if raw.secret.is_none() && raw.public_key_pem.is_none() && keyed.is_empty() {
         return Err(ConfigError::at(
             source,
             section,
             "jwt",
-            "needs `secret` (HS*) or `public_key_pem` (RS*, PS*, ES*, EdDSA)",
+            "needs `secret` (HS*), `public_key_pem` (RS*, PS*, ES*, EdDSA) or [[jwt.keys]]",
         ));
     }
     if let Some(secret) = &raw.secret {
@@ -85,9 +99,18 @@ pub(super) fn jwt_claim(
             )
         })?;
     }
-    let (names, names_offset) = match &raw.algorithms {
+    let mut keyed_algorithms = Vec::new();
+    for (index, key) in keyed.into_iter().enumerate() {
+        let (builder_with_key, algorithm) = keyed_key(builder, key, index, source, base)?;
+        builder = builder_with_key;
+        if !keyed_algorithms.contains(&algorithm) {
+            keyed_algorithms.push(algorithm);
+        }
+    }
+    let (mut names, names_offset) = match &raw.algorithms {
         Some(names) => (names.get_ref().clone(), names.span().start),
         None if raw.secret.is_some() => (vec!["HS256".to_owned()], section),
+        None if raw.public_key_pem.is_none() => (Vec::new(), section),
         None => {
             return Err(ConfigError::at(
                 source,
@@ -97,6 +120,12 @@ pub(super) fn jwt_claim(
             ));
         }
     };
+    // Each `[[jwt.keys]]` entry allows its own algorithm.
+    for algorithm in keyed_algorithms {
+        if !names.contains(&algorithm) {
+            names.push(algorithm);
+        }
+    }
     builder = builder
         .algorithm_names(&names)
         .map_err(|e| ConfigError::at(source, names_offset, "jwt.algorithms", e.to_string()))?;
@@ -122,4 +151,74 @@ pub(super) fn jwt_claim(
         };
         ConfigError::at(source, names_offset, key, e.to_string())
     })
+}
+
+/// Adds the `[[jwt.keys]]` entry at `index` to `builder`, and returns its
+/// algorithm's name.
+fn keyed_key(
+    builder: JwtClaimBuilder,
+    key: Spanned<RawJwtKey>,
+    index: usize,
+    source: &str,
+    base: &Path,
+) -> Result<(JwtClaimBuilder, String), ConfigError> {
+    let offset = key.span().start;
+    let path = format!("jwt.keys[{index}]");
+    let key = key.into_inner();
+    let algorithm = key.algorithm.get_ref().clone();
+    let parsed = Algorithm::from_str(&algorithm).map_err(|_| {
+        ConfigError::at(
+            source,
+            key.algorithm.span().start,
+            format!("{path}.algorithm"),
+            format!("unknown JWT algorithm `{algorithm}`"),
+        )
+    })?;
+    let wants_secret = parsed.family() == AlgorithmFamily::Hmac;
+    if wants_secret != key.secret.is_some() {
+        let needs = if wants_secret {
+            "`secret`"
+        } else {
+            "`public_key_pem`"
+        };
+        return Err(ConfigError::at(
+            source,
+            offset,
+            path,
+            format!("{algorithm} needs {needs}"),
+        ));
+    }
+    let builder = match (key.secret, key.public_key_pem) {
+        (Some(secret), None) if !secret.is_empty() => builder.secret_for_kid(key.kid, secret),
+        (None, Some(pem)) => {
+            let file = base.join(pem.get_ref());
+            let bytes = std::fs::read(&file).map_err(|e| {
+                ConfigError::at(
+                    source,
+                    pem.span().start,
+                    format!("{path}.public_key_pem"),
+                    format!("cannot read `{}`: {e}", file.display()),
+                )
+            })?;
+            builder
+                .public_key_pem_for_kid(key.kid, &bytes)
+                .map_err(|e| {
+                    ConfigError::at(
+                        source,
+                        pem.span().start,
+                        format!("{path}.public_key_pem"),
+                        format!("`{}`: {e}", file.display()),
+                    )
+                })?
+        }
+        _ => {
+            return Err(ConfigError::at(
+                source,
+                offset,
+                path,
+                "needs one of `secret` (not empty) or `public_key_pem`",
+            ));
+        }
+    };
+    Ok((builder, algorithm))
 }

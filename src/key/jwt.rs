@@ -96,7 +96,8 @@ pub struct JwtClaim {
 }
 
 struct Inner {
-    keys: Vec<DecodingKey>,
+    /// The verification keys, each with the `kid` it answers to, if any.
+    keys: Vec<(Option<String>, DecodingKey)>,
     algorithms: Vec<Algorithm>,
     /// One validation per allowed algorithm, allowing that algorithm only.
     validations: Vec<Validation>,
@@ -123,17 +124,34 @@ impl JwtClaim {
         JwtClaimBuilder::default()
     }
 
+    /// The key that verifies a token of `algorithm` naming `kid`: the key
+    /// of that `kid` when there is one. A token naming no `kid`, or a `kid`
+    /// no key has, takes a key given without a `kid`, if there is one of
+    /// its family; otherwise it is refused (`unknown_key`).
+    fn key_for(
+        &self,
+        algorithm: Algorithm,
+        kid: Option<&str>,
+    ) -> Result<&DecodingKey, KeyRejection> {
+        let of_family = |key: &&(Option<String>, DecodingKey)| key.1.family() == algorithm.family();
+        let keys = || self.inner.keys.iter().filter(of_family);
+        kid.and_then(|kid| keys().find(|(id, _)| id.as_deref() == Some(kid)))
+            .or_else(|| keys().find(|(id, _)| id.is_none()))
+            .map(|(_, key)| key)
+            .ok_or_else(|| {
+                KeyRejection::new(
+                    "unknown_key",
+                    "the token's key id (`kid`) names no key this server verifies with",
+                )
+            })
+    }
+
     fn verify(&self, token: &str) -> Result<Map<String, Value>, KeyRejection> {
-        let algorithm = header_algorithm(token)?;
+        let (algorithm, kid) = header_algorithm(token)?;
         let Some(position) = self.inner.algorithms.iter().position(|a| *a == algorithm) else {
             return Err(not_allowed());
         };
-        let key = self
-            .inner
-            .keys
-            .iter()
-            .find(|key| key.family() == algorithm.family())
-            .expect("build() checks every allowed algorithm has a key");
+        let key = self.key_for(algorithm, kid.as_deref())?;
         let claims = jsonwebtoken::decode::<Map<String, Value>>(
             token,
             key,
@@ -289,9 +307,10 @@ fn bearer_token(parts: &Parts) -> Result<Option<&str>, KeyRejection> {
     Ok(Some(token))
 }
 
-/// The `alg` of the token's header, read before any verification so that
-/// `none` and unknown algorithms get their own answer.
-fn header_algorithm(token: &str) -> Result<Algorithm, KeyRejection> {
+/// The `alg` and `kid` of the token's header, read before any
+/// verification so that `none` and unknown algorithms get their own
+/// answer, and the key is the one the token names.
+fn header_algorithm(token: &str) -> Result<(Algorithm, Option<String>), KeyRejection> {
     let malformed = |detail: &str| KeyRejection::new("malformed", detail.to_owned());
     let mut segments = token.split('.');
     let (Some(header), Some(_), Some(_), None) = (
@@ -310,7 +329,13 @@ fn header_algorithm(token: &str) -> Result<Algorithm, KeyRejection> {
     let Some(Value::String(name)) = header.get("alg") else {
         return Err(malformed("the token header has no `alg`"));
     };
-    Algorithm::from_str(name).map_err(|_| not_allowed())
+    let algorithm = Algorithm::from_str(name).map_err(|_| not_allowed())?;
+    let kid = match header.get("kid") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(kid)) => Some(kid.clone()),
+        Some(_) => return Err(malformed("the token header's `kid` is not a string")),
+    };
+    Ok((algorithm, kid))
 }
 
 /// The refusal of a token signed with an algorithm outside the allow-list.
@@ -360,11 +385,24 @@ fn rejection(kind: &ErrorKind) -> KeyRejection {
     KeyRejection::new(reason, detail)
 }
 
+/// A PEM-encoded public key of a supported type (never a private key).
+fn public_key(pem: &[u8]) -> Result<DecodingKey, JwtError> {
+    if pem.windows(11).any(|w| w == b"PRIVATE KEY") {
+        return Err(JwtError::InvalidKey(
+            "this is a private key: give the matching public key".to_owned(),
+        ));
+    }
+    DecodingKey::from_rsa_pem(pem)
+        .or_else(|_| DecodingKey::from_ec_pem(pem))
+        .or_else(|_| DecodingKey::from_ed_pem(pem))
+        .map_err(|error| JwtError::InvalidKey(error.to_string()))
+}
+
 /// Builds a [`JwtClaim`]; see [`JwtClaim::builder`].
 #[derive(Default)]
 #[must_use]
 pub struct JwtClaimBuilder {
-    keys: Vec<DecodingKey>,
+    keys: Vec<(Option<String>, DecodingKey)>,
     algorithms: Vec<Algorithm>,
     key_claim: Option<String>,
     tier_claim: Option<String>,
@@ -384,7 +422,29 @@ impl fmt::Debug for JwtClaimBuilder {
 impl JwtClaimBuilder {
     /// Verifies HS256/384/512 tokens with this shared secret.
     pub fn secret(mut self, secret: impl AsRef<[u8]>) -> Self {
-        self.keys.push(DecodingKey::from_secret(secret.as_ref()));
+        self.keys
+            .push((None, DecodingKey::from_secret(secret.as_ref())));
+        self
+    }
+
+    /// Verifies HS* tokens whose header names `kid` with this secret: for
+    /// rotating keys, each token verified by the key it names. A token
+    /// naming a `kid` that no key has is refused (`unknown_key`) unless a
+    /// key was given without one.
+    ///
+    /// ```
+    /// use slidegate::JwtClaim;
+    ///
+    /// let jwt = JwtClaim::builder()
+    ///     .secret_for_kid("2026-10", "old secret")
+    ///     .secret_for_kid("2026-11", "new secret")
+    ///     .algorithm_names(["HS256"])?
+    ///     .build()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn secret_for_kid(mut self, kid: impl Into<String>, secret: impl AsRef<[u8]>) -> Self {
+        self.keys
+            .push((Some(kid.into()), DecodingKey::from_secret(secret.as_ref())));
         self
     }
 
@@ -403,16 +463,18 @@ impl JwtClaimBuilder {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn public_key_pem(mut self, pem: &[u8]) -> Result<Self, JwtError> {
-        if pem.windows(11).any(|w| w == b"PRIVATE KEY") {
-            return Err(JwtError::InvalidKey(
-                "this is a private key: give the matching public key".to_owned(),
-            ));
-        }
-        let key = DecodingKey::from_rsa_pem(pem)
-            .or_else(|_| DecodingKey::from_ec_pem(pem))
-            .or_else(|_| DecodingKey::from_ed_pem(pem))
-            .map_err(|error| JwtError::InvalidKey(error.to_string()))?;
-        self.keys.push(key);
+        self.keys.push((None, public_key(pem)?));
+        Ok(self)
+    }
+
+    /// Verifies RS*/PS*, ES* or EdDSA tokens whose header names `kid` with
+    /// this PEM-encoded public key; see [`secret_for_kid`](Self::secret_for_kid).
+    pub fn public_key_pem_for_kid(
+        mut self,
+        kid: impl Into<String>,
+        pem: &[u8],
+    ) -> Result<Self, JwtError> {
+        self.keys.push((Some(kid.into()), public_key(pem)?));
         Ok(self)
     }
 
@@ -486,7 +548,11 @@ impl JwtClaimBuilder {
             return Err(JwtError::NoAlgorithms);
         }
         for &algorithm in &self.algorithms {
-            if !self.keys.iter().any(|k| k.family() == algorithm.family()) {
+            if !self
+                .keys
+                .iter()
+                .any(|(_, k)| k.family() == algorithm.family())
+            {
                 return Err(JwtError::NoKeyFor {
                     algorithm,
                     family: family_name(algorithm),
