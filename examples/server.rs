@@ -12,7 +12,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use axum::body::Bytes;
 use axum::extract::Query;
+use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use clap::Parser;
@@ -154,8 +156,20 @@ async fn search(Query(query): Query<SearchQuery>) -> Json<Value> {
     Json(json!({ "query": query.q, "results": results }))
 }
 
-async fn login() -> Json<Value> {
-    Json(json!({ "status": "logged in" }))
+/// `200` for the JSON body `{"user": "...", "password": "demo"}` (any
+/// user), `401` for anything else, malformed bodies included.
+async fn login(body: Bytes) -> (StatusCode, Json<Value>) {
+    let accepted = serde_json::from_slice::<Value>(&body).is_ok_and(|body| {
+        body["user"].as_str().is_some_and(|user| !user.is_empty()) && body["password"] == "demo"
+    });
+    if accepted {
+        (StatusCode::OK, Json(json!({ "status": "logged in" })))
+    } else {
+        (
+            StatusCode::UNAUTHORIZED,
+            Json(json!({ "status": "wrong user or password" })),
+        )
+    }
 }
 
 async fn whoami(identity: Option<Extension<Identity>>) -> Json<Value> {

@@ -71,17 +71,35 @@ impl ExampleServer {
     }
 
     fn request(&self, method: &str, path: &str, headers: &[(&str, &str)]) -> Response {
+        self.request_with_body(method, path, headers, "")
+    }
+
+    /// `POST /api/login` with the demo password (a login that succeeds).
+    fn login(&self, headers: &[(&str, &str)]) -> Response {
+        let body = r#"{"user": "alice", "password": "demo"}"#;
+        self.request_with_body("POST", "/api/login", headers, body)
+    }
+
+    fn request_with_body(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> Response {
         let mut stream = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
         stream
             .set_read_timeout(Some(Duration::from_secs(10)))
             .unwrap();
         let mut head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: 0\r\n"
+            "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: {}\r\n",
+            body.len()
         );
         for (name, value) in headers {
             head.push_str(&format!("{name}: {value}\r\n"));
         }
         head.push_str("\r\n");
+        head.push_str(body);
         stream.write_all(head.as_bytes()).unwrap();
         let mut raw = String::new();
         stream.read_to_string(&mut raw).unwrap();
@@ -166,9 +184,9 @@ fn demo_config_limits_search_and_login_but_never_health() {
     assert_eq!(denied.json()["policy"], "search");
 
     for _ in 0..3 {
-        assert_eq!(server.request("POST", "/api/login", &[]).status, 200);
+        assert_eq!(server.login(&[]).status, 200);
     }
-    assert_eq!(server.request("POST", "/api/login", &[]).status, 429);
+    assert_eq!(server.login(&[]).status, 429);
 
     let videos = server.get("/api/videos");
     assert_eq!(videos.status, 200);
@@ -259,21 +277,18 @@ fn redis_url_switches_to_redis() {
     let redis = RedisServer::start();
     let server = ExampleServer::start(&[], &[("REDIS_URL", &redis.url())]);
     for _ in 0..3 {
-        assert_eq!(server.request("POST", "/api/login", &[]).status, 200);
+        assert_eq!(server.login(&[]).status, 200);
     }
-    assert_eq!(server.request("POST", "/api/login", &[]).status, 429);
+    assert_eq!(server.login(&[]).status, 429);
     let keys = redis.cli(&["--scan"]);
     assert!(keys.contains("slidegate:login:{ip:127.0.0.1}"), "{keys}");
 
     // Redis gone: login fails closed, videos fail open, health is untouched.
     // The client denied a moment ago is still denied, from the deny cache.
     drop(redis);
-    assert_eq!(server.request("POST", "/api/login", &[]).status, 429);
+    assert_eq!(server.login(&[]).status, 429);
     let other_client = [("x-api-key", "demo-free-key")];
-    assert_eq!(
-        server.request("POST", "/api/login", &other_client).status,
-        503
-    );
+    assert_eq!(server.login(&other_client).status, 503);
     assert_eq!(server.get("/api/videos").status, 200);
     assert_eq!(server.get("/health").status, 200);
 }
@@ -294,9 +309,9 @@ fn a_cluster_url_runs_on_redis_cluster() {
     let url = format!("redis+cluster://{}", seeds.join(","));
     let server = ExampleServer::start(&[], &[("REDIS_URL", &url)]);
     for _ in 0..3 {
-        assert_eq!(server.request("POST", "/api/login", &[]).status, 200);
+        assert_eq!(server.login(&[]).status, 200);
     }
-    assert_eq!(server.request("POST", "/api/login", &[]).status, 429);
+    assert_eq!(server.login(&[]).status, 429);
     let keys = cluster.keys();
     assert!(
         keys.iter().any(|k| k == "slidegate:login:{ip:127.0.0.1}:l"),
@@ -377,6 +392,28 @@ fn sigterm_shuts_down_gracefully() {
     }
 }
 
+/// `POST /api/login` takes the demo password for any user, and refuses
+/// anything else with `401`: a wrong password, no user, a body that is
+/// not JSON, no body.
+#[test]
+fn login_takes_the_demo_password_only() {
+    let server = ExampleServer::start(&[], &[]);
+    let attempt = |headers: &[(&str, &str)], body: &str| {
+        server
+            .request_with_body("POST", "/api/login", headers, body)
+            .status
+    };
+    assert_eq!(attempt(&[], r#"{"user": "bob", "password": "demo"}"#), 200);
+    assert_eq!(attempt(&[], r#"{"user": "bob", "password": "guess"}"#), 401);
+    assert_eq!(attempt(&[], r#"{"password": "demo"}"#), 401);
+    // The login policy allows 3 a minute per client, refusals included;
+    // a known API key is a client of its own.
+    assert_eq!(attempt(&[], r#"{"user": "bob", "password": "demo"}"#), 429);
+    let keyed = [("x-api-key", "demo-pro-key")];
+    assert_eq!(attempt(&keyed, "not json"), 401);
+    assert_eq!(attempt(&keyed, ""), 401);
+}
+
 #[test]
 fn the_demo_config_cannot_be_walked_around() {
     let server = ExampleServer::start(&[], &[]);
@@ -384,9 +421,7 @@ fn the_demo_config_cannot_be_walked_around() {
     let logins: Vec<u16> = (0..6)
         .map(|n| {
             let key = format!("random-key-{n}-{}", std::process::id());
-            server
-                .request("POST", "/api/login", &[("x-api-key", &key)])
-                .status
+            server.login(&[("x-api-key", &key)]).status
         })
         .collect();
     assert_eq!(logins, [200, 200, 200, 429, 429, 429]);
