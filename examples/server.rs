@@ -20,7 +20,7 @@ use axum::{Extension, Json, Router};
 use clap::Parser;
 use serde_json::{Value, json};
 use slidegate::config::Config;
-use slidegate::{Identity, RateLimitLayer};
+use slidegate::{Identity, Policies, PoliciesHandle, Policy, RateLimitLayer};
 
 const DEMO_CONFIG: &str = include_str!("demo.toml");
 
@@ -58,12 +58,12 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         Some(path) => Config::from_file(path)?,
         None => Config::from_toml_str(DEMO_CONFIG)?,
     };
-    // A policy route no route of this server has is a typo to report: its
-    // requests would fall to the default policy.
-    for route in config.policies().routes_outside(LIMITED_ROUTES) {
-        tracing::warn!(%route, "a policy names a route this server does not serve");
-    }
+    warn_of_unserved_routes(config.policies());
     let (layer, store_name) = limiter(&config)?;
+    tokio::spawn(reload_on_sighup(
+        args.config.clone(),
+        layer.policies_handle(),
+    ));
     let app = app(layer);
 
     let listener = tokio::net::TcpListener::bind(args.bind)
@@ -181,6 +181,67 @@ async fn whoami(identity: Option<Extension<Identity>>) -> Json<Value> {
         None => {
             Json(json!({ "key": null, "tier": null, "note": "no policy applies to this route" }))
         }
+    }
+}
+
+/// A policy route no route of this server has is a typo to report: its
+/// requests would fall to the default policy.
+fn warn_of_unserved_routes(policies: &Policies) {
+    for route in policies.routes_outside(LIMITED_ROUTES) {
+        tracing::warn!(%route, "a policy names a route this server does not serve");
+    }
+}
+
+/// On each `SIGHUP`, reads the config file again and puts its policies in
+/// force, logging what changed; a file that does not load is refused with
+/// the same error as at start-up, and the policies in force stay. Counts
+/// are kept by policy name. Other sections (keys, Redis) need a restart.
+async fn reload_on_sighup(path: Option<PathBuf>, handle: PoliciesHandle) {
+    use tokio::signal::unix::{SignalKind, signal};
+
+    let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+        return;
+    };
+    while hangups.recv().await.is_some() {
+        let Some(path) = &path else {
+            tracing::warn!("SIGHUP: the built-in demo config has no file to reload");
+            continue;
+        };
+        match Config::from_file(path) {
+            Ok(config) => {
+                let (old, new) = (handle.current(), config.policies().clone());
+                log_changes(&old, &new);
+                warn_of_unserved_routes(&new);
+                handle.replace(new);
+                tracing::info!(path = %path.display(), "SIGHUP: policies reloaded");
+            }
+            Err(error) => {
+                tracing::error!(%error, "SIGHUP: config refused; the policies in force stay");
+            }
+        }
+    }
+}
+
+/// One line per policy added, removed or changed between `old` and `new`.
+fn log_changes(old: &Policies, new: &Policies) {
+    let describe = |policy: &Policy| format!("{} per {:?}", policy.limit(), policy.window());
+    for policy in new.iter() {
+        match old.iter().find(|p| p.name() == policy.name()) {
+            None => tracing::info!(policy = policy.name(), now = %describe(policy), "policy added"),
+            Some(before) if before != policy => tracing::info!(
+                policy = policy.name(),
+                was = %describe(before),
+                now = %describe(policy),
+                "policy changed"
+            ),
+            Some(_) => {}
+        }
+    }
+    for policy in old
+        .iter()
+        .filter(|p| !new.iter().any(|n| n.name() == p.name()))
+    {
+        tracing::info!(policy = policy.name(), "policy removed");
     }
 }
 

@@ -55,7 +55,7 @@ pub use key::{
 };
 #[cfg(feature = "jwt")]
 pub use key::{JwtClaim, JwtClaimBuilder, JwtError};
-pub use layer::{RateLimit, RateLimitLayer, ResponseFuture};
+pub use layer::{PoliciesHandle, RateLimit, RateLimitLayer, ResponseFuture};
 pub use policy::{
     Algorithm, Cost, FailMode, Limits, MAX_WINDOW, Policies, PoliciesBuilder, Policy, PolicyError,
     RequestCost, Route, TierLimits,

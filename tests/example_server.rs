@@ -44,6 +44,11 @@ struct ExampleServer {
 
 impl ExampleServer {
     fn start(args: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::start_with_log(args, env, Stdio::null())
+    }
+
+    /// Starts the server with its log (stdout) going to `log`.
+    fn start_with_log(args: &[&str], env: &[(&str, &str)], log: Stdio) -> Self {
         let port = free_port();
         let mut command = Command::new(server_binary());
         command
@@ -51,7 +56,7 @@ impl ExampleServer {
             .env("BIND", format!("127.0.0.1:{port}"))
             .env_remove("REDIS_URL")
             .env_remove("SLIDEGATE_CONFIG")
-            .stdout(Stdio::null())
+            .stdout(log)
             .stderr(Stdio::null());
         for (name, value) in env {
             command.env(name, value);
@@ -444,4 +449,88 @@ fn the_demo_config_cannot_be_walked_around() {
         .collect();
     assert_eq!(replies[..10], [401; 10]);
     assert_eq!(replies[10..], [429; 2]);
+}
+
+/// The lines of the server's log, read on a thread of their own.
+fn log_lines(server: &mut ExampleServer) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let stdout = server.child.stdout.take().expect("the log is piped");
+    let (lines, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    receiver
+}
+
+/// Waits (at most 5 s) for a log line containing `text`.
+fn wait_for_line(log: &std::sync::mpsc::Receiver<String>, text: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match log.recv_timeout(left) {
+            Ok(line) if line.contains(text) => return,
+            Ok(_) => {}
+            Err(_) => panic!("no log line with `{text}`"),
+        }
+    }
+}
+
+/// `SIGHUP` reloads the config file: a changed limit is in force for the
+/// next request, with the client's count kept; a bad file is refused, and
+/// the policies in force stay.
+#[test]
+fn sighup_reloads_the_policies_and_keeps_the_counts() {
+    let dir = std::env::temp_dir().join(format!("slidegate-reload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("limits.toml");
+    let config = |limit: u32| {
+        format!(
+            "[[policy]]\nname = \"search\"\nroute = \"GET /api/search\"\nlimit = {limit}\nwindow = \"60s\"\n"
+        )
+    };
+    std::fs::write(&file, config(5)).unwrap();
+    let path = file.to_str().unwrap();
+    let mut server = ExampleServer::start_with_log(&["--config", path], &[], Stdio::piped());
+    let log = log_lines(&mut server);
+    let hangup = |server: &ExampleServer| {
+        let pid = server.child.id().to_string();
+        assert!(
+            Command::new("kill")
+                .args(["-HUP", &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+    };
+    for remaining in ["4", "3"] {
+        let reply = server.get("/api/search?q=a");
+        assert_eq!(reply.header("x-ratelimit-remaining"), Some(remaining));
+    }
+
+    std::fs::write(&file, config(10)).unwrap();
+    hangup(&server);
+    wait_for_line(&log, "policies reloaded");
+    let reply = server.get("/api/search?q=a");
+    assert_eq!(reply.header("x-ratelimit-limit"), Some("10"));
+    assert_eq!(
+        reply.header("x-ratelimit-remaining"),
+        Some("7"),
+        "the two requests before the reload still count"
+    );
+
+    std::fs::write(&file, "[[policy]]\nname = \"search\"\nlimit = \"ten\"\n").unwrap();
+    hangup(&server);
+    wait_for_line(&log, "config refused");
+    let reply = server.get("/api/search?q=a");
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.header("x-ratelimit-limit"), Some("10"));
+    assert_eq!(reply.header("x-ratelimit-remaining"), Some("6"));
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -18,7 +18,7 @@ use crate::key::{Identity, KeyRejection};
 use crate::layer::{Options, Shared};
 use crate::policy::cost::{self, Checks, Costs};
 use crate::policy::plan::Plan;
-use crate::policy::{Cost, FailMode};
+use crate::policy::{Cost, FailMode, Policies};
 use crate::response::headers::RateHeaders;
 use crate::response::problem::{
     client_unidentified, cost_above_limit, invalid_credentials, limiter_unavailable,
@@ -55,16 +55,12 @@ pub(crate) enum Sent {
 /// The plan of a request: by the route pattern axum matched
 /// (`MatchedPath`), or, outside axum, by its path matched against the
 /// policies' patterns.
-pub(crate) fn plan_for<'a>(shared: &'a Shared, parts: &Parts) -> &'a Plan {
+pub(crate) fn plan_for<'a>(policies: &'a Policies, parts: &Parts) -> &'a Plan {
     #[cfg(feature = "axum")]
     if let Some(matched) = parts.extensions.get::<axum::extract::MatchedPath>() {
-        return shared
-            .policies
-            .plan_in(&parts.method, matched.as_str(), false);
+        return policies.plan_in(&parts.method, matched.as_str(), false);
     }
-    shared
-        .policies
-        .plan_in(&parts.method, parts.uri.path(), true)
+    policies.plan_in(&parts.method, parts.uri.path(), true)
 }
 
 /// Whether a policy that counts the request fails closed: policies a

@@ -200,7 +200,8 @@ where
     /// once.
     fn send(&mut self) -> Flow {
         let shared = &*self.shared;
-        let plan = flow::plan_for(shared, &self.parts);
+        let policies = shared.policies.load();
+        let plan = flow::plan_for(&policies, &self.parts);
         match flow::send(
             shared,
             plan,
@@ -223,7 +224,8 @@ where
 
     fn decided(&mut self, outcome: CheckOutcome) -> Next {
         let checks = self.sent.take().unwrap_or_default();
-        let plan = flow::plan_for(&self.shared, &self.parts);
+        let policies = self.shared.policies.load();
+        let plan = flow::plan_for(&policies, &self.parts);
         let tier = self.identity.tier.as_deref();
         flow::decide(
             &self.shared,

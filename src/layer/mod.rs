@@ -15,6 +15,7 @@ pub use service::RateLimit;
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use tower_layer::Layer;
 
 use bytes::Bytes;
@@ -58,7 +59,8 @@ impl Default for Options {
 pub(crate) struct Shared {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) keys: Arc<dyn KeyExtractor>,
-    pub(crate) policies: Policies,
+    /// The policies in force, replaceable while the layer serves.
+    pub(crate) policies: Arc<ArcSwap<Policies>>,
     pub(crate) tier_lookup: Option<Arc<dyn TierLookup>>,
     pub(crate) deny_cache: Option<DenyCache>,
     pub(crate) on_rejection: Option<OnRejection>,
@@ -71,6 +73,31 @@ pub(crate) struct Shared {
 /// Says which requests the limiter leaves alone; set with
 /// [`RateLimitLayer::exempt`].
 pub(crate) type Exempt = Arc<dyn Fn(&Parts) -> bool + Send + Sync>;
+
+/// Replaces a layer's policies while it serves; see
+/// [`RateLimitLayer::policies_handle`].
+#[derive(Clone)]
+pub struct PoliciesHandle(Arc<ArcSwap<Policies>>);
+
+impl std::fmt::Debug for PoliciesHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("PoliciesHandle")
+            .field(&**self.0.load())
+            .finish()
+    }
+}
+
+impl PoliciesHandle {
+    /// The policies in force.
+    pub fn current(&self) -> Arc<Policies> {
+        self.0.load_full()
+    }
+
+    /// Puts `policies` in force for every request from now on.
+    pub fn replace(&self, policies: Policies) {
+        self.0.store(Arc::new(policies));
+    }
+}
 
 /// Applies sliding-window rate limiting to a service.
 ///
@@ -96,7 +123,7 @@ pub struct RateLimitLayer {
 impl std::fmt::Debug for RateLimitLayer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RateLimitLayer")
-            .field("policies", &self.shared.policies)
+            .field("policies", &**self.shared.policies.load())
             .field("options", &self.shared.options)
             .finish_non_exhaustive()
     }
@@ -118,7 +145,7 @@ impl RateLimitLayer {
                 deny_cache,
                 store: Arc::new(store),
                 keys: Arc::new(key_extractor),
-                policies,
+                policies: Arc::new(ArcSwap::from_pointee(policies)),
                 tier_lookup: None,
                 on_rejection: None,
                 exempt: None,
@@ -276,6 +303,28 @@ impl RateLimitLayer {
             None => Arc::new(exempt),
         });
         self
+    }
+
+    /// A handle that replaces this layer's policies while it serves (a
+    /// configuration reloaded at runtime), shared by every service the
+    /// layer wraps, clones included. Requests read the policies without a
+    /// lock; a request already past its policy selection finishes under
+    /// the policies it started with. Counts are kept by policy name: a
+    /// policy that keeps its name keeps its clients' counts, under its new
+    /// limit and window.
+    ///
+    /// ```
+    /// use slidegate::{Global, MemoryStore, Policies, Policy, RateLimitLayer};
+    /// use std::time::Duration;
+    ///
+    /// let minute = |limit| Policies::single(Policy::new("all", limit, Duration::from_secs(60))).unwrap();
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, minute(10));
+    /// let handle = layer.policies_handle();
+    /// handle.replace(minute(20));
+    /// assert_eq!(handle.current().iter().next().unwrap().limit(), 20);
+    /// ```
+    pub fn policies_handle(&self) -> PoliciesHandle {
+        PoliciesHandle(self.shared.policies.clone())
     }
 
     /// Counts refused credentials per client address and, past the limit,

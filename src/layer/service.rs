@@ -89,7 +89,8 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let (mut parts, body) = request.into_parts();
         let shared = &*self.shared;
-        let plan = flow::plan_for(shared, &parts);
+        let policies = shared.policies.load();
+        let plan = flow::plan_for(&policies, &parts);
         let exempt = || shared.exempt.as_ref().is_some_and(|exempt| exempt(&parts));
         if plan.policies().is_empty() || exempt() {
             return ResponseFuture::calling(
