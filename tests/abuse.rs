@@ -805,6 +805,18 @@ window = "60s"
         "0",
         "nothing is counted for exempt clients"
     );
+    // A forwarding header naming an exempt address, from a peer that is
+    // no trusted proxy, exempts nothing.
+    let spoofed = statuses(&app, 3, |_| {
+        request(
+            "GET",
+            "/",
+            "198.51.100.10:1",
+            &[("x-forwarded-for", b"192.0.2.9")],
+        )
+    })
+    .await;
+    assert_eq!(spoofed, [200, 200, 429]);
     // Next door to the exempt network, and with another key: limited.
     for peer in ["192.0.2.16:1", "198.51.100.8:1"] {
         let codes = statuses(&app, 3, |_| request("GET", "/", peer, &[])).await;
