@@ -49,6 +49,8 @@ pub(crate) enum Sent {
         check: CheckFuture,
         checks: Checks,
         sent_at: u64,
+        /// `RateLimit-Policy` as the plan had it, for when it answers.
+        ietf_policy: Option<HeaderValue>,
     },
 }
 
@@ -226,6 +228,7 @@ pub(crate) fn send(
             ))
         }
         Err(check) => Sent::Later {
+            ietf_policy: ietf_policy(plan, tier, &checks).cloned(),
             check,
             checks,
             sent_at,

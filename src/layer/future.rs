@@ -9,7 +9,7 @@ use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{Request, Response};
+use http::{HeaderValue, Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
@@ -136,6 +136,8 @@ pub(crate) struct Pending<S, ReqBody> {
     pub(crate) sent: Option<Checks>,
     /// When the checks went to the store, on the deny cache's clock.
     pub(crate) sent_at: u64,
+    /// `RateLimit-Policy` from the plan the checks were built under.
+    pub(crate) ietf_policy: Option<HeaderValue>,
 }
 
 impl<S, ReqBody> Wait<S, ReqBody>
@@ -214,9 +216,11 @@ where
                 check,
                 checks,
                 sent_at,
+                ietf_policy,
             } => {
                 self.sent = Some(checks);
                 self.sent_at = sent_at;
+                self.ietf_policy = ietf_policy;
                 Flow::Wait(Step::Checking(check))
             }
         }
@@ -224,13 +228,10 @@ where
 
     fn decided(&mut self, outcome: CheckOutcome) -> Next {
         let checks = self.sent.take().unwrap_or_default();
-        let policies = self.shared.policies.load();
-        let plan = flow::plan_for(&policies, &self.parts);
-        let tier = self.identity.tier.as_deref();
         flow::decide(
             &self.shared,
             &checks,
-            flow::ietf_policy(plan, tier, &checks),
+            self.ietf_policy.as_ref(),
             self.fail_closed,
             self.sent_at,
             outcome,

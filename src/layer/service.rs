@@ -129,12 +129,12 @@ where
         let fail_closed = flow::fails_closed(plan, costs.as_ref(), shared.options.fail_mode);
 
         // An API key still to be confirmed has no tier to look up yet.
-        let (step, identity, sent, sent_at) = if identity.unconfirmed.is_some() {
+        let (step, identity, sent, sent_at, ietf_policy) = if identity.unconfirmed.is_some() {
             let placeholder = Identity::new(identity.key.clone());
             let confirm = confirmed(identity, shared.options.lookup_timeout);
-            (Step::Confirming(confirm), placeholder, None, 0)
+            (Step::Confirming(confirm), placeholder, None, 0, None)
         } else if let Some(lookup) = flow::tier_lookup(shared, &parts, &identity) {
-            (Step::LookingUp(lookup), identity, None, 0)
+            (Step::LookingUp(lookup), identity, None, 0, None)
         } else {
             match flow::send(shared, plan, &identity, costs.as_ref(), fail_closed) {
                 Sent::Now(Next::Call(headers)) => {
@@ -149,7 +149,14 @@ where
                     check,
                     checks,
                     sent_at,
-                } => (Step::Checking(check), identity, Some(checks), sent_at),
+                    ietf_policy,
+                } => (
+                    Step::Checking(check),
+                    identity,
+                    Some(checks),
+                    sent_at,
+                    ietf_policy,
+                ),
             }
         };
 
@@ -168,6 +175,7 @@ where
             refusal,
             sent,
             sent_at,
+            ietf_policy,
         };
         ResponseFuture::waiting(step, pending)
     }

@@ -2,13 +2,12 @@
 //! out once when the policies are built: the policies, and per tier their
 //! limits and the `RateLimit-Policy` field.
 
-use std::fmt::Write as _;
 use std::sync::Arc;
 
 use http::HeaderValue;
 
 use super::{FailMode, Limits, Policy};
-use crate::response::headers::ceil_seconds;
+use crate::response::headers::policy_value;
 
 /// The policies that apply to one (route, method), and what a request
 /// under them needs per tier.
@@ -37,22 +36,10 @@ pub(crate) struct TierPlan {
 impl TierPlan {
     fn new(policies: &[Arc<Policy>], tier: Option<&str>) -> Self {
         let limits: Box<[Limits]> = policies.iter().map(|p| p.limits_for(tier)).collect();
-        let mut text = String::new();
-        for (policy, limits) in policies.iter().zip(&limits) {
-            let separator = if text.is_empty() { "" } else { ", " };
-            // Policy names are ASCII letters, digits, `-` and `_`: valid in
-            // a structured-field string as they are.
-            let _ = write!(
-                text,
-                "{separator}\"{}\";q={};w={}",
-                policy.name(),
-                limits.limit,
-                ceil_seconds(limits.window)
-            );
-        }
+        let fields = policies.iter().zip(&limits);
         Self {
+            ietf_policy: policy_value(fields.map(|(p, l)| (p.name(), l.limit, l.window))),
             limits,
-            ietf_policy: HeaderValue::try_from(text).ok(),
         }
     }
 }

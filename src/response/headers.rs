@@ -110,15 +110,17 @@ pub(crate) fn number_value(n: u64) -> HeaderValue {
     }
 }
 
-/// `RateLimit-Policy` for `checks`: `"name";q=limit;w=window` each.
-/// Policy names are ASCII letters, digits, `-` and `_`: valid in a
-/// structured-field string as they are.
-fn policy_value(checks: &[Check]) -> Option<HeaderValue> {
+/// `RateLimit-Policy` for `policies`, each a name, a limit and a window:
+/// `"name";q=limit;w=seconds`. Policy names are ASCII letters, digits, `-`
+/// and `_`: valid in a structured-field string as they are.
+pub(crate) fn policy_value<'a>(
+    policies: impl IntoIterator<Item = (&'a str, u32, Duration)>,
+) -> Option<HeaderValue> {
     let mut text = String::new();
-    for check in checks {
+    for (name, limit, window) in policies {
         let separator = if text.is_empty() { "" } else { ", " };
-        let (limit, window) = (check.limit, ceil_seconds(check.window));
-        let _ = write!(text, "{separator}\"{}\";q={limit};w={window}", check.policy);
+        let window = ceil_seconds(window);
+        let _ = write!(text, "{separator}\"{name}\";q={limit};w={window}");
     }
     HeaderValue::try_from(text).ok()
 }
@@ -171,7 +173,9 @@ impl RateHeaders {
             fields.x_ratelimit = Some([decision.limit.into(), decision.remaining.into(), reset]);
         }
         if style.ietf() {
-            let policy = policy.cloned().or_else(|| policy_value(checks));
+            let policy = policy
+                .cloned()
+                .or_else(|| policy_value(checks.iter().map(|c| (&*c.policy, c.limit, c.window))));
             let state = state_value(checks, decisions, retry_after);
             if let (Some(policy), Some(state)) = (policy, state) {
                 fields.ietf = Some(Box::new([policy, state]));

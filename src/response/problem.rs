@@ -119,15 +119,10 @@ pub(crate) fn too_many_requests(
     reset_format: ResetFormat,
 ) -> Response<Bytes> {
     let retry_after = retry_after_seconds(&decisions[denied]);
-    let own = || {
-        let retry_value = number_value(retry_after);
-        let body = match template {
-            Some(template) => template.render(&retry_value),
-            None => TooManyBody::new(&checks[denied]).render(&retry_value),
-        };
-        let mut response = problem_body(StatusCode::TOO_MANY_REQUESTS, body);
-        let headers = response.headers_mut();
-        headers.insert(RETRY_AFTER, retry_value);
+    let retry_value = number_value(retry_after);
+    // `Retry-After` and the rate-limit headers, on whichever answer goes.
+    let limiter_headers = |headers: &mut HeaderMap| {
+        headers.insert(RETRY_AFTER, retry_value.clone());
         RateHeaders::new(
             checks,
             decisions,
@@ -138,15 +133,25 @@ pub(crate) fn too_many_requests(
             reset_format,
         )
         .write(headers);
-        response
     };
-    match hook {
-        None => own(),
-        Some(hook) => {
-            let limited = Limited::new(&checks[denied], &decisions[denied], retry_after);
-            rejection::answer(Some(hook), &Rejection::Limited(&limited), own)
+    if let Some(hook) = hook {
+        let limited = Limited::new(&checks[denied], &decisions[denied], retry_after);
+        if let Some(mut custom) = hook(&Rejection::Limited(&limited)) {
+            // The hook's body replaces the problem body, which is never
+            // rendered; only the limiter's headers are filled in.
+            let mut headers = HeaderMap::new();
+            limiter_headers(&mut headers);
+            rejection::fill_missing(&mut custom, &headers);
+            return custom;
         }
     }
+    let body = match template {
+        Some(template) => template.render(&retry_value),
+        None => TooManyBody::new(&checks[denied]).render(&retry_value),
+    };
+    let mut response = problem_body(StatusCode::TOO_MANY_REQUESTS, body);
+    limiter_headers(response.headers_mut());
+    response
 }
 
 /// `422 Unprocessable Content`: the request costs more under a policy than

@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use http::request::Parts;
-use http::{Response, StatusCode};
+use http::{HeaderMap, Response, StatusCode};
 
 use crate::key::KeyRejection;
 use crate::response::limited::Limited;
@@ -118,12 +118,17 @@ pub(crate) fn answer(
     let Some(mut custom) = hook.and_then(|hook| hook(rejection)) else {
         return default();
     };
-    let own = default();
-    let headers = custom.headers_mut();
-    for (name, value) in own.headers() {
-        if *name != CONTENT_TYPE && *name != CONTENT_LENGTH && !headers.contains_key(name) {
-            headers.insert(name, value.clone());
+    fill_missing(&mut custom, default().headers());
+    custom
+}
+
+/// Adds to `custom` each of the limiter's `headers` it does not set
+/// itself, but for the content headers, which describe the limiter's body.
+pub(crate) fn fill_missing(custom: &mut Response<Bytes>, headers: &HeaderMap) {
+    let own = custom.headers_mut();
+    for (name, value) in headers {
+        if *name != CONTENT_TYPE && *name != CONTENT_LENGTH && !own.contains_key(name) {
+            own.insert(name, value.clone());
         }
     }
-    custom
 }
