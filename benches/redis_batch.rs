@@ -29,7 +29,7 @@ const ROUNDS: usize = 5;
 fn library() -> String {
     let body = PACKED
         .strip_prefix("#!lua\n")
-        .and_then(|body| body.strip_suffix("return check(KEYS, ARGV)\n"))
+        .and_then(|body| body.strip_suffix("return main(KEYS, ARGV)\n"))
         .expect("check.lua opens with its shebang and ends by deciding");
     format!(
         "#!lua name=slidegate_batch_bench\n{body}\nredis.register_function('one', check)\nredis.register_function('batch', check_batch)\n"
@@ -87,8 +87,8 @@ fn run(connection: &mut Connection, batched: bool, seed: u64) {
             let replies: Vec<Vec<i64>> = pipe.query(connection).unwrap();
             replies.concat()
         };
-        assert_eq!(reply.len() as u64, BATCH * 4);
-        assert!(reply.chunks(4).all(|decision| decision[0] == 1));
+        assert_eq!(reply.len() as u64, BATCH * 5);
+        assert!(reply.chunks(5).all(|decision| decision[0] == 1));
     }
 }
 

@@ -61,7 +61,7 @@ fn library() -> String {
         .strip_prefix("#!lua\n")
         .expect("check.lua starts with its shebang");
     let body = body
-        .strip_suffix("return check(KEYS, ARGV)\n")
+        .strip_suffix("return main(KEYS, ARGV)\n")
         .expect("check.lua ends by deciding");
     format!(
         "#!lua name=slidegate_bench\n{body}\nredis.register_function('slidegate_check', function(keys, args) return check(keys, args) end)\n"

@@ -31,9 +31,14 @@
 -- (a tier with a window of its own), its counts are re-placed under the
 -- new length, never dropped early; a log's TTL is moved to cover it.
 --
--- Returns, per policy, four integers: admitted (1 or 0, the same for every
--- policy), remaining units, reset in microseconds, and retry-after in
--- microseconds (-1 when the policy fits the request).
+-- Returns, per policy, five integers: admitted (1 or 0, the same for every
+-- policy), remaining units, reset in microseconds, retry-after in
+-- microseconds (-1 when the policy fits the request), and the time in
+-- microseconds the request's units were recorded at (-1 when nothing was):
+-- a refund names it.
+--
+-- The same script peeks and refunds when ARGV[2] says so (see `main` at
+-- the end).
 --
 -- Windows of the counters are aligned to the Unix epoch: window n covers
 -- [n*W, (n+1)*W). All arithmetic stays in integers below 2^53, so Lua's
@@ -363,6 +368,7 @@ function log.record(s)
   if s.count > 0 and s.newest > at then
     at = s.newest
   end
+  s.recorded = at
   if s.count == 0 then
     s.oldest = at
   end
@@ -417,6 +423,28 @@ function log.save(s)
     redis.call('PEXPIRE', s.key, log_extend(s))
   end
   s.header_pending = true
+end
+
+-- Takes back `cost` units recorded at `at`: the newest record of that
+-- cost recorded no later than `at` (records of one time and cost are
+-- alike), rewriting the log without it. Nothing, if it has left the window.
+function log.refund(s, at, cost)
+  log_load(s)
+  for i = s.count, 1, -1 do
+    if s.times[i] <= at and s.costs[i] == cost then
+      table.remove(s.times, i)
+      table.remove(s.costs, i)
+      s.count, s.sum = s.count - 1, s.sum - cost
+      if s.count > 0 then
+        s.oldest, s.newest = s.times[1], s.times[s.count]
+      else
+        s.oldest, s.newest = nil, now
+      end
+      log_rewrite(s)
+      return
+    end
+  end
+  log.save(s)
 end
 
 function log.retry(s)
@@ -555,6 +583,7 @@ end
 function counter.record(s)
   s.c = s.c + s.cost
   s.t = string.format('%d', s.at)
+  s.recorded = s.at
   counter_write(s)
 end
 
@@ -602,6 +631,21 @@ local function micros_until(at_ms)
     return 0
   end
   return micros
+end
+
+-- Takes back `cost` units counted at `at`, from the window that holds it
+-- if that is the current or the previous one.
+function counter.refund(s, at, cost)
+  local bucket = idiv(idiv(at, 1000), s.w)
+  if bucket == s.id and s.c > 0 then
+    s.c = math.max(0, s.c - cost)
+  elseif bucket == s.id - 1 and s.p > 0 then
+    s.p = math.max(0, s.p - cost)
+  else
+    counter.save(s)
+    return
+  end
+  counter_write(s)
 end
 
 function counter.retry(s)
@@ -671,7 +715,18 @@ end
 function fixed.record(s)
   s.c = s.c + s.cost
   s.t = string.format('%d', s.at)
+  s.recorded = s.at
   fixed_write(s)
+end
+
+-- Takes back `cost` units counted at `at`, if that was in this window.
+function fixed.refund(s, at, cost)
+  if idiv(at, s.window) == s.id and s.c > 0 then
+    s.c = math.max(0, s.c - cost)
+    fixed_write(s)
+  else
+    fixed.save(s)
+  end
 end
 
 function fixed.save(s)
@@ -724,42 +779,49 @@ local function set_now(time)
   end
 end
 
+-- The state of the policy whose arguments start at argv[a] (`width` of
+-- them) and whose key is keys[k], brought up to `now`; and the index of
+-- the next key.
+local function prepare(keys, argv, k, a)
+  local algorithm = algorithms[argv[a]]
+  if algorithm == nil then
+    error('unknown algorithm ' .. tostring(argv[a]))
+  end
+  local s = {
+    algorithm = algorithm,
+    key = keys[k],
+    limit = tonumber(argv[a + 1]),
+    window = tonumber(argv[a + 2]),
+    cost = tonumber(argv[a + 3]),
+  }
+  k = k + 1
+  if algorithm == log then
+    s.legacy = keys[k]
+    k = k + 1
+  end
+  s.fits = algorithm.prepare(s)
+  return s, k
+end
+
 -- Decides one request's `policies` policies, whose keys start at
--- keys[first_key] and whose arguments start at argv[first_arg], at `now`.
--- Returns the four integers per policy, and the index of the next key.
-local function decide(keys, argv, first_key, first_arg, policies)
+-- keys[first_key] and whose arguments start at argv[first_arg], at `now`;
+-- a peek records nothing. Returns the five integers per policy, and the
+-- index of the next key.
+local function decide(keys, argv, first_key, first_arg, policies, peek)
   local state = {}
   local all_fit = true
   local next_key = first_key
 
   for i = 1, policies do
-    local a = first_arg + 4 * (i - 1)
-    local algorithm = algorithms[argv[a]]
-    if algorithm == nil then
-      error('unknown algorithm ' .. tostring(argv[a]))
-    end
-    local s = {
-      algorithm = algorithm,
-      key = keys[next_key],
-      limit = tonumber(argv[a + 1]),
-      window = tonumber(argv[a + 2]),
-      cost = tonumber(argv[a + 3]),
-    }
-    next_key = next_key + 1
-    if algorithm == log then
-      s.legacy = keys[next_key]
-      next_key = next_key + 1
-    end
-    s.fits = algorithm.prepare(s)
-    all_fit = all_fit and s.fits
-    state[i] = s
+    state[i], next_key = prepare(keys, argv, next_key, first_arg + 4 * (i - 1))
+    all_fit = all_fit and state[i].fits
   end
 
   local result = {}
   for i = 1, policies do
     local s = state[i]
     local retry = -1
-    if all_fit then
+    if all_fit and not peek then
       s.algorithm.record(s)
     else
       if not s.fits then
@@ -771,10 +833,11 @@ local function decide(keys, argv, first_key, first_arg, policies)
     end
     s.algorithm.remember(s)
     local remaining, reset = s.algorithm.report(s)
-    result[4 * i - 3] = all_fit and 1 or 0
-    result[4 * i - 2] = remaining
-    result[4 * i - 1] = reset
-    result[4 * i] = retry
+    result[5 * i - 4] = all_fit and 1 or 0
+    result[5 * i - 3] = remaining
+    result[5 * i - 2] = reset
+    result[5 * i - 1] = retry
+    result[5 * i] = s.recorded or -1
   end
   return result, next_key
 end
@@ -782,9 +845,34 @@ end
 -- Decides one request: `keys` and `argv` as described at the top.
 local function check(keys, argv)
   set_now(argv[1])
-  local result = decide(keys, argv, 1, 2, (#argv - 1) / 4)
+  local result = decide(keys, argv, 1, 2, (#argv - 1) / 4, false)
   write_headers()
   return result
+end
+
+-- Peeks: ARGV[1] the time, ARGV[2] "peek", then the policies' arguments as
+-- for `check`. Answers as `check` would, and records nothing.
+local function peek(keys, argv)
+  set_now(argv[1])
+  local result = decide(keys, argv, 1, 3, (#argv - 2) / 4, true)
+  write_headers()
+  return result
+end
+
+-- Refunds: ARGV[1] the time, ARGV[2] "refund", then per policy its four
+-- arguments as for `check` and the time (µs) its units were recorded at.
+-- Each policy's units are taken back on their own. Returns an empty list.
+local function refund(keys, argv)
+  set_now(argv[1])
+  local k = 1
+  for a = 3, #argv, 5 do
+    local s
+    s, k = prepare(keys, argv, k, a)
+    s.algorithm.refund(s, tonumber(argv[a + 4]), s.cost)
+    s.algorithm.remember(s)
+  end
+  write_headers()
+  return {}
 end
 
 -- Decides several requests, in order, each all-or-nothing on its own, at
@@ -799,7 +887,7 @@ local function check_batch(keys, argv)
   local next_key, next_arg = 1, 2
   while next_arg <= #argv do
     local policies = tonumber(argv[next_arg])
-    local ok, result, after = pcall(decide, keys, argv, next_key, next_arg + 1, policies)
+    local ok, result, after = pcall(decide, keys, argv, next_key, next_arg + 1, policies, false)
     if ok then
       replies[#replies + 1] = result
       next_key = after
@@ -822,4 +910,15 @@ local function check_batch(keys, argv)
   return replies
 end
 
-return check(KEYS, ARGV)
+-- One call: a check, or a peek or refund as ARGV[2] says (for a check it
+-- is the first policy's algorithm).
+local function main(keys, argv)
+  if argv[2] == 'peek' then
+    return peek(keys, argv)
+  elseif argv[2] == 'refund' then
+    return refund(keys, argv)
+  end
+  return check(keys, argv)
+end
+
+return main(KEYS, ARGV)

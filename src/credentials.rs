@@ -118,6 +118,9 @@ impl CredentialFailures {
         options: Options,
         on_rejection: Option<&OnRejection>,
     ) -> Option<Response<Bytes>> {
+        if options.shadow {
+            return None;
+        }
         cached_denial(
             &self.blocked,
             std::slice::from_ref(check),
@@ -177,6 +180,13 @@ impl Refusal {
             return refused();
         };
         let checks = std::slice::from_ref(&self.check);
+        if self.options.shadow {
+            // Counted and decided, but never answered `429`.
+            if !decision.admitted {
+                tracing::debug!("shadow mode: refused credentials past their limit");
+            }
+            return refused();
+        }
         if decision.admitted {
             if decision.remaining == 0 {
                 // No refusal fits until the oldest leaves the window.

@@ -140,13 +140,12 @@ impl DenyCache {
             }
             denied_at.push(index);
             bodies.push(denial.body.clone());
-            decisions.push(Decision {
-                admitted: false,
-                limit: check.limit,
-                remaining: denial.remaining,
-                reset: Duration::from_micros(denial.reset_at.saturating_sub(now)),
-                retry_after: Some(Duration::from_micros(denial.until - now)),
-            });
+            decisions.push(Decision::denied(
+                check.limit,
+                denial.remaining,
+                Duration::from_micros(denial.reset_at.saturating_sub(now)),
+                Some(Duration::from_micros(denial.until - now)),
+            ));
         }
         if denied_at.is_empty() {
             return None;
@@ -195,13 +194,7 @@ mod tests {
     const SEC: Duration = Duration::from_secs(1);
 
     fn denied(retry: Duration, remaining: u32) -> Decision {
-        Decision {
-            admitted: false,
-            limit: 10,
-            remaining,
-            reset: retry,
-            retry_after: Some(retry),
-        }
+        Decision::denied(10, remaining, retry, Some(retry))
     }
 
     #[test]

@@ -57,8 +57,8 @@ pub use key::{
 pub use key::{JwtClaim, JwtClaimBuilder, JwtError};
 pub use layer::{PoliciesHandle, RateLimit, RateLimitLayer, ResponseFuture};
 pub use policy::{
-    Algorithm, Cost, FailMode, Limits, MAX_WINDOW, Policies, PoliciesBuilder, Policy, PolicyError,
-    RequestCost, Route, TierLimits,
+    Algorithm, Cost, Count, FailMode, Limits, MAX_WINDOW, Policies, PoliciesBuilder, Policy,
+    PolicyError, RequestCost, Route, TierLimits,
 };
 pub use response::{
     CostAboveLimit, HeaderStyle, Limited, RATELIMIT, RATELIMIT_POLICY, Rejection, ResetFormat,

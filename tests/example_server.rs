@@ -85,6 +85,13 @@ impl ExampleServer {
         self.request_with_body("POST", "/api/login", headers, body)
     }
 
+    /// A login with the wrong password: the demo login policy counts these
+    /// only.
+    fn failed_login(&self, headers: &[(&str, &str)]) -> Response {
+        let body = r#"{"user": "alice", "password": "guess"}"#;
+        self.request_with_body("POST", "/api/login", headers, body)
+    }
+
     fn request_with_body(
         &self,
         method: &str,
@@ -188,9 +195,14 @@ fn demo_config_limits_search_and_login_but_never_health() {
     assert!((1..=60).contains(&retry));
     assert_eq!(denied.json()["policy"], "search");
 
-    for _ in 0..3 {
+    // Successful logins do not count; three failed ones a minute do.
+    for _ in 0..5 {
         assert_eq!(server.login(&[]).status, 200);
     }
+    for _ in 0..3 {
+        assert_eq!(server.failed_login(&[]).status, 401);
+    }
+    assert_eq!(server.failed_login(&[]).status, 429);
     assert_eq!(server.login(&[]).status, 429);
 
     let videos = server.get("/api/videos");
@@ -282,16 +294,20 @@ fn redis_url_switches_to_redis() {
     let redis = RedisServer::start();
     let server = ExampleServer::start(&[], &[("REDIS_URL", &redis.url())]);
     for _ in 0..3 {
-        assert_eq!(server.login(&[]).status, 200);
+        assert_eq!(server.failed_login(&[]).status, 401);
     }
-    assert_eq!(server.login(&[]).status, 429);
+    assert_eq!(server.failed_login(&[]).status, 429);
     let keys = redis.cli(&["--scan"]);
     assert!(keys.contains("slidegate:login:{ip:127.0.0.1}"), "{keys}");
+    for _ in 0..5 {
+        assert_eq!(server.get("/api/search?q=a").status, 200);
+    }
+    assert_eq!(server.get("/api/search?q=a").status, 429);
 
     // Redis gone: login fails closed, videos fail open, health is untouched.
     // The client denied a moment ago is still denied, from the deny cache.
     drop(redis);
-    assert_eq!(server.login(&[]).status, 429);
+    assert_eq!(server.get("/api/search?q=a").status, 429);
     let other_client = [("x-api-key", "demo-free-key")];
     assert_eq!(server.login(&other_client).status, 503);
     assert_eq!(server.get("/api/videos").status, 200);
@@ -314,9 +330,9 @@ fn a_cluster_url_runs_on_redis_cluster() {
     let url = format!("redis+cluster://{}", seeds.join(","));
     let server = ExampleServer::start(&[], &[("REDIS_URL", &url)]);
     for _ in 0..3 {
-        assert_eq!(server.login(&[]).status, 200);
+        assert_eq!(server.failed_login(&[]).status, 401);
     }
-    assert_eq!(server.login(&[]).status, 429);
+    assert_eq!(server.failed_login(&[]).status, 429);
     let keys = cluster.keys();
     assert!(
         keys.iter().any(|k| k == "slidegate:login:{ip:127.0.0.1}:l"),
@@ -411,8 +427,10 @@ fn login_takes_the_demo_password_only() {
     assert_eq!(attempt(&[], r#"{"user": "bob", "password": "demo"}"#), 200);
     assert_eq!(attempt(&[], r#"{"user": "bob", "password": "guess"}"#), 401);
     assert_eq!(attempt(&[], r#"{"password": "demo"}"#), 401);
-    // The login policy allows 3 a minute per client, refusals included;
-    // a known API key is a client of its own.
+    // The login policy allows 3 failed logins a minute per client, and
+    // counts no successful one; a known API key is a client of its own.
+    assert_eq!(attempt(&[], r#"{"user": "bob", "password": "demo"}"#), 200);
+    assert_eq!(attempt(&[], r#"{"user": "bob"}"#), 401);
     assert_eq!(attempt(&[], r#"{"user": "bob", "password": "demo"}"#), 429);
     let keyed = [("x-api-key", "demo-pro-key")];
     assert_eq!(attempt(&keyed, "not json"), 401);
@@ -426,10 +444,10 @@ fn the_demo_config_cannot_be_walked_around() {
     let logins: Vec<u16> = (0..6)
         .map(|n| {
             let key = format!("random-key-{n}-{}", std::process::id());
-            server.login(&[("x-api-key", &key)]).status
+            server.failed_login(&[("x-api-key", &key)]).status
         })
         .collect();
-    assert_eq!(logins, [200, 200, 200, 429, 429, 429]);
+    assert_eq!(logins, [401, 401, 401, 429, 429, 429]);
 
     // HEAD runs the GET handler, so it spends the GET's searches.
     let heads: Vec<u16> = (0..8)

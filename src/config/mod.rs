@@ -81,6 +81,10 @@ pub struct Config {
     api_key_header: HeaderName,
     policies: Policies,
     fail_mode: FailMode,
+    /// `limiter.local_share`: the instances a local limit is shared by.
+    local_share: u32,
+    /// `limiter.shadow`: every policy in shadow mode.
+    shadow: bool,
     header_style: HeaderStyle,
     reset_format: ResetFormat,
     /// `Some(on)` when `limiter.deny_cache` was set; otherwise the layer's
@@ -206,6 +210,15 @@ impl Config {
         if limiter.unknown_api_key == UnknownApiKeyName::Reject {
             api_key = api_key.reject_unknown();
         }
+        let local_share = *limiter.local_share.get_ref();
+        if local_share == 0 {
+            return Err(ConfigError::at(
+                source,
+                limiter.local_share.span().start,
+                "limiter.local_share",
+                "must be at least 1 (the number of instances sharing the store)",
+            ));
+        }
         let ipv6_prefix = *limiter.ipv6_prefix.get_ref();
         if ipv6_prefix > 128 {
             return Err(ConfigError::at(
@@ -243,6 +256,8 @@ impl Config {
             api_key_header,
             policies,
             fail_mode: limiter.fail.into(),
+            local_share,
+            shadow: limiter.shadow,
             header_style: match limiter.headers {
                 HeaderStyleName::XRatelimit => HeaderStyle::XRateLimit,
                 HeaderStyleName::Ietf => HeaderStyle::Ietf,
@@ -313,6 +328,8 @@ impl Config {
     pub fn layer(&self, store: impl Store) -> RateLimitLayer {
         let mut layer = RateLimitLayer::new(store, self.key_extractor(), self.policies.clone())
             .fail_mode(self.fail_mode)
+            .local_share(self.local_share)
+            .shadow(self.shadow)
             .header_style(self.header_style)
             .reset_format(self.reset_format);
         if !self.exempt.is_empty() || !self.exempt_api_keys.is_empty() {
@@ -452,6 +469,12 @@ fn policy_from(
     }
     if let Some(fail) = body.fail {
         policy = policy.fail_mode(fail.into());
+    }
+    if let Some(count) = body.count {
+        policy = policy.count(count.into());
+    }
+    if let Some(shadow) = body.shadow {
+        policy = policy.shadow(shadow);
     }
     Policies::single(policy.clone()).map_err(|error| {
         let (key, offset) = match &error {

@@ -11,7 +11,7 @@ use toml::Spanned;
 
 use super::jwt::RawJwt;
 use super::redis::RawRedis;
-use crate::policy::{Algorithm, FailMode};
+use crate::policy::{Algorithm, Count, FailMode};
 
 /// A humantime duration such as `"60s"` or `"1h 30m"`.
 #[derive(Debug, Clone, Copy)]
@@ -74,6 +74,8 @@ pub(super) struct RawLimiter {
     pub(super) headers: HeaderStyleName,
     pub(super) reset: ResetName,
     pub(super) fail: FailName,
+    pub(super) local_share: Spanned<u32>,
+    pub(super) shadow: bool,
     pub(super) deny_cache: Option<bool>,
     pub(super) credential_failures: RawCredentialFailures,
 }
@@ -92,6 +94,8 @@ impl Default for RawLimiter {
             headers: HeaderStyleName::XRatelimit,
             reset: ResetName::Delta,
             fail: FailName::Open,
+            local_share: Spanned::new(0..0, 1),
+            shadow: false,
             deny_cache: None,
             credential_failures: RawCredentialFailures::default(),
         }
@@ -218,6 +222,7 @@ pub(super) enum ResetName {
 pub(super) enum FailName {
     Open,
     Closed,
+    Local,
 }
 
 impl From<FailName> for FailMode {
@@ -225,6 +230,26 @@ impl From<FailName> for FailMode {
         match name {
             FailName::Open => FailMode::Open,
             FailName::Closed => FailMode::Closed,
+            FailName::Local => FailMode::Local,
+        }
+    }
+}
+
+/// A policy's `count`: which responses count.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum CountName {
+    All,
+    Failures,
+    Successes,
+}
+
+impl From<CountName> for Count {
+    fn from(name: CountName) -> Self {
+        match name {
+            CountName::All => Count::All,
+            CountName::Failures => Count::Failures,
+            CountName::Successes => Count::Successes,
         }
     }
 }
@@ -257,6 +282,8 @@ pub(super) struct RawPolicy {
     pub(super) algorithm: Option<AlgorithmName>,
     pub(super) cost: Option<Spanned<u32>>,
     pub(super) fail: Option<FailName>,
+    pub(super) count: Option<CountName>,
+    pub(super) shadow: Option<bool>,
     pub(super) tiers: Option<BTreeMap<String, Spanned<RawTier>>>,
 }
 
@@ -278,6 +305,8 @@ impl RawPolicy {
             algorithm: self.algorithm,
             cost: self.cost,
             fail: self.fail,
+            count: self.count,
+            shadow: self.shadow,
             tiers: self.tiers,
         };
         (self.name, self.route, body)
@@ -292,5 +321,7 @@ pub(super) struct RawPolicyBody {
     pub(super) algorithm: Option<AlgorithmName>,
     pub(super) cost: Option<Spanned<u32>>,
     pub(super) fail: Option<FailName>,
+    pub(super) count: Option<CountName>,
+    pub(super) shadow: Option<bool>,
     pub(super) tiers: Option<BTreeMap<String, Spanned<RawTier>>>,
 }

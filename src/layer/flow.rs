@@ -7,6 +7,7 @@
 use std::cmp::Reverse;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -15,17 +16,18 @@ use http::{HeaderValue, Response};
 
 use crate::deny_cache::DenyCache;
 use crate::key::{Identity, KeyRejection};
+use crate::layer::roles::{self, Refund, Roles};
 use crate::layer::{Options, Shared};
 use crate::policy::cost::{self, Checks, Costs};
 use crate::policy::plan::Plan;
-use crate::policy::{Cost, FailMode, Policies};
+use crate::policy::{Cost, Count, FailMode, Policies};
 use crate::response::headers::RateHeaders;
 use crate::response::problem::{
     client_unidentified, cost_above_limit, invalid_credentials, limiter_unavailable,
     missing_credentials, too_many_requests,
 };
 use crate::response::rejection::{self, OnRejection, Rejection};
-use crate::store::{Check, CheckFuture, CheckOutcome, Decision, StoreError};
+use crate::store::{Check, CheckFuture, CheckOutcome, Decision, Decisions, Store, StoreError};
 use crate::throttle::{STORE_FAILURES, TIER_LOOKUP_TIMEOUTS};
 use crate::tier::TierFuture;
 
@@ -34,13 +36,18 @@ pub(crate) type AnswerFuture = Pin<Box<dyn Future<Output = Response<Bytes>> + Se
 
 /// Where a request goes once it is decided.
 pub(crate) enum Next {
-    /// On to the inner service, with these rate-limit headers.
-    Call(Option<RateHeaders>),
+    /// On to the inner service, with these rate-limit headers, and the
+    /// units to refund if its response should not count.
+    Call(Option<RateHeaders>, Option<Box<Refund>>),
     /// Back to the client with the limiter's answer.
     Answer(Response<Bytes>),
 }
 
 /// The request's checks, sent.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "returned once and taken apart at once; boxing would allocate per request"
+)]
 pub(crate) enum Sent {
     /// Decided at once: by the store, the deny cache, or before either.
     Now(Next),
@@ -48,6 +55,7 @@ pub(crate) enum Sent {
     Later {
         check: CheckFuture,
         checks: Checks,
+        roles: Option<Box<Roles>>,
         sent_at: u64,
         /// `RateLimit-Policy` as the plan had it, for when it answers.
         ietf_policy: Option<HeaderValue>,
@@ -66,13 +74,19 @@ pub(crate) fn plan_for<'a>(policies: &'a Policies, parts: &Parts) -> &'a Plan {
 }
 
 /// Whether a policy that counts the request fails closed: policies a
-/// computed cost exempts do not decide how the request fails.
-pub(crate) fn fails_closed(plan: &Plan, costs: Option<&Costs>, default: FailMode) -> bool {
+/// computed cost exempts, and shadow policies, do not decide how the
+/// request fails.
+pub(crate) fn fails_closed(plan: &Plan, costs: Option<&Costs>, options: Options) -> bool {
+    let default = options.fail_mode;
+    if options.shadow {
+        return false;
+    }
     let Some(costs) = costs else {
         return plan.fails_closed(default);
     };
     plan.policies().iter().zip(costs).any(|(policy, cost)| {
         *cost != Cost::Exempt
+            && !policy.is_shadow()
             && policy.configured_fail_mode().unwrap_or(default) == FailMode::Closed
     })
 }
@@ -192,7 +206,7 @@ pub(crate) fn send(
     fail_closed: bool,
 ) -> Sent {
     let tier = identity.tier.as_deref();
-    let checks = match cost::checks(plan, &identity.key, tier, costs) {
+    let mut checks = match cost::checks(plan, &identity.key, tier, costs) {
         Ok(checks) => checks,
         Err(denied) => {
             let rejection = Rejection::CostAboveLimit(&denied);
@@ -204,46 +218,57 @@ pub(crate) fn send(
     };
     if checks.is_empty() {
         // Every policy of the request exempts it.
-        return Sent::Now(Next::Call(None));
+        return Sent::Now(Next::Call(None, None));
     }
+    let roles = Roles::assign(plan, &mut checks, shared.options);
+    let enforced = roles
+        .as_ref()
+        .map_or(checks.len(), |roles| roles.shadow_from);
     let mut sent_at = 0;
     if let Some(cache) = &shared.deny_cache {
         let options = shared.options;
-        if let Some(response) = cached_denial(cache, &checks, options, shared.on_rejection.as_ref())
-        {
+        if let Some(response) = cached_denial(
+            cache,
+            &checks[..enforced],
+            options,
+            shared.on_rejection.as_ref(),
+        ) {
             return Sent::Now(Next::Answer(response));
         }
         sent_at = cache.now();
     }
-    match shared.store.check(&checks).into_ready() {
-        Ok(outcome) => {
-            let ietf_policy = ietf_policy(plan, tier, &checks);
-            Sent::Now(decide(
-                shared,
-                &checks,
-                ietf_policy,
-                fail_closed,
-                sent_at,
-                outcome,
-            ))
-        }
+    let ietf_policy = ietf_policy(plan, tier, &checks, roles.as_deref());
+    match roles::check(&shared.store, &checks, enforced).into_ready() {
+        Ok(outcome) => Sent::Now(decide(
+            shared,
+            &checks,
+            roles.as_deref(),
+            ietf_policy,
+            fail_closed,
+            sent_at,
+            outcome,
+        )),
         Err(check) => Sent::Later {
-            ietf_policy: ietf_policy(plan, tier, &checks).cloned(),
+            ietf_policy: ietf_policy.cloned(),
             check,
             checks,
+            roles,
             sent_at,
         },
     }
 }
 
 /// `RateLimit-Policy` as the plan has it for `tier`, when every policy
-/// counts the request (`checks` holds one check per policy).
+/// counts the request (`checks` holds one check per policy) in the plan's
+/// order.
 pub(crate) fn ietf_policy<'a>(
     plan: &'a Plan,
     tier: Option<&str>,
     checks: &[Check],
+    roles: Option<&Roles>,
 ) -> Option<&'a HeaderValue> {
-    (checks.len() == plan.policies().len())
+    let in_order = roles.is_none_or(|roles| !roles.reordered(checks.len()));
+    (checks.len() == plan.policies().len() && in_order)
         .then(|| plan.tier(tier).ietf_policy.as_ref())
         .flatten()
 }
@@ -259,18 +284,22 @@ fn index_of_min<K: Ord>(decisions: &[Decision], key: impl Fn(&Decision) -> K) ->
 
 /// Where the store's answer for `checks` leads: the inner service with the
 /// rate-limit headers (`RateLimit-Policy` as `ietf_policy` when the plan
-/// has it), a `429`, or, when the store failed, the fail mode.
+/// has it), a `429`, or, when the store failed, the fail mode. Shadow
+/// checks (see [`Roles`]) never deny.
 pub(crate) fn decide(
     shared: &Shared,
     checks: &[Check],
+    roles: Option<&Roles>,
     ietf_policy: Option<&HeaderValue>,
     fail_closed: bool,
     sent_at: u64,
     outcome: CheckOutcome,
 ) -> Next {
-    let options = shared.options;
+    let enforced = roles.map_or(checks.len(), |roles| roles.shadow_from);
     let decisions = outcome.and_then(|decisions| {
-        if decisions.len() == checks.len() {
+        // Without the shadow checks' decisions when the enforced ones deny.
+        let partial = enforced > 0 && decisions.len() == enforced;
+        if decisions.len() == checks.len() || partial {
             Ok(decisions)
         } else {
             Err(StoreError::Protocol(format!(
@@ -281,35 +310,20 @@ pub(crate) fn decide(
         }
     });
     match decisions {
-        Ok(decisions) if decisions.is_empty() => Next::Call(None),
-        Ok(decisions) if decisions.iter().all(|d| d.admitted) => {
-            // Report the policy closest to denying.
-            let reported = index_of_min(&decisions, |d| (d.remaining, Reverse(d.reset)));
-            Next::Call(Some(RateHeaders::new(
-                checks,
-                &decisions,
-                reported,
-                None,
-                ietf_policy,
-                options.header_style,
-                options.reset_format,
-            )))
-        }
         Ok(decisions) => {
-            if let Some(cache) = &shared.deny_cache {
-                cache.remember(checks, &decisions, sent_at);
-            }
-            // The policy that frees last is the one the client waits for.
-            let denied = index_of_min(&decisions, |d| Reverse(d.retry_after));
-            Next::Answer(too_many_requests(
-                checks,
+            let decided = &checks[..decisions.len()];
+            let counts = roles.map(Roles::counts);
+            let ietf_policy = ietf_policy.filter(|_| decided.len() == checks.len());
+            settle(
+                shared,
+                &shared.store,
+                decided,
                 &decisions,
-                denied,
-                None,
-                shared.on_rejection.as_ref(),
-                options.header_style,
-                options.reset_format,
-            ))
+                enforced.min(decisions.len()),
+                counts,
+                ietf_policy,
+                Some(sent_at),
+            )
         }
         // `held_back`: failures since the last line, which were not logged.
         Err(error) if fail_closed => {
@@ -324,10 +338,109 @@ pub(crate) fn decide(
             ))
         }
         Err(error) => {
+            if let Some(next) = roles.and_then(|roles| fall_back(shared, checks, roles)) {
+                if let Some(held_back) = STORE_FAILURES.admit() {
+                    tracing::warn!(%error, held_back, "rate-limit store unavailable; enforcing local limits");
+                }
+                return next;
+            }
             if let Some(held_back) = STORE_FAILURES.admit() {
                 tracing::warn!(%error, held_back, "rate-limit store unavailable; failing open");
             }
-            Next::Call(None)
+            Next::Call(None, None)
         }
     }
+}
+
+/// Admits or denies a request by its `decisions` (one per check of
+/// `checks`, enforced ones before `enforced`, shadow ones after), which
+/// `store` gave: a shadow check's denial is traced and lets the request
+/// pass. A denial is remembered in the deny cache, given when it was sent.
+#[allow(clippy::too_many_arguments)]
+fn settle(
+    shared: &Shared,
+    store: &Arc<dyn Store>,
+    checks: &[Check],
+    decisions: &[Decision],
+    enforced: usize,
+    counts: Option<&[Count]>,
+    ietf_policy: Option<&HeaderValue>,
+    sent_at: Option<u64>,
+) -> Next {
+    let options = shared.options;
+    if decisions.is_empty() {
+        return Next::Call(None, None);
+    }
+    if decisions[..enforced].iter().all(|d| d.admitted) {
+        if let Some(denied) = decisions[enforced..].iter().position(|d| !d.admitted) {
+            tracing::debug!(
+                policy = &*checks[enforced + denied].policy,
+                "shadow policy would have denied the request"
+            );
+        }
+        // Report the policy closest to denying.
+        let reported = index_of_min(decisions, |d| (d.remaining, Reverse(d.reset)));
+        let headers = RateHeaders::new(
+            checks,
+            decisions,
+            reported,
+            None,
+            ietf_policy,
+            options.header_style,
+            options.reset_format,
+        );
+        let refund = counts.and_then(|counts| Refund::of(store, checks, decisions, counts));
+        return Next::Call(Some(headers), refund);
+    }
+    let (checks, decisions) = (&checks[..enforced], &decisions[..enforced]);
+    if let (Some(cache), Some(sent_at)) = (&shared.deny_cache, sent_at) {
+        match counts {
+            None => cache.remember(checks, decisions, sent_at),
+            // A refund may free a policy that counts some responses only
+            // before its denial's retry time: only the others are cached.
+            Some(counts) => {
+                let (cached, cached_decisions): (Checks, Decisions) = checks
+                    .iter()
+                    .zip(decisions)
+                    .zip(counts)
+                    .filter(|(_, count)| **count == Count::All)
+                    .map(|((check, decision), _)| (check.clone(), *decision))
+                    .unzip();
+                cache.remember(&cached, &cached_decisions, sent_at);
+            }
+        }
+    }
+    // The policy that frees last is the one the client waits for.
+    let denied = index_of_min(decisions, |d| Reverse(d.retry_after));
+    Next::Answer(too_many_requests(
+        checks,
+        decisions,
+        denied,
+        None,
+        shared.on_rejection.as_ref(),
+        options.header_style,
+        options.reset_format,
+    ))
+}
+
+/// Decides the checks that fall back to a local limit on the layer's
+/// in-process store, while the store is unavailable; `None` when no check
+/// does (the request then fails open).
+fn fall_back(shared: &Shared, checks: &[Check], roles: &Roles) -> Option<Next> {
+    let (local, counts) = roles.local(checks, shared.options.local_share);
+    if local.is_empty() {
+        return None;
+    }
+    let store = shared.local_store();
+    let decisions = store.check(&local).into_ready().ok()?.ok()?;
+    Some(settle(
+        shared,
+        &store,
+        &local,
+        &decisions,
+        local.len(),
+        Some(&counts),
+        None,
+        None,
+    ))
 }

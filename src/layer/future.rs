@@ -16,6 +16,7 @@ use tower_service::Service;
 use crate::key::{Confirming, Extracted};
 use crate::layer::Shared;
 use crate::layer::flow::{self, AnswerFuture, Next, Sent};
+use crate::layer::roles::{Refund, Roles};
 use crate::policy::cost::{Checks, Costs};
 use crate::response::headers::RateHeaders;
 use crate::store::{Check, CheckFuture, CheckOutcome};
@@ -45,6 +46,8 @@ pin_project! {
             #[pin]
             future: S::Future,
             headers: Option<RateHeaders>,
+            // Units to take back if the response should not count.
+            refund: Option<Box<Refund>>,
         },
         // The limiter's answer, known at once.
         Answered {
@@ -65,9 +68,17 @@ impl<S, ReqBody> ResponseFuture<S, ReqBody>
 where
     S: Service<Request<ReqBody>>,
 {
-    pub(crate) fn calling(future: S::Future, headers: Option<RateHeaders>) -> Self {
+    pub(crate) fn calling(
+        future: S::Future,
+        headers: Option<RateHeaders>,
+        refund: Option<Box<Refund>>,
+    ) -> Self {
         Self {
-            state: State::Calling { future, headers },
+            state: State::Calling {
+                future,
+                headers,
+                refund,
+            },
         }
     }
 
@@ -132,8 +143,8 @@ pub(crate) struct Pending<S, ReqBody> {
     pub(crate) fail_closed: bool,
     /// The count of refused credentials of the client's address, if any.
     pub(crate) refusal: Option<Check>,
-    /// The checks sent to the store, once sent.
-    pub(crate) sent: Option<Checks>,
+    /// The checks sent to the store, once sent, and their roles.
+    pub(crate) sent: Option<(Checks, Option<Box<Roles>>)>,
     /// When the checks went to the store, on the deny cache's clock.
     pub(crate) sent_at: u64,
     /// `RateLimit-Policy` from the plan the checks were built under.
@@ -215,10 +226,11 @@ where
             Sent::Later {
                 check,
                 checks,
+                roles,
                 sent_at,
                 ietf_policy,
             } => {
-                self.sent = Some(checks);
+                self.sent = Some((checks, roles));
                 self.sent_at = sent_at;
                 self.ietf_policy = ietf_policy;
                 Flow::Wait(Step::Checking(check))
@@ -227,10 +239,11 @@ where
     }
 
     fn decided(&mut self, outcome: CheckOutcome) -> Next {
-        let checks = self.sent.take().unwrap_or_default();
+        let (checks, roles) = self.sent.take().unwrap_or_default();
         flow::decide(
             &self.shared,
             &checks,
+            roles.as_deref(),
             self.ietf_policy.as_ref(),
             self.fail_closed,
             self.sent_at,
@@ -241,7 +254,7 @@ where
     /// The state that follows `next`.
     fn into_state(self, next: Next) -> State<S, ReqBody> {
         match next {
-            Next::Call(headers) => {
+            Next::Call(headers, refund) => {
                 let Self {
                     mut inner,
                     mut parts,
@@ -256,6 +269,7 @@ where
                 State::Calling {
                     future: inner.call(Request::from_parts(parts, body)),
                     headers,
+                    refund,
                 }
             }
             Next::Answer(response) => State::Answered {
@@ -276,8 +290,16 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
-                StateProj::Calling { future, headers } => {
-                    let mut response = ready!(future.poll(cx))?;
+                StateProj::Calling {
+                    future,
+                    headers,
+                    refund,
+                } => {
+                    let result = ready!(future.poll(cx));
+                    if let Some(refund) = refund.take() {
+                        refund.settle(result.as_ref().ok().map(|response| response.status()));
+                    }
+                    let mut response = result?;
                     if let Some(headers) = headers.take() {
                         headers.write(response.headers_mut());
                     }

@@ -3,16 +3,18 @@
 //!
 //! * [`service`]: [`RateLimit`], whose `call` decides what it can at once;
 //! * [`flow`]: the steps of a request, shared by `call` and the future;
+//! * [`roles`]: shadow policies, refunds and local limits;
 //! * [`future`]: [`ResponseFuture`], for requests that wait.
 
 pub(crate) mod flow;
 mod future;
+mod roles;
 mod service;
 
 pub use future::ResponseFuture;
 pub use service::RateLimit;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -28,7 +30,7 @@ use crate::key::KeyExtractor;
 use crate::policy::{FailMode, Policies, RequestCost};
 use crate::response::headers::{HeaderStyle, ResetFormat};
 use crate::response::rejection::{OnRejection, Rejection};
-use crate::store::Store;
+use crate::store::{MemoryStore, Store};
 use crate::tier::TierLookup;
 
 /// Settings the response future needs; small and `Copy`.
@@ -40,6 +42,10 @@ pub(crate) struct Options {
     pub(crate) lookup_timeout: Duration,
     /// Whether admitted requests carry the client's `Identity` extension.
     pub(crate) insert_identity: bool,
+    /// Whether every policy is in shadow mode.
+    pub(crate) shadow: bool,
+    /// The number of instances a local limit is shared by.
+    pub(crate) local_share: u32,
 }
 
 impl Default for Options {
@@ -50,6 +56,8 @@ impl Default for Options {
             reset_format: ResetFormat::default(),
             lookup_timeout: Duration::from_millis(100),
             insert_identity: false,
+            shadow: false,
+            local_share: 1,
         }
     }
 }
@@ -67,7 +75,19 @@ pub(crate) struct Shared {
     pub(crate) exempt: Option<Exempt>,
     pub(crate) credential_failures: Option<CredentialFailures>,
     pub(crate) request_cost: Option<Arc<dyn RequestCost>>,
+    /// Where policies that fail to a local limit count while the store
+    /// is down; made on first use.
+    pub(crate) local: Arc<OnceLock<Arc<dyn Store>>>,
     pub(crate) options: Options,
+}
+
+impl Shared {
+    /// The in-process store of local limits.
+    pub(crate) fn local_store(&self) -> Arc<dyn Store> {
+        self.local
+            .get_or_init(|| Arc::new(MemoryStore::new()))
+            .clone()
+    }
 }
 
 /// Says which requests the limiter leaves alone; set with
@@ -151,6 +171,7 @@ impl RateLimitLayer {
                 exempt: None,
                 credential_failures: None,
                 request_cost: None,
+                local: Arc::default(),
                 options: Options::default(),
             }),
         }
@@ -381,6 +402,47 @@ impl RateLimitLayer {
     #[must_use]
     pub fn insert_identity(mut self, insert: bool) -> Self {
         self.options_mut().insert_identity = insert;
+        self
+    }
+
+    /// Puts every policy in shadow mode (see [`Policy::shadow`](crate::Policy::shadow)):
+    /// requests are counted and decided as usual and get their rate-limit
+    /// headers, but none is denied; denials are traced at debug level
+    /// instead. Refused credentials are still answered `401`, never `429`,
+    /// and a store failure always fails open.
+    ///
+    /// ```
+    /// use slidegate::{Global, MemoryStore, Policies, Policy, RateLimitLayer};
+    /// use std::time::Duration;
+    ///
+    /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).shadow(true);
+    /// ```
+    #[must_use]
+    pub fn shadow(mut self, shadow: bool) -> Self {
+        self.options_mut().shadow = shadow;
+        self
+    }
+
+    /// The number of instances that share the store (default 1): while
+    /// the store is unavailable, a policy that fails to a local limit
+    /// ([`FailMode::Local`]) allows each instance its limit divided by
+    /// this, rounded down, and at least one unit, so that together they
+    /// stay within the limit.
+    ///
+    /// ```
+    /// use slidegate::{FailMode, Global, MemoryStore, Policies, Policy, RateLimitLayer};
+    /// use std::time::Duration;
+    ///
+    /// let policies = Policies::single(Policy::new("all", 100, Duration::from_secs(60))).unwrap();
+    /// // Four instances: 25 a minute each while Redis is down.
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies)
+    ///     .fail_mode(FailMode::Local)
+    ///     .local_share(4);
+    /// ```
+    #[must_use]
+    pub fn local_share(mut self, instances: u32) -> Self {
+        self.options_mut().local_share = instances.max(1);
         self
     }
 

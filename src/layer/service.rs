@@ -96,6 +96,7 @@ where
             return ResponseFuture::calling(
                 self.inner.call(Request::from_parts(parts, body)),
                 None,
+                None,
             );
         }
         // The refusals of this address's credentials, before verifying any.
@@ -126,7 +127,7 @@ where
                 .map(|policy| request_cost.cost(&parts, policy))
                 .collect()
         });
-        let fail_closed = flow::fails_closed(plan, costs.as_ref(), shared.options.fail_mode);
+        let fail_closed = flow::fails_closed(plan, costs.as_ref(), shared.options);
 
         // An API key still to be confirmed has no tier to look up yet.
         let (step, identity, sent, sent_at, ietf_policy) = if identity.unconfirmed.is_some() {
@@ -137,23 +138,24 @@ where
             (Step::LookingUp(lookup), identity, None, 0, None)
         } else {
             match flow::send(shared, plan, &identity, costs.as_ref(), fail_closed) {
-                Sent::Now(Next::Call(headers)) => {
+                Sent::Now(Next::Call(headers, refund)) => {
                     if shared.options.insert_identity {
                         parts.extensions.insert(identity);
                     }
                     let future = self.inner.call(Request::from_parts(parts, body));
-                    return ResponseFuture::calling(future, headers);
+                    return ResponseFuture::calling(future, headers, refund);
                 }
                 Sent::Now(Next::Answer(response)) => return ResponseFuture::answered(response),
                 Sent::Later {
                     check,
                     checks,
+                    roles,
                     sent_at,
                     ietf_policy,
                 } => (
                     Step::Checking(check),
                     identity,
-                    Some(checks),
+                    Some((checks, roles)),
                     sent_at,
                     ietf_policy,
                 ),

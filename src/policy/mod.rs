@@ -60,6 +60,42 @@ pub enum FailMode {
     /// Answer `503 Service Unavailable`: the limiter, not the client, is the
     /// problem.
     Closed,
+    /// Enforce the policy in this process instead, on an in-memory store, at
+    /// its limit divided by the number of instances
+    /// ([`RateLimitLayer::local_share`](crate::RateLimitLayer::local_share)),
+    /// until the store answers again.
+    Local,
+}
+
+/// Which requests a policy counts, by their response.
+///
+/// Every request is counted when it is admitted, so a burst can never pass
+/// the limit; once its response shows that it should not count, its units
+/// are taken back ([`Store::refund`](crate::Store::refund)). A request
+/// whose response never comes (the client went away) stays counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Count {
+    /// Every admitted request.
+    #[default]
+    All,
+    /// Requests answered with a status of 400 or above, or failing in the
+    /// service: failed logins, say.
+    Failures,
+    /// Requests answered with a status below 400.
+    Successes,
+}
+
+impl Count {
+    /// Whether a response of `status` (`None`: the service failed) counts.
+    pub(crate) fn counts(self, status: Option<http::StatusCode>) -> bool {
+        let failed = status.is_none_or(|status| status.as_u16() >= 400);
+        match self {
+            Self::All => true,
+            Self::Failures => failed,
+            Self::Successes => !failed,
+        }
+    }
 }
 
 /// Per-tier overrides of a [`Policy`]'s limit, window and cost; what is not
@@ -138,6 +174,8 @@ pub struct Policy {
     algorithm: Algorithm,
     cost: u32,
     fail_mode: Option<FailMode>,
+    count: Count,
+    shadow: bool,
     tiers: Vec<(Arc<str>, TierLimits)>,
 }
 
@@ -154,6 +192,8 @@ impl Policy {
             algorithm: Algorithm::default(),
             cost: 1,
             fail_mode: None,
+            count: Count::All,
+            shadow: false,
             tiers: Vec::new(),
         }
     }
@@ -239,6 +279,40 @@ impl Policy {
         self
     }
 
+    /// Sets which requests count, by their response (default: all).
+    ///
+    /// ```
+    /// use slidegate::{Count, Policy};
+    /// use std::time::Duration;
+    ///
+    /// // Three failed logins a minute; successful ones are not counted.
+    /// let login = Policy::new("login", 3, Duration::from_secs(60)).count(Count::Failures);
+    /// assert_eq!(login.counted(), Count::Failures);
+    /// ```
+    #[must_use]
+    pub fn count(mut self, count: Count) -> Self {
+        self.count = count;
+        self
+    }
+
+    /// Puts the policy in shadow mode: it counts and decides as usual, and
+    /// its headers are sent, but it never denies a request. Its denials
+    /// are traced (and counted, with the `metrics` feature), to try a new
+    /// limit on real traffic before enforcing it.
+    ///
+    /// ```
+    /// use slidegate::Policy;
+    /// use std::time::Duration;
+    ///
+    /// let trial = Policy::new("search-v2", 20, Duration::from_secs(60)).shadow(true);
+    /// assert!(trial.is_shadow());
+    /// ```
+    #[must_use]
+    pub fn shadow(mut self, shadow: bool) -> Self {
+        self.shadow = shadow;
+        self
+    }
+
     /// The policy's name.
     pub fn name(&self) -> &str {
         &self.name
@@ -272,6 +346,16 @@ impl Policy {
     /// The fail mode set on this policy, if any.
     pub fn configured_fail_mode(&self) -> Option<FailMode> {
         self.fail_mode
+    }
+
+    /// Which requests the policy counts.
+    pub fn counted(&self) -> Count {
+        self.count
+    }
+
+    /// Whether the policy is in shadow mode.
+    pub fn is_shadow(&self) -> bool {
+        self.shadow
     }
 
     fn validate(&self) -> Result<(), PolicyError> {

@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use http::HeaderValue;
 
-use super::{FailMode, Limits, Policy};
+use super::{Count, FailMode, Limits, Policy};
 use crate::response::headers::policy_value;
+use crate::store::Check;
 
 /// The policies that apply to one (route, method), and what a request
 /// under them needs per tier.
@@ -22,6 +23,10 @@ pub(crate) struct Plan {
     closed: bool,
     /// Whether a policy sets no fail mode (the layer's default decides).
     defaulted: bool,
+    /// Whether a policy falls back to a local limit itself.
+    local: bool,
+    /// Whether a policy is in shadow mode or counts some responses only.
+    special: bool,
 }
 
 /// What a request of one tier reads: one entry per policy, in order.
@@ -61,10 +66,19 @@ impl Plan {
         Self {
             base: TierPlan::new(&policies, None),
             tiers,
+            // A shadow policy never denies, so it never fails closed.
             closed: policies
                 .iter()
-                .any(|p| p.fail_mode == Some(FailMode::Closed)),
-            defaulted: policies.iter().any(|p| p.fail_mode.is_none()),
+                .any(|p| p.fail_mode == Some(FailMode::Closed) && !p.is_shadow()),
+            defaulted: policies
+                .iter()
+                .any(|p| p.fail_mode.is_none() && !p.is_shadow()),
+            local: policies
+                .iter()
+                .any(|p| p.fail_mode == Some(FailMode::Local)),
+            special: policies
+                .iter()
+                .any(|p| p.is_shadow() || p.counted() != Count::All),
             policies: policies.into(),
         }
     }
@@ -84,6 +98,21 @@ impl Plan {
     /// layer's default is `default`.
     pub(crate) fn fails_closed(&self, default: FailMode) -> bool {
         self.closed || (self.defaulted && default == FailMode::Closed)
+    }
+
+    /// Whether a request's checks need more than counting under the
+    /// layer's default fail mode: a shadow policy, one that counts some
+    /// responses only, or one that falls back to a local limit.
+    pub(crate) fn has_roles(&self, default: FailMode) -> bool {
+        self.special || self.local || (self.defaulted && default == FailMode::Local)
+    }
+
+    /// The policy a check of this plan was built from.
+    pub(crate) fn policy_of(&self, check: &Check) -> Option<&Policy> {
+        self.policies
+            .iter()
+            .find(|policy| Arc::ptr_eq(policy.shared_name(), &check.policy))
+            .map(|policy| &**policy)
     }
 }
 

@@ -168,9 +168,24 @@ impl SlidingCounter {
         self.weighted(at, u64::from(cost)) <= i128::from(limit) * i128::from(at.window)
     }
 
-    pub(super) fn record(&mut self, cost: u32) {
+    /// Returns the time it was counted at.
+    pub(super) fn record(&mut self, cost: u32) -> u64 {
         self.current += u64::from(cost);
         self.counted_us = self.at_us;
+        self.at_us
+    }
+
+    /// Takes back `cost` units counted at `at_us`, after
+    /// [`roll`](Self::roll): from the window that holds it, if it is the
+    /// current or the previous one.
+    pub(super) fn refund(&mut self, at_us: u64, cost: u32) {
+        let bucket = at_us / 1000 / self.window_ms;
+        let cost = u64::from(cost);
+        if bucket == self.id {
+            self.current = self.current.saturating_sub(cost);
+        } else if bucket + 1 == self.id {
+            self.previous = self.previous.saturating_sub(cost);
+        }
     }
 
     /// Whether the counts can no longer matter at `now_us`.
@@ -228,6 +243,7 @@ impl SlidingCounter {
             remaining,
             reset: Duration::from_micros(reset),
             retry_after,
+            recorded_at: None,
         }
     }
 }
@@ -281,9 +297,19 @@ impl FixedWindow {
         self.count + u64::from(cost) <= u64::from(limit)
     }
 
-    pub(super) fn record(&mut self, cost: u32) {
+    /// Returns the time it was counted at.
+    pub(super) fn record(&mut self, cost: u32) -> u64 {
         self.count += u64::from(cost);
         self.counted_us = self.at_us;
+        self.at_us
+    }
+
+    /// Takes back `cost` units counted at `at_us`, after
+    /// [`roll`](Self::roll), if that was in the current window.
+    pub(super) fn refund(&mut self, at_us: u64, cost: u32) {
+        if at_us / self.window_us == self.id {
+            self.count = self.count.saturating_sub(u64::from(cost));
+        }
     }
 
     pub(super) fn is_idle(&self, now_us: u64) -> bool {
@@ -302,6 +328,7 @@ impl FixedWindow {
                 Duration::ZERO
             },
             retry_after: (!admitted && !self.fits(limit, cost)).then_some(ends_in),
+            recorded_at: None,
         }
     }
 }

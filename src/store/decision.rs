@@ -23,6 +23,11 @@ pub struct Decision {
     /// capacity frees for its cost, exact to the microsecond. `None` when it
     /// fits.
     pub retry_after: Option<Duration>,
+    /// When an admitted request's units were recorded, since the Unix
+    /// epoch on the store's clock: what [`Store::refund`](crate::Store::refund)
+    /// is given to take exactly those units back. `None` when nothing was
+    /// recorded, or the store takes no refunds.
+    pub recorded_at: Option<Duration>,
 }
 
 impl Decision {
@@ -44,7 +49,25 @@ impl Decision {
             remaining,
             reset,
             retry_after: None,
+            recorded_at: None,
         }
+    }
+
+    /// This decision, with its units recorded at `at` (since the Unix
+    /// epoch, on the store's clock): for stores of your own that take
+    /// [`refunds`](crate::Store::refund).
+    ///
+    /// ```
+    /// use slidegate::Decision;
+    /// use std::time::Duration;
+    ///
+    /// let at = Duration::from_secs(1_800_000_000);
+    /// let decision = Decision::admitted(10, 9, Duration::from_secs(60)).recorded_at(at);
+    /// assert_eq!(decision.recorded_at, Some(at));
+    /// ```
+    pub fn recorded_at(mut self, at: Duration) -> Self {
+        self.recorded_at = Some(at);
+        self
     }
 
     /// A denied request's decision: nothing is recorded. `retry_after` is
@@ -71,6 +94,7 @@ impl Decision {
             remaining,
             reset,
             retry_after,
+            recorded_at: None,
         }
     }
 }

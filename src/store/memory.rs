@@ -4,14 +4,15 @@
 
 use std::hash::{BuildHasher, Hash, Hasher, RandomState};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use quick_cache::unsync::Cache;
 use quick_cache::{Equivalent, OptionsBuilder, UnitWeighter};
 
 use super::counter::{FixedWindow, SlidingCounter};
 use super::sliding_log::Log;
-use super::{Check, CheckFuture, Decisions, Store};
-use crate::clock::{Clock, SystemClock};
+use super::{Check, CheckFuture, Decisions, Store, StoreError};
+use crate::clock::{Clock, SystemClock, duration_micros};
 use crate::key::Key;
 use crate::policy::Algorithm;
 use crate::store::Decision;
@@ -147,12 +148,29 @@ impl Spent {
         }
     }
 
-    fn record(&mut self, now: u64, cost: u32) {
+    /// Records `cost` and returns the time it was recorded at.
+    fn record(&mut self, now: u64, cost: u32) -> u64 {
         match self {
             Self::Log(log) => log.record(now, cost),
             Self::Counter(counter) => counter.record(cost),
             Self::Fixed(fixed) => fixed.record(cost),
         }
+    }
+
+    /// Takes back `cost` units recorded at `at`, after
+    /// [`prepare`](Self::prepare).
+    fn refund(&mut self, at: u64, cost: u32) {
+        match self {
+            Self::Log(log) => log.refund(at, cost),
+            Self::Counter(counter) => counter.refund(at, cost),
+            Self::Fixed(fixed) => fixed.refund(at, cost),
+        }
+    }
+
+    /// The decision of a request recorded at `at`.
+    fn recorded(&self, now: u64, check: &Check, at: u64) -> Decision {
+        self.decision(now, check, true)
+            .recorded_at(Duration::from_micros(at))
     }
 
     fn decision(&self, now: u64, check: &Check, admitted: bool) -> Decision {
@@ -330,18 +348,18 @@ impl MemoryStore {
         let hash = self.hash_of(check);
         let mut shard = lock(&inner.shards[self.shard_of(hash)]);
         if let Some(mut spent) = shard.pairs.get_mut(&PairOf { hash, check }) {
-            let admitted = spent.prepare(now, check);
-            if admitted {
-                spent.record(now, check.cost);
+            if !spent.prepare(now, check) {
+                return spent.decision(now, check, false);
             }
-            return spent.decision(now, check, admitted);
+            let at = spent.record(now, check.cost);
+            return spent.recorded(now, check, at);
         }
         let mut spent = Spent::fresh(now, check);
         if check.cost > check.limit {
             return spent.decision(now, check, false);
         }
-        spent.record(now, check.cost);
-        let decision = spent.decision(now, check, true);
+        let at = spent.record(now, check.cost);
+        let decision = spent.recorded(now, check, at);
         shard.insert(hash, check, spent, now);
         decision
     }
@@ -386,10 +404,12 @@ impl MemoryStore {
                 .peek_mut(&PairOf { hash, check })
                 .filter(|_| tracked[index])
             {
-                if all_fit {
-                    spent.record(now, check.cost);
-                }
-                decisions[index] = Some(spent.decision(now, check, all_fit));
+                decisions[index] = Some(if all_fit {
+                    let at = spent.record(now, check.cost);
+                    spent.recorded(now, check, at)
+                } else {
+                    spent.decision(now, check, false)
+                });
             }
         }
         for (index, (check, &hash)) in checks.iter().zip(&hashes).enumerate() {
@@ -398,17 +418,57 @@ impl MemoryStore {
             }
             let mut spent = Spent::fresh(now, check);
             if all_fit {
-                spent.record(now, check.cost);
-            }
-            decisions[index] = Some(spent.decision(now, check, all_fit));
-            if all_fit {
+                let at = spent.record(now, check.cost);
+                decisions[index] = Some(spent.recorded(now, check, at));
                 guards[guard_of(hash)].insert(hash, check, spent, now);
+            } else {
+                decisions[index] = Some(spent.decision(now, check, false));
             }
         }
         decisions
             .into_iter()
             .map(|decision| decision.expect("every check is decided"))
             .collect()
+    }
+}
+
+impl MemoryStore {
+    /// Each check's decision as it would be now, recording nothing: admitted
+    /// if every check fits.
+    fn peek_now(&self, checks: &[Check]) -> Decisions {
+        let now = self.inner.clock.now_micros();
+        let mut decisions: Decisions = checks
+            .iter()
+            .map(|check| {
+                let hash = self.hash_of(check);
+                let mut shard = lock(&self.inner.shards[self.shard_of(hash)]);
+                match shard.pairs.peek_mut(&PairOf { hash, check }) {
+                    Some(mut spent) => {
+                        spent.prepare(now, check);
+                        spent.decision(now, check, false)
+                    }
+                    None => Spent::fresh(now, check).decision(now, check, false),
+                }
+            })
+            .collect();
+        let all_fit = decisions.iter().all(|d| d.retry_after.is_none());
+        for decision in &mut decisions {
+            decision.admitted = all_fit;
+        }
+        decisions
+    }
+
+    /// Takes back each check's units, recorded at the time beside it.
+    fn refund_now(&self, checks: &[Check], recorded_at: &[Duration]) {
+        let now = self.inner.clock.now_micros();
+        for (check, at) in checks.iter().zip(recorded_at) {
+            let hash = self.hash_of(check);
+            let mut shard = lock(&self.inner.shards[self.shard_of(hash)]);
+            if let Some(mut spent) = shard.pairs.peek_mut(&PairOf { hash, check }) {
+                spent.prepare(now, check);
+                spent.refund(duration_micros(*at), check.cost);
+            }
+        }
     }
 }
 
@@ -423,6 +483,22 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 impl Store for MemoryStore {
     fn check(&self, checks: &[Check]) -> CheckFuture {
         CheckFuture::ready(Ok(self.check_now(checks)))
+    }
+
+    fn peek(&self, checks: &[Check]) -> CheckFuture {
+        CheckFuture::ready(Ok(self.peek_now(checks)))
+    }
+
+    fn refund(&self, checks: &[Check], recorded_at: &[Duration]) -> CheckFuture<()> {
+        if checks.len() != recorded_at.len() {
+            return CheckFuture::ready(Err(StoreError::Protocol(format!(
+                "{} refund times for {} checks",
+                recorded_at.len(),
+                checks.len()
+            ))));
+        }
+        self.refund_now(checks, recorded_at);
+        CheckFuture::ready(Ok(()))
     }
 }
 

@@ -40,6 +40,7 @@ pub type CheckOutcome = Result<Decisions, StoreError>;
 /// The future a [`Store`] returns: either an answer already known, as from
 /// [`MemoryStore`], which costs no allocation and lets the layer go on
 /// without a second poll, or a boxed future, as from a network store.
+/// A check's answer is its [`Decisions`]; a refund's, `()`.
 ///
 /// ```
 /// use slidegate::{CheckFuture, Decisions, StoreError};
@@ -48,30 +49,32 @@ pub type CheckOutcome = Result<Decisions, StoreError>;
 /// let known = CheckFuture::ready(Ok(Decisions::new()));
 /// assert!(known.into_ready().is_ok());
 ///
-/// let later = CheckFuture::new(async { Err(StoreError::Timeout(Duration::from_millis(50))) });
+/// let later: CheckFuture = CheckFuture::new(async { Err(StoreError::Timeout(Duration::from_millis(50))) });
 /// assert!(later.into_ready().is_err(), "a boxed future is never taken as ready");
 /// ```
 #[must_use = "a store decides nothing until its future is polled"]
-pub struct CheckFuture(Answer);
+pub struct CheckFuture<T = Decisions>(Answer<T>);
 
-enum Answer {
-    Ready(Option<CheckOutcome>),
-    Later(Pin<Box<dyn Future<Output = CheckOutcome> + Send + 'static>>),
+type Boxed<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'static>>;
+
+enum Answer<T> {
+    Ready(Option<Result<T, StoreError>>),
+    Later(Boxed<T>),
 }
 
-impl CheckFuture {
+impl<T> CheckFuture<T> {
     /// An answer known at once.
-    pub fn ready(outcome: CheckOutcome) -> Self {
+    pub fn ready(outcome: Result<T, StoreError>) -> Self {
         Self(Answer::Ready(Some(outcome)))
     }
 
     /// An answer that comes later, from `future`.
-    pub fn new(future: impl Future<Output = CheckOutcome> + Send + 'static) -> Self {
+    pub fn new(future: impl Future<Output = Result<T, StoreError>> + Send + 'static) -> Self {
         Self(Answer::Later(Box::pin(future)))
     }
 
     /// The answer if it was known at once, or the future back.
-    pub fn into_ready(self) -> Result<CheckOutcome, Self> {
+    pub fn into_ready(self) -> Result<Result<T, StoreError>, Self> {
         match self.0 {
             Answer::Ready(Some(outcome)) => Ok(outcome),
             answer => Err(Self(answer)),
@@ -79,10 +82,10 @@ impl CheckFuture {
     }
 }
 
-impl Future for CheckFuture {
-    type Output = CheckOutcome;
+impl<T> Future for CheckFuture<T> {
+    type Output = Result<T, StoreError>;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<CheckOutcome> {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match &mut self.0 {
             Answer::Ready(outcome) => {
                 Poll::Ready(outcome.take().expect("CheckFuture polled after completion"))
@@ -92,7 +95,10 @@ impl Future for CheckFuture {
     }
 }
 
-impl fmt::Debug for CheckFuture {
+// The boxed future is pinned on the heap, so the answer moves freely.
+impl<T> Unpin for CheckFuture<T> {}
+
+impl<T> fmt::Debug for CheckFuture<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.0 {
             Answer::Ready(Some(_)) => "ready",
@@ -175,10 +181,35 @@ impl Check {
 /// own latency (a hung backend must become an error, not a hung request).
 /// A store that decides in process answers with [`CheckFuture::ready`]; one
 /// that waits on the network, with [`CheckFuture::new`].
+///
+/// `peek` and `refund` serve policies that count only some responses
+/// ([`Count`](crate::Count)); a store without them answers
+/// [`StoreError::Unsupported`], and such a policy then counts every
+/// request.
 pub trait Store: Send + Sync + 'static {
     /// Decides and, when admitted, records the batch. The checks are
     /// borrowed: a store whose answer comes later copies what it needs.
     fn check(&self, checks: &[Check]) -> CheckFuture;
+
+    /// The batch's decisions as a `check` now would give them, recording
+    /// nothing: `admitted` says whether every check fits, and a check that
+    /// does not fit has its `retry_after`.
+    fn peek(&self, checks: &[Check]) -> CheckFuture {
+        let _ = checks;
+        CheckFuture::ready(Err(StoreError::Unsupported("peek")))
+    }
+
+    /// Takes back what an admitted request recorded: for each check, the
+    /// units of its cost recorded at the time beside it (its decision's
+    /// [`recorded_at`](Decision::recorded_at)). A sliding log drops exactly
+    /// that request's entry; a counter takes the units from the window
+    /// that counted them. Units that have left the window are gone
+    /// already, and nothing else is taken. Each check's refund stands on
+    /// its own.
+    fn refund(&self, checks: &[Check], recorded_at: &[Duration]) -> CheckFuture<()> {
+        let _ = (checks, recorded_at);
+        CheckFuture::ready(Err(StoreError::Unsupported("refund")))
+    }
 
     /// Whether a check costs a network round trip, as with Redis; the
     /// layer then keeps a [`DenyCache`](crate::DenyCache) by default.
@@ -190,6 +221,14 @@ pub trait Store: Send + Sync + 'static {
 impl<S: Store + ?Sized> Store for Arc<S> {
     fn check(&self, checks: &[Check]) -> CheckFuture {
         (**self).check(checks)
+    }
+
+    fn peek(&self, checks: &[Check]) -> CheckFuture {
+        (**self).peek(checks)
+    }
+
+    fn refund(&self, checks: &[Check], recorded_at: &[Duration]) -> CheckFuture<()> {
+        (**self).refund(checks, recorded_at)
     }
 
     fn is_remote(&self) -> bool {
@@ -210,4 +249,7 @@ pub enum StoreError {
     /// The backend answered something this crate does not understand.
     #[error("rate-limit store answered unexpectedly: {0}")]
     Protocol(String),
+    /// The store does not do this (`peek` or `refund`).
+    #[error("the rate-limit store cannot {0}")]
+    Unsupported(&'static str),
 }

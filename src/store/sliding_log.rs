@@ -48,13 +48,29 @@ impl Log {
 
     /// Records `cost` at `now`, or at the newest entry's time if the clock
     /// has stepped back since: entries stay in time order.
-    pub(super) fn record(&mut self, now: u64, cost: u32) {
+    /// Returns the time it was recorded at.
+    pub(super) fn record(&mut self, now: u64, cost: u32) -> u64 {
         let at = self
             .entries
             .back()
             .map_or(now, |&(newest, _)| newest.max(now));
         self.entries.push_back((at, cost));
         self.sum += u64::from(cost);
+        at
+    }
+
+    /// Takes back `cost` units recorded at `at`: the newest entry of that
+    /// cost recorded no later than `at` (entries of one time and cost are
+    /// alike). Nothing, if it has left the window.
+    pub(super) fn refund(&mut self, at: u64, cost: u32) {
+        if let Some(index) = self
+            .entries
+            .iter()
+            .rposition(|&(time, units)| time <= at && units == cost)
+        {
+            self.entries.remove(index);
+            self.sum -= u64::from(cost);
+        }
     }
 
     /// Whether every entry has left the window, so the log can be dropped.
@@ -87,6 +103,7 @@ impl Log {
             remaining: u32::try_from(u64::from(limit).saturating_sub(self.sum)).unwrap_or(0),
             reset: Duration::from_micros(reset),
             retry_after,
+            recorded_at: None,
         }
     }
 }
@@ -111,6 +128,22 @@ mod tests {
         log.prune(W, W);
         assert!(log.fits(1, 1));
         assert!(log.is_idle(W));
+    }
+
+    #[test]
+    fn a_refund_takes_back_that_request_only() {
+        let mut log = Log::default();
+        log.prune(0, W);
+        log.record(0, 1);
+        let at = log.record(100, 2);
+        log.record(200, 1);
+        log.refund(at, 2);
+        assert_eq!(log.entries, [(0, 1), (200, 1)]);
+        assert_eq!(log.sum, 2);
+        // Once it has left the window there is nothing to take back.
+        log.prune(W + 150, W);
+        log.refund(0, 1);
+        assert_eq!(log.sum, 1);
     }
 
     #[test]

@@ -30,13 +30,13 @@ impl Library {
         let hash = script.get_hash();
         let body = CHECK_SCRIPT
             .strip_prefix("#!lua\n")
-            .and_then(|body| body.strip_suffix("return check(KEYS, ARGV)\n"))
-            .expect("lua/check.lua opens with `#!lua` and ends by returning check(KEYS, ARGV)");
+            .and_then(|body| body.strip_suffix("return main(KEYS, ARGV)\n"))
+            .expect("lua/check.lua opens with `#!lua` and ends by returning main(KEYS, ARGV)");
         let function = format!("slidegate_check_{hash}");
         let batch_function = format!("slidegate_batch_{hash}");
         Self {
             source: format!(
-                "#!lua name=slidegate_{hash}\n{body}\nredis.register_function('{function}', check)\nredis.register_function('{batch_function}', check_batch)\n"
+                "#!lua name=slidegate_{hash}\n{body}\nredis.register_function('{function}', main)\nredis.register_function('{batch_function}', check_batch)\n"
             ),
             function,
             batch_function,

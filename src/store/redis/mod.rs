@@ -19,7 +19,8 @@ use deadpool_redis::redis::cluster_routing::{
     Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr,
 };
 use deadpool_redis::redis::{
-    Cmd, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value, cmd,
+    Cmd, ErrorKind, RedisError, RedisResult, RedisWrite, Script, ServerErrorKind, ToRedisArgs,
+    Value, cmd,
 };
 use deadpool_redis::{Pool, cluster};
 
@@ -28,7 +29,7 @@ use self::lanes::{Lanes, Source};
 use self::library::Library;
 use self::reply::{batched_outcome, decisions, replies};
 use super::{Check, CheckFuture, CheckOutcome, Store, StoreError};
-use crate::clock::Clock;
+use crate::clock::{Clock, duration_micros};
 use crate::policy::Algorithm;
 
 const CHECK_SCRIPT: &str = include_str!("../../../lua/check.lua");
@@ -197,13 +198,47 @@ struct Call {
     keys: Vec<String>,
     /// Per policy: algorithm, limit, window in µs, cost.
     args: Vec<(&'static str, u32, u64, u32)>,
+    op: Op,
+}
+
+/// What a call asks of the script.
+enum Op {
+    Check,
+    Peek,
+    /// Per policy, the time (µs) its units were recorded at.
+    Refund(Vec<u64>),
+}
+
+/// The script's arguments after the time: `peek` or `refund` if the call
+/// is one, then each policy's (with its recorded time, for a refund).
+struct Arguments<'a>(&'a Call);
+
+impl ToRedisArgs for Arguments<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let call = self.0;
+        match &call.op {
+            Op::Check => {}
+            Op::Peek => out.write_arg(b"peek"),
+            Op::Refund(_) => out.write_arg(b"refund"),
+        }
+        for (index, (algorithm, limit, window, cost)) in call.args.iter().enumerate() {
+            algorithm.write_redis_args(out);
+            limit.write_redis_args(out);
+            window.write_redis_args(out);
+            cost.write_redis_args(out);
+            if let Op::Refund(recorded) = &call.op {
+                recorded[index].write_redis_args(out);
+            }
+        }
+    }
 }
 
 impl RedisStore {
-    fn prepare(&self, checks: &[Check]) -> Call {
+    fn prepare(&self, checks: &[Check], op: Op) -> Call {
         let mut call = Call {
             keys: Vec::with_capacity(checks.len() * 2),
             args: Vec::with_capacity(checks.len()),
+            op,
         };
         for check in checks {
             let key = self.base_key(check);
@@ -244,12 +279,21 @@ enum Failed {
 
 impl Inner {
     async fn run(&self, call: Call, deadline: tokio::time::Instant) -> CheckOutcome {
-        let values = match &self.connections {
-            Connections::Standalone(lanes) => self.call(lanes, &call, deadline).await,
-            Connections::Cluster(lanes) => self.call(lanes, &call, deadline).await,
-        }
-        .map_err(|failed| self.store_error(failed))?;
+        let values = self.values(&call, deadline).await?;
         decisions(&call.args, &values)
+    }
+
+    /// The script's integers for `call`.
+    async fn values(
+        &self,
+        call: &Call,
+        deadline: tokio::time::Instant,
+    ) -> Result<Vec<i64>, StoreError> {
+        match &self.connections {
+            Connections::Standalone(lanes) => self.call(lanes, call, deadline).await,
+            Connections::Cluster(lanes) => self.call(lanes, call, deadline).await,
+        }
+        .map_err(|failed| self.store_error(failed))
     }
 
     /// Runs the script on a lane's connection by `deadline`.
@@ -416,7 +460,7 @@ impl Inner {
                 .arg(call.keys.len())
                 .arg(&call.keys)
                 .arg(self.time())
-                .arg(&call.args);
+                .arg(Arguments(call));
             match fcall.query_async(connection).await {
                 Err(error) if Library::missing(&error) => {
                     match self.load(connection, &call.keys[0]).await {
@@ -434,7 +478,7 @@ impl Inner {
         for key in &call.keys {
             invocation.key(key);
         }
-        invocation.arg(self.time()).arg(&call.args);
+        invocation.arg(self.time()).arg(Arguments(call));
         invocation.invoke_async(connection).await
     }
 
@@ -576,8 +620,34 @@ impl Store for RedisStore {
         true
     }
 
+    fn peek(&self, checks: &[Check]) -> CheckFuture {
+        let call = self.prepare(checks, Op::Peek);
+        let inner = self.inner.clone();
+        CheckFuture::new(async move {
+            let deadline = tokio::time::Instant::now() + inner.timeout;
+            inner.run(call, deadline).await
+        })
+    }
+
+    fn refund(&self, checks: &[Check], recorded_at: &[Duration]) -> CheckFuture<()> {
+        if checks.len() != recorded_at.len() {
+            return CheckFuture::ready(Err(StoreError::Protocol(format!(
+                "{} refund times for {} checks",
+                recorded_at.len(),
+                checks.len()
+            ))));
+        }
+        let recorded = recorded_at.iter().map(|&at| duration_micros(at)).collect();
+        let call = self.prepare(checks, Op::Refund(recorded));
+        let inner = self.inner.clone();
+        CheckFuture::new(async move {
+            let deadline = tokio::time::Instant::now() + inner.timeout;
+            inner.values(&call, deadline).await.map(drop)
+        })
+    }
+
     fn check(&self, checks: &[Check]) -> CheckFuture {
-        let call = self.prepare(checks);
+        let call = self.prepare(checks, Op::Check);
         let inner = self.inner.clone();
         CheckFuture::new(async move {
             let timeout = inner.timeout;

@@ -10,29 +10,30 @@ use deadpool_redis::redis::{Cmd, ErrorKind, RedisError, RedisResult, Value};
 use super::Call;
 use crate::store::{CheckOutcome, Decision, Decisions, StoreError};
 
-/// The script's four integers per policy as decisions, for the policies
+/// The script's five integers per policy as decisions, for the policies
 /// of `args`.
 pub(super) fn decisions(
     args: &[(&'static str, u32, u64, u32)],
     values: &[i64],
 ) -> Result<Decisions, StoreError> {
-    if values.len() != args.len() * 4 {
+    if values.len() != args.len() * 5 {
         return Err(StoreError::Protocol(format!(
             "expected {} integers, got {}",
-            args.len() * 4,
+            args.len() * 5,
             values.len()
         )));
     }
     let micros = |v: i64| Duration::from_micros(u64::try_from(v).unwrap_or(0));
     Ok(args
         .iter()
-        .zip(values.chunks_exact(4))
+        .zip(values.chunks_exact(5))
         .map(|(&(_, limit, _, _), v)| Decision {
             admitted: v[0] == 1,
             limit,
             remaining: u32::try_from(v[1]).unwrap_or(0),
             reset: micros(v[2]),
             retry_after: (v[3] >= 0).then(|| micros(v[3])),
+            recorded_at: (v[4] >= 0).then(|| micros(v[4])),
         })
         .collect())
 }

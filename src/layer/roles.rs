@@ -1,0 +1,216 @@
+//! What a request's checks do beyond counting, for plans that need it:
+//! shadow policies, which decide without denying; policies that count
+//! some responses only, whose units are refunded; and policies that fall
+//! back to a local limit while the store is down.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::StatusCode;
+use smallvec::SmallVec;
+
+use crate::layer::Options;
+use crate::policy::cost::Checks;
+use crate::policy::plan::Plan;
+use crate::policy::{Count, FailMode};
+use crate::store::{Check, CheckFuture, Decision, Decisions, Store};
+use crate::throttle::REFUND_FAILURES;
+
+/// The roles of one request's checks, in the order they are sent:
+/// enforced checks first, shadow checks after.
+#[derive(Debug)]
+pub(crate) struct Roles {
+    /// The index of the first shadow check.
+    pub(crate) shadow_from: usize,
+    /// What each check counts.
+    counts: SmallVec<[Count; 2]>,
+    /// Each check's fail mode.
+    fail_modes: SmallVec<[FailMode; 2]>,
+}
+
+impl Roles {
+    /// The roles of `checks`, built from `plan`, which it puts in order;
+    /// `None` when every check only counts (the common case).
+    pub(crate) fn assign(plan: &Plan, checks: &mut Checks, options: Options) -> Option<Box<Self>> {
+        if !options.shadow && !plan.has_roles(options.fail_mode) {
+            return None;
+        }
+        let shadow = |check: &Check| {
+            options.shadow
+                || plan
+                    .policy_of(check)
+                    .is_some_and(|policy| policy.is_shadow())
+        };
+        // Stable: enforced checks keep their order, and so do shadow ones.
+        checks.sort_by_key(shadow);
+        let shadow_from = checks.iter().position(shadow).unwrap_or(checks.len());
+        let policies = || checks.iter().map(|check| plan.policy_of(check));
+        Some(Box::new(Self {
+            shadow_from,
+            counts: policies()
+                .map(|policy| policy.map_or(Count::All, |policy| policy.counted()))
+                .collect(),
+            fail_modes: policies()
+                .map(|policy| {
+                    policy
+                        .and_then(|policy| policy.configured_fail_mode())
+                        .unwrap_or(options.fail_mode)
+                })
+                .collect(),
+        }))
+    }
+
+    /// Whether the checks are ordered otherwise than the plan's policies.
+    pub(crate) fn reordered(&self, checks: usize) -> bool {
+        self.shadow_from > 0 && self.shadow_from < checks
+    }
+
+    /// The enforced checks that fall back to a local limit, at their
+    /// limits divided by `share` (at least one unit), with what each
+    /// counts.
+    pub(crate) fn local(&self, checks: &[Check], share: u32) -> (Checks, SmallVec<[Count; 2]>) {
+        checks[..self.shadow_from]
+            .iter()
+            .zip(&self.fail_modes)
+            .zip(&self.counts)
+            .filter(|((_, mode), _)| **mode == FailMode::Local)
+            .map(|((check, _), count)| {
+                let mut local = check.clone();
+                local.limit = (check.limit / share.max(1)).max(1);
+                (local, *count)
+            })
+            .unzip()
+    }
+
+    /// What each check counts.
+    pub(crate) fn counts(&self) -> &[Count] {
+        &self.counts
+    }
+}
+
+/// Sends `checks` to `store`, enforced ones first: the shadow checks (from
+/// `shadow_from`) are sent once the enforced ones admit the request, as a
+/// batch of their own. In one batch with the enforced checks a shadow
+/// denial would deny the request, and a denied request counts nowhere.
+/// The answer holds the enforced checks' decisions alone when they deny,
+/// or when the shadow batch fails.
+pub(crate) fn check(store: &Arc<dyn Store>, checks: &[Check], shadow_from: usize) -> CheckFuture {
+    if shadow_from == 0 || shadow_from >= checks.len() {
+        return store.check(checks);
+    }
+    let (enforced, shadow) = checks.split_at(shadow_from);
+    let decided = match store.check(enforced).into_ready() {
+        Ok(Ok(decisions)) => decisions,
+        Ok(Err(error)) => return CheckFuture::ready(Err(error)),
+        Err(later) => {
+            let store = store.clone();
+            let shadow: Checks = shadow.iter().cloned().collect();
+            return CheckFuture::new(async move {
+                let decisions = later.await?;
+                Ok(with_shadow(&*store, decisions, &shadow).await)
+            });
+        }
+    };
+    if !decided.iter().all(|decision| decision.admitted) {
+        return CheckFuture::ready(Ok(decided));
+    }
+    match store.check(shadow).into_ready() {
+        Ok(outcome) => CheckFuture::ready(Ok(join(decided, outcome))),
+        Err(later) => CheckFuture::new(async move { Ok(join(decided, later.await)) }),
+    }
+}
+
+/// The enforced checks' decisions, and the shadow checks' after them if
+/// the enforced ones admit the request.
+async fn with_shadow(store: &dyn Store, decided: Decisions, shadow: &[Check]) -> Decisions {
+    if !decided.iter().all(|decision| decision.admitted) {
+        return decided;
+    }
+    join(decided, store.check(shadow).await)
+}
+
+fn join(mut decided: Decisions, shadow: Result<Decisions, crate::StoreError>) -> Decisions {
+    match shadow {
+        Ok(shadow) => decided.extend(shadow),
+        Err(error) => tracing::debug!(%error, "shadow policies undecided"),
+    }
+    decided
+}
+
+/// The units to take back once the response shows that they should not
+/// have counted.
+pub(crate) struct Refund {
+    store: Arc<dyn Store>,
+    checks: Checks,
+    recorded_at: SmallVec<[Duration; 2]>,
+    counts: SmallVec<[Count; 2]>,
+}
+
+impl Refund {
+    /// What `store` recorded for an admitted request that some of its
+    /// checks count conditionally; `None` if every check counts it anyway.
+    pub(crate) fn of(
+        store: &Arc<dyn Store>,
+        checks: &[Check],
+        decisions: &[Decision],
+        counts: &[Count],
+    ) -> Option<Box<Self>> {
+        let mut refund = Self {
+            store: store.clone(),
+            checks: Checks::new(),
+            recorded_at: SmallVec::new(),
+            counts: SmallVec::new(),
+        };
+        for ((check, decision), &count) in checks.iter().zip(decisions).zip(counts) {
+            if let (Some(at), false) = (decision.recorded_at, count == Count::All) {
+                refund.checks.push(check.clone());
+                refund.recorded_at.push(at);
+                refund.counts.push(count);
+            }
+        }
+        (!refund.checks.is_empty()).then(|| Box::new(refund))
+    }
+
+    /// Takes back the units of the checks that a response of `status`
+    /// (`None`: the service failed) does not count. A store that answers
+    /// later does so on a task of its own: the response does not wait.
+    pub(crate) fn settle(self, status: Option<StatusCode>) {
+        let mut checks = Checks::new();
+        let mut recorded_at = SmallVec::<[Duration; 2]>::new();
+        for ((check, at), count) in self
+            .checks
+            .into_iter()
+            .zip(self.recorded_at)
+            .zip(self.counts)
+        {
+            if !count.counts(status) {
+                checks.push(check);
+                recorded_at.push(at);
+            }
+        }
+        if checks.is_empty() {
+            return;
+        }
+        match self.store.refund(&checks, &recorded_at).into_ready() {
+            Ok(outcome) => report(outcome),
+            Err(later) => match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    runtime.spawn(async move { report(later.await) });
+                }
+                Err(_) => report(Err(crate::StoreError::Protocol(
+                    "no Tokio runtime to take the refund back on".to_owned(),
+                ))),
+            },
+        }
+    }
+}
+
+/// Warns of a refund that failed: its units stay counted until they leave
+/// the window, so the client is held to the limit a little longer.
+fn report(outcome: Result<(), crate::StoreError>) {
+    if let Err(error) = outcome
+        && let Some(held_back) = REFUND_FAILURES.admit()
+    {
+        tracing::warn!(%error, held_back, "rate-limit refund failed; the units stay counted");
+    }
+}

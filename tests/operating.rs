@@ -1,0 +1,312 @@
+//! Operating the limiter: policies that count failures only (refunds),
+//! shadow mode, and a local limit while Redis is down, on both stores.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::{get, post};
+use http::request::Parts;
+use http::{HeaderMap, Request, StatusCode};
+use slidegate::{
+    Check, Count, Extracted, FailMode, Key, KeyExtractor, MemoryStore, Policies, Policy,
+    RateLimitLayer, RedisStore, Store,
+};
+use support::RedisServer;
+use support::down_store::DownStore;
+use support::reply::send;
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+/// Every request comes from one client, whose key the tests know.
+struct OneClient;
+
+impl KeyExtractor for OneClient {
+    fn extract(&self, _parts: &Parts) -> Extracted {
+        Ok(Some(Key::new("client").into()))
+    }
+}
+
+/// `POST /login`: 200 for the password `demo` (in `x-password`), 401
+/// otherwise.
+async fn login(headers: HeaderMap) -> StatusCode {
+    match headers.get("x-password") {
+        Some(password) if password == "demo" => StatusCode::OK,
+        _ => StatusCode::UNAUTHORIZED,
+    }
+}
+
+fn login_request(password: &str) -> Request<Body> {
+    Request::post("/login")
+        .header("x-password", password)
+        .body(Body::empty())
+        .unwrap()
+}
+
+fn failed_logins() -> Policy {
+    Policy::new("logins", 3, MINUTE).count(Count::Failures)
+}
+
+fn login_app(store: impl Store) -> Router {
+    let policies = Policies::single(failed_logins()).unwrap();
+    Router::new()
+        .route("/login", post(login))
+        .route_layer(RateLimitLayer::new(store, OneClient, policies))
+}
+
+/// Waits (at most two seconds) until `store` shows `remaining` units of
+/// the failed-logins policy: a refund to Redis lands after its response.
+async fn settled(store: &dyn Store, remaining: u32) {
+    let check = [Check::new(&failed_logins(), Key::new("client"))];
+    let started = Instant::now();
+    loop {
+        let decision = store.peek(&check).await.unwrap()[0];
+        if decision.remaining == remaining {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{remaining} units never came back: {decision:?}"
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
+async fn only_failures_count(store: Arc<dyn Store>) {
+    let app = login_app(store.clone());
+    for _ in 0..10 {
+        assert_eq!(
+            send(&app, login_request("demo")).await.status,
+            StatusCode::OK
+        );
+        settled(&*store, 3).await;
+    }
+    for _ in 0..3 {
+        let reply = send(&app, login_request("guess")).await;
+        assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
+    }
+    settled(&*store, 0).await;
+    let reply = send(&app, login_request("guess")).await;
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(reply.header("retry-after").is_some());
+    // Past three failures the client is held off, right password or not.
+    let reply = send(&app, login_request("demo")).await;
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test]
+async fn failed_logins_are_limited_and_successful_ones_are_not_in_memory() {
+    only_failures_count(Arc::new(MemoryStore::new())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_logins_are_limited_and_successful_ones_are_not_on_redis() {
+    let server = RedisServer::start();
+    only_failures_count(Arc::new(RedisStore::new(server.pool(4)))).await;
+}
+
+/// Requests are counted when admitted and refunded after their response:
+/// at no instant do more requests than the limit run in the service, while
+/// refunds let many more through in all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refunds_never_let_more_than_the_limit_in_at_once() {
+    const LIMIT: usize = 10;
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.pool(8))
+        .timeout(Duration::from_secs(2))
+        .build();
+    let running = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let (inside, peak) = (running.clone(), most.clone());
+    let policies =
+        Policies::single(Policy::new("work", LIMIT as u32, MINUTE).count(Count::Failures)).unwrap();
+    let app = Router::new()
+        .route(
+            "/work",
+            get(move || {
+                let (inside, peak) = (inside.clone(), peak.clone());
+                async move {
+                    let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                    peak.fetch_max(now, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    "done"
+                }
+            }),
+        )
+        .route_layer(RateLimitLayer::new(store, OneClient, policies));
+
+    // 200 requests from 40 senders at once, 5 each.
+    let senders: Vec<_> = (0..40)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move {
+                let mut admitted = 0;
+                for _ in 0..5 {
+                    let request = Request::get("/work").body(Body::empty()).unwrap();
+                    let status = send(&app, request).await.status;
+                    assert!(status == StatusCode::OK || status == StatusCode::TOO_MANY_REQUESTS);
+                    admitted += usize::from(status == StatusCode::OK);
+                }
+                admitted
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for sender in senders {
+        admitted += sender.await.unwrap();
+    }
+    let peak = most.load(Ordering::SeqCst);
+    assert!(peak <= LIMIT, "{peak} requests ran at once, limit {LIMIT}");
+    assert!(
+        admitted > LIMIT,
+        "refunds made room for more than the limit in all: {admitted}"
+    );
+}
+
+fn shadow_app(store: impl Store, layer_shadow: bool) -> Router {
+    let policies = Policies::builder()
+        .route("/search", Policy::new("search", 5, MINUTE))
+        .route("/search", Policy::new("trial", 2, MINUTE).shadow(true))
+        .route("/shadowed", Policy::new("shadowed", 2, MINUTE))
+        .build()
+        .unwrap();
+    Router::new()
+        .route("/search", get(|| async { "results" }))
+        .route("/shadowed", get(|| async { "results" }))
+        .route_layer(RateLimitLayer::new(store, OneClient, policies).shadow(layer_shadow))
+}
+
+async fn shadow_policies_never_deny(store: Arc<dyn Store>) {
+    let app = shadow_app(store.clone(), false);
+    let get = |path: &str| Request::get(path).body(Body::empty()).unwrap();
+    let mut remaining = Vec::new();
+    for _ in 0..5 {
+        let reply = send(&app, get("/search")).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        remaining.push(reply.header("x-ratelimit-remaining").unwrap().to_owned());
+    }
+    // The headers report the policy closest to denying: the shadow one.
+    assert_eq!(remaining, ["1", "0", "0", "0", "0"]);
+    // The enforced policy still denies the sixth.
+    assert_eq!(
+        send(&app, get("/search")).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // The shadow policy counted the two it admitted, and none it denied.
+    let trial = Policy::new("trial", 2, MINUTE);
+    let peeked = store
+        .peek(&[Check::new(&trial, Key::new("client"))])
+        .await
+        .unwrap()[0];
+    assert_eq!(peeked.remaining, 0);
+    let search = Policy::new("search", 5, MINUTE);
+    let peeked = store
+        .peek(&[Check::new(&search, Key::new("client"))])
+        .await
+        .unwrap()[0];
+    assert_eq!(peeked.remaining, 0);
+
+    // The whole layer in shadow mode: a limit of 2 lets 10 through.
+    let app = shadow_app(store, true);
+    for _ in 0..10 {
+        let reply = send(&app, get("/shadowed")).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert!(reply.header("retry-after").is_none());
+    }
+    let reply = send(&app, get("/shadowed")).await;
+    assert_eq!(reply.header("x-ratelimit-remaining"), Some("0"));
+}
+
+#[tokio::test]
+async fn shadow_policies_count_and_report_but_never_deny_in_memory() {
+    shadow_policies_never_deny(Arc::new(MemoryStore::new())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_policies_count_and_report_but_never_deny_on_redis() {
+    let server = RedisServer::start();
+    shadow_policies_never_deny(Arc::new(RedisStore::new(server.pool(4)))).await;
+}
+
+fn local_app(store: impl Store, share: u32) -> Router {
+    let policies = Policies::builder()
+        .route(
+            "/local",
+            Policy::new("local", 6, MINUTE).fail_mode(FailMode::Local),
+        )
+        .route("/open", Policy::new("open", 6, MINUTE))
+        .build()
+        .unwrap();
+    Router::new()
+        .route("/local", get(|| async { "local" }))
+        .route("/open", get(|| async { "open" }))
+        .route_layer(RateLimitLayer::new(store, OneClient, policies).local_share(share))
+}
+
+#[tokio::test]
+async fn a_store_down_falls_back_to_a_share_of_the_limit() {
+    let app = local_app(DownStore, 2);
+    let get = |path: &str| Request::get(path).body(Body::empty()).unwrap();
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        statuses.push(send(&app, get("/local")).await.status);
+    }
+    // 6 shared by 2 instances: 3 here.
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS,
+            StatusCode::TOO_MANY_REQUESTS,
+        ]
+    );
+    // A policy without the local fail mode still fails open.
+    for _ in 0..10 {
+        assert_eq!(send(&app, get("/open")).await.status, StatusCode::OK);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_redis_is_replaced_by_the_local_limit_until_it_returns() {
+    let mut server = RedisServer::start();
+    let store = RedisStore::builder(server.pool(4))
+        .timeout(Duration::from_millis(200))
+        .build();
+    let app = local_app(store, 1);
+    let get = || Request::get("/local").body(Body::empty()).unwrap();
+    for _ in 0..2 {
+        assert_eq!(send(&app, get()).await.status, StatusCode::OK);
+    }
+    server.kill();
+    let mut local = Vec::new();
+    for _ in 0..8 {
+        local.push(send(&app, get()).await.status);
+    }
+    let admitted = local.iter().filter(|s| **s == StatusCode::OK).count();
+    assert_eq!(admitted, 6, "the local limit holds: {local:?}");
+    assert_eq!(local[6..], [StatusCode::TOO_MANY_REQUESTS; 2]);
+
+    // Back on an empty Redis: admitted again, which the full local limit
+    // would not do, within five seconds.
+    server.restart();
+    let started = Instant::now();
+    loop {
+        let reply = send(&app, get()).await;
+        if reply.status == StatusCode::OK {
+            assert_eq!(reply.header("x-ratelimit-remaining"), Some("5"));
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "still on the local limit 5 s after Redis came back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
