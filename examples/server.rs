@@ -18,6 +18,7 @@ use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use clap::Parser;
+use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::{Value, json};
 use slidegate::config::Config;
 use slidegate::{Identity, Policies, PoliciesHandle, Policy, RateLimitLayer};
@@ -59,12 +60,16 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         None => Config::from_toml_str(DEMO_CONFIG)?,
     };
     warn_of_unserved_routes(config.policies());
+    // Installed before the first request, so that every counter reports.
+    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
     let (layer, store_name) = limiter(&config)?;
     tokio::spawn(reload_on_sighup(
         args.config.clone(),
         layer.policies_handle(),
     ));
-    let app = app(layer);
+    let app = app(layer, metrics);
 
     let listener = tokio::net::TcpListener::bind(args.bind)
         .await
@@ -97,7 +102,7 @@ fn limiter(config: &Config) -> Result<(RateLimitLayer, String), Box<dyn std::err
         (None, Some(settings)) => settings.clone(),
         (None, None) => return Ok((config.layer(config.memory_store()), "memory".into())),
     };
-    let store = settings.store()?;
+    let store = settings.guarded_store()?;
     let kind = if settings.is_cluster() {
         "Redis Cluster"
     } else {
@@ -112,7 +117,7 @@ fn limiter(config: &Config) -> Result<(RateLimitLayer, String), Box<dyn std::err
 /// The routes behind the limiter.
 const LIMITED_ROUTES: [&str; 4] = ["/api/videos", "/api/search", "/api/login", "/api/whoami"];
 
-fn app(layer: RateLimitLayer) -> Router {
+fn app(layer: RateLimitLayer, metrics: PrometheusHandle) -> Router {
     let [videos_route, search_route, login_route, whoami_route] = LIMITED_ROUTES;
     Router::new()
         .route(videos_route, get(videos))
@@ -123,6 +128,8 @@ fn app(layer: RateLimitLayer) -> Router {
         // `/api/whoami` shows the client the limiter resolved.
         .route_layer(layer.insert_identity(true))
         .route("/health", get(|| async { "ok" }))
+        // Prometheus text, never limited.
+        .route("/metrics", get(move || async move { metrics.render() }))
 }
 
 const VIDEOS: [(&str, &str); 4] = [

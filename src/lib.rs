@@ -40,6 +40,7 @@ mod credentials;
 mod deny_cache;
 mod key;
 mod layer;
+mod metrics;
 mod policy;
 mod response;
 mod store;
@@ -65,8 +66,8 @@ pub use response::{
     X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
 };
 pub use store::{
-    Check, CheckFuture, CheckOutcome, Decision, Decisions, MemoryStore, MemoryStoreBuilder, Store,
-    StoreError,
+    BreakerSettings, BreakerState, Check, CheckFuture, CheckOutcome, CircuitBreaker, Decision,
+    Decisions, MemoryStore, MemoryStoreBuilder, Store, StoreError,
 };
 #[cfg(feature = "redis")]
 pub use store::{PrefixError, RedisPool, RedisStore, RedisStoreBuilder};

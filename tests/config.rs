@@ -431,3 +431,127 @@ fn the_readmes_configuration_reference_parses() {
     let config = Config::from_toml_str(block).unwrap_or_else(|e| panic!("{e}"));
     assert!(config.policies().iter().any(|p| p.name() == "search"));
 }
+
+/// The sample configuration of the crate's design (every key the example
+/// server documents, breaker and local fail mode included) is a file that
+/// parses, in both of the breaker's spellings.
+#[test]
+fn the_full_sample_configuration_parses() {
+    let sample = r#"
+[redis]
+url = "redis://127.0.0.1:6379/"
+timeout_ms = 50
+pool_size = 16
+
+[limiter]
+keys = ["jwt", "api_key", "ip"]
+api_key_header = "x-api-key"
+unknown_api_key = "next"
+trusted_proxies = ["10.0.0.0/8"]
+headers = "x-ratelimit"
+fail = "open"
+local_share = 1
+credential_failures = { limit = 10, window = "60s" }
+shadow = false
+exempt = ["10.1.0.0/16"]
+exempt_api_keys = ["internal-key"]
+
+[memory]
+max_keys = 1000000
+
+[redis.breaker]
+failures = 5
+cooldown = "2s"
+
+[jwt]
+secret = "change-me"
+algorithms = ["HS256"]
+key_claim = "sub"
+tier_claim = "tier"
+
+[api_keys]
+"demo-pro-key" = "pro"
+
+[[policy]]
+name = "search"
+route = "GET /api/search"
+limit = 5
+window = "60s"
+algorithm = "sliding_log"
+cost = 1
+fail = "closed"
+count = "all"
+shadow = false
+tiers = { pro = { limit = 50 } }
+
+[[policy]]
+name = "login"
+route = "POST /api/login"
+limit = 3
+window = "60s"
+fail = "local"
+count = "failures"
+shadow = true
+
+[default]
+limit = 100
+window = "60s"
+"#;
+    let config = Config::from_toml_str(sample).unwrap_or_else(|e| panic!("{e}"));
+    let breaker = config.redis().unwrap().breaker.unwrap();
+    assert_eq!(
+        (breaker.failures(), breaker.cooldown()),
+        (5, std::time::Duration::from_secs(2))
+    );
+    let login = config
+        .policies()
+        .iter()
+        .find(|p| p.name() == "login")
+        .unwrap();
+    assert_eq!(login.counted(), slidegate::Count::Failures);
+    assert_eq!(
+        login.configured_fail_mode(),
+        Some(slidegate::FailMode::Local)
+    );
+    assert!(login.is_shadow());
+
+    let inline = sample
+        .replace("[redis.breaker]\nfailures = 5\ncooldown = \"2s\"\n", "")
+        .replace(
+            "pool_size = 16\n",
+            "pool_size = 16\nbreaker = { failures = 3 }\n",
+        );
+    let config = Config::from_toml_str(&inline).unwrap_or_else(|e| panic!("{e}"));
+    let breaker = config.redis().unwrap().breaker.unwrap();
+    assert_eq!(
+        (breaker.failures(), breaker.cooldown()),
+        (3, std::time::Duration::from_secs(2))
+    );
+}
+
+#[test]
+fn bad_operating_keys_are_refused_by_name() {
+    for (text, key) in [
+        ("[limiter]\nlocal_share = 0\n", "limiter.local_share"),
+        ("[limiter]\nfail = \"nearby\"\n", "limiter.fail"),
+        (
+            "[redis]\nurl = \"redis://h/\"\nbreaker = { failures = 0 }\n",
+            "redis.breaker.failures",
+        ),
+        (
+            "[redis]\nurl = \"redis://h/\"\n[redis.breaker]\ncooldown = \"soon\"\n",
+            "redis.breaker.cooldown",
+        ),
+        (
+            "[[policy]]\nname = \"a\"\nlimit = 1\nwindow = \"1s\"\ncount = \"some\"\n",
+            "policy[0].count",
+        ),
+        (
+            "[[policy]]\nname = \"a\"\nlimit = 1\nwindow = \"1s\"\nshadow = \"yes\"\n",
+            "policy[0].shadow",
+        ),
+    ] {
+        let error = Config::from_toml_str(text).unwrap_err().to_string();
+        assert!(error.contains(key), "{key}: {error}");
+    }
+}

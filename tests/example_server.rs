@@ -552,3 +552,85 @@ fn sighup_reloads_the_policies_and_keeps_the_counts() {
     assert_eq!(reply.header("x-ratelimit-remaining"), Some("6"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The value of the `slidegate_decisions_total` sample of `policy` and
+/// `outcome` in Prometheus text, 0 when absent.
+fn decisions(exposition: &str, policy: &str, outcome: &str) -> u64 {
+    let (policy, outcome) = (
+        format!("policy=\"{policy}\""),
+        format!("outcome=\"{outcome}\""),
+    );
+    exposition
+        .lines()
+        .filter(|line| line.starts_with("slidegate_decisions_total{"))
+        .find(|line| line.contains(&policy) && line.contains(&outcome))
+        .map_or(0, |line| {
+            line.rsplit(' ')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap_or_else(|_| panic!("a count: {line}"))
+        })
+}
+
+/// `GET /metrics` serves Prometheus text, is never limited, and its
+/// counters move as requests are admitted, denied, shadow-denied and
+/// exempted.
+#[test]
+fn metrics_count_each_outcome() {
+    let dir = std::env::temp_dir().join(format!("slidegate-metrics-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("metrics.toml");
+    std::fs::write(
+        &file,
+        r#"
+[limiter]
+keys = ["ip"]
+exempt_api_keys = ["internal-key"]
+
+[[policy]]
+name = "trial"
+route = "GET /api/search"
+limit = 2
+window = "60s"
+shadow = true
+
+[[policy]]
+name = "videos"
+route = "GET /api/videos"
+limit = 3
+window = "60s"
+"#,
+    )
+    .unwrap();
+    let server = ExampleServer::start(&["--config", file.to_str().unwrap()], &[]);
+    let search: Vec<u16> = (0..10)
+        .map(|_| server.get("/api/search?q=a").status)
+        .collect();
+    assert_eq!(search, [200; 10], "a shadow policy never denies");
+    let videos: Vec<u16> = (0..5).map(|_| server.get("/api/videos").status).collect();
+    assert_eq!(videos, [200, 200, 200, 429, 429]);
+    for _ in 0..4 {
+        let exempt = server.request("GET", "/api/videos", &[("x-api-key", "internal-key")]);
+        assert_eq!(exempt.status, 200);
+        assert!(exempt.header("x-ratelimit-limit").is_none());
+    }
+
+    for _ in 0..50 {
+        assert_eq!(server.get("/metrics").status, 200, "never limited");
+    }
+    let metrics = server.get("/metrics");
+    let text = &metrics.body;
+    assert_eq!(decisions(text, "trial", "admitted"), 2, "{text}");
+    assert_eq!(decisions(text, "trial", "shadow_denied"), 8, "{text}");
+    assert_eq!(decisions(text, "videos", "admitted"), 3, "{text}");
+    assert_eq!(decisions(text, "videos", "denied"), 2, "{text}");
+    assert_eq!(decisions(text, "videos", "exempt"), 4, "{text}");
+    assert!(!text.contains("127.0.0.1"), "no client key in a label");
+    // Near the limit: at most a fifth of it left after an admitted request
+    // (the third video, with none left).
+    assert!(
+        text.contains("slidegate_near_limit_total{policy=\"videos\"} 1"),
+        "{text}"
+    );
+}

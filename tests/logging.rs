@@ -16,7 +16,7 @@ use tracing::field::{Field, Visit};
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::{Layer, Registry};
 
-/// The `held_back` field of every event logged, in order.
+/// The `held_back` field of every warning or error logged, in order.
 #[derive(Clone, Default)]
 struct Lines(Arc<Mutex<Vec<u64>>>);
 
@@ -34,6 +34,11 @@ impl Visit for HeldBack {
 
 impl<S: tracing::Subscriber> Layer<S> for Lines {
     fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+        // The warnings and errors; each request's decision is traced at
+        // debug level.
+        if *event.metadata().level() > tracing::Level::WARN {
+            return;
+        }
         let mut held_back = HeldBack(None);
         event.record(&mut held_back);
         let held_back = held_back

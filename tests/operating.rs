@@ -13,8 +13,8 @@ use axum::routing::{get, post};
 use http::request::Parts;
 use http::{HeaderMap, Request, StatusCode};
 use slidegate::{
-    Check, Count, Extracted, FailMode, Key, KeyExtractor, MemoryStore, Policies, Policy,
-    RateLimitLayer, RedisStore, Store,
+    BreakerSettings, BreakerState, Check, CircuitBreaker, Count, Extracted, FailMode, Key,
+    KeyExtractor, MemoryStore, Policies, Policy, RateLimitLayer, RedisStore, Store,
 };
 use support::RedisServer;
 use support::down_store::DownStore;
@@ -309,4 +309,58 @@ async fn a_killed_redis_is_replaced_by_the_local_limit_until_it_returns() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// A frozen Redis (SIGSTOP): each request waits out the store timeout
+/// until the breaker opens; after that, the fail mode answers at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_breaker_answers_without_waiting_for_a_frozen_redis() {
+    const TIMEOUT: Duration = Duration::from_millis(100);
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.pool(4)).timeout(TIMEOUT).build();
+    let breaker = CircuitBreaker::new(store, BreakerSettings::new(5, Duration::from_secs(3600)));
+    let policies = Policies::builder()
+        .route(
+            "/closed",
+            Policy::new("closed", 100, MINUTE).fail_mode(FailMode::Closed),
+        )
+        .route(
+            "/local",
+            Policy::new("local", 100, MINUTE).fail_mode(FailMode::Local),
+        )
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/closed", get(|| async { "closed" }))
+        .route("/local", get(|| async { "local" }))
+        .route_layer(RateLimitLayer::new(breaker.clone(), OneClient, policies));
+    let get = |path: &str| Request::get(path).body(Body::empty()).unwrap();
+    assert_eq!(send(&app, get("/closed")).await.status, StatusCode::OK);
+
+    server.freeze();
+    for _ in 0..5 {
+        let started = Instant::now();
+        assert_eq!(
+            send(&app, get("/closed")).await.status,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert!(started.elapsed() >= TIMEOUT, "waited for the store");
+    }
+    assert_eq!(breaker.state(), BreakerState::Open);
+
+    let mut took = Vec::new();
+    for n in 0..200 {
+        let (path, status) = if n % 2 == 0 {
+            ("/closed", StatusCode::SERVICE_UNAVAILABLE)
+        } else {
+            ("/local", StatusCode::OK)
+        };
+        let started = Instant::now();
+        assert_eq!(send(&app, get(path)).await.status, status);
+        took.push(started.elapsed());
+    }
+    server.thaw();
+    took.sort();
+    let p99 = took[took.len() * 99 / 100 - 1];
+    assert!(p99 < Duration::from_millis(5), "p99 {p99:?}");
 }

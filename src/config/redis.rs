@@ -8,9 +8,13 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::ConfigError;
+use super::raw::HumanDuration;
+use crate::store::BreakerSettings;
 
 const DEFAULT_REDIS_TIMEOUT_MS: u64 = 50;
 const DEFAULT_POOL_SIZE: usize = 16;
+const DEFAULT_BREAKER_FAILURES: u32 = 5;
+const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_secs(2);
 const CLUSTER_SCHEMES: [(&str, &str); 2] = [
     ("redis+cluster://", "redis://"),
     ("rediss+cluster://", "rediss://"),
@@ -25,6 +29,15 @@ pub(super) struct RawRedis {
     timeout_ms: Option<Spanned<u64>>,
     pool_size: Option<Spanned<usize>>,
     prefix: Option<Spanned<String>>,
+    breaker: Option<Spanned<RawBreaker>>,
+}
+
+/// `[redis.breaker]`, or `breaker = { failures = 5, cooldown = "2s" }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBreaker {
+    failures: Option<u32>,
+    cooldown: Option<HumanDuration>,
 }
 
 /// Where Redis is, and how to talk to it.
@@ -51,6 +64,9 @@ pub struct RedisSettings {
     pub pool_size: usize,
     /// Key prefix, when set.
     pub prefix: Option<String>,
+    /// The circuit breaker in front of the store (`[redis.breaker]`), when
+    /// set; see [`RedisSettings::guarded_store`].
+    pub breaker: Option<BreakerSettings>,
 }
 
 impl Default for RedisSettings {
@@ -62,6 +78,7 @@ impl Default for RedisSettings {
             timeout: Duration::from_millis(DEFAULT_REDIS_TIMEOUT_MS),
             pool_size: DEFAULT_POOL_SIZE,
             prefix: None,
+            breaker: None,
         }
     }
 }
@@ -91,6 +108,7 @@ impl fmt::Debug for RedisSettings {
             .field("timeout", &self.timeout)
             .field("pool_size", &self.pool_size)
             .field("prefix", &self.prefix)
+            .field("breaker", &self.breaker)
             .finish()
     }
 }
@@ -193,6 +211,32 @@ impl RedisSettings {
             store = store.prefix(prefix.clone())?;
         }
         Ok(store.build())
+    }
+
+    /// The [`store`](Self::store), behind a [`CircuitBreaker`](crate::CircuitBreaker)
+    /// when [`breaker`](Self::breaker) is set.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use slidegate::Store;
+    /// use slidegate::config::Config;
+    ///
+    /// let config = Config::from_toml_str(
+    ///     "[redis]\nurl = \"redis://127.0.0.1:6379/\"\nbreaker = { failures = 5, cooldown = \"2s\" }\n",
+    /// )
+    /// .unwrap();
+    /// let store = config.redis().unwrap().guarded_store().unwrap();
+    /// assert!(store.is_remote());
+    /// # }
+    /// ```
+    #[cfg(feature = "redis")]
+    pub fn guarded_store(&self) -> Result<Box<dyn crate::Store>, RedisSettingsError> {
+        let store = self.store()?;
+        Ok(match self.breaker {
+            Some(settings) => Box::new(crate::CircuitBreaker::new(store, settings)),
+            None => Box::new(store),
+        })
     }
 }
 
@@ -324,6 +368,23 @@ pub(super) fn redis_settings(raw: RawRedis, source: &str) -> Result<RedisSetting
             ));
         }
         settings.pool_size = *size.get_ref();
+    }
+    if let Some(breaker) = raw.breaker {
+        let offset = breaker.span().start;
+        let breaker = breaker.into_inner();
+        let failures = breaker.failures.unwrap_or(DEFAULT_BREAKER_FAILURES);
+        if failures == 0 {
+            return Err(ConfigError::at(
+                source,
+                offset,
+                "redis.breaker.failures",
+                "must be at least 1",
+            ));
+        }
+        let cooldown = breaker
+            .cooldown
+            .map_or(DEFAULT_BREAKER_COOLDOWN, |cooldown| cooldown.0);
+        settings.breaker = Some(BreakerSettings::new(failures, cooldown));
     }
     Ok(settings)
 }

@@ -18,6 +18,7 @@ use crate::deny_cache::DenyCache;
 use crate::key::{Identity, KeyRejection};
 use crate::layer::roles::{self, Refund, Roles};
 use crate::layer::{Options, Shared};
+use crate::metrics::{self, Outcome, Timer};
 use crate::policy::cost::{self, Checks, Costs};
 use crate::policy::plan::Plan;
 use crate::policy::{Cost, Count, FailMode, Policies};
@@ -56,10 +57,18 @@ pub(crate) enum Sent {
         check: CheckFuture,
         checks: Checks,
         roles: Option<Box<Roles>>,
-        sent_at: u64,
+        sent_at: SentAt,
         /// `RateLimit-Policy` as the plan had it, for when it answers.
         ietf_policy: Option<HeaderValue>,
     },
+}
+
+/// When a request's checks went to the store: on the deny cache's clock
+/// (0 without one), and timed for the metrics and the `rate_limit` span.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct SentAt {
+    pub(crate) deny_clock: u64,
+    pub(crate) timer: Timer,
 }
 
 /// The plan of a request: by the route pattern axum matched
@@ -183,7 +192,11 @@ pub(crate) fn cached_denial(
     on_rejection: Option<&OnRejection>,
 ) -> Option<Response<Bytes>> {
     let denied = cache.lookup(checks)?;
+    for check in denied.checks.iter() {
+        metrics::decided(&check.policy, Outcome::DenyCache);
+    }
     let index = index_of_min(&denied.decisions, |d| Reverse(d.retry_after));
+    trace_decision(&denied.checks[index].policy, Outcome::DenyCache, None);
     Some(too_many_requests(
         &denied.checks,
         &denied.decisions,
@@ -224,7 +237,7 @@ pub(crate) fn send(
     let enforced = roles
         .as_ref()
         .map_or(checks.len(), |roles| roles.shadow_from);
-    let mut sent_at = 0;
+    let mut deny_clock = 0;
     if let Some(cache) = &shared.deny_cache {
         let options = shared.options;
         if let Some(response) = cached_denial(
@@ -235,9 +248,13 @@ pub(crate) fn send(
         ) {
             return Sent::Now(Next::Answer(response));
         }
-        sent_at = cache.now();
+        deny_clock = cache.now();
     }
     let ietf_policy = ietf_policy(plan, tier, &checks, roles.as_deref());
+    let sent_at = SentAt {
+        deny_clock,
+        timer: Timer::start(),
+    };
     match roles::check(&shared.store, &checks, enforced).into_ready() {
         Ok(outcome) => Sent::Now(decide(
             shared,
@@ -292,9 +309,11 @@ pub(crate) fn decide(
     roles: Option<&Roles>,
     ietf_policy: Option<&HeaderValue>,
     fail_closed: bool,
-    sent_at: u64,
+    sent_at: SentAt,
     outcome: CheckOutcome,
 ) -> Next {
+    let took = sent_at.timer.elapsed();
+    metrics::store_answered(took, &outcome);
     let enforced = roles.map_or(checks.len(), |roles| roles.shadow_from);
     let decisions = outcome.and_then(|decisions| {
         // Without the shadow checks' decisions when the enforced ones deny.
@@ -322,11 +341,13 @@ pub(crate) fn decide(
                 enforced.min(decisions.len()),
                 counts,
                 ietf_policy,
-                Some(sent_at),
+                Some(sent_at.deny_clock),
+                took,
             )
         }
         // `held_back`: failures since the last line, which were not logged.
         Err(error) if fail_closed => {
+            report_all(checks, Outcome::FailedClosed, took);
             if let Some(held_back) = STORE_FAILURES.admit() {
                 tracing::error!(%error, held_back, "rate-limit store unavailable; failing closed");
             }
@@ -338,12 +359,13 @@ pub(crate) fn decide(
             ))
         }
         Err(error) => {
-            if let Some(next) = roles.and_then(|roles| fall_back(shared, checks, roles)) {
+            if let Some(next) = roles.and_then(|roles| fall_back(shared, checks, roles, took)) {
                 if let Some(held_back) = STORE_FAILURES.admit() {
                     tracing::warn!(%error, held_back, "rate-limit store unavailable; enforcing local limits");
                 }
                 return next;
             }
+            report_all(checks, Outcome::FailedOpen, took);
             if let Some(held_back) = STORE_FAILURES.admit() {
                 tracing::warn!(%error, held_back, "rate-limit store unavailable; failing open");
             }
@@ -355,8 +377,12 @@ pub(crate) fn decide(
 /// Admits or denies a request by its `decisions` (one per check of
 /// `checks`, enforced ones before `enforced`, shadow ones after), which
 /// `store` gave: a shadow check's denial is traced and lets the request
-/// pass. A denial is remembered in the deny cache, given when it was sent.
-#[allow(clippy::too_many_arguments)]
+/// pass. A denial is remembered in the deny cache, given when it was sent
+/// (`deny_clock`); without it, the decisions are the local limit's.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one step of the request, shared by the store's and the local limit's answers"
+)]
 fn settle(
     shared: &Shared,
     store: &Arc<dyn Store>,
@@ -365,21 +391,38 @@ fn settle(
     enforced: usize,
     counts: Option<&[Count]>,
     ietf_policy: Option<&HeaderValue>,
-    sent_at: Option<u64>,
+    deny_clock: Option<u64>,
+    took: Option<Duration>,
 ) -> Next {
     let options = shared.options;
     if decisions.is_empty() {
         return Next::Call(None, None);
     }
     if decisions[..enforced].iter().all(|d| d.admitted) {
-        if let Some(denied) = decisions[enforced..].iter().position(|d| !d.admitted) {
-            tracing::debug!(
-                policy = &*checks[enforced + denied].policy,
-                "shadow policy would have denied the request"
-            );
+        let admitted = if deny_clock.is_some() {
+            Outcome::Admitted
+        } else {
+            Outcome::Local
+        };
+        let mut outcome = admitted;
+        for (index, (check, decision)) in checks.iter().zip(decisions).enumerate() {
+            if decision.admitted {
+                metrics::decided(&check.policy, admitted);
+                metrics::near_limit(check, decision);
+            } else {
+                // A shadow check: enforced ones all admitted.
+                debug_assert!(index >= enforced);
+                metrics::decided(&check.policy, Outcome::ShadowDenied);
+                outcome = Outcome::ShadowDenied;
+                tracing::debug!(
+                    policy = &*check.policy,
+                    "shadow policy would have denied the request"
+                );
+            }
         }
         // Report the policy closest to denying.
         let reported = index_of_min(decisions, |d| (d.remaining, Reverse(d.reset)));
+        trace_decision(&checks[reported].policy, outcome, took);
         let headers = RateHeaders::new(
             checks,
             decisions,
@@ -393,7 +436,12 @@ fn settle(
         return Next::Call(Some(headers), refund);
     }
     let (checks, decisions) = (&checks[..enforced], &decisions[..enforced]);
-    if let (Some(cache), Some(sent_at)) = (&shared.deny_cache, sent_at) {
+    for (check, decision) in checks.iter().zip(decisions) {
+        if decision.retry_after.is_some() {
+            metrics::decided(&check.policy, Outcome::Denied);
+        }
+    }
+    if let (Some(cache), Some(sent_at)) = (&shared.deny_cache, deny_clock) {
         match counts {
             None => cache.remember(checks, decisions, sent_at),
             // A refund may free a policy that counts some responses only
@@ -412,6 +460,7 @@ fn settle(
     }
     // The policy that frees last is the one the client waits for.
     let denied = index_of_min(decisions, |d| Reverse(d.retry_after));
+    trace_decision(&checks[denied].policy, Outcome::Denied, took);
     Next::Answer(too_many_requests(
         checks,
         decisions,
@@ -423,10 +472,36 @@ fn settle(
     ))
 }
 
+/// Counts `outcome` for every check of a request, and traces it.
+fn report_all(checks: &[Check], outcome: Outcome, took: Option<Duration>) {
+    for check in checks {
+        metrics::decided(&check.policy, outcome);
+    }
+    if let Some(check) = checks.first() {
+        trace_decision(&check.policy, outcome, took);
+    }
+}
+
+/// The debug-level `rate_limit` span of a decided request: the policy
+/// reported (or that denied), the outcome, and the store's time.
+fn trace_decision(policy: &str, outcome: Outcome, took: Option<Duration>) {
+    let store_us = took.map(|took| u64::try_from(took.as_micros()).unwrap_or(u64::MAX));
+    tracing::debug_span!("rate_limit", policy, outcome = outcome.label(), store_us).in_scope(
+        || {
+            tracing::debug!("rate-limit decision");
+        },
+    );
+}
+
 /// Decides the checks that fall back to a local limit on the layer's
 /// in-process store, while the store is unavailable; `None` when no check
 /// does (the request then fails open).
-fn fall_back(shared: &Shared, checks: &[Check], roles: &Roles) -> Option<Next> {
+fn fall_back(
+    shared: &Shared,
+    checks: &[Check],
+    roles: &Roles,
+    took: Option<Duration>,
+) -> Option<Next> {
     let (local, counts) = roles.local(checks, shared.options.local_share);
     if local.is_empty() {
         return None;
@@ -442,5 +517,6 @@ fn fall_back(shared: &Shared, checks: &[Check], roles: &Roles) -> Option<Next> {
         Some(&counts),
         None,
         None,
+        took,
     ))
 }

@@ -15,7 +15,7 @@ use tower_service::Service;
 
 use crate::key::{Confirming, Extracted};
 use crate::layer::Shared;
-use crate::layer::flow::{self, AnswerFuture, Next, Sent};
+use crate::layer::flow::{self, AnswerFuture, Next, Sent, SentAt};
 use crate::layer::roles::{Refund, Roles};
 use crate::policy::cost::{Checks, Costs};
 use crate::response::headers::RateHeaders;
@@ -146,7 +146,7 @@ pub(crate) struct Pending<S, ReqBody> {
     /// The checks sent to the store, once sent, and their roles.
     pub(crate) sent: Option<(Checks, Option<Box<Roles>>)>,
     /// When the checks went to the store, on the deny cache's clock.
-    pub(crate) sent_at: u64,
+    pub(crate) sent_at: SentAt,
     /// `RateLimit-Policy` from the plan the checks were built under.
     pub(crate) ietf_policy: Option<HeaderValue>,
 }

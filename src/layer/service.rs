@@ -9,9 +9,10 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use crate::key::{Identity, KeyExtractor, confirmed};
-use crate::layer::flow::{self, Next, Sent};
+use crate::layer::flow::{self, Next, Sent, SentAt};
 use crate::layer::future::{Pending, ResponseFuture, Step};
 use crate::layer::{RateLimitLayer, Shared};
+use crate::metrics::{self, Outcome};
 use crate::policy::Policies;
 use crate::policy::cost::Costs;
 use crate::store::Store;
@@ -92,7 +93,17 @@ where
         let policies = shared.policies.load();
         let plan = flow::plan_for(&policies, &parts);
         let exempt = || shared.exempt.as_ref().is_some_and(|exempt| exempt(&parts));
-        if plan.policies().is_empty() || exempt() {
+        if plan.policies().is_empty() {
+            return ResponseFuture::calling(
+                self.inner.call(Request::from_parts(parts, body)),
+                None,
+                None,
+            );
+        }
+        if exempt() {
+            for policy in plan.policies() {
+                metrics::decided(policy.shared_name(), Outcome::Exempt);
+            }
             return ResponseFuture::calling(
                 self.inner.call(Request::from_parts(parts, body)),
                 None,
@@ -133,9 +144,21 @@ where
         let (step, identity, sent, sent_at, ietf_policy) = if identity.unconfirmed.is_some() {
             let placeholder = Identity::new(identity.key.clone());
             let confirm = confirmed(identity, shared.options.lookup_timeout);
-            (Step::Confirming(confirm), placeholder, None, 0, None)
+            (
+                Step::Confirming(confirm),
+                placeholder,
+                None,
+                SentAt::default(),
+                None,
+            )
         } else if let Some(lookup) = flow::tier_lookup(shared, &parts, &identity) {
-            (Step::LookingUp(lookup), identity, None, 0, None)
+            (
+                Step::LookingUp(lookup),
+                identity,
+                None,
+                SentAt::default(),
+                None,
+            )
         } else {
             match flow::send(shared, plan, &identity, costs.as_ref(), fail_closed) {
                 Sent::Now(Next::Call(headers, refund)) => {

@@ -222,6 +222,7 @@ impl Shard {
         self.pairs.retain(|_, spent| !spent.is_idle(now));
         self.inserted = 0;
         self.sweep_after = self.pairs.len().max(MIN_SWEEP_AFTER);
+        crate::metrics::memory_keys(before, self.pairs.len());
         before - self.pairs.len()
     }
 
@@ -238,7 +239,9 @@ impl Shard {
             policy: check.policy.clone(),
             key: check.key.clone(),
         };
+        let before = self.pairs.len();
         self.pairs.insert(pair, spent);
+        crate::metrics::memory_keys(before, self.pairs.len());
     }
 }
 

@@ -6,6 +6,7 @@
 //!
 //! Both give the same decisions for the same sequence of requests.
 
+mod breaker;
 mod counter;
 mod decision;
 mod memory;
@@ -13,6 +14,7 @@ mod memory;
 mod redis;
 mod sliding_log;
 
+pub use breaker::{BreakerSettings, BreakerState, CircuitBreaker};
 pub use decision::Decision;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]
@@ -236,6 +238,24 @@ impl<S: Store + ?Sized> Store for Arc<S> {
     }
 }
 
+impl<S: Store + ?Sized> Store for Box<S> {
+    fn check(&self, checks: &[Check]) -> CheckFuture {
+        (**self).check(checks)
+    }
+
+    fn peek(&self, checks: &[Check]) -> CheckFuture {
+        (**self).peek(checks)
+    }
+
+    fn refund(&self, checks: &[Check], recorded_at: &[Duration]) -> CheckFuture<()> {
+        (**self).refund(checks, recorded_at)
+    }
+
+    fn is_remote(&self) -> bool {
+        (**self).is_remote()
+    }
+}
+
 /// Why a store could not decide.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -249,6 +269,9 @@ pub enum StoreError {
     /// The backend answered something this crate does not understand.
     #[error("rate-limit store answered unexpectedly: {0}")]
     Protocol(String),
+    /// A [`CircuitBreaker`] skipped the store after repeated failures.
+    #[error("rate-limit store skipped: its circuit breaker is open")]
+    CircuitOpen,
     /// The store does not do this (`peek` or `refund`).
     #[error("the rate-limit store cannot {0}")]
     Unsupported(&'static str),
