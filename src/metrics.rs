@@ -56,7 +56,7 @@ impl Outcome {
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 pub(crate) fn decided(policy: &Arc<str>, outcome: Outcome) {
     #[cfg(feature = "metrics")]
-    handles::counter(policy, Some(outcome)).increment(1);
+    handles::count(policy, Some(outcome));
 }
 
 /// Counts the admitted decisions with at most a fifth of their limit left.
@@ -64,49 +64,7 @@ pub(crate) fn decided(policy: &Arc<str>, outcome: Outcome) {
 pub(crate) fn near_limit(check: &Check, decision: &Decision) {
     #[cfg(feature = "metrics")]
     if u64::from(decision.remaining) * 5 <= u64::from(decision.limit) {
-        handles::counter(&check.policy, None).increment(1);
-    }
-}
-
-/// The counters of each policy, registered once: the `metrics` macros
-/// build a label list on every call, an allocation per request.
-#[cfg(feature = "metrics")]
-mod handles {
-    use std::collections::HashMap;
-    use std::sync::{Arc, LazyLock, RwLock};
-
-    use metrics::Counter;
-
-    use super::Outcome;
-
-    /// By policy and outcome; `None` for the near-limit count. Bounded by
-    /// the policy names the process has seen.
-    type Counters = HashMap<(Arc<str>, Option<Outcome>), Counter>;
-
-    static COUNTERS: LazyLock<RwLock<Counters>> = LazyLock::new(Default::default);
-
-    pub(super) fn counter(policy: &Arc<str>, outcome: Option<Outcome>) -> Counter {
-        let key = (policy.clone(), outcome);
-        if let Some(counter) = COUNTERS
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .get(&key)
-        {
-            return counter.clone();
-        }
-        let counter = match outcome {
-            Some(outcome) => metrics::counter!(
-                "slidegate_decisions_total",
-                "policy" => policy.clone(),
-                "outcome" => outcome.label()
-            ),
-            None => metrics::counter!("slidegate_near_limit_total", "policy" => policy.clone()),
-        };
-        COUNTERS
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .insert(key, counter.clone());
-        counter
+        handles::count(&check.policy, None);
     }
 }
 
@@ -116,7 +74,7 @@ pub(crate) fn store_answered<T>(took: Option<Duration>, outcome: &Result<T, Stor
     #[cfg(feature = "metrics")]
     {
         if let Some(took) = took {
-            metrics::histogram!("slidegate_store_seconds").record(took.as_secs_f64());
+            handles::store_seconds().record(took.as_secs_f64());
         }
         if let Err(error) = outcome {
             let kind = match error {
@@ -147,10 +105,95 @@ pub(crate) fn breaker_state(state: BreakerState) {
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 pub(crate) fn memory_keys(before: usize, after: usize) {
     #[cfg(feature = "metrics")]
-    if after >= before {
-        metrics::gauge!("slidegate_memory_keys").increment((after - before) as f64);
-    } else {
-        metrics::gauge!("slidegate_memory_keys").decrement((before - after) as f64);
+    {
+        let keys = handles::memory_keys();
+        if after >= before {
+            keys.increment((after - before) as f64);
+        } else {
+            keys.decrement((before - after) as f64);
+        }
+    }
+}
+
+/// The handles of the metrics counted per request, registered once: the
+/// `metrics` macros build a key (and a label list, an allocation) and look
+/// it up in the recorder on every call.
+#[cfg(feature = "metrics")]
+mod handles {
+    use std::cell::RefCell;
+    use std::sync::{Arc, OnceLock};
+
+    use metrics::{Counter, Gauge, Histogram};
+
+    use super::Outcome;
+
+    /// Outcomes, then the near-limit count.
+    const SLOTS: usize = 9;
+
+    /// A policy's counters, by slot, registered as they are first used.
+    struct Entry {
+        /// Kept, so that its address names no other policy while here.
+        policy: Arc<str>,
+        counters: [Option<Counter>; SLOTS],
+    }
+
+    /// Per thread, so that counting takes no lock: a short list, searched
+    /// by the address of the policy's name.
+    const MOST_POLICIES: usize = 64;
+
+    thread_local! {
+        static ENTRIES: RefCell<Vec<Entry>> = const { RefCell::new(Vec::new()) };
+    }
+
+    fn slot(outcome: Option<Outcome>) -> usize {
+        match outcome {
+            Some(outcome) => outcome as usize,
+            None => SLOTS - 1,
+        }
+    }
+
+    /// Adds one to `policy`'s count of `outcome` (`None`: near the limit).
+    pub(super) fn count(policy: &Arc<str>, outcome: Option<Outcome>) {
+        ENTRIES.with_borrow_mut(|entries| {
+            let index = match entries.iter().position(|e| Arc::ptr_eq(&e.policy, policy)) {
+                Some(index) => index,
+                None => {
+                    if entries.len() >= MOST_POLICIES {
+                        // Policies replaced many times over: start afresh.
+                        entries.clear();
+                    }
+                    entries.push(Entry {
+                        policy: policy.clone(),
+                        counters: Default::default(),
+                    });
+                    entries.len() - 1
+                }
+            };
+            entries[index].counters[slot(outcome)]
+                .get_or_insert_with(|| register(policy, outcome))
+                .increment(1);
+        });
+    }
+
+    fn register(policy: &Arc<str>, outcome: Option<Outcome>) -> Counter {
+        match outcome {
+            Some(outcome) => metrics::counter!(
+                "slidegate_decisions_total",
+                "policy" => policy.clone(),
+                "outcome" => outcome.label()
+            ),
+            None => metrics::counter!("slidegate_near_limit_total", "policy" => policy.clone()),
+        }
+    }
+
+    pub(super) fn store_seconds() -> &'static Histogram {
+        static HISTOGRAM: OnceLock<Histogram> = OnceLock::new();
+        HISTOGRAM.get_or_init(|| metrics::histogram!("slidegate_store_seconds"))
+    }
+
+    pub(super) fn memory_keys() -> &'static Gauge {
+        static GAUGE: OnceLock<Gauge> = OnceLock::new();
+        GAUGE.get_or_init(|| metrics::gauge!("slidegate_memory_keys"))
     }
 }
 

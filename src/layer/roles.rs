@@ -31,10 +31,15 @@ pub(crate) struct Roles {
 impl Roles {
     /// The roles of `checks`, built from `plan`, which it puts in order;
     /// `None` when every check only counts (the common case).
+    #[inline]
     pub(crate) fn assign(plan: &Plan, checks: &mut Checks, options: Options) -> Option<Box<Self>> {
         if !options.shadow && !plan.has_roles(options.fail_mode) {
             return None;
         }
+        Some(Self::build(plan, checks, options))
+    }
+
+    fn build(plan: &Plan, checks: &mut Checks, options: Options) -> Box<Self> {
         let shadow = |check: &Check| {
             options.shadow
                 || plan
@@ -45,7 +50,7 @@ impl Roles {
         checks.sort_by_key(shadow);
         let shadow_from = checks.iter().position(shadow).unwrap_or(checks.len());
         let policies = || checks.iter().map(|check| plan.policy_of(check));
-        Some(Box::new(Self {
+        Box::new(Self {
             shadow_from,
             counts: policies()
                 .map(|policy| policy.map_or(Count::All, |policy| policy.counted()))
@@ -57,7 +62,7 @@ impl Roles {
                         .unwrap_or(options.fail_mode)
                 })
                 .collect(),
-        }))
+        })
     }
 
     /// Whether the checks are ordered otherwise than the plan's policies.
@@ -94,10 +99,15 @@ impl Roles {
 /// denial would deny the request, and a denied request counts nowhere.
 /// The answer holds the enforced checks' decisions alone when they deny,
 /// or when the shadow batch fails.
+#[inline]
 pub(crate) fn check(store: &Arc<dyn Store>, checks: &[Check], shadow_from: usize) -> CheckFuture {
     if shadow_from == 0 || shadow_from >= checks.len() {
         return store.check(checks);
     }
+    check_apart(store, checks, shadow_from)
+}
+
+fn check_apart(store: &Arc<dyn Store>, checks: &[Check], shadow_from: usize) -> CheckFuture {
     let (enforced, shadow) = checks.split_at(shadow_from);
     let decided = match store.check(enforced).into_ready() {
         Ok(Ok(decisions)) => decisions,

@@ -221,13 +221,42 @@ impl Breaker {
                 CheckFuture::ready(outcome)
             }
             Err(later) => {
-                let breaker = self.clone();
+                let mut watch = Watch {
+                    breaker: self.clone(),
+                    probe,
+                    done: false,
+                };
                 CheckFuture::new(async move {
                     let outcome = later.await;
-                    breaker.observe(&outcome, probe);
+                    watch.answered(&outcome);
                     outcome
                 })
             }
+        }
+    }
+}
+
+/// A check on its way to the store. A probe dropped before the store
+/// answered (its request went away) decides nothing: the breaker opens
+/// again, for another probe after the cool-down, rather than wait on it
+/// for ever.
+struct Watch {
+    breaker: Arc<Breaker>,
+    probe: bool,
+    done: bool,
+}
+
+impl Watch {
+    fn answered<T>(&mut self, outcome: &Result<T, StoreError>) {
+        self.breaker.observe(outcome, self.probe);
+        self.done = true;
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        if self.probe && !self.done {
+            self.breaker.open();
         }
     }
 }
@@ -343,6 +372,15 @@ mod tests {
         breaker.breaker.state.store(PROBING, Ordering::Release);
         assert!(matches!(outcome(&breaker), Err(StoreError::CircuitOpen)));
         breaker.breaker.state.store(OPEN, Ordering::Release);
+        // A probe whose request went away opens it again.
+        breaker.breaker.state.store(PROBING, Ordering::Release);
+        let waiting = CheckFuture::new(std::future::pending());
+        drop(
+            breaker
+                .breaker
+                .watch::<crate::store::Decisions>(waiting, true),
+        );
+        assert_eq!(breaker.breaker.state.load(Ordering::Acquire), OPEN);
         // An answering probe closes it.
         flaky.down.store(false, Ordering::Relaxed);
         assert!(outcome(&breaker).is_ok());
