@@ -364,3 +364,27 @@ async fn an_open_breaker_answers_without_waiting_for_a_frozen_redis() {
     let p99 = took[took.len() * 99 / 100 - 1];
     assert!(p99 < Duration::from_millis(5), "p99 {p99:?}");
 }
+
+/// `Count::Successes`: the mirror image, failed requests are not counted.
+#[tokio::test]
+async fn successes_only_leave_failures_uncounted() {
+    let policies =
+        Policies::single(Policy::new("exports", 2, MINUTE).count(Count::Successes)).unwrap();
+    let app = Router::new()
+        .route("/login", post(login))
+        .route_layer(RateLimitLayer::new(MemoryStore::new(), OneClient, policies));
+    for _ in 0..10 {
+        let reply = send(&app, login_request("guess")).await;
+        assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
+    }
+    for _ in 0..2 {
+        assert_eq!(
+            send(&app, login_request("demo")).await.status,
+            StatusCode::OK
+        );
+    }
+    assert_eq!(
+        send(&app, login_request("demo")).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}

@@ -17,6 +17,7 @@ use crate::key::{Confirming, Extracted};
 use crate::layer::Shared;
 use crate::layer::flow::{self, AnswerFuture, Next, Sent, SentAt};
 use crate::layer::roles::{Refund, Roles};
+use crate::layer::verdict;
 use crate::policy::cost::{Checks, Costs};
 use crate::response::headers::RateHeaders;
 use crate::store::{Check, CheckFuture, CheckOutcome};
@@ -240,7 +241,7 @@ where
 
     fn decided(&mut self, outcome: CheckOutcome) -> Next {
         let (checks, roles) = self.sent.take().unwrap_or_default();
-        flow::decide(
+        verdict::decide(
             &self.shared,
             &checks,
             roles.as_deref(),

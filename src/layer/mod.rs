@@ -4,12 +4,14 @@
 //! * [`service`]: [`RateLimit`], whose `call` decides what it can at once;
 //! * [`flow`]: the steps of a request, shared by `call` and the future;
 //! * [`roles`]: shadow policies, refunds and local limits;
+//! * [`verdict`]: the store's answer turned into a call or an answer;
 //! * [`future`]: [`ResponseFuture`], for requests that wait.
 
 pub(crate) mod flow;
 mod future;
 mod roles;
 mod service;
+mod verdict;
 
 pub use future::ResponseFuture;
 pub use service::RateLimit;

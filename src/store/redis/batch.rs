@@ -14,7 +14,7 @@ use std::sync::Mutex;
 
 use tokio::sync::oneshot;
 
-use super::Call;
+use super::call::Call;
 use crate::store::CheckOutcome;
 
 /// What a flush tells a queued check.

@@ -3,6 +3,7 @@
 
 mod batch;
 mod builder;
+mod call;
 mod lanes;
 mod library;
 mod reply;
@@ -19,18 +20,17 @@ use deadpool_redis::redis::cluster_routing::{
     Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr,
 };
 use deadpool_redis::redis::{
-    Cmd, ErrorKind, RedisError, RedisResult, RedisWrite, Script, ServerErrorKind, ToRedisArgs,
-    Value, cmd,
+    Cmd, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value, cmd,
 };
 use deadpool_redis::{Pool, cluster};
 
 use self::batch::{Queue, Queued, Verdict};
+use self::call::{Arguments, Call, Op};
 use self::lanes::{Lanes, Source};
 use self::library::Library;
 use self::reply::{batched_outcome, decisions, replies};
 use super::{Check, CheckFuture, CheckOutcome, Store, StoreError};
 use crate::clock::{Clock, duration_micros};
-use crate::policy::Algorithm;
 
 const CHECK_SCRIPT: &str = include_str!("../../../lua/check.lua");
 const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
@@ -101,7 +101,7 @@ struct Inner {
 
 /// The Redis store: every check is one call of `lua/check.lua`, which
 /// decides every policy of the request and records it atomically, for every
-/// [`Algorithm`], on Redis's own clock (`TIME`), so application servers'
+/// [`Algorithm`](crate::Algorithm), on Redis's own clock (`TIME`), so application servers'
 /// clocks never matter.
 ///
 /// The script runs as a Redis function (`FCALL`), loaded on first use on
@@ -189,79 +189,6 @@ impl RedisStore {
     /// ```
     pub fn base_key(&self, check: &Check) -> String {
         format!("{}:{}:{{{}}}", self.inner.prefix, check.policy, check.key)
-    }
-}
-
-/// One script call, prepared from the borrowed checks: the keys and
-/// arguments in the script's order.
-struct Call {
-    keys: Vec<String>,
-    /// Per policy: algorithm, limit, window in µs, cost.
-    args: Vec<(&'static str, u32, u64, u32)>,
-    op: Op,
-}
-
-/// What a call asks of the script.
-enum Op {
-    Check,
-    Peek,
-    /// Per policy, the time (µs) its units were recorded at.
-    Refund(Vec<u64>),
-}
-
-/// The script's arguments after the time: `peek` or `refund` if the call
-/// is one, then each policy's (with its recorded time, for a refund).
-struct Arguments<'a>(&'a Call);
-
-impl ToRedisArgs for Arguments<'_> {
-    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
-        let call = self.0;
-        match &call.op {
-            Op::Check => {}
-            Op::Peek => out.write_arg(b"peek"),
-            Op::Refund(_) => out.write_arg(b"refund"),
-        }
-        for (index, (algorithm, limit, window, cost)) in call.args.iter().enumerate() {
-            algorithm.write_redis_args(out);
-            limit.write_redis_args(out);
-            window.write_redis_args(out);
-            cost.write_redis_args(out);
-            if let Op::Refund(recorded) = &call.op {
-                recorded[index].write_redis_args(out);
-            }
-        }
-    }
-}
-
-impl RedisStore {
-    fn prepare(&self, checks: &[Check], op: Op) -> Call {
-        let mut call = Call {
-            keys: Vec::with_capacity(checks.len() * 2),
-            args: Vec::with_capacity(checks.len()),
-            op,
-        };
-        for check in checks {
-            let key = self.base_key(check);
-            let name = match check.algorithm {
-                Algorithm::SlidingLog => {
-                    call.keys.push(format!("{key}:l"));
-                    // Where earlier versions kept the log: read once, on upgrade.
-                    call.keys.push(key);
-                    "log"
-                }
-                Algorithm::SlidingCounter => {
-                    call.keys.push(format!("{key}:c"));
-                    "counter"
-                }
-                Algorithm::FixedWindow => {
-                    call.keys.push(format!("{key}:f"));
-                    "fixed"
-                }
-            };
-            call.args
-                .push((name, check.limit, check.window_micros(), check.cost));
-        }
-        call
     }
 }
 
@@ -621,7 +548,7 @@ impl Store for RedisStore {
     }
 
     fn peek(&self, checks: &[Check]) -> CheckFuture {
-        let call = self.prepare(checks, Op::Peek);
+        let call = Call::new(self, checks, Op::Peek);
         let inner = self.inner.clone();
         CheckFuture::new(async move {
             let deadline = tokio::time::Instant::now() + inner.timeout;
@@ -638,7 +565,7 @@ impl Store for RedisStore {
             ))));
         }
         let recorded = recorded_at.iter().map(|&at| duration_micros(at)).collect();
-        let call = self.prepare(checks, Op::Refund(recorded));
+        let call = Call::new(self, checks, Op::Refund(recorded));
         let inner = self.inner.clone();
         CheckFuture::new(async move {
             let deadline = tokio::time::Instant::now() + inner.timeout;
@@ -647,7 +574,7 @@ impl Store for RedisStore {
     }
 
     fn check(&self, checks: &[Check]) -> CheckFuture {
-        let call = self.prepare(checks, Op::Check);
+        let call = Call::new(self, checks, Op::Check);
         let inner = self.inner.clone();
         CheckFuture::new(async move {
             let timeout = inner.timeout;

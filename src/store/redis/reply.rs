@@ -7,7 +7,7 @@ use std::time::Duration;
 use deadpool_redis::redis::aio::ConnectionLike;
 use deadpool_redis::redis::{Cmd, ErrorKind, RedisError, RedisResult, Value};
 
-use super::Call;
+use super::call::Call;
 use crate::store::{CheckOutcome, Decision, Decisions, StoreError};
 
 /// The script's five integers per policy as decisions, for the policies

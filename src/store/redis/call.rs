@@ -1,0 +1,82 @@
+//! One call of the script: the keys and arguments a check, a peek or a
+//! refund sends, in the script's order.
+
+use deadpool_redis::redis::{RedisWrite, ToRedisArgs};
+
+use super::RedisStore;
+use crate::policy::Algorithm;
+use crate::store::Check;
+
+/// One script call, prepared from the borrowed checks: the keys and
+/// arguments in the script's order.
+pub(super) struct Call {
+    pub(super) keys: Vec<String>,
+    /// Per policy: algorithm, limit, window in µs, cost.
+    pub(super) args: Vec<(&'static str, u32, u64, u32)>,
+    pub(super) op: Op,
+}
+
+/// What a call asks of the script.
+pub(super) enum Op {
+    Check,
+    Peek,
+    /// Per policy, the time (µs) its units were recorded at.
+    Refund(Vec<u64>),
+}
+
+/// The script's arguments after the time: `peek` or `refund` if the call
+/// is one, then each policy's (with its recorded time, for a refund).
+pub(super) struct Arguments<'a>(pub(super) &'a Call);
+
+impl ToRedisArgs for Arguments<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let call = self.0;
+        match &call.op {
+            Op::Check => {}
+            Op::Peek => out.write_arg(b"peek"),
+            Op::Refund(_) => out.write_arg(b"refund"),
+        }
+        for (index, (algorithm, limit, window, cost)) in call.args.iter().enumerate() {
+            algorithm.write_redis_args(out);
+            limit.write_redis_args(out);
+            window.write_redis_args(out);
+            cost.write_redis_args(out);
+            if let Op::Refund(recorded) = &call.op {
+                recorded[index].write_redis_args(out);
+            }
+        }
+    }
+}
+
+impl Call {
+    /// The call of `op` for `checks`, keyed as `store` keys them.
+    pub(super) fn new(store: &RedisStore, checks: &[Check], op: Op) -> Self {
+        let mut call = Self {
+            keys: Vec::with_capacity(checks.len() * 2),
+            args: Vec::with_capacity(checks.len()),
+            op,
+        };
+        for check in checks {
+            let key = store.base_key(check);
+            let name = match check.algorithm {
+                Algorithm::SlidingLog => {
+                    call.keys.push(format!("{key}:l"));
+                    // Where earlier versions kept the log: read once, on upgrade.
+                    call.keys.push(key);
+                    "log"
+                }
+                Algorithm::SlidingCounter => {
+                    call.keys.push(format!("{key}:c"));
+                    "counter"
+                }
+                Algorithm::FixedWindow => {
+                    call.keys.push(format!("{key}:f"));
+                    "fixed"
+                }
+            };
+            call.args
+                .push((name, check.limit, check.window_micros(), check.cost));
+        }
+        call
+    }
+}
