@@ -147,13 +147,17 @@ fn settle(
                 metrics::decided(&check.policy, admitted);
                 metrics::near_limit(check, decision);
             } else {
-                // A shadow check: enforced ones all admitted.
-                metrics::decided(&check.policy, Outcome::ShadowDenied);
+                // A shadow check (the enforced ones all admitted), of a
+                // batch that would have been denied; counted against the
+                // policies that did not fit, as a denial is.
                 outcome = Outcome::ShadowDenied;
-                tracing::debug!(
-                    policy = &*check.policy,
-                    "shadow policy would have denied the request"
-                );
+                if decision.retry_after.is_some() {
+                    metrics::decided(&check.policy, Outcome::ShadowDenied);
+                    tracing::debug!(
+                        policy = &*check.policy,
+                        "shadow policy would have denied the request"
+                    );
+                }
             }
         }
         // Report the policy closest to denying.
