@@ -842,19 +842,13 @@ local function decide(keys, argv, first_key, first_arg, policies, peek)
   return result, next_key
 end
 
--- Decides one request: `keys` and `argv` as described at the top.
-local function check(keys, argv)
+-- Decides one request: `keys` and `argv` as described at the top. A peek
+-- (`peek` true: ARGV[2] is "peek", and the policies' arguments follow it)
+-- answers as the check would, and records nothing.
+local function check(keys, argv, peek)
   set_now(argv[1])
-  local result = decide(keys, argv, 1, 2, (#argv - 1) / 4, false)
-  write_headers()
-  return result
-end
-
--- Peeks: ARGV[1] the time, ARGV[2] "peek", then the policies' arguments as
--- for `check`. Answers as `check` would, and records nothing.
-local function peek(keys, argv)
-  set_now(argv[1])
-  local result = decide(keys, argv, 1, 3, (#argv - 2) / 4, true)
+  local first = peek and 3 or 2
+  local result = decide(keys, argv, 1, first, (#argv - first + 1) / 4, peek)
   write_headers()
   return result
 end
@@ -913,12 +907,10 @@ end
 -- One call: a check, or a peek or refund as ARGV[2] says (for a check it
 -- is the first policy's algorithm).
 local function main(keys, argv)
-  if argv[2] == 'peek' then
-    return peek(keys, argv)
-  elseif argv[2] == 'refund' then
+  if argv[2] == 'refund' then
     return refund(keys, argv)
   end
-  return check(keys, argv)
+  return check(keys, argv, argv[2] == 'peek')
 end
 
 return main(KEYS, ARGV)

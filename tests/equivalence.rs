@@ -55,6 +55,14 @@ fn policies(mask: u8, cost: u32, tier: u8) -> Vec<Policy> {
         .collect()
 }
 
+/// The checks of `step`'s request.
+fn checks_of(step: &Step) -> Vec<Check> {
+    policies(step.policies, step.cost, step.tier)
+        .iter()
+        .map(|p| Check::new(p, Key::new(format!("client{}", step.client))))
+        .collect()
+}
+
 /// A model test's settings: `count` random cases.
 fn cases(count: u32) -> ProptestConfig {
     ProptestConfig {
@@ -97,10 +105,7 @@ fn memory_and_redis_decide_the_same() {
         let (clock, memory, redis) = twin_stores(&pool, prefix);
         for step in &steps {
             clock.advance(Duration::from_millis(step.advance_ms));
-            let checks: Vec<Check> = policies(step.policies, step.cost, step.tier)
-                .iter()
-                .map(|p| Check::new(p, Key::new(format!("client{}", step.client))))
-                .collect();
+            let checks = checks_of(step);
             let from_memory = runtime.block_on(memory.check(&checks)).unwrap();
             let from_redis = runtime.block_on(redis.check(&checks)).unwrap();
             prop_assert_eq!(from_memory, from_redis, "at {:?}", step);
@@ -142,10 +147,7 @@ fn peeks_and_refunds_agree() {
         let mut admitted: Vec<(Vec<Check>, Vec<Duration>)> = Vec::new();
         for (step, after) in &steps {
             clock.advance(Duration::from_millis(step.advance_ms));
-            let checks: Vec<Check> = policies(step.policies, step.cost, step.tier)
-                .iter()
-                .map(|p| Check::new(p, Key::new(format!("client{}", step.client))))
-                .collect();
+            let checks = checks_of(step);
             let from_memory = runtime.block_on(memory.check(&checks)).unwrap();
             let from_redis = runtime.block_on(redis.check(&checks)).unwrap();
             prop_assert_eq!(&from_memory, &from_redis, "at {:?}", step);

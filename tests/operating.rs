@@ -362,6 +362,7 @@ async fn an_open_breaker_answers_without_waiting_for_a_frozen_redis() {
     server.thaw();
     took.sort();
     let p99 = took[took.len() * 99 / 100 - 1];
+    eprintln!("p99 of 200 requests with the breaker open: {p99:?}");
     assert!(p99 < Duration::from_millis(5), "p99 {p99:?}");
 }
 

@@ -231,11 +231,11 @@ impl RedisSettings {
     /// # }
     /// ```
     #[cfg(feature = "redis")]
-    pub fn guarded_store(&self) -> Result<Box<dyn crate::Store>, RedisSettingsError> {
+    pub fn guarded_store(&self) -> Result<std::sync::Arc<dyn crate::Store>, RedisSettingsError> {
         let store = self.store()?;
         Ok(match self.breaker {
-            Some(settings) => Box::new(crate::CircuitBreaker::new(store, settings)),
-            None => Box::new(store),
+            Some(settings) => std::sync::Arc::new(crate::CircuitBreaker::new(store, settings)),
+            None => std::sync::Arc::new(store),
         })
     }
 }

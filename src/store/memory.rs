@@ -11,7 +11,7 @@ use quick_cache::{Equivalent, OptionsBuilder, UnitWeighter};
 
 use super::counter::{FixedWindow, SlidingCounter};
 use super::sliding_log::Log;
-use super::{Check, CheckFuture, Decisions, Store, StoreError};
+use super::{Check, CheckFuture, Decisions, Store, unpaired_refund};
 use crate::clock::{Clock, SystemClock, duration_micros};
 use crate::key::Key;
 use crate::policy::Algorithm;
@@ -493,12 +493,8 @@ impl Store for MemoryStore {
     }
 
     fn refund(&self, checks: &[Check], recorded_at: &[Duration]) -> CheckFuture<()> {
-        if checks.len() != recorded_at.len() {
-            return CheckFuture::ready(Err(StoreError::Protocol(format!(
-                "{} refund times for {} checks",
-                recorded_at.len(),
-                checks.len()
-            ))));
+        if let Some(unpaired) = unpaired_refund(checks, recorded_at) {
+            return CheckFuture::ready(Err(unpaired));
         }
         self.refund_now(checks, recorded_at);
         CheckFuture::ready(Ok(()))

@@ -238,22 +238,15 @@ impl<S: Store + ?Sized> Store for Arc<S> {
     }
 }
 
-impl<S: Store + ?Sized> Store for Box<S> {
-    fn check(&self, checks: &[Check]) -> CheckFuture {
-        (**self).check(checks)
-    }
-
-    fn peek(&self, checks: &[Check]) -> CheckFuture {
-        (**self).peek(checks)
-    }
-
-    fn refund(&self, checks: &[Check], recorded_at: &[Duration]) -> CheckFuture<()> {
-        (**self).refund(checks, recorded_at)
-    }
-
-    fn is_remote(&self) -> bool {
-        (**self).is_remote()
-    }
+/// A refund whose times do not pair with its checks, one each.
+pub(crate) fn unpaired_refund(checks: &[Check], recorded_at: &[Duration]) -> Option<StoreError> {
+    (checks.len() != recorded_at.len()).then(|| {
+        StoreError::Protocol(format!(
+            "{} refund times for {} checks",
+            recorded_at.len(),
+            checks.len()
+        ))
+    })
 }
 
 /// Why a store could not decide.

@@ -29,7 +29,7 @@ use self::call::{Arguments, Call, Op};
 use self::lanes::{Lanes, Source};
 use self::library::Library;
 use self::reply::{batched_outcome, decisions, replies};
-use super::{Check, CheckFuture, CheckOutcome, Store, StoreError};
+use super::{Check, CheckFuture, CheckOutcome, Store, StoreError, unpaired_refund};
 use crate::clock::{Clock, duration_micros};
 
 const CHECK_SCRIPT: &str = include_str!("../../../lua/check.lua");
@@ -557,12 +557,8 @@ impl Store for RedisStore {
     }
 
     fn refund(&self, checks: &[Check], recorded_at: &[Duration]) -> CheckFuture<()> {
-        if checks.len() != recorded_at.len() {
-            return CheckFuture::ready(Err(StoreError::Protocol(format!(
-                "{} refund times for {} checks",
-                recorded_at.len(),
-                checks.len()
-            ))));
+        if let Some(unpaired) = unpaired_refund(checks, recorded_at) {
+            return CheckFuture::ready(Err(unpaired));
         }
         let recorded = recorded_at.iter().map(|&at| duration_micros(at)).collect();
         let call = Call::new(self, checks, Op::Refund(recorded));
