@@ -779,9 +779,8 @@ local function set_now(time)
   end
 end
 
--- The state of the policy whose arguments start at argv[a] (`width` of
--- them) and whose key is keys[k], brought up to `now`; and the index of
--- the next key.
+-- The state of the policy whose four arguments start at argv[a] and whose
+-- key is keys[k], brought up to `now`; and the index of the next key.
 local function prepare(keys, argv, k, a)
   local algorithm = algorithms[argv[a]]
   if algorithm == nil then
