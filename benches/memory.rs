@@ -69,7 +69,7 @@ fn redis_bytes_per_client(runtime: &tokio::runtime::Runtime, redis: &RedisServer
 }
 
 /// The same client at its limit under the previous script, which kept a
-/// sliding log as a sorted set and a hash.
+/// sliding log as a packed ring in one string.
 fn previous_log_bytes(
     runtime: &tokio::runtime::Runtime,
     redis: &RedisServer,
@@ -77,9 +77,9 @@ fn previous_log_bytes(
 ) -> (usize, u64) {
     use slidegate::deadpool_redis::redis::Script;
 
-    let script = Script::new(include_str!("../tests/fixtures/check_v1.lua"));
+    let script = Script::new(include_str!("../tests/fixtures/check_v2.lua"));
     let key = format!("previous:{limit}:{{client}}");
-    let keys = [key.clone(), format!("{key}:s")];
+    let keys = [format!("{key}:l"), key];
     let pool = redis.pool(1);
     runtime.block_on(async {
         let mut connection = pool.get().await.unwrap();
@@ -98,7 +98,8 @@ fn previous_log_bytes(
             assert_eq!(reply[0], 1);
         }
     });
-    (keys.len(), redis_bytes(redis, &keys))
+    // The second key is where that version looked for an older log.
+    (1, redis_bytes(redis, &keys[..1]))
 }
 
 /// `MEMORY USAGE` of `keys`, summed.

@@ -1,7 +1,7 @@
 //! Redis CPU per decision (`INFO commandstats`), per algorithm, admitted
-//! and denied: the previous script (a sorted set and a hash per sliding
-//! log), `lua/check.lua` by `EVALSHA`, and the same source loaded once as
-//! a Redis function library and run by `FCALL`. All three run on one
+//! and denied: the previous script (each sliding log a packed ring in one
+//! string), `lua/check.lua` by `EVALSHA`, and the same source loaded once
+//! as a Redis function library and run by `FCALL`. All three run on one
 //! redis-server in one process, scenario by scenario, on the same trace.
 //!
 //! ```sh
@@ -14,7 +14,7 @@ mod support;
 use slidegate::deadpool_redis::redis::{self, Script};
 use support::RedisServer;
 
-const PREVIOUS: &str = include_str!("../tests/fixtures/check_v1.lua");
+const PREVIOUS: &str = include_str!("../tests/fixtures/check_v2.lua");
 const PACKED: &str = include_str!("../lua/check.lua");
 const CLIENTS: u64 = 20;
 const WARM_UP: u64 = 4_000;
@@ -109,8 +109,8 @@ fn run(
             call % CLIENTS
         );
         let keys = match (algorithm, variant) {
-            ("log", Variant::Previous) => vec![base.clone(), format!("{base}:s")],
-            ("log", _) => vec![format!("{base}:l"), base.clone()],
+            ("log", Variant::Previous) => vec![format!("{base}:l"), base.clone()],
+            ("log", _) => vec![format!("{base}:l"), format!("{base}:p")],
             ("counter", _) => vec![format!("{base}:c")],
             _ => vec![format!("{base}:f")],
         };

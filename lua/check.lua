@@ -13,9 +13,8 @@
 --   "fixed"), ARGV[4i-1] limit, ARGV[4i] window in microseconds,
 --   ARGV[4i+1] cost.
 -- KEYS, taken in policy order:
---   log:     a string holding the packed log (see "sliding log" below);
---            then the sorted set an earlier version of this script kept
---            the log in, read once when the string is new.
+--   log:     a string holding the log's header and newest page, then a
+--            hash holding its other pages (see "sliding log" below).
 --   counter: a hash with the current window id `w`, its count `c`, the
 --            previous window's count `p`, the window length `l` (windows
 --            in milliseconds) and `t`, the latest time (µs) a request was
@@ -113,397 +112,722 @@ end
 
 ---------------------------------------------------------------- sliding log
 --
--- One string per client and policy: a header, then a ring of records, one
--- per admitted request, oldest first from slot `head`.
+-- Every call does bounded work, whatever the limit, the costs, the window
+-- or the time since the last call: the log is split into pages of at most
+-- PAGE_BYTES of records, and the sums of whole pages are kept in a tree,
+-- so that pruning, a window's count, the time enough units leave, and a
+-- refund each read O(log pages) fields and rewrite at most one page.
 --
--- Header (big-endian, LOG_HEADER_SIZE bytes): format version (1), offset
--- width in bytes (4 or 6), cost width in bytes (0, 1, 2 or 4), then u32
--- `head`, `count`, `capacity` and `sum` (the records' total cost), then
--- u64 `base` (µs; records hold their time as an offset from it), u64
--- `newest` (µs; the newest record's time) and u64 `expires` (µs; when the
--- key's TTL, last set, runs out).
+-- Two keys per client and policy:
+-- * a string: the header (LOG_HEADER, below), then the records of the
+--   newest page, the *tail*, which a request appends to;
+-- * a hash, once the log outgrows one page: each full page sealed under
+--   its number (a 10-byte page header, PAGE_HEADER, then its records), and
+--   the tree of page sums: field "k:j" holds the sum of pages j*2^k to
+--   (j+1)*2^k - 1, for k from 0 to the header's `levels`.
 --
--- The TTL is set two windows past the newest record, and set again only
--- once a new record would outlive it: one PEXPIRE per window, not per
--- request.
+-- A record is its time as an offset from its page's base (4 or 6 bytes),
+-- then the running total of cost in its page up to and including it (0,
+-- 2, 4 or 6 bytes; with 0 bytes every cost is 1 and the total is the
+-- record's position). Records are in time order and their times are
+-- unique: a request is recorded at `now`, or one microsecond after the
+-- newest record if that is later, so a refund names exactly one record.
+-- The tail widens its fields in place when a record needs it (at most one
+-- page rewritten); a page, once sealed, keeps its widths.
 --
--- A record is its offset, then its cost; with a cost width of 0 every cost
--- is 1. Widths grow when a request needs them (a cost above 255, a window
--- above LOG_SHORT_WINDOW) and the ring is rewritten then, when it is full
--- (capacity doubles, up to the limit), when it holds a quarter of its
--- capacity or less (it halves), and when an offset would outgrow its width
--- (records are rebased on the oldest). Rewrites copy the live records only,
--- so each costs O(live) and happens at most once per that many requests,
--- or once per LOG_SHORT_WINDOW of time.
+-- Header fields (big-endian): format version (2), the tail's offset and
+-- total widths, `levels`; the tail's page number, the head's (the oldest
+-- live record's) page and index in it, `clean` (pages below it have been
+-- deleted from the hash); the tail's record count; then u64 the tail's
+-- base time, the tail's sum, `sum` (every live record's cost), `oldest`
+-- and `newest` (µs), `expires` (when the keys' TTL, last set, runs out)
+-- and `span`: the longest window the log has been counted under since it
+-- was last empty. Records leave once `span` has passed over them, so
+-- tiers with different windows each see every request their own window
+-- covers; a log left empty starts afresh.
 --
--- Records are kept in time order: a request is recorded no earlier than
--- `newest`, so a clock that steps back never reorders the ring. If it
--- steps back by more than a window, every record is pulled back to `now`:
--- the count stays, and leaves within a window of the new time.
+-- Pages below the head are deleted a few at a time (CLEAN_PAGES per call
+-- that writes); both keys expire two spans past the newest record, and
+-- are unlinked as soon as the log is empty.
 
-local LOG_VERSION = 1
-local LOG_HEADER = '>BBBI4I4I4I4I8I8I8'
-local LOG_HEADER_SIZE = 43
--- Windows up to 2^31 µs (about 36 minutes) keep 4-byte offsets.
-local LOG_SHORT_WINDOW = 2147483648
-local LOG_MIN_CAPACITY = 4
+local LOG_VERSION = 2
+local LOG_HEADER = '>BBBBI4I4I2I4I2I8I8I8I8I8I8I8'
+local LOG_HEADER_SIZE = 76
+-- The previous format, a packed ring in the string: its header.
+local RING_HEADER = '>BBBI4I4I4I4I8I8I8'
+local RING_HEADER_SIZE = 43
+local PAGE_HEADER = '>I8BB'
+local PAGE_HEADER_SIZE = 10
+-- Records per page: a sealed page (with its header) fits a 1 KiB
+-- allocation in Redis.
+local PAGE_BYTES = 1000
+-- Pages below the head whose fields one call deletes, at most.
+local CLEAN_PAGES = 8
 
 local log = {}
 
-local function cost_width(cost)
-  if cost == 1 then
-    return 0
-  elseif cost < 256 then
-    return 1
-  elseif cost < 65536 then
+-- What one request of a call leaves for the next of the same key: the
+-- header's fields, and what the call has yet to write.
+local LOG_STATE = {
+  'exists', 'ow', 'cw', 'levels', 'tail_page', 'head_page', 'head_index', 'clean',
+  'tail_count', 'tail_base', 'tail_sum', 'sum', 'oldest', 'newest', 'expires', 'span',
+  'pages', 'tail', 'tail_view', 'rewrite', 'pending', 'ttl', 'new_store',
+}
+
+local function int(n)
+  return string.format('%d', n)
+end
+
+-- The bytes a running total of `total` needs.
+local function total_width(total)
+  if total < 65536 then
     return 2
+  elseif total < 4294967296 then
+    return 4
   end
-  return 4
+  return 6
 end
 
-local function record_format(offset_width, cost_width)
-  if cost_width == 0 then
-    return '>I' .. offset_width
+-- The bytes an offset of `offset` needs, or nil past 6.
+local function offset_width(offset)
+  if offset < 4294967296 then
+    return 4
+  elseif offset < 281474976710656 then
+    return 6
   end
-  return '>I' .. offset_width .. 'I' .. cost_width
+  return nil
 end
 
--- Reads `n` records from the `from`-th live one (0-based, from `head`),
--- as one string.
-local function log_read(s, from, n)
-  local slot = (s.head + from) % s.capacity
-  local run = math.min(n, s.capacity - slot)
-  local start = LOG_HEADER_SIZE + slot * s.size
-  local bytes = redis.call('GETRANGE', s.key, start, start + run * s.size - 1)
-  if run < n then
-    bytes = bytes
-      .. redis.call('GETRANGE', s.key, LOG_HEADER_SIZE, LOG_HEADER_SIZE + (n - run) * s.size - 1)
+local function record_format(ow, cw)
+  if cw == 0 then
+    return '>I' .. ow
   end
-  return bytes
+  return '>I' .. ow .. 'I' .. cw
 end
 
--- Decodes the record at byte `pos` of `bytes`: its time, cost and the
--- position of the next record.
-local function log_decode(s, bytes, pos)
-  if s.cost_width == 0 then
-    local offset, next_pos = struct.unpack(s.format, bytes, pos)
-    return s.base + offset, 1, next_pos
+local function encode(base, ow, cw, time, total)
+  if cw == 0 then
+    return struct.pack(record_format(ow, cw), time - base)
   end
-  local offset, cost, next_pos = struct.unpack(s.format, bytes, pos)
-  return s.base + offset, cost, next_pos
+  return struct.pack(record_format(ow, cw), time - base, total)
 end
 
--- Encodes a record at `time` of `cost`, in the log's current widths.
-local function log_encode(s, time, cost)
-  if s.cost_width == 0 then
-    return struct.pack(s.format, time - s.base)
-  end
-  return struct.pack(s.format, time - s.base, cost)
-end
-
--- The header of a log in state `s`.
-local function log_header(s)
-  return struct.pack(
-    LOG_HEADER,
-    LOG_VERSION,
-    s.offset_width,
-    s.cost_width,
-    s.head,
-    s.count,
-    s.capacity,
-    s.sum,
-    s.base,
-    s.newest,
-    s.expires
-  )
-end
-
--- Takes every live record into Lua lists (`times`, `costs`), so that the
--- log can be rewritten.
-local function log_load(s)
-  if s.times ~= nil then
-    return
-  end
-  s.times, s.costs = {}, {}
-  if s.count == 0 then
-    return
-  end
-  local bytes = log_read(s, 0, s.count)
-  local pos = 1
-  for i = 1, s.count do
-    s.times[i], s.costs[i], pos = log_decode(s, bytes, pos)
-  end
-end
-
--- A log written by the first version of this script: a sorted set of
--- members "<time>:<seq>:<cost>" scored by time, at `s.legacy`. Its live
--- requests become this log's, so that upgrading forgets no count.
-local function log_import(s, cutoff)
-  s.times, s.costs = {}, {}
-  local entries = redis.call('ZRANGEBYSCORE', s.legacy, '(' .. string.format('%d', cutoff), '+inf', 'WITHSCORES')
-  for j = 1, #entries, 2 do
-    local cost = tonumber(string.match(entries[j], ':(%d+)$')) or 1
-    table.insert(s.times, tonumber(entries[j + 1]))
-    table.insert(s.costs, cost)
-    s.sum = s.sum + cost
-    s.cost_width = math.max(s.cost_width, cost_width(cost))
-  end
-  s.count = #s.times
-  if s.count > 0 then
-    s.oldest, s.newest = s.times[1], s.times[s.count]
-    s.dirty = true
-  end
-end
-
-function log.prepare(s)
-  local entry = recall(s)
-  if entry ~= nil then
-    -- Pruned at this same `now` by the request that left it.
-    s.head, s.count, s.capacity, s.sum = entry.head, entry.count, entry.capacity, entry.sum
-    s.base, s.newest, s.expires, s.oldest = entry.base, entry.newest, entry.expires, entry.oldest
-    s.offset_width, s.cost_width = entry.offset_width, entry.cost_width
-    s.header_pending = entry.pending
-    s.format = record_format(s.offset_width, s.cost_width)
-    s.size = s.offset_width + s.cost_width
-    return s.sum + s.cost <= s.limit
-  end
-  local cutoff = now - s.window
-  local stale = known[s.key]
-  if stale ~= nil and stale.pending then
-    -- Left under another window (a tier changed): written before reading.
-    redis.call('SETRANGE', s.key, 0, log_header(stale))
-    stale.pending = false
-  end
-  local header = redis.call('GETRANGE', s.key, 0, LOG_HEADER_SIZE - 1)
-  if header == '' then
-    s.head, s.count, s.capacity, s.sum, s.base, s.newest, s.expires = 0, 0, 0, 0, 0, 0, 0
-    s.offset_width, s.cost_width = 4, 0
-    log_import(s, cutoff)
-    return s.sum + s.cost <= s.limit
-  end
-  local version
-  version, s.offset_width, s.cost_width, s.head, s.count, s.capacity, s.sum, s.base, s.newest, s.expires =
-    struct.unpack(LOG_HEADER, header)
-  if version ~= LOG_VERSION then
-    error('unknown sliding log format ' .. tostring(version) .. ' at ' .. s.key)
-  end
-  s.format = record_format(s.offset_width, s.cost_width)
-  s.size = s.offset_width + s.cost_width
-
-  -- Prune from the oldest, reading a few records at a time, more each
-  -- round: O(expired) records read.
-  local chunk = 4
-  while s.count > 0 and s.oldest == nil do
-    local n = math.min(chunk, s.count)
-    local bytes = log_read(s, 0, n)
-    local pos, gone = 1, 0
-    for _ = 1, n do
-      local time, cost
-      time, cost, pos = log_decode(s, bytes, pos)
-      if time > cutoff then
-        s.oldest = time
-        break
-      end
-      gone = gone + 1
-      s.sum = s.sum - cost
-    end
-    if gone > 0 then
-      s.head = (s.head + gone) % s.capacity
-      s.count = s.count - gone
-      s.dirty = true
-    end
-    chunk = chunk * 4
-  end
-
-  if s.count > 0 and s.newest - now > s.window then
-    -- The clock stepped back by more than a window: pull every record
-    -- back to now.
-    log_load(s)
-    for i = 1, s.count do
-      s.times[i] = math.min(s.times[i], now)
-    end
-    s.oldest, s.newest = s.times[1], now
-    s.dirty = true
-  end
-  return s.sum + s.cost <= s.limit
-end
-
--- Moves `expires` two windows past the newest record; returns the TTL in
--- milliseconds to set.
-local function log_extend(s)
-  s.expires = s.newest + 2 * s.window
-  return math.floor((s.expires - now) / 1000) + 1 + expiry_grace_ms
-end
-
--- Writes the loaded records afresh, from slot 0, based on the oldest, with
--- room for twice as many (at least LOG_MIN_CAPACITY, at most the limit).
-local function log_rewrite(s)
-  local n = s.count
-  s.capacity = math.max(n, math.min(s.limit, math.max(LOG_MIN_CAPACITY, 2 * n)))
-  s.head = 0
-  if n == 0 then
-    s.base = now
-  else
-    s.base = s.times[1]
-  end
-  if s.window > LOG_SHORT_WINDOW or s.newest - s.base >= 4294967296 then
-    s.offset_width = 6
-  else
-    s.offset_width = 4
-  end
-  s.format = record_format(s.offset_width, s.cost_width)
-  s.size = s.offset_width + s.cost_width
-  local ttl = log_extend(s)
-  local parts = { log_header(s) }
-  for i = 1, n do
-    parts[i + 1] = log_encode(s, s.times[i], s.costs[i])
-  end
-  parts[n + 2] = string.rep('\0', (s.capacity - n) * s.size)
-  redis.call('SET', s.key, table.concat(parts), 'PX', ttl)
-  s.header_pending = false
-end
-
-function log.record(s)
-  local at = now
-  if s.count > 0 and s.newest > at then
-    at = s.newest
-  end
-  s.recorded = at
-  if s.count == 0 then
-    s.oldest = at
-  end
-  local width = cost_width(s.cost)
-  if
-    s.times ~= nil
-    or s.count == 0
-    or s.count == s.capacity
-    or (s.capacity > LOG_MIN_CAPACITY and 4 * s.count <= s.capacity)
-    or s.capacity > s.limit
-    or width > s.cost_width
-    or (s.window > LOG_SHORT_WINDOW and s.offset_width < 6)
-    or at - s.base >= 2 ^ (8 * s.offset_width)
-  then
-    log_load(s)
-    s.count = s.count + 1
-    s.times[s.count], s.costs[s.count] = at, s.cost
-    s.sum, s.newest = s.sum + s.cost, at
-    s.cost_width = math.max(s.cost_width, width)
-    log_rewrite(s)
-  else
-    local slot = (s.head + s.count) % s.capacity
-    redis.call('SETRANGE', s.key, LOG_HEADER_SIZE + slot * s.size, log_encode(s, at, s.cost))
-    s.count, s.sum, s.newest = s.count + 1, s.sum + s.cost, at
-    local ttl
-    if s.expires < at + s.window then
-      ttl = log_extend(s)
-    end
-    -- The header is written once the call is done (see
-    -- `write_headers`), once for every request of this key in the call.
-    s.header_pending = true
-    if ttl ~= nil then
-      redis.call('PEXPIRE', s.key, ttl)
-    end
-  end
-  s.dirty = false
-end
-
--- Saves what pruning changed, for a request that records nothing. Under
--- a window longer than the one the TTL was set for (a tier changed), the
--- TTL is moved too, so the records are not dropped while they count.
-function log.save(s)
-  local outlived = s.count > 0 and s.expires < s.newest + s.window
-  if not s.dirty and not outlived then
-    return
-  end
-  if s.times ~= nil then
-    log_rewrite(s)
-    return
-  end
-  if outlived then
-    redis.call('PEXPIRE', s.key, log_extend(s))
-  end
-  s.header_pending = true
-end
-
--- Takes back `cost` units recorded at `at`: the newest record of that
--- cost recorded no later than `at` (records of one time and cost are
--- alike), rewriting the log without it. Nothing, if it has left the window.
-function log.refund(s, at, cost)
-  log_load(s)
-  for i = s.count, 1, -1 do
-    if s.times[i] <= at and s.costs[i] == cost then
-      table.remove(s.times, i)
-      table.remove(s.costs, i)
-      s.count, s.sum = s.count - 1, s.sum - cost
-      if s.count > 0 then
-        s.oldest, s.newest = s.times[1], s.times[s.count]
-      else
-        s.oldest, s.newest = nil, now
-      end
-      log_rewrite(s)
-      return
-    end
-  end
-  log.save(s)
-end
-
-function log.retry(s)
-  -- The oldest records, until enough cost has left the window: with unit
-  -- costs, the need-th record itself.
-  local need = s.sum + s.cost - s.limit
-  if s.times ~= nil then
-    local freed = 0
-    for i = 1, s.count do
-      freed = freed + s.costs[i]
-      if freed >= need then
-        return s.times[i] + s.window - now
-      end
-    end
-    return 0
-  end
-  if s.cost_width == 0 then
-    if need > s.count then
-      return 0
-    elseif need == 1 then
-      -- The oldest record, which pruning has read.
-      return s.oldest + s.window - now
-    end
-    local time = log_decode(s, log_read(s, need - 1, 1), 1)
-    return time + s.window - now
-  end
-  local n = math.min(need, s.count)
-  local bytes = log_read(s, 0, n)
-  local pos, freed = 1, 0
-  for _ = 1, n do
-    local time, cost
-    time, cost, pos = log_decode(s, bytes, pos)
-    freed = freed + cost
-    if freed >= need then
-      return time + s.window - now
-    end
-  end
-  return 0
-end
-
-function log.remember(s)
-  known[s.key] = {
-    window = s.window,
-    pending = s.header_pending,
-    head = s.head, count = s.count, capacity = s.capacity, sum = s.sum,
-    base = s.base, newest = s.newest, expires = s.expires, oldest = s.oldest,
-    offset_width = s.offset_width, cost_width = s.cost_width,
+-- A page as read: its records in `bytes` from position `start` (1-based).
+local function view(base, ow, cw, bytes, start)
+  local size = ow + cw
+  return {
+    base = base, ow = ow, cw = cw, size = size, bytes = bytes, start = start,
+    count = math.floor((#bytes - start + 1) / size),
+    format = record_format(ow, cw),
   }
 end
 
+-- Record i's (0-based) time and running total.
+local function record_at(v, i)
+  local offset, total = struct.unpack(v.format, v.bytes, v.start + i * v.size)
+  if v.cw == 0 then
+    total = i + 1
+  end
+  return v.base + offset, total
+end
+
+-- The page's total of cost before record i.
+local function total_before(v, i)
+  if i == 0 then
+    return 0
+  elseif v.cw == 0 then
+    return i
+  end
+  local _, total = record_at(v, i - 1)
+  return total
+end
+
+local function page_total(v)
+  return total_before(v, v.count)
+end
+
+-- The first record from `from` whose running total reaches `target`.
+local function search_total(v, from, target)
+  local lo, hi = from, v.count - 1
+  if v.cw == 0 then
+    return math.max(from, target - 1)
+  end
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    local _, total = record_at(v, mid)
+    if total >= target then
+      hi = mid
+    else
+      lo = mid + 1
+    end
+  end
+  return lo
+end
+
+-- The first record from `from` later than `x` (the page's count if none).
+local function search_time(v, from, x)
+  local lo, hi = from, v.count
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if record_at(v, mid) <= x then
+      lo = mid + 1
+    else
+      hi = mid
+    end
+  end
+  return lo
+end
+
+-- The tail's record bytes: kept in Lua once this call rewrites the
+-- string, else read from it.
+local function tail_bytes(s)
+  if s.tail ~= nil then
+    return s.tail
+  end
+  if s.tail_count == 0 then
+    return ''
+  end
+  local first = LOG_HEADER_SIZE
+  return redis.call('GETRANGE', s.key, first, first + s.tail_count * (s.ow + s.cw) - 1)
+end
+
+-- Page `n` as a view; sealed pages are cached for the rest of the call.
+local function page(s, n)
+  if n == s.tail_page then
+    if s.tail_view == nil then
+      s.tail_view = view(s.tail_base, s.ow, s.cw, tail_bytes(s), 1)
+    end
+    return s.tail_view
+  end
+  local v = s.pages[n]
+  if v == nil then
+    local bytes = redis.call('HGET', s.store, int(n))
+    if not bytes then
+      error('sliding log ' .. s.key .. ' has lost its page ' .. int(n))
+    end
+    local base, ow, cw = struct.unpack(PAGE_HEADER, bytes)
+    v = view(base, ow, cw, bytes, PAGE_HEADER_SIZE + 1)
+    s.pages[n] = v
+  end
+  return v
+end
+
+local function node(k, j)
+  return int(k) .. ':' .. int(j)
+end
+
+-- The tree's blocks that make up sealed pages a..b, in order.
+local function blocks(s, a, b)
+  local list = {}
+  local lo, hi = a, b + 1
+  while lo < hi do
+    local k = 0
+    while k < s.levels and lo % 2 ^ (k + 1) == 0 and lo + 2 ^ (k + 1) <= hi do
+      k = k + 1
+    end
+    list[#list + 1] = { k, lo / 2 ^ k }
+    lo = lo + 2 ^ k
+  end
+  return list
+end
+
+local function block_sums(s, list)
+  local fields = {}
+  for i, block in ipairs(list) do
+    fields[i] = node(block[1], block[2])
+  end
+  local sums = redis.call('HMGET', s.store, unpack(fields))
+  for i = 1, #sums do
+    sums[i] = tonumber(sums[i]) or 0
+  end
+  return sums
+end
+
+-- The total cost in sealed pages a..b.
+local function tree_sum(s, a, b)
+  if a > b then
+    return 0
+  end
+  local total = 0
+  for _, sum in ipairs(block_sums(s, blocks(s, a, b))) do
+    total = total + sum
+  end
+  return total
+end
+
+-- The first sealed page in a..b at which the running total from a
+-- reaches `need`, and the total before it; or nil and the whole total.
+local function tree_find(s, a, b, need)
+  if a > b then
+    return nil, 0
+  end
+  local list = blocks(s, a, b)
+  local sums = block_sums(s, list)
+  local before = 0
+  for i, block in ipairs(list) do
+    if before + sums[i] >= need then
+      local k, j = block[1], block[2]
+      while k > 0 do
+        k = k - 1
+        local left = tonumber(redis.call('HGET', s.store, node(k, 2 * j))) or 0
+        if before + left >= need then
+          j = 2 * j
+        else
+          before, j = before + left, 2 * j + 1
+        end
+      end
+      return j, before
+    end
+    before = before + sums[i]
+  end
+  return nil, before
+end
+
+-- Adds `delta` to sealed page n's sum, at every level of the tree.
+local function tree_add(s, n, delta)
+  for k = 0, s.levels do
+    redis.call('HINCRBY', s.store, node(k, math.floor(n / 2 ^ k)), int(delta))
+  end
+end
+
+-- The position of the first live record later than `x`: a page and an
+-- index in it, which may be the page's count (the next page's start).
+local function seek(s, x)
+  if s.oldest > x then
+    return s.head_page, s.head_index
+  end
+  local lo, hi = s.head_page, s.tail_page
+  while lo < hi do
+    local mid = lo + math.ceil((hi - lo) / 2)
+    -- An empty tail's base is stale: it holds nothing earlier than x.
+    if (mid ~= s.tail_page or s.tail_count > 0) and page(s, mid).base <= x then
+      lo = mid
+    else
+      hi = mid - 1
+    end
+  end
+  local from = 0
+  if lo == s.head_page then
+    from = s.head_index
+  end
+  return lo, search_time(page(s, lo), from, x)
+end
+
+-- The live record at or after position (m, i), or nil if there is none.
+local function settle(s, m, i)
+  if m ~= s.tail_page then
+    if i < page(s, m).count then
+      return m, i
+    end
+    local q = tree_find(s, m + 1, s.tail_page - 1, 1)
+    if q ~= nil then
+      return q, 0
+    end
+    i = 0
+  end
+  if i < s.tail_count then
+    return s.tail_page, i
+  end
+  return nil
+end
+
+-- The cost of live records from position (m, i) on.
+local function sum_from(s, m, i)
+  local v = page(s, m)
+  local part = page_total(v) - total_before(v, i)
+  if m == s.tail_page then
+    return part
+  end
+  return part + tree_sum(s, m + 1, s.tail_page - 1) + s.tail_sum
+end
+
+-- The record at which the cost of live records from position (m, i)
+-- reaches `need`: its page and index; nil if they hold less.
+local function find_units(s, m, i, need)
+  if m ~= s.tail_page then
+    local v = page(s, m)
+    local before = total_before(v, i)
+    local part = page_total(v) - before
+    if part >= need then
+      return m, search_total(v, i, before + need)
+    end
+    need = need - part
+    local q, sealed = tree_find(s, m + 1, s.tail_page - 1, need)
+    if q ~= nil then
+      return q, search_total(page(s, q), 0, need - sealed)
+    end
+    need, i = need - sealed, 0
+  end
+  local v = page(s, s.tail_page)
+  local target = total_before(v, i) + need
+  if page_total(v) < target then
+    return nil
+  end
+  return s.tail_page, search_total(v, i, target)
+end
+
+local function time_at(s, m, i)
+  return (record_at(page(s, m), i))
+end
+
+-- Starts the log afresh: nothing live, no pages, no span. The keys go
+-- when the call writes (see `log_write`).
+local function log_clear(s)
+  s.unlink = s.exists
+  s.exists = false
+  s.ow, s.cw, s.levels = 4, 0, 0
+  s.tail_page, s.head_page, s.head_index, s.clean, s.tail_count = 0, 0, 0, 0, 0
+  s.tail_base, s.tail_sum, s.sum, s.oldest, s.newest, s.expires, s.span = 0, 0, 0, 0, 0, 0, 0
+  s.pages, s.tail, s.tail_view = {}, '', nil
+  s.rewrite = false
+end
+
+-- Reads the header into `s`; a log in the previous format (a packed
+-- ring) carries its count over as one record at its newest time.
+local function log_read(s)
+  s.pages = {}
+  local header = redis.call('GETRANGE', s.key, 0, LOG_HEADER_SIZE - 1)
+  if header == '' then
+    log_clear(s)
+    s.unlink = false
+    return
+  end
+  local version = string.byte(header, 1)
+  if version == 1 and #header >= RING_HEADER_SIZE then
+    local _, _, _, _, count, _, sum, _, newest = struct.unpack(RING_HEADER, header)
+    log_clear(s)
+    if count > 0 and sum > 0 then
+      s.exists, s.unlink = true, false
+      s.tail_base, s.oldest, s.newest, s.sum = newest, newest, newest, sum
+      s.cw = sum == 1 and 0 or total_width(sum)
+      s.tail = encode(newest, 4, s.cw, newest, sum)
+      s.tail_count, s.tail_sum = 1, sum
+      s.span, s.rewrite, s.dirty = s.window, true, true
+    end
+    return
+  elseif version ~= LOG_VERSION then
+    error('unknown sliding log format ' .. tostring(version) .. ' at ' .. s.key)
+  end
+  s.exists = true
+  local _
+  _, s.ow, s.cw, s.levels, s.tail_page, s.head_page, s.head_index, s.clean, s.tail_count,
+    s.tail_base, s.tail_sum, s.sum, s.oldest, s.newest, s.expires, s.span = struct.unpack(LOG_HEADER, header)
+end
+
+local function log_header(s)
+  return struct.pack(
+    LOG_HEADER, LOG_VERSION, s.ow, s.cw, s.levels, s.tail_page, s.head_page, s.head_index,
+    s.clean, s.tail_count, s.tail_base, s.tail_sum, s.sum, s.oldest, s.newest, s.expires, s.span
+  )
+end
+
+-- Drops records that `span` has passed over; an empty log starts afresh.
+local function log_prune(s)
+  if s.sum == 0 or s.oldest > now - s.span then
+    return
+  end
+  local m, i = settle(s, seek(s, now - s.span))
+  if m == nil then
+    log_clear(s)
+    return
+  end
+  s.head_page, s.head_index = m, i
+  s.sum = sum_from(s, m, i)
+  s.oldest = time_at(s, m, i)
+  s.dirty = true
+end
+
+-- The clock has stepped back by more than a window since the newest
+-- record: the live count is gathered into one record at `now`, so it is
+-- kept, and leaves within a span of the new time.
+local function log_gather(s)
+  local sum, span, exists = s.sum, s.span, s.exists
+  log_clear(s)
+  s.exists, s.unlink, s.span = exists, exists, span
+  s.cw = sum == 1 and 0 or total_width(sum)
+  s.tail, s.tail_count, s.tail_sum = encode(now, 4, s.cw, now, sum), 1, sum
+  s.tail_base, s.sum, s.oldest, s.newest = now, sum, now, now
+  s.rewrite, s.dirty = true, true
+end
+
+-- Brings a copy of what this call last left for the key (or the header)
+-- up to `now`, and finds the window's count.
+function log.prepare(s)
+  local left = known[s.key]
+  if left ~= nil then
+    for _, field in ipairs(LOG_STATE) do
+      s[field] = left[field]
+    end
+  else
+    log_read(s)
+  end
+  log_prune(s)
+  if s.sum > 0 and s.newest - now > s.window then
+    log_gather(s)
+  end
+  if s.sum > 0 and s.window > s.span then
+    s.span, s.dirty = s.window, true
+  end
+  -- The window's share: from its first record on.
+  s.in_window, s.first_page, s.first_index = s.sum, s.head_page, s.head_index
+  if s.sum > 0 and s.window < s.span and s.oldest <= now - s.window then
+    local m, i = settle(s, seek(s, now - s.window))
+    if m == nil then
+      s.in_window = 0
+    else
+      s.first_page, s.first_index = m, i
+      s.in_window = sum_from(s, m, i)
+    end
+  end
+  if s.first_page == s.head_page and s.first_index == s.head_index then
+    s.window_oldest = s.oldest
+  elseif s.in_window > 0 then
+    s.window_oldest = time_at(s, s.first_page, s.first_index)
+  end
+  return s.in_window + s.cost <= s.limit
+end
+
+-- Sets `expires` two spans past the newest record and returns the TTL in
+-- milliseconds to set on both keys.
+local function log_extend(s)
+  s.expires = s.newest + 2 * s.span
+  return math.floor((s.expires - now) / 1000) + 1 + expiry_grace_ms
+end
+
+-- Deletes a few of the pages the head has left behind, with the tree's
+-- blocks that end in them.
+local function log_clean(s)
+  local stop = math.min(s.head_page, s.clean + CLEAN_PAGES)
+  if stop <= s.clean then
+    return
+  end
+  local fields = {}
+  for n = s.clean, stop - 1 do
+    fields[#fields + 1] = int(n)
+    for k = 0, s.levels do
+      if (n + 1) % 2 ^ k == 0 then
+        fields[#fields + 1] = node(k, (n + 1) / 2 ^ k - 1)
+      end
+    end
+    s.pages[n] = nil
+  end
+  redis.call('HDEL', s.store, unpack(fields))
+  s.clean, s.dirty = stop, true
+end
+
+-- Writes what this request changed, except the header, which is written
+-- once for the call (see `write_logs`).
+local function log_write(s)
+  if s.unlink then
+    redis.call('UNLINK', s.key, s.store)
+    s.unlink = false
+  end
+  if not s.exists then
+    return
+  end
+  log_clean(s)
+  if s.expires < s.newest + s.span or s.new_store then
+    s.ttl, s.new_store = log_extend(s), false
+  end
+  s.pending = s.pending or s.dirty or s.rewrite
+end
+
+-- Writes the tail to its own page in the hash, and adds its sum to the
+-- tree; a new, empty tail follows it.
+local function log_seal(s)
+  local n = s.tail_page
+  local bytes = tail_bytes(s)
+  redis.call('HSET', s.store, int(n), struct.pack(PAGE_HEADER, s.tail_base, s.ow, s.cw) .. bytes)
+  s.pages[n] = nil
+  tree_add(s, n, s.tail_sum)
+  -- The hash may be new: its TTL is set with the string's.
+  s.new_store = true
+  s.tail_page, s.tail_count, s.tail_sum = n + 1, 0, 0
+  s.tail, s.tail_view, s.rewrite = '', nil, true
+  -- The tree covers every live page in O(levels) blocks.
+  while s.tail_page - s.head_page > 2 ^ s.levels do
+    local k = s.levels + 1
+    for j = math.floor(s.head_page / 2 ^ k), math.floor((s.tail_page - 1) / 2 ^ k) do
+      local sums = redis.call('HMGET', s.store, node(k - 1, 2 * j), node(k - 1, 2 * j + 1))
+      local sum = (tonumber(sums[1]) or 0) + (tonumber(sums[2]) or 0)
+      if sum ~= 0 then
+        redis.call('HSET', s.store, node(k, j), int(sum))
+      end
+    end
+    s.levels = k
+  end
+end
+
+-- Rewrites the tail's records in wider fields.
+local function log_widen(s, ow, cw)
+  local old = page(s, s.tail_page)
+  local parts = {}
+  for i = 0, old.count - 1 do
+    local time, total = record_at(old, i)
+    parts[i + 1] = encode(s.tail_base, ow, cw, time, total)
+  end
+  s.ow, s.cw = ow, cw
+  s.tail, s.tail_view, s.rewrite = table.concat(parts), nil, true
+end
+
+-- Appends a record at `time` of `cost` to the tail, sealing or widening
+-- it first if it must.
+local function log_append(s, time, cost)
+  if s.tail_count > 0 then
+    local ow = offset_width(time - s.tail_base)
+    local cw = s.cw
+    if cw > 0 or cost ~= 1 then
+      cw = math.max(cw, total_width(s.tail_sum + cost))
+    end
+    if ow ~= nil then
+      ow = math.max(ow, s.ow)
+    end
+    if ow == nil or (s.tail_count + 1) * (ow + cw) > PAGE_BYTES then
+      log_seal(s)
+    elseif ow ~= s.ow or cw ~= s.cw then
+      log_widen(s, ow, cw)
+    end
+  end
+  if s.tail_count == 0 then
+    s.tail_base, s.ow, s.cw = time, 4, 0
+    if cost ~= 1 then
+      s.cw = total_width(cost)
+    end
+  end
+  local record = encode(s.tail_base, s.ow, s.cw, time, s.tail_sum + cost)
+  if s.rewrite then
+    s.tail = tail_bytes(s) .. record
+  else
+    redis.call('APPEND', s.key, record)
+  end
+  s.tail_count, s.tail_sum, s.tail_view = s.tail_count + 1, s.tail_sum + cost, nil
+end
+
+function log.record(s)
+  if s.cost == 0 then
+    return
+  end
+  local time = now
+  if s.sum > 0 and s.newest >= time then
+    time = s.newest + 1
+  end
+  if not s.exists then
+    -- The string starts with its header.
+    s.exists, s.tail, s.rewrite = true, '', true
+  end
+  log_append(s, time, s.cost)
+  if s.sum == 0 then
+    s.head_page, s.head_index, s.oldest, s.span = s.tail_page, s.tail_count - 1, time, s.window
+  end
+  if s.in_window == 0 then
+    s.window_oldest = time
+  end
+  s.sum, s.in_window, s.newest = s.sum + s.cost, s.in_window + s.cost, time
+  s.recorded, s.dirty = time, true
+  log_write(s)
+end
+
+-- Removes record i of page m, of `cost`, and takes it out of the counts.
+local function log_remove(s, m, i, cost)
+  local v = page(s, m)
+  local parts = { string.sub(v.bytes, v.start, v.start + i * v.size - 1) }
+  if v.cw == 0 then
+    parts[2] = string.sub(v.bytes, v.start + (i + 1) * v.size)
+  else
+    for r = i + 1, v.count - 1 do
+      local time, total = record_at(v, r)
+      parts[#parts + 1] = encode(v.base, v.ow, v.cw, time, total - cost)
+    end
+  end
+  local bytes = table.concat(parts)
+  if m == s.tail_page then
+    s.tail, s.tail_view, s.rewrite = bytes, nil, true
+    s.tail_count, s.tail_sum = s.tail_count - 1, s.tail_sum - cost
+  else
+    local value = struct.pack(PAGE_HEADER, v.base, v.ow, v.cw) .. bytes
+    redis.call('HSET', s.store, int(m), value)
+    s.pages[m] = view(v.base, v.ow, v.cw, value, PAGE_HEADER_SIZE + 1)
+    tree_add(s, m, -cost)
+  end
+  s.sum, s.dirty = s.sum - cost, true
+  if s.sum == 0 then
+    log_clear(s)
+  elseif m == s.head_page and i == s.head_index then
+    s.head_page, s.head_index = settle(s, m, i)
+    s.oldest = time_at(s, s.head_page, s.head_index)
+  end
+end
+
+-- Takes back `cost` units recorded at `at`: the record of that time, if
+-- it is still live and of that cost. Nothing otherwise (it has left the
+-- window, or was taken back already).
+function log.refund(s, at, cost)
+  if s.sum > 0 and at >= s.oldest and at <= s.newest then
+    local m, i = settle(s, seek(s, at - 1))
+    if m ~= nil then
+      local v = page(s, m)
+      local time, total = record_at(v, i)
+      if time == at and total - total_before(v, i) == cost then
+        log_remove(s, m, i, cost)
+      end
+    end
+  end
+  log_write(s)
+end
+
+-- When enough units leave the window for the request to fit: the record
+-- at which the window's oldest units reach what it is short of. A cost
+-- above the limit never fits: the window.
+function log.retry(s)
+  local need = s.in_window + s.cost - s.limit
+  if need > s.in_window then
+    return s.window
+  end
+  local m, i = find_units(s, s.first_page, s.first_index, need)
+  return time_at(s, m, i) + s.window - now
+end
+
+function log.save(s)
+  log_write(s)
+end
+
+function log.remember(s)
+  s.dirty = false
+  known[s.key] = s
+end
+
 function log.report(s)
-  local remaining = s.limit - s.sum
+  local remaining = s.limit - s.in_window
   if remaining < 0 then
     remaining = 0
   end
-  if s.count == 0 then
+  if s.in_window == 0 then
     return remaining, 0
   end
-  return remaining, s.oldest + s.window - now
+  return remaining, s.window_oldest + s.window - now
+end
+
+-- Writes a log's header (and its tail, if this call rewrote it) and its
+-- TTL, once per call.
+local function log_flush(s)
+  if not s.pending then
+    return
+  end
+  s.pending = false
+  if not s.exists then
+    return
+  end
+  if s.rewrite then
+    redis.call('SET', s.key, log_header(s) .. s.tail, 'KEEPTTL')
+    s.rewrite, s.tail = false, nil
+  else
+    redis.call('SETRANGE', s.key, 0, log_header(s))
+  end
+  if s.ttl ~= nil then
+    redis.call('PEXPIRE', s.key, s.ttl)
+    redis.call('PEXPIRE', s.store, s.ttl)
+    s.ttl = nil
+  end
 end
 
 ------------------------------------------------------------ sliding counter
@@ -756,12 +1080,12 @@ end
 
 local algorithms = { log = log, counter = counter, fixed = fixed }
 
--- Writes the headers of the logs this call recorded in or pruned.
-local function write_headers()
-  for key, entry in pairs(known) do
-    if entry.pending then
-      redis.call('SETRANGE', key, 0, log_header(entry))
-      entry.pending = false
+-- Writes the headers (and rewritten tails and TTLs) of the logs this
+-- call changed, once each.
+local function write_logs()
+  for _, entry in pairs(known) do
+    if entry.algorithm == log then
+      log_flush(entry)
     end
   end
 end
@@ -780,7 +1104,8 @@ local function set_now(time)
 end
 
 -- The state of the policy whose four arguments start at argv[a] and whose
--- key is keys[k], brought up to `now`; and the index of the next key.
+-- keys start at keys[k], brought up to `now` (reading only); and the
+-- index of the next key.
 local function prepare(keys, argv, k, a)
   local algorithm = algorithms[argv[a]]
   if algorithm == nil then
@@ -795,7 +1120,7 @@ local function prepare(keys, argv, k, a)
   }
   k = k + 1
   if algorithm == log then
-    s.legacy = keys[k]
+    s.store = keys[k]
     k = k + 1
   end
   s.fits = algorithm.prepare(s)
@@ -804,8 +1129,9 @@ end
 
 -- Decides one request's `policies` policies, whose keys start at
 -- keys[first_key] and whose arguments start at argv[first_arg], at `now`;
--- a peek records nothing. Returns the five integers per policy, and the
--- index of the next key.
+-- a peek records nothing. Everything that reads comes first, so that a
+-- request that fails has written nothing. Returns the five integers per
+-- policy, and the index of the next key.
 local function decide(keys, argv, first_key, first_arg, policies, peek)
   local state = {}
   local all_fit = true
@@ -815,27 +1141,30 @@ local function decide(keys, argv, first_key, first_arg, policies, peek)
     state[i], next_key = prepare(keys, argv, next_key, first_arg + 4 * (i - 1))
     all_fit = all_fit and state[i].fits
   end
+  local record = all_fit and not peek
+  local retry = {}
+  for i = 1, policies do
+    local s = state[i]
+    retry[i] = -1
+    if not record and not s.fits then
+      retry[i] = s.algorithm.retry(s)
+    end
+  end
 
   local result = {}
   for i = 1, policies do
     local s = state[i]
-    local retry = -1
-    if all_fit and not peek then
+    if record then
       s.algorithm.record(s)
     else
-      if not s.fits then
-        retry = s.algorithm.retry(s)
-      end
-      if s.algorithm.save ~= nil then
-        s.algorithm.save(s)
-      end
+      s.algorithm.save(s)
     end
     s.algorithm.remember(s)
     local remaining, reset = s.algorithm.report(s)
     result[5 * i - 4] = all_fit and 1 or 0
     result[5 * i - 3] = remaining
     result[5 * i - 2] = reset
-    result[5 * i - 1] = retry
+    result[5 * i - 1] = retry[i]
     result[5 * i] = s.recorded or -1
   end
   return result, next_key
@@ -848,7 +1177,7 @@ local function check(keys, argv, peek)
   set_now(argv[1])
   local first = peek and 3 or 2
   local result = decide(keys, argv, 1, first, (#argv - first + 1) / 4, peek)
-  write_headers()
+  write_logs()
   return result
 end
 
@@ -864,7 +1193,7 @@ local function refund(keys, argv)
     s.algorithm.refund(s, tonumber(argv[a + 4]), s.cost)
     s.algorithm.remember(s)
   end
-  write_headers()
+  write_logs()
   return {}
 end
 
@@ -873,7 +1202,7 @@ end
 -- number of policies and their four arguments each. KEYS are the
 -- requests' keys in the same order. Returns one entry per request: its
 -- integers as `check` returns them, or an error of its own, which leaves
--- the other requests' decisions standing.
+-- the other requests' decisions standing and writes nothing of its own.
 local function check_batch(keys, argv)
   set_now(argv[1])
   local replies = {}
@@ -885,10 +1214,6 @@ local function check_batch(keys, argv)
       replies[#replies + 1] = result
       next_key = after
     else
-      -- What the failed request read or wrote is not known for sure; what
-      -- the requests before it decided is written.
-      write_headers()
-      known = {}
       -- A Redis command's error arrives as a table with its message.
       local message = type(result) == 'table' and result.err or tostring(result)
       replies[#replies + 1] = redis.error_reply(message)
@@ -899,7 +1224,7 @@ local function check_batch(keys, argv)
     end
     next_arg = next_arg + 1 + 4 * policies
   end
-  write_headers()
+  write_logs()
   return replies
 end
 

@@ -400,106 +400,303 @@ fn a_log_kept_alive_for_hours_decides_as_memory_does() {
     assert!(denied > 0, "the trace never reached the limit");
 }
 
-/// The previous script, which kept each sliding log in a sorted set and a
-/// hash: the packed log must decide exactly as it did.
-const PREVIOUS_SCRIPT: &str = include_str!("fixtures/check_v1.lua");
-const SCRIPT: &str = include_str!("../lua/check.lua");
-
-fn forward() -> impl Strategy<Value = (u64, u8)> {
-    (
-        prop_oneof![
-            6 => Just(0u64),
-            4 => 0u64..50_000,
-            3 => 0u64..4_000_000,
-            1 => 600_000_000u64..1_500_000_000,
-        ],
-        prop_oneof![4 => Just(1u8), 2 => 1u8..6, 1 => 200u8..=255],
-    )
+/// The sliding log's rules, as a plain list of records: what both stores
+/// must decide, however they keep the log.
+#[derive(Debug, Default)]
+struct ModelLog {
+    /// (time, cost), oldest first.
+    records: Vec<(u64, u64)>,
+    span: u64,
+    newest: u64,
+    /// The records of the check being decided.
+    window: Vec<(u64, u64)>,
 }
 
-/// Runs one script for one batch of `checks`, keyed under `prefix`: the
-/// previous script takes each log's sorted set and hash, the packed one
-/// its string (and the sorted set it would carry over, here never
-/// written).
-async fn run_script(
-    connection: &mut slidegate::deadpool_redis::Connection,
-    script: &slidegate::deadpool_redis::redis::Script,
-    previous: bool,
-    prefix: &str,
-    now: u64,
-    checks: &[Check],
-) -> Vec<i64> {
-    let mut invocation = script.prepare_invoke();
-    invocation.arg(now);
-    for check in checks {
-        let key = format!("{prefix}:{}:{{{}}}", check.policy, check.key);
-        let (name, keys) = match (check.algorithm, previous) {
-            (Algorithm::SlidingLog, true) => ("log", vec![key.clone(), format!("{key}:s")]),
-            (Algorithm::SlidingLog, false) => ("log", vec![format!("{key}:l"), key.clone()]),
-            (Algorithm::SlidingCounter, _) => ("counter", vec![format!("{key}:c")]),
-            (Algorithm::FixedWindow, _) => ("fixed", vec![format!("{key}:f")]),
-            (algorithm, _) => panic!("no keys known for {algorithm:?}"),
-        };
-        for key in keys {
-            invocation.key(key);
+impl ModelLog {
+    fn prepare(&mut self, now: u64, window: u64, limit: u32, cost: u32) -> bool {
+        if !self.records.is_empty() {
+            let span = self.span;
+            self.records.retain(|&(time, _)| time + span > now);
+            if self.records.is_empty() {
+                *self = Self::default();
+            }
         }
-        invocation
-            .arg(name)
-            .arg(check.limit)
-            .arg(check.window.as_micros() as u64)
-            .arg(check.cost);
+        if !self.records.is_empty() && self.newest > now + window {
+            let sum = self.records.iter().map(|&(_, cost)| cost).sum();
+            self.records = vec![(now, sum)];
+            self.newest = now;
+        }
+        if !self.records.is_empty() {
+            self.span = self.span.max(window);
+        }
+        self.window = self
+            .records
+            .iter()
+            .copied()
+            .filter(|&(time, _)| time + window > now)
+            .collect();
+        self.count() + u64::from(cost) <= u64::from(limit)
     }
-    invocation.invoke_async(connection).await.unwrap()
+
+    fn count(&self) -> u64 {
+        self.window.iter().map(|&(_, cost)| cost).sum()
+    }
+
+    fn record(&mut self, now: u64, window: u64, cost: u32) -> u64 {
+        let time = if self.records.is_empty() {
+            self.span = window;
+            now
+        } else {
+            now.max(self.newest + 1)
+        };
+        self.records.push((time, u64::from(cost)));
+        self.window.push((time, u64::from(cost)));
+        self.newest = time;
+        time
+    }
+
+    fn refund(&mut self, at: u64, cost: u32) {
+        if let Some(index) = self.records.iter().position(|&(time, _)| time == at)
+            && self.records[index].1 == u64::from(cost)
+        {
+            self.records.remove(index);
+            if self.records.is_empty() {
+                *self = Self::default();
+            }
+        }
+    }
+
+    fn decision(
+        &self,
+        now: u64,
+        window: u64,
+        limit: u32,
+        cost: u32,
+        admitted: bool,
+    ) -> (bool, u32, u64, Option<u64>) {
+        let count = self.count();
+        let remaining = u64::from(limit).saturating_sub(count) as u32;
+        let reset = self
+            .window
+            .first()
+            .map_or(0, |&(time, _)| time + window - now);
+        let fits = count + u64::from(cost) <= u64::from(limit);
+        let retry = (!admitted && !fits).then(|| {
+            let need = count + u64::from(cost) - u64::from(limit);
+            let mut freed = 0;
+            let leaves = self.window.iter().find_map(|&(time, cost)| {
+                freed += cost;
+                (freed >= need).then_some(time)
+            });
+            leaves.map_or(window, |time| time + window - now)
+        });
+        (admitted, remaining, reset, retry)
+    }
 }
 
+/// What a step of [`both_stores_keep_the_logs_rules`] does.
+#[derive(Debug, Clone)]
+enum LogStep {
+    /// Moves the clock by this many microseconds (back, if negative),
+    /// then checks (or peeks) at one of two tiers' windows, at a cost.
+    Check {
+        by_us: i64,
+        long: bool,
+        cost: u32,
+        peek: bool,
+    },
+    /// Refunds the admitted request this many back, once or twice.
+    Refund { back: usize, twice: bool },
+}
+
+fn log_step() -> impl Strategy<Value = LogStep> {
+    let check = (
+        prop_oneof![
+            1000 => 0i64..200,
+            2 => 0i64..2_000_000,
+            1 => -400_000i64..0,
+            1 => -6_000_000i64..-2_500_000,
+        ],
+        prop_oneof![9 => Just(true), 1 => Just(false)],
+        prop_oneof![20 => Just(1u32), 3 => 2u32..400, 1 => Just(600u32), 1 => Just(70_000u32), 1 => Just(1_201u32)],
+        prop_oneof![9 => Just(false), 1 => Just(true)],
+    )
+        .prop_map(|(by_us, long, cost, peek)| LogStep::Check { by_us, long, cost, peek });
+    prop_oneof![
+        12 => check,
+        1 => (0usize..400, prop_oneof![4 => Just(false), 1 => Just(true)])
+            .prop_map(|(back, twice)| LogStep::Refund { back, twice }),
+    ]
+}
+
+/// Both stores keep the sliding log's rules, as a plain list of records
+/// keeps them, over logs of thousands of records (many pages on Redis):
+/// tiers with a window of their own, costs from 1 to above the limit,
+/// peeks, refunds of old and new requests (and of one twice), and a clock
+/// that steps back a little or by more than a window.
 #[test]
-fn the_packed_log_decides_as_the_previous_script_did() {
-    use slidegate::deadpool_redis::redis::Script;
+fn both_stores_keep_the_logs_rules() {
+    let server = RedisServer::start();
+    let runtime = runtime();
+    let pool = server.pool(1);
+    let case = AtomicU64::new(0);
+    let config = cases(12);
+    proptest!(config, |(steps in prop::collection::vec(log_step(), 1..4000))| {
+        let prefix = format!("rules{}", case.fetch_add(1, Ordering::Relaxed));
+        let (clock, memory, redis) = twin_stores(&pool, prefix);
+        let long = Policy::new("log", 1_200, Duration::from_secs(3));
+        let short = Policy::new("log", 300, Duration::from_millis(400));
+        let mut model = ModelLog::default();
+        let mut admitted: Vec<(Check, Duration)> = Vec::new();
+        for step in &steps {
+            match *step {
+                LogStep::Check { by_us, long: is_long, cost, peek } => {
+                    clock.set(clock.now_micros().saturating_add_signed(by_us));
+                    let now = clock.now_micros();
+                    let mut check = Check::new(if is_long { &long } else { &short }, Key::new("c"));
+                    check.cost = cost;
+                    let window = check.window.as_micros() as u64;
+                    let fits = model.prepare(now, window, check.limit, cost);
+                    let checks = [check.clone()];
+                    let (from_memory, from_redis) = if peek {
+                        (runtime.block_on(memory.peek(&checks)).unwrap(), runtime.block_on(redis.peek(&checks)).unwrap())
+                    } else {
+                        (runtime.block_on(memory.check(&checks)).unwrap(), runtime.block_on(redis.check(&checks)).unwrap())
+                    };
+                    prop_assert_eq!(&from_memory, &from_redis, "at {:?}", step);
+                    let recorded = (fits && !peek).then(|| model.record(now, window, cost));
+                    let (admitted_now, remaining, reset, retry) = model.decision(now, window, check.limit, cost, fits && !peek);
+                    let decision = from_redis[0];
+                    prop_assert_eq!(
+                        (decision.admitted && !peek, decision.remaining, decision.reset.as_micros() as u64, decision.retry_after.map(|d| d.as_micros() as u64)),
+                        (admitted_now, remaining, reset, retry),
+                        "at {:?}", step
+                    );
+                    prop_assert_eq!(decision.recorded_at.map(|d| d.as_micros() as u64), recorded);
+                    if let Some(at) = decision.recorded_at {
+                        admitted.push((check, at));
+                    }
+                }
+                LogStep::Refund { back, twice } if !admitted.is_empty() => {
+                    let index = admitted.len() - 1 - back % admitted.len();
+                    let (check, at) = admitted.remove(index);
+                    let now = clock.now_micros();
+                    for _ in 0..if twice { 2 } else { 1 } {
+                        model.prepare(now, check.window.as_micros() as u64, check.limit, check.cost);
+                        model.refund(at.as_micros() as u64, check.cost);
+                        let checks = [check.clone()];
+                        runtime.block_on(memory.refund(&checks, &[at])).unwrap();
+                        runtime.block_on(redis.refund(&checks, &[at])).unwrap();
+                    }
+                }
+                LogStep::Refund { .. } => {}
+            }
+        }
+    });
+}
+
+/// One long trace, deep where the proptest is broad: logs of thousands of
+/// records (tens of pages, several levels of page sums on Redis), at two
+/// tiers' windows, with refunds of old and new requests, peeks, costs up
+/// to the limit and beyond, and the clock stepping back now and then; both
+/// stores against the plain list at every step.
+#[test]
+fn both_stores_keep_the_logs_rules_over_thousands_of_records() {
+    use rand::{Rng, SeedableRng};
 
     let server = RedisServer::start();
     let runtime = runtime();
     let pool = server.pool(1);
-    let (previous, packed) = (Script::new(PREVIOUS_SCRIPT), Script::new(SCRIPT));
-    let case = AtomicU64::new(0);
-    let config = cases(24);
-    proptest!(config, |(moves in prop::collection::vec(forward(), 1..300))| {
-        let case = case.fetch_add(1, Ordering::Relaxed);
-        let policies = [
-            Policy::new("small", 3, Duration::from_secs(1)),
-            Policy::new("burst", 150, Duration::from_secs(3)),
-            Policy::new("half-hour", 40, Duration::from_secs(1800)),
-            Policy::new("counter", 7, Duration::from_secs(2)).algorithm(Algorithm::SlidingCounter),
-            Policy::new("fixed", 5, Duration::from_millis(1200)).algorithm(Algorithm::FixedWindow),
-        ];
-        let mut now = 1_700_000_000_123_457u64;
-        runtime.block_on(async {
-            let mut connection = pool.get().await.unwrap();
-            for &(advance, cost) in &moves {
-                now += advance;
-                let checks: Vec<Check> = policies
-                    .iter()
-                    .map(|policy| {
-                        let mut check = Check::new(policy, Key::new("client"));
-                        check.cost = u32::from(cost).min(check.limit);
-                        check
-                    })
-                    .collect();
-                let alone = checks.iter().map(std::slice::from_ref);
-                for batch in alone.chain([&checks[..]]) {
-                    let before =
-                        run_script(&mut connection, &previous, true, &format!("old{case}"), now, batch).await;
-                    let after =
-                        run_script(&mut connection, &packed, false, &format!("new{case}"), now, batch).await;
-                    // The packed script adds a fifth integer per policy: the
-                    // time the request was recorded at.
-                    let decided: Vec<i64> = after
-                        .chunks(5)
-                        .flat_map(|policy| policy[..4].to_vec())
-                        .collect();
-                    prop_assert_eq!(before, decided, "at {}", now);
-                }
+    let (clock, memory, redis) = twin_stores(&pool, "deep".to_owned());
+    let long = Policy::new("log", 100_000, Duration::from_secs(10));
+    let short = Policy::new("log", 8_000, Duration::from_secs(2));
+    let mut random = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+    let mut model = ModelLog::default();
+    let mut admitted: Vec<(Check, Duration)> = Vec::new();
+    let (mut most, mut denied, mut refunded) = (0, 0, 0);
+    for step in 0..20_000 {
+        let by_us: i64 = match random.gen_range(0..10_000) {
+            0..=1 => -random.gen_range(10_000_000..12_000_000),
+            2..=9 => -random.gen_range(0..400_000),
+            10..=30 => random.gen_range(0..3_000_000),
+            _ => random.gen_range(0..120),
+        };
+        clock.set(clock.now_micros().saturating_add_signed(by_us));
+        let now = clock.now_micros();
+        if random.gen_range(0..10) == 0 && !admitted.is_empty() {
+            let back = if random.gen_bool(0.5) {
+                random.gen_range(0..admitted.len())
+            } else {
+                random.gen_range(0..admitted.len().min(5))
+            };
+            let (check, at) = admitted.remove(admitted.len() - 1 - back);
+            let times = if random.gen_range(0..5) == 0 { 2 } else { 1 };
+            for _ in 0..times {
+                model.prepare(
+                    now,
+                    check.window.as_micros() as u64,
+                    check.limit,
+                    check.cost,
+                );
+                model.refund(at.as_micros() as u64, check.cost);
+                let checks = [check.clone()];
+                runtime.block_on(memory.refund(&checks, &[at])).unwrap();
+                runtime.block_on(redis.refund(&checks, &[at])).unwrap();
             }
-            Ok(())
-        })?;
-    });
+            refunded += 1;
+            continue;
+        }
+        let policy = if random.gen_range(0..10) == 0 {
+            &short
+        } else {
+            &long
+        };
+        let mut check = Check::new(policy, Key::new("c"));
+        check.cost = match random.gen_range(0..200) {
+            0 => check.limit + 1,
+            1 => check.limit,
+            2..=5 => random.gen_range(2..50),
+            _ => 1,
+        };
+        let peek = random.gen_range(0..20) == 0;
+        let window = check.window.as_micros() as u64;
+        let fits = model.prepare(now, window, check.limit, check.cost);
+        let checks = [check.clone()];
+        let (from_memory, from_redis) = if peek {
+            (
+                runtime.block_on(memory.peek(&checks)).unwrap(),
+                runtime.block_on(redis.peek(&checks)).unwrap(),
+            )
+        } else {
+            (
+                runtime.block_on(memory.check(&checks)).unwrap(),
+                runtime.block_on(redis.check(&checks)).unwrap(),
+            )
+        };
+        assert_eq!(from_memory, from_redis, "step {step}");
+        let recorded = (fits && !peek).then(|| model.record(now, window, check.cost));
+        let expected = model.decision(now, window, check.limit, check.cost, fits && !peek);
+        let decision = from_redis[0];
+        let micros = |d: Duration| d.as_micros() as u64;
+        assert_eq!(
+            (
+                decision.admitted && !peek,
+                decision.remaining,
+                micros(decision.reset),
+                decision.retry_after.map(micros)
+            ),
+            expected,
+            "step {step}"
+        );
+        assert_eq!(decision.recorded_at.map(micros), recorded, "step {step}");
+        if let Some(at) = decision.recorded_at {
+            admitted.push((check, at));
+        }
+        denied += usize::from(decision.retry_after.is_some());
+        most = most.max(model.records.len());
+    }
+    assert!(
+        most > 3_000 && denied > 100 && refunded > 1_000,
+        "a shallow trace: {most} records at most, {denied} denied, {refunded} refunds"
+    );
 }

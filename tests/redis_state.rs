@@ -1,6 +1,6 @@
 //! What a `RedisStore` keeps in Redis: how many bytes a sliding log takes
 //! per request, that a log shrinks back when its client calms down, that a
-//! log written by the previous script is carried over, and what Redis
+//! log written by the previous version is carried over, and what Redis
 //! evicting counts (`allkeys-lru`) does to a client.
 
 mod support;
@@ -12,8 +12,9 @@ use slidegate::{Check, Clock, Decision, FakeClock, Key, Policy, RedisStore, Stor
 use support::RedisServer;
 
 const START: u64 = 1_700_000_000_000_000;
-/// The script before the packed log: a sorted set and a hash per log.
-const PREVIOUS_SCRIPT: &str = include_str!("fixtures/check_v1.lua");
+/// The previous version of the script: each log a packed ring in one
+/// string.
+const PREVIOUS_SCRIPT: &str = include_str!("fixtures/check_v2.lua");
 
 fn store_on(server: &RedisServer, clock: &FakeClock) -> RedisStore {
     RedisStore::builder(server.pool(2))
@@ -47,12 +48,29 @@ async fn spend(
     }
 }
 
-/// A client at its limit takes at most 16 bytes of Redis memory per
-/// request from a limit of 1,000 up (`MEMORY USAGE` of its one key, all
-/// of Redis's own overhead included), with a window of a minute (4-byte
-/// records) or of an hour (6-byte records).
+/// Redis memory of every key `check`'s log has (`MEMORY USAGE`, all of
+/// Redis's own overhead included), and how many keys.
+fn log_bytes(server: &RedisServer, store: &RedisStore, check: &Check) -> (u64, usize) {
+    let base = store.base_key(check);
+    let keys = server.cli(&["--scan", "--pattern", &format!("{base}:*")]);
+    let keys: Vec<&str> = keys.lines().collect();
+    for key in &keys {
+        assert!(
+            [format!("{base}:l"), format!("{base}:p")].contains(&key.to_string()),
+            "a key of another kind: {key}"
+        );
+    }
+    (
+        keys.iter().map(|key| memory_usage(server, key)).sum(),
+        keys.len(),
+    )
+}
+
+/// A client at its limit takes at most 8 bytes of Redis memory per
+/// request from a limit of 1,000 up, with a window of a minute or of an
+/// hour, and at most 16 with costs of all sizes.
 #[tokio::test]
-async fn a_full_sliding_log_takes_at_most_16_bytes_per_request() {
+async fn a_full_sliding_log_takes_at_most_8_bytes_per_request() {
     let server = RedisServer::start();
     let clock = FakeClock::new(START);
     let store = store_on(&server, &clock);
@@ -62,46 +80,55 @@ async fn a_full_sliding_log_takes_at_most_16_bytes_per_request() {
             let policy = Policy::new(name.as_str(), limit, Duration::from_secs(window_s));
             spend(&store, &clock, &policy, "full", limit).await;
             let check = Check::new(&policy, Key::new("full"));
-            let key = format!("{}:l", store.base_key(&check));
-            let bytes = memory_usage(&server, &key);
+            let (bytes, keys) = log_bytes(&server, &store, &check);
             let per_request = bytes as f64 / f64::from(limit);
             println!(
-                "window {window_s} s, limit {limit}: {bytes} bytes, {per_request:.1} per request"
+                "window {window_s} s, limit {limit}: {keys} keys, {bytes} bytes, {per_request:.1} per request"
             );
             if limit >= 1_000 {
-                assert!(per_request <= 16.0, "{name}: {bytes} bytes");
+                assert!(per_request <= 8.0, "{name}: {bytes} bytes");
             }
-            // Nothing else is kept for the client.
-            let keys = server.cli(&["--scan", "--pattern", &format!("*{name}:*")]);
-            assert_eq!(keys.lines().collect::<Vec<_>>(), [key.as_str()]);
         }
     }
+    // Costs from 1 to 65,536, as a client may choose them.
+    let policy = Policy::new("mixed", 1_000_000_000, Duration::from_secs(3600));
+    let mut check = Check::new(&policy, Key::new("mixed"));
+    let requests = 10_000;
+    for n in 0..requests {
+        clock.advance(Duration::from_millis(1));
+        check.cost = [1, 7, 300, 65_536][n % 4];
+        assert!(store.check(std::slice::from_ref(&check)).await.unwrap()[0].admitted);
+    }
+    let (bytes, _) = log_bytes(&server, &store, &check);
+    let per_request = bytes as f64 / requests as f64;
+    println!("mixed costs: {bytes} bytes, {per_request:.1} per request");
+    assert!(per_request <= 16.0, "mixed costs: {bytes} bytes");
 }
 
-/// A burst grows a log's ring to the limit; once the burst has left the
-/// window, the ring is rewritten small again.
+/// A burst grows a log to many pages; once the burst has left the window,
+/// the log is as small as a new one again.
 #[tokio::test]
 async fn a_log_shrinks_back_after_a_burst() {
     let server = RedisServer::start();
     let clock = FakeClock::new(START);
     let store = store_on(&server, &clock);
     let policy = Policy::new("burst", 10_000, Duration::from_secs(10));
-    let key = format!(
-        "{}:l",
-        store.base_key(&Check::new(&policy, Key::new("bursty")))
-    );
+    let check = Check::new(&policy, Key::new("bursty"));
     spend(&store, &clock, &policy, "bursty", 1).await;
-    let calm = memory_usage(&server, &key);
+    let calm = log_bytes(&server, &store, &check);
     spend(&store, &clock, &policy, "bursty", 5_000).await;
-    let burst = memory_usage(&server, &key);
+    let burst = log_bytes(&server, &store, &check);
     clock.advance(Duration::from_secs(10));
     spend(&store, &clock, &policy, "bursty", 1).await;
-    let after = memory_usage(&server, &key);
-    assert!(burst > 10 * calm, "a burst of 5,000 took {burst} bytes");
-    assert_eq!(after, calm, "the ring kept {after} bytes after the burst");
+    let after = log_bytes(&server, &store, &check);
+    assert!(
+        burst.0 > 10 * calm.0 && burst.1 == 2,
+        "a burst of 5,000 took {burst:?}"
+    );
+    assert_eq!(after, calm, "the log kept {after:?} after the burst");
 }
 
-/// Runs the previous script's sliding log once for `client`: what an
+/// Runs the previous version's sliding log once for `client`: what an
 /// instance not yet upgraded does during a rolling deploy.
 async fn previous_check(
     server: &RedisServer,
@@ -114,8 +141,8 @@ async fn previous_check(
     let key = store.base_key(&check);
     let mut connection = server.pool(1).get().await.unwrap();
     Script::new(PREVIOUS_SCRIPT)
+        .key(format!("{key}:l"))
         .key(&key)
-        .key(format!("{key}:s"))
         .arg(clock.now_micros())
         .arg("log")
         .arg(check.limit)
@@ -126,8 +153,9 @@ async fn previous_check(
         .unwrap()
 }
 
-/// Requests counted by the previous script's sorted set still count after
-/// the upgrade: the packed log takes them in when it is created.
+/// Requests counted by the previous version's packed ring still count
+/// after the upgrade: the log takes them in as one record at the newest
+/// of their times (so they leave together, a little late, never early).
 #[tokio::test]
 async fn counts_of_the_previous_sliding_log_are_carried_over() {
     let server = RedisServer::start();
@@ -150,9 +178,9 @@ async fn counts_of_the_previous_sliding_log_are_carried_over() {
         decisions.iter().map(|d| d.admitted).collect::<Vec<_>>(),
         [true, true, false]
     );
-    // The first request the previous script counted, 3 s ago, leaves first.
-    assert_eq!(decisions[2].retry_after, Some(Duration::from_secs(57)));
-    assert_eq!(decisions[2].reset, Duration::from_secs(57));
+    // The three carried requests leave with the newest of them, 1 s ago.
+    assert_eq!(decisions[2].retry_after, Some(Duration::from_secs(59)));
+    assert_eq!(decisions[2].reset, Duration::from_secs(59));
 }
 
 /// Under `allkeys-lru` Redis evicts whole logs, never half of one: a

@@ -172,13 +172,19 @@ async fn denied_requests_record_nothing(s: Subject) {
         s.advance(Duration::from_millis(100));
     }
     // 20 s of denied flood later, the window frees exactly when the first
-    // five admitted requests leave.
+    // admitted request leaves, and the others (recorded a microsecond
+    // apart, as requests of one microsecond are) one by one after it.
     s.advance(40 * SEC - Duration::from_micros(1));
     assert!(!s.one(&policy, "k").await.admitted);
-    s.advance(Duration::from_micros(1));
+    for _ in 0..5 {
+        s.advance(Duration::from_micros(1));
+        let d = s.one(&policy, "k").await;
+        assert!(d.admitted);
+        assert_eq!(d.remaining, 0);
+    }
     let d = s.one(&policy, "k").await;
-    assert!(d.admitted);
-    assert_eq!(d.remaining, 4);
+    assert!(!d.admitted);
+    assert_eq!(d.retry_after, Some(60 * SEC - 4 * Duration::from_micros(1)));
 }
 on_both_stores!(denied_requests_record_nothing);
 

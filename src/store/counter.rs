@@ -30,8 +30,9 @@ fn micros_until(at_ms: u64, now_us: u64) -> u64 {
 /// with the sliding window.
 ///
 /// Both counters place the current time no earlier than the latest time
-/// they were brought to (`at_us`): a clock that steps back never takes
-/// them back to an earlier window, which would forget the count. Waits are
+/// a unit was counted at (`counted_us`), as the Redis script does: a clock
+/// that steps back never takes them back to an earlier window, which
+/// would forget the count. Peeks and denials place nothing. Waits are
 /// still measured from the real time.
 ///
 /// Both keep their counts when the window changes between checks (a tier
@@ -46,7 +47,7 @@ pub(super) struct SlidingCounter {
     previous: u64,
     /// The window in milliseconds, as of the last roll.
     window_ms: u64,
-    /// The time the window is placed at: the latest seen, in µs.
+    /// The time the window is placed at for the current decision, in µs.
     at_us: u64,
     /// The latest time a unit was counted at, in µs.
     counted_us: u64,
@@ -98,21 +99,26 @@ impl Position {
 
 impl SlidingCounter {
     /// Moves the counts to the window that holds `now_us`, or the latest
-    /// time seen if the clock has stepped back since, by at most a window.
-    /// After a longer step back the counts are carried into `now_us`'s
-    /// window: kept, and gone within two windows of the new time.
-    pub(super) fn roll(&mut self, now_us: u64, window_ms: u64) {
-        let stepped_back = self.at_us.saturating_sub(now_us) > window_ms * 1000;
+    /// time a unit was counted at if the clock has stepped back since, by
+    /// at most a window. After a longer step back the counts are carried
+    /// into `now_us`'s window: kept, and gone within two windows of the
+    /// new time. Returns whether the counts had to move (carried back, or
+    /// re-placed under a new window length), which the Redis script writes
+    /// even when it counts nothing.
+    pub(super) fn roll(&mut self, now_us: u64, window_ms: u64) -> bool {
+        let stepped_back = self.counted_us.saturating_sub(now_us) > window_ms * 1000;
         self.at_us = if stepped_back {
             now_us
         } else {
-            self.at_us.max(now_us)
+            self.counted_us.max(now_us)
         };
-        if self.window_ms != 0 && self.window_ms != window_ms {
+        let rewindowed = self.window_ms != 0 && self.window_ms != window_ms;
+        if rewindowed {
             self.rewindow(window_ms);
         }
         let id = Position::new(self.at_us, window_ms).id;
-        if stepped_back && self.id > id {
+        let carried = stepped_back && self.id > id;
+        if carried {
             self.id = id;
             self.counted_us = self.at_us;
         }
@@ -125,6 +131,7 @@ impl SlidingCounter {
         }
         self.id = id;
         self.window_ms = window_ms;
+        rewindowed || carried
     }
 
     /// Re-places the counts, as of `at_us` under the old window, in
@@ -177,15 +184,22 @@ impl SlidingCounter {
 
     /// Takes back `cost` units counted at `at_us`, after
     /// [`roll`](Self::roll): from the window that holds it, if it is the
-    /// current or the previous one.
-    pub(super) fn refund(&mut self, at_us: u64, cost: u32) {
+    /// current or the previous one and holds any. Returns whether it did.
+    pub(super) fn refund(&mut self, at_us: u64, cost: u32) -> bool {
         let bucket = at_us / 1000 / self.window_ms;
         let cost = u64::from(cost);
-        if bucket == self.id {
-            self.current = self.current.saturating_sub(cost);
+        let count = if bucket == self.id {
+            &mut self.current
         } else if bucket + 1 == self.id {
-            self.previous = self.previous.saturating_sub(cost);
+            &mut self.previous
+        } else {
+            return false;
+        };
+        if *count == 0 {
+            return false;
         }
+        *count = count.saturating_sub(cost);
+        true
     }
 
     /// Whether the counts can no longer matter at `now_us`.
@@ -254,26 +268,28 @@ pub(super) struct FixedWindow {
     id: u64,
     count: u64,
     window_us: u64,
-    /// The time the window is placed at: the latest seen, in µs.
+    /// The time the window is placed at for the current decision, in µs.
     at_us: u64,
     /// The latest time a unit was counted at, in µs.
     counted_us: u64,
 }
 
 impl FixedWindow {
-    /// Moves to the window that holds `now_us` (or the latest time seen,
-    /// if the clock has stepped back since by at most a window), emptying
-    /// it if it is new. After a longer step back the count is carried into
-    /// `now_us`'s window.
-    pub(super) fn roll(&mut self, now_us: u64, window_us: u64) {
-        let stepped_back = self.at_us.saturating_sub(now_us) > window_us;
+    /// Moves to the window that holds `now_us` (or the latest time a unit
+    /// was counted at, if the clock has stepped back since by at most a
+    /// window), emptying it if it is new. After a longer step back the
+    /// count is carried into `now_us`'s window. Returns whether the count
+    /// had to move (as [`SlidingCounter::roll`]).
+    pub(super) fn roll(&mut self, now_us: u64, window_us: u64) -> bool {
+        let stepped_back = self.counted_us.saturating_sub(now_us) > window_us;
         self.at_us = if stepped_back {
             now_us
         } else {
-            self.at_us.max(now_us)
+            self.counted_us.max(now_us)
         };
         let id = self.at_us / window_us;
-        if self.window_us != 0 && self.window_us != window_us {
+        let rewindowed = self.window_us != 0 && self.window_us != window_us;
+        if rewindowed {
             // Under a new window length the count stays in the window that
             // holds the latest time a unit was counted at, if that is now's.
             let old_id = self.at_us / self.window_us;
@@ -282,7 +298,8 @@ impl FixedWindow {
             }
             self.id = id;
         }
-        if stepped_back && self.id > id {
+        let carried = stepped_back && self.id > id;
+        if carried {
             self.id = id;
             self.counted_us = self.at_us;
         }
@@ -291,6 +308,7 @@ impl FixedWindow {
         }
         self.id = id;
         self.window_us = window_us;
+        rewindowed || carried
     }
 
     pub(super) fn fits(&self, limit: u32, cost: u32) -> bool {
@@ -305,11 +323,14 @@ impl FixedWindow {
     }
 
     /// Takes back `cost` units counted at `at_us`, after
-    /// [`roll`](Self::roll), if that was in the current window.
-    pub(super) fn refund(&mut self, at_us: u64, cost: u32) {
-        if at_us / self.window_us == self.id {
-            self.count = self.count.saturating_sub(u64::from(cost));
+    /// [`roll`](Self::roll), if that was in the current window and it
+    /// holds any. Returns whether it did.
+    pub(super) fn refund(&mut self, at_us: u64, cost: u32) -> bool {
+        if at_us / self.window_us != self.id || self.count == 0 {
+            return false;
         }
+        self.count = self.count.saturating_sub(u64::from(cost));
+        true
     }
 
     pub(super) fn is_idle(&self, now_us: u64) -> bool {

@@ -120,8 +120,11 @@ impl Spent {
     }
 
     /// Brings the state up to `now` for `check` (starting afresh if the
-    /// policy changed algorithm) and says whether its cost fits.
-    fn prepare(&mut self, now: u64, check: &Check) -> bool {
+    /// policy changed algorithm) and says whether its cost fits. A
+    /// counter is only placed at `now` for this decision: what
+    /// [`unroll`](Self::unroll) is given puts it back unless the counts
+    /// had to move (as the Redis script writes them only then).
+    fn prepare(&mut self, now: u64, check: &Check) -> (bool, Rolled) {
         let window = check.window_micros();
         let same_algorithm = matches!(
             (&*self, check.algorithm),
@@ -133,44 +136,73 @@ impl Spent {
             *self = Self::new(check.algorithm);
         }
         match self {
-            Self::Log(log) => {
-                log.prune(now, window);
-                log.fits(check.limit, check.cost)
-            }
+            Self::Log(log) => (
+                log.prepare(now, window, check.limit, check.cost),
+                Rolled::Kept,
+            ),
             Self::Counter(counter) => {
-                counter.roll(now, window / 1000);
-                counter.fits(check.limit, check.cost)
+                let before = *counter;
+                let moved = counter.roll(now, window / 1000);
+                let rolled = if moved {
+                    Rolled::Kept
+                } else {
+                    Rolled::Counter(before)
+                };
+                (counter.fits(check.limit, check.cost), rolled)
             }
             Self::Fixed(fixed) => {
-                fixed.roll(now, window);
-                fixed.fits(check.limit, check.cost)
+                let before = *fixed;
+                let moved = fixed.roll(now, window);
+                let rolled = if moved {
+                    Rolled::Kept
+                } else {
+                    Rolled::Fixed(before)
+                };
+                (fixed.fits(check.limit, check.cost), rolled)
             }
         }
     }
 
-    /// Records `cost` and returns the time it was recorded at.
-    fn record(&mut self, now: u64, cost: u32) -> u64 {
+    /// Puts a counter back as it was before [`prepare`](Self::prepare),
+    /// for a decision that counted nothing.
+    fn unroll(&mut self, rolled: Rolled) {
+        match (self, rolled) {
+            (Self::Counter(counter), Rolled::Counter(before)) => *counter = before,
+            (Self::Fixed(fixed), Rolled::Fixed(before)) => *fixed = before,
+            _ => {}
+        }
+    }
+
+    /// Records `cost` and returns the time it was recorded at (none for a
+    /// log given a cost of 0).
+    fn record(&mut self, now: u64, cost: u32) -> Option<u64> {
         match self {
             Self::Log(log) => log.record(now, cost),
-            Self::Counter(counter) => counter.record(cost),
-            Self::Fixed(fixed) => fixed.record(cost),
+            Self::Counter(counter) => Some(counter.record(cost)),
+            Self::Fixed(fixed) => Some(fixed.record(cost)),
         }
     }
 
     /// Takes back `cost` units recorded at `at`, after
-    /// [`prepare`](Self::prepare).
-    fn refund(&mut self, at: u64, cost: u32) {
+    /// [`prepare`](Self::prepare); says whether a counter changed.
+    fn refund(&mut self, at: u64, cost: u32) -> bool {
         match self {
-            Self::Log(log) => log.refund(at, cost),
+            Self::Log(log) => {
+                log.refund(at, cost);
+                true
+            }
             Self::Counter(counter) => counter.refund(at, cost),
             Self::Fixed(fixed) => fixed.refund(at, cost),
         }
     }
 
     /// The decision of a request recorded at `at`.
-    fn recorded(&self, now: u64, check: &Check, at: u64) -> Decision {
-        self.decision(now, check, true)
-            .recorded_at(Duration::from_micros(at))
+    fn recorded(&self, now: u64, check: &Check, at: Option<u64>) -> Decision {
+        let decision = self.decision(now, check, true);
+        match at {
+            Some(at) => decision.recorded_at(Duration::from_micros(at)),
+            None => decision,
+        }
     }
 
     fn decision(&self, now: u64, check: &Check, admitted: bool) -> Decision {
@@ -189,6 +221,15 @@ impl Spent {
             Self::Fixed(fixed) => fixed.is_idle(now),
         }
     }
+}
+
+/// A counter's state before [`Spent::prepare`] placed it at the time of
+/// a decision, to put back if the decision counts nothing.
+#[derive(Debug, Clone, Copy)]
+enum Rolled {
+    Kept,
+    Counter(SlidingCounter),
+    Fixed(FixedWindow),
 }
 
 type Pairs = Cache<Pair, Spent, UnitWeighter, CarriedHash>;
@@ -351,8 +392,11 @@ impl MemoryStore {
         let hash = self.hash_of(check);
         let mut shard = lock(&inner.shards[self.shard_of(hash)]);
         if let Some(mut spent) = shard.pairs.get_mut(&PairOf { hash, check }) {
-            if !spent.prepare(now, check) {
-                return spent.decision(now, check, false);
+            let (fits, rolled) = spent.prepare(now, check);
+            if !fits {
+                let decision = spent.decision(now, check, false);
+                spent.unroll(rolled);
+                return decision;
             }
             let at = spent.record(now, check.cost);
             return spent.recorded(now, check, at);
@@ -385,15 +429,19 @@ impl MemoryStore {
 
         let mut all_fit = true;
         let mut tracked = Vec::with_capacity(checks.len());
+        let mut rolls = Vec::with_capacity(checks.len());
         for (check, &hash) in checks.iter().zip(&hashes) {
             let pairs = &mut guards[guard_of(hash)].pairs;
             all_fit &= match pairs.get_mut(&PairOf { hash, check }) {
                 Some(mut spent) => {
                     tracked.push(true);
-                    spent.prepare(now, check)
+                    let (fits, rolled) = spent.prepare(now, check);
+                    rolls.push(rolled);
+                    fits
                 }
                 None => {
                     tracked.push(false);
+                    rolls.push(Rolled::Kept);
                     check.cost <= check.limit
                 }
             };
@@ -411,7 +459,9 @@ impl MemoryStore {
                     let at = spent.record(now, check.cost);
                     spent.recorded(now, check, at)
                 } else {
-                    spent.decision(now, check, false)
+                    let decision = spent.decision(now, check, false);
+                    spent.unroll(rolls[index]);
+                    decision
                 });
             }
         }
@@ -447,8 +497,10 @@ impl MemoryStore {
                 let mut shard = lock(&self.inner.shards[self.shard_of(hash)]);
                 match shard.pairs.peek_mut(&PairOf { hash, check }) {
                     Some(mut spent) => {
-                        spent.prepare(now, check);
-                        spent.decision(now, check, false)
+                        let (_, rolled) = spent.prepare(now, check);
+                        let decision = spent.decision(now, check, false);
+                        spent.unroll(rolled);
+                        decision
                     }
                     None => Spent::fresh(now, check).decision(now, check, false),
                 }
@@ -468,8 +520,10 @@ impl MemoryStore {
             let hash = self.hash_of(check);
             let mut shard = lock(&self.inner.shards[self.shard_of(hash)]);
             if let Some(mut spent) = shard.pairs.peek_mut(&PairOf { hash, check }) {
-                spent.prepare(now, check);
-                spent.refund(duration_micros(*at), check.cost);
+                let (_, rolled) = spent.prepare(now, check);
+                if !spent.refund(duration_micros(*at), check.cost) {
+                    spent.unroll(rolled);
+                }
             }
         }
     }

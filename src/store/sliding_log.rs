@@ -1,106 +1,543 @@
 //! The exact sliding-window log kept by [`MemoryStore`](super::MemoryStore),
-//! the in-process twin of the log in `lua/check.lua`.
+//! the in-process twin of the log in `lua/check.lua`, with the same rules
+//! and the same bounds: every decision does O(log n) work, whatever the
+//! limit, the costs or the time since the last one.
+//!
+//! Records are kept in pages of at most [`PAGE`] records, each with the
+//! running total of cost in its page, and the sums of whole pages in a
+//! [`Tree`] of aligned blocks, so a window's count, the time enough units
+//! leave, pruning and a refund each look at O(log pages) sums and at most
+//! two pages.
+//!
+//! The rules, on Redis and here alike:
+//! * A record is made at `now`, or one microsecond after the newest record
+//!   if that is later: times are unique and in order, so a refund names
+//!   exactly one record, and a clock that steps back never reorders them.
+//! * Records leave once the log's *span* has passed over them: the longest
+//!   window it has been counted under since it was last empty. Each check
+//!   counts the records of its own window, so tiers with different windows
+//!   each see every request their window covers.
+//! * A log left empty starts afresh (no span, no newest time).
+//! * If the clock has stepped back by more than the check's window since
+//!   the newest record, the live count is gathered into one record at
+//!   `now`: kept, and gone within a span of the new time.
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
 use crate::store::Decision;
 
-/// Admitted requests of one client under one policy, oldest first, with the
-/// running sum of their costs.
+/// Records per page.
+const PAGE: usize = 64;
+/// Pages below the head dropped per decision, at most.
+const CLEAN_PAGES: usize = 8;
+
+/// One admitted request: its time, and the running total of cost in its
+/// page up to and including it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Record {
+    time: u64,
+    total: u64,
+}
+
+#[derive(Debug, Default)]
+struct Page {
+    /// The time of the page's first record when it was made: no later
+    /// than any of its records, and no earlier than the page before's.
+    base: u64,
+    records: Vec<Record>,
+}
+
+impl Page {
+    fn total(&self) -> u64 {
+        self.records.last().map_or(0, |r| r.total)
+    }
+
+    fn total_before(&self, index: usize) -> u64 {
+        index.checked_sub(1).map_or(0, |i| self.records[i].total)
+    }
+
+    /// The first record from `from` later than `x` (the page's length if
+    /// none).
+    fn first_after(&self, from: usize, x: i64) -> usize {
+        from + self.records[from..].partition_point(|r| r.time as i64 <= x)
+    }
+
+    /// The first record from `from` whose running total reaches `target`.
+    fn reaching(&self, from: usize, target: u64) -> usize {
+        from + self.records[from..].partition_point(|r| r.total < target)
+    }
+}
+
+/// Sums of sealed pages in aligned blocks: `levels[k]` holds the sum of
+/// pages `j·2^k ..= (j+1)·2^k − 1` for `j` from its `start`.
+#[derive(Debug, Default)]
+struct Tree {
+    levels: Vec<Level>,
+}
+
+#[derive(Debug, Default)]
+struct Level {
+    start: u64,
+    sums: VecDeque<u64>,
+}
+
+impl Level {
+    fn get(&self, j: u64) -> u64 {
+        j.checked_sub(self.start)
+            .and_then(|at| self.sums.get(at as usize))
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+impl Tree {
+    /// The highest level kept.
+    fn top(&self) -> u32 {
+        self.levels.len().saturating_sub(1) as u32
+    }
+
+    fn node(&self, k: u32, j: u64) -> u64 {
+        self.levels.get(k as usize).map_or(0, |level| level.get(j))
+    }
+
+    /// Adds `delta` to page `n`'s sum, at every level.
+    fn add(&mut self, n: u64, delta: i64) {
+        if self.levels.is_empty() {
+            self.levels.push(Level::default());
+        }
+        for (k, level) in self.levels.iter_mut().enumerate() {
+            let j = n >> k;
+            if level.sums.is_empty() {
+                level.start = j;
+            }
+            let Some(at) = j.checked_sub(level.start) else {
+                continue;
+            };
+            while level.sums.len() as u64 <= at {
+                level.sums.push_back(0);
+            }
+            let sum = &mut level.sums[at as usize];
+            *sum = sum.wrapping_add_signed(delta);
+        }
+    }
+
+    /// Adds levels until pages `head ..tail` fit in O(levels) blocks.
+    fn cover(&mut self, head: u64, tail: u64) {
+        while tail - head > 1 << self.top() {
+            let k = self.top() + 1;
+            let start = head >> k;
+            let sums = (start..=(tail - 1) >> k)
+                .map(|j| self.node(k - 1, 2 * j) + self.node(k - 1, 2 * j + 1))
+                .collect();
+            self.levels.push(Level { start, sums });
+        }
+    }
+
+    /// Forgets the blocks that end before page `first`.
+    fn forget(&mut self, first: u64) {
+        for (k, level) in self.levels.iter_mut().enumerate() {
+            while !level.sums.is_empty() && (level.start + 1) << k <= first {
+                level.sums.pop_front();
+                level.start += 1;
+            }
+        }
+    }
+
+    /// The blocks that make up pages `a..=b`, in order.
+    fn blocks(&self, a: u64, b: u64) -> impl Iterator<Item = (u32, u64)> + '_ {
+        let top = self.top();
+        let mut lo = a;
+        std::iter::from_fn(move || {
+            if lo > b {
+                return None;
+            }
+            let mut k = 0;
+            while k < top && lo.is_multiple_of(2 << k) && lo + (2 << k) <= b + 1 {
+                k += 1;
+            }
+            let block = (k, lo >> k);
+            lo += 1 << k;
+            Some(block)
+        })
+    }
+
+    fn sum(&self, a: u64, b: u64) -> u64 {
+        self.blocks(a, b).map(|(k, j)| self.node(k, j)).sum()
+    }
+
+    /// The first page in `a..=b` at which the running total from `a`
+    /// reaches `need`, and the total before it; or `None` and the whole
+    /// total.
+    fn find(&self, a: u64, b: u64, need: u64) -> (Option<u64>, u64) {
+        let mut before = 0;
+        for (k, j) in self.blocks(a, b) {
+            let sum = self.node(k, j);
+            if before + sum >= need {
+                let (mut k, mut j) = (k, j);
+                while k > 0 {
+                    k -= 1;
+                    let left = self.node(k, 2 * j);
+                    if before + left >= need {
+                        j *= 2;
+                    } else {
+                        before += left;
+                        j = 2 * j + 1;
+                    }
+                }
+                return (Some(j), before);
+            }
+            before += sum;
+        }
+        (None, before)
+    }
+}
+
+/// The pages before the tail, once the log has outgrown one.
+#[derive(Debug, Default)]
+struct Sealed {
+    /// Pages from number `first`; those below the head are dropped a few
+    /// at a time.
+    pages: VecDeque<Page>,
+    first: u64,
+    tree: Tree,
+    /// A dropped page's records, kept for the next tail: a log in a
+    /// steady state allocates nothing.
+    spare: Vec<Record>,
+}
+
+/// A record's place: a page number and an index in it, which may be the
+/// page's length (the next page's start).
+type Position = (u64, usize);
+
+/// Admitted requests of one client under one policy, in time order.
 #[derive(Debug, Default)]
 pub(super) struct Log {
-    entries: VecDeque<(u64, u32)>,
+    /// The newest page, which requests append to.
+    tail: Page,
+    tail_page: u64,
+    sealed: Option<Box<Sealed>>,
+    /// Where the oldest live record is.
+    head: Position,
+    /// The cost of live records.
     sum: u64,
-    window_micros: u64,
+    oldest: u64,
+    newest: u64,
+    /// The longest window counted under since the log was last empty.
+    span: u64,
+    /// The current check's window, as [`prepare`](Self::prepare) found it.
+    window: Window,
+}
+
+/// A check's window: its count, where it starts, and its oldest record.
+#[derive(Debug, Default, Clone, Copy)]
+struct Window {
+    micros: u64,
+    count: u64,
+    first: Position,
+    oldest: u64,
 }
 
 impl Log {
-    /// Drops entries that have left the window: an entry at `t` counts while
-    /// `now - window < t`.
-    ///
-    /// If the clock has stepped back by more than a window since the newest
-    /// entry, every entry is pulled back to `now`: the count stays, and
-    /// leaves within a window of the new time.
-    pub(super) fn prune(&mut self, now: u64, window_micros: u64) {
-        self.window_micros = window_micros;
-        while let Some(&(at, cost)) = self.entries.front() {
-            if at.saturating_add(window_micros) > now {
-                break;
+    fn page(&self, n: u64) -> &Page {
+        if n == self.tail_page {
+            return &self.tail;
+        }
+        let sealed = self.sealed.as_deref().expect("a sealed page");
+        &sealed.pages[(n - sealed.first) as usize]
+    }
+
+    fn page_mut(&mut self, n: u64) -> &mut Page {
+        if n == self.tail_page {
+            return &mut self.tail;
+        }
+        let sealed = self.sealed.as_deref_mut().expect("a sealed page");
+        &mut sealed.pages[(n - sealed.first) as usize]
+    }
+
+    fn tree(&self) -> Option<&Tree> {
+        self.sealed.as_deref().map(|sealed| &sealed.tree)
+    }
+
+    fn time_at(&self, (page, index): Position) -> u64 {
+        self.page(page).records[index].time
+    }
+
+    /// The position of the first live record later than `x`.
+    fn seek(&self, x: i64) -> Position {
+        if self.oldest as i64 > x {
+            return self.head;
+        }
+        let (mut lo, mut hi) = (self.head.0, self.tail_page);
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            // An empty tail's base is stale: it holds nothing before x.
+            let later = mid == self.tail_page && self.tail.records.is_empty();
+            if !later && self.page(mid).base as i64 <= x {
+                lo = mid;
+            } else {
+                hi = mid - 1;
             }
-            self.entries.pop_front();
-            self.sum -= u64::from(cost);
         }
-        if self
-            .entries
-            .back()
-            .is_some_and(|&(newest, _)| newest.saturating_sub(now) > window_micros)
-        {
-            for (at, _) in &mut self.entries {
-                *at = (*at).min(now);
+        let from = if lo == self.head.0 { self.head.1 } else { 0 };
+        (lo, self.page(lo).first_after(from, x))
+    }
+
+    /// The live record at or after `position`, if any.
+    fn settle(&self, (page, index): Position) -> Option<Position> {
+        let mut index = index;
+        if page != self.tail_page {
+            if index < self.page(page).records.len() {
+                return Some((page, index));
             }
+            if let Some(tree) = self.tree()
+                && let (Some(next), _) = tree.find(page + 1, self.tail_page - 1, 1)
+            {
+                return Some((next, 0));
+            }
+            index = 0;
         }
+        (index < self.tail.records.len()).then_some((self.tail_page, index))
     }
 
-    pub(super) fn fits(&self, limit: u32, cost: u32) -> bool {
-        self.sum + u64::from(cost) <= u64::from(limit)
-    }
-
-    /// Records `cost` at `now`, or at the newest entry's time if the clock
-    /// has stepped back since: entries stay in time order.
-    /// Returns the time it was recorded at.
-    pub(super) fn record(&mut self, now: u64, cost: u32) -> u64 {
-        let at = self
-            .entries
-            .back()
-            .map_or(now, |&(newest, _)| newest.max(now));
-        self.entries.push_back((at, cost));
-        self.sum += u64::from(cost);
-        at
-    }
-
-    /// Takes back `cost` units recorded at `at`: the newest entry of that
-    /// cost recorded no later than `at` (entries of one time and cost are
-    /// alike). Nothing, if it has left the window.
-    pub(super) fn refund(&mut self, at: u64, cost: u32) {
-        if let Some(index) = self
-            .entries
-            .iter()
-            .rposition(|&(time, units)| time <= at && units == cost)
-        {
-            self.entries.remove(index);
-            self.sum -= u64::from(cost);
+    /// The cost of live records from `position` on.
+    fn sum_from(&self, (page, index): Position) -> u64 {
+        let part = self.page(page).total() - self.page(page).total_before(index);
+        if page == self.tail_page {
+            return part;
         }
+        let sealed = self
+            .tree()
+            .map_or(0, |tree| tree.sum(page + 1, self.tail_page - 1));
+        part + sealed + self.tail.total()
     }
 
-    /// Whether every entry has left the window, so the log can be dropped.
-    pub(super) fn is_idle(&self, now: u64) -> bool {
-        self.entries
-            .back()
-            .is_none_or(|&(at, _)| at.saturating_add(self.window_micros) <= now)
-    }
-
-    /// The decision for this log after pruning (and recording, if admitted).
-    pub(super) fn decision(&self, now: u64, limit: u32, cost: u32, admitted: bool) -> Decision {
-        let reset = self
-            .entries
-            .front()
-            .map_or(0, |&(at, _)| at + self.window_micros - now);
-        let retry_after = (!admitted && !self.fits(limit, cost)).then(|| {
-            let need = self.sum + u64::from(cost) - u64::from(limit);
-            let mut freed = 0;
-            let leaves = self.entries.iter().find_map(|&(at, entry_cost)| {
-                freed += u64::from(entry_cost);
-                (freed >= need).then_some(at)
+    /// The record at which the cost of live records from `position`
+    /// reaches `need`.
+    fn find_units(&self, (page, index): Position, need: u64) -> Option<Position> {
+        let (mut need, mut index) = (need, index);
+        if page != self.tail_page {
+            let current = self.page(page);
+            let before = current.total_before(index);
+            let part = current.total() - before;
+            if part >= need {
+                return Some((page, current.reaching(index, before + need)));
+            }
+            need -= part;
+            let (found, sealed) = self.tree().map_or((None, 0), |tree| {
+                tree.find(page + 1, self.tail_page - 1, need)
             });
-            // cost <= limit, so freeing every entry always suffices.
-            let at = leaves.unwrap_or(now);
-            Duration::from_micros(at + self.window_micros - now)
+            if let Some(found) = found {
+                return Some((found, self.page(found).reaching(0, need - sealed)));
+            }
+            need -= sealed;
+            index = 0;
+        }
+        let target = self.tail.total_before(index) + need;
+        (self.tail.total() >= target).then(|| (self.tail_page, self.tail.reaching(index, target)))
+    }
+
+    /// Drops records the span has passed over; an empty log starts afresh.
+    fn prune(&mut self, now: u64) {
+        if self.sum == 0 || self.oldest + self.span > now {
+            return;
+        }
+        match self.settle(self.seek(now as i64 - self.span as i64)) {
+            None => *self = Self::default(),
+            Some(head) => {
+                self.head = head;
+                self.sum = self.sum_from(head);
+                self.oldest = self.time_at(head);
+            }
+        }
+    }
+
+    /// Gathers the live count into one record at `now`.
+    fn gather(&mut self, now: u64) {
+        let (sum, span) = (self.sum, self.span);
+        *self = Self {
+            tail: Page {
+                base: now,
+                records: vec![Record {
+                    time: now,
+                    total: sum,
+                }],
+            },
+            sum,
+            span,
+            oldest: now,
+            newest: now,
+            ..Self::default()
+        };
+    }
+
+    /// Drops a few of the pages the head has left behind.
+    fn clean(&mut self) {
+        let head = self.head.0;
+        if let Some(sealed) = self.sealed.as_deref_mut() {
+            for _ in 0..CLEAN_PAGES {
+                if sealed.first >= head || sealed.pages.is_empty() {
+                    break;
+                }
+                let dropped = sealed.pages.pop_front().expect("a page below the head");
+                if sealed.spare.capacity() == 0 {
+                    sealed.spare = dropped.records;
+                    sealed.spare.clear();
+                }
+                sealed.first += 1;
+            }
+            sealed.tree.forget(sealed.first);
+        }
+    }
+
+    /// Brings the log up to `now` for a check of `window_micros`, and says
+    /// whether `cost` more units fit in that window.
+    pub(super) fn prepare(&mut self, now: u64, window_micros: u64, limit: u32, cost: u32) -> bool {
+        self.prune(now);
+        if self.sum > 0 && self.newest.saturating_sub(now) > window_micros {
+            self.gather(now);
+        }
+        if self.sum > 0 && window_micros > self.span {
+            self.span = window_micros;
+        }
+        self.clean();
+        self.window = Window {
+            micros: window_micros,
+            count: self.sum,
+            first: self.head,
+            oldest: self.oldest,
+        };
+        if self.sum > 0 && window_micros < self.span && self.oldest + window_micros <= now {
+            match self.settle(self.seek(now as i64 - window_micros as i64)) {
+                None => self.window.count = 0,
+                Some(first) => {
+                    self.window.first = first;
+                    self.window.count = self.sum_from(first);
+                    self.window.oldest = self.time_at(first);
+                }
+            }
+        }
+        self.window.count + u64::from(cost) <= u64::from(limit)
+    }
+
+    /// Moves the full tail to the sealed pages and starts a new one.
+    fn seal(&mut self) {
+        let total = self.tail.total();
+        let page = std::mem::take(&mut self.tail);
+        let sealed = self.sealed.get_or_insert_with(|| {
+            Box::new(Sealed {
+                first: self.tail_page,
+                ..Sealed::default()
+            })
+        });
+        sealed.pages.push_back(page);
+        self.tail.records = std::mem::take(&mut sealed.spare);
+        sealed.tree.add(self.tail_page, total as i64);
+        self.tail_page += 1;
+        sealed.tree.cover(self.head.0, self.tail_page);
+    }
+
+    /// Records `cost` units after [`prepare`](Self::prepare): at `now`, or
+    /// just after the newest record. Returns the time recorded at, or
+    /// `None` for a cost of 0, which records nothing.
+    pub(super) fn record(&mut self, now: u64, cost: u32) -> Option<u64> {
+        if cost == 0 {
+            return None;
+        }
+        let time = if self.sum > 0 && self.newest >= now {
+            self.newest + 1
+        } else {
+            now
+        };
+        if self.tail.records.len() == PAGE {
+            self.seal();
+        }
+        if self.tail.records.is_empty() {
+            self.tail.base = time;
+        }
+        let total = self.tail.total() + u64::from(cost);
+        self.tail.records.push(Record { time, total });
+        let position = (self.tail_page, self.tail.records.len() - 1);
+        if self.sum == 0 {
+            self.head = position;
+            self.oldest = time;
+            self.span = self.window.micros;
+        }
+        if self.window.count == 0 {
+            self.window.first = position;
+            self.window.oldest = time;
+        }
+        self.sum += u64::from(cost);
+        self.window.count += u64::from(cost);
+        self.newest = time;
+        Some(time)
+    }
+
+    /// Takes back `cost` units recorded at `at`, after
+    /// [`prepare`](Self::prepare): the record of that time, if it is still
+    /// live and of that cost. Nothing otherwise (it has left the window,
+    /// or was taken back already).
+    pub(super) fn refund(&mut self, at: u64, cost: u32) {
+        if self.sum == 0 || at < self.oldest || at > self.newest {
+            return;
+        }
+        let Some((page, index)) = self.settle(self.seek(at as i64 - 1)) else {
+            return;
+        };
+        let found = &self.page(page);
+        let cost = u64::from(cost);
+        if found.records[index].time != at
+            || found.records[index].total - found.total_before(index) != cost
+        {
+            return;
+        }
+        let records = &mut self.page_mut(page).records;
+        records.remove(index);
+        for later in &mut records[index..] {
+            later.total -= cost;
+        }
+        if page != self.tail_page
+            && let Some(sealed) = self.sealed.as_deref_mut()
+        {
+            sealed.tree.add(page, -(cost as i64));
+        }
+        self.sum -= cost;
+        if self.sum == 0 {
+            *self = Self::default();
+        } else if self.head == (page, index) {
+            self.head = self.settle(self.head).expect("a live record");
+            self.oldest = self.time_at(self.head);
+        }
+    }
+
+    /// Whether every record has left, so the log can be dropped.
+    pub(super) fn is_idle(&self, now: u64) -> bool {
+        self.sum == 0 || self.newest + self.span <= now
+    }
+
+    /// The decision for this log after [`prepare`](Self::prepare) (and
+    /// [`record`](Self::record), if admitted).
+    pub(super) fn decision(&self, now: u64, limit: u32, cost: u32, admitted: bool) -> Decision {
+        let window = self.window;
+        let reset = if window.count == 0 {
+            0
+        } else {
+            window.oldest + window.micros - now
+        };
+        let fits = window.count + u64::from(cost) <= u64::from(limit);
+        let retry_after = (!admitted && !fits).then(|| {
+            let need = window.count + u64::from(cost) - u64::from(limit);
+            // A cost above the limit never fits: the window.
+            let leaves = (need <= window.count)
+                .then(|| self.find_units(window.first, need))
+                .flatten()
+                .map_or(now, |at| self.time_at(at));
+            Duration::from_micros(leaves + window.micros - now)
         });
         Decision {
             admitted,
             limit,
-            remaining: u32::try_from(u64::from(limit).saturating_sub(self.sum)).unwrap_or(0),
+            remaining: u32::try_from(u64::from(limit).saturating_sub(window.count)).unwrap_or(0),
             reset: Duration::from_micros(reset),
             retry_after,
             recorded_at: None,
@@ -114,46 +551,51 @@ mod tests {
 
     const W: u64 = 1_000_000;
 
+    fn admit(log: &mut Log, now: u64, window: u64, cost: u32) -> u64 {
+        assert!(log.prepare(now, window, u32::MAX, cost));
+        log.record(now, cost).expect("recorded")
+    }
+
     #[test]
     fn entry_leaves_exactly_one_window_later() {
         let mut log = Log::default();
-        log.prune(0, W);
-        log.record(0, 1);
-        log.prune(W - 1, W);
-        assert!(!log.fits(1, 1));
+        admit(&mut log, 0, W, 1);
+        assert!(!log.prepare(W - 1, W, 1, 1));
         assert_eq!(
             log.decision(W - 1, 1, 1, false).retry_after,
             Some(Duration::from_micros(1))
         );
-        log.prune(W, W);
-        assert!(log.fits(1, 1));
+        assert!(log.prepare(W, W, 1, 1));
         assert!(log.is_idle(W));
     }
 
     #[test]
-    fn a_refund_takes_back_that_request_only() {
+    fn a_refund_takes_back_that_request_only_and_only_once() {
         let mut log = Log::default();
-        log.prune(0, W);
-        log.record(0, 1);
-        let at = log.record(100, 2);
-        log.record(200, 1);
+        admit(&mut log, 0, W, 1);
+        let at = admit(&mut log, 100, W, 2);
+        // Same microsecond: recorded one later, so each is its own.
+        let twin = admit(&mut log, 100, W, 2);
+        assert_eq!(twin, at + 1);
+        log.prepare(200, W, 10, 1);
         log.refund(at, 2);
-        assert_eq!(log.entries, [(0, 1), (200, 1)]);
-        assert_eq!(log.sum, 2);
+        log.refund(at, 2);
+        log.prepare(200, W, 10, 1);
+        assert_eq!(log.window.count, 3);
         // Once it has left the window there is nothing to take back.
-        log.prune(W + 150, W);
+        log.prepare(W + 50, W, 10, 1);
         log.refund(0, 1);
-        assert_eq!(log.sum, 1);
+        assert_eq!(log.sum, 2);
     }
 
     #[test]
     fn weighted_retry_after_waits_for_enough_units() {
         let mut log = Log::default();
-        log.prune(0, W);
-        log.record(0, 3);
-        log.record(100, 3);
-        log.record(200, 3);
+        for at in [0, 100, 200] {
+            admit(&mut log, at, W, 3);
+        }
         // 9 of 10 used; a cost of 5 needs 4 freed: the first two entries.
+        assert!(!log.prepare(300, W, 10, 5));
         let decision = log.decision(300, 10, 5, false);
         assert_eq!(decision.remaining, 1);
         assert_eq!(
@@ -161,5 +603,38 @@ mod tests {
             Some(Duration::from_micros(100 + W - 300))
         );
         assert_eq!(decision.reset, Duration::from_micros(W - 300));
+    }
+
+    #[test]
+    fn many_pages_count_and_refund_exactly() {
+        let mut log = Log::default();
+        let count = 80 * PAGE as u64;
+        let times: Vec<u64> = (0..count).map(|i| admit(&mut log, i * 10, W, 1)).collect();
+        assert!(log.tree().is_some_and(|tree| tree.top() >= 4));
+        let now = count * 10;
+        // Refund every third request: a third fewer count.
+        for &at in times.iter().step_by(3) {
+            log.prepare(now, W, u32::MAX, 1);
+            log.refund(at, 1);
+        }
+        log.prepare(now, W, u32::MAX, 1);
+        let live = count - count.div_ceil(3);
+        assert_eq!(log.window.count, live);
+        // A shorter window counts its share; its retry finds the right record.
+        assert!(!log.prepare(now, 1000, 50, 1));
+        let in_short: u64 = times
+            .iter()
+            .enumerate()
+            .filter(|&(i, &t)| i % 3 != 0 && t + 1000 > now)
+            .count() as u64;
+        assert_eq!(log.window.count, in_short);
+        // Pruning half of it keeps the rest.
+        log.prepare(W + count * 5, W, u32::MAX, 1);
+        let kept = times
+            .iter()
+            .enumerate()
+            .filter(|&(i, &t)| i % 3 != 0 && t + W > W + count * 5)
+            .count() as u64;
+        assert_eq!(log.sum, kept);
     }
 }

@@ -60,9 +60,9 @@ impl Call {
             let key = store.base_key(check);
             let name = match check.algorithm {
                 Algorithm::SlidingLog => {
+                    // The header and newest page; the other pages.
                     call.keys.push(format!("{key}:l"));
-                    // Where earlier versions kept the log: read once, on upgrade.
-                    call.keys.push(key);
+                    call.keys.push(format!("{key}:p"));
                     "log"
                 }
                 Algorithm::SlidingCounter => {
