@@ -171,7 +171,7 @@ local log = {}
 local LOG_STATE = {
   'exists', 'ow', 'cw', 'levels', 'tail_page', 'head_page', 'head_index', 'clean',
   'tail_count', 'tail_base', 'tail_sum', 'sum', 'oldest', 'newest', 'expires', 'span',
-  'pages', 'tail', 'tail_view', 'rewrite', 'pending', 'ttl', 'new_store',
+  'pages', 'tail', 'tail_view', 'rewrite', 'pending', 'ttl', 'new_store', 'found',
 }
 
 local function int(n)
@@ -478,14 +478,14 @@ local function log_clear(s)
   s.ow, s.cw, s.levels = 4, 0, 0
   s.tail_page, s.head_page, s.head_index, s.clean, s.tail_count = 0, 0, 0, 0, 0
   s.tail_base, s.tail_sum, s.sum, s.oldest, s.newest, s.expires, s.span = 0, 0, 0, 0, 0, 0, 0
-  s.pages, s.tail, s.tail_view = {}, '', nil
+  s.pages, s.tail, s.tail_view, s.found = {}, '', nil, {}
   s.rewrite = false
 end
 
 -- Reads the header into `s`; a log in the previous format (a packed
 -- ring) carries its count over as one record at its newest time.
 local function log_read(s)
-  s.pages = {}
+  s.pages, s.found = {}, {}
   local header = redis.call('GETRANGE', s.key, 0, LOG_HEADER_SIZE - 1)
   if header == '' then
     log_clear(s)
@@ -534,7 +534,7 @@ local function log_prune(s)
   s.head_page, s.head_index = m, i
   s.sum = sum_from(s, m, i)
   s.oldest = time_at(s, m, i)
-  s.dirty = true
+  s.dirty, s.found = true, {}
 end
 
 -- The clock has stepped back by more than a window since the newest
@@ -723,7 +723,7 @@ function log.record(s)
     s.window_oldest = time
   end
   s.sum, s.in_window, s.newest = s.sum + s.cost, s.in_window + s.cost, time
-  s.recorded, s.dirty = time, true
+  s.recorded, s.dirty, s.found = time, true, {}
   log_write(s)
 end
 
@@ -749,7 +749,7 @@ local function log_remove(s, m, i, cost)
     s.pages[m] = view(v.base, v.ow, v.cw, value, PAGE_HEADER_SIZE + 1)
     tree_add(s, m, -cost)
   end
-  s.sum, s.dirty = s.sum - cost, true
+  s.sum, s.dirty, s.found = s.sum - cost, true, {}
   if s.sum == 0 then
     log_clear(s)
   elseif m == s.head_page and i == s.head_index then
@@ -783,8 +783,14 @@ function log.retry(s)
   if need > s.in_window then
     return s.window
   end
-  local m, i = find_units(s, s.first_page, s.first_index, need)
-  return time_at(s, m, i) + s.window - now
+  -- A flood of one client's requests in one call asks the same.
+  local asked = int(s.first_page) .. ':' .. int(s.first_index) .. ':' .. int(need)
+  local time = s.found[asked]
+  if time == nil then
+    time = time_at(s, find_units(s, s.first_page, s.first_index, need))
+    s.found[asked] = time
+  end
+  return time + s.window - now
 end
 
 function log.save(s)

@@ -212,8 +212,9 @@ fn calls(server: &RedisServer, command: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// Checks queued at the same moment go to Redis as one call, and each
-/// gets its own decision, in arrival order.
+/// Checks queued at the same moment go to Redis together (in calls of at
+/// most 32 policies, one after the other), and each gets its own
+/// decision, in arrival order.
 #[tokio::test(flavor = "current_thread")]
 async fn checks_queued_together_are_decided_by_one_call_in_arrival_order() {
     let server = RedisServer::start();
@@ -236,7 +237,7 @@ async fn checks_queued_together_are_decided_by_one_call_in_arrival_order() {
         })
         .collect();
     let decisions = check_all(&store, checks).await;
-    assert_eq!(calls(&server, "fcall"), 1, "120 checks queued together");
+    assert_eq!(calls(&server, "fcall"), 4, "120 checks queued together");
     let hot: Vec<_> = decisions.iter().step_by(2).collect();
     for (n, decision) in hot.iter().enumerate() {
         // The first 40 in arrival order are admitted, with what was left.
@@ -342,11 +343,12 @@ async fn a_configured_timeout_past_half_a_second_is_the_one_that_counts() {
     );
 }
 
-/// A flood of checks queued together goes as several calls of at most 128
-/// checks each, so that no one script holds Redis for long; every check is
-/// still decided exactly.
+/// A flood of checks queued together goes as several calls of at most 32
+/// policies each, so that no one script holds Redis for long; every check
+/// is still decided exactly, in arrival order. A request of many policies
+/// counts as their number.
 #[tokio::test(flavor = "current_thread")]
-async fn a_flood_of_queued_checks_is_split_into_calls_of_at_most_128() {
+async fn a_flood_of_queued_checks_is_split_into_calls_of_at_most_32_policies() {
     let server = RedisServer::start();
     let store = patient_store(&server);
     let policy = Policy::new("flood", 100, Duration::from_secs(60));
@@ -359,8 +361,30 @@ async fn a_flood_of_queued_checks_is_split_into_calls_of_at_most_128() {
         .map(|_| Check::new(&policy, Key::new("flooded")))
         .collect();
     let decisions = check_all(&store, checks).await;
-    assert_eq!(calls(&server, "fcall"), 3, "300 checks in calls of 128");
-    assert_eq!(decisions.iter().filter(|d| d.admitted).count(), 100);
+    assert_eq!(calls(&server, "fcall"), 10, "300 checks in calls of 32");
+    let admitted: Vec<bool> = decisions.iter().map(|d| d.admitted).collect();
+    assert_eq!(admitted, [vec![true; 100], vec![false; 200]].concat());
+    // Twelve requests of three policies each: 36 policies, two calls.
+    let three = [
+        Policy::new("a", 100, Duration::from_secs(60)),
+        Policy::new("b", 100, Duration::from_secs(60)),
+        Policy::new("c", 100, Duration::from_secs(60)),
+    ];
+    server.cli(&["config", "resetstat"]);
+    let tasks: Vec<_> = (0..12)
+        .map(|_| {
+            let store = store.clone();
+            let checks: Vec<Check> = three
+                .iter()
+                .map(|p| Check::new(p, Key::new("many")))
+                .collect();
+            tokio::spawn(async move { store.check(&checks).await })
+        })
+        .collect();
+    for task in tasks {
+        assert!(task.await.unwrap().unwrap()[0].admitted);
+    }
+    assert_eq!(calls(&server, "fcall"), 2, "36 policies in calls of 32");
 }
 
 /// A client whose tier changes the window of a log between two requests of

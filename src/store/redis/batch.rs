@@ -3,7 +3,8 @@
 //! A check joins the queue; the first to find it empty spawns a flush,
 //! which first lets every task that is ready run (one yield, no timer),
 //! then takes the whole queue and sends it as one `FCALL` of the batch
-//! function (or several, for more than 128 checks). The script decides the requests in queue order, each
+//! function (or several, for more than 32 policies in all). The script
+//! decides the requests in queue order, each
 //! all-or-nothing on its own, and answers each separately: one request's
 //! error leaves the others' decisions standing. A check that finds no
 //! company (alone in the queue, or alone in its slot on a cluster) is

@@ -36,10 +36,11 @@ const CHECK_SCRIPT: &str = include_str!("../../../lua/check.lua");
 const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 const DEFAULT_PREFIX: &str = "slidegate";
 const DEFAULT_CONNECTIONS: usize = 1;
-/// The most checks one batch call decides: a flood of queued checks goes
-/// as several calls, so that no single script holds Redis (and every other
-/// client of it) for long.
-const MAX_BATCH: usize = 128;
+/// The most policies one batch call decides, over all its requests: a
+/// flood of queued checks goes as several calls, split by the work they
+/// ask for (each policy's is bounded, see `lua/check.lua`), so that no
+/// single script holds Redis, and every other client of it, for long.
+const MAX_BATCH_POLICIES: usize = 32;
 
 /// The pool a [`RedisStore`] runs on: one Redis server (or a primary
 /// behind a proxy), or a Redis Cluster.
@@ -288,8 +289,9 @@ impl Inner {
     }
 
     /// Sends `queued` (checks of one slot) in calls of the batch function,
-    /// at most [`MAX_BATCH`] checks each; a check alone goes back to its
-    /// own task.
+    /// at most [`MAX_BATCH_POLICIES`] policies each, one after the other,
+    /// so that Redis decides them in the order they were queued; a check
+    /// alone goes back to its own task.
     async fn send(self: Arc<Self>, mut queued: Vec<Queued>) {
         if queued.len() <= 1 {
             if let Some(Queued { call, answer }) = queued.pop() {
@@ -297,12 +299,11 @@ impl Inner {
             }
             return;
         }
-        while queued.len() > MAX_BATCH {
-            let rest = queued.split_off(MAX_BATCH);
-            tokio::spawn(self.clone().send_batch(queued));
+        while !queued.is_empty() {
+            let rest = queued.split_off(batch_end(&queued));
+            self.clone().send_batch(queued).await;
             queued = rest;
         }
-        self.send_batch(queued).await;
     }
 
     /// Sends `queued` in one call of the batch function and hands each
@@ -508,6 +509,19 @@ fn slot(call: &Call) -> Option<Slot> {
     let mut keys = call.keys.iter().map(Slot::for_key);
     let first = keys.next()?;
     keys.all(|slot| slot == first).then_some(first)
+}
+
+/// How many of `queued`'s checks the first batch call takes: as many as
+/// hold at most [`MAX_BATCH_POLICIES`] policies, and at least one.
+fn batch_end(queued: &[Queued]) -> usize {
+    let mut policies = 0;
+    queued
+        .iter()
+        .position(|check| {
+            policies += check.call.args.len();
+            policies > MAX_BATCH_POLICIES
+        })
+        .map_or(queued.len(), |end| end.max(1))
 }
 
 /// Answers every check of a failed batch with its own copy of the error.
