@@ -700,3 +700,47 @@ fn both_stores_keep_the_logs_rules_over_thousands_of_records() {
         "a shallow trace: {most} records at most, {denied} denied, {refunded} refunds"
     );
 }
+
+/// The counters place a check no earlier than the latest time a unit was
+/// counted at, in both stores: peeks and denials place nothing, so a
+/// clock that steps back after them decides alike.
+#[test]
+fn counters_agree_when_the_clock_steps_back_around_peeks_and_denials() {
+    let server = RedisServer::start();
+    let runtime = runtime();
+    let pool = server.pool(1);
+    let case = AtomicU64::new(0);
+    let config = cases(32);
+    let moves = (
+        prop_oneof![
+            4 => 0i64..600_000,
+            2 => -300_000i64..0,
+            1 => -3_000_000i64..-1_000_000,
+        ],
+        prop_oneof![3 => Just(false), 2 => Just(true)],
+        any::<bool>(),
+        1u32..=3,
+    );
+    proptest!(config, |(steps in prop::collection::vec(moves, 1..120))| {
+        let prefix = format!("steps{}", case.fetch_add(1, Ordering::Relaxed));
+        let (clock, memory, redis) = twin_stores(&pool, prefix);
+        let counter = Policy::new("counter", 4, Duration::from_secs(1)).algorithm(Algorithm::SlidingCounter);
+        let fixed = Policy::new("fixed", 3, Duration::from_millis(800)).algorithm(Algorithm::FixedWindow);
+        for (by_us, peek, both, cost) in &steps {
+            clock.set(clock.now_micros().saturating_add_signed(*by_us));
+            let mut checks = vec![Check::new(&counter, Key::new("c"))];
+            if *both {
+                checks.push(Check::new(&fixed, Key::new("c")));
+            }
+            for check in &mut checks {
+                check.cost = *cost;
+            }
+            let (from_memory, from_redis) = if *peek {
+                (runtime.block_on(memory.peek(&checks)).unwrap(), runtime.block_on(redis.peek(&checks)).unwrap())
+            } else {
+                (runtime.block_on(memory.check(&checks)).unwrap(), runtime.block_on(redis.check(&checks)).unwrap())
+            };
+            prop_assert_eq!(from_memory, from_redis, "at {:?}", (by_us, peek, both, cost));
+        }
+    });
+}

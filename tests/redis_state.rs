@@ -310,3 +310,62 @@ async fn a_longer_window_keeps_a_denied_clients_key_alive() {
         );
     }
 }
+
+/// A request that fails writes nothing, alone or inside a batch: its
+/// first policy's log, which it would have pruned, is left as it was,
+/// byte for byte, and the other requests of the batch are decided. It
+/// fails while it reads: a counter's key of another type, or a log whose
+/// page has gone (found only when its denial looks for a retry time, after
+/// the first policy was prepared).
+#[tokio::test(flavor = "current_thread")]
+async fn a_failing_request_writes_nothing_alone_or_in_a_batch() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new(START);
+    let store = std::sync::Arc::new(store_on(&server, &clock));
+    let log = Policy::new("pruned", 5, Duration::from_secs(10));
+    let counter = Policy::new("broken", 5, Duration::from_secs(10))
+        .algorithm(slidegate::Algorithm::SlidingCounter);
+    let paged = Policy::new("paged", 1_000, Duration::from_secs(60));
+    // Two records, then a window later: the next check would prune them.
+    spend(&store, &clock, &log, "k", 2).await;
+    spend(&store, &clock, &paged, "k", 300).await;
+    clock.advance(Duration::from_secs(11));
+    let pruned = Check::new(&log, Key::new("k"));
+    let broken = Check::new(&counter, Key::new("k"));
+    let mut lost = Check::new(&paged, Key::new("k"));
+    lost.cost = lost.limit;
+    server.cli(&[
+        "set",
+        &format!("{}:c", store.base_key(&broken)),
+        "not a hash",
+    ]);
+    server.cli(&["hdel", &format!("{}:p", store.base_key(&lost)), "0"]);
+    let log_key = format!("{}:l", store.base_key(&pruned));
+    let before = server.cli(&["--no-raw", "get", &log_key]);
+
+    for failing in [vec![pruned.clone(), broken], vec![pruned.clone(), lost]] {
+        assert!(store.check(&failing).await.is_err(), "alone");
+        assert_eq!(server.cli(&["--no-raw", "get", &log_key]), before);
+
+        let tasks: Vec<_> = (0..5)
+            .map(|i| {
+                let store = store.clone();
+                let checks = if i == 2 {
+                    failing.clone()
+                } else {
+                    vec![Check::new(&log, Key::new(format!("fine{i}")))]
+                };
+                tokio::spawn(async move { store.check(&checks).await })
+            })
+            .collect();
+        for (i, task) in tasks.into_iter().enumerate() {
+            let answer = task.await.unwrap();
+            assert_eq!(answer.is_err(), i == 2, "request {i}: {answer:?}");
+        }
+        assert_eq!(
+            server.cli(&["--no-raw", "get", &log_key]),
+            before,
+            "in a batch"
+        );
+    }
+}

@@ -574,3 +574,102 @@ async fn a_window_that_changes_between_requests_keeps_the_count(s: Subject) {
     }
 }
 on_both_stores!(a_window_that_changes_between_requests_keeps_the_count);
+
+/// A tier with a shorter window never erases what a longer one counted:
+/// limit 5 a minute, 5 requests, one a second later under a one-second
+/// burst tier (the same policy and key), then the minute tier again is
+/// still full. The log keeps records for the longest window it has been
+/// counted under.
+async fn a_shorter_window_tier_never_erases_a_longer_ones_count(s: Subject) {
+    let minute = Policy::new("tiered", 5, 60 * SEC);
+    let burst = Policy::new("tiered", 5, SEC);
+    for _ in 0..5 {
+        assert!(s.one(&minute, "k").await.admitted);
+    }
+    s.advance(SEC);
+    assert!(
+        s.one(&burst, "k").await.admitted,
+        "the burst tier sees one second"
+    );
+    s.advance(SEC);
+    let d = s.one(&minute, "k").await;
+    assert!(!d.admitted, "the minute tier still sees all six: {d:?}");
+    assert_eq!(d.remaining, 0);
+    // Two must leave for it to fit: the second of the five, recorded a
+    // microsecond after the first, leaves the minute 58 s and 1 µs on.
+    assert_eq!(d.retry_after, Some(58 * SEC + Duration::from_micros(1)));
+}
+on_both_stores!(a_shorter_window_tier_never_erases_a_longer_ones_count);
+
+/// A cost above the limit never fits, on any algorithm: the denial says
+/// to wait a whole window, never 0 (which a client would take as "retry
+/// at once", forever).
+async fn a_cost_above_the_limit_waits_a_window(s: Subject) {
+    for algorithm in [Algorithm::SlidingLog, Algorithm::FixedWindow] {
+        let policy = Policy::new(format!("{algorithm:?}"), 3, 10 * SEC).algorithm(algorithm);
+        let mut check = Check::new(&policy, Key::new("k"));
+        check.cost = 4;
+        for _ in 0..2 {
+            let d = s.store.check(std::slice::from_ref(&check)).await.unwrap()[0];
+            assert!(!d.admitted, "{algorithm:?}");
+            assert!(
+                d.retry_after
+                    .is_some_and(|wait| wait > Duration::ZERO && wait <= 10 * SEC),
+                "{algorithm:?}: {d:?}"
+            );
+            // With records in the window, the same.
+            assert!(s.one(&policy, "k").await.admitted);
+        }
+    }
+    let policy = Policy::new("log-window", 3, 10 * SEC);
+    let mut check = Check::new(&policy, Key::new("k"));
+    check.cost = 4;
+    let d = s.store.check(std::slice::from_ref(&check)).await.unwrap()[0];
+    assert_eq!(d.retry_after, Some(10 * SEC));
+}
+on_both_stores!(a_cost_above_the_limit_waits_a_window);
+
+/// Refunding one request twice takes its units back once: the second
+/// refund names a record that is gone, and takes nothing from the others
+/// (even those recorded in the same microsecond, with the same cost).
+async fn a_second_refund_of_one_request_takes_nothing(s: Subject) {
+    let policy = Policy::new("refunds", 3, 60 * SEC);
+    let check = [Check::new(&policy, Key::new("k"))];
+    let mut recorded = Vec::new();
+    for _ in 0..3 {
+        let d = s.store.check(&check).await.unwrap()[0];
+        recorded.push(d.recorded_at.expect("recorded"));
+    }
+    assert_eq!(
+        recorded[1] - recorded[0],
+        Duration::from_micros(1),
+        "one microsecond apart"
+    );
+    for _ in 0..2 {
+        s.store.refund(&check, &recorded[1..2]).await.unwrap();
+    }
+    let peek = s.store.peek(&check).await.unwrap()[0];
+    assert_eq!(peek.remaining, 1, "one request's units came back, once");
+}
+on_both_stores!(a_second_refund_of_one_request_takes_nothing);
+
+/// A refund of a request that has left the window takes nothing and
+/// fails nothing, whatever the key's TTL was set for, and the other
+/// policies of the same refund still take theirs back.
+async fn a_refund_of_a_gone_request_takes_nothing_and_the_rest_still_runs(s: Subject) {
+    let short = Policy::new("short", 1, 10 * SEC);
+    let long = Policy::new("long", 1, 3600 * SEC);
+    let checks = [
+        Check::new(&short, Key::new("k")),
+        Check::new(&long, Key::new("k")),
+    ];
+    let d = s.store.check(&checks).await.unwrap();
+    let recorded: Vec<Duration> = d.iter().map(|d| d.recorded_at.unwrap()).collect();
+    // Long past the short window, and past the minute of grace the keys'
+    // TTLs get with an injected clock.
+    s.advance(100 * SEC);
+    s.store.refund(&checks, &recorded).await.expect("no error");
+    let d = s.store.check(&checks[1..]).await.unwrap()[0];
+    assert!(d.admitted, "the long policy's unit came back: {d:?}");
+}
+on_both_stores!(a_refund_of_a_gone_request_takes_nothing_and_the_rest_still_runs);
