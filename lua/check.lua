@@ -488,8 +488,9 @@ local function log_read(s)
   s.pages, s.found = {}, {}
   local header = redis.call('GETRANGE', s.key, 0, LOG_HEADER_SIZE - 1)
   if header == '' then
+    -- A new log; pages left by one whose string was evicted go first.
     log_clear(s)
-    s.unlink = false
+    s.unlink = true
     return
   end
   local version = string.byte(header, 1)
@@ -512,6 +513,11 @@ local function log_read(s)
   local _
   _, s.ow, s.cw, s.levels, s.tail_page, s.head_page, s.head_index, s.clean, s.tail_count,
     s.tail_base, s.tail_sum, s.sum, s.oldest, s.newest, s.expires, s.span = struct.unpack(LOG_HEADER, header)
+  if s.tail_page > s.head_page and redis.call('EXISTS', s.store) == 0 then
+    -- Its pages were evicted (under an `allkeys-*` policy): the log
+    -- starts afresh, as a log evicted whole does.
+    log_clear(s)
+  end
 end
 
 local function log_header(s)

@@ -369,3 +369,37 @@ async fn a_failing_request_writes_nothing_alone_or_in_a_batch() {
         );
     }
 }
+
+/// Under an `allkeys-*` policy Redis may evict a log's pages apart from
+/// its newest page, or the other way round: either way the client starts
+/// afresh (as when a whole log is evicted), never with sums of pages that
+/// are gone, and never with an error.
+#[tokio::test]
+async fn a_log_evicted_in_part_starts_afresh() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new(START);
+    let store = store_on(&server, &clock);
+    let policy = Policy::new("parts", 1_000, Duration::from_secs(60));
+    let check = Check::new(&policy, Key::new("k"));
+    let base = store.base_key(&check);
+    for gone in ["p", "l"] {
+        server.cli(&["flushall"]);
+        spend(&store, &clock, &policy, "k", 700).await;
+        server.cli(&["del", &format!("{base}:{gone}")]);
+        // A fresh log: a full limit, and (past a page of its own) sums
+        // that count only its own requests.
+        spend(&store, &clock, &policy, "k", 600).await;
+        let peek = store.peek(std::slice::from_ref(&check)).await.unwrap()[0];
+        assert_eq!(peek.remaining, 400, "after losing :{gone}");
+        let mut full = check.clone();
+        full.cost = 400;
+        assert!(store.check(std::slice::from_ref(&full)).await.unwrap()[0].admitted);
+        let denied = store.check(std::slice::from_ref(&check)).await.unwrap()[0];
+        assert!(!denied.admitted);
+        // The first of the fresh requests leaves first.
+        assert_eq!(
+            denied.retry_after,
+            Some(Duration::from_millis(60_000 - 599))
+        );
+    }
+}

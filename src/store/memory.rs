@@ -10,7 +10,7 @@ use quick_cache::unsync::Cache;
 use quick_cache::{Equivalent, OptionsBuilder, UnitWeighter};
 
 use super::counter::{FixedWindow, SlidingCounter};
-use super::sliding_log::Log;
+use super::sliding_log::{Log, Window};
 use super::{Check, CheckFuture, Decisions, Store, unpaired_refund};
 use crate::clock::{Clock, SystemClock, duration_micros};
 use crate::key::Key;
@@ -113,10 +113,10 @@ impl Spent {
     }
 
     /// A new state for `check`'s pair, brought up to `now`.
-    fn fresh(now: u64, check: &Check) -> Self {
+    fn fresh(now: u64, check: &Check) -> (Self, Prepared) {
         let mut spent = Self::new(check.algorithm);
-        spent.prepare(now, check);
-        spent
+        let (_, prepared) = spent.prepare(now, check);
+        (spent, prepared)
     }
 
     /// Brings the state up to `now` for `check` (starting afresh if the
@@ -124,7 +124,7 @@ impl Spent {
     /// counter is only placed at `now` for this decision: what
     /// [`unroll`](Self::unroll) is given puts it back unless the counts
     /// had to move (as the Redis script writes them only then).
-    fn prepare(&mut self, now: u64, check: &Check) -> (bool, Rolled) {
+    fn prepare(&mut self, now: u64, check: &Check) -> (bool, Prepared) {
         let window = check.window_micros();
         let same_algorithm = matches!(
             (&*self, check.algorithm),
@@ -136,48 +136,51 @@ impl Spent {
             *self = Self::new(check.algorithm);
         }
         match self {
-            Self::Log(log) => (
-                log.prepare(now, window, check.limit, check.cost),
-                Rolled::Kept,
-            ),
+            Self::Log(log) => {
+                let window = log.prepare(now, window);
+                (window.fits(check.limit, check.cost), Prepared::Log(window))
+            }
             Self::Counter(counter) => {
                 let before = *counter;
                 let moved = counter.roll(now, window / 1000);
-                let rolled = if moved {
-                    Rolled::Kept
+                let prepared = if moved {
+                    Prepared::Kept
                 } else {
-                    Rolled::Counter(before)
+                    Prepared::Counter(before)
                 };
-                (counter.fits(check.limit, check.cost), rolled)
+                (counter.fits(check.limit, check.cost), prepared)
             }
             Self::Fixed(fixed) => {
                 let before = *fixed;
                 let moved = fixed.roll(now, window);
-                let rolled = if moved {
-                    Rolled::Kept
+                let prepared = if moved {
+                    Prepared::Kept
                 } else {
-                    Rolled::Fixed(before)
+                    Prepared::Fixed(before)
                 };
-                (fixed.fits(check.limit, check.cost), rolled)
+                (fixed.fits(check.limit, check.cost), prepared)
             }
         }
     }
 
     /// Puts a counter back as it was before [`prepare`](Self::prepare),
     /// for a decision that counted nothing.
-    fn unroll(&mut self, rolled: Rolled) {
-        match (self, rolled) {
-            (Self::Counter(counter), Rolled::Counter(before)) => *counter = before,
-            (Self::Fixed(fixed), Rolled::Fixed(before)) => *fixed = before,
+    fn unroll(&mut self, prepared: Prepared) {
+        match (self, prepared) {
+            (Self::Counter(counter), Prepared::Counter(before)) => *counter = before,
+            (Self::Fixed(fixed), Prepared::Fixed(before)) => *fixed = before,
             _ => {}
         }
     }
 
     /// Records `cost` and returns the time it was recorded at (none for a
     /// log given a cost of 0).
-    fn record(&mut self, now: u64, cost: u32) -> Option<u64> {
+    fn record(&mut self, now: u64, cost: u32, prepared: &mut Prepared) -> Option<u64> {
         match self {
-            Self::Log(log) => log.record(now, cost),
+            Self::Log(log) => match prepared {
+                Prepared::Log(window) => log.record(now, cost, window),
+                _ => unreachable!("a log is prepared with its window"),
+            },
             Self::Counter(counter) => Some(counter.record(cost)),
             Self::Fixed(fixed) => Some(fixed.record(cost)),
         }
@@ -197,20 +200,23 @@ impl Spent {
     }
 
     /// The decision of a request recorded at `at`.
-    fn recorded(&self, now: u64, check: &Check, at: Option<u64>) -> Decision {
-        let decision = self.decision(now, check, true);
+    fn recorded(&self, now: u64, check: &Check, at: Option<u64>, prepared: &Prepared) -> Decision {
+        let decision = self.decision(now, check, true, prepared);
         match at {
             Some(at) => decision.recorded_at(Duration::from_micros(at)),
             None => decision,
         }
     }
 
-    fn decision(&self, now: u64, check: &Check, admitted: bool) -> Decision {
+    fn decision(&self, now: u64, check: &Check, admitted: bool, prepared: &Prepared) -> Decision {
         let (limit, cost) = (check.limit, check.cost);
-        match self {
-            Self::Log(log) => log.decision(now, limit, cost, admitted),
-            Self::Counter(counter) => counter.decision(now, limit, cost, admitted),
-            Self::Fixed(fixed) => fixed.decision(now, limit, cost, admitted),
+        match (self, prepared) {
+            (Self::Log(log), Prepared::Log(window)) => {
+                log.decision(now, limit, cost, admitted, window)
+            }
+            (Self::Log(_), _) => unreachable!("a log is prepared with its window"),
+            (Self::Counter(counter), _) => counter.decision(now, limit, cost, admitted),
+            (Self::Fixed(fixed), _) => fixed.decision(now, limit, cost, admitted),
         }
     }
 
@@ -223,11 +229,13 @@ impl Spent {
     }
 }
 
-/// A counter's state before [`Spent::prepare`] placed it at the time of
-/// a decision, to put back if the decision counts nothing.
+/// What [`Spent::prepare`] found for one decision: a log's window, or a
+/// counter's state before it was placed at the time of the decision, to
+/// put back if the decision counts nothing.
 #[derive(Debug, Clone, Copy)]
-enum Rolled {
+enum Prepared {
     Kept,
+    Log(Window),
     Counter(SlidingCounter),
     Fixed(FixedWindow),
 }
@@ -392,21 +400,21 @@ impl MemoryStore {
         let hash = self.hash_of(check);
         let mut shard = lock(&inner.shards[self.shard_of(hash)]);
         if let Some(mut spent) = shard.pairs.get_mut(&PairOf { hash, check }) {
-            let (fits, rolled) = spent.prepare(now, check);
+            let (fits, mut prepared) = spent.prepare(now, check);
             if !fits {
-                let decision = spent.decision(now, check, false);
-                spent.unroll(rolled);
+                let decision = spent.decision(now, check, false, &prepared);
+                spent.unroll(prepared);
                 return decision;
             }
-            let at = spent.record(now, check.cost);
-            return spent.recorded(now, check, at);
+            let at = spent.record(now, check.cost, &mut prepared);
+            return spent.recorded(now, check, at, &prepared);
         }
-        let mut spent = Spent::fresh(now, check);
+        let (mut spent, mut prepared) = Spent::fresh(now, check);
         if check.cost > check.limit {
-            return spent.decision(now, check, false);
+            return spent.decision(now, check, false, &prepared);
         }
-        let at = spent.record(now, check.cost);
-        let decision = spent.recorded(now, check, at);
+        let at = spent.record(now, check.cost, &mut prepared);
+        let decision = spent.recorded(now, check, at, &prepared);
         shard.insert(hash, check, spent, now);
         decision
     }
@@ -429,19 +437,19 @@ impl MemoryStore {
 
         let mut all_fit = true;
         let mut tracked = Vec::with_capacity(checks.len());
-        let mut rolls = Vec::with_capacity(checks.len());
+        let mut found = Vec::with_capacity(checks.len());
         for (check, &hash) in checks.iter().zip(&hashes) {
             let pairs = &mut guards[guard_of(hash)].pairs;
             all_fit &= match pairs.get_mut(&PairOf { hash, check }) {
                 Some(mut spent) => {
                     tracked.push(true);
-                    let (fits, rolled) = spent.prepare(now, check);
-                    rolls.push(rolled);
+                    let (fits, prepared) = spent.prepare(now, check);
+                    found.push(prepared);
                     fits
                 }
                 None => {
                     tracked.push(false);
-                    rolls.push(Rolled::Kept);
+                    found.push(Prepared::Kept);
                     check.cost <= check.limit
                 }
             };
@@ -456,11 +464,11 @@ impl MemoryStore {
                 .filter(|_| tracked[index])
             {
                 decisions[index] = Some(if all_fit {
-                    let at = spent.record(now, check.cost);
-                    spent.recorded(now, check, at)
+                    let at = spent.record(now, check.cost, &mut found[index]);
+                    spent.recorded(now, check, at, &found[index])
                 } else {
-                    let decision = spent.decision(now, check, false);
-                    spent.unroll(rolls[index]);
+                    let decision = spent.decision(now, check, false, &found[index]);
+                    spent.unroll(found[index]);
                     decision
                 });
             }
@@ -469,13 +477,13 @@ impl MemoryStore {
             if decisions[index].is_some() {
                 continue;
             }
-            let mut spent = Spent::fresh(now, check);
+            let (mut spent, mut prepared) = Spent::fresh(now, check);
             if all_fit {
-                let at = spent.record(now, check.cost);
-                decisions[index] = Some(spent.recorded(now, check, at));
+                let at = spent.record(now, check.cost, &mut prepared);
+                decisions[index] = Some(spent.recorded(now, check, at, &prepared));
                 guards[guard_of(hash)].insert(hash, check, spent, now);
             } else {
-                decisions[index] = Some(spent.decision(now, check, false));
+                decisions[index] = Some(spent.decision(now, check, false, &prepared));
             }
         }
         decisions
@@ -497,12 +505,15 @@ impl MemoryStore {
                 let mut shard = lock(&self.inner.shards[self.shard_of(hash)]);
                 match shard.pairs.peek_mut(&PairOf { hash, check }) {
                     Some(mut spent) => {
-                        let (_, rolled) = spent.prepare(now, check);
-                        let decision = spent.decision(now, check, false);
-                        spent.unroll(rolled);
+                        let (_, prepared) = spent.prepare(now, check);
+                        let decision = spent.decision(now, check, false, &prepared);
+                        spent.unroll(prepared);
                         decision
                     }
-                    None => Spent::fresh(now, check).decision(now, check, false),
+                    None => {
+                        let (spent, prepared) = Spent::fresh(now, check);
+                        spent.decision(now, check, false, &prepared)
+                    }
                 }
             })
             .collect();
@@ -520,9 +531,9 @@ impl MemoryStore {
             let hash = self.hash_of(check);
             let mut shard = lock(&self.inner.shards[self.shard_of(hash)]);
             if let Some(mut spent) = shard.pairs.peek_mut(&PairOf { hash, check }) {
-                let (_, rolled) = spent.prepare(now, check);
+                let (_, prepared) = spent.prepare(now, check);
                 if !spent.refund(duration_micros(*at), check.cost) {
-                    spent.unroll(rolled);
+                    spent.unroll(prepared);
                 }
             }
         }

@@ -225,17 +225,24 @@ pub(super) struct Log {
     newest: u64,
     /// The longest window counted under since the log was last empty.
     span: u64,
-    /// The current check's window, as [`prepare`](Self::prepare) found it.
-    window: Window,
 }
 
-/// A check's window: its count, where it starts, and its oldest record.
+/// A check's window, as [`Log::prepare`] found it: its length, its count,
+/// where it starts, and its oldest record. Kept by the caller for the
+/// decision, not in the log.
 #[derive(Debug, Default, Clone, Copy)]
-struct Window {
+pub(super) struct Window {
     micros: u64,
     count: u64,
     first: Position,
     oldest: u64,
+}
+
+impl Window {
+    /// Whether `cost` more units fit.
+    pub(super) fn fits(&self, limit: u32, cost: u32) -> bool {
+        self.count + u64::from(cost) <= u64::from(limit)
+    }
 }
 
 impl Log {
@@ -390,9 +397,9 @@ impl Log {
         }
     }
 
-    /// Brings the log up to `now` for a check of `window_micros`, and says
-    /// whether `cost` more units fit in that window.
-    pub(super) fn prepare(&mut self, now: u64, window_micros: u64, limit: u32, cost: u32) -> bool {
+    /// Brings the log up to `now` for a check of `window_micros`, and
+    /// finds that window.
+    pub(super) fn prepare(&mut self, now: u64, window_micros: u64) -> Window {
         self.prune(now);
         if self.sum > 0 && self.newest.saturating_sub(now) > window_micros {
             self.gather(now);
@@ -401,7 +408,7 @@ impl Log {
             self.span = window_micros;
         }
         self.clean();
-        self.window = Window {
+        let mut window = Window {
             micros: window_micros,
             count: self.sum,
             first: self.head,
@@ -409,15 +416,15 @@ impl Log {
         };
         if self.sum > 0 && window_micros < self.span && self.oldest + window_micros <= now {
             match self.settle(self.seek(now as i64 - window_micros as i64)) {
-                None => self.window.count = 0,
+                None => window.count = 0,
                 Some(first) => {
-                    self.window.first = first;
-                    self.window.count = self.sum_from(first);
-                    self.window.oldest = self.time_at(first);
+                    window.first = first;
+                    window.count = self.sum_from(first);
+                    window.oldest = self.time_at(first);
                 }
             }
         }
-        self.window.count + u64::from(cost) <= u64::from(limit)
+        window
     }
 
     /// Moves the full tail to the sealed pages and starts a new one.
@@ -437,10 +444,10 @@ impl Log {
         sealed.tree.cover(self.head.0, self.tail_page);
     }
 
-    /// Records `cost` units after [`prepare`](Self::prepare): at `now`, or
-    /// just after the newest record. Returns the time recorded at, or
-    /// `None` for a cost of 0, which records nothing.
-    pub(super) fn record(&mut self, now: u64, cost: u32) -> Option<u64> {
+    /// Records `cost` units after [`prepare`](Self::prepare) found
+    /// `window`: at `now`, or just after the newest record. Returns the
+    /// time recorded at, or `None` for a cost of 0, which records nothing.
+    pub(super) fn record(&mut self, now: u64, cost: u32, window: &mut Window) -> Option<u64> {
         if cost == 0 {
             return None;
         }
@@ -461,14 +468,14 @@ impl Log {
         if self.sum == 0 {
             self.head = position;
             self.oldest = time;
-            self.span = self.window.micros;
+            self.span = window.micros;
         }
-        if self.window.count == 0 {
-            self.window.first = position;
-            self.window.oldest = time;
+        if window.count == 0 {
+            window.first = position;
+            window.oldest = time;
         }
         self.sum += u64::from(cost);
-        self.window.count += u64::from(cost);
+        window.count += u64::from(cost);
         self.newest = time;
         Some(time)
     }
@@ -515,17 +522,22 @@ impl Log {
         self.sum == 0 || self.newest + self.span <= now
     }
 
-    /// The decision for this log after [`prepare`](Self::prepare) (and
-    /// [`record`](Self::record), if admitted).
-    pub(super) fn decision(&self, now: u64, limit: u32, cost: u32, admitted: bool) -> Decision {
-        let window = self.window;
+    /// The decision for this log after [`prepare`](Self::prepare) found
+    /// `window` (and [`record`](Self::record), if admitted).
+    pub(super) fn decision(
+        &self,
+        now: u64,
+        limit: u32,
+        cost: u32,
+        admitted: bool,
+        window: &Window,
+    ) -> Decision {
         let reset = if window.count == 0 {
             0
         } else {
             window.oldest + window.micros - now
         };
-        let fits = window.count + u64::from(cost) <= u64::from(limit);
-        let retry_after = (!admitted && !fits).then(|| {
+        let retry_after = (!admitted && !window.fits(limit, cost)).then(|| {
             let need = window.count + u64::from(cost) - u64::from(limit);
             // A cost above the limit never fits: the window.
             let leaves = (need <= window.count)
@@ -552,20 +564,21 @@ mod tests {
     const W: u64 = 1_000_000;
 
     fn admit(log: &mut Log, now: u64, window: u64, cost: u32) -> u64 {
-        assert!(log.prepare(now, window, u32::MAX, cost));
-        log.record(now, cost).expect("recorded")
+        let mut found = log.prepare(now, window);
+        log.record(now, cost, &mut found).expect("recorded")
     }
 
     #[test]
     fn entry_leaves_exactly_one_window_later() {
         let mut log = Log::default();
         admit(&mut log, 0, W, 1);
-        assert!(!log.prepare(W - 1, W, 1, 1));
+        let window = log.prepare(W - 1, W);
+        assert!(!window.fits(1, 1));
         assert_eq!(
-            log.decision(W - 1, 1, 1, false).retry_after,
+            log.decision(W - 1, 1, 1, false, &window).retry_after,
             Some(Duration::from_micros(1))
         );
-        assert!(log.prepare(W, W, 1, 1));
+        assert!(log.prepare(W, W).fits(1, 1));
         assert!(log.is_idle(W));
     }
 
@@ -577,13 +590,12 @@ mod tests {
         // Same microsecond: recorded one later, so each is its own.
         let twin = admit(&mut log, 100, W, 2);
         assert_eq!(twin, at + 1);
-        log.prepare(200, W, 10, 1);
+        log.prepare(200, W);
         log.refund(at, 2);
         log.refund(at, 2);
-        log.prepare(200, W, 10, 1);
-        assert_eq!(log.window.count, 3);
+        assert_eq!(log.prepare(200, W).count, 3);
         // Once it has left the window there is nothing to take back.
-        log.prepare(W + 50, W, 10, 1);
+        log.prepare(W + 50, W);
         log.refund(0, 1);
         assert_eq!(log.sum, 2);
     }
@@ -595,8 +607,9 @@ mod tests {
             admit(&mut log, at, W, 3);
         }
         // 9 of 10 used; a cost of 5 needs 4 freed: the first two entries.
-        assert!(!log.prepare(300, W, 10, 5));
-        let decision = log.decision(300, 10, 5, false);
+        let window = log.prepare(300, W);
+        assert!(!window.fits(10, 5));
+        let decision = log.decision(300, 10, 5, false, &window);
         assert_eq!(decision.remaining, 1);
         assert_eq!(
             decision.retry_after,
@@ -614,22 +627,21 @@ mod tests {
         let now = count * 10;
         // Refund every third request: a third fewer count.
         for &at in times.iter().step_by(3) {
-            log.prepare(now, W, u32::MAX, 1);
+            log.prepare(now, W);
             log.refund(at, 1);
         }
-        log.prepare(now, W, u32::MAX, 1);
         let live = count - count.div_ceil(3);
-        assert_eq!(log.window.count, live);
-        // A shorter window counts its share; its retry finds the right record.
-        assert!(!log.prepare(now, 1000, 50, 1));
+        assert_eq!(log.prepare(now, W).count, live);
+        // A shorter window counts its share.
+        let short = log.prepare(now, 1000);
         let in_short: u64 = times
             .iter()
             .enumerate()
             .filter(|&(i, &t)| i % 3 != 0 && t + 1000 > now)
             .count() as u64;
-        assert_eq!(log.window.count, in_short);
+        assert_eq!(short.count, in_short);
         // Pruning half of it keeps the rest.
-        log.prepare(W + count * 5, W, u32::MAX, 1);
+        log.prepare(W + count * 5, W);
         let kept = times
             .iter()
             .enumerate()
