@@ -146,9 +146,9 @@ end
 -- tiers with different windows each see every request their own window
 -- covers; a log left empty starts afresh.
 --
--- Pages below the head are deleted a few at a time (CLEAN_PAGES per call
--- that writes); both keys expire two spans past the newest record, and
--- are unlinked as soon as the log is empty.
+-- Pages below the head are deleted a few at a time (CLEAN_PAGES per
+-- call), the pages of a log that has emptied included; both keys expire
+-- two spans past the newest record.
 
 local LOG_VERSION = 2
 local LOG_HEADER = '>BBBBI4I4I2I4I2I8I8I8I8I8I8I8'
@@ -470,16 +470,24 @@ local function time_at(s, m, i)
   return (record_at(page(s, m), i))
 end
 
--- Starts the log afresh: nothing live, no pages, no span. The keys go
--- when the call writes (see `log_write`).
+-- Starts the log afresh: nothing live, no span, no newest time. The old
+-- pages stay in the hash until `log_clean` deletes them, a few a call
+-- (deleting thousands at once would hold Redis), so the new log numbers
+-- its pages on from past the old ones, where no block of the tree holds
+-- both.
 local function log_clear(s)
-  s.unlink = s.exists
-  s.exists = false
-  s.ow, s.cw, s.levels = 4, 0, 0
-  s.tail_page, s.head_page, s.head_index, s.clean, s.tail_count = 0, 0, 0, 0, 0
-  s.tail_base, s.tail_sum, s.sum, s.oldest, s.newest, s.expires, s.span = 0, 0, 0, 0, 0, 0, 0
-  s.pages, s.tail, s.tail_view, s.found = {}, '', nil, {}
-  s.rewrite = false
+  local block = 2 ^ s.levels
+  s.tail_page = math.ceil(s.tail_page / block) * block
+  s.head_page, s.head_index, s.tail_count, s.ow, s.cw = s.tail_page, 0, 0, 4, 0
+  s.tail_base, s.tail_sum, s.sum, s.oldest, s.newest, s.span = 0, 0, 0, 0, 0, 0
+  s.tail, s.tail_view, s.found = '', nil, {}
+  s.rewrite, s.dirty = s.exists, true
+end
+
+-- A log that has never been written.
+local function log_new(s)
+  s.exists, s.tail_page, s.clean, s.levels, s.expires = false, 0, 0, 0, 0
+  log_clear(s)
 end
 
 -- Reads the header into `s`; a log in the previous format (a packed
@@ -489,16 +497,16 @@ local function log_read(s)
   local header = redis.call('GETRANGE', s.key, 0, LOG_HEADER_SIZE - 1)
   if header == '' then
     -- A new log; pages left by one whose string was evicted go first.
-    log_clear(s)
-    s.unlink = true
+    log_new(s)
+    s.unlink_store = true
     return
   end
   local version = string.byte(header, 1)
   if version == 1 and #header >= RING_HEADER_SIZE then
     local _, _, _, _, count, _, sum, _, newest = struct.unpack(RING_HEADER, header)
-    log_clear(s)
+    log_new(s)
     if count > 0 and sum > 0 then
-      s.exists, s.unlink = true, false
+      s.exists = true
       s.tail_base, s.oldest, s.newest, s.sum = newest, newest, newest, sum
       s.cw = sum == 1 and 0 or total_width(sum)
       s.tail = encode(newest, 4, s.cw, newest, sum)
@@ -547,9 +555,9 @@ end
 -- record: the live count is gathered into one record at `now`, so it is
 -- kept, and leaves within a span of the new time.
 local function log_gather(s)
-  local sum, span, exists = s.sum, s.span, s.exists
+  local sum, span = s.sum, s.span
   log_clear(s)
-  s.exists, s.unlink, s.span = exists, exists, span
+  s.span = span
   s.cw = sum == 1 and 0 or total_width(sum)
   s.tail, s.tail_count, s.tail_sum = encode(now, 4, s.cw, now, sum), 1, sum
   s.tail_base, s.sum, s.oldest, s.newest = now, sum, now, now
@@ -624,9 +632,9 @@ end
 -- Writes what this request changed, except the header, which is written
 -- once for the call (see `write_logs`).
 local function log_write(s)
-  if s.unlink then
-    redis.call('UNLINK', s.key, s.store)
-    s.unlink = false
+  if s.unlink_store then
+    redis.call('UNLINK', s.store)
+    s.unlink_store = false
   end
   if not s.exists then
     return
