@@ -66,6 +66,17 @@ struct Bench {
 }
 
 impl Bench {
+    /// An `FCALL` of `variant`'s single-request function for `client` at
+    /// `now`, before its other arguments.
+    fn single(variant: Variant, client: &str, now: u64) -> redis::Cmd {
+        let mut call = redis::cmd("FCALL");
+        call.arg(format!("{}_check", variant.name()))
+            .arg(2)
+            .arg(&variant.keys(client))
+            .arg(now);
+        call
+    }
+
     /// One request of `cost` for `client` at `now` under `window`.
     fn check(
         &mut self,
@@ -75,11 +86,7 @@ impl Bench {
         window: u64,
         cost: u64,
     ) -> Vec<i64> {
-        redis::cmd("FCALL")
-            .arg(format!("{}_check", variant.name()))
-            .arg(2)
-            .arg(&variant.keys(client))
-            .arg(now)
+        Self::single(variant, client, now)
             .arg("log")
             .arg(LIMIT)
             .arg(window)
@@ -88,15 +95,28 @@ impl Bench {
             .unwrap()
     }
 
-    /// `requests` requests of `cost` for `client`, in one batch call.
+    /// Peeks at `cost` for `client` at `now` under `window`.
+    fn peek(&mut self, variant: Variant, client: &str, now: u64, window: u64, cost: u64) {
+        let _: Value = Self::single(variant, client, now)
+            .arg("peek")
+            .arg("log")
+            .arg(LIMIT)
+            .arg(window)
+            .arg(cost)
+            .query(&mut self.connection)
+            .unwrap();
+    }
+
+    /// `requests` requests for `client`, in one batch call, the n-th of
+    /// cost `cost(n)`.
     fn batch(
         &mut self,
         variant: Variant,
         client: &str,
         now: u64,
         window: u64,
-        cost: u64,
-        requests: usize,
+        requests: u64,
+        cost: impl Fn(u64) -> u64,
     ) {
         let keys = variant.keys(client);
         let mut call = redis::cmd("FCALL");
@@ -106,18 +126,15 @@ impl Bench {
             call.arg(&keys);
         }
         call.arg(now);
-        for _ in 0..requests {
-            call.arg(1).arg("log").arg(LIMIT).arg(window).arg(cost);
+        for n in 0..requests {
+            call.arg(1).arg("log").arg(LIMIT).arg(window).arg(cost(n));
         }
         let _: Value = call.query(&mut self.connection).unwrap();
     }
 
+    /// Takes back one unit recorded at `at` for `client`.
     fn refund(&mut self, variant: Variant, client: &str, now: u64, at: u64) {
-        let _: Value = redis::cmd("FCALL")
-            .arg(format!("{}_check", variant.name()))
-            .arg(2)
-            .arg(&variant.keys(client))
-            .arg(now)
+        let _: Value = Self::single(variant, client, now)
             .arg("refund")
             .arg("log")
             .arg(LIMIT)
@@ -132,22 +149,11 @@ impl Bench {
     /// turn (so records carry their costs), under `window`, in batches,
     /// from START on; returns the time after.
     fn fill(&mut self, variant: Variant, client: &str, records: u64, window: u64) -> u64 {
-        let keys = variant.keys(client);
         let mut now = START;
         let mut left = records;
         while left > 0 {
             let requests = left.min(512);
-            let mut call = redis::cmd("FCALL");
-            call.arg(format!("{}_batch", variant.name()))
-                .arg(2 * requests);
-            for _ in 0..requests {
-                call.arg(&keys);
-            }
-            call.arg(now);
-            for n in 0..requests {
-                call.arg(1).arg("log").arg(LIMIT).arg(window).arg(1 + n % 2);
-            }
-            let _: Value = call.query(&mut self.connection).unwrap();
+            self.batch(variant, client, now, window, requests, |n| 1 + n % 2);
             left -= requests;
             now += requests;
         }
@@ -205,6 +211,10 @@ fn growth_point(near: u64) -> u64 {
 }
 
 fn main() {
+    // `cargo test` runs benches once as tests, with `--bench` absent: skip.
+    if !std::env::args().any(|arg| arg == "--bench") {
+        return;
+    }
     let sizes: Vec<u64> = std::env::var("SIZES")
         .map(|sizes| {
             sizes
@@ -267,23 +277,11 @@ fn main() {
                 assert_eq!(b.check(variant, "c", now, HOUR, full)[0], 0);
             });
             put(&mut rows, "a denial, cost = limit", column, micros);
-            let micros = bench.measured(|b| {
-                let _: Value = redis::cmd("FCALL")
-                    .arg(format!("{}_check", variant.name()))
-                    .arg(2)
-                    .arg(&variant.keys("c"))
-                    .arg(now)
-                    .arg("peek")
-                    .arg("log")
-                    .arg(LIMIT)
-                    .arg(HOUR)
-                    .arg(full)
-                    .query(&mut b.connection)
-                    .unwrap();
-            });
+            let micros = bench.measured(|b| b.peek(variant, "c", now, HOUR, full));
             put(&mut rows, "a peek, cost = limit", column, micros);
             for requests in [32, 128] {
-                let micros = bench.measured(|b| b.batch(variant, "c", now, HOUR, full, requests));
+                let micros =
+                    bench.measured(|b| b.batch(variant, "c", now, HOUR, requests, |_| full));
                 put(
                     &mut rows,
                     &format!("a batch call of {requests} denials, cost = limit"),

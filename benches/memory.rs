@@ -1,6 +1,6 @@
 //! Memory per tracked client: in Redis (`MEMORY USAGE` of every key a
 //! client has) per algorithm at limits 10 to 10,000, each client at its
-//! limit, with the previous script's sorted-set log beside them; and in
+//! limit, with the previous script's packed ring beside them; and in
 //! `MemoryStore` (growth of the resident set) at a million clients with
 //! one request each.
 //!

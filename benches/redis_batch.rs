@@ -48,7 +48,7 @@ fn redis_cpu(connection: &mut Connection) -> f64 {
 /// The keys of client `client`'s sliding log.
 fn keys(client: u64) -> [String; 2] {
     let base = format!("bench:{{client-{client}}}");
-    [format!("{base}:l"), base]
+    [format!("{base}:l"), format!("{base}:p")]
 }
 
 /// `DECISIONS` decisions, `BATCH` at a time, for pseudo-random clients.
