@@ -28,7 +28,8 @@
 -- carries the counts into the window of the new time instead. Waits are
 -- still measured from the real `now`. When a key's window length changes
 -- (a tier with a window of its own), its counts are re-placed under the
--- new length, never dropped early; a log's TTL is moved to cover it.
+-- new length, never dropped early. (The sliding log has rules of its own
+-- for both; see "sliding log" below.)
 --
 -- Returns, per policy, five integers: admitted (1 or 0, the same for every
 -- policy), remaining units, reset in microseconds, retry-after in
@@ -51,10 +52,11 @@ local now
 -- need: expiry only collects garbage, it must never forget a live count.
 local expiry_grace_ms = 0
 -- What this call has read or written per key, for a later request of the
--- same call (a batch) to take instead of reading it again; valid for the
--- window it was computed with. Each algorithm's `remember` fills it once a
--- request's writes are done, so an entry always equals what a read from
--- Redis would give.
+-- same call (a batch) to take instead of reading it again: a counter's
+-- fields, valid for the window they were computed with, or a log's state
+-- with what the call has yet to write (see `write_logs`). Each
+-- algorithm's `remember` fills it once a request's writes are done, so a
+-- request that fails leaves nothing in it.
 local known = {}
 
 -- The entry `known` holds for `s`'s key and window, if any.
