@@ -12,6 +12,7 @@
 //! SIZES=1000,100000 cargo bench --bench log_paths
 //! ```
 
+mod common;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
@@ -48,17 +49,6 @@ impl Variant {
             Self::Current => [format!("{base}:l"), format!("{base}:p")],
         }
     }
-}
-
-/// A script as a function library: `<name>_check` and `<name>_batch`.
-fn library(source: &str, name: &str) -> String {
-    let body = source
-        .strip_prefix("#!lua\n")
-        .and_then(|body| body.strip_suffix("return main(KEYS, ARGV)\n"))
-        .expect("a check script");
-    format!(
-        "#!lua name={name}\n{body}\nredis.register_function('{name}_check', main)\nredis.register_function('{name}_batch', check_batch)\n"
-    )
 }
 
 struct Bench {
@@ -160,6 +150,23 @@ impl Bench {
         now
     }
 
+    /// On a log of its own, filled with `records` under `filled_under`:
+    /// the longest call of one request, under a window of an hour, at the
+    /// time `at` gives from the time the fill ended.
+    fn fresh(
+        &mut self,
+        variant: Variant,
+        records: u64,
+        filled_under: u64,
+        at: impl Fn(u64) -> u64,
+    ) -> u64 {
+        self.forget();
+        let filled = self.fill(variant, "c", records, filled_under);
+        self.measured(|b| {
+            b.check(variant, "c", at(filled), HOUR, 1);
+        })
+    }
+
     /// Runs `path` with every call logged; the longest, in µs.
     fn measured(&mut self, path: impl FnOnce(&mut Self)) -> u64 {
         redis::cmd("SLOWLOG")
@@ -233,7 +240,14 @@ fn main() {
     for (source, name) in [(PREVIOUS, "previous"), (CURRENT, "current")] {
         redis::cmd("FUNCTION")
             .arg("LOAD")
-            .arg(library(source, name))
+            .arg(common::library(
+                source,
+                name,
+                &[
+                    (&format!("{name}_check"), "main"),
+                    (&format!("{name}_batch"), "check_batch"),
+                ],
+            ))
             .query::<()>(&mut bench.connection)
             .unwrap();
     }
@@ -341,40 +355,27 @@ fn main() {
                 micros,
             );
 
-            bench.forget();
-            let now = bench.fill(variant, "c", size, HOUR);
-            let micros = bench.measured(|b| {
-                b.check(variant, "c", now - HOUR - 1_000_000, HOUR, 1);
-            });
+            let growth = if variant == Variant::Previous {
+                growth_point(size)
+            } else {
+                size
+            };
+            // Each on a log of its own.
+            let micros = bench.fresh(variant, size, HOUR, |filled| filled - HOUR - 1_000_000);
             put(
                 &mut rows,
                 "the clock stepping back by more than a window",
                 column,
                 micros,
             );
-
-            bench.forget();
-            let now = bench.fill(variant, "c", size, HALF_HOUR);
-            let micros = bench.measured(|b| {
-                b.check(variant, "c", now, HOUR, 1);
-            });
+            let micros = bench.fresh(variant, size, HALF_HOUR, |filled| filled);
             put(
                 &mut rows,
                 "a window over 2^31 µs on a log kept under a shorter one",
                 column,
                 micros,
             );
-
-            bench.forget();
-            let records = if variant == Variant::Previous {
-                growth_point(size)
-            } else {
-                size
-            };
-            let now = bench.fill(variant, "c", records, HOUR);
-            let micros = bench.measured(|b| {
-                b.check(variant, "c", now, HOUR, 1);
-            });
+            let micros = bench.fresh(variant, growth, HOUR, |filled| filled);
             put(
                 &mut rows,
                 "the ring full and growing (the previous script, at its nearest growth)",

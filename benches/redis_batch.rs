@@ -27,12 +27,10 @@ const ROUNDS: usize = 5;
 /// `check_batch` (several, what `RedisStore` sends when checks queue up
 /// together) as `batch`.
 fn library() -> String {
-    let body = PACKED
-        .strip_prefix("#!lua\n")
-        .and_then(|body| body.strip_suffix("return main(KEYS, ARGV)\n"))
-        .expect("check.lua opens with its shebang and ends by deciding");
-    format!(
-        "#!lua name=slidegate_batch_bench\n{body}\nredis.register_function('one', check)\nredis.register_function('batch', check_batch)\n"
+    common::library(
+        PACKED,
+        "slidegate_batch_bench",
+        &[("one", "check"), ("batch", "check_batch")],
     )
 }
 

@@ -8,6 +8,7 @@
 //! cargo bench --bench redis_cpu
 //! ```
 
+mod common;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
@@ -57,14 +58,13 @@ impl Variant {
 /// `lua/check.lua` as a function library: its functions are defined once,
 /// when the library loads, rather than on every call.
 fn library() -> String {
-    let body = PACKED
-        .strip_prefix("#!lua\n")
-        .expect("check.lua starts with its shebang");
-    let body = body
-        .strip_suffix("return main(KEYS, ARGV)\n")
-        .expect("check.lua ends by deciding");
-    format!(
-        "#!lua name=slidegate_bench\n{body}\nredis.register_function('slidegate_check', function(keys, args) return check(keys, args) end)\n"
+    common::library(
+        PACKED,
+        "slidegate_bench",
+        &[(
+            "slidegate_check",
+            "function(keys, args) return check(keys, args) end",
+        )],
     )
 }
 

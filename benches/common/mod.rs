@@ -16,6 +16,23 @@ use slidegate::deadpool_redis::redis::aio::MultiplexedConnection;
 use slidegate::deadpool_redis::redis::{Client, Script};
 use slidegate::{Check, Key, Policy, RedisStore, Store};
 
+/// A check script (`lua/check.lua`, or an earlier version of it) as a
+/// Redis function library named `name`, registering each of `functions`:
+/// a function name and the Lua function it runs (`main`, `check`,
+/// `check_batch`, ...). Its functions are defined once, when the library
+/// loads, rather than on every call, as `RedisStore` loads it.
+pub(crate) fn library(source: &str, name: &str, functions: &[(&str, &str)]) -> String {
+    let body = source
+        .strip_prefix("#!lua\n")
+        .and_then(|body| body.strip_suffix("return main(KEYS, ARGV)\n"))
+        .expect("a check script opens with its shebang and ends by deciding");
+    let mut library = format!("#!lua name={name}\n{body}\n");
+    for (function, runs) in functions {
+        library.push_str(&format!("redis.register_function('{function}', {runs})\n"));
+    }
+    library
+}
+
 /// A limit no benchmark reaches: every decision admits and records.
 pub(crate) const NEVER: u32 = 1_000_000_000;
 
