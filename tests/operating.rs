@@ -389,3 +389,155 @@ async fn successes_only_leave_failures_uncounted() {
         StatusCode::TOO_MANY_REQUESTS
     );
 }
+
+/// Keys each request by its `x-client` header.
+struct ClientHeader;
+
+impl KeyExtractor for ClientHeader {
+    fn extract(&self, parts: &Parts) -> Extracted {
+        let client = parts.headers.get("x-client").expect("x-client");
+        Ok(Some(Key::new(client.to_str().unwrap()).into()))
+    }
+}
+
+/// The attack on a breaker: requests whose futures are polled once and
+/// dropped, as hyper drops a request whose client sent its FIN with it.
+/// Each would take the half-open probe with it; runs until `stop` is set
+/// (or 20,000 requests, or 20 s).
+async fn drop_requests(app: Router, stop: Arc<std::sync::atomic::AtomicBool>) -> usize {
+    use tower::ServiceExt;
+    let started = Instant::now();
+    let mut sent = 0;
+    while !stop.load(Ordering::Relaxed)
+        && sent < 20_000
+        && started.elapsed() < Duration::from_secs(20)
+    {
+        let mut request = std::pin::pin!(app.clone().oneshot(attacker()));
+        // Polled once, then dropped.
+        std::future::poll_fn(|cx| {
+            let _ = request.as_mut().poll(cx);
+            std::task::Poll::Ready(())
+        })
+        .await;
+        sent += 1;
+        tokio::task::yield_now().await;
+    }
+    sent
+}
+
+/// A request of the attacking client.
+fn attacker() -> Request<Body> {
+    Request::get("/api")
+        .header("x-client", "attacker")
+        .body(Body::empty())
+        .unwrap()
+}
+
+/// Waits (at most `within`) for the breaker to close; the time it took.
+async fn closes_within(breaker: &CircuitBreaker<RedisStore>, within: Duration) -> Duration {
+    let started = Instant::now();
+    while breaker.state() != BreakerState::Closed {
+        assert!(
+            started.elapsed() < within,
+            "the breaker is still {:?} {within:?} after Redis came back",
+            breaker.state()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    started.elapsed()
+}
+
+/// The app of the breaker attacks: `/api`, 5 a minute per `x-client`,
+/// failing open, on Redis behind a breaker that opens on one failure.
+fn breaker_app(server: &RedisServer, cooldown: Duration) -> (Router, CircuitBreaker<RedisStore>) {
+    let store = RedisStore::builder(server.pool(4))
+        .timeout(Duration::from_millis(50))
+        .build();
+    let breaker = CircuitBreaker::new(store, BreakerSettings::new(1, cooldown));
+    let policies = Policies::single(Policy::new("api", 5, MINUTE)).unwrap();
+    let app = Router::new()
+        .route("/api", get(|| async { "ok" }))
+        .route_layer(RateLimitLayer::new(breaker.clone(), ClientHeader, policies));
+    (app, breaker)
+}
+
+/// After the attack, the limit holds again for a client of its own.
+async fn the_limit_holds(app: &Router) {
+    let request = || {
+        Request::get("/api")
+            .header("x-client", "legitimate")
+            .body(Body::empty())
+            .unwrap()
+    };
+    for n in (0..5).rev() {
+        let reply = send(app, request()).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(
+            reply.header("x-ratelimit-remaining"),
+            Some(n.to_string().as_str())
+        );
+    }
+    let reply = send(app, request()).await;
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(reply.header("retry-after").is_some());
+}
+
+/// A client that keeps dropping its requests cannot hold the breaker open:
+/// the probe its request carries runs to its end, and the breaker closes
+/// within one cool-down of Redis answering again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_dropping_its_requests_cannot_hold_the_breaker_open() {
+    const COOLDOWN: Duration = Duration::from_millis(300);
+    let server = RedisServer::start();
+    let (app, breaker) = breaker_app(&server, COOLDOWN);
+    server.freeze();
+    assert_eq!(
+        send(&app, attacker()).await.status,
+        StatusCode::OK,
+        "fails open"
+    );
+    server.thaw();
+    assert_eq!(breaker.state(), BreakerState::Open);
+
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let attack = tokio::spawn(drop_requests(app.clone(), stop.clone()));
+    let took = closes_within(&breaker, COOLDOWN + Duration::from_secs(2)).await;
+    stop.store(true, Ordering::Relaxed);
+    let sent = attack.await.unwrap();
+    eprintln!("closed {took:?} after Redis came back, under {sent} dropped requests");
+    assert!(sent > 0);
+    the_limit_holds(&app).await;
+}
+
+/// Sixteen tasks dropping requests while Redis recovers from a freeze: the
+/// breaker still closes once Redis answers, and stays closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_breaker_closes_while_sixteen_tasks_drop_requests() {
+    const COOLDOWN: Duration = Duration::from_millis(200);
+    let server = RedisServer::start();
+    let (app, breaker) = breaker_app(&server, COOLDOWN);
+    server.freeze();
+    assert_eq!(
+        send(&app, attacker()).await.status,
+        StatusCode::OK,
+        "fails open"
+    );
+    assert_eq!(breaker.state(), BreakerState::Open);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let attackers: Vec<_> = (0..16)
+        .map(|_| tokio::spawn(drop_requests(app.clone(), stop.clone())))
+        .collect();
+    // Frozen through a few cool-downs: each probe fails at the store
+    // timeout and opens the breaker again.
+    tokio::time::sleep(COOLDOWN * 3).await;
+    server.thaw();
+    closes_within(&breaker, COOLDOWN + Duration::from_secs(2)).await;
+    let mut sent = 0;
+    stop.store(true, Ordering::Relaxed);
+    for attacker in attackers {
+        sent += attacker.await.unwrap();
+    }
+    eprintln!("{sent} requests dropped");
+    assert_eq!(breaker.state(), BreakerState::Closed);
+    the_limit_holds(&app).await;
+}

@@ -2,8 +2,10 @@
 //! frozen backend costs each request microseconds, not the store timeout.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use super::{Check, CheckFuture, Store, StoreError};
 
@@ -41,7 +43,16 @@ impl BreakerSettings {
     pub fn cooldown(&self) -> Duration {
         self.cooldown
     }
+
+    /// How long a probe may take before it counts as a failure: the
+    /// cool-down, and at least [`MIN_PROBE_DEADLINE`].
+    fn probe_deadline(&self) -> Duration {
+        self.cooldown.max(MIN_PROBE_DEADLINE)
+    }
 }
+
+/// The least time a probe is given to answer, however short the cool-down.
+const MIN_PROBE_DEADLINE: Duration = Duration::from_secs(1);
 
 /// Whether the breaker lets checks through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,18 +67,20 @@ pub enum BreakerState {
     Probing,
 }
 
-const CLOSED: u8 = 0;
-const OPEN: u8 = 1;
-const PROBING: u8 = 2;
-
 /// A [`Store`] that stops asking `S` after a run of failures: after
 /// [`failures`](BreakerSettings::failures) consecutive errors or timeouts
 /// it opens, and every check fails at once with
 /// [`StoreError::CircuitOpen`] (so each policy's fail mode answers within
-/// microseconds instead of after the store's timeout). Once the cool-down
-/// has passed, one check goes to the store as a probe: an answer closes the
-/// breaker, a failure opens it for another cool-down. Each change of state
-/// is logged once.
+/// microseconds instead of after the store's timeout).
+///
+/// Once the cool-down has passed, one check goes to the store as a probe,
+/// and only the probe's answer moves the breaker: an answer closes it, a
+/// failure (or no answer within the cool-down, and at least a second)
+/// opens it for another cool-down. Inside a Tokio runtime the probe runs
+/// on a task of its own, so it runs to its end even when the request that
+/// carried it goes away: a client that drops its requests cannot keep the
+/// breaker open. Answers to calls sent before the breaker opened are late
+/// news and move nothing. Each change of state is logged once.
 ///
 /// Clones share the breaker.
 ///
@@ -84,15 +97,39 @@ pub struct CircuitBreaker<S> {
     breaker: Arc<Breaker>,
 }
 
+/// The breaker's state as one word, so that every change is one atomic
+/// step: the phase in the low two bits, and above them the *stamp*, the
+/// time (µs since [`Breaker::epoch`]) the breaker last opened. An opening
+/// always moves the stamp on, so the stamp also names the period a check
+/// passed in, and an answer from an earlier period is told apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Word(u64);
+
+const CLOSED: u64 = 0;
+const OPEN: u64 = 1;
+const PROBING: u64 = 2;
+
+impl Word {
+    fn new(stamp: u64, phase: u64) -> Self {
+        Self((stamp << 2) | phase)
+    }
+
+    fn phase(self) -> u64 {
+        self.0 & 3
+    }
+
+    fn stamp(self) -> u64 {
+        self.0 >> 2
+    }
+}
+
 #[derive(Debug)]
 struct Breaker {
     settings: BreakerSettings,
-    /// `CLOSED`, `OPEN` or `PROBING`.
-    state: AtomicU8,
-    /// Failures in a row while closed.
+    /// A [`Word`].
+    state: AtomicU64,
+    /// Failures in a row in the current closed period.
     failures: AtomicU32,
-    /// When the breaker last opened, in µs since `epoch`.
-    opened_at: AtomicU64,
     epoch: Instant,
 }
 
@@ -104,9 +141,8 @@ impl<S: Store> CircuitBreaker<S> {
             store,
             breaker: Arc::new(Breaker {
                 settings,
-                state: AtomicU8::new(CLOSED),
+                state: AtomicU64::new(Word::new(0, CLOSED).0),
                 failures: AtomicU32::new(0),
-                opened_at: AtomicU64::new(0),
                 epoch: Instant::now(),
             }),
         }
@@ -119,7 +155,7 @@ impl<S: Store> CircuitBreaker<S> {
 
     /// Where the breaker stands now.
     pub fn state(&self) -> BreakerState {
-        match self.breaker.state.load(Ordering::Acquire) {
+        match self.breaker.load().phase() {
             CLOSED => BreakerState::Closed,
             OPEN => BreakerState::Open,
             _ => BreakerState::Probing,
@@ -129,33 +165,47 @@ impl<S: Store> CircuitBreaker<S> {
 
 /// What a check may do, as the breaker stands.
 enum Pass {
-    /// Go to the store; `true` for the probe.
-    Through(bool),
+    /// Go to the store, in the closed period of this word.
+    Closed(Word),
+    /// Go to the store as the probe of this word's opening.
+    Probe(Word),
     /// Fail at once.
     Skip,
 }
 
 impl Breaker {
+    fn load(&self) -> Word {
+        Word(self.state.load(Ordering::Acquire))
+    }
+
+    fn swap(&self, from: Word, to: Word) -> bool {
+        self.state
+            .compare_exchange(from.0, to.0, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
     fn micros_since_epoch(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
+        u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX >> 2)
+    }
+
+    /// The word of an opening that follows `from`: stamped now, and always
+    /// later than `from`'s stamp.
+    fn opening(&self, from: Word) -> Word {
+        Word::new(self.micros_since_epoch().max(from.stamp() + 1), OPEN)
     }
 
     fn pass(&self) -> Pass {
-        match self.state.load(Ordering::Acquire) {
-            CLOSED => Pass::Through(false),
+        let word = self.load();
+        match word.phase() {
+            CLOSED => Pass::Closed(word),
             OPEN => {
-                let opened = self.opened_at.load(Ordering::Acquire);
-                let cooled = self.micros_since_epoch().saturating_sub(opened)
+                let cooled = self.micros_since_epoch().saturating_sub(word.stamp())
                     >= u64::try_from(self.settings.cooldown.as_micros()).unwrap_or(u64::MAX);
-                let won = cooled
-                    && self
-                        .state
-                        .compare_exchange(OPEN, PROBING, Ordering::AcqRel, Ordering::Acquire)
-                        .is_ok();
-                if won {
+                let probing = Word::new(word.stamp(), PROBING);
+                if cooled && self.swap(word, probing) {
                     crate::metrics::breaker_state(BreakerState::Probing);
                     tracing::info!("rate-limit store breaker half-open: probing the store");
-                    Pass::Through(true)
+                    Pass::Probe(probing)
                 } else {
                     Pass::Skip
                 }
@@ -164,32 +214,23 @@ impl Breaker {
         }
     }
 
-    /// Notes how a check that went to the store ended.
-    fn observe<T>(&self, outcome: &Result<T, StoreError>, probe: bool) {
+    /// Notes how a check sent in the closed period `passed` ended. Only a
+    /// check of the current period counts: one sent before the breaker
+    /// last opened is late news.
+    fn observe<T>(&self, outcome: &Result<T, StoreError>, passed: Word) {
         match outcome {
             // A store that cannot do something is not failing.
             Ok(_) | Err(StoreError::Unsupported(_)) => {
-                self.failures.store(0, Ordering::Release);
-                let previous = self.state.swap(CLOSED, Ordering::AcqRel);
-                if previous != CLOSED {
-                    crate::metrics::breaker_state(BreakerState::Closed);
-                    tracing::info!("rate-limit store breaker closed: the store answers again");
+                if self.load() == passed && self.failures.load(Ordering::Relaxed) != 0 {
+                    self.failures.store(0, Ordering::Relaxed);
                 }
             }
-            Err(error) if probe => {
-                self.open();
-                tracing::debug!(%error, "rate-limit store probe failed; breaker open again");
-            }
             Err(error) => {
+                if self.load() != passed {
+                    return;
+                }
                 let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
-                if failures >= self.settings.failures
-                    && self
-                        .state
-                        .compare_exchange(CLOSED, OPEN, Ordering::AcqRel, Ordering::Acquire)
-                        .is_ok()
-                {
-                    self.opened_at
-                        .store(self.micros_since_epoch(), Ordering::Release);
+                if failures >= self.settings.failures && self.swap(passed, self.opening(passed)) {
                     crate::metrics::breaker_state(BreakerState::Open);
                     tracing::warn!(
                         %error,
@@ -202,61 +243,118 @@ impl Breaker {
         }
     }
 
-    fn open(&self) {
-        self.opened_at
-            .store(self.micros_since_epoch(), Ordering::Release);
-        self.state.store(OPEN, Ordering::Release);
-        crate::metrics::breaker_state(BreakerState::Open);
+    /// Moves the breaker on the probe's answer: closed on an answer, open
+    /// for another cool-down on a failure.
+    fn probed<T>(&self, outcome: &Result<T, StoreError>, probe: Word) {
+        match outcome {
+            Ok(_) | Err(StoreError::Unsupported(_)) => {
+                self.failures.store(0, Ordering::Release);
+                if self.swap(probe, Word::new(probe.stamp(), CLOSED)) {
+                    crate::metrics::breaker_state(BreakerState::Closed);
+                    tracing::info!("rate-limit store breaker closed: the store answers again");
+                }
+            }
+            Err(error) => self.reopen(probe, error),
+        }
     }
 
-    /// `answer`, watched: its outcome moves the breaker.
+    fn reopen(&self, probe: Word, error: &dyn std::fmt::Display) {
+        if self.swap(probe, self.opening(probe)) {
+            crate::metrics::breaker_state(BreakerState::Open);
+            tracing::debug!(%error, "rate-limit store probe failed; breaker open again");
+        }
+    }
+
+    /// `answer` of a check sent in the closed period `passed`, watched.
     fn watch<T: Send + 'static>(
         self: &Arc<Self>,
         answer: CheckFuture<T>,
-        probe: bool,
+        passed: Word,
     ) -> CheckFuture<T> {
         match answer.into_ready() {
             Ok(outcome) => {
-                self.observe(&outcome, probe);
+                self.observe(&outcome, passed);
                 CheckFuture::ready(outcome)
             }
             Err(later) => {
-                let mut watch = Watch {
-                    breaker: self.clone(),
-                    probe,
-                    done: false,
-                };
+                let breaker = self.clone();
                 CheckFuture::new(async move {
                     let outcome = later.await;
-                    watch.answered(&outcome);
+                    breaker.observe(&outcome, passed);
                     outcome
                 })
             }
         }
     }
+
+    /// `answer` of the probe, run to its end whatever becomes of the
+    /// request that carried it: on a task of its own when there is a Tokio
+    /// runtime, bounded by the probe deadline.
+    fn run_probe<T: Send + 'static>(
+        self: &Arc<Self>,
+        answer: CheckFuture<T>,
+        probe: Word,
+    ) -> CheckFuture<T> {
+        let later = match answer.into_ready() {
+            Ok(outcome) => {
+                self.probed(&outcome, probe);
+                return CheckFuture::ready(outcome);
+            }
+            Err(later) => later,
+        };
+        let deadline = self.settings.probe_deadline();
+        let mut watch = ProbeWatch {
+            breaker: self.clone(),
+            probe,
+            done: false,
+        };
+        let probing = async move {
+            let outcome = tokio::time::timeout(deadline, later)
+                .await
+                .unwrap_or(Err(StoreError::Timeout(deadline)));
+            watch.answered(&outcome);
+            outcome
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let task = runtime.spawn(probing);
+                CheckFuture::new(async move {
+                    task.await.unwrap_or_else(|stopped| {
+                        Err(StoreError::Backend(
+                            format!("the breaker's probe stopped: {stopped}").into(),
+                        ))
+                    })
+                })
+            }
+            // Without a runtime the probe runs with its request; dropped,
+            // it opens the breaker again.
+            Err(_) => CheckFuture::new(probing),
+        }
+    }
 }
 
-/// A check on its way to the store. A probe dropped before the store
-/// answered (its request went away) decides nothing: the breaker opens
-/// again, for another probe after the cool-down, rather than wait on it
-/// for ever.
-struct Watch {
+/// The probe on its way to the store. If it ends without an answer (its
+/// task stopped with the runtime, or panicked; or, outside a runtime, its
+/// request went away), the breaker opens again for another probe after the
+/// cool-down, rather than wait on it for ever.
+struct ProbeWatch {
     breaker: Arc<Breaker>,
-    probe: bool,
+    probe: Word,
     done: bool,
 }
 
-impl Watch {
+impl ProbeWatch {
     fn answered<T>(&mut self, outcome: &Result<T, StoreError>) {
-        self.breaker.observe(outcome, self.probe);
+        self.breaker.probed(outcome, self.probe);
         self.done = true;
     }
 }
 
-impl Drop for Watch {
+impl Drop for ProbeWatch {
     fn drop(&mut self) {
-        if self.probe && !self.done {
-            self.breaker.open();
+        if !self.done {
+            self.breaker
+                .reopen(self.probe, &"the probe ended without an answer");
         }
     }
 }
@@ -267,7 +365,8 @@ impl<S: Store> CircuitBreaker<S> {
         call: impl FnOnce(&S) -> CheckFuture<T>,
     ) -> CheckFuture<T> {
         match self.breaker.pass() {
-            Pass::Through(probe) => self.breaker.watch(call(&self.store), probe),
+            Pass::Closed(passed) => self.breaker.watch(call(&self.store), passed),
+            Pass::Probe(probe) => self.breaker.run_probe(call(&self.store), probe),
             Pass::Skip => CheckFuture::ready(Err(StoreError::CircuitOpen)),
         }
     }
@@ -368,23 +467,108 @@ mod tests {
         assert!(matches!(outcome(&breaker), Err(StoreError::Timeout(_))));
         assert_eq!(flaky.calls.load(Ordering::Relaxed), calls + 1);
         assert_eq!(breaker.state(), BreakerState::Open);
-        // While a probe is out, the others are skipped.
-        breaker.breaker.state.store(PROBING, Ordering::Release);
-        assert!(matches!(outcome(&breaker), Err(StoreError::CircuitOpen)));
-        breaker.breaker.state.store(OPEN, Ordering::Release);
-        // A probe whose request went away opens it again.
-        breaker.breaker.state.store(PROBING, Ordering::Release);
-        let waiting = CheckFuture::new(std::future::pending());
-        drop(
-            breaker
-                .breaker
-                .watch::<crate::store::Decisions>(waiting, true),
-        );
-        assert_eq!(breaker.breaker.state.load(Ordering::Acquire), OPEN);
         // An answering probe closes it.
         flaky.down.store(false, Ordering::Relaxed);
         assert!(outcome(&breaker).is_ok());
         assert_eq!(breaker.state(), BreakerState::Closed);
         assert!(outcome(&breaker).is_ok());
+    }
+
+    /// A store whose every answer waits until the test gives it: `Some(true)`
+    /// answers, `Some(false)` fails.
+    #[derive(Debug, Clone)]
+    struct Gated {
+        answers: tokio::sync::watch::Receiver<Option<bool>>,
+        calls: Arc<AtomicU32>,
+    }
+
+    impl Gated {
+        fn new() -> (Self, tokio::sync::watch::Sender<Option<bool>>) {
+            let (give, answers) = tokio::sync::watch::channel(None);
+            let calls = Arc::new(AtomicU32::new(0));
+            (Self { answers, calls }, give)
+        }
+    }
+
+    impl Store for Gated {
+        fn check(&self, _checks: &[Check]) -> CheckFuture {
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            let mut answers = self.answers.clone();
+            CheckFuture::new(async move {
+                let given = *answers
+                    .wait_for(Option::is_some)
+                    .await
+                    .expect("the test holds the sender");
+                if given == Some(true) {
+                    Ok(crate::store::Decisions::new())
+                } else {
+                    Err(StoreError::Timeout(Duration::from_millis(50)))
+                }
+            })
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_late_answer_from_before_the_opening_moves_nothing() {
+        let (gated, give) = Gated::new();
+        let settings = BreakerSettings::new(1, Duration::from_secs(3600));
+        // A check held at the gate, then a failure that opens the breaker.
+        let breaker = CircuitBreaker::new(gated, settings);
+        let held = breaker.check(&check());
+        breaker.breaker.observe::<()>(
+            &Err(StoreError::Timeout(Duration::from_millis(50))),
+            Word::new(0, CLOSED),
+        );
+        assert_eq!(breaker.state(), BreakerState::Open);
+        give.send_replace(Some(true));
+        assert!(held.await.is_ok());
+        assert_eq!(
+            breaker.state(),
+            BreakerState::Open,
+            "an answer to a check sent before the opening is not a probe"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_probe_whose_request_went_away_still_decides() {
+        let (gated, give) = Gated::new();
+        let breaker = CircuitBreaker::new(gated.clone(), BreakerSettings::new(1, Duration::ZERO));
+        give.send_replace(Some(false));
+        assert!(breaker.check(&check()).await.is_err());
+        assert_eq!(breaker.state(), BreakerState::Open);
+        give.send_replace(None);
+        // The probe's request is dropped before the store answers.
+        drop(breaker.check(&check()));
+        assert_eq!(breaker.state(), BreakerState::Probing);
+        assert!(matches!(
+            breaker.check(&check()).into_ready(),
+            Ok(Err(StoreError::CircuitOpen))
+        ));
+        give.send_replace(Some(true));
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(
+            breaker.state(),
+            BreakerState::Closed,
+            "the probe ran to its end"
+        );
+        assert_eq!(gated.calls.load(Ordering::Relaxed), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_probe_that_never_answers_fails_at_its_deadline() {
+        let (gated, _give) = Gated::new();
+        let cooldown = Duration::from_secs(2);
+        let breaker = CircuitBreaker::new(gated, BreakerSettings::new(1, cooldown));
+        breaker.breaker.observe::<()>(
+            &Err(StoreError::Timeout(Duration::from_millis(50))),
+            Word::new(0, CLOSED),
+        );
+        tokio::time::advance(cooldown + Duration::from_millis(1)).await;
+        let probe = breaker.check(&check());
+        assert_eq!(breaker.state(), BreakerState::Probing);
+        assert!(matches!(probe.await, Err(StoreError::Timeout(d)) if d == cooldown));
+        assert_eq!(breaker.state(), BreakerState::Open);
     }
 }
