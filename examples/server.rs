@@ -11,6 +11,7 @@ use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::Query;
@@ -64,7 +65,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
-    let (layer, store_name) = limiter(&config)?;
+    let (layer, store_name) = limiter(&config).await?;
     tokio::spawn(reload_on_sighup(
         args.config.clone(),
         layer.policies_handle(),
@@ -93,7 +94,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
 
 /// The layer on the configured store: Redis (or a Redis Cluster) when
 /// `REDIS_URL` or `[redis]` says where, memory otherwise.
-fn limiter(config: &Config) -> Result<(RateLimitLayer, String), Box<dyn std::error::Error>> {
+async fn limiter(config: &Config) -> Result<(RateLimitLayer, String), Box<dyn std::error::Error>> {
     let from_env = std::env::var("REDIS_URL")
         .ok()
         .filter(|url| !url.is_empty());
@@ -102,17 +103,28 @@ fn limiter(config: &Config) -> Result<(RateLimitLayer, String), Box<dyn std::err
         (None, Some(settings)) => settings.clone(),
         (None, None) => return Ok((config.layer(config.memory_store()), "memory".into())),
     };
-    let store = settings.guarded_store()?;
-    let kind = if settings.is_cluster() {
+    let store = settings.store()?;
+    let kind = if settings.is_sentinel() {
+        "Redis Sentinel"
+    } else if settings.is_cluster() {
         "Redis Cluster"
     } else {
         "Redis"
     };
-    Ok((
-        config.layer(store),
-        format!("{kind} ({})", settings.redacted_seeds().join(", ")),
-    ))
+    let name = format!("{kind} ({})", settings.redacted_seeds().join(", "));
+    // Connect now: the first requests do not pay for it, and a Redis that
+    // cannot be reached (a certificate that does not verify, a refused
+    // password) is told at once. The server starts either way.
+    if let Err(error) = store.connect(CONNECT_WITHIN).await {
+        tracing::error!(
+            "cannot reach {name}: {error}; until it answers, each policy's fail mode applies"
+        );
+    }
+    Ok((config.layer(settings.guard(store)), name))
 }
+
+/// How long start-up waits for Redis to answer.
+const CONNECT_WITHIN: Duration = Duration::from_secs(5);
 
 /// The routes behind the limiter.
 const LIMITED_ROUTES: [&str; 4] = ["/api/videos", "/api/search", "/api/login", "/api/whoami"];

@@ -70,7 +70,10 @@ pub use store::{
     Decisions, MemoryStore, MemoryStoreBuilder, Store, StoreError,
 };
 #[cfg(feature = "redis")]
-pub use store::{PrefixError, RedisPool, RedisStore, RedisStoreBuilder};
+pub use store::{
+    ClusterClientPool, ClusterManager, PrefixError, RedisPool, RedisStore, RedisStoreBuilder,
+    SentinelManager, SentinelPool,
+};
 pub use tier::{TierFuture, TierLookup};
 
 #[cfg(feature = "redis")]

@@ -46,6 +46,8 @@ mod error;
 mod jwt;
 mod raw;
 mod redis;
+#[cfg(feature = "redis")]
+mod redis_pool;
 
 pub use error::ConfigError;
 
@@ -55,9 +57,9 @@ use raw::{
     RawCredentialFailures, RawPolicy, RawPolicyBody, ResetName, UnknownApiKeyName,
 };
 
-pub use redis::RedisSettings;
 #[cfg(feature = "redis")]
 pub use redis::RedisSettingsError;
+pub use redis::{RedisSettings, RedisTls};
 
 use jwt::jwt_claim;
 use redis::redis_settings;
@@ -149,7 +151,10 @@ impl Config {
     }
 
     fn validate(raw: RawConfig, source: &str, base: &Path) -> Result<Self, ConfigError> {
-        let redis = raw.redis.map(|r| redis_settings(r, source)).transpose()?;
+        let redis = raw
+            .redis
+            .map(|r| redis_settings(r, source, base))
+            .transpose()?;
         let max_keys = match raw.memory.and_then(|memory| memory.max_keys) {
             Some(max_keys) if *max_keys.get_ref() == 0 => {
                 return Err(ConfigError::at(

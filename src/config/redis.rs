@@ -2,6 +2,7 @@
 //! to talk to it.
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -30,6 +31,18 @@ pub(super) struct RawRedis {
     pool_size: Option<Spanned<usize>>,
     prefix: Option<Spanned<String>>,
     breaker: Option<Spanned<RawBreaker>>,
+    sentinels: Option<Spanned<Vec<String>>>,
+    master: Option<Spanned<String>>,
+    tls: Option<Spanned<RawTls>>,
+}
+
+/// `tls = { ca = "ca.pem", cert = "client.pem", key = "client.key" }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTls {
+    ca: Option<PathBuf>,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
 }
 
 /// `[redis.breaker]`, or `breaker = { failures = 5, cooldown = "2s" }`.
@@ -67,6 +80,38 @@ pub struct RedisSettings {
     /// The circuit breaker in front of the store (`[redis.breaker]`), when
     /// set; see [`RedisSettings::guarded_store`].
     pub breaker: Option<BreakerSettings>,
+    /// Redis Sentinel nodes to ask where the primary is (`sentinels =
+    /// [...]`, with [`master`](Self::master)). A sentinel URL's scheme
+    /// (`rediss://` for TLS) and credentials are for the sentinels; `url`,
+    /// when set, gives the data nodes' scheme, credentials and database
+    /// (its host is not used: the sentinels name the primary).
+    pub sentinels: Vec<String>,
+    /// The name the sentinels know the primary by (`master = "mymaster"`).
+    pub master: Option<String>,
+    /// Certificates for `rediss://` connections (`tls = { ca, cert, key
+    /// }`), when set; without them, the platform's roots verify servers.
+    pub tls: Option<RedisTls>,
+}
+
+/// PEM certificates for TLS to Redis: a private CA to verify servers with,
+/// and a client certificate and key for mutual TLS. Each is optional;
+/// without `ca` the platform's roots verify servers.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct RedisTls {
+    /// The CA certificate(s) that servers' certificates must chain to.
+    pub ca: Option<Vec<u8>>,
+    /// The client certificate chain and its private key, for mutual TLS.
+    pub client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+/// Shows which parts are set, never a key.
+impl fmt::Debug for RedisTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisTls")
+            .field("ca", &self.ca.is_some())
+            .field("client", &self.client.is_some())
+            .finish()
+    }
 }
 
 impl Default for RedisSettings {
@@ -79,6 +124,9 @@ impl Default for RedisSettings {
             pool_size: DEFAULT_POOL_SIZE,
             prefix: None,
             breaker: None,
+            sentinels: Vec::new(),
+            master: None,
+            tls: None,
         }
     }
 }
@@ -109,18 +157,35 @@ impl fmt::Debug for RedisSettings {
             .field("pool_size", &self.pool_size)
             .field("prefix", &self.prefix)
             .field("breaker", &self.breaker)
+            .field(
+                "sentinels",
+                &self
+                    .sentinels
+                    .iter()
+                    .map(|url| redacted(url))
+                    .collect::<Vec<_>>(),
+            )
+            .field("master", &self.master)
+            .field("tls", &self.tls)
             .finish()
     }
 }
 
 impl RedisSettings {
-    /// These settings with `url` in place of the configured URL and seeds
-    /// (`REDIS_URL` does this in the example server).
+    /// These settings with `url` in place of the configured URL, cluster
+    /// seeds and sentinels (`REDIS_URL` does this in the example server).
     #[must_use]
     pub fn with_url(mut self, url: impl Into<String>) -> Self {
         self.url = Some(url.into());
         self.urls.clear();
+        self.sentinels.clear();
+        self.master = None;
         self
+    }
+
+    /// Whether these settings find the primary through Redis Sentinel.
+    pub fn is_sentinel(&self) -> bool {
+        !self.sentinels.is_empty()
     }
 
     /// Whether these settings name a Redis Cluster.
@@ -133,9 +198,13 @@ impl RedisSettings {
             })
     }
 
-    /// The URLs to connect to: the one server, or the cluster's seeds (a
-    /// `redis+cluster://a:1,b:2` URL gives one seed per host).
+    /// The URLs to connect to first: the one server, the cluster's seeds
+    /// (a `redis+cluster://a:1,b:2` URL gives one seed per host), or the
+    /// sentinels.
     pub fn seeds(&self) -> Vec<String> {
+        if self.is_sentinel() {
+            return self.sentinels.clone();
+        }
         let mut seeds = self.urls.clone();
         if let Some(url) = &self.url {
             seeds.extend(split_cluster_url(url));
@@ -170,42 +239,7 @@ impl RedisSettings {
     /// ```
     #[cfg(feature = "redis")]
     pub fn store(&self) -> Result<crate::RedisStore, RedisSettingsError> {
-        use deadpool_redis::redis::AsyncConnectionConfig;
-        use deadpool_redis::{PoolConfig, Runtime};
-
-        let seeds = self.seeds();
-        if seeds.is_empty() {
-            return Err(RedisSettingsError::NoUrl);
-        }
-        let pool: crate::RedisPool = if self.is_cluster() {
-            let mut config = deadpool_redis::cluster::Config::from_urls(seeds.clone());
-            config.pool = Some(PoolConfig::new(self.pool_size));
-            config
-                .create_pool(Some(Runtime::Tokio1))
-                .map_err(|e| RedisSettingsError::BadUrl {
-                    urls: self.redacted_seeds().join(", "),
-                    source: Box::new(e),
-                })?
-                .into()
-        } else {
-            // redis-rs ends a call after its own response timeout (500 ms
-            // by default): none here, so that the store's timeout decides,
-            // however long it is.
-            let connection = AsyncConnectionConfig::new().set_response_timeout(None);
-            let bad_url =
-                |e: Box<dyn std::error::Error + Send + Sync>| RedisSettingsError::BadUrl {
-                    urls: redacted(&seeds[0]),
-                    source: e,
-                };
-            let manager = deadpool_redis::Manager::new_with_config(seeds[0].as_str(), connection)
-                .map_err(|e| bad_url(Box::new(e)))?;
-            deadpool_redis::Pool::builder(manager)
-                .max_size(self.pool_size)
-                .runtime(Runtime::Tokio1)
-                .build()
-                .map_err(|e| bad_url(Box::new(e)))?
-                .into()
-        };
+        let pool = super::redis_pool::pool(self)?;
         let mut store = crate::RedisStore::builder(pool).timeout(self.timeout);
         if let Some(prefix) = &self.prefix {
             store = store.prefix(prefix.clone())?;
@@ -232,11 +266,17 @@ impl RedisSettings {
     /// ```
     #[cfg(feature = "redis")]
     pub fn guarded_store(&self) -> Result<std::sync::Arc<dyn crate::Store>, RedisSettingsError> {
-        let store = self.store()?;
-        Ok(match self.breaker {
+        Ok(self.guard(self.store()?))
+    }
+
+    /// `store` behind a [`CircuitBreaker`](crate::CircuitBreaker) when
+    /// [`breaker`](Self::breaker) is set.
+    #[cfg(feature = "redis")]
+    pub fn guard(&self, store: crate::RedisStore) -> std::sync::Arc<dyn crate::Store> {
+        match self.breaker {
             Some(settings) => std::sync::Arc::new(crate::CircuitBreaker::new(store, settings)),
             None => std::sync::Arc::new(store),
-        })
+        }
     }
 }
 
@@ -260,12 +300,20 @@ pub enum RedisSettingsError {
     /// The key prefix holds braces.
     #[error(transparent)]
     Prefix(#[from] crate::PrefixError),
+    /// TLS certificates that redis-rs cannot use, or a `tls` table with no
+    /// `rediss://` URL to use it on.
+    #[error("Redis TLS: {0}")]
+    Tls(String),
+    /// Sentinels without a master name, or the other way round, or
+    /// sentinels that differ in scheme or credentials.
+    #[error("Redis Sentinel: {0}")]
+    Sentinel(String),
 }
 
 /// `url` with its password and every query value (`?password=` of a
 /// `redis+unix://` URL, say) written as `***`; a URL that does not parse
 /// is not shown at all, since where its secret is cannot be told.
-fn redacted(url: &str) -> String {
+pub(super) fn redacted(url: &str) -> String {
     match url::Url::parse(url) {
         Ok(mut parsed) => {
             if parsed.password().is_some() {
@@ -309,7 +357,11 @@ fn split_cluster_url(url: &str) -> Vec<String> {
         .collect()
 }
 
-pub(super) fn redis_settings(raw: RawRedis, source: &str) -> Result<RedisSettings, ConfigError> {
+pub(super) fn redis_settings(
+    raw: RawRedis,
+    source: &str,
+    base: &Path,
+) -> Result<RedisSettings, ConfigError> {
     let mut settings = RedisSettings {
         cluster: raw.cluster.unwrap_or(false),
         ..RedisSettings::default()
@@ -369,6 +421,62 @@ pub(super) fn redis_settings(raw: RawRedis, source: &str) -> Result<RedisSetting
         }
         settings.pool_size = *size.get_ref();
     }
+    if let Some(sentinels) = raw.sentinels {
+        let offset = sentinels.span().start;
+        let at = |message: &str| ConfigError::at(source, offset, "redis.sentinels", message);
+        if settings.is_cluster() {
+            return Err(at("Sentinel and `cluster` do not mix"));
+        }
+        if sentinels.get_ref().is_empty() {
+            return Err(at("lists no sentinel"));
+        }
+        if raw.master.is_none() {
+            return Err(at(
+                "needs `master` too, the name the sentinels know the primary by",
+            ));
+        }
+        let schemes: Vec<bool> = sentinels
+            .get_ref()
+            .iter()
+            .map(|url| url.starts_with("rediss://"))
+            .collect();
+        if let Some(url) = sentinels
+            .get_ref()
+            .iter()
+            .find(|url| !url.starts_with("redis://") && !url.starts_with("rediss://"))
+        {
+            return Err(at(&format!(
+                "`{}` is not a redis:// or rediss:// URL",
+                redacted(url)
+            )));
+        }
+        if schemes.iter().any(|&tls| tls != schemes[0]) {
+            return Err(at("mixes redis:// and rediss:// sentinels"));
+        }
+        settings.sentinels = sentinels.into_inner();
+    }
+    if let Some(master) = raw.master {
+        if settings.sentinels.is_empty() {
+            return Err(ConfigError::at(
+                source,
+                master.span().start,
+                "redis.master",
+                "names a Sentinel master: set `sentinels` too",
+            ));
+        }
+        if master.get_ref().is_empty() {
+            return Err(ConfigError::at(
+                source,
+                master.span().start,
+                "redis.master",
+                "is empty",
+            ));
+        }
+        settings.master = Some(master.into_inner());
+    }
+    if let Some(tls) = raw.tls {
+        settings.tls = Some(tls_files(tls, source, base)?);
+    }
     if let Some(breaker) = raw.breaker {
         let offset = breaker.span().start;
         let breaker = breaker.into_inner();
@@ -387,6 +495,47 @@ pub(super) fn redis_settings(raw: RawRedis, source: &str) -> Result<RedisSetting
         settings.breaker = Some(BreakerSettings::new(failures, cooldown));
     }
     Ok(settings)
+}
+
+/// Reads the `tls` table's PEM files, relative to `base`.
+fn tls_files(tls: Spanned<RawTls>, source: &str, base: &Path) -> Result<RedisTls, ConfigError> {
+    let offset = tls.span().start;
+    let tls = tls.into_inner();
+    let read = |name: &str, path: &Path| {
+        let path = base.join(path);
+        std::fs::read(&path).map_err(|e| {
+            ConfigError::at(
+                source,
+                offset,
+                format!("redis.tls.{name}"),
+                format!("cannot read `{}`: {e}", path.display()),
+            )
+        })
+    };
+    let client = match (&tls.cert, &tls.key) {
+        (Some(cert), Some(key)) => Some((read("cert", cert)?, read("key", key)?)),
+        (None, None) => None,
+        (Some(_), None) | (None, Some(_)) => {
+            return Err(ConfigError::at(
+                source,
+                offset,
+                "redis.tls",
+                "needs `cert` and `key` together (the client certificate and its key)",
+            ));
+        }
+    };
+    let files = RedisTls {
+        ca: tls.ca.as_deref().map(|ca| read("ca", ca)).transpose()?,
+        client,
+    };
+    #[cfg(feature = "redis")]
+    if let Err(e) = deadpool_redis::redis::Client::build_with_tls(
+        "rediss://localhost/",
+        super::redis_pool::certificates(&files),
+    ) {
+        return Err(ConfigError::at(source, offset, "redis.tls", e.to_string()));
+    }
+    Ok(files)
 }
 
 #[cfg(test)]

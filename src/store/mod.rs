@@ -18,7 +18,10 @@ pub use breaker::{BreakerSettings, BreakerState, CircuitBreaker};
 pub use decision::Decision;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]
-pub use redis::{PrefixError, RedisPool, RedisStore, RedisStoreBuilder};
+pub use redis::{
+    ClusterClientPool, ClusterManager, PrefixError, RedisPool, RedisStore, RedisStoreBuilder,
+    SentinelManager, SentinelPool,
+};
 
 use std::fmt;
 use std::future::Future;

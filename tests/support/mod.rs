@@ -6,6 +6,7 @@
 pub mod down_store;
 pub mod proxy;
 pub mod reply;
+pub mod tls;
 pub mod trace;
 
 use std::io::{Read, Write};
@@ -25,6 +26,8 @@ pub struct RedisServer {
     port: u16,
     dir: PathBuf,
     extra_args: Vec<String>,
+    /// For a server that speaks only TLS: `redis-cli`'s TLS arguments.
+    tls: Option<Vec<String>>,
 }
 
 fn free_port() -> u16 {
@@ -88,16 +91,81 @@ impl RedisServer {
             port,
             dir,
             extra_args: extra_args.iter().map(|a| (*a).to_owned()).collect(),
+            tls: None,
         };
         server.spawn().then_some(server)
     }
 
+    /// Starts a server that speaks only TLS (`--port 0 --tls-port N`),
+    /// with `certs`' server certificate; `clients_need_certificates` asks
+    /// every client for a certificate signed by the test CA (mutual TLS).
+    pub fn start_tls(certs: &tls::TestCerts, clients_need_certificates: bool) -> Self {
+        let auth = if clients_need_certificates {
+            "yes"
+        } else {
+            "no"
+        };
+        let args = [
+            "--tls-cert-file".to_owned(),
+            certs.path("server.pem"),
+            "--tls-key-file".to_owned(),
+            certs.path("server.key"),
+            "--tls-ca-cert-file".to_owned(),
+            certs.path("ca.pem"),
+            "--tls-auth-clients".to_owned(),
+            auth.to_owned(),
+        ];
+        let cli = vec![
+            "--tls".to_owned(),
+            "--cacert".to_owned(),
+            certs.path("ca.pem"),
+            "--cert".to_owned(),
+            certs.path("client.pem"),
+            "--key".to_owned(),
+            certs.path("client.key"),
+        ];
+        for _ in 0..5 {
+            let port = free_port();
+            let dir =
+                std::env::temp_dir().join(format!("slidegate-redis-{port}-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let mut server = Self {
+                child: None,
+                port,
+                dir,
+                extra_args: args.to_vec(),
+                tls: Some(cli.clone()),
+            };
+            if server.spawn() {
+                return server;
+            }
+        }
+        panic!("could not start a TLS redis-server on a free port");
+    }
+
+    /// Whether the server is up: a `PING` answered, or for a TLS server
+    /// (whose handshake is redis-cli's to make), its port open.
+    fn ready(&self) -> bool {
+        match self.tls {
+            None => ping(self.port),
+            Some(_) => TcpStream::connect(("127.0.0.1", self.port)).is_ok(),
+        }
+    }
+
     /// Spawns on `self.port`; false if the server exited before answering.
     fn spawn(&mut self) -> bool {
+        let ports = match self.tls {
+            None => vec!["--port".to_owned(), self.port.to_string()],
+            Some(_) => vec![
+                "--port".to_owned(),
+                "0".to_owned(),
+                "--tls-port".to_owned(),
+                self.port.to_string(),
+            ],
+        };
         let child = Command::new("redis-server")
+            .args(ports)
             .args([
-                "--port",
-                &self.port.to_string(),
                 "--bind",
                 "127.0.0.1",
                 "--save",
@@ -115,7 +183,7 @@ impl RedisServer {
         self.child = Some(child);
         let deadline = Instant::now() + READY_WITHIN;
         while Instant::now() < deadline {
-            if ping(self.port) {
+            if self.ready() {
                 return true;
             }
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
@@ -138,7 +206,12 @@ impl RedisServer {
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{}/", self.port)
     }
 
     fn pid(&self) -> u32 {
@@ -204,6 +277,7 @@ impl RedisServer {
     pub fn cli(&self, args: &[&str]) -> String {
         let output = Command::new("redis-cli")
             .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(self.tls.iter().flatten())
             .args(args)
             .output()
             .expect("redis-cli is not installed: run scripts/test, which installs it");

@@ -7,7 +7,6 @@ use std::time::Duration;
 use deadpool_redis::redis::Script;
 
 use super::batch::Queue;
-use super::lanes::Lanes;
 use super::library::Library;
 use super::{
     CHECK_SCRIPT, Connections, DEFAULT_CONNECTIONS, DEFAULT_PREFIX, DEFAULT_TIMEOUT, Inner,
@@ -161,10 +160,7 @@ impl RedisStoreBuilder {
     pub fn build(self) -> RedisStore {
         let script = Script::new(CHECK_SCRIPT);
         let count = self.connections.min(self.pool.status().max_size);
-        let connections = match &self.pool {
-            RedisPool::Standalone(pool) => Connections::Standalone(Lanes::new(pool.clone(), count)),
-            RedisPool::Cluster(pool) => Connections::Cluster(Lanes::new(pool.clone(), count)),
-        };
+        let connections = Connections::new(&self.pool, count);
         let queue = self.batch.then(Queue::default);
         RedisStore {
             inner: Arc::new(Inner {

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use deadpool_redis::redis::aio::{ConnectionLike, MultiplexedConnection};
 use deadpool_redis::redis::cluster_async::ClusterConnection;
+use deadpool_redis::redis::{RedisResult, cmd};
 use deadpool_redis::{Connection, Pool, PoolError, cluster};
 
 /// How long a lane may go without an answer before a timeout on it closes
@@ -30,6 +31,9 @@ use deadpool_redis::{Connection, Pool, PoolError, cluster};
 /// often per lane), short enough that a dead connection is left within a
 /// couple of seconds.
 pub(super) const SILENT_FOR: Duration = Duration::from_secs(1);
+
+/// The name every connection of the store takes (`CLIENT SETNAME`).
+pub(super) const CLIENT_NAME: &str = "slidegate";
 
 /// Where lanes come from: a deadpool-redis pool of either kind.
 pub(super) trait Source: Send + Sync + 'static {
@@ -80,6 +84,42 @@ impl Source for cluster::Pool {
 
     fn discard(held: cluster::Connection) {
         drop(cluster::Connection::take(held));
+    }
+}
+
+/// Names a new connection [`CLIENT_NAME`] (`CLIENT SETNAME`), so that
+/// operators can tell the limiter's connections in `CLIENT LIST`; on a
+/// cluster, on every node the client knows. A server that refuses (an
+/// ACL without `CLIENT`) still serves the store.
+async fn name(connection: &mut impl ConnectionLike) {
+    let named: RedisResult<()> = cmd("CLIENT")
+        .arg("SETNAME")
+        .arg(CLIENT_NAME)
+        .query_async(connection)
+        .await;
+    if let Err(error) = named {
+        tracing::debug!(%error, "a Redis connection could not be named");
+    }
+}
+
+impl<M> Source for deadpool::managed::Pool<M>
+where
+    M: deadpool::managed::Manager<Error = deadpool_redis::redis::RedisError> + 'static,
+    M::Type: ConnectionLike + Clone + Send + Sync,
+{
+    type Held = deadpool::managed::Object<M>;
+    type Shared = M::Type;
+
+    fn get(&self) -> impl Future<Output = Result<Self::Held, PoolError>> + Send {
+        deadpool::managed::Pool::get(self)
+    }
+
+    fn share(held: &Self::Held) -> M::Type {
+        M::Type::clone(held)
+    }
+
+    fn discard(held: Self::Held) {
+        drop(deadpool::managed::Object::take(held));
     }
 }
 
@@ -137,6 +177,11 @@ impl<S: Source> Lanes<S> {
         }
     }
 
+    /// How many lanes there are.
+    pub(super) fn len(&self) -> usize {
+        self.lanes.len()
+    }
+
     /// A handle on the next lane's connection, taking one from the pool
     /// when the lane has none.
     pub(super) async fn ticket(&self) -> Result<Ticket<S::Shared>, PoolError> {
@@ -150,11 +195,12 @@ impl<S: Source> Lanes<S> {
             return Ok(ticket);
         }
         let held = self.source.get().await?;
+        let mut connection = S::share(&held);
+        name(&mut connection).await;
         self.lanes[lane]
             .answered
             .store(self.micros(), Ordering::Relaxed);
         let serial = self.taken.fetch_add(1, Ordering::Relaxed);
-        let connection = S::share(&held);
         *self.lanes[lane]
             .lane
             .lock()

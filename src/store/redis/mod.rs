@@ -6,9 +6,11 @@ mod builder;
 mod call;
 mod lanes;
 mod library;
+mod pools;
 mod reply;
 
 pub use builder::{PrefixError, RedisStoreBuilder};
+pub use pools::{ClusterClientPool, ClusterManager, SentinelManager, SentinelPool};
 
 use std::fmt;
 use std::sync::Arc;
@@ -54,6 +56,13 @@ pub enum RedisPool {
     /// A pool of Redis Cluster clients; each follows `MOVED` and `ASK`
     /// redirects and routes each script call to its keys' slot.
     Cluster(cluster::Pool),
+    /// A pool of Redis Cluster clients made from a redis-rs
+    /// `ClusterClient` (see [`ClusterManager`]), with every setting of its
+    /// builder: response timeout, TLS certificates, credentials.
+    ClusterClient(ClusterClientPool),
+    /// A pool of connections to the primary that Redis Sentinel names,
+    /// following failovers (see [`SentinelManager`]).
+    Sentinel(SentinelPool),
 }
 
 impl From<Pool> for RedisPool {
@@ -68,12 +77,26 @@ impl From<cluster::Pool> for RedisPool {
     }
 }
 
+impl From<ClusterClientPool> for RedisPool {
+    fn from(pool: ClusterClientPool) -> Self {
+        Self::ClusterClient(pool)
+    }
+}
+
+impl From<SentinelPool> for RedisPool {
+    fn from(pool: SentinelPool) -> Self {
+        Self::Sentinel(pool)
+    }
+}
+
 impl RedisPool {
     /// The pool's size and idle connections.
     pub fn status(&self) -> deadpool_redis::Status {
         match self {
             Self::Standalone(pool) => pool.status(),
             Self::Cluster(pool) => pool.status(),
+            Self::ClusterClient(pool) => pool.status(),
+            Self::Sentinel(pool) => pool.status(),
         }
     }
 }
@@ -83,6 +106,8 @@ impl fmt::Debug for RedisPool {
         let kind = match self {
             Self::Standalone(_) => "Standalone",
             Self::Cluster(_) => "Cluster",
+            Self::ClusterClient(_) => "ClusterClient",
+            Self::Sentinel(_) => "Sentinel",
         };
         f.debug_tuple(kind).field(&self.status()).finish()
     }
@@ -191,12 +216,86 @@ impl RedisStore {
     pub fn base_key(&self, check: &Check) -> String {
         format!("{}:{}:{{{}}}", self.inner.prefix, check.policy, check.key)
     }
+
+    /// Opens the store's connections now rather than on the first check,
+    /// and has Redis answer a `PING` on each, all within `within`: at
+    /// start-up, so that the first requests do not pay for connecting (a
+    /// TLS handshake to a distant Redis may take longer than the store's
+    /// timeout), and so that an unreachable Redis, a refused password or a
+    /// certificate that does not verify is told at once, with its reason.
+    /// The store works either way: until Redis answers, each policy's fail
+    /// mode applies.
+    ///
+    /// ```no_run
+    /// # async fn demo(store: slidegate::RedisStore) {
+    /// use std::time::Duration;
+    ///
+    /// if let Err(error) = store.connect(Duration::from_secs(5)).await {
+    ///     tracing::error!(%error, "Redis is not reachable; the fail modes apply until it is");
+    /// }
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Timeout`] if Redis did not answer within `within`,
+    /// [`StoreError::Backend`] with redis-rs's reason otherwise.
+    pub async fn connect(&self, within: Duration) -> Result<(), StoreError> {
+        let deadline = tokio::time::Instant::now() + within;
+        let inner = &self.inner;
+        match &inner.connections {
+            Connections::Standalone(lanes) => ping_all(lanes, deadline).await,
+            Connections::Cluster(lanes) => ping_all(lanes, deadline).await,
+            Connections::ClusterClient(lanes) => ping_all(lanes, deadline).await,
+            Connections::Sentinel(lanes) => ping_all(lanes, deadline).await,
+        }
+        .map_err(|failed| match failed {
+            Failed::Timeout => StoreError::Timeout(within),
+            Failed::Redis(error) => StoreError::Backend(error.into()),
+        })
+    }
+}
+
+/// A `PING` answered on every lane by `deadline`.
+async fn ping_all<S: Source>(
+    lanes: &Lanes<S>,
+    deadline: tokio::time::Instant,
+) -> Result<(), Failed> {
+    for _ in 0..lanes.len() {
+        let mut ticket = ticket(lanes, deadline).await?;
+        let reply = tokio::time::timeout_at(
+            deadline,
+            cmd("PING").query_async::<()>(&mut ticket.connection),
+        )
+        .await;
+        settle(lanes, &ticket, reply)?;
+    }
+    Ok(())
 }
 
 /// The lanes of a store, on its kind of pool.
 enum Connections {
     Standalone(Lanes<Pool>),
     Cluster(Lanes<cluster::Pool>),
+    ClusterClient(Lanes<ClusterClientPool>),
+    Sentinel(Lanes<SentinelPool>),
+}
+
+impl Connections {
+    /// Lanes for `count` of `pool`'s connections.
+    fn new(pool: &RedisPool, count: usize) -> Self {
+        match pool {
+            RedisPool::Standalone(pool) => Self::Standalone(Lanes::new(pool.clone(), count)),
+            RedisPool::Cluster(pool) => Self::Cluster(Lanes::new(pool.clone(), count)),
+            RedisPool::ClusterClient(pool) => Self::ClusterClient(Lanes::new(pool.clone(), count)),
+            RedisPool::Sentinel(pool) => Self::Sentinel(Lanes::new(pool.clone(), count)),
+        }
+    }
+
+    /// Whether a call must keep to one slot.
+    fn is_cluster(&self) -> bool {
+        matches!(self, Self::Cluster(_) | Self::ClusterClient(_))
+    }
 }
 
 /// How a call on a lane failed, in a form every check of a batch can share.
@@ -220,6 +319,8 @@ impl Inner {
         match &self.connections {
             Connections::Standalone(lanes) => self.call(lanes, call, deadline).await,
             Connections::Cluster(lanes) => self.call(lanes, call, deadline).await,
+            Connections::ClusterClient(lanes) => self.call(lanes, call, deadline).await,
+            Connections::Sentinel(lanes) => self.call(lanes, call, deadline).await,
         }
         .map_err(|failed| self.store_error(failed))
     }
@@ -255,7 +356,7 @@ impl Inner {
         tokio::task::yield_now().await;
         let Some(queue) = &self.queue else { return };
         let queued = queue.take();
-        if matches!(self.connections, Connections::Standalone(_)) {
+        if !self.connections.is_cluster() {
             return self.send(queued).await;
         }
         let mut groups: Vec<(Option<Slot>, Vec<Queued>)> = Vec::new();
@@ -313,6 +414,8 @@ impl Inner {
         let replies = match &self.connections {
             Connections::Standalone(lanes) => self.call_batch(lanes, &queued, deadline).await,
             Connections::Cluster(lanes) => self.call_batch(lanes, &queued, deadline).await,
+            Connections::ClusterClient(lanes) => self.call_batch(lanes, &queued, deadline).await,
+            Connections::Sentinel(lanes) => self.call_batch(lanes, &queued, deadline).await,
         };
         match replies {
             Ok(replies) if replies.len() == queued.len() => {

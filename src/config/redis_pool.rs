@@ -1,0 +1,222 @@
+//! The pool a [`RedisSettings`] names: one server, a Redis Cluster, or the
+//! primary that Redis Sentinel names; in plain text or over TLS.
+//!
+//! No connection here has a response timeout longer than the store's: a
+//! standalone or Sentinel connection has none of its own, and a cluster
+//! client's is the store's timeout, so the configured timeout is the one
+//! that counts.
+
+use deadpool_redis::redis::cluster::ClusterClientBuilder;
+use deadpool_redis::redis::sentinel::{SentinelClientBuilder, SentinelServerType};
+use deadpool_redis::redis::{
+    AsyncConnectionConfig, Client, ClientTlsConfig, ConnectionAddr, ConnectionInfo,
+    IntoConnectionInfo, TlsCertificates, TlsMode,
+};
+use deadpool_redis::{Pool, Runtime};
+
+use super::redis::{RedisSettings, RedisSettingsError, RedisTls, redacted};
+use crate::{ClusterClientPool, ClusterManager, RedisPool, SentinelManager, SentinelPool};
+
+/// A new pool for `settings`; connections are opened on first use.
+pub(super) fn pool(settings: &RedisSettings) -> Result<RedisPool, RedisSettingsError> {
+    let certificates = settings.tls.as_ref().map(certificates);
+    if certificates.is_some() || settings.seeds().iter().any(|url| url.starts_with("rediss")) {
+        use_ring_unless_a_provider_is_set();
+    }
+    if settings.is_sentinel() {
+        return sentinel(settings, certificates);
+    }
+    let seeds = settings.seeds();
+    let Some(first) = seeds.first() else {
+        return Err(RedisSettingsError::NoUrl);
+    };
+    if let Some(plain) = certificates
+        .as_ref()
+        .and_then(|_| seeds.iter().find(|url| !url.starts_with("rediss")))
+    {
+        return Err(RedisSettingsError::Tls(format!(
+            "`tls` is set, but `{}` is not a rediss:// URL",
+            redacted(plain)
+        )));
+    }
+    if settings.is_cluster() {
+        cluster(settings, &seeds, certificates)
+    } else {
+        standalone(settings, first, certificates)
+    }
+}
+
+/// `tls` as redis-rs takes it.
+pub(super) fn certificates(tls: &RedisTls) -> TlsCertificates {
+    TlsCertificates {
+        client_tls: tls.client.as_ref().map(|(cert, key)| ClientTlsConfig {
+            client_cert: cert.clone(),
+            client_key: key.clone(),
+        }),
+        root_cert: tls.ca.clone(),
+    }
+}
+
+/// redis-rs's TLS is rustls, which needs a process-wide crypto provider
+/// when more than one is compiled in: ring, unless the application chose.
+fn use_ring_unless_a_provider_is_set() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Another thread may have set one meanwhile: that one stays.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
+fn bad_url(urls: String) -> impl FnOnce(deadpool_redis::redis::RedisError) -> RedisSettingsError {
+    move |e| RedisSettingsError::BadUrl {
+        urls,
+        source: Box::new(e),
+    }
+}
+
+fn standalone(
+    settings: &RedisSettings,
+    url: &str,
+    certificates: Option<TlsCertificates>,
+) -> Result<RedisPool, RedisSettingsError> {
+    let info: ConnectionInfo = match certificates {
+        Some(certificates) => Client::build_with_tls(url, certificates)
+            .map_err(|e| RedisSettingsError::Tls(e.to_string()))?
+            .get_connection_info()
+            .clone(),
+        None => url.into_connection_info().map_err(bad_url(redacted(url)))?,
+    };
+    // redis-rs ends a call after its own response timeout (500 ms by
+    // default): none here, so that the store's timeout decides, however
+    // long it is.
+    let connection = AsyncConnectionConfig::new().set_response_timeout(None);
+    let manager = deadpool_redis::Manager::new_with_config(info, connection)
+        .map_err(bad_url(redacted(url)))?;
+    let pool = Pool::builder(manager)
+        .max_size(settings.pool_size)
+        .runtime(Runtime::Tokio1)
+        .build()
+        .map_err(|e| RedisSettingsError::BadUrl {
+            urls: redacted(url),
+            source: Box::new(e),
+        })?;
+    Ok(pool.into())
+}
+
+fn cluster(
+    settings: &RedisSettings,
+    seeds: &[String],
+    certificates: Option<TlsCertificates>,
+) -> Result<RedisPool, RedisSettingsError> {
+    let mut client = ClusterClientBuilder::new(seeds.iter().map(String::as_str))
+        .response_timeout(settings.timeout);
+    if let Some(certificates) = certificates {
+        client = client.certs(certificates);
+    }
+    let client = client
+        .build()
+        .map_err(bad_url(settings.redacted_seeds().join(", ")))?;
+    let pool = ClusterClientPool::builder(ClusterManager::new(client))
+        .max_size(settings.pool_size)
+        .runtime(Runtime::Tokio1)
+        .build()
+        .map_err(|e| RedisSettingsError::BadUrl {
+            urls: settings.redacted_seeds().join(", "),
+            source: Box::new(e),
+        })?;
+    Ok(pool.into())
+}
+
+/// The address, TLS mode and credentials of one URL.
+struct Endpoint {
+    addr: ConnectionAddr,
+    tls: Option<TlsMode>,
+    username: Option<String>,
+    password: Option<String>,
+    db: i64,
+}
+
+fn endpoint(url: &str) -> Result<Endpoint, RedisSettingsError> {
+    let info = url.into_connection_info().map_err(bad_url(redacted(url)))?;
+    let tls = match info.addr() {
+        ConnectionAddr::TcpTls { insecure: true, .. } => Some(TlsMode::Insecure),
+        ConnectionAddr::TcpTls { .. } => Some(TlsMode::Secure),
+        _ => None,
+    };
+    let redis = info.redis_settings();
+    Ok(Endpoint {
+        addr: info.addr().clone(),
+        tls,
+        username: redis.username().map(str::to_owned),
+        password: redis.password().map(str::to_owned),
+        db: redis.db(),
+    })
+}
+
+fn sentinel(
+    settings: &RedisSettings,
+    certificates: Option<TlsCertificates>,
+) -> Result<RedisPool, RedisSettingsError> {
+    let master = settings.master.as_deref().ok_or_else(|| {
+        RedisSettingsError::Sentinel("`sentinels` needs `master`, the primary's name".into())
+    })?;
+    let sentinels = settings
+        .sentinels
+        .iter()
+        .map(|url| endpoint(url))
+        .collect::<Result<Vec<_>, _>>()?;
+    let first = &sentinels[0];
+    if sentinels
+        .iter()
+        .any(|s| (s.tls, &s.username, &s.password) != (first.tls, &first.username, &first.password))
+    {
+        return Err(RedisSettingsError::Sentinel(
+            "every sentinel URL needs the same scheme and credentials".into(),
+        ));
+    }
+    let data = settings.url.as_deref().map(endpoint).transpose()?;
+    let data_tls = data.as_ref().and_then(|d| d.tls);
+    if certificates.is_some() && first.tls.is_none() && data_tls.is_none() {
+        return Err(RedisSettingsError::Tls(
+            "`tls` is set, but neither the sentinels nor `url` use rediss://".into(),
+        ));
+    }
+    let addrs = sentinels.iter().map(|s| s.addr.clone());
+    let mut client = SentinelClientBuilder::new(addrs, master, SentinelServerType::Master)
+        .map_err(|e| RedisSettingsError::Sentinel(e.to_string()))?;
+    if let Some(username) = &first.username {
+        client = client.set_client_to_sentinel_username(username);
+    }
+    if let Some(password) = &first.password {
+        client = client.set_client_to_sentinel_password(password);
+    }
+    if let Some(mode) = first.tls {
+        client = client.set_client_to_sentinel_tls_mode(mode);
+        if let Some(certificates) = &certificates {
+            client = client.set_client_to_sentinel_certificates(certificates.clone());
+        }
+    }
+    if let Some(data) = &data {
+        if let Some(username) = &data.username {
+            client = client.set_client_to_redis_username(username);
+        }
+        if let Some(password) = &data.password {
+            client = client.set_client_to_redis_password(password);
+        }
+        client = client.set_client_to_redis_db(data.db);
+    }
+    if let Some(mode) = data_tls {
+        client = client.set_client_to_redis_tls_mode(mode);
+        if let Some(certificates) = certificates {
+            client = client.set_client_to_redis_certificates(certificates);
+        }
+    }
+    let client = client
+        .build()
+        .map_err(|e| RedisSettingsError::Sentinel(e.to_string()))?;
+    let pool = SentinelPool::builder(SentinelManager::new(client))
+        .max_size(settings.pool_size)
+        .runtime(Runtime::Tokio1)
+        .build()
+        .map_err(|e| RedisSettingsError::Sentinel(e.to_string()))?;
+    Ok(pool.into())
+}

@@ -1,0 +1,198 @@
+//! Redis as it runs in production: over TLS (a private CA, mutual TLS),
+//! as an ACL user in a numbered database, with connections named for
+//! `CLIENT LIST`; and the config file that says so.
+
+mod support;
+
+use std::time::Duration;
+
+use slidegate::config::{Config, RedisSettings};
+use slidegate::{Check, Key, Policy, RedisStore, Store, StoreError};
+use support::RedisServer;
+use support::tls::TestCerts;
+
+const WITHIN: Duration = Duration::from_secs(5);
+
+/// The store of a config file written beside the certificates (so its
+/// `tls` paths are relative to it), with `redis` as its `[redis]` body.
+fn store_of(certs: &TestCerts, redis: &str) -> RedisStore {
+    let path = certs.dir().join("slidegate.toml");
+    std::fs::write(&path, format!("[redis]\ntimeout_ms = 2000\n{redis}")).unwrap();
+    let config = Config::from_file(&path).unwrap();
+    config.redis().unwrap().store().unwrap()
+}
+
+/// Three requests admitted, the fourth denied: the limit holds.
+async fn the_limit_holds(store: &RedisStore) {
+    let policy = Policy::new("tls", 3, Duration::from_secs(60));
+    let check = [Check::new(&policy, Key::new("client"))];
+    for remaining in (0..3).rev() {
+        let decision = store.check(&check).await.unwrap()[0];
+        assert!(decision.admitted);
+        assert_eq!(decision.remaining, remaining);
+    }
+    assert!(!store.check(&check).await.unwrap()[0].admitted);
+}
+
+#[tokio::test]
+async fn a_limit_holds_over_tls_to_a_private_ca() {
+    let certs = TestCerts::new();
+    let server = RedisServer::start_tls(&certs, false);
+    let store = store_of(
+        &certs,
+        &format!("url = \"{}\"\ntls = {{ ca = \"ca.pem\" }}\n", server.url()),
+    );
+    store.connect(WITHIN).await.unwrap();
+    the_limit_holds(&store).await;
+    assert_eq!(
+        server.cli(&["dbsize"]).trim(),
+        "1",
+        "the state is on the TLS server"
+    );
+}
+
+#[tokio::test]
+async fn mutual_tls_takes_a_client_certificate_and_refuses_a_client_without_one() {
+    let certs = TestCerts::new();
+    let server = RedisServer::start_tls(&certs, true);
+    let with = store_of(
+        &certs,
+        &format!(
+            "url = \"{}\"\ntls = {{ ca = \"ca.pem\", cert = \"client.pem\", key = \"client.key\" }}\n",
+            server.url()
+        ),
+    );
+    with.connect(WITHIN).await.unwrap();
+    the_limit_holds(&with).await;
+
+    let without = store_of(
+        &certs,
+        &format!("url = \"{}\"\ntls = {{ ca = \"ca.pem\" }}\n", server.url()),
+    );
+    let error = without.connect(WITHIN).await.unwrap_err();
+    assert!(matches!(error, StoreError::Backend(_)), "{error}");
+    let policy = Policy::new("tls", 3, Duration::from_secs(60));
+    assert!(
+        without
+            .check(&[Check::new(&policy, Key::new("client"))])
+            .await
+            .is_err(),
+        "no check goes through without a client certificate"
+    );
+}
+
+#[tokio::test]
+async fn a_server_certificate_from_another_ca_is_refused_with_its_reason() {
+    let certs = TestCerts::new();
+    let server = RedisServer::start_tls(&certs, false);
+    let store = store_of(
+        &certs,
+        &format!(
+            "url = \"{}\"\ntls = {{ ca = \"other-ca.pem\" }}\n",
+            server.url()
+        ),
+    );
+    let error = store.connect(WITHIN).await.unwrap_err().to_string();
+    assert!(
+        error.contains("UnknownIssuer") || error.contains("invalid peer certificate"),
+        "the reason is named: {error}"
+    );
+    // Without the private CA, the platform's roots do not know it either.
+    let store = RedisSettings::default()
+        .with_url(server.url())
+        .store()
+        .unwrap();
+    assert!(store.connect(WITHIN).await.is_err());
+}
+
+#[test]
+fn tls_settings_that_cannot_work_are_refused_at_start_up() {
+    let certs = TestCerts::new();
+    let at = |redis: &str| {
+        let path = certs.dir().join("bad.toml");
+        std::fs::write(&path, format!("[redis]\n{redis}")).unwrap();
+        Config::from_file(&path)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string()
+    };
+    let error = at("url = \"rediss://h/\"\ntls = { cert = \"client.pem\" }\n");
+    assert!(
+        error.contains("redis.tls") && error.contains("`key`"),
+        "{error}"
+    );
+    let error = at("url = \"rediss://h/\"\ntls = { ca = \"missing.pem\" }\n");
+    assert!(
+        error.contains("redis.tls.ca") && error.contains("missing.pem"),
+        "{error}"
+    );
+    std::fs::write(certs.dir().join("garbage.pem"), "not a certificate").unwrap();
+    let error = at(
+        "url = \"rediss://h/\"\ntls = { ca = \"ca.pem\", cert = \"garbage.pem\", key = \"garbage.pem\" }\n",
+    );
+    assert!(error.contains("redis.tls"), "{error}");
+    let error = at("url = \"rediss://h/\"\ntls = { ca = \"ca.pem\", crl = \"x\" }\n");
+    assert!(error.contains("crl"), "{error}");
+
+    // Certificates for a plain-text URL would be silently unused.
+    let path = certs.dir().join("plain.toml");
+    std::fs::write(
+        &path,
+        "[redis]\nurl = \"redis://h/\"\ntls = { ca = \"ca.pem\" }\n",
+    )
+    .unwrap();
+    let config = Config::from_file(&path).unwrap();
+    let error = config.redis().unwrap().store().unwrap_err().to_string();
+    assert!(error.contains("rediss://"), "{error}");
+}
+
+/// An ACL user in database 3: the keys land there, and every connection
+/// of the store is named `slidegate` in `CLIENT LIST`.
+#[tokio::test]
+async fn an_acl_user_in_a_numbered_database_on_connections_named_slidegate() {
+    let server = RedisServer::start();
+    server.cli(&[
+        "acl",
+        "setuser",
+        "limiter",
+        "on",
+        ">s3cret",
+        "~slidegate:*",
+        "+@all",
+    ]);
+    server.cli(&["acl", "setuser", "default", "off"]);
+    let url = format!("redis://limiter:s3cret@127.0.0.1:{}/3", server.port());
+    let store = RedisSettings::default().with_url(url).store().unwrap();
+    store.connect(WITHIN).await.unwrap();
+    let policy = Policy::new("acl", 2, Duration::from_secs(60));
+    let check = [Check::new(&policy, Key::new("client"))];
+    assert!(store.check(&check).await.unwrap()[0].admitted);
+
+    let admin = |args: &[&str]| {
+        let mut all = vec!["--user", "limiter", "--pass", "s3cret", "--no-auth-warning"];
+        all.extend_from_slice(args);
+        server.cli(&all)
+    };
+    let clients = admin(&["client", "list"]);
+    let ours: Vec<&str> = clients
+        .lines()
+        .filter(|line| line.contains(" name=slidegate "))
+        .collect();
+    assert_eq!(ours.len(), 1, "one named connection: {clients}");
+    assert!(
+        ours[0].contains(" user=limiter ") && ours[0].contains(" db=3 "),
+        "{}",
+        ours[0]
+    );
+    assert_eq!(admin(&["-n", "3", "dbsize"]).trim(), "1");
+    assert_eq!(admin(&["-n", "0", "dbsize"]).trim(), "0");
+
+    // A wrong password is a clear error, not a silent pass.
+    let url = format!("redis://limiter:wrong@127.0.0.1:{}/3", server.port());
+    let store = RedisSettings::default().with_url(url).store().unwrap();
+    let error = store.connect(WITHIN).await.unwrap_err().to_string();
+    assert!(
+        error.to_lowercase().contains("auth") || error.contains("WRONGPASS"),
+        "{error}"
+    );
+}
