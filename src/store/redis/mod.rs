@@ -546,6 +546,9 @@ async fn ticket<S: Source>(
 ) -> Result<lanes::Ticket<S::Shared>, Failed> {
     match tokio::time::timeout_at(deadline, lanes.ticket()).await {
         Ok(Ok(ticket)) => Ok(ticket),
+        // Why no connection could be made: refused, a certificate that
+        // does not verify, a wrong password.
+        Ok(Err(deadpool_redis::PoolError::Backend(error))) => Err(Failed::Redis(error)),
         Ok(Err(error)) => Err(Failed::Redis(RedisError::from((
             ErrorKind::Io,
             "no Redis connection",
