@@ -313,3 +313,45 @@ async fn checks_queued_together_on_a_cluster_share_a_call_per_slot() {
     // (rejected before it runs, so not among the calls).
     assert_eq!(fcalls(&cluster), slots.len() as u64);
 }
+
+/// A cluster store built from the configuration keeps a timeout longer
+/// than redis-rs's own default of 500 ms: a reply 800 ms late is still
+/// taken. And its connections are named `slidegate` on the nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configured_timeout_past_half_a_second_is_the_one_that_counts_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    let mut settings = slidegate::config::RedisSettings::default().with_url(cluster.cluster_url());
+    settings.timeout = Duration::from_secs(3);
+    let store = settings.store().unwrap();
+    store.connect(Duration::from_secs(5)).await.unwrap();
+    let policy = Policy::new("patient", 10, MINUTE);
+    let check = [Check::new(&policy, Key::new("c"))];
+    store.check(&check).await.unwrap();
+    let primary = cluster.primary_of(&store.base_key(&check[0]));
+    assert!(
+        primary
+            .cli(&["client", "list"])
+            .contains(" name=slidegate "),
+        "the store's connection is named on the node it calls"
+    );
+
+    let sleeper = primary.keep_busy("0.8");
+    let started = std::time::Instant::now();
+    let answer = store.check(&check).await;
+    let waited = started.elapsed();
+    assert!(sleeper.join().unwrap());
+    assert_eq!(answer.unwrap()[0].remaining, 8, "after waiting {waited:?}");
+    assert!(
+        waited > Duration::from_millis(500),
+        "the node was busy, yet {waited:?}"
+    );
+
+    // And a timeout shorter than the node's stall still ends the call.
+    settings.timeout = Duration::from_millis(100);
+    let hasty = settings.store().unwrap();
+    hasty.check(&check).await.unwrap();
+    let sleeper = primary.keep_busy("0.5");
+    let answer = hasty.check(&check).await;
+    assert!(sleeper.join().unwrap());
+    assert!(matches!(answer, Err(StoreError::Timeout(_))), "{answer:?}");
+}

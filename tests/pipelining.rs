@@ -4,8 +4,6 @@
 
 mod support;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -117,36 +115,6 @@ fn script_connections(server: &RedisServer) -> Vec<String> {
         .collect()
 }
 
-/// Whether the server fails to answer a PING within 50 ms: busy.
-fn is_busy(server: &RedisServer) -> bool {
-    let mut stream = TcpStream::connect(("127.0.0.1", server.port())).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_millis(50)))
-        .unwrap();
-    stream.write_all(b"PING\r\n").unwrap();
-    let mut reply = [0u8; 7];
-    stream.read_exact(&mut reply).is_err()
-}
-
-/// Makes the server busy for `seconds` (`DEBUG SLEEP`, from another
-/// thread) and returns once it is; the thread tells whether the sleep ran.
-fn keep_busy(server: &RedisServer, seconds: &str) -> std::thread::JoinHandle<bool> {
-    let (port, seconds) = (server.port().to_string(), seconds.to_owned());
-    let sleeper = std::thread::spawn(move || {
-        std::process::Command::new("redis-cli")
-            .args(["-h", "127.0.0.1", "-p", &port, "debug", "sleep", &seconds])
-            .output()
-            .expect("run redis-cli")
-            .status
-            .success()
-    });
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !is_busy(server) {
-        assert!(Instant::now() < deadline, "DEBUG SLEEP never started");
-    }
-    sleeper
-}
-
 /// A check whose deadline passes while Redis is busy fails with a timeout;
 /// the checks sent after it on the same connection, still within their own
 /// deadlines, each get their own answer once Redis answers again: the late
@@ -173,7 +141,7 @@ async fn a_check_timing_out_in_a_pipeline_leaves_the_checks_behind_it_their_answ
     let connections = script_connections(&server);
     assert_eq!(connections.len(), 1);
 
-    let sleeper = keep_busy(&server, SLEEP);
+    let sleeper = server.keep_busy(SLEEP);
 
     let abandoned = store.check(&[check("a")]).await;
     assert!(
@@ -331,7 +299,7 @@ async fn a_configured_timeout_past_half_a_second_is_the_one_that_counts() {
     let check = [Check::new(&policy, Key::new("c"))];
     store.check(&check).await.unwrap();
 
-    let sleeper = keep_busy(&server, "0.8");
+    let sleeper = server.keep_busy("0.8");
     let started = Instant::now();
     let answer = store.check(&check).await;
     let waited = started.elapsed();

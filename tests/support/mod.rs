@@ -273,6 +273,37 @@ impl RedisServer {
         signal(self.pid(), "CONT");
     }
 
+    /// Whether the server fails to answer a PING within 50 ms: busy.
+    pub fn is_busy(&self) -> bool {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_millis(50)))
+            .unwrap();
+        stream.write_all(b"PING\r\n").unwrap();
+        let mut reply = [0u8; 7];
+        stream.read_exact(&mut reply).is_err()
+    }
+
+    /// Makes the server busy for `seconds` (`DEBUG SLEEP`, from another
+    /// thread; the server needs `--enable-debug-command local`) and returns
+    /// once it is; the thread tells whether the sleep ran.
+    pub fn keep_busy(&self, seconds: &str) -> std::thread::JoinHandle<bool> {
+        let (port, seconds) = (self.port.to_string(), seconds.to_owned());
+        let sleeper = std::thread::spawn(move || {
+            Command::new("redis-cli")
+                .args(["-h", "127.0.0.1", "-p", &port, "debug", "sleep", &seconds])
+                .output()
+                .expect("run redis-cli")
+                .status
+                .success()
+        });
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !self.is_busy() {
+            assert!(Instant::now() < deadline, "DEBUG SLEEP never started");
+        }
+        sleeper
+    }
+
     /// Runs `redis-cli` against the server and returns its output.
     pub fn cli(&self, args: &[&str]) -> String {
         let output = Command::new("redis-cli")
@@ -345,6 +376,8 @@ impl RedisCluster {
                     // default wait of 5 s for more replicas to join.
                     "--repl-diskless-sync-delay",
                     "0",
+                    "--enable-debug-command",
+                    "local",
                 ],
             ) {
                 nodes.push(node);
@@ -396,6 +429,16 @@ impl RedisCluster {
                 && !slots.trim().is_empty()
                 && linked
         })
+    }
+
+    /// The cluster as one `redis+cluster://` URL of every node.
+    pub fn cluster_url(&self) -> String {
+        let hosts: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        format!("redis+cluster://{}/", hosts.join(","))
     }
 
     /// The nodes' `redis://` URLs, as cluster seeds.
