@@ -72,7 +72,7 @@ pub use store::{
 #[cfg(feature = "redis")]
 pub use store::{
     ClusterClientPool, ClusterManager, PrefixError, RedisPool, RedisStore, RedisStoreBuilder,
-    SentinelManager, SentinelPool,
+    SentinelConnection, SentinelManager, SentinelPool,
 };
 pub use tier::{TierFuture, TierLookup};
 

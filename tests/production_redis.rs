@@ -4,11 +4,12 @@
 
 mod support;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use slidegate::config::{Config, RedisSettings};
 use slidegate::{Check, Key, Policy, RedisStore, Store, StoreError};
 use support::RedisServer;
+use support::sentinel::{MASTER, SentinelSet};
 use support::tls::TestCerts;
 
 const WITHIN: Duration = Duration::from_secs(5);
@@ -195,4 +196,112 @@ async fn an_acl_user_in_a_numbered_database_on_connections_named_slidegate() {
         error.to_lowercase().contains("auth") || error.contains("WRONGPASS"),
         "{error}"
     );
+}
+
+/// A store on the sentinels of `set`, from a config file's `[redis]`.
+fn sentinel_store(set: &SentinelSet) -> RedisStore {
+    let sentinels: Vec<String> = set.urls().iter().map(|u| format!("\"{u}\"")).collect();
+    let config = Config::from_toml_str(&format!(
+        "[redis]\nsentinels = [{}]\nmaster = \"{MASTER}\"\ntimeout_ms = 200\n",
+        sentinels.join(", ")
+    ))
+    .unwrap();
+    config.redis().unwrap().store().unwrap()
+}
+
+/// Takes a client to its limit of 3 and waits until the replica has it.
+async fn at_its_limit(store: &RedisStore, set: &SentinelSet, check: &[Check]) {
+    for _ in 0..3 {
+        assert!(store.check(check).await.unwrap()[0].admitted);
+    }
+    assert!(!store.check(check).await.unwrap()[0].admitted);
+    let primary = set.node(set.primary_port());
+    assert_eq!(
+        primary.cli(&["wait", "1", "5000"]).trim(),
+        "1",
+        "replicated"
+    );
+}
+
+/// Checks until one is answered by `primary` (at most `within` after
+/// `since`); every answer on the way, from whichever server, must deny.
+/// How long after `since` the store was on `primary`.
+async fn limited_by(
+    store: &RedisStore,
+    check: &[Check],
+    primary: &RedisServer,
+    since: Instant,
+    within: Duration,
+) -> Duration {
+    loop {
+        let r = store.check(check).await;
+        eprintln!(
+            "{:?} {:?}",
+            since.elapsed(),
+            r.as_ref().map(|d| d[0].admitted)
+        );
+        if let Ok(decisions) = r {
+            assert!(!decisions[0].admitted, "still at its limit: {decisions:?}");
+            if primary
+                .cli(&["client", "list"])
+                .contains(" name=slidegate ")
+            {
+                return since.elapsed();
+            }
+        }
+        assert!(
+            since.elapsed() < within,
+            "the store is not on the new primary {within:?} after the failover"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `SENTINEL FAILOVER`: the store follows the primary to its new address,
+/// and a client at its limit, replicated before, stays at its limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_follows_a_sentinel_failover_and_keeps_the_counts() {
+    let set = SentinelSet::start();
+    let store = sentinel_store(&set);
+    store.connect(WITHIN).await.unwrap();
+    let policy = Policy::new("sentinel", 3, Duration::from_secs(60));
+    let check = [Check::new(&policy, Key::new("client"))];
+    at_its_limit(&store, &set, &check).await;
+    let before = set.primary_port();
+
+    set.fail_over();
+    set.wait_until("the sentinels name the replica", |set| {
+        set.primary_port() != before
+            && set
+                .node(set.primary_port())
+                .cli(&["role"])
+                .starts_with("master")
+    });
+    let promoted = Instant::now();
+    let primary = set.node(set.primary_port());
+    let took = limited_by(&store, &check, primary, promoted, Duration::from_secs(1)).await;
+    eprintln!("limited by the new primary {took:?} after the promotion");
+}
+
+/// The primary killed: once the sentinels have promoted the replica, the
+/// store is on it within a second, with the counts it had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_follows_a_sentinel_promotion_after_the_primary_is_killed() {
+    let mut set = SentinelSet::start();
+    let store = sentinel_store(&set);
+    let policy = Policy::new("sentinel", 3, Duration::from_secs(60));
+    let check = [Check::new(&policy, Key::new("client"))];
+    at_its_limit(&store, &set, &check).await;
+    let before = set.primary_port();
+    let killed = set.nodes.iter().position(|n| n.port() == before).unwrap();
+    set.nodes[killed].kill();
+    assert!(store.check(&check).await.is_err(), "no primary for now");
+
+    set.wait_until("the sentinels promote the replica", |set| {
+        set.primary_port() != before
+    });
+    let promoted = Instant::now();
+    let primary = set.node(set.primary_port());
+    let took = limited_by(&store, &check, primary, promoted, Duration::from_secs(1)).await;
+    eprintln!("limited by the new primary {took:?} after the promotion");
 }

@@ -20,7 +20,7 @@ pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]
 pub use redis::{
     ClusterClientPool, ClusterManager, PrefixError, RedisPool, RedisStore, RedisStoreBuilder,
-    SentinelManager, SentinelPool,
+    SentinelConnection, SentinelManager, SentinelPool,
 };
 
 use std::fmt;

@@ -6,6 +6,7 @@
 pub mod down_store;
 pub mod proxy;
 pub mod reply;
+pub mod sentinel;
 pub mod tls;
 pub mod trace;
 

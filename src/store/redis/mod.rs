@@ -10,7 +10,9 @@ mod pools;
 mod reply;
 
 pub use builder::{PrefixError, RedisStoreBuilder};
-pub use pools::{ClusterClientPool, ClusterManager, SentinelManager, SentinelPool};
+pub use pools::{
+    ClusterClientPool, ClusterManager, SentinelConnection, SentinelManager, SentinelPool,
+};
 
 use std::fmt;
 use std::sync::Arc;
@@ -649,6 +651,12 @@ trait Routed: ConnectionLike + Send {
 }
 
 impl Routed for MultiplexedConnection {
+    async fn route_to_key(&mut self, command: Cmd, _key: &str) -> RedisResult<()> {
+        command.query_async(self).await
+    }
+}
+
+impl Routed for SentinelConnection {
     async fn route_to_key(&mut self, command: Cmd, _key: &str) -> RedisResult<()> {
         command.query_async(self).await
     }

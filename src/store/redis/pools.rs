@@ -4,14 +4,18 @@
 //! connections to the primary that Redis Sentinel names.
 
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use deadpool::managed::{self, Metrics, RecycleError, RecycleResult};
 use deadpool_redis::redis::aio::{ConnectionLike, MultiplexedConnection};
 use deadpool_redis::redis::cluster::ClusterClient;
 use deadpool_redis::redis::cluster_async::ClusterConnection;
 use deadpool_redis::redis::sentinel::SentinelClient;
-use deadpool_redis::redis::{AsyncConnectionConfig, RedisError, Value, cmd};
+use deadpool_redis::redis::{
+    AsyncConnectionConfig, Client, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, Value, cmd,
+};
 
 /// A pool of Redis Cluster clients made by a [`ClusterManager`].
 pub type ClusterClientPool = managed::Pool<ClusterManager>;
@@ -78,10 +82,16 @@ impl managed::Manager for ClusterManager {
 
 /// Makes connections to the primary that Redis Sentinel names for one
 /// master: each new connection asks the sentinels where the primary is
-/// now, and checks (`ROLE`) that the server it reaches is a primary. So
-/// after a failover, a connection that the store closes (its server went
-/// away, or answered `READONLY` once demoted) is replaced by one to the
-/// new primary.
+/// now, and checks (`ROLE`) that the server it reaches is a primary.
+///
+/// While the pool is in use, a task asks the sentinels every half second
+/// where the primary is. Once they name another (a
+/// failover), every connection to the old one fails its next call and is
+/// replaced by one to the new primary: a demoted primary may go on taking
+/// writes for seconds before the sentinels reconfigure it, and counts
+/// written there would be lost. A connection the store closes for its own
+/// reasons (its server went away, or answered `READONLY`) is replaced the
+/// same way.
 ///
 /// Connections have no response timeout of their own: the store's timeout
 /// is the one that counts (see
@@ -101,8 +111,40 @@ impl managed::Manager for ClusterManager {
 /// let store = RedisStore::new(pool);
 /// ```
 pub struct SentinelManager {
-    client: tokio::sync::Mutex<SentinelClient>,
+    shared: Arc<Sentinels>,
     connection: AsyncConnectionConfig,
+    watching: AtomicBool,
+}
+
+/// How often a [`SentinelManager`] asks the sentinels where the primary is.
+const WATCH_EVERY: Duration = Duration::from_millis(500);
+
+/// What a manager and its watching task share.
+struct Sentinels {
+    client: tokio::sync::Mutex<SentinelClient>,
+    /// The primary's address as last seen, and how many times it moved.
+    primary: Mutex<(Option<String>, u64)>,
+    /// The move count, for connections to compare theirs with.
+    moves: AtomicU64,
+}
+
+impl Sentinels {
+    /// A client of the primary the sentinels name now, after checking that
+    /// it is one; notes a move.
+    async fn primary(&self) -> Result<Client, RedisError> {
+        let client = self.client.lock().await.async_get_client().await?;
+        let address = client.get_connection_info().addr().to_string();
+        let mut primary = self.primary.lock().unwrap_or_else(|e| e.into_inner());
+        if primary.0.as_ref() != Some(&address) {
+            if let Some(old) = &primary.0 {
+                tracing::warn!(from = %old, to = %address, "the Redis primary moved (Sentinel failover)");
+                primary.1 += 1;
+                self.moves.store(primary.1, Ordering::Release);
+            }
+            primary.0 = Some(address);
+        }
+        Ok(client)
+    }
 }
 
 impl SentinelManager {
@@ -110,9 +152,36 @@ impl SentinelManager {
     /// name.
     pub fn new(client: SentinelClient) -> Self {
         Self {
-            client: tokio::sync::Mutex::new(client),
+            shared: Arc::new(Sentinels {
+                client: tokio::sync::Mutex::new(client),
+                primary: Mutex::new((None, 0)),
+                moves: AtomicU64::new(0),
+            }),
             connection: AsyncConnectionConfig::new().set_response_timeout(None),
+            watching: AtomicBool::new(false),
         }
+    }
+
+    /// Starts the task that watches where the primary is, once; it ends
+    /// when the manager is dropped.
+    fn watch(&self) {
+        if self.watching.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let shared = Arc::downgrade(&self.shared);
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(WATCH_EVERY);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                every.tick().await;
+                let Some(shared) = shared.upgrade() else {
+                    return;
+                };
+                if let Err(error) = shared.primary().await {
+                    tracing::debug!(%error, "the sentinels could not name a primary");
+                }
+            }
+        });
     }
 }
 
@@ -122,23 +191,78 @@ impl fmt::Debug for SentinelManager {
     }
 }
 
+/// A connection to the primary a [`SentinelManager`] found. Once the
+/// primary has moved, every call on it fails at once (an I/O error, so the
+/// store closes it and connects to the new primary).
+#[derive(Clone)]
+pub struct SentinelConnection {
+    connection: MultiplexedConnection,
+    /// The manager's move count when this connection was made.
+    made_at: u64,
+    shared: Arc<Sentinels>,
+}
+
+impl SentinelConnection {
+    fn moved(&self) -> bool {
+        self.shared.moves.load(Ordering::Acquire) != self.made_at
+    }
+}
+
+fn primary_moved() -> RedisError {
+    RedisError::from((
+        ErrorKind::Io,
+        "the Redis primary moved (Sentinel failover); reconnecting",
+    ))
+}
+
+impl ConnectionLike for SentinelConnection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        if self.moved() {
+            return Box::pin(async { Err(primary_moved()) });
+        }
+        self.connection.req_packed_command(cmd)
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        if self.moved() {
+            return Box::pin(async { Err(primary_moved()) });
+        }
+        self.connection.req_packed_commands(pipeline, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.connection.get_db()
+    }
+}
+
 impl managed::Manager for SentinelManager {
-    type Type = MultiplexedConnection;
+    type Type = SentinelConnection;
     type Error = RedisError;
 
-    async fn create(&self) -> Result<MultiplexedConnection, RedisError> {
-        self.client
-            .lock()
-            .await
-            .get_async_connection_with_config(&self.connection)
-            .await
+    async fn create(&self) -> Result<SentinelConnection, RedisError> {
+        self.watch();
+        let client = self.shared.primary().await?;
+        let made_at = self.shared.moves.load(Ordering::Acquire);
+        let connection = client
+            .get_multiplexed_async_connection_with_config(&self.connection)
+            .await?;
+        Ok(SentinelConnection {
+            connection,
+            made_at,
+            shared: self.shared.clone(),
+        })
     }
 
     /// A pooled connection is handed out again only if its server is
     /// still the primary: one demoted by a failover is left.
     async fn recycle(
         &self,
-        connection: &mut MultiplexedConnection,
+        connection: &mut SentinelConnection,
         _: &Metrics,
     ) -> RecycleResult<RedisError> {
         let role: Vec<Value> = cmd("ROLE").query_async(connection).await?;
