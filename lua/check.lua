@@ -1219,19 +1219,47 @@ local function refund(keys, argv)
   return {}
 end
 
+-- Under `maxmemory` with nothing left to evict, Redis refuses the
+-- functions above before they start (they write), and every client would
+-- meet its policy's fail mode. Their `allow-oom` twins, tried after such a
+-- refusal, decide a request only when the state of every one of its
+-- policies already exists: a client already tracked stays limited, and
+-- only a new one (whose state would need new memory) is refused, with
+-- this error. A tracked client's state grows by its admitted requests, as
+-- it would anyway, and pruning shrinks it: it never holds more than its
+-- limit's records.
+local NOT_HELD = 'OOM a new client is not tracked while Redis is out of memory'
+
+-- Whether the first key of each of `policies` policies exists; keys start
+-- at keys[first_key], each policy's arguments `step` apart from
+-- argv[first_arg] (its algorithm first).
+local function all_held(keys, argv, first_key, first_arg, policies, step)
+  local k = first_key
+  for i = 0, policies - 1 do
+    if redis.call('EXISTS', keys[k]) == 0 then
+      return false
+    end
+    k = k + (argv[first_arg + step * i] == 'log' and 2 or 1)
+  end
+  return true
+end
+
 -- Decides several requests, in order, each all-or-nothing on its own, at
 -- one time. ARGV[1] is the time as for `check`; then, per request, its
 -- number of policies and their four arguments each. KEYS are the
 -- requests' keys in the same order. Returns one entry per request: its
 -- integers as `check` returns them, or an error of its own, which leaves
 -- the other requests' decisions standing and writes nothing of its own.
-local function check_batch(keys, argv)
+local function check_batch(keys, argv, held_only)
   set_now(argv[1])
   local replies = {}
   local next_key, next_arg = 1, 2
   while next_arg <= #argv do
     local policies = tonumber(argv[next_arg])
-    local ok, result, after = pcall(decide, keys, argv, next_key, next_arg + 1, policies, false)
+    local ok, result, after = false, { err = NOT_HELD }
+    if not held_only or all_held(keys, argv, next_key, next_arg + 1, policies, 4) then
+      ok, result, after = pcall(decide, keys, argv, next_key, next_arg + 1, policies, false)
+    end
     if ok then
       replies[#replies + 1] = result
       next_key = after
@@ -1257,6 +1285,25 @@ local function main(keys, argv)
     return refund(keys, argv)
   end
   return check(keys, argv, argv[2] == 'peek')
+end
+
+-- `main` for a request whose every policy's state exists (see `NOT_HELD`).
+local function held_main(keys, argv)
+  local first, step = 2, 4
+  if argv[2] == 'refund' then
+    first, step = 3, 5
+  elseif argv[2] == 'peek' then
+    first = 3
+  end
+  if not all_held(keys, argv, 1, first, (#argv - first + 1) / step, step) then
+    return redis.error_reply(NOT_HELD)
+  end
+  return main(keys, argv)
+end
+
+-- `check_batch` for requests whose every policy's state exists.
+local function held_batch(keys, argv)
+  return check_batch(keys, argv, true)
 end
 
 return main(KEYS, ARGV)

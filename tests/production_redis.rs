@@ -305,3 +305,84 @@ async fn the_store_follows_a_sentinel_promotion_after_the_primary_is_killed() {
     let took = limited_by(&store, &check, primary, promoted, Duration::from_secs(1)).await;
     eprintln!("limited by the new primary {took:?} after the promotion");
 }
+
+/// Redis full (`maxmemory`, `noeviction`): a flood of new identities fills
+/// it, and from then on each new identity's check is refused (its policy's
+/// fail mode decides), while clients Redis already holds are still decided
+/// there: one at its limit stays at its limit throughout, one under it is
+/// still admitted and counted. Both single calls and batches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_redis_keeps_limiting_the_clients_it_already_holds() {
+    let server =
+        RedisServer::start_with(&["--maxmemory", "3mb", "--maxmemory-policy", "noeviction"]);
+    let store = RedisStore::builder(server.pool(4))
+        .timeout(Duration::from_secs(2))
+        .build();
+    let policy = Policy::new("full", 5, Duration::from_secs(600));
+    let counter = Policy::new("full_counter", 5, Duration::from_secs(600))
+        .algorithm(slidegate::Algorithm::SlidingCounter);
+    let checks = |key: &str| {
+        vec![
+            Check::new(&policy, Key::new(key)),
+            Check::new(&counter, Key::new(key)),
+        ]
+    };
+    for _ in 0..5 {
+        assert!(store.check(&checks("limited")).await.unwrap()[0].admitted);
+    }
+    for _ in 0..2 {
+        assert!(store.check(&checks("under")).await.unwrap()[0].admitted);
+    }
+
+    let mut refused = 0;
+    let mut new_clients = 0u32;
+    while refused < 50 {
+        assert!(new_clients < 200_000, "Redis never filled up");
+        // Sixteen new clients at once: batched calls.
+        let mut flood = tokio::task::JoinSet::new();
+        for _ in 0..16 {
+            new_clients += 1;
+            let (store, checks) = (store.clone(), checks(&format!("new{new_clients}")));
+            flood.spawn(async move { store.check(&checks).await });
+        }
+        while let Some(outcome) = flood.join_next().await {
+            if let Err(error) = outcome.unwrap() {
+                assert!(error.to_string().contains("OOM"), "{error}");
+                refused += 1;
+            }
+        }
+        if new_clients % 512 == 0 || refused > 0 {
+            let decisions = store.check(&checks("limited")).await.unwrap();
+            assert!(
+                !decisions[0].admitted,
+                "at its limit throughout: {decisions:?}"
+            );
+        }
+    }
+    let info = server.cli(&["info", "memory"]);
+    assert!(info.contains("maxmemory_policy:noeviction"), "{info}");
+    eprintln!("full after {new_clients} new clients");
+
+    // Full now: a new client is refused, one held at its limit is denied,
+    // one held under it is admitted and counted, alone or in a batch.
+    let error = store.check(&checks("newest")).await.unwrap_err();
+    assert!(error.to_string().contains("not tracked"), "{error}");
+    let decisions = store.check(&checks("limited")).await.unwrap();
+    assert!(!decisions[0].admitted);
+    let decisions = store.check(&checks("under")).await.unwrap();
+    assert!(decisions[0].admitted);
+    assert_eq!((decisions[0].remaining, decisions[1].remaining), (2, 2));
+    let mut together = tokio::task::JoinSet::new();
+    for key in ["under", "limited", "newer"] {
+        let (store, checks) = (store.clone(), checks(key));
+        together.spawn(async move { (key, store.check(&checks).await) });
+    }
+    while let Some(joined) = together.join_next().await {
+        let (key, outcome) = joined.unwrap();
+        match key {
+            "under" => assert_eq!(outcome.unwrap()[0].remaining, 1),
+            "limited" => assert!(!outcome.unwrap()[0].admitted),
+            _ => assert!(outcome.is_err(), "a new client is refused"),
+        }
+    }
+}

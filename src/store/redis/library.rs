@@ -20,6 +20,11 @@ pub(super) struct Library {
     pub(super) function: String,
     /// The function deciding several requests at once.
     pub(super) batch_function: String,
+    /// `function` for clients already tracked, allowed to run when Redis
+    /// is out of memory (`allow-oom`); see `NOT_HELD` in `lua/check.lua`.
+    pub(super) held_function: String,
+    /// `batch_function`'s twin of `held_function`.
+    pub(super) held_batch_function: String,
     /// Set once Redis has refused functions (an ACL without `FUNCTION`
     /// or `FCALL`, a renamed command): every call is an `EVALSHA` then.
     refused: AtomicBool,
@@ -34,12 +39,21 @@ impl Library {
             .expect("lua/check.lua opens with `#!lua` and ends by returning main(KEYS, ARGV)");
         let function = format!("slidegate_check_{hash}");
         let batch_function = format!("slidegate_batch_{hash}");
+        let held_function = format!("slidegate_held_{hash}");
+        let held_batch_function = format!("slidegate_held_batch_{hash}");
+        let allow_oom = "flags = { 'allow-oom' }";
         Self {
             source: format!(
-                "#!lua name=slidegate_{hash}\n{body}\nredis.register_function('{function}', main)\nredis.register_function('{batch_function}', check_batch)\n"
+                "#!lua name=slidegate_{hash}\n{body}\n\
+                 redis.register_function('{function}', main)\n\
+                 redis.register_function('{batch_function}', check_batch)\n\
+                 redis.register_function{{ function_name = '{held_function}', callback = held_main, {allow_oom} }}\n\
+                 redis.register_function{{ function_name = '{held_batch_function}', callback = held_batch, {allow_oom} }}\n"
             ),
             function,
             batch_function,
+            held_function,
+            held_batch_function,
             refused: AtomicBool::new(false),
         }
     }
@@ -61,6 +75,12 @@ impl Library {
             || error
                 .detail()
                 .is_some_and(|detail| detail.starts_with("unknown command"))
+    }
+
+    /// Whether `error` is Redis refusing a call that writes because it is
+    /// out of memory (`maxmemory` with nothing left to evict).
+    pub(super) fn out_of_memory(error: &RedisError) -> bool {
+        error.code() == Some("OOM")
     }
 
     /// Whether `error` says the library is not loaded where the call ran

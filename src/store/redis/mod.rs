@@ -459,22 +459,35 @@ impl Inner {
         S::Shared: Routed,
     {
         let mut ticket = ticket(lanes, deadline).await?;
-        let mut fcall = cmd("FCALL");
-        let keys: usize = queued.iter().map(|q| q.call.keys.len()).sum();
-        fcall.arg(&self.library.batch_function).arg(keys);
-        for q in queued {
-            fcall.arg(&q.call.keys);
-        }
-        fcall.arg(self.time());
-        for q in queued {
-            fcall.arg(q.call.args.len()).arg(&q.call.args);
-        }
+        let time = self.time();
+        let batch = |function: &str| {
+            let mut fcall = cmd("FCALL");
+            let keys: usize = queued.iter().map(|q| q.call.keys.len()).sum();
+            fcall.arg(function).arg(keys);
+            for q in queued {
+                fcall.arg(&q.call.keys);
+            }
+            fcall.arg(&time);
+            for q in queued {
+                fcall.arg(q.call.args.len()).arg(&q.call.args);
+            }
+            fcall
+        };
+        let fcall = batch(&self.library.batch_function);
         let connection = &mut ticket.connection;
         let exchange = async {
-            match replies(&fcall, connection).await {
+            let reply = match replies(&fcall, connection).await {
                 Err(error) if Library::missing(&error) => {
                     self.load(connection, &queued[0].call.keys[0]).await?;
                     replies(&fcall, connection).await
+                }
+                reply => reply,
+            };
+            match reply {
+                // Clients already tracked are still decided; new ones get
+                // the error of their own.
+                Err(error) if Library::out_of_memory(&error) => {
+                    replies(&batch(&self.library.held_batch_function), connection).await
                 }
                 reply => reply,
             }
@@ -494,13 +507,26 @@ impl Inner {
                 .arg(&call.keys)
                 .arg(self.time())
                 .arg(Arguments(call));
-            match fcall.query_async(connection).await {
+            let reply = match fcall.query_async(connection).await {
                 Err(error) if Library::missing(&error) => {
                     match self.load(connection, &call.keys[0]).await {
-                        Ok(()) => return fcall.query_async(connection).await,
-                        Err(error) if Library::refuses(&error) => {}
+                        Ok(()) => fcall.query_async(connection).await,
+                        Err(error) if Library::refuses(&error) => Err(error),
                         Err(error) => return Err(error),
                     }
+                }
+                reply => reply,
+            };
+            match reply {
+                Err(error) if Library::out_of_memory(&error) => {
+                    // A client already tracked is still decided.
+                    let mut held = cmd("FCALL");
+                    held.arg(&self.library.held_function)
+                        .arg(call.keys.len())
+                        .arg(&call.keys)
+                        .arg(self.time())
+                        .arg(Arguments(call));
+                    return held.query_async(connection).await;
                 }
                 Err(error) if Library::refuses(&error) => {}
                 reply => return reply,
