@@ -120,9 +120,12 @@ impl RedisStoreBuilder {
     ///
     /// The pool's connections also have redis-rs's own response timeout
     /// (500 ms unless the pool was built with another); when that is the
-    /// shorter, it ends the call first, with the same error. A standalone
-    /// pool made by `RedisSettings::store` (feature `config`) has none, so
-    /// the store's timeout is the one that counts.
+    /// shorter, it ends the call first, with the same error. Pools made
+    /// by `RedisSettings::store` (feature `config`) have none on a single
+    /// server or Sentinel, and the store's own on a cluster, so the
+    /// store's timeout is the one that counts; so do a [`SentinelPool`](crate::SentinelPool),
+    /// and a [`ClusterClientPool`](crate::ClusterClientPool) built with the
+    /// response timeout you choose.
     ///
     /// ```no_run
     /// # fn demo(pool: slidegate::deadpool_redis::Pool) {
