@@ -4,8 +4,11 @@
 --
 -- The shebang above (Redis 7 and later) declares a script that writes and
 -- may not run out of memory: under `maxmemory` Redis refuses the call
--- before it starts, so a full Redis answers an error (and the policy's
--- fail mode decides), never a write past its limit.
+-- before it starts. As a function library, the script also has
+-- `allow-oom` twins for clients Redis already holds (see `NOT_HELD`), so
+-- that only new clients meet their policies' fail modes when Redis is
+-- full; a held client's state grows only by its own admitted requests
+-- (a log may open its pages hash), and shrinks as they leave its window.
 --
 -- ARGV[1]: the time in microseconds, or "" to read the server's TIME (the
 --   empty form is the only one production uses).

@@ -83,6 +83,7 @@ pub(crate) fn store_answered<T>(took: Option<Duration>, outcome: &Result<T, Stor
                 StoreError::Protocol(_) => "protocol",
                 StoreError::CircuitOpen => "circuit_open",
                 StoreError::Unsupported(_) => "unsupported",
+                StoreError::Full(_) => "full",
             };
             metrics::counter!("slidegate_store_errors_total", "kind" => kind).increment(1);
         }

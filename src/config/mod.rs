@@ -144,7 +144,9 @@ impl Config {
                 file: None,
                 line: error.span().map(|span| line_of(source, span.start)),
                 key,
-                message: error.message().trim().to_owned(),
+                // A Redis URL given as the wrong type is quoted by serde:
+                // never with its password.
+                message: without_passwords(error.message().trim()),
             }
         })?;
         Self::validate(raw, source, base)
@@ -551,4 +553,24 @@ fn policy_from(
         policy = with_tier;
     }
     Ok(policy)
+}
+
+/// `message` with the user information of every URL in it (`scheme://user:password@`)
+/// written as `***`.
+fn without_passwords(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(at) = rest.find("://") {
+        out.push_str(&rest[..at + 3]);
+        rest = &rest[at + 3..];
+        let end = rest
+            .find(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | '/' | ','))
+            .unwrap_or(rest.len());
+        if let Some(user_end) = rest[..end].rfind('@') {
+            out.push_str("***");
+            rest = &rest[user_end..];
+        }
+    }
+    out.push_str(rest);
+    out
 }

@@ -582,6 +582,41 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_url_of_the_wrong_type_is_quoted_without_its_password() {
+        for redis in [
+            "sentinels = \"redis://:hunter2@h:26379\"\nmaster = \"m\"",
+            "url = [\"redis://app:hunter2@h/\"]",
+        ] {
+            let error = crate::config::Config::from_toml_str(&format!("[redis]\n{redis}\n"))
+                .expect_err("the wrong type")
+                .to_string();
+            assert!(!error.contains("hunter2"), "{error}");
+        }
+    }
+
+    #[test]
+    fn sentinel_settings_that_cannot_work_are_refused() {
+        for (redis, key) in [
+            ("sentinels = [\"redis://h:26379\"]", "redis.sentinels"),
+            ("master = \"m\"", "redis.master"),
+            ("sentinels = []\nmaster = \"m\"", "redis.sentinels"),
+            (
+                "sentinels = [\"redis://a:1\", \"rediss://b:2\"]\nmaster = \"m\"",
+                "redis.sentinels",
+            ),
+            (
+                "cluster = true\nsentinels = [\"redis://a:1\"]\nmaster = \"m\"",
+                "redis.sentinels",
+            ),
+        ] {
+            let error = crate::config::Config::from_toml_str(&format!("[redis]\n{redis}\n"))
+                .expect_err(redis)
+                .to_string();
+            assert!(error.contains(key), "{redis}: {error}");
+        }
+    }
+
     #[cfg(feature = "redis")]
     #[test]
     fn a_bad_url_error_hides_its_password() {

@@ -20,7 +20,12 @@ use crate::{ClusterClientPool, ClusterManager, RedisPool, SentinelManager, Senti
 /// A new pool for `settings`; connections are opened on first use.
 pub(super) fn pool(settings: &RedisSettings) -> Result<RedisPool, RedisSettingsError> {
     let certificates = settings.tls.as_ref().map(certificates);
-    if certificates.is_some() || settings.seeds().iter().any(|url| url.starts_with("rediss")) {
+    let any_tls = settings
+        .seeds()
+        .iter()
+        .chain(&settings.url)
+        .any(|url| url.starts_with("rediss"));
+    if certificates.is_some() || any_tls {
         use_ring_unless_a_provider_is_set();
     }
     if settings.is_sentinel() {
@@ -174,7 +179,12 @@ fn sentinel(
         ));
     }
     let data = settings.url.as_deref().map(endpoint).transpose()?;
-    let data_tls = data.as_ref().and_then(|d| d.tls);
+    // Without `url`, the data nodes are reached as the sentinels are: a
+    // TLS deployment never falls back to plain text.
+    let data_tls = match &data {
+        Some(data) => data.tls,
+        None => first.tls,
+    };
     if certificates.is_some() && first.tls.is_none() && data_tls.is_none() {
         return Err(RedisSettingsError::Tls(
             "`tls` is set, but neither the sentinels nor `url` use rediss://".into(),

@@ -219,8 +219,9 @@ impl Breaker {
     /// last opened is late news.
     fn observe<T>(&self, outcome: &Result<T, StoreError>, passed: Word) {
         match outcome {
-            // A store that cannot do something is not failing.
-            Ok(_) | Err(StoreError::Unsupported(_)) => {
+            // A store that cannot do something, or is full, is not
+            // failing: it answered.
+            Ok(_) | Err(StoreError::Unsupported(_) | StoreError::Full(_)) => {
                 if self.load() == passed && self.failures.load(Ordering::Relaxed) != 0 {
                     self.failures.store(0, Ordering::Relaxed);
                 }
@@ -247,7 +248,7 @@ impl Breaker {
     /// for another cool-down on a failure.
     fn probed<T>(&self, outcome: &Result<T, StoreError>, probe: Word) {
         match outcome {
-            Ok(_) | Err(StoreError::Unsupported(_)) => {
+            Ok(_) | Err(StoreError::Unsupported(_) | StoreError::Full(_)) => {
                 self.failures.store(0, Ordering::Release);
                 if self.swap(probe, Word::new(probe.stamp(), CLOSED)) {
                     crate::metrics::breaker_state(BreakerState::Closed);
@@ -291,23 +292,18 @@ impl Breaker {
     /// request that carried it: on a task of its own when there is a Tokio
     /// runtime, bounded by the probe deadline.
     fn run_probe<T: Send + 'static>(
-        self: &Arc<Self>,
+        &self,
         answer: CheckFuture<T>,
-        probe: Word,
+        mut watch: ProbeWatch,
     ) -> CheckFuture<T> {
         let later = match answer.into_ready() {
             Ok(outcome) => {
-                self.probed(&outcome, probe);
+                watch.answered(&outcome);
                 return CheckFuture::ready(outcome);
             }
             Err(later) => later,
         };
         let deadline = self.settings.probe_deadline();
-        let mut watch = ProbeWatch {
-            breaker: self.clone(),
-            probe,
-            done: false,
-        };
         let probing = async move {
             let outcome = tokio::time::timeout(deadline, later)
                 .await
@@ -366,7 +362,16 @@ impl<S: Store> CircuitBreaker<S> {
     ) -> CheckFuture<T> {
         match self.breaker.pass() {
             Pass::Closed(passed) => self.breaker.watch(call(&self.store), passed),
-            Pass::Probe(probe) => self.breaker.run_probe(call(&self.store), probe),
+            Pass::Probe(probe) => {
+                // Watched before the store is called: a store that panics
+                // opens the breaker again instead of leaving it probing.
+                let watch = ProbeWatch {
+                    breaker: self.breaker.clone(),
+                    probe,
+                    done: false,
+                };
+                self.breaker.run_probe(call(&self.store), watch)
+            }
             Pass::Skip => CheckFuture::ready(Err(StoreError::CircuitOpen)),
         }
     }
@@ -506,6 +511,45 @@ mod tests {
                 }
             })
         }
+    }
+
+    #[test]
+    fn a_full_store_is_answering_not_failing() {
+        let breaker = CircuitBreaker::new(
+            Arc::new(Flaky::default()),
+            BreakerSettings::new(1, Duration::from_secs(3600)),
+        );
+        for _ in 0..10 {
+            breaker.breaker.observe::<()>(
+                &Err(StoreError::Full("new client".into())),
+                Word::new(0, CLOSED),
+            );
+        }
+        assert_eq!(breaker.state(), BreakerState::Closed);
+    }
+
+    /// A store whose `check` panics.
+    #[derive(Debug)]
+    struct Panicking;
+
+    impl Store for Panicking {
+        fn check(&self, _checks: &[Check]) -> CheckFuture {
+            panic!("a store bug");
+        }
+    }
+
+    #[test]
+    fn a_probe_whose_store_panics_opens_the_breaker_again() {
+        let breaker = CircuitBreaker::new(Panicking, BreakerSettings::new(1, Duration::ZERO));
+        breaker.breaker.observe::<()>(
+            &Err(StoreError::Timeout(Duration::from_millis(50))),
+            Word::new(0, CLOSED),
+        );
+        let probing = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            drop(breaker.check(&check()));
+        }));
+        assert!(probing.is_err());
+        assert_eq!(breaker.state(), BreakerState::Open, "not left probing");
     }
 
     #[tokio::test(start_paused = true)]

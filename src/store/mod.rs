@@ -271,4 +271,10 @@ pub enum StoreError {
     /// The store does not do this (`peek` or `refund`).
     #[error("the rate-limit store cannot {0}")]
     Unsupported(&'static str),
+    /// The store is out of memory and does not track this client yet (a
+    /// Redis at `maxmemory` with nothing to evict): the policy's fail mode
+    /// decides. The store still answers, and still decides the clients it
+    /// tracks, so a circuit breaker does not count this as a failure.
+    #[error("rate-limit store is full and does not track this client: {0}")]
+    Full(String),
 }

@@ -258,6 +258,17 @@ impl RedisStore {
     }
 }
 
+/// `error` as the store reports it: Redis out of memory refusing a client
+/// it does not track is [`StoreError::Full`]; anything else a backend
+/// failure.
+fn store_error_of(error: RedisError) -> StoreError {
+    if Library::out_of_memory(&error) {
+        StoreError::Full(error.detail().unwrap_or_default().to_owned())
+    } else {
+        StoreError::Backend(error.into())
+    }
+}
+
 /// A `PING` answered on every lane by `deadline`.
 async fn ping_all<S: Source>(
     lanes: &Lanes<S>,
@@ -346,7 +357,7 @@ impl Inner {
     fn store_error(&self, failed: Failed) -> StoreError {
         match failed {
             Failed::Timeout => StoreError::Timeout(self.timeout),
-            Failed::Redis(error) => StoreError::Backend(error.into()),
+            Failed::Redis(error) => store_error_of(error),
         }
     }
 

@@ -130,20 +130,26 @@ struct Sentinels {
 
 impl Sentinels {
     /// A client of the primary the sentinels name now, after checking that
-    /// it is one; notes a move.
-    async fn primary(&self) -> Result<Client, RedisError> {
-        let client = self.client.lock().await.async_get_client().await?;
-        let address = client.get_connection_info().addr().to_string();
-        let mut primary = self.primary.lock().unwrap_or_else(|e| e.into_inner());
-        if primary.0.as_ref() != Some(&address) {
-            if let Some(old) = &primary.0 {
+    /// it is one, and the move count that goes with it: the two are read
+    /// and noted under one lock, so a connection to an old primary never
+    /// carries a newer count, and answers are noted in the order they came.
+    async fn primary(&self) -> Result<(Client, u64), RedisError> {
+        let mut client = self.client.lock().await;
+        let primary = client.async_get_client().await?;
+        let address = primary.get_connection_info().addr().to_string();
+        let mut seen = self.primary.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.0.as_ref() != Some(&address) {
+            if let Some(old) = &seen.0 {
                 tracing::warn!(from = %old, to = %address, "the Redis primary moved (Sentinel failover)");
-                primary.1 += 1;
-                self.moves.store(primary.1, Ordering::Release);
+                seen.1 += 1;
+                self.moves.store(seen.1, Ordering::Release);
             }
-            primary.0 = Some(address);
+            seen.0 = Some(address);
         }
-        Ok(client)
+        let moves = seen.1;
+        drop(seen);
+        drop(client);
+        Ok((primary, moves))
     }
 }
 
@@ -246,8 +252,7 @@ impl managed::Manager for SentinelManager {
 
     async fn create(&self) -> Result<SentinelConnection, RedisError> {
         self.watch();
-        let client = self.shared.primary().await?;
-        let made_at = self.shared.moves.load(Ordering::Acquire);
+        let (client, made_at) = self.shared.primary().await?;
         let connection = client
             .get_multiplexed_async_connection_with_config(&self.connection)
             .await?;

@@ -71,7 +71,7 @@ pub(super) fn batched_outcome(call: &Call, reply: Value) -> CheckOutcome {
                 .collect::<Result<Vec<i64>, _>>()?;
             decisions(&call.args, &values)
         }
-        Value::ServerError(error) => Err(StoreError::Backend(RedisError::from(error).into())),
+        Value::ServerError(error) => Err(super::store_error_of(RedisError::from(error))),
         other => Err(StoreError::Protocol(format!(
             "expected a request's integers, got {other:?}"
         ))),
