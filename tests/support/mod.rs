@@ -63,7 +63,7 @@ impl RedisServer {
     /// Starts a server on a free port and waits until it answers PING.
     pub fn start() -> Self {
         for _ in 0..5 {
-            if let Some(server) = Self::try_start(free_port(), &[]) {
+            if let Some(server) = Self::try_start(free_port(), &[], None) {
                 return server;
             }
         }
@@ -74,7 +74,7 @@ impl RedisServer {
     /// say) and waits until it answers PING.
     pub fn start_with(extra_args: &[&str]) -> Self {
         for _ in 0..5 {
-            if let Some(server) = Self::try_start(free_port(), extra_args) {
+            if let Some(server) = Self::try_start(free_port(), extra_args, None) {
                 return server;
             }
         }
@@ -82,8 +82,9 @@ impl RedisServer {
     }
 
     /// Starts a server on `port` with `extra_args`; `None` if it would not
-    /// come up there.
-    fn try_start(port: u16, extra_args: &[&str]) -> Option<Self> {
+    /// come up there. With `tls` (`redis-cli`'s TLS arguments), `port` is
+    /// its TLS port and it speaks nothing else.
+    fn try_start(port: u16, extra_args: &[&str], tls: Option<Vec<String>>) -> Option<Self> {
         let dir =
             std::env::temp_dir().join(format!("slidegate-redis-{port}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -92,7 +93,7 @@ impl RedisServer {
             port,
             dir,
             extra_args: extra_args.iter().map(|a| (*a).to_owned()).collect(),
-            tls: None,
+            tls,
         };
         server.spawn().then_some(server)
     }
@@ -125,19 +126,9 @@ impl RedisServer {
             "--key".to_owned(),
             certs.path("client.key"),
         ];
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         for _ in 0..5 {
-            let port = free_port();
-            let dir =
-                std::env::temp_dir().join(format!("slidegate-redis-{port}-{}", std::process::id()));
-            std::fs::create_dir_all(&dir).unwrap();
-            let mut server = Self {
-                child: None,
-                port,
-                dir,
-                extra_args: args.to_vec(),
-                tls: Some(cli.clone()),
-            };
-            if server.spawn() {
+            if let Some(server) = Self::try_start(free_port(), &args, Some(cli.clone())) {
                 return server;
             }
         }
@@ -380,6 +371,7 @@ impl RedisCluster {
                     "--enable-debug-command",
                     "local",
                 ],
+                None,
             ) {
                 nodes.push(node);
             }
