@@ -36,8 +36,6 @@
 mod clock;
 #[cfg(feature = "config")]
 pub mod config;
-mod credentials;
-mod deny_cache;
 mod key;
 mod layer;
 mod metrics;
@@ -48,14 +46,14 @@ mod throttle;
 mod tier;
 
 pub use clock::{Clock, FakeClock, SystemClock};
-pub use credentials::CredentialFailures;
-pub use deny_cache::DenyCache;
 pub use key::{
     ApiKeyFuture, ApiKeyLookup, ApiKeyStatus, Extracted, ForwardedHeader, Global, Header, Identity,
     Key, KeyExtractor, KeyRejection, Or, PeerIp,
 };
 #[cfg(feature = "jwt")]
 pub use key::{JwtClaim, JwtClaimBuilder, JwtError};
+pub use layer::credentials::CredentialFailures;
+pub use layer::deny_cache::DenyCache;
 pub use layer::{PoliciesHandle, RateLimit, RateLimitLayer, ResponseFuture};
 pub use policy::{
     Algorithm, Cost, Count, FailMode, Limits, MAX_WINDOW, Policies, PoliciesBuilder, Policy,

@@ -34,8 +34,8 @@ use http::HeaderName;
 use ipnet::IpNet;
 use toml::Spanned;
 
-use crate::credentials::CredentialFailures;
-use crate::deny_cache::{DEFAULT_CAPACITY as DEFAULT_DENY_CACHE, DenyCache};
+use crate::layer::credentials::CredentialFailures;
+use crate::layer::deny_cache::{DEFAULT_CAPACITY as DEFAULT_DENY_CACHE, DenyCache};
 use crate::key::{Global, Header, JwtClaim, KeyExtractor, PeerIp, digest};
 use crate::layer::RateLimitLayer;
 use crate::policy::{FailMode, Policies, Policy, PolicyError, Route, TierLimits};

@@ -1,17 +1,24 @@
 //! The middleware: [`RateLimitLayer`], the settings, cheap to clone, that
 //! wrap a service.
 //!
-//! * [`service`]: [`RateLimit`], whose `call` decides what it can at once;
-//! * [`flow`]: the steps of a request, shared by `call` and the future;
+//! * [`service`]: [`RateLimit`], which hands each request to [`decide`];
+//! * [`decide`]: one request's decision, read top to bottom: what is
+//!   known at once, and one continuation for requests that wait;
+//! * [`outcome`]: the store's answer turned into a call or an answer;
 //! * [`roles`]: shadow policies, refunds and local limits;
-//! * [`verdict`]: the store's answer turned into a call or an answer;
-//! * [`future`]: [`ResponseFuture`], for requests that wait.
+//! * [`reject`]: every answer the limiter writes itself;
+//! * [`future`]: the response future, [`ResponseFuture`];
+//! * [`credentials`] and [`deny_cache`]: what the layer remembers of
+//!   refused credentials and of denied clients.
 
-pub(crate) mod flow;
+pub(crate) mod credentials;
+mod decide;
+pub(crate) mod deny_cache;
 mod future;
+mod outcome;
+mod reject;
 mod roles;
 mod service;
-mod verdict;
 
 pub use future::ResponseFuture;
 pub use service::RateLimit;
@@ -26,8 +33,8 @@ use bytes::Bytes;
 use http::Response;
 use http::request::Parts;
 
-use crate::credentials::CredentialFailures;
-use crate::deny_cache::DenyCache;
+use credentials::CredentialFailures;
+use deny_cache::DenyCache;
 use crate::key::KeyExtractor;
 use crate::policy::{FailMode, Policies, RequestCost};
 use crate::response::headers::{HeaderStyle, ResetFormat};
@@ -161,7 +168,7 @@ impl RateLimitLayer {
     pub fn new(store: impl Store, key_extractor: impl KeyExtractor, policies: Policies) -> Self {
         let deny_cache = store
             .is_remote()
-            .then(|| DenyCache::new(crate::deny_cache::DEFAULT_CAPACITY));
+            .then(|| DenyCache::new(deny_cache::DEFAULT_CAPACITY));
         Self {
             shared: Arc::new(Shared {
                 deny_cache,

@@ -44,6 +44,10 @@ pub enum Algorithm {
 /// policy: products stay exact in Redis's Lua numbers (doubles).
 const MAX_COUNTER_PRODUCT: u128 = 1 << 51;
 
+/// The name under which a layer counts refused credentials; no policy
+/// may take it.
+pub(crate) const CREDENTIAL_FAILURES: &str = "credential_failures";
+
 /// The longest window a policy may have: 366 days (a humantime `1y` is
 /// 365.25 days). Time arithmetic stays exact in Redis's Lua numbers well
 /// past it, and a store given a longer window by a hand-built

@@ -54,25 +54,25 @@ struct Selections {
     /// axum's router (matchit) would.
     paths: matchit::Router<String>,
     /// For requests whose route no policy names.
-    elsewhere: Plan,
+    elsewhere: Arc<Plan>,
 }
 
 #[derive(Debug)]
 struct PatternSelections {
-    by_method: Vec<(Method, Plan)>,
-    other_methods: Plan,
+    by_method: Vec<(Method, Arc<Plan>)>,
+    other_methods: Arc<Plan>,
 }
 
 impl Selections {
     fn new(scoped: &[Scoped], default: Option<&Arc<Policy>>) -> Result<Self, PolicyError> {
-        let elsewhere = Plan::new(
+        let elsewhere = Arc::new(Plan::new(
             scoped
                 .iter()
                 .filter(|s| s.route.is_none())
                 .map(|s| s.policy.clone())
                 .chain(default.cloned())
                 .collect(),
-        );
+        ));
         let mut by_pattern = HashMap::new();
         let mut paths = matchit::Router::new();
         for route in scoped.iter().filter_map(|s| s.route.as_ref()) {
@@ -108,10 +108,15 @@ impl Selections {
                     .into_iter()
                     .map(|m| {
                         let selected = select_slowly(scoped, default, &m, &route.pattern);
-                        (m, Plan::new(selected))
+                        (m, Arc::new(Plan::new(selected)))
                     })
                     .collect(),
-                other_methods: Plan::new(select_slowly(scoped, default, &other, &route.pattern)),
+                other_methods: Arc::new(Plan::new(select_slowly(
+                    scoped,
+                    default,
+                    &other,
+                    &route.pattern,
+                ))),
             };
             by_pattern.insert(route.pattern.clone(), selections);
         }
@@ -216,7 +221,7 @@ impl Policies {
 
     /// The plan for `method` on the pattern `route` only (axum's
     /// `MatchedPath`), or on the path `route` when `is_path`.
-    pub(crate) fn plan_in(&self, method: &Method, route: &str, is_path: bool) -> &Plan {
+    pub(crate) fn plan_in(&self, method: &Method, route: &str, is_path: bool) -> &Arc<Plan> {
         match self.selections.of(route, is_path) {
             Some(pattern) => pattern
                 .by_method
@@ -342,7 +347,7 @@ impl PoliciesBuilder {
             .chain(self.default.as_ref());
         for policy in all {
             policy.validate()?;
-            if &*policy.name == crate::credentials::POLICY_NAME {
+            if &*policy.name == super::CREDENTIAL_FAILURES {
                 return Err(PolicyError::ReservedName {
                     name: policy.name.to_string(),
                 });

@@ -10,8 +10,7 @@ use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use serde_json::json;
 
 use super::headers::{HeaderStyle, RateHeaders, ResetFormat, ceil_seconds, number_value};
-use super::limited::Limited;
-use super::rejection::{self, CostAboveLimit, OnRejection, Rejection};
+use super::rejection::CostAboveLimit;
 use crate::key::KeyRejection;
 use crate::store::{Check, Decision};
 
@@ -104,53 +103,57 @@ pub(crate) fn retry_after_seconds(decision: &Decision) -> u64 {
     ceil_seconds(decision.retry_after.unwrap_or_default()).max(1)
 }
 
-/// `429 Too Many Requests` for the check at `denied`, whose limits (the
-/// client's tier's, if it has one) the body reports: from `template` (kept
-/// with a cached denial) when there is one. A hook's answer replaces it,
-/// and gets the limiter's `Retry-After` and rate-limit headers where it
-/// does not set them itself, so they never disagree by accident.
+/// A denied batch: the decision at `denied` is the one the client waits
+/// for, and `body` its `429` body when one is kept (the deny cache's).
+pub(crate) struct Denial<'a> {
+    pub(crate) checks: &'a [Check],
+    pub(crate) decisions: &'a [Decision],
+    pub(crate) denied: usize,
+    pub(crate) body: Option<&'a TooManyBody>,
+}
+
+/// How the rate-limit headers of an answer are written.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HeaderFormat {
+    pub(crate) style: HeaderStyle,
+    pub(crate) reset: ResetFormat,
+}
+
+/// `Retry-After` (`retry_after` seconds) and the rate-limit headers of a
+/// `429` for `denial`, into `headers`.
+pub(crate) fn limited_headers(
+    denial: &Denial<'_>,
+    retry_after: u64,
+    format: HeaderFormat,
+    headers: &mut HeaderMap,
+) {
+    headers.insert(RETRY_AFTER, number_value(retry_after));
+    RateHeaders::new(
+        denial.checks,
+        denial.decisions,
+        denial.denied,
+        Some(retry_after),
+        None,
+        format.style,
+        format.reset,
+    )
+    .write(headers);
+}
+
+/// `429 Too Many Requests` for `denial`, whose limits (the client's
+/// tier's, if it has one) the body reports.
 pub(crate) fn too_many_requests(
-    checks: &[Check],
-    decisions: &[Decision],
-    denied: usize,
-    template: Option<&TooManyBody>,
-    hook: Option<&OnRejection>,
-    style: HeaderStyle,
-    reset_format: ResetFormat,
+    denial: &Denial<'_>,
+    retry_after: u64,
+    format: HeaderFormat,
 ) -> Response<Bytes> {
-    let retry_after = retry_after_seconds(&decisions[denied]);
     let retry_value = number_value(retry_after);
-    // `Retry-After` and the rate-limit headers, on whichever answer goes.
-    let limiter_headers = |headers: &mut HeaderMap| {
-        headers.insert(RETRY_AFTER, retry_value.clone());
-        RateHeaders::new(
-            checks,
-            decisions,
-            denied,
-            Some(retry_after),
-            None,
-            style,
-            reset_format,
-        )
-        .write(headers);
-    };
-    if let Some(hook) = hook {
-        let limited = Limited::new(&checks[denied], &decisions[denied], retry_after);
-        if let Some(mut custom) = hook(&Rejection::Limited(&limited)) {
-            // The hook's body replaces the problem body, which is never
-            // rendered; only the limiter's headers are filled in.
-            let mut headers = HeaderMap::new();
-            limiter_headers(&mut headers);
-            rejection::fill_missing(&mut custom, &headers);
-            return custom;
-        }
-    }
-    let body = match template {
+    let body = match denial.body {
         Some(template) => template.render(&retry_value),
-        None => TooManyBody::new(&checks[denied]).render(&retry_value),
+        None => TooManyBody::new(&denial.checks[denial.denied]).render(&retry_value),
     };
     let mut response = problem_body(StatusCode::TOO_MANY_REQUESTS, body);
-    limiter_headers(response.headers_mut());
+    limited_headers(denial, retry_after, format, response.headers_mut());
     response
 }
 

@@ -16,7 +16,10 @@ use crate::store::StoreError;
 
 /// Answers the limiter's rejections in place of its defaults; see
 /// [`RateLimitLayer::on_rejection`](crate::RateLimitLayer::on_rejection).
-pub(crate) type OnRejection = Arc<dyn Fn(&Rejection<'_>) -> Option<Response<Bytes>> + Send + Sync>;
+pub(crate) type OnRejection = Arc<Hook>;
+
+/// A rejection hook, borrowed.
+pub(crate) type Hook = dyn Fn(&Rejection<'_>) -> Option<Response<Bytes>> + Send + Sync;
 
 /// Why the limiter answers a request itself instead of passing it on.
 ///
@@ -105,21 +108,6 @@ impl CostAboveLimit {
     pub fn window(&self) -> Duration {
         self.window
     }
-}
-
-/// The answer to `rejection`: the hook's, completed with the headers of
-/// the limiter's own answer that it does not set itself (`Retry-After`,
-/// the rate-limit headers, `WWW-Authenticate`), or the limiter's own.
-pub(crate) fn answer(
-    hook: Option<&OnRejection>,
-    rejection: &Rejection<'_>,
-    default: impl FnOnce() -> Response<Bytes>,
-) -> Response<Bytes> {
-    let Some(mut custom) = hook.and_then(|hook| hook(rejection)) else {
-        return default();
-    };
-    fill_missing(&mut custom, default().headers());
-    custom
 }
 
 /// Adds to `custom` each of the limiter's `headers` it does not set

@@ -7,22 +7,57 @@ use std::cmp::Reverse;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::HeaderValue;
+use bytes::Bytes;
+use http::{HeaderValue, Response};
 
 use crate::layer::Shared;
-use crate::layer::flow::{Next, SentAt};
+use crate::layer::reject::{Reply, reject};
 use crate::layer::roles::{Refund, Roles};
-use crate::metrics::{self, Outcome};
+use crate::metrics::{self, Outcome, Timer};
 use crate::policy::Count;
 use crate::policy::cost::Checks;
+use crate::policy::plan::Plan;
 use crate::response::headers::RateHeaders;
-use crate::response::problem::{limiter_unavailable, too_many_requests};
-use crate::response::rejection::{self, Rejection};
+use crate::response::problem::Denial;
 use crate::store::{Check, CheckOutcome, Decision, Decisions, Store, StoreError};
 use crate::throttle::STORE_FAILURES;
 
+/// Where a request goes once it is decided.
+pub(crate) enum Next {
+    /// On to the inner service, with these rate-limit headers, and the
+    /// units to refund if its response should not count.
+    Call(Option<RateHeaders>, Option<Box<Refund>>),
+    /// Back to the client with the limiter's answer.
+    Answer(Response<Bytes>),
+}
+
+impl Next {
+    /// On to the inner service untouched.
+    pub(crate) const PASS: Self = Self::Call(None, None);
+}
+
+/// What goes from sending a request's checks to its outcome.
+pub(crate) struct Sent {
+    /// The checks, enforced ones first (see [`Roles`]).
+    pub(crate) checks: Checks,
+    /// What the checks do beyond counting, when any does.
+    pub(crate) roles: Option<Box<Roles>>,
+    /// When the checks went to the store.
+    pub(crate) at: SentAt,
+    /// Whether a store failure answers `503`.
+    pub(crate) fail_closed: bool,
+}
+
+/// When a request's checks went to the store: on the deny cache's clock
+/// (0 without one), and timed for the metrics and the `rate_limit` span.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct SentAt {
+    pub(crate) deny_clock: u64,
+    pub(crate) timer: Timer,
+}
+
 /// The index of the first decision with the least `key` (0 when empty).
-pub(super) fn index_of_min<K: Ord>(decisions: &[Decision], key: impl Fn(&Decision) -> K) -> usize {
+pub(crate) fn index_of_min<K: Ord>(decisions: &[Decision], key: impl Fn(&Decision) -> K) -> usize {
     decisions
         .iter()
         .enumerate()
@@ -30,19 +65,24 @@ pub(super) fn index_of_min<K: Ord>(decisions: &[Decision], key: impl Fn(&Decisio
         .map_or(0, |(index, _)| index)
 }
 
-/// Where the store's answer for `checks` leads: the inner service with the
-/// rate-limit headers (`RateLimit-Policy` as `ietf_policy` when the plan
-/// has it), a `429`, or, when the store failed, the fail mode. Shadow
-/// checks (see [`Roles`]) never deny.
-pub(crate) fn decide(
+/// Where the store's answer to `sent` leads, for a client of `tier` under
+/// `plan`: the inner service with the rate-limit headers, a `429`, or,
+/// when the store failed, the fail mode. Shadow checks (see [`Roles`])
+/// never deny.
+pub(crate) fn outcome(
     shared: &Shared,
-    checks: &[Check],
-    roles: Option<&Roles>,
-    ietf_policy: Option<&HeaderValue>,
-    fail_closed: bool,
-    sent_at: SentAt,
+    plan: &Plan,
+    tier: Option<&str>,
+    sent: &Sent,
     outcome: CheckOutcome,
 ) -> Next {
+    let Sent {
+        checks,
+        roles,
+        at: sent_at,
+        fail_closed,
+    } = sent;
+    let (checks, roles) = (&checks[..], roles.as_deref());
     let took = sent_at.timer.elapsed();
     metrics::store_answered(took, &outcome);
     let enforced = roles.map_or(checks.len(), |roles| roles.shadow_from);
@@ -63,7 +103,8 @@ pub(crate) fn decide(
         Ok(decisions) => {
             let decided = &checks[..decisions.len()];
             let counts = roles.map(Roles::counts);
-            let ietf_policy = ietf_policy.filter(|_| decided.len() == checks.len());
+            let ietf_policy = ietf_policy(plan, tier, checks, roles)
+                .filter(|_| decided.len() == checks.len());
             settle(
                 shared,
                 &shared.store,
@@ -77,17 +118,12 @@ pub(crate) fn decide(
             )
         }
         // `held_back`: failures since the last line, which were not logged.
-        Err(error) if fail_closed => {
+        Err(error) if *fail_closed => {
             report_all(checks, Outcome::FailedClosed, took);
             if let Some(held_back) = STORE_FAILURES.admit() {
                 tracing::error!(%error, held_back, "rate-limit store unavailable; failing closed");
             }
-            let rejection = Rejection::StoreUnavailable(&error);
-            Next::Answer(rejection::answer(
-                shared.on_rejection.as_ref(),
-                &rejection,
-                limiter_unavailable,
-            ))
+            Next::Answer(reject(shared, Reply::StoreUnavailable(&error)))
         }
         Err(error) => {
             if let Some(next) = roles.and_then(|roles| fall_back(shared, checks, roles, took)) {
@@ -100,9 +136,24 @@ pub(crate) fn decide(
             if let Some(held_back) = STORE_FAILURES.admit() {
                 tracing::warn!(%error, held_back, "rate-limit store unavailable; failing open");
             }
-            Next::Call(None, None)
+            Next::PASS
         }
     }
+}
+
+/// `RateLimit-Policy` as `plan` has it for `tier`, when every policy
+/// counts the request (`checks` holds one check per policy) in the plan's
+/// order.
+pub(crate) fn ietf_policy<'a>(
+    plan: &'a Plan,
+    tier: Option<&str>,
+    checks: &[Check],
+    roles: Option<&Roles>,
+) -> Option<&'a HeaderValue> {
+    let in_order = roles.is_none_or(|roles| !roles.reordered(checks.len()));
+    (checks.len() == plan.policies().len() && in_order)
+        .then(|| plan.tier(tier).ietf_policy.as_ref())
+        .flatten()
 }
 
 /// Admits or denies a request by its `decisions` (one per check of
@@ -201,14 +252,14 @@ fn settle(
     // The policy that frees last is the one the client waits for.
     let denied = index_of_min(decisions, |d| Reverse(d.retry_after));
     trace_decision(&checks[denied].policy, Outcome::Denied, took);
-    Next::Answer(too_many_requests(
-        checks,
-        decisions,
-        denied,
-        None,
-        shared.on_rejection.as_ref(),
-        options.header_style,
-        options.reset_format,
+    Next::Answer(reject(
+        shared,
+        Reply::Limited(Denial {
+            checks,
+            decisions,
+            denied,
+            body: None,
+        }),
     ))
 }
 
@@ -224,7 +275,7 @@ fn report_all(checks: &[Check], outcome: Outcome, took: Option<Duration>) {
 
 /// The debug-level `rate_limit` span of a decided request: the policy
 /// reported (or that denied), the outcome, and the store's time.
-pub(super) fn trace_decision(policy: &str, outcome: Outcome, took: Option<Duration>) {
+pub(crate) fn trace_decision(policy: &str, outcome: Outcome, took: Option<Duration>) {
     // Checked first: a span costs a few hundred instructions even when no
     // one listens (tracing's `log` fallback).
     if !tracing::enabled!(tracing::Level::DEBUG) {

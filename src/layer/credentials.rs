@@ -5,22 +5,12 @@
 use std::fmt;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::Response;
 use http::request::Parts;
 
-use crate::deny_cache::DenyCache;
-use crate::key::{KeyExtractor, KeyRejection, PeerIp};
-use crate::layer::Options;
-use crate::layer::flow::cached_denial;
-use crate::policy::Policy;
-use crate::response::problem::{invalid_credentials, too_many_requests};
-use crate::response::rejection::{self, OnRejection, Rejection};
+use super::deny_cache::{DenyCache, Denied};
+use crate::key::{KeyExtractor, PeerIp};
+use crate::policy::{CREDENTIAL_FAILURES, Policy};
 use crate::store::{Check, CheckOutcome, Decision};
-
-/// The name under which refused credentials are counted; no policy of a
-/// layer may take it.
-pub(crate) const POLICY_NAME: &str = "credential_failures";
 
 /// Addresses a layer remembers as blocked, at most.
 const BLOCKED_CAPACITY: usize = 10_000;
@@ -78,7 +68,7 @@ impl CredentialFailures {
     pub fn new(limit: u32, window: Duration) -> Self {
         let window = window.max(Duration::from_millis(1));
         Self {
-            policy: Policy::new(POLICY_NAME, limit.max(1), window),
+            policy: Policy::new(CREDENTIAL_FAILURES, limit.max(1), window),
             peer_ip: PeerIp::new(),
             blocked: DenyCache::new(BLOCKED_CAPACITY),
         }
@@ -111,81 +101,43 @@ impl CredentialFailures {
         Some(Check::new(&self.policy, address.key))
     }
 
-    /// `429` if the address of `check` is blocked now.
-    pub(crate) fn blocked_answer(
-        &self,
-        check: &Check,
-        options: Options,
-        on_rejection: Option<&OnRejection>,
-    ) -> Option<Response<Bytes>> {
-        if options.shadow {
-            return None;
-        }
-        cached_denial(
-            &self.blocked,
-            std::slice::from_ref(check),
-            options,
-            on_rejection,
-        )
+    /// The cached denial of the address of `check`, if it is blocked now.
+    pub(crate) fn blocked_now<'a>(&self, check: &'a Check) -> Option<Denied<'a>> {
+        self.blocked.lookup(std::slice::from_ref(check))
     }
 
-    /// A refusal of `rejection` to count against the address of `check`,
-    /// sent now.
-    pub(crate) fn refusal(
-        &self,
-        check: Check,
-        rejection: KeyRejection,
-        options: Options,
-        on_rejection: Option<OnRejection>,
-    ) -> Refusal {
+    /// A refusal to count against the address of `check`, sent now.
+    pub(crate) fn refusal(&self, check: Check) -> Refusal {
         Refusal {
             blocked: self.blocked.clone(),
-            check,
-            rejection,
             sent_at: self.blocked.now(),
-            options,
-            on_rejection,
+            check,
         }
     }
 }
 
-/// A refusal whose count the store is deciding.
+/// A refusal of credentials, counted against the client's address.
 pub(crate) struct Refusal {
-    pub(crate) blocked: DenyCache,
+    blocked: DenyCache,
     pub(crate) check: Check,
-    pub(crate) rejection: KeyRejection,
-    pub(crate) sent_at: u64,
-    pub(crate) options: Options,
-    pub(crate) on_rejection: Option<OnRejection>,
+    sent_at: u64,
 }
 
 impl Refusal {
-    /// The answer once the refusal is counted: `401` while the address is
-    /// within its limit (remembering it as blocked when this refusal used
-    /// the last of it), `429` past it. A store that cannot count does not
-    /// change the answer: the credentials were refused all the same.
-    pub(crate) fn answer(self, outcome: CheckOutcome) -> Response<Bytes> {
-        let hook = self.on_rejection.as_ref();
-        let refused = || {
-            rejection::answer(
-                hook,
-                &Rejection::InvalidCredentials(&self.rejection),
-                || invalid_credentials(&self.rejection),
-            )
-        };
-        let Some(decision) = outcome
-            .ok()
-            .and_then(|decisions| decisions.first().copied())
-        else {
-            return refused();
-        };
+    /// The store's decision on the refusal when it puts the address past
+    /// its limit (a `429`), remembering the address as blocked while its
+    /// refusals fill the window; `None` while the address is within it (a
+    /// `401`). A store that cannot count does not change the answer: the
+    /// credentials were refused all the same. Under `shadow`, counted and
+    /// decided but never `429`.
+    pub(crate) fn past_limit(&self, outcome: CheckOutcome, shadow: bool) -> Option<Decision> {
+        let decision = outcome.ok()?.first().copied()?;
         let checks = std::slice::from_ref(&self.check);
-        if self.options.shadow {
-            // Counted and decided, but never answered `429`.
+        if shadow {
             if !decision.admitted {
                 tracing::debug!("shadow mode: refused credentials past their limit");
             }
-            return refused();
+            return None;
         }
         if decision.admitted {
             if decision.remaining == 0 {
@@ -195,18 +147,10 @@ impl Refusal {
                 self.blocked
                     .remember(checks, std::slice::from_ref(&blocked), self.sent_at);
             }
-            return refused();
+            return None;
         }
-        let decisions = [decision];
-        self.blocked.remember(checks, &decisions, self.sent_at);
-        too_many_requests(
-            checks,
-            &decisions,
-            0,
-            None,
-            hook,
-            self.options.header_style,
-            self.options.reset_format,
-        )
+        self.blocked
+            .remember(checks, std::slice::from_ref(&decision), self.sent_at);
+        Some(decision)
     }
 }
