@@ -17,7 +17,7 @@ use slidegate::{
     KeyExtractor, MemoryStore, Policies, Policy, RateLimitLayer, RedisStore, Store,
 };
 use support::RedisServer;
-use support::down_store::DownStore;
+use support::down_store::{DownStore, FlakyStore};
 use support::reply::send;
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -280,35 +280,129 @@ async fn a_killed_redis_is_replaced_by_the_local_limit_until_it_returns() {
         .timeout(Duration::from_millis(200))
         .build();
     let app = local_app(store, 1);
-    let get = || Request::get("/local").body(Body::empty()).unwrap();
+    let get = |path: &str| Request::get(path).body(Body::empty()).unwrap();
     for _ in 0..2 {
-        assert_eq!(send(&app, get()).await.status, StatusCode::OK);
+        assert_eq!(send(&app, get("/local")).await.status, StatusCode::OK);
     }
     server.kill();
     let mut local = Vec::new();
     for _ in 0..8 {
-        local.push(send(&app, get()).await.status);
+        local.push(send(&app, get("/local")).await.status);
     }
+    // The local count starts from the 2 Redis admitted: 4 more fit the 6.
     let admitted = local.iter().filter(|s| **s == StatusCode::OK).count();
-    assert_eq!(admitted, 6, "the local limit holds: {local:?}");
-    assert_eq!(local[6..], [StatusCode::TOO_MANY_REQUESTS; 2]);
+    assert_eq!(admitted, 4, "the local limit holds: {local:?}");
+    assert_eq!(local[4..], [StatusCode::TOO_MANY_REQUESTS; 4]);
 
-    // Back on an empty Redis: admitted again, which the full local limit
-    // would not do, within five seconds.
+    // Back on an empty Redis, which answers again (the open policy gets
+    // its headers, within five seconds); the local admissions still count
+    // for the window, so the client stays at its 6.
     server.restart();
     let started = Instant::now();
     loop {
-        let reply = send(&app, get()).await;
-        if reply.status == StatusCode::OK {
-            assert_eq!(reply.header("x-ratelimit-remaining"), Some("5"));
+        let reply = send(&app, get("/open")).await;
+        if reply.header("x-ratelimit-remaining").is_some() {
             break;
         }
         assert!(
             started.elapsed() < Duration::from_secs(5),
-            "still on the local limit 5 s after Redis came back"
+            "Redis not answering 5 s after it came back"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    for _ in 0..3 {
+        assert_eq!(
+            send(&app, get("/local")).await.status,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+    }
+}
+
+/// Sends `requests` requests to `/local` of `local_app(store, 1)`, the
+/// next when the last is answered, pausing `pace` between them; returns
+/// how many were admitted.
+async fn admitted_through(store: impl Store, requests: usize, pace: Duration) -> usize {
+    let app = local_app(store, 1);
+    let mut admitted = 0;
+    for _ in 0..requests {
+        let request = Request::get("/local").body(Body::empty()).unwrap();
+        if send(&app, request).await.status == StatusCode::OK {
+            admitted += 1;
+        }
+        if !pace.is_zero() {
+            tokio::time::sleep(pace).await;
+        }
+    }
+    admitted
+}
+
+/// A store failing every other call, then one flapping every 100 ms: the
+/// local and the store's counts each learn what the other admitted, so
+/// one instance admits no more than the limit (6) in the window. Without
+/// that, each side admits its own 6.
+async fn a_flapping_store_never_adds_the_two_counts(inner: impl Fn() -> Arc<dyn Store>) {
+    let every_other = FlakyStore::new(inner(), |call| call % 2 == 1);
+    assert_eq!(admitted_through(every_other, 40, Duration::ZERO).await, 6);
+
+    let started = Instant::now();
+    let flapping = FlakyStore::new(inner(), move |_| {
+        (started.elapsed().as_millis() / 100) % 2 == 1
+    });
+    // About a second: five outages, five recoveries.
+    let admitted = admitted_through(flapping, 100, Duration::from_millis(10)).await;
+    assert_eq!(admitted, 6);
+}
+
+#[tokio::test]
+async fn a_flapping_memory_store_never_adds_the_two_counts() {
+    a_flapping_store_never_adds_the_two_counts(|| Arc::new(MemoryStore::new())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flapping_redis_never_adds_the_two_counts() {
+    let server = RedisServer::start();
+    let pool = server.pool(4);
+    a_flapping_store_never_adds_the_two_counts(|| {
+        server.cli(&["FLUSHALL"]);
+        Arc::new(RedisStore::new(pool.clone()))
+    })
+    .await;
+}
+
+/// A cost a local share of the limit cannot hold is scaled with it: 30 of
+/// 100 is 8 of a quarter (25), so three requests fit, as in the store.
+#[tokio::test]
+async fn a_local_limit_scales_the_cost_with_the_limit() {
+    let policies = Policies::single(
+        Policy::new("local", 100, MINUTE)
+            .cost(30)
+            .fail_mode(FailMode::Local),
+    )
+    .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route_layer(RateLimitLayer::new(DownStore, OneClient, policies).local_share(4));
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        let request = Request::get("/").body(Body::empty()).unwrap();
+        let reply = send(&app, request).await;
+        if reply.status == StatusCode::TOO_MANY_REQUESTS {
+            // A true retry time: the first admission leaves the minute.
+            let retry: u64 = reply.header("retry-after").unwrap().parse().unwrap();
+            assert!((55..=60).contains(&retry), "{retry}");
+        }
+        statuses.push(reply.status);
+    }
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS,
+            StatusCode::TOO_MANY_REQUESTS,
+        ]
+    );
 }
 
 /// A frozen Redis (SIGSTOP): each request waits out the store timeout

@@ -34,10 +34,10 @@ use http::HeaderName;
 use ipnet::IpNet;
 use toml::Spanned;
 
-use crate::layer::credentials::CredentialFailures;
-use crate::layer::deny_cache::{DEFAULT_CAPACITY as DEFAULT_DENY_CACHE, DenyCache};
 use crate::key::{Global, Header, JwtClaim, KeyExtractor, PeerIp, digest};
 use crate::layer::RateLimitLayer;
+use crate::layer::credentials::CredentialFailures;
+use crate::layer::deny_cache::{DEFAULT_CAPACITY as DEFAULT_DENY_CACHE, DenyCache};
 use crate::policy::{FailMode, Policies, Policy, PolicyError, Route, TierLimits};
 use crate::response::headers::{HeaderStyle, ResetFormat};
 use crate::store::{MemoryStore, Store};

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use http::request::Parts;
 
-use super::deny_cache::{DenyCache, Denied};
+use super::deny_cache::{Denied, DenyCache};
 use crate::key::{KeyExtractor, PeerIp};
 use crate::policy::{CREDENTIAL_FAILURES, Policy};
 use crate::store::{Check, CheckOutcome, Decision};

@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Response};
 use http::request::Parts;
+use http::{Request, Response};
 
 use crate::key::{Confirming, Identity, KeyRejection, confirmed};
 use crate::layer::Shared;

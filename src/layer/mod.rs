@@ -15,6 +15,7 @@ pub(crate) mod credentials;
 mod decide;
 pub(crate) mod deny_cache;
 mod future;
+mod local;
 mod outcome;
 mod reject;
 mod roles;
@@ -23,7 +24,7 @@ mod service;
 pub use future::ResponseFuture;
 pub use service::RateLimit;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -33,14 +34,15 @@ use bytes::Bytes;
 use http::Response;
 use http::request::Parts;
 
-use credentials::CredentialFailures;
-use deny_cache::DenyCache;
 use crate::key::KeyExtractor;
 use crate::policy::{FailMode, Policies, RequestCost};
 use crate::response::headers::{HeaderStyle, ResetFormat};
 use crate::response::rejection::{OnRejection, Rejection};
-use crate::store::{MemoryStore, Store};
+use crate::store::Store;
 use crate::tier::TierLookup;
+use credentials::CredentialFailures;
+use deny_cache::DenyCache;
+use local::LocalLimits;
 
 /// Settings the response future needs; small and `Copy`.
 #[derive(Debug, Clone, Copy)]
@@ -84,19 +86,9 @@ pub(crate) struct Shared {
     pub(crate) exempt: Option<Exempt>,
     pub(crate) credential_failures: Option<CredentialFailures>,
     pub(crate) request_cost: Option<Arc<dyn RequestCost>>,
-    /// Where policies that fail to a local limit count while the store
-    /// is down; made on first use.
-    pub(crate) local: Arc<OnceLock<Arc<dyn Store>>>,
+    /// The counts of policies that fall back to a local limit.
+    pub(crate) local: Arc<LocalLimits>,
     pub(crate) options: Options,
-}
-
-impl Shared {
-    /// The in-process store of local limits.
-    pub(crate) fn local_store(&self) -> Arc<dyn Store> {
-        self.local
-            .get_or_init(|| Arc::new(MemoryStore::new()))
-            .clone()
-    }
 }
 
 /// Says which requests the limiter leaves alone; set with
@@ -478,3 +470,6 @@ impl<S> Layer<S> for RateLimitLayer {
         RateLimit::from_shared(inner, self.shared.clone())
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -11,6 +11,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Response};
 
 use crate::layer::Shared;
+use crate::layer::local::LocalChecks;
 use crate::layer::reject::{Reply, reject};
 use crate::layer::roles::{Refund, Roles};
 use crate::metrics::{self, Outcome, Timer};
@@ -102,19 +103,27 @@ pub(crate) fn outcome(
     match decisions {
         Ok(decisions) => {
             let decided = &checks[..decisions.len()];
-            let counts = roles.map(Roles::counts);
-            let ietf_policy = ietf_policy(plan, tier, checks, roles)
-                .filter(|_| decided.len() == checks.len());
+            let enforced = enforced.min(decisions.len());
+            let admitted = decisions[..enforced].iter().all(|d| d.admitted);
+            if let Some(roles) = roles.filter(|_| admitted)
+                && let Some(next) = held_locally(shared, checks, roles, took)
+            {
+                return next;
+            }
+            let ietf_policy =
+                ietf_policy(plan, tier, checks, roles).filter(|_| decided.len() == checks.len());
             settle(
                 shared,
-                &shared.store,
-                decided,
-                &decisions,
-                enforced.min(decisions.len()),
-                counts,
-                ietf_policy,
-                Some(sent_at.deny_clock),
-                took,
+                Answered {
+                    store: &shared.store,
+                    checks: decided,
+                    decisions: &decisions,
+                    enforced,
+                    counts: roles.map(Roles::counts),
+                    ietf_policy,
+                    deny_clock: Some(sent_at.deny_clock),
+                    took,
+                },
             )
         }
         // `held_back`: failures since the last line, which were not logged.
@@ -156,26 +165,37 @@ pub(crate) fn ietf_policy<'a>(
         .flatten()
 }
 
-/// Admits or denies a request by its `decisions` (one per check of
-/// `checks`, enforced ones before `enforced`, shadow ones after), which
-/// `store` gave: a shadow check's denial is traced and lets the request
-/// pass. A denial is remembered in the deny cache, given when it was sent
-/// (`deny_clock`); without it, the decisions are the local limit's.
-#[allow(
-    clippy::too_many_arguments,
-    reason = "one step of the request, shared by the store's and the local limit's answers"
-)]
-fn settle(
-    shared: &Shared,
-    store: &Arc<dyn Store>,
-    checks: &[Check],
-    decisions: &[Decision],
+/// A batch's decisions, as one store gave them.
+struct Answered<'a> {
+    store: &'a Arc<dyn Store>,
+    checks: &'a [Check],
+    /// One per check of `checks`: enforced ones before `enforced`, shadow
+    /// ones after.
+    decisions: &'a [Decision],
     enforced: usize,
-    counts: Option<&[Count]>,
-    ietf_policy: Option<&HeaderValue>,
+    /// What each check counts, when some count some responses only.
+    counts: Option<&'a [Count]>,
+    ietf_policy: Option<&'a HeaderValue>,
+    /// When the batch was sent, on the deny cache's clock; `None` for the
+    /// local limit's decisions.
     deny_clock: Option<u64>,
     took: Option<Duration>,
-) -> Next {
+}
+
+/// Admits or denies a request by the decisions `answered` holds: a shadow
+/// check's denial is traced and lets the request pass. A store's denial is
+/// remembered in the deny cache.
+fn settle(shared: &Shared, answered: Answered<'_>) -> Next {
+    let Answered {
+        store,
+        checks,
+        decisions,
+        enforced,
+        counts,
+        ietf_policy,
+        deny_clock,
+        took,
+    } = answered;
     let options = shared.options;
     if decisions.is_empty() {
         return Next::Call(None, None);
@@ -289,30 +309,59 @@ pub(crate) fn trace_decision(policy: &str, outcome: Outcome, took: Option<Durati
     );
 }
 
-/// Decides the checks that fall back to a local limit on the layer's
-/// in-process store, while the store is unavailable; `None` when no check
-/// does (the request then fails open).
+/// Decides the checks that fall back to a local limit, while the store
+/// is unavailable; `None` when no check does (the request then fails
+/// open).
 fn fall_back(
     shared: &Shared,
     checks: &[Check],
     roles: &Roles,
     took: Option<Duration>,
 ) -> Option<Next> {
-    let (local, counts) = roles.local(checks, shared.options.local_share);
+    let local = roles.local(checks, shared.options.local_share);
     if local.is_empty() {
         return None;
     }
-    let store = shared.local_store();
-    let decisions = store.check(&local).into_ready().ok()?.ok()?;
-    Some(settle(
+    let decisions = shared.local.decide(&local)?;
+    Some(settle_locally(shared, &local, &decisions, took))
+}
+
+/// Records a request the store admitted in the local counts of its
+/// local-mode checks: the local limit's denial when the request does not
+/// fit them within a window of the store's last failure (see
+/// [`LocalLimits`](super::local::LocalLimits)).
+fn held_locally(
+    shared: &Shared,
+    checks: &[Check],
+    roles: &Roles,
+    took: Option<Duration>,
+) -> Option<Next> {
+    if !roles.has_local() {
+        return None;
+    }
+    let local = roles.local(checks, shared.options.local_share);
+    let decisions = shared.local.record(&local)?;
+    Some(settle_locally(shared, &local, &decisions, took))
+}
+
+fn settle_locally(
+    shared: &Shared,
+    local: &LocalChecks,
+    decisions: &[Decision],
+    took: Option<Duration>,
+) -> Next {
+    let store: Arc<dyn Store> = Arc::new(shared.local.store().clone());
+    settle(
         shared,
-        &store,
-        &local,
-        &decisions,
-        local.len(),
-        Some(&counts),
-        None,
-        None,
-        took,
-    ))
+        Answered {
+            store: &store,
+            checks: &local.checks,
+            decisions,
+            enforced: local.checks.len(),
+            counts: Some(&local.counts),
+            ietf_policy: None,
+            deny_clock: None,
+            took,
+        },
+    )
 }

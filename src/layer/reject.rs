@@ -42,11 +42,11 @@ pub(crate) fn reject(shared: &Shared, reply: Reply<'_>) -> Response<Bytes> {
     };
     match reply {
         Reply::Limited(denial) => limited(hook, format, &denial),
-        Reply::InvalidCredentials(rejection) => with_hook(
-            hook,
-            &Rejection::InvalidCredentials(rejection),
-            || problem::invalid_credentials(rejection),
-        ),
+        Reply::InvalidCredentials(rejection) => {
+            with_hook(hook, &Rejection::InvalidCredentials(rejection), || {
+                problem::invalid_credentials(rejection)
+            })
+        }
         Reply::Unidentified {
             parts,
             missing_credentials,
@@ -64,9 +64,11 @@ pub(crate) fn reject(shared: &Shared, reply: Reply<'_>) -> Response<Bytes> {
                 }
             },
         ),
-        Reply::CostAboveLimit(denied) => with_hook(hook, &Rejection::CostAboveLimit(denied), || {
-            problem::cost_above_limit(denied)
-        }),
+        Reply::CostAboveLimit(denied) => {
+            with_hook(hook, &Rejection::CostAboveLimit(denied), || {
+                problem::cost_above_limit(denied)
+            })
+        }
         Reply::StoreUnavailable(error) => with_hook(
             hook,
             &Rejection::StoreUnavailable(error),

@@ -10,6 +10,7 @@ use http::StatusCode;
 use smallvec::SmallVec;
 
 use crate::layer::Options;
+use crate::layer::local::LocalChecks;
 use crate::policy::cost::Checks;
 use crate::policy::plan::Plan;
 use crate::policy::{Count, FailMode};
@@ -71,20 +72,19 @@ impl Roles {
     }
 
     /// The enforced checks that fall back to a local limit, at their
-    /// limits divided by `share` (at least one unit), with what each
-    /// counts.
-    pub(crate) fn local(&self, checks: &[Check], share: u32) -> (Checks, SmallVec<[Count; 2]>) {
-        checks[..self.shadow_from]
-            .iter()
-            .zip(&self.fail_modes)
-            .zip(&self.counts)
-            .filter(|((_, mode), _)| **mode == FailMode::Local)
-            .map(|((check, _), count)| {
-                let mut local = check.clone();
-                local.limit = (check.limit / share.max(1)).max(1);
-                (local, *count)
-            })
-            .unzip()
+    /// share of it (see [`LocalChecks::of`]).
+    pub(crate) fn local(&self, checks: &[Check], share: u32) -> LocalChecks {
+        LocalChecks::of(
+            &checks[..self.shadow_from],
+            &self.fail_modes,
+            &self.counts,
+            share,
+        )
+    }
+
+    /// Whether an enforced check falls back to a local limit.
+    pub(crate) fn has_local(&self) -> bool {
+        self.fail_modes[..self.shadow_from].contains(&FailMode::Local)
     }
 
     /// What each check counts.

@@ -88,9 +88,9 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let (mut parts, body) = request.into_parts();
         match decide(&self.shared, &mut parts) {
-            Decided::Now(next) => ResponseFuture::decided(next, || {
-                self.inner.call(Request::from_parts(parts, body))
-            }),
+            Decided::Now(next) => {
+                ResponseFuture::decided(next, || self.inner.call(Request::from_parts(parts, body)))
+            }
             Decided::Later(decision) => {
                 // The clone may not be ready; the service that is ready
                 // goes with this request (see tower-http's note on cloning

@@ -13,3 +13,41 @@ impl Store for DownStore {
         CheckFuture::new(async { Err(StoreError::Timeout(Duration::from_millis(50))) })
     }
 }
+
+/// A store that answers through `inner` or fails, as `down` says for
+/// each call (numbered from 0).
+pub struct FlakyStore<D> {
+    inner: std::sync::Arc<dyn Store>,
+    calls: std::sync::atomic::AtomicU64,
+    down: D,
+}
+
+impl<D: Fn(u64) -> bool + Send + Sync + 'static> FlakyStore<D> {
+    pub fn new(inner: impl Store, down: D) -> Self {
+        Self {
+            inner: std::sync::Arc::new(inner),
+            calls: std::sync::atomic::AtomicU64::new(0),
+            down,
+        }
+    }
+}
+
+impl<D: Fn(u64) -> bool + Send + Sync + 'static> Store for FlakyStore<D> {
+    fn check(&self, checks: &[Check]) -> CheckFuture {
+        let call = self
+            .calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if (self.down)(call) {
+            return CheckFuture::ready(Err(StoreError::Timeout(Duration::from_millis(50))));
+        }
+        self.inner.check(checks)
+    }
+
+    fn peek(&self, checks: &[Check]) -> CheckFuture {
+        self.inner.peek(checks)
+    }
+
+    fn is_remote(&self) -> bool {
+        self.inner.is_remote()
+    }
+}

@@ -1,0 +1,157 @@
+//! [`LocalLimits`]: the in-process counts of policies that fall back to a
+//! local limit ([`FailMode::Local`](crate::FailMode::Local)) while the
+//! store is unavailable.
+//!
+//! The local count of a client is kept whether the store answers or not:
+//! each admission the store makes for a local-mode policy is recorded
+//! here too (at the local limit, so a count that reaches it stays there),
+//! and each admission made here while the store is down is here already.
+//! So when the store fails, the local count starts from what the store
+//! admitted for the client; and for one window after a failure, a request
+//! the store admits must fit the local count as well, so admissions made
+//! locally while the store was down still count when it answers again.
+//! One instance (`local_share = 1`) thus admits at most the limit in any
+//! window however the store flaps; with several instances, each holds its
+//! share while the store is down and for a window after.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use smallvec::SmallVec;
+
+use crate::policy::cost::Checks;
+use crate::policy::{Count, FailMode};
+use crate::store::{Check, Decisions, MemoryStore, Store};
+
+/// The local counts of a layer, and when its store last failed.
+#[derive(Debug)]
+pub(crate) struct LocalLimits {
+    /// Made on first use: most layers have no local-mode policy.
+    store: OnceLock<MemoryStore>,
+    /// When the store last failed, in µs after `epoch` plus one (0: never).
+    failed_at: AtomicU64,
+    epoch: Instant,
+}
+
+impl Default for LocalLimits {
+    fn default() -> Self {
+        Self {
+            store: OnceLock::new(),
+            failed_at: AtomicU64::new(0),
+            epoch: Instant::now(),
+        }
+    }
+}
+
+/// A request's local checks, with what each counts.
+pub(crate) struct LocalChecks {
+    pub(crate) checks: Checks,
+    pub(crate) counts: SmallVec<[Count; 2]>,
+}
+
+impl LocalChecks {
+    /// The local checks of the enforced `checks` whose fail mode (in
+    /// `fail_modes`, in order) is local: each at its limit divided by
+    /// `share` (at least one unit), and its cost scaled alike (at least one
+    /// unit), so a request costs the same share of a local limit as of the
+    /// store's.
+    pub(crate) fn of(
+        checks: &[Check],
+        fail_modes: &[FailMode],
+        counts: &[Count],
+        share: u32,
+    ) -> Self {
+        let (checks, counts) = checks
+            .iter()
+            .zip(fail_modes)
+            .zip(counts)
+            .filter(|((_, mode), _)| **mode == FailMode::Local)
+            .map(|((check, _), count)| (local_check(check, share), *count))
+            .unzip();
+        Self { checks, counts }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.checks.is_empty()
+    }
+}
+
+/// `check` at `1 / share` of its limit, and of its cost.
+fn local_check(check: &Check, share: u32) -> Check {
+    let mut local = check.clone();
+    local.limit = (check.limit / share.max(1)).max(1);
+    let scaled =
+        (u64::from(check.cost) * u64::from(local.limit)).div_ceil(u64::from(check.limit.max(1)));
+    local.cost = u32::try_from(scaled)
+        .unwrap_or(u32::MAX)
+        .clamp(1, local.limit);
+    local
+}
+
+impl LocalLimits {
+    /// The in-process store of the local counts.
+    pub(crate) fn store(&self) -> &MemoryStore {
+        self.store.get_or_init(MemoryStore::new)
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX) + 1
+    }
+
+    /// Decides `local` while the store is unavailable, and remembers that
+    /// it was.
+    pub(crate) fn decide(&self, local: &LocalChecks) -> Option<Decisions> {
+        self.failed_at.store(self.now(), Ordering::Relaxed);
+        self.store().check(&local.checks).into_ready().ok()?.ok()
+    }
+
+    /// Records an admission the store made in the local counts. Within a
+    /// window of the store's last failure, a request that does not fit
+    /// them is denied: the local decisions come back to say so.
+    pub(crate) fn record(&self, local: &LocalChecks) -> Option<Decisions> {
+        let decisions = self.store().check(&local.checks).into_ready().ok()?.ok()?;
+        if decisions.iter().all(|decision| decision.admitted) {
+            return None;
+        }
+        let failed_at = self.failed_at.load(Ordering::Relaxed);
+        let since = Duration::from_micros(self.now().saturating_sub(failed_at));
+        let window = local.checks.iter().map(|check| check.window).max()?;
+        (failed_at != 0 && since < window).then_some(decisions)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::key::Key;
+    use crate::policy::Algorithm;
+
+    fn check(limit: u32, cost: u32) -> Check {
+        Check {
+            policy: "p".into(),
+            key: Key::new("ip:192.0.2.1"),
+            limit,
+            window: Duration::from_secs(60),
+            cost,
+            algorithm: Algorithm::SlidingLog,
+        }
+    }
+
+    #[test]
+    fn the_cost_scales_with_the_limit_and_always_fits() {
+        for (limit, cost, share, local_limit, local_cost) in [
+            (100, 1, 4, 25, 1),
+            (100, 30, 4, 25, 8),
+            (100, 100, 4, 25, 25),
+            (10, 10, 3, 3, 3),
+            (3, 2, 10, 1, 1),
+            (u32::MAX, u32::MAX, 1, u32::MAX, u32::MAX),
+        ] {
+            let local = local_check(&check(limit, cost), share);
+            assert_eq!((local.limit, local.cost), (local_limit, local_cost));
+        }
+    }
+}
