@@ -834,6 +834,53 @@ window = "60s"
     assert_eq!(codes, [200, 200, 429]);
 }
 
+/// An exempt network holding the trusted proxy: the clients the proxy
+/// names are exempt when their address is, and a request whose client it
+/// cannot name (`for=unknown`, no header) never is, since nothing is known
+/// of who sent it.
+#[tokio::test]
+async fn a_client_the_proxy_cannot_name_is_never_exempt() {
+    let config = Config::from_toml_str(
+        r#"
+[limiter]
+keys = ["ip"]
+trusted_proxies = ["10.0.0.0/24"]
+forwarded_header = "forwarded"
+exempt = ["10.0.0.0/8"]
+
+[[policy]]
+name = "all"
+limit = 2
+window = "60s"
+"#,
+    )
+    .unwrap();
+    let app = root_app(config.layer(MemoryStore::new()));
+    let named = statuses(&app, 4, |_| {
+        request("GET", "/", "10.0.0.1:1", &[("forwarded", b"for=10.9.9.9")])
+    })
+    .await;
+    assert_eq!(named, [200; 4], "an exempt client the proxy names");
+    let unknown = statuses(&app, 3, |n| {
+        let headers: &[(&str, &[u8])] = if n == 0 {
+            &[]
+        } else {
+            &[("forwarded", b"for=unknown")]
+        };
+        request("GET", "/", "10.0.0.1:1", headers)
+    })
+    .await;
+    assert_eq!(unknown, [200, 200, 429]);
+}
+
+#[test]
+fn an_empty_exempt_api_key_is_refused() {
+    let error = Config::from_toml_str("[limiter]\nexempt_api_keys = [\"ok\", \"\"]\n").unwrap_err();
+    assert_eq!(error.key(), Some("limiter.exempt_api_keys"), "{error}");
+    assert_eq!(error.line(), Some(2));
+    assert!(error.to_string().contains("must not be empty"), "{error}");
+}
+
 #[test]
 fn a_bad_exempt_network_names_its_key() {
     let error = Config::from_toml_str("[limiter]\nexempt = [\"10.1.0.0/33\"]\n").unwrap_err();

@@ -189,6 +189,12 @@ fn invalid_policies_name_their_key() {
         3,
         "policy[0].route",
     );
+    let message = refused(
+        &POLICY.replace("GET /api/search", "GET /api/videos/:id"),
+        3,
+        "policy[0].route",
+    );
+    assert!(message.contains("write `{id}`"), "{message}");
     refused(
         &POLICY.replace("name = \"search\"", "name = \"{search}\""),
         2,

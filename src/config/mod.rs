@@ -178,6 +178,19 @@ impl Config {
                 "needs at least one key source (jwt, api_key, ip, global)",
             ));
         }
+        if let Some(empty) = limiter
+            .exempt_api_keys
+            .iter()
+            .find(|key| key.get_ref().is_empty())
+        {
+            // An empty key would exempt every request with an empty header.
+            return Err(ConfigError::at(
+                source,
+                empty.span().start,
+                "limiter.exempt_api_keys",
+                "API keys must not be empty",
+            ));
+        }
         let keys = limiter.keys.get_ref();
         let keys_offset = limiter.keys.span().start;
         let jwt = match raw.jwt {
@@ -257,7 +270,7 @@ impl Config {
                 limiter
                     .exempt_api_keys
                     .iter()
-                    .map(|key| digest(key.as_bytes()))
+                    .map(|key| digest(key.get_ref().as_bytes()))
                     .collect(),
             ),
             api_key_header,

@@ -68,7 +68,7 @@ pub(super) struct RawLimiter {
     pub(super) unknown_api_key: UnknownApiKeyName,
     pub(super) trusted_proxies: Vec<Cidr>,
     pub(super) exempt: Vec<Cidr>,
-    pub(super) exempt_api_keys: Vec<String>,
+    pub(super) exempt_api_keys: Vec<Spanned<String>>,
     pub(super) forwarded_header: ForwardedHeaderName,
     pub(super) ipv6_prefix: Spanned<u8>,
     pub(super) headers: HeaderStyleName,

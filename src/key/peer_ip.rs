@@ -153,9 +153,15 @@ impl PeerIp {
 
     /// The client's address as this extractor resolves it (the peer, or
     /// behind trusted proxies the right-most untrusted hop), before any
-    /// grouping; `None` without a peer address. For decisions of your own
-    /// about a client, such as exempting an internal network with
-    /// [`RateLimitLayer::exempt`](crate::RateLimitLayer::exempt).
+    /// grouping. `None` without a peer address, and when the address
+    /// resolved is a trusted proxy's: its forwarding chain did not name the
+    /// client (no header, an unreadable or `unknown` hop), so nothing is
+    /// known of who sent the request. For decisions of your own about a
+    /// client, such as exempting an internal network with
+    /// [`RateLimitLayer::exempt`](crate::RateLimitLayer::exempt): a trusted
+    /// proxy's address is never a client's, so it is never exempt. (The
+    /// rate-limit key of such a request is the proxy's: all the requests
+    /// it cannot name share one count.)
     ///
     /// ```
     /// use axum::extract::ConnectInfo;
@@ -167,10 +173,18 @@ impl PeerIp {
     /// request.extensions_mut().insert(ConnectInfo(SocketAddr::from(([10, 0, 0, 1], 5000))));
     /// let (parts, ()) = request.into_parts();
     /// assert_eq!(proxies.client(&parts), Some("203.0.113.9".parse().unwrap()));
+    ///
+    /// // The proxy could not name its client.
+    /// let mut request = http::Request::get("/").header("forwarded", "for=unknown").body(()).unwrap();
+    /// request.extensions_mut().insert(ConnectInfo(SocketAddr::from(([10, 0, 0, 1], 5000))));
+    /// let (parts, ()) = request.into_parts();
+    /// let proxies = proxies.forwarded_header(slidegate::ForwardedHeader::Forwarded);
+    /// assert_eq!(proxies.client(&parts), None);
     /// ```
     pub fn client(&self, parts: &Parts) -> Option<IpAddr> {
         let peer = peer_addr(parts)?;
-        Some(self.client_ip(canonical(peer.ip()), parts))
+        let client = self.client_ip(canonical(peer.ip()), parts);
+        (!self.is_trusted(client)).then_some(client)
     }
 
     /// The key of `ip`'s group: the address, or its network when grouped.

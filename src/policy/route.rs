@@ -41,6 +41,12 @@ impl Route {
         if !pattern.starts_with('/') || pattern.contains(char::is_whitespace) {
             return Err(invalid());
         }
+        if let Some(reason) = old_capture(pattern) {
+            return Err(PolicyError::InvalidPattern {
+                route: route_text.to_owned(),
+                reason,
+            });
+        }
         Ok(Self {
             method,
             pattern: pattern.to_owned(),
@@ -55,6 +61,24 @@ impl Route {
     }
 }
 
+/// Why `pattern` would never match under axum 0.8: a segment in axum
+/// 0.7's capture syntax (`:id`, `*rest`), which axum 0.8 refuses to route
+/// and so never names in `MatchedPath`.
+fn old_capture(pattern: &str) -> Option<String> {
+    let segment = pattern
+        .split('/')
+        .find(|segment| segment.starts_with([':', '*']))?;
+    let (sigil, name) = segment.split_at(1);
+    let spelling = if sigil == ":" {
+        format!("{{{name}}}")
+    } else {
+        format!("{{*{name}}}")
+    };
+    Some(format!(
+        "`{segment}` is axum 0.7's capture syntax, which axum 0.8 refuses; write `{spelling}`"
+    ))
+}
+
 impl fmt::Display for Route {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.method {
@@ -67,6 +91,32 @@ impl fmt::Display for Route {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn axum_07_captures_are_refused_with_the_right_spelling() {
+        for (route, reason) in [
+            (
+                "GET /api/videos/:id",
+                "`:id` is axum 0.7's capture syntax, which axum 0.8 refuses; write `{id}`",
+            ),
+            (
+                "/files/*path",
+                "`*path` is axum 0.7's capture syntax, which axum 0.8 refuses; write `{*path}`",
+            ),
+        ] {
+            let error = Route::parse(route).unwrap_err();
+            assert_eq!(
+                error,
+                PolicyError::InvalidPattern {
+                    route: route.to_owned(),
+                    reason: reason.to_owned(),
+                }
+            );
+            assert!(error.to_string().contains(reason), "{error}");
+        }
+        // A colon inside a segment is a literal, in axum as here.
+        assert!(Route::parse("GET /v1/items:batch").is_ok());
+    }
 
     #[test]
     fn route_display_round_trips() {
