@@ -1,7 +1,7 @@
 //! Redis time of one call of the sliding log, path by path, on logs of
 //! 1,000, 100,000 and 1,000,000 records (of costs 1 and 2): the previous
 //! script (each log a
-//! packed ring in one string, `tests/fixtures/check_v2.lua`) beside
+//! packed ring in one string, `benches/fixtures/check_v2.lua`) beside
 //! `lua/check.lua` (pages and a tree of page sums), both loaded as
 //! function libraries on one redis-server, as `RedisStore` loads them.
 //! Each figure is the longest call of the path in `SLOWLOG` (which every
@@ -19,7 +19,7 @@ mod support;
 use slidegate::deadpool_redis::redis::{self, Connection, Value};
 use support::RedisServer;
 
-const PREVIOUS: &str = include_str!("../tests/fixtures/check_v2.lua");
+const PREVIOUS: &str = include_str!("fixtures/check_v2.lua");
 const CURRENT: &str = include_str!("../lua/check.lua");
 const START: u64 = 1_700_000_000_000_000;
 const LIMIT: u64 = 4_000_000;

@@ -46,7 +46,7 @@ fn redis_bytes_per_client(runtime: &tokio::runtime::Runtime, redis: &RedisServer
     for (name, algorithm) in ALGORITHMS {
         for limit in [10u32, 100, 1_000, 10_000] {
             let policy = Policy::new(format!("m{limit}"), limit, Duration::from_secs(3600))
-                .algorithm(algorithm);
+                .with_algorithm(algorithm);
             let client = format!("{name}-{limit}");
             for _ in 0..limit {
                 clock.advance(Duration::from_millis(1));
@@ -77,7 +77,7 @@ fn previous_log_bytes(
 ) -> (usize, u64) {
     use slidegate::deadpool_redis::redis::Script;
 
-    let script = Script::new(include_str!("../tests/fixtures/check_v2.lua"));
+    let script = Script::new(include_str!("fixtures/check_v2.lua"));
     let key = format!("previous:{limit}:{{client}}");
     let keys = [format!("{key}:l"), key];
     let pool = redis.pool(1);
@@ -133,7 +133,7 @@ fn memory_store_bytes_per_client() {
 
 fn measure_memory_store(only: &str) {
     for (name, algorithm) in ALGORITHMS.into_iter().filter(|(name, _)| *name == only) {
-        let policy = Policy::new("m", 100, Duration::from_secs(3600)).algorithm(algorithm);
+        let policy = Policy::new("m", 100, Duration::from_secs(3600)).with_algorithm(algorithm);
         let keys: Vec<Key> = (0..CLIENTS)
             .map(|i| Key::new(format!("client-{i}")))
             .collect();

@@ -15,7 +15,7 @@ mod support;
 use slidegate::deadpool_redis::redis::{self, Script};
 use support::RedisServer;
 
-const PREVIOUS: &str = include_str!("../tests/fixtures/check_v2.lua");
+const PREVIOUS: &str = include_str!("fixtures/check_v2.lua");
 const PACKED: &str = include_str!("../lua/check.lua");
 const CLIENTS: u64 = 20;
 const WARM_UP: u64 = 4_000;

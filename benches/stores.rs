@@ -39,7 +39,7 @@ fn memory_store(c: &mut Criterion) {
     let mut group = c.benchmark_group("memory_store");
     group.throughput(Throughput::Elements(1));
     for (name, algorithm) in ALGORITHMS {
-        let policy = Policy::new("bench", NEVER, Duration::from_secs(1)).algorithm(algorithm);
+        let policy = Policy::new("bench", NEVER, Duration::from_secs(1)).with_algorithm(algorithm);
         let store = MemoryStore::new();
         let hot = Key::new("hot");
         group.bench_function(format!("{name}/hot_key"), |b| {

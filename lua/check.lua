@@ -155,12 +155,9 @@ end
 -- call), the pages of a log that has emptied included; both keys expire
 -- two spans past the newest record.
 
-local LOG_VERSION = 2
+local LOG_VERSION = 1
 local LOG_HEADER = '>BBBBI4I4I2I4I2I8I8I8I8I8I8I8'
 local LOG_HEADER_SIZE = 76
--- The previous format, a packed ring in the string: its header.
-local RING_HEADER = '>BBBI4I4I4I4I8I8I8'
-local RING_HEADER_SIZE = 43
 local PAGE_HEADER = '>I8BB'
 local PAGE_HEADER_SIZE = 10
 -- Records per page: a sealed page (with its header) fits a 1 KiB
@@ -495,8 +492,7 @@ local function log_new(s)
   log_clear(s)
 end
 
--- Reads the header into `s`; a log in the previous format (a packed
--- ring) carries its count over as one record at its newest time.
+-- Reads the header into `s`.
 local function log_read(s)
   s.pages, s.found = {}, {}
   local header = redis.call('GETRANGE', s.key, 0, LOG_HEADER_SIZE - 1)
@@ -507,19 +503,7 @@ local function log_read(s)
     return
   end
   local version = string.byte(header, 1)
-  if version == 1 and #header >= RING_HEADER_SIZE then
-    local _, _, _, _, count, _, sum, _, newest = struct.unpack(RING_HEADER, header)
-    log_new(s)
-    if count > 0 and sum > 0 then
-      s.exists = true
-      s.tail_base, s.oldest, s.newest, s.sum = newest, newest, newest, sum
-      s.cw = sum == 1 and 0 or total_width(sum)
-      s.tail = encode(newest, 4, s.cw, newest, sum)
-      s.tail_count, s.tail_sum = 1, sum
-      s.span, s.rewrite, s.dirty = s.window, true, true
-    end
-    return
-  elseif version ~= LOG_VERSION then
+  if version ~= LOG_VERSION then
     error('unknown sliding log format ' .. tostring(version) .. ' at ' .. s.key)
   end
   s.exists = true

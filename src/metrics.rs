@@ -81,6 +81,7 @@ pub(crate) fn store_answered<T>(took: Option<Duration>, outcome: &Result<T, Stor
                 StoreError::Timeout(_) => "timeout",
                 StoreError::Backend(_) => "backend",
                 StoreError::Protocol(_) => "protocol",
+                StoreError::Internal(_) => "internal",
                 StoreError::CircuitOpen => "circuit_open",
                 StoreError::Unsupported(_) => "unsupported",
                 StoreError::Full(_) => "full",

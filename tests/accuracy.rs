@@ -103,7 +103,7 @@ impl Replay {
     fn new(clock: &FakeClock, algorithm: Algorithm, limit: u32) -> Self {
         Self {
             store: MemoryStore::builder().clock(clock.clone()).build(),
-            policy: Policy::new("study", limit, WINDOW).algorithm(algorithm),
+            policy: Policy::new("study", limit, WINDOW).with_algorithm(algorithm),
         }
     }
 
@@ -111,7 +111,7 @@ impl Replay {
     fn spend(&self, key: &Key, cost: u32) -> Decision {
         decide(
             &self.store,
-            Check::new(&self.policy.clone().cost(cost), key.clone()),
+            Check::new(&self.policy.clone().with_cost(cost), key.clone()),
         )
     }
 

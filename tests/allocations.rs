@@ -84,7 +84,7 @@ async fn extra_allocations(
 
 fn layer(clock: &FakeClock, algorithm: Algorithm) -> RateLimitLayer {
     let store = MemoryStore::builder().clock(clock.clone()).build();
-    let policy = Policy::new("api", 100, Duration::from_secs(1)).algorithm(algorithm);
+    let policy = Policy::new("api", 100, Duration::from_secs(1)).with_algorithm(algorithm);
     RateLimitLayer::new(store, PeerIp::new(), Policies::single(policy).unwrap())
 }
 

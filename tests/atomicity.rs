@@ -41,7 +41,7 @@ async fn redis_admits_exactly_the_limit_across_independent_stores() {
         .enumerate()
         .take(TRIALS)
     {
-        let policy = Policy::new("atomic", limit, Duration::from_secs(60)).cost(cost);
+        let policy = Policy::new("atomic", limit, Duration::from_secs(60)).with_cost(cost);
         let key = Key::new(format!("trial-{trial}"));
         let tasks: Vec<_> = (0..REQUESTS)
             .map(|i| {

@@ -41,8 +41,8 @@ async fn every_algorithm_and_mixed_batches_work_on_a_cluster() {
     let clock = FakeClock::new(START);
     let store = store(&cluster, &clock);
     let log = Policy::new("c-log", 5, MINUTE);
-    let counter = Policy::new("c-counter", 4, MINUTE).algorithm(Algorithm::SlidingCounter);
-    let fixed = Policy::new("c-fixed", 3, MINUTE).algorithm(Algorithm::FixedWindow);
+    let counter = Policy::new("c-counter", 4, MINUTE).with_algorithm(Algorithm::SlidingCounter);
+    let fixed = Policy::new("c-fixed", 3, MINUTE).with_algorithm(Algorithm::FixedWindow);
 
     // Many clients, so their keys spread over every primary.
     for client in 0..30 {
@@ -101,8 +101,9 @@ async fn concurrent_checks_through_two_cluster_pools_admit_exactly_the_limit() {
         (150, Algorithm::SlidingCounter),
         (50, Algorithm::FixedWindow),
     ] {
-        let policy =
-            Arc::new(Policy::new("hot", limit, Duration::from_secs(3600)).algorithm(algorithm));
+        let policy = Arc::new(
+            Policy::new("hot", limit, Duration::from_secs(3600)).with_algorithm(algorithm),
+        );
         let key = format!("hot-{algorithm:?}");
         let mut tasks = Vec::new();
         for i in 0..400 {

@@ -383,7 +383,7 @@ fn every_algorithm_can_be_chosen() {
     ] {
         let config = Config::from_toml_str(&format!("{POLICY}algorithm = \"{name}\"\n")).unwrap();
         let policy = config.policies().iter().next().unwrap();
-        assert_eq!(policy.algorithm_kind(), algorithm);
+        assert_eq!(policy.algorithm(), algorithm);
     }
     let message = refused(
         &format!("{POLICY}algorithm = \"sliding_counter\"\n")
@@ -514,11 +514,8 @@ window = "60s"
         .iter()
         .find(|p| p.name() == "login")
         .unwrap();
-    assert_eq!(login.counted(), slidegate::Count::Failures);
-    assert_eq!(
-        login.configured_fail_mode(),
-        Some(slidegate::FailMode::Local)
-    );
+    assert_eq!(login.count(), slidegate::Count::Failures);
+    assert_eq!(login.fail_mode(), Some(slidegate::FailMode::Local));
     assert!(login.is_shadow());
 
     let inline = sample

@@ -45,13 +45,13 @@ fn policies(mask: u8, cost: u32, tier: u8) -> Vec<Policy> {
     let all = [
         Policy::new("short", 4, ms(1500, 2500)),
         Policy::new("long", 9, ms(10_000, 4_000)),
-        Policy::new("counter", 7, ms(2000, 3000)).algorithm(Algorithm::SlidingCounter),
-        Policy::new("fixed", 5, ms(1200, 1800)).algorithm(Algorithm::FixedWindow),
+        Policy::new("counter", 7, ms(2000, 3000)).with_algorithm(Algorithm::SlidingCounter),
+        Policy::new("fixed", 5, ms(1200, 1800)).with_algorithm(Algorithm::FixedWindow),
     ];
     all.into_iter()
         .enumerate()
         .filter(|(i, _)| mask & (1 << i) != 0)
-        .map(|(_, p)| p.cost(cost))
+        .map(|(_, p)| p.with_cost(cost))
         .collect()
 }
 
@@ -190,7 +190,7 @@ fn a_refund_frees_exactly_its_units() {
             Algorithm::FixedWindow,
         ] {
             let policy = Policy::new(format!("{algorithm:?}"), 3, Duration::from_secs(60))
-                .algorithm(algorithm);
+                .with_algorithm(algorithm);
             let check = [Check::new(&policy, Key::new("client"))];
             let mut recorded = Vec::new();
             for _ in 0..3 {
@@ -724,8 +724,8 @@ fn counters_agree_when_the_clock_steps_back_around_peeks_and_denials() {
     proptest!(config, |(steps in prop::collection::vec(moves, 1..120))| {
         let prefix = format!("steps{}", case.fetch_add(1, Ordering::Relaxed));
         let (clock, memory, redis) = twin_stores(&pool, prefix);
-        let counter = Policy::new("counter", 4, Duration::from_secs(1)).algorithm(Algorithm::SlidingCounter);
-        let fixed = Policy::new("fixed", 3, Duration::from_millis(800)).algorithm(Algorithm::FixedWindow);
+        let counter = Policy::new("counter", 4, Duration::from_secs(1)).with_algorithm(Algorithm::SlidingCounter);
+        let fixed = Policy::new("fixed", 3, Duration::from_millis(800)).with_algorithm(Algorithm::FixedWindow);
         for (by_us, peek, both, cost) in &steps {
             clock.set(clock.now_micros().saturating_add_signed(*by_us));
             let mut checks = vec![Check::new(&counter, Key::new("c"))];

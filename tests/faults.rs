@@ -35,15 +35,15 @@ fn fixture() -> Fixture {
     let policies = Policies::builder()
         .route(
             "/open",
-            Policy::new("open", 1000, Duration::from_secs(60)).fail_mode(FailMode::Open),
+            Policy::new("open", 1000, Duration::from_secs(60)).with_fail_mode(FailMode::Open),
         )
         .route(
             "/closed",
-            Policy::new("closed", 1000, Duration::from_secs(60)).fail_mode(FailMode::Closed),
+            Policy::new("closed", 1000, Duration::from_secs(60)).with_fail_mode(FailMode::Closed),
         )
         .route(
             "/tight",
-            Policy::new("tight", 3, Duration::from_secs(60)).fail_mode(FailMode::Closed),
+            Policy::new("tight", 3, Duration::from_secs(60)).with_fail_mode(FailMode::Closed),
         )
         .build()
         .unwrap();

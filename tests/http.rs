@@ -47,7 +47,7 @@ fn demo_policies() -> Policies {
         .route("GET /search", Policy::new("search", 3, MINUTE))
         .route(
             "POST /login",
-            Policy::new("login", 2, MINUTE).fail_mode(FailMode::Closed),
+            Policy::new("login", 2, MINUTE).with_fail_mode(FailMode::Closed),
         )
         .route("GET /items/{id}", Policy::new("items", 2, MINUTE))
         .build()
@@ -284,7 +284,7 @@ fn rows_app(clock: &FakeClock) -> Router {
     let policies = Policies::builder()
         .route(
             "GET /search",
-            Policy::new("rows", 10, MINUTE).tier("pro", TierLimits::new().limit(50)),
+            Policy::new("rows", 10, MINUTE).with_tier("pro", TierLimits::new().limit(50)),
         )
         .every_route(Policy::new("calls", 100, MINUTE))
         .build()
@@ -617,7 +617,7 @@ async fn fail_modes_decide_when_the_store_is_down() {
     let policies = Policies::builder()
         .route(
             "GET /search",
-            Policy::new("rows", 10, MINUTE).fail_mode(FailMode::Closed),
+            Policy::new("rows", 10, MINUTE).with_fail_mode(FailMode::Closed),
         )
         .every_route(Policy::new("calls", 100, MINUTE))
         .build()

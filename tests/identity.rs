@@ -86,8 +86,8 @@ fn tiered_policies() -> Policies {
         .route(
             "GET /search",
             Policy::new("search", 5, MINUTE)
-                .tier("pro", TierLimits::new().limit(50))
-                .tier("team", TierLimits::new().limit(100).cost(4)),
+                .with_tier("pro", TierLimits::new().limit(50))
+                .with_tier("team", TierLimits::new().limit(100).cost(4)),
         )
         .route("GET /whoami", Policy::new("whoami", 1000, MINUTE))
         .build()

@@ -55,7 +55,7 @@ async fn store_failures_are_logged_once_a_second_with_the_count_held_back() {
     let policies = Policies::builder()
         .route(
             "/closed",
-            Policy::new("closed", 10, Duration::from_secs(1)).fail_mode(FailMode::Closed),
+            Policy::new("closed", 10, Duration::from_secs(1)).with_fail_mode(FailMode::Closed),
         )
         .default_policy(Policy::new("open", 10, Duration::from_secs(1)))
         .build()

@@ -48,7 +48,7 @@ fn login_request(password: &str) -> Request<Body> {
 }
 
 fn failed_logins() -> Policy {
-    Policy::new("logins", 3, MINUTE).count(Count::Failures)
+    Policy::new("logins", 3, MINUTE).with_count(Count::Failures)
 }
 
 fn login_app(store: impl Store) -> Router {
@@ -123,7 +123,8 @@ async fn refunds_never_let_more_than_the_limit_in_at_once() {
     let most = Arc::new(AtomicUsize::new(0));
     let (inside, peak) = (running.clone(), most.clone());
     let policies =
-        Policies::single(Policy::new("work", LIMIT as u32, MINUTE).count(Count::Failures)).unwrap();
+        Policies::single(Policy::new("work", LIMIT as u32, MINUTE).with_count(Count::Failures))
+            .unwrap();
     let app = Router::new()
         .route(
             "/work",
@@ -171,7 +172,7 @@ async fn refunds_never_let_more_than_the_limit_in_at_once() {
 fn shadow_app(store: impl Store, layer_shadow: bool) -> Router {
     let policies = Policies::builder()
         .route("/search", Policy::new("search", 5, MINUTE))
-        .route("/search", Policy::new("trial", 2, MINUTE).shadow(true))
+        .route("/search", Policy::new("trial", 2, MINUTE).with_shadow(true))
         .route("/shadowed", Policy::new("shadowed", 2, MINUTE))
         .build()
         .unwrap();
@@ -237,7 +238,7 @@ fn local_app(store: impl Store, share: u32) -> Router {
     let policies = Policies::builder()
         .route(
             "/local",
-            Policy::new("local", 6, MINUTE).fail_mode(FailMode::Local),
+            Policy::new("local", 6, MINUTE).with_fail_mode(FailMode::Local),
         )
         .route("/open", Policy::new("open", 6, MINUTE))
         .build()
@@ -375,8 +376,8 @@ async fn a_flapping_redis_never_adds_the_two_counts() {
 async fn a_local_limit_scales_the_cost_with_the_limit() {
     let policies = Policies::single(
         Policy::new("local", 100, MINUTE)
-            .cost(30)
-            .fail_mode(FailMode::Local),
+            .with_cost(30)
+            .with_fail_mode(FailMode::Local),
     )
     .unwrap();
     let app = Router::new()
@@ -416,11 +417,11 @@ async fn an_open_breaker_answers_without_waiting_for_a_frozen_redis() {
     let policies = Policies::builder()
         .route(
             "/closed",
-            Policy::new("closed", 100, MINUTE).fail_mode(FailMode::Closed),
+            Policy::new("closed", 100, MINUTE).with_fail_mode(FailMode::Closed),
         )
         .route(
             "/local",
-            Policy::new("local", 100, MINUTE).fail_mode(FailMode::Local),
+            Policy::new("local", 100, MINUTE).with_fail_mode(FailMode::Local),
         )
         .build()
         .unwrap();
@@ -464,7 +465,7 @@ async fn an_open_breaker_answers_without_waiting_for_a_frozen_redis() {
 #[tokio::test]
 async fn successes_only_leave_failures_uncounted() {
     let policies =
-        Policies::single(Policy::new("exports", 2, MINUTE).count(Count::Successes)).unwrap();
+        Policies::single(Policy::new("exports", 2, MINUTE).with_count(Count::Successes)).unwrap();
     let app = Router::new()
         .route("/login", post(login))
         .route_layer(RateLimitLayer::new(MemoryStore::new(), OneClient, policies));

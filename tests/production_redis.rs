@@ -320,7 +320,7 @@ async fn a_full_redis_keeps_limiting_the_clients_it_already_holds() {
         .build();
     let policy = Policy::new("full", 5, Duration::from_secs(600));
     let counter = Policy::new("full_counter", 5, Duration::from_secs(600))
-        .algorithm(slidegate::Algorithm::SlidingCounter);
+        .with_algorithm(slidegate::Algorithm::SlidingCounter);
     let checks = |key: &str| {
         vec![
             Check::new(&policy, Key::new(key)),

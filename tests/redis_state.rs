@@ -1,20 +1,15 @@
 //! What a `RedisStore` keeps in Redis: how many bytes a sliding log takes
-//! per request, that a log shrinks back when its client calms down, that a
-//! log written by the previous version is carried over, and what Redis
-//! evicting counts (`allkeys-lru`) does to a client.
+//! per request, that a log shrinks back when its client calms down, and
+//! what Redis evicting counts (`allkeys-lru`) does to a client.
 
 mod support;
 
 use std::time::Duration;
 
-use slidegate::deadpool_redis::redis::Script;
-use slidegate::{Check, Clock, Decision, FakeClock, Key, Policy, RedisStore, Store};
+use slidegate::{Check, FakeClock, Key, Policy, RedisStore, Store};
 use support::RedisServer;
 
 const START: u64 = 1_700_000_000_000_000;
-/// The previous version of the script: each log a packed ring in one
-/// string.
-const PREVIOUS_SCRIPT: &str = include_str!("fixtures/check_v2.lua");
 
 fn store_on(server: &RedisServer, clock: &FakeClock) -> RedisStore {
     RedisStore::builder(server.pool(2))
@@ -136,61 +131,6 @@ async fn a_log_shrinks_back_after_a_burst() {
     );
 }
 
-/// Runs the previous version's sliding log once for `client`: what an
-/// instance not yet upgraded does during a rolling deploy.
-async fn previous_check(
-    server: &RedisServer,
-    store: &RedisStore,
-    clock: &FakeClock,
-    policy: &Policy,
-    client: &str,
-) -> Vec<i64> {
-    let check = Check::new(policy, Key::new(client));
-    let key = store.base_key(&check);
-    let mut connection = server.pool(1).get().await.unwrap();
-    Script::new(PREVIOUS_SCRIPT)
-        .key(format!("{key}:l"))
-        .key(&key)
-        .arg(clock.now_micros())
-        .arg("log")
-        .arg(check.limit)
-        .arg(policy.window().as_micros() as u64)
-        .arg(check.cost)
-        .invoke_async(&mut connection)
-        .await
-        .unwrap()
-}
-
-/// Requests counted by the previous version's packed ring still count
-/// after the upgrade: the log takes them in as one record at the newest
-/// of their times (so they leave together, a little late, never early).
-#[tokio::test]
-async fn counts_of_the_previous_sliding_log_are_carried_over() {
-    let server = RedisServer::start();
-    let clock = FakeClock::new(START);
-    let store = store_on(&server, &clock);
-    let policy = Policy::new("upgrade", 5, Duration::from_secs(60));
-    for _ in 0..3 {
-        clock.advance(Duration::from_secs(1));
-        let reply = previous_check(&server, &store, &clock, &policy, "carried").await;
-        assert_eq!(reply[0], 1, "{reply:?}");
-    }
-    clock.advance(Duration::from_secs(1));
-    let check = [Check::new(&policy, Key::new("carried"))];
-    let decisions: Vec<Decision> = vec![
-        store.check(&check).await.unwrap()[0],
-        store.check(&check).await.unwrap()[0],
-        store.check(&check).await.unwrap()[0],
-    ];
-    assert_eq!(
-        decisions.iter().map(|d| d.admitted).collect::<Vec<_>>(),
-        [true, true, false]
-    );
-    // The three carried requests leave with the newest of them, 1 s ago.
-    assert_eq!(decisions[2].retry_after, Some(Duration::from_secs(59)));
-    assert_eq!(decisions[2].reset, Duration::from_secs(59));
-}
-
 /// Under `allkeys-lru` Redis evicts whole logs, never half of one: a
 /// client whose log was evicted starts afresh with its full limit, and
 /// no denial ever says to retry at once.
@@ -297,8 +237,10 @@ async fn a_longer_window_keeps_a_denied_clients_key_alive() {
         (Algorithm::FixedWindow, "f"),
     ] {
         let name = format!("grown-{suffix}");
-        let minute = Policy::new(name.as_str(), 3, Duration::from_secs(60)).algorithm(algorithm);
-        let hour = Policy::new(name.as_str(), 3, Duration::from_secs(3600)).algorithm(algorithm);
+        let minute =
+            Policy::new(name.as_str(), 3, Duration::from_secs(60)).with_algorithm(algorithm);
+        let hour =
+            Policy::new(name.as_str(), 3, Duration::from_secs(3600)).with_algorithm(algorithm);
         spend(&store, &clock, &minute, "grower", 3).await;
         let check = Check::new(&hour, Key::new("grower"));
         let key = format!("{}:{suffix}", store.base_key(&check));
@@ -332,7 +274,7 @@ async fn a_failing_request_writes_nothing_alone_or_in_a_batch() {
     let store = std::sync::Arc::new(store_on(&server, &clock));
     let log = Policy::new("pruned", 5, Duration::from_secs(10));
     let counter = Policy::new("broken", 5, Duration::from_secs(10))
-        .algorithm(slidegate::Algorithm::SlidingCounter);
+        .with_algorithm(slidegate::Algorithm::SlidingCounter);
     let paged = Policy::new("paged", 1_000, Duration::from_secs(60));
     // Two records, then a window later: the next check would prune them.
     spend(&store, &clock, &log, "k", 2).await;

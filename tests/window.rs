@@ -128,7 +128,7 @@ async fn window_slides_entry_by_entry(s: Subject) {
 on_both_stores!(window_slides_entry_by_entry);
 
 async fn weighted_cost_and_exact_retry_after(s: Subject) {
-    let policy = Policy::new("weighted", 10, 60 * SEC).cost(4);
+    let policy = Policy::new("weighted", 10, 60 * SEC).with_cost(4);
     assert_eq!(s.one(&policy, "k").await.remaining, 6);
     s.advance(5 * SEC);
     assert_eq!(s.one(&policy, "k").await.remaining, 2);
@@ -139,14 +139,14 @@ async fn weighted_cost_and_exact_retry_after(s: Subject) {
     assert_eq!(denied.remaining, 2, "a denied request consumes nothing");
     assert_eq!(denied.retry_after, Some(50 * SEC));
     // A cheaper request still fits in what is left.
-    let cheap = Policy::new("weighted", 10, 60 * SEC).cost(2);
+    let cheap = Policy::new("weighted", 10, 60 * SEC).with_cost(2);
     let fits = s.one(&cheap, "k").await;
     assert!(fits.admitted);
     assert_eq!(fits.remaining, 0);
     // Now 4 + 4 + 2: a cost-4 request needs the first two entries gone.
     let denied = s.one(&policy, "k").await;
     assert_eq!(denied.retry_after, Some(50 * SEC));
-    let big = Policy::new("weighted", 10, 60 * SEC).cost(10);
+    let big = Policy::new("weighted", 10, 60 * SEC).with_cost(10);
     let denied = s.one(&big, "k").await;
     assert_eq!(
         denied.retry_after,
@@ -213,7 +213,7 @@ async fn boundary_burst_admits_exactly_the_limit(s: Subject) {
     const L: u32 = 20;
     let window = 60 * SEC;
     let window_us = 60_000_000;
-    let policy = |algorithm| Policy::new("boundary", L, window).algorithm(algorithm);
+    let policy = |algorithm| Policy::new("boundary", L, window).with_algorithm(algorithm);
     // A burst of L 100 ms before an epoch-aligned window boundary and
     // another 100 ms after it.
     let boundary = (START / window_us + 1) * window_us;
@@ -245,8 +245,8 @@ const ALGORITHMS: [Algorithm; 3] = [
 async fn retry_after_is_exact_for_every_algorithm(s: Subject) {
     for algorithm in ALGORITHMS {
         let policy = Policy::new("exact", 10, 10 * SEC)
-            .cost(3)
-            .algorithm(algorithm);
+            .with_cost(3)
+            .with_algorithm(algorithm);
         let key = format!("{algorithm:?}");
         // Spread three admissions over 7.3 s, then ask until denied.
         let mut denied = None;
@@ -277,8 +277,8 @@ async fn retry_after_is_exact_for_every_algorithm(s: Subject) {
 
         // Reset: capacity is the same a microsecond before and grows at it.
         let probe = Policy::new("exact", 10, 10 * SEC)
-            .cost(1)
-            .algorithm(algorithm);
+            .with_cost(1)
+            .with_algorithm(algorithm);
         s.one(&probe, &format!("{key}-reset")).await;
         s.advance(SEC);
         let second = s.one(&probe, &format!("{key}-reset")).await;
@@ -299,7 +299,8 @@ on_both_stores!(retry_after_is_exact_for_every_algorithm);
 /// overlap, plus the current one.
 async fn sliding_counter_weights_the_previous_window(s: Subject) {
     let window_us = 60_000_000;
-    let policy = Policy::new("weighted-counter", 10, 60 * SEC).algorithm(Algorithm::SlidingCounter);
+    let policy =
+        Policy::new("weighted-counter", 10, 60 * SEC).with_algorithm(Algorithm::SlidingCounter);
     let start = (START / window_us + 1) * window_us;
     s.clock.set(start + 30_000_000);
     for _ in 0..10 {
@@ -321,8 +322,9 @@ on_both_stores!(sliding_counter_weights_the_previous_window);
 
 async fn mixed_algorithms_are_all_or_nothing(s: Subject) {
     let log = Policy::new("mixed-log", 5, 60 * SEC);
-    let counter = Policy::new("mixed-counter", 3, 60 * SEC).algorithm(Algorithm::SlidingCounter);
-    let fixed = Policy::new("mixed-fixed", 4, 60 * SEC).algorithm(Algorithm::FixedWindow);
+    let counter =
+        Policy::new("mixed-counter", 3, 60 * SEC).with_algorithm(Algorithm::SlidingCounter);
+    let fixed = Policy::new("mixed-fixed", 4, 60 * SEC).with_algorithm(Algorithm::FixedWindow);
     for _ in 0..3 {
         let d = s.check(&[&log, &counter, &fixed], "m").await;
         assert!(d.iter().all(|d| d.admitted));
@@ -415,8 +417,8 @@ async fn redis_keeps_counts_while_its_own_clock_runs_ahead_of_an_injected_one() 
     let s = redis();
     let log = Policy::new("still-log", 2, Duration::from_millis(2));
     let counter = Policy::new("still-counter", 2, Duration::from_millis(2))
-        .algorithm(Algorithm::SlidingCounter);
-    let fixed = Policy::new("still-fixed", 2, SEC).algorithm(Algorithm::FixedWindow);
+        .with_algorithm(Algorithm::SlidingCounter);
+    let fixed = Policy::new("still-fixed", 2, SEC).with_algorithm(Algorithm::FixedWindow);
     // 500 µs before the fixed window's end: its exact TTL would be 1 ms.
     s.advance(SEC - Duration::from_micros(500));
     for policy in [&log, &counter, &fixed] {
@@ -440,7 +442,8 @@ async fn an_endless_window_is_counted_as_the_longest(s: Subject) {
         Algorithm::SlidingCounter,
         Algorithm::FixedWindow,
     ] {
-        let policy = Policy::new(format!("endless-{algorithm:?}"), 2, SEC).algorithm(algorithm);
+        let policy =
+            Policy::new(format!("endless-{algorithm:?}"), 2, SEC).with_algorithm(algorithm);
         let mut check = Check::new(&policy, Key::new("forever"));
         check.window = Duration::MAX;
         for expected in [true, true, false] {
@@ -470,7 +473,7 @@ async fn a_clock_stepping_back_across_a_boundary_never_resets_a_count(s: Subject
         Algorithm::SlidingCounter,
         Algorithm::FixedWindow,
     ] {
-        let policy = Policy::new(format!("step-{algorithm:?}"), 5, SEC).algorithm(algorithm);
+        let policy = Policy::new(format!("step-{algorithm:?}"), 5, SEC).with_algorithm(algorithm);
         // 1 ms past a whole second: a window boundary for the counters.
         let boundary = (START / 1_000_000 + 10) * 1_000_000;
         let mut admitted = 0;
@@ -501,7 +504,7 @@ async fn a_clock_stepping_back_by_an_hour_holds_a_count_two_windows_at_most(s: S
         Algorithm::SlidingCounter,
         Algorithm::FixedWindow,
     ] {
-        let policy = Policy::new(format!("leap-{algorithm:?}"), 5, SEC).algorithm(algorithm);
+        let policy = Policy::new(format!("leap-{algorithm:?}"), 5, SEC).with_algorithm(algorithm);
         let at = START + 3_600_000_000 + 250_000;
         s.clock.set(at);
         for _ in 0..5 {
@@ -541,9 +544,9 @@ async fn a_window_that_changes_between_requests_keeps_the_count(s: Subject) {
     ] {
         let name = format!("tiered-{algorithm:?}");
         let windows = [
-            Policy::new(name.clone(), 5, 60 * SEC).algorithm(algorithm),
-            Policy::new(name.clone(), 5, 120 * SEC).algorithm(algorithm),
-            Policy::new(name, 5, 45 * SEC).algorithm(algorithm),
+            Policy::new(name.clone(), 5, 60 * SEC).with_algorithm(algorithm),
+            Policy::new(name.clone(), 5, 120 * SEC).with_algorithm(algorithm),
+            Policy::new(name, 5, 45 * SEC).with_algorithm(algorithm),
         ];
         let mut admitted = 0;
         for i in 0..24 {
@@ -606,7 +609,7 @@ on_both_stores!(a_shorter_window_tier_never_erases_a_longer_ones_count);
 /// at once", forever).
 async fn a_cost_above_the_limit_waits_a_window(s: Subject) {
     for algorithm in [Algorithm::SlidingLog, Algorithm::FixedWindow] {
-        let policy = Policy::new(format!("{algorithm:?}"), 3, 10 * SEC).algorithm(algorithm);
+        let policy = Policy::new(format!("{algorithm:?}"), 3, 10 * SEC).with_algorithm(algorithm);
         let mut check = Check::new(&policy, Key::new("k"));
         check.cost = 4;
         for _ in 0..2 {

@@ -482,19 +482,19 @@ fn policy_from(
 ) -> Result<Policy, ConfigError> {
     let mut policy = Policy::new(name, *body.limit.get_ref(), body.window.get_ref().0);
     if let Some(algorithm) = body.algorithm {
-        policy = policy.algorithm(algorithm.into());
+        policy = policy.with_algorithm(algorithm.into());
     }
     if let Some(cost) = &body.cost {
-        policy = policy.cost(*cost.get_ref());
+        policy = policy.with_cost(*cost.get_ref());
     }
     if let Some(fail) = body.fail {
-        policy = policy.fail_mode(fail.into());
+        policy = policy.with_fail_mode(fail.into());
     }
     if let Some(count) = body.count {
-        policy = policy.count(count.into());
+        policy = policy.with_count(count.into());
     }
     if let Some(shadow) = body.shadow {
-        policy = policy.shadow(shadow);
+        policy = policy.with_shadow(shadow);
     }
     Policies::single(policy.clone()).map_err(|error| {
         let (key, offset) = match &error {
@@ -527,7 +527,7 @@ fn policy_from(
         if let Some(cost) = &raw.cost {
             limits = limits.cost(*cost.get_ref());
         }
-        let with_tier = policy.clone().tier(tier.as_str(), limits);
+        let with_tier = policy.clone().with_tier(tier.as_str(), limits);
         Policies::single(with_tier.clone()).map_err(|error| {
             let span_of = |field: Option<usize>| field.unwrap_or(tier_offset);
             let (key, offset) = match &error {

@@ -413,7 +413,7 @@ fn fails_closed(shared: &Shared, plan: &Plan, costs: Option<&Costs>) -> bool {
     plan.policies().iter().zip(costs).any(|(policy, cost)| {
         *cost != Cost::Exempt
             && !policy.is_shadow()
-            && policy.configured_fail_mode().unwrap_or(default) == FailMode::Closed
+            && policy.fail_mode().unwrap_or(default) == FailMode::Closed
     })
 }
 

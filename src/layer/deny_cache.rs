@@ -201,7 +201,7 @@ mod tests {
     fn a_denial_answers_until_its_retry_time_only() {
         let clock = FakeClock::new(1_000_000);
         let cache = DenyCache::with_clock(100, clock.clone());
-        let policy = Policy::new("p", 10, 60 * SEC).cost(3);
+        let policy = Policy::new("p", 10, 60 * SEC).with_cost(3);
         let check = Check::new(&policy, Key::new("k"));
         cache.remember(
             std::slice::from_ref(&check),
@@ -226,32 +226,32 @@ mod tests {
     fn only_the_same_limits_and_at_least_the_same_cost_match() {
         let clock = FakeClock::new(0);
         let cache = DenyCache::with_clock(100, clock.clone());
-        let policy = Policy::new("p", 10, 60 * SEC).cost(3);
+        let policy = Policy::new("p", 10, 60 * SEC).with_cost(3);
         let check = Check::new(&policy, Key::new("k"));
         cache.remember(std::slice::from_ref(&check), &[denied(5 * SEC, 2)], 0);
         let variants = [
             (
-                Policy::new("p", 10, 60 * SEC).cost(2),
+                Policy::new("p", 10, 60 * SEC).with_cost(2),
                 false,
                 "a cheaper request may fit",
             ),
             (
-                Policy::new("p", 10, 60 * SEC).cost(4),
+                Policy::new("p", 10, 60 * SEC).with_cost(4),
                 true,
                 "a dearer one cannot",
             ),
             (
-                Policy::new("p", 50, 60 * SEC).cost(3),
+                Policy::new("p", 50, 60 * SEC).with_cost(3),
                 false,
                 "another tier's limit",
             ),
             (
-                Policy::new("p", 10, 30 * SEC).cost(3),
+                Policy::new("p", 10, 30 * SEC).with_cost(3),
                 false,
                 "another window",
             ),
             (
-                Policy::new("q", 10, 60 * SEC).cost(3),
+                Policy::new("q", 10, 60 * SEC).with_cost(3),
                 false,
                 "another policy",
             ),

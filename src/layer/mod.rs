@@ -406,7 +406,7 @@ impl RateLimitLayer {
         self
     }
 
-    /// Puts every policy in shadow mode (see [`Policy::shadow`](crate::Policy::shadow)):
+    /// Puts every policy in shadow mode (see [`Policy::with_shadow`](crate::Policy::with_shadow)):
     /// requests are counted and decided as usual and get their rate-limit
     /// headers, but none is denied; denials are traced at debug level
     /// instead. Refused credentials are still answered `401`, never `429`,

@@ -54,12 +54,12 @@ impl Roles {
         Box::new(Self {
             shadow_from,
             counts: policies()
-                .map(|policy| policy.map_or(Count::All, |policy| policy.counted()))
+                .map(|policy| policy.map_or(Count::All, |policy| policy.count()))
                 .collect(),
             fail_modes: policies()
                 .map(|policy| {
                     policy
-                        .and_then(|policy| policy.configured_fail_mode())
+                        .and_then(|policy| policy.fail_mode())
                         .unwrap_or(options.fail_mode)
                 })
                 .collect(),
@@ -207,7 +207,7 @@ impl Refund {
                 Ok(runtime) => {
                     runtime.spawn(async move { report(later.await) });
                 }
-                Err(_) => report(Err(crate::StoreError::Protocol(
+                Err(_) => report(Err(crate::StoreError::Internal(
                     "no Tokio runtime to take the refund back on".to_owned(),
                 ))),
             },

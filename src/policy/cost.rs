@@ -129,7 +129,7 @@ pub(crate) fn checks(
             limit: limits.limit,
             window: limits.window,
             cost,
-            algorithm: policy.algorithm_kind(),
+            algorithm: policy.algorithm(),
         });
     }
     Ok(checks)

@@ -166,8 +166,8 @@ pub struct Limits {
 /// use std::time::Duration;
 ///
 /// let login = Policy::new("login", 5, Duration::from_secs(60))
-///     .cost(1)
-///     .fail_mode(FailMode::Closed);
+///     .with_cost(1)
+///     .with_fail_mode(FailMode::Closed);
 /// assert_eq!(login.limit(), 5);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -211,13 +211,13 @@ impl Policy {
     /// use std::time::Duration;
     ///
     /// let search = Policy::new("search", 5, Duration::from_secs(60))
-    ///     .tier("pro", TierLimits::new().limit(50));
+    ///     .with_tier("pro", TierLimits::new().limit(50));
     /// assert_eq!(search.limits_for(Some("pro")).limit, 50);
     /// assert_eq!(search.limits_for(Some("gold")).limit, 5);
     /// assert_eq!(search.limits_for(None).limit, 5);
     /// ```
     #[must_use]
-    pub fn tier(mut self, tier: impl Into<Arc<str>>, limits: TierLimits) -> Self {
+    pub fn with_tier(mut self, tier: impl Into<Arc<str>>, limits: TierLimits) -> Self {
         let tier = tier.into();
         self.tiers.retain(|(name, _)| *name != tier);
         self.tiers.push((tier, limits));
@@ -243,11 +243,11 @@ impl Policy {
     /// use slidegate::{Algorithm, Policy};
     /// use std::time::Duration;
     ///
-    /// let policy = Policy::new("api", 100, Duration::from_secs(60)).algorithm(Algorithm::SlidingLog);
-    /// assert_eq!(policy.algorithm_kind(), Algorithm::SlidingLog);
+    /// let policy = Policy::new("api", 100, Duration::from_secs(60)).with_algorithm(Algorithm::SlidingLog);
+    /// assert_eq!(policy.algorithm(), Algorithm::SlidingLog);
     /// ```
     #[must_use]
-    pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
+    pub fn with_algorithm(mut self, algorithm: Algorithm) -> Self {
         self.algorithm = algorithm;
         self
     }
@@ -259,11 +259,11 @@ impl Policy {
     /// use slidegate::Policy;
     /// use std::time::Duration;
     ///
-    /// let export = Policy::new("export", 100, Duration::from_secs(3600)).cost(10);
-    /// assert_eq!(export.unit_cost(), 10);
+    /// let export = Policy::new("export", 100, Duration::from_secs(3600)).with_cost(10);
+    /// assert_eq!(export.cost(), 10);
     /// ```
     #[must_use]
-    pub fn cost(mut self, cost: u32) -> Self {
+    pub fn with_cost(mut self, cost: u32) -> Self {
         self.cost = cost;
         self
     }
@@ -274,11 +274,11 @@ impl Policy {
     /// use slidegate::{FailMode, Policy};
     /// use std::time::Duration;
     ///
-    /// let policy = Policy::new("pay", 3, Duration::from_secs(60)).fail_mode(FailMode::Closed);
-    /// assert_eq!(policy.configured_fail_mode(), Some(FailMode::Closed));
+    /// let policy = Policy::new("pay", 3, Duration::from_secs(60)).with_fail_mode(FailMode::Closed);
+    /// assert_eq!(policy.fail_mode(), Some(FailMode::Closed));
     /// ```
     #[must_use]
-    pub fn fail_mode(mut self, fail_mode: FailMode) -> Self {
+    pub fn with_fail_mode(mut self, fail_mode: FailMode) -> Self {
         self.fail_mode = Some(fail_mode);
         self
     }
@@ -290,11 +290,11 @@ impl Policy {
     /// use std::time::Duration;
     ///
     /// // Three failed logins a minute; successful ones are not counted.
-    /// let login = Policy::new("login", 3, Duration::from_secs(60)).count(Count::Failures);
-    /// assert_eq!(login.counted(), Count::Failures);
+    /// let login = Policy::new("login", 3, Duration::from_secs(60)).with_count(Count::Failures);
+    /// assert_eq!(login.count(), Count::Failures);
     /// ```
     #[must_use]
-    pub fn count(mut self, count: Count) -> Self {
+    pub fn with_count(mut self, count: Count) -> Self {
         self.count = count;
         self
     }
@@ -308,11 +308,11 @@ impl Policy {
     /// use slidegate::Policy;
     /// use std::time::Duration;
     ///
-    /// let trial = Policy::new("search-v2", 20, Duration::from_secs(60)).shadow(true);
+    /// let trial = Policy::new("search-v2", 20, Duration::from_secs(60)).with_shadow(true);
     /// assert!(trial.is_shadow());
     /// ```
     #[must_use]
-    pub fn shadow(mut self, shadow: bool) -> Self {
+    pub fn with_shadow(mut self, shadow: bool) -> Self {
         self.shadow = shadow;
         self
     }
@@ -338,22 +338,22 @@ impl Policy {
     }
 
     /// The counting algorithm.
-    pub fn algorithm_kind(&self) -> Algorithm {
+    pub fn algorithm(&self) -> Algorithm {
         self.algorithm
     }
 
     /// Units consumed by one request.
-    pub fn unit_cost(&self) -> u32 {
+    pub fn cost(&self) -> u32 {
         self.cost
     }
 
     /// The fail mode set on this policy, if any.
-    pub fn configured_fail_mode(&self) -> Option<FailMode> {
+    pub fn fail_mode(&self) -> Option<FailMode> {
         self.fail_mode
     }
 
     /// Which requests the policy counts.
-    pub fn counted(&self) -> Count {
+    pub fn count(&self) -> Count {
         self.count
     }
 
@@ -520,7 +520,7 @@ mod tests {
 
     #[test]
     fn cost_above_limit_is_refused() {
-        let err = Policies::single(minute("p", 5).cost(6)).unwrap_err();
+        let err = Policies::single(minute("p", 5).with_cost(6)).unwrap_err();
         assert_eq!(
             err,
             PolicyError::CostAboveLimit {
@@ -529,7 +529,7 @@ mod tests {
                 limit: 5
             }
         );
-        assert!(Policies::single(minute("p", 5).cost(5)).is_ok());
+        assert!(Policies::single(minute("p", 5).with_cost(5)).is_ok());
     }
 
     #[test]
@@ -539,7 +539,7 @@ mod tests {
             Err(PolicyError::ZeroLimit { .. })
         ));
         assert!(matches!(
-            Policies::single(minute("p", 1).cost(0)),
+            Policies::single(minute("p", 1).with_cost(0)),
             Err(PolicyError::ZeroCost { .. })
         ));
         assert!(matches!(
@@ -575,8 +575,8 @@ mod tests {
     #[test]
     fn tier_overrides_are_validated_too() {
         let bad_tier = minute("p", 10)
-            .cost(2)
-            .tier("free", TierLimits::new().limit(1));
+            .with_cost(2)
+            .with_tier("free", TierLimits::new().limit(1));
         assert_eq!(
             Policies::single(bad_tier).unwrap_err(),
             PolicyError::CostAboveLimit {
@@ -586,8 +586,8 @@ mod tests {
             }
         );
         let replaced = minute("p", 10)
-            .tier("pro", TierLimits::new().limit(1))
-            .tier("pro", TierLimits::new().limit(20).cost(4));
+            .with_tier("pro", TierLimits::new().limit(1))
+            .with_tier("pro", TierLimits::new().limit(20).cost(4));
         let pro = replaced.limits_for(Some("pro"));
         assert_eq!(
             (pro.limit, pro.cost, pro.window),
@@ -598,7 +598,9 @@ mod tests {
     #[test]
     fn sliding_counter_limits_keep_its_arithmetic_exact() {
         let counter = |limit, window| {
-            Policies::single(Policy::new("c", limit, window).algorithm(Algorithm::SlidingCounter))
+            Policies::single(
+                Policy::new("c", limit, window).with_algorithm(Algorithm::SlidingCounter),
+            )
         };
         assert!(counter(1_000_000, Duration::from_secs(3600)).is_ok());
         assert!(matches!(
@@ -612,6 +614,6 @@ mod tests {
         // The log and the fixed window have no such bound.
         let log = Policy::new("l", u32::MAX, Duration::from_secs(86_400 * 30));
         assert!(Policies::single(log.clone()).is_ok());
-        assert!(Policies::single(log.algorithm(Algorithm::FixedWindow)).is_ok());
+        assert!(Policies::single(log.with_algorithm(Algorithm::FixedWindow)).is_ok());
     }
 }

@@ -78,7 +78,7 @@ impl Plan {
                 .any(|p| p.fail_mode == Some(FailMode::Local)),
             special: policies
                 .iter()
-                .any(|p| p.is_shadow() || p.counted() != Count::All),
+                .any(|p| p.is_shadow() || p.count() != Count::All),
             policies: policies.into(),
         }
     }
@@ -124,14 +124,14 @@ mod tests {
     use crate::policy::TierLimits;
 
     fn plan() -> Plan {
-        let search = Policy::new("search", 5, Duration::from_secs(60)).tier(
+        let search = Policy::new("search", 5, Duration::from_secs(60)).with_tier(
             "pro",
             TierLimits::new()
                 .limit(50)
                 .window(Duration::from_millis(1500)),
         );
         let daily =
-            Policy::new("daily", 1000, Duration::from_secs(86_400)).fail_mode(FailMode::Open);
+            Policy::new("daily", 1000, Duration::from_secs(86_400)).with_fail_mode(FailMode::Open);
         Plan::new(vec![Arc::new(search), Arc::new(daily)])
     }
 
@@ -161,7 +161,7 @@ mod tests {
         assert!(!plan.fails_closed(FailMode::Open));
         assert!(plan.fails_closed(FailMode::Closed));
         let closed = Plan::new(vec![Arc::new(
-            Policy::new("pay", 3, Duration::from_secs(60)).fail_mode(FailMode::Closed),
+            Policy::new("pay", 3, Duration::from_secs(60)).with_fail_mode(FailMode::Closed),
         )]);
         assert!(closed.fails_closed(FailMode::Open));
     }

@@ -148,13 +148,13 @@ impl Check {
     }
 
     /// The check of `policy` for the client `key` of `tier`: the tier's
-    /// overrides apply (see [`Policy::tier`]).
+    /// overrides apply (see [`Policy::with_tier`]).
     ///
     /// ```
     /// use slidegate::{Check, Key, Policy, TierLimits};
     /// use std::time::Duration;
     ///
-    /// let search = Policy::new("search", 5, Duration::from_secs(60)).tier("pro", TierLimits::new().limit(50));
+    /// let search = Policy::new("search", 5, Duration::from_secs(60)).with_tier("pro", TierLimits::new().limit(50));
     /// assert_eq!(Check::for_tier(&search, Key::new("a"), Some("pro")).limit, 50);
     /// assert_eq!(Check::for_tier(&search, Key::new("a"), Some("gold")).limit, 5);
     /// ```
@@ -166,7 +166,7 @@ impl Check {
             limit: limits.limit,
             window: limits.window,
             cost: limits.cost,
-            algorithm: policy.algorithm_kind(),
+            algorithm: policy.algorithm(),
         }
     }
 }
@@ -244,7 +244,7 @@ impl<S: Store + ?Sized> Store for Arc<S> {
 /// A refund whose times do not pair with its checks, one each.
 pub(crate) fn unpaired_refund(checks: &[Check], recorded_at: &[Duration]) -> Option<StoreError> {
     (checks.len() != recorded_at.len()).then(|| {
-        StoreError::Protocol(format!(
+        StoreError::Internal(format!(
             "{} refund times for {} checks",
             recorded_at.len(),
             checks.len()
@@ -265,6 +265,11 @@ pub enum StoreError {
     /// The backend answered something this crate does not understand.
     #[error("rate-limit store answered unexpectedly: {0}")]
     Protocol(String),
+    /// A fault on this side of the store: a call made where it cannot run
+    /// (outside a Tokio runtime), a batched check that lost its answer, a
+    /// refund whose times do not pair with its checks.
+    #[error("rate-limit store call failed on this side: {0}")]
+    Internal(String),
     /// A [`CircuitBreaker`] skipped the store after repeated failures.
     #[error("rate-limit store skipped: its circuit breaker is open")]
     CircuitOpen,

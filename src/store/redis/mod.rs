@@ -752,7 +752,7 @@ impl Store for RedisStore {
             match tokio::time::timeout_at(deadline, answer).await {
                 Ok(Ok(Verdict::Decided(outcome))) => outcome,
                 Ok(Ok(Verdict::Alone(call))) => inner.run(call, deadline).await,
-                Ok(Err(_)) => Err(StoreError::Protocol(
+                Ok(Err(_)) => Err(StoreError::Internal(
                     "a batched check lost its answer".to_owned(),
                 )),
                 Err(_) => Err(StoreError::Timeout(timeout)),
