@@ -42,7 +42,8 @@ fn redis_bytes_per_client(runtime: &tokio::runtime::Runtime, redis: &RedisServer
     let store = RedisStore::builder(redis.pool(2))
         .clock(clock.clone())
         .timeout(Duration::from_secs(5))
-        .build();
+        .build()
+        .unwrap();
     for (name, algorithm) in ALGORITHMS {
         for limit in [10u32, 100, 1_000, 10_000] {
             let policy = Policy::new(format!("m{limit}"), limit, Duration::from_secs(3600))

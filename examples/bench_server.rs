@@ -237,6 +237,7 @@ fn redis_store(args: &Args, batch: bool) -> RedisStore {
         .batch(batch)
         .timeout(Duration::from_millis(200))
         .build()
+        .unwrap()
 }
 
 /// One connection shared by every request: clones are handles on it.

@@ -62,7 +62,8 @@ where
     test(Arc::new(
         RedisStore::builder(redis.pool(4))
             .timeout(Duration::from_secs(5))
-            .build(),
+            .build()
+            .unwrap(),
     ))
     .await;
 }
@@ -769,7 +770,8 @@ async fn exempt_clients_are_never_limited_and_leave_no_key() {
     let server = RedisServer::start();
     let store = RedisStore::builder(server.pool(2))
         .timeout(Duration::from_secs(5))
-        .build();
+        .build()
+        .unwrap();
     let config = Config::from_toml_str(
         r#"
 [limiter]

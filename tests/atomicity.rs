@@ -27,6 +27,7 @@ fn redis_store(server: &RedisServer, connections: usize) -> RedisStore {
         .connections(connections)
         .timeout(Duration::from_secs(10))
         .build()
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

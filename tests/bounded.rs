@@ -27,6 +27,7 @@ fn store_on(server: &RedisServer, clock: &FakeClock) -> RedisStore {
         .clock(clock.clone())
         .timeout(Duration::from_secs(30))
         .build()
+        .unwrap()
 }
 
 /// Admits `records` requests of `check`, a thousand at a time in one

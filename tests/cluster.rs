@@ -21,6 +21,7 @@ fn store(cluster: &RedisCluster, clock: &FakeClock) -> RedisStore {
         .clock(clock.clone())
         .timeout(Duration::from_secs(5))
         .build()
+        .unwrap()
 }
 
 async fn check(store: &RedisStore, policies: &[&Policy], key: &str) -> Decisions {
@@ -91,10 +92,12 @@ async fn concurrent_checks_through_two_cluster_pools_admit_exactly_the_limit() {
     let stores = [
         RedisStore::builder(cluster.pool(8))
             .timeout(Duration::from_secs(5))
-            .build(),
+            .build()
+            .unwrap(),
         RedisStore::builder(cluster.pool(8))
             .timeout(Duration::from_secs(5))
-            .build(),
+            .build()
+            .unwrap(),
     ];
     for (limit, algorithm) in [
         (100, Algorithm::SlidingLog),

@@ -40,7 +40,8 @@ fn app(redis: &RedisServer, clock: &FakeClock, cache: bool) -> Router {
     let store = RedisStore::builder(redis.pool(4))
         .clock(clock.clone())
         .timeout(Duration::from_secs(5))
-        .build();
+        .build()
+        .unwrap();
     let policies = Policies::single(Policy::new("flood", 5, WINDOW)).unwrap();
     let layer = RateLimitLayer::new(store, Global, policies);
     let layer = if cache {

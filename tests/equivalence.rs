@@ -86,10 +86,10 @@ fn twin_stores(pool: &Pool, prefix: String) -> (FakeClock, MemoryStore, RedisSto
     let memory = MemoryStore::builder().clock(clock.clone()).build();
     let redis = RedisStore::builder(pool.clone())
         .prefix(prefix)
-        .unwrap()
         .clock(clock.clone())
         .timeout(Duration::from_secs(5))
-        .build();
+        .build()
+        .unwrap();
     (clock, memory, redis)
 }
 

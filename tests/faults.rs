@@ -31,7 +31,10 @@ struct Fixture {
 
 fn fixture() -> Fixture {
     let server = RedisServer::start();
-    let store = RedisStore::builder(server.pool(8)).timeout(TIMEOUT).build();
+    let store = RedisStore::builder(server.pool(8))
+        .timeout(TIMEOUT)
+        .build()
+        .unwrap();
     let policies = Policies::builder()
         .route(
             "/open",
@@ -384,7 +387,8 @@ async fn the_pool_follows_a_failover_that_demotes_the_old_primary() {
         .unwrap();
     let store = RedisStore::builder(pool)
         .timeout(Duration::from_secs(2))
-        .build();
+        .build()
+        .unwrap();
     let policy = Policy::new("failover", 1_000_000, Duration::from_secs(60));
     let check = |client: usize| [Check::new(&policy, Key::new(format!("c{client}")))];
     // Every pooled connection in use at once, to the old primary.
@@ -436,7 +440,7 @@ async fn a_connection_that_falls_silent_is_replaced() {
     let pool = config
         .create_pool(Some(slidegate::deadpool_redis::Runtime::Tokio1))
         .unwrap();
-    let store = RedisStore::builder(pool).timeout(TIMEOUT).build();
+    let store = RedisStore::builder(pool).timeout(TIMEOUT).build().unwrap();
     let policy = Policy::new("silent", 1_000_000, Duration::from_secs(60));
     let check = [Check::new(&policy, Key::new("c"))];
     assert!(store.check(&check).await.unwrap()[0].admitted);
@@ -492,7 +496,8 @@ async fn a_full_redis_refuses_new_counts_instead_of_growing_past_its_limit() {
         RedisServer::start_with(&["--maxmemory", "3mb", "--maxmemory-policy", "noeviction"]);
     let store = RedisStore::builder(server.pool(4))
         .timeout(Duration::from_secs(5))
-        .build();
+        .build()
+        .unwrap();
     let policy = Policy::new("oom", 100, Duration::from_secs(3600));
     let mut refused = 0;
     for client in 0..20_000 {

@@ -749,7 +749,8 @@ async fn every_redis_key_written_has_a_ttl_within_two_windows() {
     let server = support::RedisServer::start();
     let store = RedisStore::builder(server.pool(4))
         .timeout(Duration::from_secs(5))
-        .build();
+        .build()
+        .unwrap();
     let policies = Policies::builder()
         .route("GET /search", Policy::new("search", 3, MINUTE))
         .every_route(Policy::new("hourly", 100, Duration::from_secs(3600)))

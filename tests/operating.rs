@@ -118,7 +118,8 @@ async fn refunds_never_let_more_than_the_limit_in_at_once() {
     let server = RedisServer::start();
     let store = RedisStore::builder(server.pool(8))
         .timeout(Duration::from_secs(2))
-        .build();
+        .build()
+        .unwrap();
     let running = Arc::new(AtomicUsize::new(0));
     let most = Arc::new(AtomicUsize::new(0));
     let (inside, peak) = (running.clone(), most.clone());
@@ -279,7 +280,8 @@ async fn a_killed_redis_is_replaced_by_the_local_limit_until_it_returns() {
     let mut server = RedisServer::start();
     let store = RedisStore::builder(server.pool(4))
         .timeout(Duration::from_millis(200))
-        .build();
+        .build()
+        .unwrap();
     let app = local_app(store, 1);
     let get = |path: &str| Request::get(path).body(Body::empty()).unwrap();
     for _ in 0..2 {
@@ -412,7 +414,10 @@ async fn a_local_limit_scales_the_cost_with_the_limit() {
 async fn an_open_breaker_answers_without_waiting_for_a_frozen_redis() {
     const TIMEOUT: Duration = Duration::from_millis(100);
     let server = RedisServer::start();
-    let store = RedisStore::builder(server.pool(4)).timeout(TIMEOUT).build();
+    let store = RedisStore::builder(server.pool(4))
+        .timeout(TIMEOUT)
+        .build()
+        .unwrap();
     let breaker = CircuitBreaker::new(store, BreakerSettings::new(5, Duration::from_secs(3600)));
     let policies = Policies::builder()
         .route(
@@ -547,7 +552,8 @@ async fn closes_within(breaker: &CircuitBreaker<RedisStore>, within: Duration) -
 fn breaker_app(server: &RedisServer, cooldown: Duration) -> (Router, CircuitBreaker<RedisStore>) {
     let store = RedisStore::builder(server.pool(4))
         .timeout(Duration::from_millis(50))
-        .build();
+        .build()
+        .unwrap();
     let breaker = CircuitBreaker::new(store, BreakerSettings::new(1, cooldown));
     let policies = Policies::single(Policy::new("api", 5, MINUTE)).unwrap();
     let app = Router::new()

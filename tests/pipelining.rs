@@ -20,7 +20,8 @@ fn patient_store(server: &RedisServer) -> Arc<RedisStore> {
     Arc::new(
         RedisStore::builder(server.pool(4))
             .timeout(Duration::from_secs(5))
-            .build(),
+            .build()
+            .unwrap(),
     )
 }
 
@@ -50,7 +51,8 @@ async fn checks_in_flight_share_the_connections_the_store_holds() {
                 .connections(held)
                 .batch(batch)
                 .timeout(Duration::from_secs(5))
-                .build(),
+                .build()
+                .unwrap(),
         );
         let checks = (0..300)
             .map(|i| Check::new(&policy, Key::new(format!("c{i}"))))
@@ -128,7 +130,12 @@ async fn a_check_timing_out_in_a_pipeline_leaves_the_checks_behind_it_their_answ
     const SLEEP: &str = "0.7";
     const TIMEOUT: Duration = Duration::from_millis(450);
     let server = RedisServer::start_with(&["--enable-debug-command", "local"]);
-    let store = Arc::new(RedisStore::builder(server.pool(4)).timeout(TIMEOUT).build());
+    let store = Arc::new(
+        RedisStore::builder(server.pool(4))
+            .timeout(TIMEOUT)
+            .build()
+            .unwrap(),
+    );
     let policy = Policy::new("pipeline", 10, Duration::from_secs(60));
     let check = |name: &str| Check::new(&policy, Key::new(name));
     // Client d{i} has made i requests.
@@ -272,7 +279,8 @@ async fn a_batch_refused_functions_is_decided_check_by_check() {
     let store = Arc::new(
         RedisStore::builder(pool)
             .timeout(Duration::from_secs(5))
-            .build(),
+            .build()
+            .unwrap(),
     );
     let policy = Policy::new("refused", 5, Duration::from_secs(60));
     for round in 0..2 {

@@ -317,7 +317,8 @@ async fn a_full_redis_keeps_limiting_the_clients_it_already_holds() {
         RedisServer::start_with(&["--maxmemory", "3mb", "--maxmemory-policy", "noeviction"]);
     let store = RedisStore::builder(server.pool(4))
         .timeout(Duration::from_secs(2))
-        .build();
+        .build()
+        .unwrap();
     let policy = Policy::new("full", 5, Duration::from_secs(600));
     let counter = Policy::new("full_counter", 5, Duration::from_secs(600))
         .with_algorithm(slidegate::Algorithm::SlidingCounter);

@@ -16,6 +16,7 @@ fn store_on(server: &RedisServer, clock: &FakeClock) -> RedisStore {
         .clock(clock.clone())
         .timeout(Duration::from_secs(5))
         .build()
+        .unwrap()
 }
 
 fn memory_usage(server: &RedisServer, key: &str) -> u64 {
@@ -192,7 +193,8 @@ async fn a_redis_that_refuses_functions_still_decides_exactly() {
     let store = RedisStore::builder(pool)
         .clock(clock.clone())
         .timeout(Duration::from_secs(5))
-        .build();
+        .build()
+        .unwrap();
     spend(&store, &clock, &policy, "without", 3).await;
     let denied = store
         .check(&[Check::new(&policy, Key::new("without"))])

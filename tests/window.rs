@@ -36,7 +36,8 @@ fn redis() -> Subject {
     let store = RedisStore::builder(server.pool(4))
         .clock(clock.clone())
         .timeout(Duration::from_secs(5))
-        .build();
+        .build()
+        .unwrap();
     Subject {
         store: Box::new(store),
         clock,

@@ -77,6 +77,7 @@ pub(crate) fn store_on(pool: Pool) -> RedisStore {
     RedisStore::builder(pool)
         .timeout(Duration::from_secs(1))
         .build()
+        .unwrap()
 }
 
 /// One key per task.

@@ -242,9 +242,9 @@ impl RedisSettings {
         let pool = super::redis_pool::pool(self)?;
         let mut store = crate::RedisStore::builder(pool).timeout(self.timeout);
         if let Some(prefix) = &self.prefix {
-            store = store.prefix(prefix.clone())?;
+            store = store.prefix(prefix.clone());
         }
-        Ok(store.build())
+        Ok(store.build()?)
     }
 
     /// The [`store`](Self::store), behind a [`CircuitBreaker`](crate::CircuitBreaker)

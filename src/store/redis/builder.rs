@@ -14,9 +14,9 @@ use super::{
 };
 use crate::clock::Clock;
 
-/// A key prefix that [`RedisStoreBuilder::prefix`] refuses: one holding
-/// `{` or `}`, which would become every key's Redis Cluster hash tag and
-/// put every client in one slot.
+/// Why [`RedisStoreBuilder::build`] refused: the key prefix holds `{` or
+/// `}`, which would become every key's Redis Cluster hash tag and put
+/// every client in one slot.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
     "a RedisStore prefix must not hold braces (it would become the cluster hash tag): {prefix:?}"
@@ -61,24 +61,19 @@ impl RedisStoreBuilder {
     /// Prefixes every key (default `slidegate`), so several applications can
     /// share one Redis.
     ///
+    /// A prefix holding `{` or `}` is refused by [`build`](Self::build):
+    /// it would become every key's Redis Cluster hash tag and put every
+    /// client in one slot.
+    ///
     /// ```no_run
     /// # fn demo(pool: slidegate::deadpool_redis::Pool) -> Result<(), slidegate::PrefixError> {
-    /// let store = slidegate::RedisStore::builder(pool).prefix("shop")?.build();
+    /// let store = slidegate::RedisStore::builder(pool).prefix("shop").build()?;
     /// # Ok(())
     /// # }
     /// ```
-    ///
-    /// # Errors
-    ///
-    /// If `prefix` holds `{` or `}`: the prefix would become every key's
-    /// Redis Cluster hash tag and put every client in one slot.
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Result<Self, PrefixError> {
-        let prefix = prefix.into();
-        if prefix.contains(['{', '}']) {
-            return Err(PrefixError { prefix });
-        }
-        self.prefix = prefix;
-        Ok(self)
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
     }
 
     /// How many of the pool's connections the store holds and shares
@@ -89,7 +84,7 @@ impl RedisStoreBuilder {
     ///
     /// ```no_run
     /// # fn demo(pool: slidegate::deadpool_redis::Pool) {
-    /// let store = slidegate::RedisStore::builder(pool).connections(2).build();
+    /// let store = slidegate::RedisStore::builder(pool).connections(2).build().unwrap();
     /// # }
     /// ```
     pub fn connections(mut self, connections: usize) -> Self {
@@ -107,7 +102,7 @@ impl RedisStoreBuilder {
     ///
     /// ```no_run
     /// # fn demo(pool: slidegate::deadpool_redis::Pool) {
-    /// let store = slidegate::RedisStore::builder(pool).batch(false).build();
+    /// let store = slidegate::RedisStore::builder(pool).batch(false).build().unwrap();
     /// # }
     /// ```
     pub fn batch(mut self, batch: bool) -> Self {
@@ -131,7 +126,7 @@ impl RedisStoreBuilder {
     /// # fn demo(pool: slidegate::deadpool_redis::Pool) {
     /// use std::time::Duration;
     ///
-    /// let store = slidegate::RedisStore::builder(pool).timeout(Duration::from_millis(20)).build();
+    /// let store = slidegate::RedisStore::builder(pool).timeout(Duration::from_millis(20)).build().unwrap();
     /// # }
     /// ```
     pub fn timeout(mut self, timeout: Duration) -> Self {
@@ -150,7 +145,7 @@ impl RedisStoreBuilder {
     /// ```no_run
     /// # fn demo(pool: slidegate::deadpool_redis::Pool) {
     /// let clock = slidegate::FakeClock::new(1_000_000);
-    /// let store = slidegate::RedisStore::builder(pool).clock(clock.clone()).build();
+    /// let store = slidegate::RedisStore::builder(pool).clock(clock.clone()).build().unwrap();
     /// # }
     /// ```
     #[cfg(feature = "test-util")]
@@ -160,12 +155,21 @@ impl RedisStoreBuilder {
     }
 
     /// Builds the store; the script is hashed once here.
-    pub fn build(self) -> RedisStore {
+    ///
+    /// # Errors
+    ///
+    /// If the [`prefix`](Self::prefix) holds `{` or `}`.
+    pub fn build(self) -> Result<RedisStore, PrefixError> {
+        if self.prefix.contains(['{', '}']) {
+            return Err(PrefixError {
+                prefix: self.prefix,
+            });
+        }
         let script = Script::new(CHECK_SCRIPT);
         let count = self.connections.min(self.pool.status().max_size);
         let connections = Connections::new(&self.pool, count);
         let queue = self.batch.then(Queue::default);
-        RedisStore {
+        Ok(RedisStore {
             inner: Arc::new(Inner {
                 pool: self.pool,
                 connections,
@@ -176,6 +180,29 @@ impl RedisStoreBuilder {
                 timeout: self.timeout,
                 clock: self.clock,
             }),
-        }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use deadpool_redis::{Config, Runtime};
+
+    use super::*;
+
+    #[test]
+    fn a_prefix_with_braces_is_refused_at_build() {
+        let pool = || {
+            Config::from_url("redis://127.0.0.1:1/")
+                .create_pool(Some(Runtime::Tokio1))
+                .unwrap()
+        };
+        let error = RedisStore::builder(pool())
+            .prefix("shop{1}")
+            .timeout(Duration::from_millis(5))
+            .build()
+            .unwrap_err();
+        assert!(error.to_string().contains("shop{1}"), "{error}");
+        assert!(RedisStore::builder(pool()).prefix("shop").build().is_ok());
     }
 }

@@ -166,9 +166,9 @@ struct Inner {
 ///     .unwrap();
 /// let store = RedisStore::builder(pool)
 ///     .prefix("myapp")
-///     .expect("a prefix without braces")
 ///     .timeout(Duration::from_millis(30))
-///     .build();
+///     .build().unwrap()
+///     .expect("a prefix without braces");
 /// ```
 #[derive(Clone)]
 pub struct RedisStore {
@@ -189,7 +189,9 @@ impl RedisStore {
     /// A store on `pool` (standalone or cluster) with the default prefix
     /// and timeout.
     pub fn new(pool: impl Into<RedisPool>) -> Self {
-        Self::builder(pool).build()
+        Self::builder(pool)
+            .build()
+            .expect("the default prefix holds no braces")
     }
 
     /// Starts configuring a store on `pool` (standalone or cluster).

@@ -40,7 +40,7 @@ pub type SentinelPool = managed::Pool<SentinelManager>;
 ///     .build()
 ///     .unwrap();
 /// let pool = ClusterClientPool::builder(ClusterManager::new(client)).max_size(4).build().unwrap();
-/// let store = RedisStore::builder(pool).timeout(Duration::from_millis(100)).build();
+/// let store = RedisStore::builder(pool).timeout(Duration::from_millis(100)).build().unwrap();
 /// ```
 pub struct ClusterManager {
     client: ClusterClient,
