@@ -38,7 +38,7 @@ use crate::key::{Global, Header, JwtClaim, KeyExtractor, PeerIp, digest};
 use crate::layer::RateLimitLayer;
 use crate::layer::credentials::CredentialFailures;
 use crate::layer::deny_cache::{DEFAULT_CAPACITY as DEFAULT_DENY_CACHE, DenyCache};
-use crate::policy::{FailMode, Policies, Policy, PolicyError, Route, TierLimits};
+use crate::policy::{FailMode, Policies, Policy, Route, TierLimits};
 use crate::response::headers::{HeaderStyle, ResetFormat};
 use crate::store::{MemoryStore, Store};
 
@@ -497,20 +497,15 @@ fn policy_from(
         policy = policy.with_shadow(shadow);
     }
     Policies::single(policy.clone()).map_err(|error| {
-        let (key, offset) = match &error {
-            PolicyError::InvalidName { .. } => ("name", name_offset),
-            PolicyError::ZeroLimit { .. } => ("limit", body.limit.span().start),
-            PolicyError::WindowTooShort { .. }
-            | PolicyError::WindowTooLong { .. }
-            | PolicyError::CounterWindowNotWholeMillis { .. }
-            | PolicyError::CounterTooLarge { .. } => ("window", body.window.span().start),
-            PolicyError::ZeroCost { .. } | PolicyError::CostAboveLimit { .. } => (
-                "cost",
-                body.cost
-                    .as_ref()
-                    .map_or(body.limit.span().start, |c| c.span().start),
-            ),
-            _ => ("name", name_offset),
+        let key = error.field();
+        let offset = match key {
+            "limit" => body.limit.span().start,
+            "window" => body.window.span().start,
+            "cost" => body
+                .cost
+                .as_ref()
+                .map_or(body.limit.span().start, |c| c.span().start),
+            _ => name_offset,
         };
         ConfigError::at(source, offset, format!("{prefix}.{key}"), error.to_string())
     })?;
@@ -529,33 +524,16 @@ fn policy_from(
         }
         let with_tier = policy.clone().with_tier(tier.as_str(), limits);
         Policies::single(with_tier.clone()).map_err(|error| {
-            let span_of = |field: Option<usize>| field.unwrap_or(tier_offset);
-            let (key, offset) = match &error {
-                PolicyError::ZeroLimit { .. } => {
-                    ("limit", span_of(raw.limit.as_ref().map(|l| l.span().start)))
-                }
-                PolicyError::WindowTooShort { .. }
-                | PolicyError::WindowTooLong { .. }
-                | PolicyError::CounterWindowNotWholeMillis { .. }
-                | PolicyError::CounterTooLarge { .. } => (
-                    "window",
-                    span_of(
-                        raw.window
-                            .as_ref()
-                            .map(|w| w.span().start)
-                            .or(raw.limit.as_ref().map(|l| l.span().start)),
-                    ),
-                ),
-                _ => (
-                    "cost",
-                    span_of(
-                        raw.cost
-                            .as_ref()
-                            .or(raw.limit.as_ref())
-                            .map(|c| c.span().start),
-                    ),
-                ),
+            // The tier's own setting, else its limit, else the tier.
+            let key = error.field();
+            let own = match key {
+                "limit" => raw.limit.as_ref().map(|limit| limit.span().start),
+                "window" => raw.window.as_ref().map(|window| window.span().start),
+                _ => raw.cost.as_ref().map(|cost| cost.span().start),
             };
+            let offset = own
+                .or(raw.limit.as_ref().map(|limit| limit.span().start))
+                .unwrap_or(tier_offset);
             ConfigError::at(
                 source,
                 offset,

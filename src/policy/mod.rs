@@ -509,6 +509,33 @@ pub enum PolicyError {
     },
 }
 
+impl PolicyError {
+    /// The setting at fault: `name`, `limit`, `window`, `cost` or `route`
+    /// (for a tier's override, the tier's setting of that name).
+    ///
+    /// ```
+    /// use slidegate::{Policies, Policy};
+    /// use std::time::Duration;
+    ///
+    /// let error = Policies::single(Policy::new("p", 5, Duration::from_secs(60)).with_cost(6)).unwrap_err();
+    /// assert_eq!(error.field(), "cost");
+    /// ```
+    pub fn field(&self) -> &'static str {
+        match self {
+            Self::InvalidName { .. } | Self::ReservedName { .. } | Self::DuplicateName { .. } => {
+                "name"
+            }
+            Self::ZeroLimit { .. } => "limit",
+            Self::WindowTooShort { .. }
+            | Self::WindowTooLong { .. }
+            | Self::CounterWindowNotWholeMillis { .. }
+            | Self::CounterTooLarge { .. } => "window",
+            Self::ZeroCost { .. } | Self::CostAboveLimit { .. } => "cost",
+            Self::InvalidRoute { .. } | Self::InvalidPattern { .. } => "route",
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
