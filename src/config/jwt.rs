@@ -7,7 +7,8 @@ use jsonwebtoken::{Algorithm, AlgorithmFamily};
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::{ConfigError, HumanDuration};
+use super::ConfigError;
+use super::value::HumanDuration;
 use crate::key::{JwtClaim, JwtClaimBuilder, JwtError};
 
 #[derive(Debug, Deserialize)]

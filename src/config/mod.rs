@@ -48,13 +48,14 @@ mod raw;
 mod redis;
 #[cfg(feature = "redis")]
 mod redis_pool;
+mod value;
 
 pub use error::ConfigError;
 
 use error::{SPANNED_STEP, line_of, missing_field, syntax_error};
 use raw::{
-    ForwardedHeaderName, HeaderStyleName, HumanDuration, KeySource, RawConfig,
-    RawCredentialFailures, RawPolicy, RawPolicyBody, ResetName, UnknownApiKeyName,
+    ForwardedHeaderName, HeaderStyleName, KeySource, RawConfig, RawCredentialFailures, RawPolicy,
+    RawPolicyBody, ResetName, UnknownApiKeyName,
 };
 
 #[cfg(feature = "redis")]

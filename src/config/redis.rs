@@ -9,7 +9,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::ConfigError;
-use super::raw::HumanDuration;
+use super::value::HumanDuration;
 use crate::store::BreakerSettings;
 
 const DEFAULT_REDIS_TIMEOUT_MS: u64 = 50;
