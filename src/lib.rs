@@ -76,8 +76,6 @@ pub use tier::{TierFuture, TierLookup};
 
 #[cfg(feature = "redis")]
 pub use deadpool_redis;
-#[cfg(feature = "jwt")]
-pub use jsonwebtoken;
 
 /// The README's examples, compiled and run as doc tests.
 #[cfg(doctest)]

@@ -13,9 +13,9 @@ use axum::extract::ConnectInfo;
 use axum::routing::{get, post};
 use axum::{Extension, Router};
 use http::{HeaderName, Request, StatusCode};
+use jsonwebtoken::{Algorithm, EncodingKey, Header as JwtHeader, encode};
 use serde_json::{Value, json};
 use slidegate::config::Config;
-use slidegate::jsonwebtoken::{Algorithm, EncodingKey, Header as JwtHeader, encode};
 use slidegate::{
     ApiKeyLookup, ApiKeyStatus, CredentialFailures, FakeClock, Header, Identity, JwtClaim, Key,
     KeyExtractor, MemoryStore, PeerIp, Policies, Policy, RateLimitLayer, RedisStore, Rejection,
@@ -163,7 +163,7 @@ fn hs256(claims: &Value) -> String {
 async fn validly_signed_tokens_with_wrong_typed_claims_are_refused() {
     let jwt = JwtClaim::builder()
         .secret(SECRET)
-        .algorithms([Algorithm::HS256])
+        .algorithms(["HS256"])
         .issuers(["https://auth.example"])
         .audiences(["video-api"])
         .build()
@@ -211,7 +211,7 @@ async fn validly_signed_tokens_with_wrong_typed_claims_are_refused() {
 async fn a_refused_algorithm_is_not_echoed_nor_the_allowed_ones_listed() {
     let jwt = JwtClaim::builder()
         .secret(SECRET)
-        .algorithms([Algorithm::HS256])
+        .algorithms(["HS256"])
         .build()
         .unwrap();
     let policies = Policies::single(Policy::new("all", 100, MINUTE)).unwrap();
@@ -537,8 +537,7 @@ async fn a_flood_of_forged_tokens_is_limited_before_verification() {
         let jwt = CountingJwt {
             jwt: JwtClaim::builder()
                 .public_key_pem(&fixture("rsa_public.pem"))
-                .unwrap()
-                .algorithms([Algorithm::RS256])
+                .algorithms(["RS256"])
                 .build()
                 .unwrap(),
             verified: verified.clone(),

@@ -9,6 +9,7 @@ use toml::Spanned;
 
 use super::ConfigError;
 use super::value::HumanDuration;
+use crate::key::jwt::{algorithm, public_key};
 use crate::key::{JwtClaim, JwtClaimBuilder, JwtError};
 
 #[derive(Debug, Deserialize)]
@@ -91,7 +92,7 @@ pub(super) fn jwt_claim(
                 format!("cannot read `{}`: {e}", path.display()),
             )
         })?;
-        builder = builder.public_key_pem(&bytes).map_err(|e| {
+        public_key(&bytes).map_err(|e| {
             ConfigError::at(
                 source,
                 offset,
@@ -99,6 +100,7 @@ pub(super) fn jwt_claim(
                 format!("`{}`: {e}", path.display()),
             )
         })?;
+        builder = builder.public_key_pem(&bytes);
     }
     let mut keyed_algorithms = Vec::new();
     for (index, key) in keyed.into_iter().enumerate() {
@@ -127,9 +129,11 @@ pub(super) fn jwt_claim(
             names.push(algorithm);
         }
     }
-    builder = builder
-        .algorithm_names(&names)
-        .map_err(|e| ConfigError::at(source, names_offset, "jwt.algorithms", e.to_string()))?;
+    for name in &names {
+        algorithm(name)
+            .map_err(|e| ConfigError::at(source, names_offset, "jwt.algorithms", e.to_string()))?;
+    }
+    builder = builder.algorithms(&names);
     if let Some(claim) = raw.key_claim {
         builder = builder.key_claim(claim.into_inner());
     }
@@ -201,16 +205,15 @@ fn keyed_key(
                     format!("cannot read `{}`: {e}", file.display()),
                 )
             })?;
-            builder
-                .public_key_pem_for_kid(key.kid, &bytes)
-                .map_err(|e| {
-                    ConfigError::at(
-                        source,
-                        pem.span().start,
-                        format!("{path}.public_key_pem"),
-                        format!("`{}`: {e}", file.display()),
-                    )
-                })?
+            public_key(&bytes).map_err(|e| {
+                ConfigError::at(
+                    source,
+                    pem.span().start,
+                    format!("{path}.public_key_pem"),
+                    format!("`{}`: {e}", file.display()),
+                )
+            })?;
+            builder.public_key_pem_for_kid(key.kid, &bytes)
         }
         _ => {
             return Err(ConfigError::at(

@@ -33,10 +33,10 @@ pub enum JwtError {
     #[error("unknown JWT algorithm `{0}`")]
     UnknownAlgorithm(String),
     /// An allowed algorithm has no key of its family to verify it with.
-    #[error("algorithm {algorithm:?} is allowed but no {family} key was given")]
+    #[error("algorithm {algorithm} is allowed but no {family} key was given")]
     NoKeyFor {
-        /// The allowed algorithm.
-        algorithm: Algorithm,
+        /// The allowed algorithm's name.
+        algorithm: String,
         /// The kind of key it needs.
         family: &'static str,
     },
@@ -72,11 +72,10 @@ fn family_name(algorithm: Algorithm) -> &'static str {
 ///
 /// ```
 /// use slidegate::{JwtClaim, KeyExtractor};
-/// use slidegate::jsonwebtoken::Algorithm;
 ///
 /// let jwt = JwtClaim::builder()
 ///     .secret(b"change-me")
-///     .algorithms([Algorithm::HS256])
+///     .algorithms(["HS256"])
 ///     .tier_claim("tier")
 ///     .build()?;
 /// let (parts, _) = http::Request::new(()).into_parts();
@@ -386,7 +385,12 @@ fn rejection(kind: &ErrorKind) -> KeyRejection {
 }
 
 /// A PEM-encoded public key of a supported type (never a private key).
-fn public_key(pem: &[u8]) -> Result<DecodingKey, JwtError> {
+/// The algorithm named `name`; never `none`.
+pub(crate) fn algorithm(name: &str) -> Result<Algorithm, JwtError> {
+    Algorithm::from_str(name).map_err(|_| JwtError::UnknownAlgorithm(name.to_owned()))
+}
+
+pub(crate) fn public_key(pem: &[u8]) -> Result<DecodingKey, JwtError> {
     if pem.windows(11).any(|w| w == b"PRIVATE KEY") {
         return Err(JwtError::InvalidKey(
             "this is a private key: give the matching public key".to_owned(),
@@ -404,6 +408,8 @@ fn public_key(pem: &[u8]) -> Result<DecodingKey, JwtError> {
 pub struct JwtClaimBuilder {
     keys: Vec<(Option<String>, DecodingKey)>,
     algorithms: Vec<Algorithm>,
+    /// The first key or algorithm name refused, for `build` to report.
+    refused: Option<JwtError>,
     key_claim: Option<String>,
     tier_claim: Option<String>,
     leeway: Option<Duration>,
@@ -438,7 +444,7 @@ impl JwtClaimBuilder {
     /// let jwt = JwtClaim::builder()
     ///     .secret_for_kid("2026-10", "old secret")
     ///     .secret_for_kid("2026-11", "new secret")
-    ///     .algorithm_names(["HS256"])?
+    ///     .algorithms(["HS256"])
     ///     .build()?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -456,56 +462,55 @@ impl JwtClaimBuilder {
     ///
     /// let pem = std::fs::read("tests/fixtures/rsa_public.pem")?;
     /// let jwt = JwtClaim::builder()
-    ///     .public_key_pem(&pem)?
-    ///     .algorithm_names(["RS256"])?
+    ///     .public_key_pem(&pem)
+    ///     .algorithms(["RS256"])
     ///     .build()?;
-    /// assert!(JwtClaim::builder().public_key_pem(b"not a key").is_err());
+    /// let refused = JwtClaim::builder().public_key_pem(b"not a key").algorithms(["RS256"]);
+    /// assert!(refused.build().is_err());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn public_key_pem(mut self, pem: &[u8]) -> Result<Self, JwtError> {
-        self.keys.push((None, public_key(pem)?));
-        Ok(self)
+    pub fn public_key_pem(self, pem: &[u8]) -> Self {
+        self.with_key(None, public_key(pem))
     }
 
     /// Verifies RS*/PS*, ES* or EdDSA tokens whose header names `kid` with
     /// this PEM-encoded public key; see [`secret_for_kid`](Self::secret_for_kid).
-    pub fn public_key_pem_for_kid(
-        mut self,
-        kid: impl Into<String>,
-        pem: &[u8],
-    ) -> Result<Self, JwtError> {
-        self.keys.push((Some(kid.into()), public_key(pem)?));
-        Ok(self)
+    pub fn public_key_pem_for_kid(self, kid: impl Into<String>, pem: &[u8]) -> Self {
+        self.with_key(Some(kid.into()), public_key(pem))
     }
 
-    /// The algorithms a token may be signed with; every other is refused,
-    /// `none` always.
-    pub fn algorithms(mut self, algorithms: impl IntoIterator<Item = Algorithm>) -> Self {
-        self.algorithms = algorithms.into_iter().collect();
+    fn with_key(mut self, kid: Option<String>, key: Result<DecodingKey, JwtError>) -> Self {
+        match key {
+            Ok(key) => self.keys.push((kid, key)),
+            Err(error) => {
+                self.refused.get_or_insert(error);
+            }
+        }
         self
     }
 
-    /// The allow-list by name (`"HS256"`, `"RS256"`, `"ES256"`, `"EdDSA"`,
-    /// ...); an unknown name, `none` included, is an error.
+    /// The algorithms a token may be signed with, by name (`"HS256"`,
+    /// `"RS256"`, `"ES256"`, `"EdDSA"`, ...); every other is refused. An
+    /// unknown name, `none` included, is an error of
+    /// [`build`](Self::build).
     ///
     /// ```
     /// use slidegate::{JwtClaim, JwtError};
     ///
-    /// let refused = JwtClaim::builder().secret(b"s").algorithm_names(["none"]);
+    /// let refused = JwtClaim::builder().secret(b"s").algorithms(["none"]).build();
     /// assert_eq!(refused.unwrap_err(), JwtError::UnknownAlgorithm("none".into()));
     /// ```
-    pub fn algorithm_names<T: AsRef<str>>(
-        self,
-        names: impl IntoIterator<Item = T>,
-    ) -> Result<Self, JwtError> {
-        let algorithms = names
-            .into_iter()
-            .map(|name| {
-                let name = name.as_ref();
-                Algorithm::from_str(name).map_err(|_| JwtError::UnknownAlgorithm(name.to_owned()))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(self.algorithms(algorithms))
+    pub fn algorithms<T: AsRef<str>>(mut self, names: impl IntoIterator<Item = T>) -> Self {
+        self.algorithms.clear();
+        for name in names {
+            match algorithm(name.as_ref()) {
+                Ok(algorithm) => self.algorithms.push(algorithm),
+                Err(error) => {
+                    self.refused.get_or_insert(error);
+                }
+            }
+        }
+        self
     }
 
     /// The claim that identifies the client (default `sub`).
@@ -542,8 +547,12 @@ impl JwtClaimBuilder {
         self
     }
 
-    /// Checks that every allowed algorithm has a key to verify it.
+    /// Checks the keys and algorithms given, and that every allowed
+    /// algorithm has a key to verify it.
     pub fn build(self) -> Result<JwtClaim, JwtError> {
+        if let Some(refused) = self.refused {
+            return Err(refused);
+        }
         if self.algorithms.is_empty() {
             return Err(JwtError::NoAlgorithms);
         }
@@ -554,7 +563,7 @@ impl JwtClaimBuilder {
                 .any(|(_, k)| k.family() == algorithm.family())
             {
                 return Err(JwtError::NoKeyFor {
-                    algorithm,
+                    algorithm: format!("{algorithm:?}"),
                     family: family_name(algorithm),
                 });
             }

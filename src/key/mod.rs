@@ -21,7 +21,7 @@
 
 mod header;
 #[cfg(feature = "jwt")]
-mod jwt;
+pub(crate) mod jwt;
 mod lookup;
 mod peer_ip;
 
