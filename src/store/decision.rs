@@ -1,6 +1,9 @@
 //! The outcome of one policy's check.
 
+use std::ops::{Deref, DerefMut};
 use std::time::Duration;
+
+use smallvec::SmallVec;
 
 /// What a store decided for one policy of a request.
 ///
@@ -98,3 +101,106 @@ impl Decision {
         }
     }
 }
+
+/// One [`Decision`] per check of a batch, in the checks' order: a slice
+/// when borrowed, held inline for the usual one or two.
+///
+/// ```
+/// use slidegate::{Decision, Decisions};
+/// use std::time::Duration;
+///
+/// let mut decisions = Decisions::new();
+/// decisions.push(Decision::admitted(10, 9, Duration::from_secs(60)));
+/// assert!(decisions.iter().all(|d| d.admitted));
+/// let copied: Decisions = decisions.iter().copied().collect();
+/// assert_eq!(copied, decisions);
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Decisions(SmallVec<[Decision; 2]>);
+
+impl Decisions {
+    /// No decisions yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds the decision of the next check.
+    pub fn push(&mut self, decision: Decision) {
+        self.0.push(decision);
+    }
+}
+
+impl Deref for Decisions {
+    type Target = [Decision];
+
+    fn deref(&self) -> &[Decision] {
+        &self.0
+    }
+}
+
+impl DerefMut for Decisions {
+    fn deref_mut(&mut self) -> &mut [Decision] {
+        &mut self.0
+    }
+}
+
+impl FromIterator<Decision> for Decisions {
+    fn from_iter<I: IntoIterator<Item = Decision>>(decisions: I) -> Self {
+        Self(decisions.into_iter().collect())
+    }
+}
+
+impl Extend<Decision> for Decisions {
+    fn extend<I: IntoIterator<Item = Decision>>(&mut self, decisions: I) {
+        self.0.extend(decisions);
+    }
+}
+
+impl From<Vec<Decision>> for Decisions {
+    fn from(decisions: Vec<Decision>) -> Self {
+        Self(decisions.into())
+    }
+}
+
+impl<const N: usize> From<[Decision; N]> for Decisions {
+    fn from(decisions: [Decision; N]) -> Self {
+        decisions.into_iter().collect()
+    }
+}
+
+impl<'a> IntoIterator for &'a Decisions {
+    type Item = &'a Decision;
+    type IntoIter = std::slice::Iter<'a, Decision>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+impl IntoIterator for Decisions {
+    type Item = Decision;
+    type IntoIter = DecisionsIter;
+
+    fn into_iter(self) -> DecisionsIter {
+        DecisionsIter(self.0.into_iter())
+    }
+}
+
+/// The decisions of a [`Decisions`], by value.
+#[derive(Debug)]
+pub struct DecisionsIter(smallvec::IntoIter<[Decision; 2]>);
+
+impl Iterator for DecisionsIter {
+    type Item = Decision;
+
+    fn next(&mut self) -> Option<Decision> {
+        self.0.next()
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.0.size_hint()
+    }
+}
+
+impl ExactSizeIterator for DecisionsIter {}
+

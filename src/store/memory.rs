@@ -388,7 +388,7 @@ impl MemoryStore {
 
     fn check_now(&self, checks: &[Check]) -> Decisions {
         match checks {
-            [check] => smallvec::smallvec![self.check_one(check)],
+            [check] => Decisions::from([self.check_one(check)]),
             _ => self.check_batch(checks),
         }
     }
@@ -518,7 +518,7 @@ impl MemoryStore {
             })
             .collect();
         let all_fit = decisions.iter().all(|d| d.retry_after.is_none());
-        for decision in &mut decisions {
+        for decision in decisions.iter_mut() {
             decision.admitted = all_fit;
         }
         decisions

@@ -15,7 +15,7 @@ mod redis;
 mod sliding_log;
 
 pub use breaker::{BreakerSettings, BreakerState, CircuitBreaker};
-pub use decision::Decision;
+pub use decision::{Decision, Decisions, DecisionsIter};
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]
 pub use redis::{
@@ -34,10 +34,6 @@ use crate::clock::duration_micros;
 use crate::key::Key;
 use crate::policy::{Algorithm, Policy};
 
-/// One [`Decision`] per check of a batch, inline for the usual one or two
-/// (a [`SmallVec`](smallvec::SmallVec): `Decisions::new()`, `push`,
-/// `collect()`, and a slice when borrowed).
-pub type Decisions = smallvec::SmallVec<[Decision; 2]>;
 
 /// What a [`Store`] decided for a batch: one [`Decision`] per check.
 pub type CheckOutcome = Result<Decisions, StoreError>;
