@@ -13,7 +13,12 @@ mod support;
 
 use std::time::Duration;
 
-use slidegate::{Algorithm, Check, FakeClock, Key, MemoryStore, Policy, RedisStore, Store};
+use slidegate::{
+    Policy,
+    key::Key,
+    policy::Algorithm,
+    store::{Check, FakeClock, MemoryStore, RedisStore, Store},
+};
 use support::RedisServer;
 
 const ALGORITHMS: [(&str, Algorithm); 3] = [

@@ -19,7 +19,12 @@ use common::{
 };
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use slidegate::deadpool_redis::redis::Script;
-use slidegate::{Algorithm, Check, Key, MemoryStore, Policy, Store};
+use slidegate::{
+    Policy,
+    key::Key,
+    policy::Algorithm,
+    store::{Check, MemoryStore, Store},
+};
 use support::RedisServer;
 
 const ALGORITHMS: [(&str, Algorithm); 3] = [

@@ -26,7 +26,10 @@ use slidegate::deadpool_redis::redis::cluster::ClusterClient;
 use slidegate::deadpool_redis::redis::cluster_async::ClusterConnection;
 use slidegate::deadpool_redis::redis::{Client, Script};
 use slidegate::deadpool_redis::{Config, PoolConfig, Runtime, cluster};
-use slidegate::{MemoryStore, PeerIp, Policies, Policy, RateLimitLayer, RedisPool, RedisStore};
+use slidegate::{
+    PeerIp, Policies, Policy, RateLimitLayer,
+    store::{MemoryStore, RedisPool, RedisStore},
+};
 
 /// A limit no benchmark reaches: every request is admitted and recorded.
 const NEVER: u32 = 1_000_000_000;

@@ -27,7 +27,10 @@ use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::routing::get;
 use http::Request;
-use slidegate::{DenyCache, HeaderStyle, MemoryStore, PeerIp, Policies, Policy, RateLimitLayer};
+use slidegate::{
+    PeerIp, Policies, Policy, RateLimitLayer, headers::HeaderStyle, layer::DenyCache,
+    store::MemoryStore,
+};
 use tower::{Service, ServiceExt};
 
 /// Clients the requests come from, in turn.

@@ -22,7 +22,7 @@ use clap::Parser;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::{Value, json};
 use slidegate::config::Config;
-use slidegate::{Identity, Policies, PoliciesHandle, Policy, RateLimitLayer};
+use slidegate::{Policies, PoliciesHandle, Policy, RateLimitLayer, key::Identity};
 
 const DEMO_CONFIG: &str = include_str!("demo.toml");
 

@@ -52,7 +52,7 @@ impl Clock for SystemClock {
 /// A clock that moves only when told to. Clones share the same time.
 ///
 /// ```
-/// use slidegate::{Clock, FakeClock};
+/// use slidegate::store::{Clock, FakeClock};
 /// use std::time::Duration;
 ///
 /// let clock = FakeClock::new(1_000_000);
@@ -60,11 +60,14 @@ impl Clock for SystemClock {
 /// clock.advance(Duration::from_millis(1500));
 /// assert_eq!(shared.now_micros(), 2_500_000);
 /// ```
+#[cfg(any(test, feature = "test-util"))]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 #[derive(Debug, Clone, Default)]
 pub struct FakeClock {
     micros: Arc<AtomicU64>,
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl FakeClock {
     /// A fake clock that reads `start_micros` until advanced.
     pub fn new(start_micros: u64) -> Self {
@@ -84,6 +87,7 @@ impl FakeClock {
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl Clock for FakeClock {
     fn now_micros(&self) -> u64 {
         self.micros.load(Ordering::SeqCst)

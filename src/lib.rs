@@ -2,16 +2,24 @@
 //! Redis or in memory.
 //!
 //! Wrap a router in a [`RateLimitLayer`]: a [`KeyExtractor`] says who the
-//! client is, [`Policies`] say how much each route allows, and a [`Store`]
-//! ([`MemoryStore`] in one process, `RedisStore` across many) decides
-//! atomically. Clients can be told apart by address, API key or a verified
-//! JWT claim, and each policy can give each tier its own limits. Responses carry `X-RateLimit-*` headers; a denied request gets
-//! `429 Too Many Requests` with `Retry-After`; when the store is down each
-//! policy fails open or closed.
+//! client is, [`Policies`] say how much each route allows, and a
+//! [`Store`](store::Store) ([`MemoryStore`](store::MemoryStore) in one
+//! process, `RedisStore` across many) decides atomically. Clients can be
+//! told apart by address, API key or a verified JWT claim, and each policy
+//! can give each tier its own limits. Responses carry `X-RateLimit-*`
+//! headers; a denied request gets `429 Too Many Requests` with
+//! `Retry-After`; when the store is down each policy fails open, fails
+//! closed, or holds a local limit.
+//!
+//! The crate root has the layer, [`Policy`] and [`Policies`], the
+//! [`Rejection`] a hook sees, and the common key extractors; the rest is
+//! in [`policy`], [`key`], [`store`] (the [`Store`](store::Store) trait
+//! and both stores), [`headers`], [`rejection`] and [`layer`], and
+//! `config` (feature `config`).
 //!
 //! ```
 //! use axum::{Router, routing::{get, post}};
-//! use slidegate::{FailMode, MemoryStore, PeerIp, Policies, Policy, RateLimitLayer};
+//! use slidegate::{PeerIp, Policies, Policy, RateLimitLayer, policy::FailMode, store::MemoryStore};
 //! use std::time::Duration;
 //!
 //! let policies = Policies::builder()
@@ -36,43 +44,23 @@
 mod clock;
 #[cfg(feature = "config")]
 pub mod config;
-mod key;
-mod layer;
+pub mod headers;
+pub mod key;
+pub mod layer;
 mod metrics;
-mod policy;
+pub mod policy;
+pub mod rejection;
 mod response;
-mod store;
+pub mod store;
 mod throttle;
 mod tier;
 
-pub use clock::{Clock, FakeClock, SystemClock};
-pub use key::{
-    ApiKeyFuture, ApiKeyLookup, ApiKeyStatus, Extracted, ForwardedHeader, Global, Header, Identity,
-    Key, KeyExtractor, KeyRejection, Or, PeerIp,
-};
 #[cfg(feature = "jwt")]
-pub use key::{JwtClaim, JwtClaimBuilder, JwtError};
-pub use layer::credentials::CredentialFailures;
-pub use layer::deny_cache::DenyCache;
+pub use key::JwtClaim;
+pub use key::{Global, Header, KeyExtractor, PeerIp};
 pub use layer::{PoliciesHandle, RateLimit, RateLimitLayer, ResponseFuture};
-pub use policy::{
-    Algorithm, Cost, Count, FailMode, Limits, MAX_WINDOW, Policies, PoliciesBuilder, Policy,
-    PolicyError, RequestCost, Route, TierLimits,
-};
-pub use response::{
-    CostAboveLimit, HeaderStyle, Limited, RATELIMIT, RATELIMIT_POLICY, Rejection, ResetFormat,
-    X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
-};
-pub use store::{
-    BreakerSettings, BreakerState, Check, CheckFuture, CheckOutcome, CircuitBreaker, Decision,
-    Decisions, MemoryStore, MemoryStoreBuilder, Store, StoreError,
-};
-#[cfg(feature = "redis")]
-pub use store::{
-    ClusterClientPool, ClusterManager, PrefixError, RedisPool, RedisStore, RedisStoreBuilder,
-    SentinelConnection, SentinelManager, SentinelPool,
-};
-pub use tier::{TierFuture, TierLookup};
+pub use policy::{Policies, Policy};
+pub use rejection::Rejection;
 
 #[cfg(feature = "redis")]
 pub use deadpool_redis;

@@ -25,7 +25,14 @@ pub type TierFuture = Pin<Box<dyn Future<Output = Option<Arc<str>>> + Send + 'st
 /// ```
 /// use std::sync::Arc;
 /// use http::request::Parts;
-/// use slidegate::{Global, Identity, MemoryStore, Policies, Policy, RateLimitLayer, TierLookup};
+/// use slidegate::{
+///     Global,
+///     Policies,
+///     Policy,
+///     RateLimitLayer,
+///     key::{Identity, TierLookup},
+///     store::MemoryStore,
+/// };
 ///
 /// // Pretend the plans live in a database keyed by the limiter's key.
 /// let lookup = |_parts: &Parts, identity: &Identity| {
@@ -34,7 +41,7 @@ pub type TierFuture = Pin<Box<dyn Future<Output = Option<Arc<str>>> + Send + 'st
 /// };
 /// let policies = Policies::single(Policy::new("api", 10, std::time::Duration::from_secs(1)))?;
 /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).tier_lookup(lookup);
-/// # Ok::<(), slidegate::PolicyError>(())
+/// # Ok::<(), slidegate::policy::PolicyError>(())
 /// ```
 pub trait TierLookup: Send + Sync + 'static {
     /// Starts looking up the tier of `identity`, who sent `parts`.

@@ -17,9 +17,10 @@ use jsonwebtoken::{Algorithm, EncodingKey, Header as JwtHeader, encode};
 use serde_json::{Value, json};
 use slidegate::config::Config;
 use slidegate::{
-    ApiKeyLookup, ApiKeyStatus, CredentialFailures, FakeClock, Header, Identity, JwtClaim, Key,
-    KeyExtractor, MemoryStore, PeerIp, Policies, Policy, RateLimitLayer, RedisStore, Rejection,
-    Store,
+    Header, JwtClaim, KeyExtractor, PeerIp, Policies, Policy, RateLimitLayer, Rejection,
+    key::{ApiKeyLookup, ApiKeyStatus, Identity, Key},
+    layer::CredentialFailures,
+    store::{FakeClock, MemoryStore, RedisStore, Store},
 };
 use support::RedisServer;
 use support::reply::{Reply, send};
@@ -499,7 +500,7 @@ struct CountingJwt {
 }
 
 impl KeyExtractor for CountingJwt {
-    fn extract(&self, parts: &http::request::Parts) -> slidegate::Extracted {
+    fn extract(&self, parts: &http::request::Parts) -> slidegate::key::Extracted {
         if self.jwt.presents_credentials(parts) {
             self.verified.fetch_add(1, Ordering::SeqCst);
         }

@@ -21,7 +21,12 @@ mod support;
 
 use std::time::Duration;
 
-use slidegate::{Algorithm, Check, Decision, FakeClock, Key, MemoryStore, Policy, Store};
+use slidegate::{
+    Policy,
+    key::Key,
+    policy::Algorithm,
+    store::{Check, Decision, FakeClock, MemoryStore, Store},
+};
 use support::trace::{Class, trace};
 
 const SEED: u64 = 2026;

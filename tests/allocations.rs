@@ -16,7 +16,10 @@ use http::header::CONTENT_TYPE;
 use http::{Request, Response};
 use http_body_util::Full;
 use slidegate::{
-    Algorithm, FakeClock, HeaderStyle, MemoryStore, PeerIp, Policies, Policy, RateLimitLayer,
+    PeerIp, Policies, Policy, RateLimitLayer,
+    headers::HeaderStyle,
+    policy::Algorithm,
+    store::{FakeClock, MemoryStore},
 };
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 use tower::{Layer, Service, ServiceExt, service_fn};

@@ -12,7 +12,9 @@ use axum::extract::ConnectInfo;
 use axum::routing::get;
 use http::{Request, StatusCode};
 use slidegate::{
-    Check, Key, MemoryStore, PeerIp, Policies, Policy, RateLimitLayer, RedisStore, Store,
+    PeerIp, Policies, Policy, RateLimitLayer,
+    key::Key,
+    store::{Check, MemoryStore, RedisStore, Store},
 };
 use support::RedisServer;
 use tower::ServiceExt;

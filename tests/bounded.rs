@@ -15,7 +15,11 @@ mod support;
 use std::time::Duration;
 
 use slidegate::deadpool_redis::redis::{self, Value};
-use slidegate::{Check, Clock, Decision, FakeClock, Key, Policy, RedisStore, Store};
+use slidegate::{
+    Policy,
+    key::Key,
+    store::{Check, Clock, Decision, FakeClock, RedisStore, Store},
+};
 use support::RedisServer;
 
 const START: u64 = 1_700_000_000_000_000;

@@ -9,7 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use slidegate::{
-    Algorithm, Check, Decisions, FakeClock, Key, Policy, RedisStore, Store, StoreError,
+    Policy,
+    key::Key,
+    policy::Algorithm,
+    store::{Check, Decisions, FakeClock, RedisStore, Store, StoreError},
 };
 use support::RedisCluster;
 

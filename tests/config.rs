@@ -163,7 +163,11 @@ fn bad_values_name_their_key() {
 
 #[tokio::test]
 async fn memory_max_keys_bounds_the_memory_store() {
-    use slidegate::{Check, Key, Policy, Store};
+    use slidegate::{
+        Policy,
+        key::Key,
+        store::{Check, Store},
+    };
     let config = Config::from_toml_str("[memory]\nmax_keys = 100\n").unwrap();
     let store = config.memory_store();
     let policy = Policy::new("p", 5, std::time::Duration::from_secs(60));
@@ -377,9 +381,12 @@ fn public_key_paths_are_relative_to_the_config_file() {
 #[test]
 fn every_algorithm_can_be_chosen() {
     for (name, algorithm) in [
-        ("sliding_log", slidegate::Algorithm::SlidingLog),
-        ("sliding_counter", slidegate::Algorithm::SlidingCounter),
-        ("fixed_window", slidegate::Algorithm::FixedWindow),
+        ("sliding_log", slidegate::policy::Algorithm::SlidingLog),
+        (
+            "sliding_counter",
+            slidegate::policy::Algorithm::SlidingCounter,
+        ),
+        ("fixed_window", slidegate::policy::Algorithm::FixedWindow),
     ] {
         let config = Config::from_toml_str(&format!("{POLICY}algorithm = \"{name}\"\n")).unwrap();
         let policy = config.policies().iter().next().unwrap();
@@ -514,8 +521,8 @@ window = "60s"
         .iter()
         .find(|p| p.name() == "login")
         .unwrap();
-    assert_eq!(login.count(), slidegate::Count::Failures);
-    assert_eq!(login.fail_mode(), Some(slidegate::FailMode::Local));
+    assert_eq!(login.count(), slidegate::policy::Count::Failures);
+    assert_eq!(login.fail_mode(), Some(slidegate::policy::FailMode::Local));
     assert!(login.is_shadow());
 
     let inline = sample

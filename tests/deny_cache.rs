@@ -9,7 +9,11 @@ use axum::Router;
 use axum::body::Body;
 use axum::routing::get;
 use http::{Request, StatusCode};
-use slidegate::{DenyCache, FakeClock, Global, Policies, Policy, RateLimitLayer, RedisStore};
+use slidegate::{
+    Global, Policies, Policy, RateLimitLayer,
+    layer::DenyCache,
+    store::{FakeClock, RedisStore},
+};
 use support::RedisServer;
 use support::reply::send;
 

@@ -9,7 +9,12 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use slidegate::deadpool_redis::Pool;
-use slidegate::{Algorithm, Check, Clock, FakeClock, Key, MemoryStore, Policy, RedisStore, Store};
+use slidegate::{
+    Policy,
+    key::Key,
+    policy::Algorithm,
+    store::{Check, Clock, FakeClock, MemoryStore, RedisStore, Store},
+};
 use support::RedisServer;
 
 #[derive(Debug, Clone)]

@@ -12,8 +12,11 @@ use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::routing::get;
 use http::{Request, StatusCode};
-use slidegate::{Check, Key, Store};
-use slidegate::{FailMode, PeerIp, Policies, Policy, RateLimitLayer, RedisStore};
+use slidegate::{PeerIp, Policies, Policy, RateLimitLayer, policy::FailMode, store::RedisStore};
+use slidegate::{
+    key::Key,
+    store::{Check, Store},
+};
 use support::RedisServer;
 use support::proxy::TcpProxy;
 use tower::ServiceExt;
@@ -455,7 +458,7 @@ async fn a_connection_that_falls_silent_is_replaced() {
                 assert!(decisions[0].admitted);
                 break;
             }
-            Err(slidegate::StoreError::Timeout(_)) => timeouts += 1,
+            Err(slidegate::store::StoreError::Timeout(_)) => timeouts += 1,
             Err(error) => panic!("{error}"),
         }
         assert!(
@@ -509,7 +512,10 @@ async fn a_full_redis_refuses_new_counts_instead_of_growing_past_its_limit() {
             Ok(decisions) => assert!(decisions[0].admitted),
             Err(error) => {
                 refused += 1;
-                assert!(matches!(error, slidegate::StoreError::Full(_)), "{error}");
+                assert!(
+                    matches!(error, slidegate::store::StoreError::Full(_)),
+                    "{error}"
+                );
             }
         }
     }

@@ -17,9 +17,12 @@ use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use slidegate::{
-    Cost, DenyCache, FailMode, FakeClock, Global, Header, HeaderStyle, Identity, KeyExtractor,
-    MemoryStore, PeerIp, Policies, Policy, RateLimit, RateLimitLayer, RedisStore, Rejection,
-    ResetFormat, TierLimits,
+    Global, Header, KeyExtractor, PeerIp, Policies, Policy, RateLimit, RateLimitLayer, Rejection,
+    headers::{HeaderStyle, ResetFormat},
+    key::Identity,
+    layer::DenyCache,
+    policy::{Cost, FailMode, TierLimits},
+    store::{FakeClock, MemoryStore, RedisStore},
 };
 use tower::{ServiceExt, service_fn};
 
@@ -734,7 +737,10 @@ fn patterns_axum_would_refuse_are_refused_when_the_policies_are_built() {
         .build()
         .unwrap_err();
     assert!(
-        matches!(conflicting, slidegate::PolicyError::InvalidPattern { .. }),
+        matches!(
+            conflicting,
+            slidegate::policy::PolicyError::InvalidPattern { .. }
+        ),
         "{conflicting}"
     );
     let unclosed = Policies::builder()

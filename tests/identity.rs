@@ -18,8 +18,11 @@ use http::{Request, StatusCode};
 use jsonwebtoken::{Algorithm, EncodingKey, Header as JwtHeader, encode};
 use serde_json::{Value, json};
 use slidegate::{
-    Header, HeaderStyle, Identity, JwtClaim, KeyExtractor, MemoryStore, PeerIp, Policies, Policy,
-    RateLimitLayer, RedisStore, Store, TierLimits,
+    Header, JwtClaim, KeyExtractor, PeerIp, Policies, Policy, RateLimitLayer,
+    headers::HeaderStyle,
+    key::Identity,
+    policy::TierLimits,
+    store::{MemoryStore, RedisStore, Store},
 };
 use support::RedisServer;
 use support::reply::{Reply, send};

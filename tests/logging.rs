@@ -9,7 +9,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::routing::get;
 use http::{Request, StatusCode};
-use slidegate::{FailMode, Global, Policies, Policy, RateLimitLayer};
+use slidegate::{Global, Policies, Policy, RateLimitLayer, policy::FailMode};
 use support::down_store::DownStore;
 use tower::ServiceExt;
 use tracing::field::{Field, Visit};

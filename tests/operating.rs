@@ -13,8 +13,10 @@ use axum::routing::{get, post};
 use http::request::Parts;
 use http::{HeaderMap, Request, StatusCode};
 use slidegate::{
-    BreakerSettings, BreakerState, Check, CircuitBreaker, Count, Extracted, FailMode, Key,
-    KeyExtractor, MemoryStore, Policies, Policy, RateLimitLayer, RedisStore, Store,
+    KeyExtractor, Policies, Policy, RateLimitLayer,
+    key::{Extracted, Key},
+    policy::{Count, FailMode},
+    store::{BreakerSettings, BreakerState, Check, CircuitBreaker, MemoryStore, RedisStore, Store},
 };
 use support::RedisServer;
 use support::down_store::{DownStore, FlakyStore};

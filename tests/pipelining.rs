@@ -7,7 +7,11 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use slidegate::{Check, Key, Policy, RedisStore, Store, StoreError};
+use slidegate::{
+    Policy,
+    key::Key,
+    store::{Check, RedisStore, Store, StoreError},
+};
 use support::RedisServer;
 
 /// The clients Redis has, less the `redis-cli` that asks.
@@ -25,7 +29,7 @@ fn patient_store(server: &RedisServer) -> Arc<RedisStore> {
     )
 }
 
-async fn check_all(store: &Arc<RedisStore>, checks: Vec<Check>) -> Vec<slidegate::Decision> {
+async fn check_all(store: &Arc<RedisStore>, checks: Vec<Check>) -> Vec<slidegate::store::Decision> {
     let tasks: Vec<_> = checks
         .into_iter()
         .map(|check| {

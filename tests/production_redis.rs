@@ -7,7 +7,11 @@ mod support;
 use std::time::{Duration, Instant};
 
 use slidegate::config::{Config, RedisSettings};
-use slidegate::{Check, Key, Policy, RedisStore, Store, StoreError};
+use slidegate::{
+    Policy,
+    key::Key,
+    store::{Check, RedisStore, Store, StoreError},
+};
 use support::RedisServer;
 use support::sentinel::{MASTER, SentinelSet};
 use support::tls::TestCerts;
@@ -321,7 +325,7 @@ async fn a_full_redis_keeps_limiting_the_clients_it_already_holds() {
         .unwrap();
     let policy = Policy::new("full", 5, Duration::from_secs(600));
     let counter = Policy::new("full_counter", 5, Duration::from_secs(600))
-        .with_algorithm(slidegate::Algorithm::SlidingCounter);
+        .with_algorithm(slidegate::policy::Algorithm::SlidingCounter);
     let checks = |key: &str| {
         vec![
             Check::new(&policy, Key::new(key)),

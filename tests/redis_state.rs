@@ -6,7 +6,11 @@ mod support;
 
 use std::time::Duration;
 
-use slidegate::{Check, FakeClock, Key, Policy, RedisStore, Store};
+use slidegate::{
+    Policy,
+    key::Key,
+    store::{Check, FakeClock, RedisStore, Store},
+};
 use support::RedisServer;
 
 const START: u64 = 1_700_000_000_000_000;
@@ -228,7 +232,7 @@ async fn a_log_key_holding_foreign_bytes_is_an_error_not_an_empty_log() {
 /// longer window counts it: the denial moves the TTL, for every algorithm.
 #[tokio::test]
 async fn a_longer_window_keeps_a_denied_clients_key_alive() {
-    use slidegate::Algorithm;
+    use slidegate::policy::Algorithm;
 
     let server = RedisServer::start();
     let clock = FakeClock::new(START);
@@ -276,7 +280,7 @@ async fn a_failing_request_writes_nothing_alone_or_in_a_batch() {
     let store = std::sync::Arc::new(store_on(&server, &clock));
     let log = Policy::new("pruned", 5, Duration::from_secs(10));
     let counter = Policy::new("broken", 5, Duration::from_secs(10))
-        .with_algorithm(slidegate::Algorithm::SlidingCounter);
+        .with_algorithm(slidegate::policy::Algorithm::SlidingCounter);
     let paged = Policy::new("paged", 1_000, Duration::from_secs(60));
     // Two records, then a window later: the next check would prune them.
     spend(&store, &clock, &log, "k", 2).await;

@@ -19,7 +19,7 @@ use http::Request;
 use jsonwebtoken::{Algorithm, EncodingKey, Header as JwtHeader, encode};
 use serde_json::json;
 use slidegate::{
-    Header, JwtClaim, KeyExtractor, PeerIp, Policies, Policy, RateLimitLayer, RedisStore,
+    Header, JwtClaim, KeyExtractor, PeerIp, Policies, Policy, RateLimitLayer, store::RedisStore,
 };
 use support::RedisServer;
 use support::reply::send;

@@ -6,8 +6,10 @@ mod support;
 use std::time::Duration;
 
 use slidegate::{
-    Algorithm, Check, Decision, Decisions, FakeClock, Key, MemoryStore, Policy, RedisStore, Store,
-    StoreError,
+    Policy,
+    key::Key,
+    policy::Algorithm,
+    store::{Check, Decision, Decisions, FakeClock, MemoryStore, RedisStore, Store, StoreError},
 };
 use support::RedisServer;
 
@@ -451,7 +453,7 @@ async fn an_endless_window_is_counted_as_the_longest(s: Subject) {
             let decision = s.store.check(std::slice::from_ref(&check)).await.unwrap()[0];
             assert_eq!(decision.admitted, expected, "{algorithm:?}: {decision:?}");
             // A sliding counter may wait into the next window.
-            let longest = 2 * slidegate::MAX_WINDOW;
+            let longest = 2 * slidegate::policy::MAX_WINDOW;
             assert!(decision.reset <= longest, "{algorithm:?}: {decision:?}");
             if !expected {
                 let retry = decision.retry_after.expect("denied");

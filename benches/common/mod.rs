@@ -14,7 +14,11 @@ use std::time::{Duration, Instant};
 use slidegate::deadpool_redis::Pool;
 use slidegate::deadpool_redis::redis::aio::MultiplexedConnection;
 use slidegate::deadpool_redis::redis::{Client, Script};
-use slidegate::{Check, Key, Policy, RedisStore, Store};
+use slidegate::{
+    Policy,
+    key::Key,
+    store::{Check, RedisStore, Store},
+};
 
 /// A check script (`lua/check.lua`, or an earlier version of it) as a
 /// Redis function library named `name`, registering each of `functions`:

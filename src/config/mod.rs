@@ -252,8 +252,8 @@ impl Config {
         let peer_ip = PeerIp::new()
             .trust_proxies(limiter.trusted_proxies.into_iter().map(|c| c.0))
             .forwarded_header(match limiter.forwarded_header {
-                ForwardedHeaderName::XForwardedFor => crate::ForwardedHeader::XForwardedFor,
-                ForwardedHeaderName::Forwarded => crate::ForwardedHeader::Forwarded,
+                ForwardedHeaderName::XForwardedFor => crate::key::ForwardedHeader::XForwardedFor,
+                ForwardedHeaderName::Forwarded => crate::key::ForwardedHeader::Forwarded,
             })
             .ipv6_prefix(ipv6_prefix);
 

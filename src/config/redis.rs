@@ -238,22 +238,22 @@ impl RedisSettings {
     /// # }
     /// ```
     #[cfg(feature = "redis")]
-    pub fn store(&self) -> Result<crate::RedisStore, RedisSettingsError> {
+    pub fn store(&self) -> Result<crate::store::RedisStore, RedisSettingsError> {
         let pool = super::redis_pool::pool(self)?;
-        let mut store = crate::RedisStore::builder(pool).timeout(self.timeout);
+        let mut store = crate::store::RedisStore::builder(pool).timeout(self.timeout);
         if let Some(prefix) = &self.prefix {
             store = store.prefix(prefix.clone());
         }
         Ok(store.build()?)
     }
 
-    /// The [`store`](Self::store), behind a [`CircuitBreaker`](crate::CircuitBreaker)
+    /// The [`store`](Self::store), behind a [`CircuitBreaker`](crate::store::CircuitBreaker)
     /// when [`breaker`](Self::breaker) is set.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() {
-    /// use slidegate::Store;
+    /// use slidegate::store::Store;
     /// use slidegate::config::Config;
     ///
     /// let config = Config::from_toml_str(
@@ -265,16 +265,23 @@ impl RedisSettings {
     /// # }
     /// ```
     #[cfg(feature = "redis")]
-    pub fn guarded_store(&self) -> Result<std::sync::Arc<dyn crate::Store>, RedisSettingsError> {
+    pub fn guarded_store(
+        &self,
+    ) -> Result<std::sync::Arc<dyn crate::store::Store>, RedisSettingsError> {
         Ok(self.guard(self.store()?))
     }
 
-    /// `store` behind a [`CircuitBreaker`](crate::CircuitBreaker) when
+    /// `store` behind a [`CircuitBreaker`](crate::store::CircuitBreaker) when
     /// [`breaker`](Self::breaker) is set.
     #[cfg(feature = "redis")]
-    pub fn guard(&self, store: crate::RedisStore) -> std::sync::Arc<dyn crate::Store> {
+    pub fn guard(
+        &self,
+        store: crate::store::RedisStore,
+    ) -> std::sync::Arc<dyn crate::store::Store> {
         match self.breaker {
-            Some(settings) => std::sync::Arc::new(crate::CircuitBreaker::new(store, settings)),
+            Some(settings) => {
+                std::sync::Arc::new(crate::store::CircuitBreaker::new(store, settings))
+            }
             None => std::sync::Arc::new(store),
         }
     }
@@ -299,7 +306,7 @@ pub enum RedisSettingsError {
     },
     /// The key prefix holds braces.
     #[error(transparent)]
-    Prefix(#[from] crate::PrefixError),
+    Prefix(#[from] crate::store::PrefixError),
     /// TLS certificates that redis-rs cannot use, or a `tls` table with no
     /// `rediss://` URL to use it on.
     #[error("Redis TLS: {0}")]

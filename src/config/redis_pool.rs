@@ -15,7 +15,7 @@ use deadpool_redis::redis::{
 use deadpool_redis::{Pool, Runtime};
 
 use super::redis::{RedisSettings, RedisSettingsError, RedisTls, redacted};
-use crate::{ClusterClientPool, ClusterManager, RedisPool, SentinelManager, SentinelPool};
+use crate::store::{ClusterClientPool, ClusterManager, RedisPool, SentinelManager, SentinelPool};
 
 /// A new pool for `settings`; connections are opened on first use.
 pub(super) fn pool(settings: &RedisSettings) -> Result<RedisPool, RedisSettingsError> {

@@ -202,7 +202,7 @@ impl Header {
     }
 
     /// Asks `lookup` about API keys that are not in the table (keys kept
-    /// in a database, say): a key it says is [`Known`](crate::ApiKeyStatus::Known)
+    /// in a database, say): a key it says is [`Known`](crate::key::ApiKeyStatus::Known)
     /// is the client, with the tier it names; an unknown one is treated as
     /// any unknown key (the next extractor decides, or `401` with
     /// [`reject_unknown`](Header::reject_unknown)). See [`ApiKeyLookup`].

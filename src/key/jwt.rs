@@ -495,7 +495,7 @@ impl JwtClaimBuilder {
     /// [`build`](Self::build).
     ///
     /// ```
-    /// use slidegate::{JwtClaim, JwtError};
+    /// use slidegate::{JwtClaim, key::JwtError};
     ///
     /// let refused = JwtClaim::builder().secret(b"s").algorithms(["none"]).build();
     /// assert_eq!(refused.unwrap_err(), JwtError::UnknownAlgorithm("none".into()));

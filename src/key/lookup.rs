@@ -39,7 +39,7 @@ pub type ApiKeyFuture = Pin<Box<dyn Future<Output = ApiKeyStatus> + Send + 'stat
 ///
 /// ```
 /// use std::sync::Arc;
-/// use slidegate::{ApiKeyStatus, Header};
+/// use slidegate::{Header, key::ApiKeyStatus};
 ///
 /// let api_keys = Header::new(http::HeaderName::from_static("x-api-key")).lookup(|key: &[u8]| {
 ///     // Pretend the keys live in a database.

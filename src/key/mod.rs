@@ -25,6 +25,7 @@ pub(crate) mod jwt;
 mod lookup;
 mod peer_ip;
 
+pub use crate::tier::{TierFuture, TierLookup};
 pub use header::Header;
 #[cfg(feature = "jwt")]
 pub use jwt::{JwtClaim, JwtClaimBuilder, JwtError};
@@ -51,7 +52,7 @@ const USER_LABEL: &str = "user";
 /// then printable ASCII without braces, at most a hundred or so bytes.
 ///
 /// ```
-/// use slidegate::Key;
+/// use slidegate::key::Key;
 ///
 /// // Keys made in your code are labelled `user:`, so they can never be
 /// // mistaken for an address (`ip:`), a token's subject (`jwt:`) or an API
@@ -178,7 +179,7 @@ pub(crate) fn hex_of(digest: &[u8; 16]) -> String {
 /// The layer stores it in the request extensions, so handlers can read it.
 ///
 /// ```
-/// use slidegate::{Identity, Key};
+/// use slidegate::key::{Identity, Key};
 ///
 /// let identity = Identity::new(Key::new("tenant-7")).with_tier("pro");
 /// assert_eq!(identity.tier.as_deref(), Some("pro"));
@@ -247,7 +248,7 @@ impl From<Key> for Identity {
 /// answered `401 Unauthorized` rather than keyed as someone else.
 ///
 /// ```
-/// use slidegate::KeyRejection;
+/// use slidegate::key::KeyRejection;
 ///
 /// let rejection = KeyRejection::new("expired", "the token expired");
 /// assert_eq!(rejection.reason(), "expired");
@@ -275,7 +276,7 @@ impl KeyRejection {
     ///
     /// ```
     /// use http::HeaderValue;
-    /// use slidegate::KeyRejection;
+    /// use slidegate::key::KeyRejection;
     ///
     /// let rejection = KeyRejection::new("expired", "the token expired")
     ///     .challenge(HeaderValue::from_static("Bearer error=\"invalid_token\""));
@@ -318,7 +319,7 @@ pub type Extracted = Result<Option<Identity>, KeyRejection>;
 /// Reads a request head and says who the client is, or that it cannot tell.
 ///
 /// ```
-/// use slidegate::{Header, Key, KeyExtractor, PeerIp};
+/// use slidegate::{Header, KeyExtractor, PeerIp, key::Key};
 ///
 /// // A known API key when one is sent, else the client's IP address.
 /// let keys = Header::new(http::HeaderName::from_static("x-api-key"))

@@ -91,7 +91,7 @@ impl PeerIp {
     /// `X-Forwarded-For`).
     ///
     /// ```
-    /// use slidegate::{ForwardedHeader, PeerIp};
+    /// use slidegate::{PeerIp, key::ForwardedHeader};
     ///
     /// let peer_ip = PeerIp::new().forwarded_header(ForwardedHeader::Forwarded);
     /// ```
@@ -178,7 +178,7 @@ impl PeerIp {
     /// let mut request = http::Request::get("/").header("forwarded", "for=unknown").body(()).unwrap();
     /// request.extensions_mut().insert(ConnectInfo(SocketAddr::from(([10, 0, 0, 1], 5000))));
     /// let (parts, ()) = request.into_parts();
-    /// let proxies = proxies.forwarded_header(slidegate::ForwardedHeader::Forwarded);
+    /// let proxies = proxies.forwarded_header(slidegate::key::ForwardedHeader::Forwarded);
     /// assert_eq!(proxies.client(&parts), None);
     /// ```
     pub fn client(&self, parts: &Parts) -> Option<IpAddr> {

@@ -32,7 +32,15 @@ const BLOCKED_CAPACITY: usize = 10_000;
 /// address before it answers `429` too.
 ///
 /// ```
-/// use slidegate::{CredentialFailures, Header, MemoryStore, PeerIp, Policies, Policy, RateLimitLayer};
+/// use slidegate::{
+///     Header,
+///     PeerIp,
+///     Policies,
+///     Policy,
+///     RateLimitLayer,
+///     layer::CredentialFailures,
+///     store::MemoryStore,
+/// };
 /// use std::time::Duration;
 ///
 /// let proxies = PeerIp::new().trust_proxies(["10.0.0.0/8".parse().unwrap()]);

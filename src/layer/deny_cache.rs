@@ -55,10 +55,10 @@ pub(crate) struct Denied<'a> {
 /// same cost.
 ///
 /// [`RateLimitLayer`](crate::RateLimitLayer) keeps one by default when its
-/// store [`is_remote`](crate::Store::is_remote) (Redis).
+/// store [`is_remote`](crate::store::Store::is_remote) (Redis).
 ///
 /// ```
-/// use slidegate::{DenyCache, Global, MemoryStore, Policies, Policy, RateLimitLayer};
+/// use slidegate::{Global, Policies, Policy, RateLimitLayer, layer::DenyCache, store::MemoryStore};
 /// use std::time::Duration;
 ///
 /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
@@ -91,7 +91,7 @@ impl DenyCache {
     }
 
     /// A cache of at most `capacity` denials, reading time from `clock` (a
-    /// [`FakeClock`](crate::FakeClock) in tests).
+    /// [`FakeClock`](crate::store::FakeClock) in tests).
     pub fn with_clock(capacity: usize, clock: impl Clock) -> Self {
         Self {
             inner: Arc::new(Inner {

@@ -1,5 +1,5 @@
 //! [`LocalLimits`]: the in-process counts of policies that fall back to a
-//! local limit ([`FailMode::Local`](crate::FailMode::Local)) while the
+//! local limit ([`FailMode::Local`](crate::policy::FailMode::Local)) while the
 //! store is unavailable.
 //!
 //! The local count of a client is kept whether the store answers or not:

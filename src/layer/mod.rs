@@ -1,15 +1,11 @@
 //! The middleware: [`RateLimitLayer`], the settings, cheap to clone, that
-//! wrap a service.
+//! wrap a service into a [`RateLimit`], and what a layer remembers between
+//! requests: a [`DenyCache`] of denied clients and the
+//! [`CredentialFailures`] of client addresses.
 //!
-//! * [`service`]: [`RateLimit`], which hands each request to [`decide`];
-//! * [`decide`]: one request's decision, read top to bottom: what is
-//!   known at once, and one continuation for requests that wait;
-//! * [`outcome`]: the store's answer turned into a call or an answer;
-//! * [`roles`]: shadow policies, refunds and local limits;
-//! * [`reject`]: every answer the limiter writes itself;
-//! * [`future`]: the response future, [`ResponseFuture`];
-//! * [`credentials`] and [`deny_cache`]: what the layer remembers of
-//!   refused credentials and of denied clients.
+//! One request's decision reads top to bottom in `decide.rs`: what is
+//! known at once, and one continuation for requests that wait; the store's
+//! answer becomes a call or an answer in `outcome.rs`.
 
 pub(crate) mod credentials;
 mod decide;
@@ -40,8 +36,8 @@ use crate::response::headers::{HeaderStyle, ResetFormat};
 use crate::response::rejection::{OnRejection, Rejection};
 use crate::store::Store;
 use crate::tier::TierLookup;
-use credentials::CredentialFailures;
-use deny_cache::DenyCache;
+pub use credentials::CredentialFailures;
+pub use deny_cache::DenyCache;
 use local::LocalLimits;
 
 /// Settings the response future needs; small and `Copy`.
@@ -124,7 +120,7 @@ impl PoliciesHandle {
 ///
 /// ```
 /// use axum::{Router, routing::get};
-/// use slidegate::{MemoryStore, PeerIp, Policies, Policy, RateLimitLayer};
+/// use slidegate::{PeerIp, Policies, Policy, RateLimitLayer, store::MemoryStore};
 /// use std::time::Duration;
 ///
 /// let policies = Policies::builder()
@@ -185,7 +181,7 @@ impl RateLimitLayer {
     /// The fail mode of policies that set none (default [`FailMode::Open`]).
     ///
     /// ```
-    /// use slidegate::{FailMode, Global, MemoryStore, Policies, Policy, RateLimitLayer};
+    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, policy::FailMode, store::MemoryStore};
     /// use std::time::Duration;
     ///
     /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
@@ -200,7 +196,7 @@ impl RateLimitLayer {
     /// Which rate-limit headers to send (default [`HeaderStyle::XRateLimit`]).
     ///
     /// ```
-    /// use slidegate::{Global, HeaderStyle, MemoryStore, Policies, Policy, RateLimitLayer};
+    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, headers::HeaderStyle, store::MemoryStore};
     /// use std::time::Duration;
     ///
     /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
@@ -224,7 +220,7 @@ impl RateLimitLayer {
     /// the request gets the base limits and a warning is traced.
     ///
     /// ```
-    /// use slidegate::{Global, MemoryStore, Policies, Policy, RateLimitLayer};
+    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, store::MemoryStore};
     /// use std::time::Duration;
     ///
     /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
@@ -248,7 +244,7 @@ impl RateLimitLayer {
     /// Sends every request to the store, denied clients included.
     ///
     /// ```
-    /// use slidegate::{Global, MemoryStore, Policies, Policy, RateLimitLayer};
+    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, store::MemoryStore};
     /// use std::time::Duration;
     ///
     /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
@@ -263,7 +259,7 @@ impl RateLimitLayer {
     /// Answers the limiter's rejections with `respond` where it returns a
     /// response, and with the limiter's own `application/problem+json`
     /// answers where it returns `None`. `respond` sees a typed
-    /// [`Rejection`](crate::Rejection): over a limit, invalid credentials,
+    /// [`Rejection`]: over a limit, invalid credentials,
     /// an unidentified client, a cost above the limit, the store
     /// unavailable. Its answer keeps its status, headers and body, and gets
     /// the headers of the limiter's own answer that it does not set itself
@@ -273,7 +269,7 @@ impl RateLimitLayer {
     /// ```
     /// use bytes::Bytes;
     /// use http::{Response, StatusCode, header::CONTENT_TYPE};
-    /// use slidegate::{Global, MemoryStore, Policies, Policy, RateLimitLayer, Rejection};
+    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, Rejection, store::MemoryStore};
     /// use std::time::Duration;
     ///
     /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
@@ -308,7 +304,7 @@ impl RateLimitLayer {
     ///
     /// ```
     /// use ipnet::IpNet;
-    /// use slidegate::{MemoryStore, PeerIp, Policies, Policy, RateLimitLayer};
+    /// use slidegate::{PeerIp, Policies, Policy, RateLimitLayer, store::MemoryStore};
     /// use std::time::Duration;
     ///
     /// let policies = Policies::single(Policy::new("all", 100, Duration::from_secs(60))).unwrap();
@@ -336,7 +332,7 @@ impl RateLimitLayer {
     /// limit and window.
     ///
     /// ```
-    /// use slidegate::{Global, MemoryStore, Policies, Policy, RateLimitLayer};
+    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, store::MemoryStore};
     /// use std::time::Duration;
     ///
     /// let minute = |limit| Policies::single(Policy::new("all", limit, Duration::from_secs(60))).unwrap();
@@ -365,7 +361,7 @@ impl RateLimitLayer {
     /// client writes is the client's to choose: clamp it.
     ///
     /// ```
-    /// use slidegate::{Global, MemoryStore, Policies, Policy, RateLimitLayer};
+    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, store::MemoryStore};
     /// use std::time::Duration;
     ///
     /// let policies = Policies::single(Policy::new("rows", 10_000, Duration::from_secs(60))).unwrap();
@@ -384,13 +380,13 @@ impl RateLimitLayer {
     }
 
     /// Hands each admitted request's client to the inner service as an
-    /// [`Identity`](crate::Identity) request extension (its key and tier), for handlers that
+    /// [`Identity`](crate::key::Identity) request extension (its key and tier), for handlers that
     /// log, bill or personalise by it. Off by default: the extension costs
     /// an allocation per request that no handler may read.
     ///
     /// ```
     /// use axum::{Extension, Router, routing::get};
-    /// use slidegate::{Identity, MemoryStore, PeerIp, Policies, Policy, RateLimitLayer};
+    /// use slidegate::{PeerIp, Policies, Policy, RateLimitLayer, key::Identity, store::MemoryStore};
     /// use std::time::Duration;
     ///
     /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
@@ -413,7 +409,7 @@ impl RateLimitLayer {
     /// and a store failure always fails open.
     ///
     /// ```
-    /// use slidegate::{Global, MemoryStore, Policies, Policy, RateLimitLayer};
+    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, store::MemoryStore};
     /// use std::time::Duration;
     ///
     /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
@@ -432,7 +428,7 @@ impl RateLimitLayer {
     /// stay within the limit.
     ///
     /// ```
-    /// use slidegate::{FailMode, Global, MemoryStore, Policies, Policy, RateLimitLayer};
+    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, policy::FailMode, store::MemoryStore};
     /// use std::time::Duration;
     ///
     /// let policies = Policies::single(Policy::new("all", 100, Duration::from_secs(60))).unwrap();
@@ -450,7 +446,7 @@ impl RateLimitLayer {
     /// How `X-RateLimit-Reset` is written (default seconds from now).
     ///
     /// ```
-    /// use slidegate::{Global, MemoryStore, Policies, Policy, RateLimitLayer, ResetFormat};
+    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, headers::ResetFormat, store::MemoryStore};
     /// use std::time::Duration;
     ///
     /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();

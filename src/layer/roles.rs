@@ -139,7 +139,7 @@ async fn with_shadow(store: &dyn Store, decided: Decisions, shadow: &[Check]) ->
     join(decided, store.check(shadow).await)
 }
 
-fn join(mut decided: Decisions, shadow: Result<Decisions, crate::StoreError>) -> Decisions {
+fn join(mut decided: Decisions, shadow: Result<Decisions, crate::store::StoreError>) -> Decisions {
     match shadow {
         Ok(shadow) => decided.extend(shadow),
         Err(error) => tracing::debug!(%error, "shadow policies undecided"),
@@ -207,7 +207,7 @@ impl Refund {
                 Ok(runtime) => {
                     runtime.spawn(async move { report(later.await) });
                 }
-                Err(_) => report(Err(crate::StoreError::Internal(
+                Err(_) => report(Err(crate::store::StoreError::Internal(
                     "no Tokio runtime to take the refund back on".to_owned(),
                 ))),
             },
@@ -217,7 +217,7 @@ impl Refund {
 
 /// Warns of a refund that failed: its units stay counted until they leave
 /// the window, so the client is held to the limit a little longer.
-fn report(outcome: Result<(), crate::StoreError>) {
+fn report(outcome: Result<(), crate::store::StoreError>) {
     if let Err(error) = outcome
         && let Some(held_back) = REFUND_FAILURES.admit()
     {

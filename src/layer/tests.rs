@@ -12,10 +12,11 @@ use http::{Request, Response, StatusCode};
 use tokio::sync::Notify;
 use tower::{Layer, Service, ServiceExt, service_fn};
 
+use crate::RateLimitLayer;
+use crate::headers::{X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING};
 use crate::key::{Global, Identity};
 use crate::policy::{Cost, Policies, Policy};
 use crate::store::MemoryStore;
-use crate::{RateLimitLayer, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING};
 
 type Handler = tower::util::ServiceFn<
     fn(Request<()>) -> std::future::Ready<Result<Response<Bytes>, Infallible>>,

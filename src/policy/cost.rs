@@ -13,7 +13,7 @@ use crate::store::Check;
 /// What a request costs under one policy, as a [`RequestCost`] says.
 ///
 /// ```
-/// use slidegate::Cost;
+/// use slidegate::policy::Cost;
 ///
 /// assert_eq!(Cost::from(Some(3)), Cost::Units(3));
 /// assert_eq!(Cost::from(None), Cost::Policy);
@@ -63,7 +63,7 @@ impl From<Option<u32>> for Cost {
 ///
 /// ```
 /// use http::request::Parts;
-/// use slidegate::{Cost, Policy, RequestCost};
+/// use slidegate::{Policy, policy::{Cost, RequestCost}};
 ///
 /// /// The `x-batch-size` header (1 to 500), for the "batch" policy only.
 /// fn batch_size(parts: &Parts, policy: &Policy) -> Cost {

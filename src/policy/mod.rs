@@ -1,13 +1,10 @@
 //! Policies: how much a client may spend, on which routes, and what happens
 //! when the store cannot answer.
 //!
-//! * this module: [`Policy`], its per-tier overrides and its validation;
-//! * [`route`]: the [`Route`] a policy applies to;
-//! * [`table`]: [`Policies`], the validated set, and the table that
-//!   selects a request's policies;
-//! * [`plan`]: what the request path reads for one route and method,
-//!   per tier, worked out when the policies are built;
-//! * [`cost`]: what a request costs, and the checks it makes.
+//! A [`Policy`] is a limit per window with its algorithm, cost, fail mode
+//! and per-tier overrides ([`TierLimits`]); [`Policies`] is the validated
+//! set of a layer, each policy on a [`Route`] or on every route; a
+//! [`RequestCost`] computes a request's [`Cost`] from its head.
 
 pub(crate) mod cost;
 pub(crate) mod plan;
@@ -51,7 +48,7 @@ pub(crate) const CREDENTIAL_FAILURES: &str = "credential_failures";
 /// The longest window a policy may have: 366 days (a humantime `1y` is
 /// 365.25 days). Time arithmetic stays exact in Redis's Lua numbers well
 /// past it, and a store given a longer window by a hand-built
-/// [`Check`](crate::Check) counts it as this.
+/// [`Check`](crate::store::Check) counts it as this.
 pub const MAX_WINDOW: Duration = Duration::from_secs(366 * 86_400);
 
 /// What a policy does when the store fails or times out.
@@ -75,7 +72,7 @@ pub enum FailMode {
 ///
 /// Every request is counted when it is admitted, so a burst can never pass
 /// the limit; once its response shows that it should not count, its units
-/// are taken back ([`Store::refund`](crate::Store::refund)). A request
+/// are taken back ([`Store::refund`](crate::store::Store::refund)). A request
 /// whose response never comes (the client went away) stays counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -106,7 +103,7 @@ impl Count {
 /// set keeps the policy's base value.
 ///
 /// ```
-/// use slidegate::TierLimits;
+/// use slidegate::policy::TierLimits;
 /// use std::time::Duration;
 ///
 /// let pro = TierLimits::new().limit(50).window(Duration::from_secs(60));
@@ -162,7 +159,7 @@ pub struct Limits {
 /// One limit: at most `limit` units of cost per sliding `window`.
 ///
 /// ```
-/// use slidegate::{FailMode, Policy};
+/// use slidegate::{Policy, policy::FailMode};
 /// use std::time::Duration;
 ///
 /// let login = Policy::new("login", 5, Duration::from_secs(60))
@@ -207,7 +204,7 @@ impl Policy {
     /// get the base values.
     ///
     /// ```
-    /// use slidegate::{Policy, TierLimits};
+    /// use slidegate::{Policy, policy::TierLimits};
     /// use std::time::Duration;
     ///
     /// let search = Policy::new("search", 5, Duration::from_secs(60))
@@ -240,7 +237,7 @@ impl Policy {
     /// Sets the counting algorithm.
     ///
     /// ```
-    /// use slidegate::{Algorithm, Policy};
+    /// use slidegate::{Policy, policy::Algorithm};
     /// use std::time::Duration;
     ///
     /// let policy = Policy::new("api", 100, Duration::from_secs(60)).with_algorithm(Algorithm::SlidingLog);
@@ -271,7 +268,7 @@ impl Policy {
     /// Sets the fail mode; without it the layer's default applies.
     ///
     /// ```
-    /// use slidegate::{FailMode, Policy};
+    /// use slidegate::{Policy, policy::FailMode};
     /// use std::time::Duration;
     ///
     /// let policy = Policy::new("pay", 3, Duration::from_secs(60)).with_fail_mode(FailMode::Closed);
@@ -286,7 +283,7 @@ impl Policy {
     /// Sets which requests count, by their response (default: all).
     ///
     /// ```
-    /// use slidegate::{Count, Policy};
+    /// use slidegate::{Policy, policy::Count};
     /// use std::time::Duration;
     ///
     /// // Three failed logins a minute; successful ones are not counted.
@@ -428,7 +425,7 @@ pub enum PolicyError {
         name: String,
     },
     /// The name is the one refused credentials are counted under (see
-    /// [`CredentialFailures`](crate::CredentialFailures)).
+    /// [`CredentialFailures`](crate::layer::CredentialFailures)).
     #[error("policy name `{name}` is reserved for counting refused credentials")]
     ReservedName {
         /// The reserved name.

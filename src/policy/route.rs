@@ -18,7 +18,7 @@ impl Route {
     /// Parses `"METHOD /pattern"` or `"/pattern"` (any method).
     ///
     /// ```
-    /// use slidegate::Route;
+    /// use slidegate::policy::Route;
     ///
     /// let route = Route::parse("GET /api/search").unwrap();
     /// assert!(route.matches(&http::Method::GET, "/api/search"));

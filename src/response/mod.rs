@@ -12,9 +12,5 @@ pub(crate) mod limited;
 pub(crate) mod problem;
 pub(crate) mod rejection;
 
-pub use headers::{
-    HeaderStyle, RATELIMIT, RATELIMIT_POLICY, ResetFormat, X_RATELIMIT_LIMIT,
-    X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
-};
 pub use limited::Limited;
 pub use rejection::{CostAboveLimit, Rejection};

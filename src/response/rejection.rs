@@ -58,7 +58,7 @@ impl Rejection<'_> {
     /// The status of the limiter's own answer.
     ///
     /// ```
-    /// use slidegate::{KeyRejection, Rejection};
+    /// use slidegate::{Rejection, key::KeyRejection};
     ///
     /// let refused = KeyRejection::new("expired", "the token expired");
     /// assert_eq!(Rejection::InvalidCredentials(&refused).default_status(), 401);

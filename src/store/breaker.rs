@@ -12,7 +12,7 @@ use super::{Check, CheckFuture, Store, StoreError};
 /// When a [`CircuitBreaker`] opens, and for how long.
 ///
 /// ```
-/// use slidegate::BreakerSettings;
+/// use slidegate::store::BreakerSettings;
 /// use std::time::Duration;
 ///
 /// let settings = BreakerSettings::new(5, Duration::from_secs(2));
@@ -85,11 +85,11 @@ pub enum BreakerState {
 /// Clones share the breaker.
 ///
 /// ```
-/// use slidegate::{BreakerSettings, CircuitBreaker, MemoryStore};
+/// use slidegate::store::{BreakerSettings, CircuitBreaker, MemoryStore};
 /// use std::time::Duration;
 ///
 /// let store = CircuitBreaker::new(MemoryStore::new(), BreakerSettings::new(5, Duration::from_secs(2)));
-/// assert_eq!(store.state(), slidegate::BreakerState::Closed);
+/// assert_eq!(store.state(), slidegate::store::BreakerState::Closed);
 /// ```
 #[derive(Debug, Clone)]
 pub struct CircuitBreaker<S> {

@@ -27,7 +27,7 @@ pub struct Decision {
     /// fits.
     pub retry_after: Option<Duration>,
     /// When an admitted request's units were recorded, since the Unix
-    /// epoch on the store's clock: what [`Store::refund`](crate::Store::refund)
+    /// epoch on the store's clock: what [`Store::refund`](crate::store::Store::refund)
     /// is given to take exactly those units back. `None` when nothing was
     /// recorded, or the store takes no refunds.
     pub recorded_at: Option<Duration>,
@@ -39,7 +39,7 @@ impl Decision {
     /// your own.
     ///
     /// ```
-    /// use slidegate::Decision;
+    /// use slidegate::store::Decision;
     /// use std::time::Duration;
     ///
     /// let decision = Decision::admitted(10, 9, Duration::from_secs(60));
@@ -58,10 +58,10 @@ impl Decision {
 
     /// This decision, with its units recorded at `at` (since the Unix
     /// epoch, on the store's clock): for stores of your own that take
-    /// [`refunds`](crate::Store::refund).
+    /// [`refunds`](crate::store::Store::refund).
     ///
     /// ```
-    /// use slidegate::Decision;
+    /// use slidegate::store::Decision;
     /// use std::time::Duration;
     ///
     /// let at = Duration::from_secs(1_800_000_000);
@@ -78,7 +78,7 @@ impl Decision {
     /// policy of the request denied it).
     ///
     /// ```
-    /// use slidegate::Decision;
+    /// use slidegate::store::Decision;
     /// use std::time::Duration;
     ///
     /// let wait = Duration::from_secs(3);
@@ -106,7 +106,7 @@ impl Decision {
 /// when borrowed, held inline for the usual one or two.
 ///
 /// ```
-/// use slidegate::{Decision, Decisions};
+/// use slidegate::store::{Decision, Decisions};
 /// use std::time::Duration;
 ///
 /// let mut decisions = Decisions::new();
@@ -203,4 +203,3 @@ impl Iterator for DecisionsIter {
 }
 
 impl ExactSizeIterator for DecisionsIter {}
-

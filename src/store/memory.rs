@@ -316,7 +316,7 @@ struct Inner {
 /// Clones share the same state.
 ///
 /// ```
-/// use slidegate::{Check, Key, MemoryStore, Policy, Store};
+/// use slidegate::{Policy, key::Key, store::{Check, MemoryStore, Store}};
 /// use std::time::Duration;
 ///
 /// # tokio_test();
@@ -584,10 +584,10 @@ impl Default for MemoryStoreBuilder {
 }
 
 impl MemoryStoreBuilder {
-    /// Reads time from `clock` (a [`FakeClock`](crate::FakeClock) in tests).
+    /// Reads time from `clock` (a [`FakeClock`](crate::store::FakeClock) in tests).
     ///
     /// ```
-    /// use slidegate::{FakeClock, MemoryStore};
+    /// use slidegate::store::{FakeClock, MemoryStore};
     ///
     /// let clock = FakeClock::new(0);
     /// let store = MemoryStore::builder().clock(clock.clone()).build();
@@ -604,7 +604,7 @@ impl MemoryStoreBuilder {
     /// refused.
     ///
     /// ```
-    /// use slidegate::MemoryStore;
+    /// use slidegate::store::MemoryStore;
     ///
     /// let store = MemoryStore::builder().max_keys(10_000).build();
     /// ```

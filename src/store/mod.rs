@@ -14,6 +14,9 @@ mod memory;
 mod redis;
 mod sliding_log;
 
+#[cfg(any(test, feature = "test-util"))]
+pub use crate::clock::FakeClock;
+pub use crate::clock::{Clock, SystemClock};
 pub use breaker::{BreakerSettings, BreakerState, CircuitBreaker};
 pub use decision::{Decision, Decisions, DecisionsIter};
 pub use memory::{MemoryStore, MemoryStoreBuilder};
@@ -34,7 +37,6 @@ use crate::clock::duration_micros;
 use crate::key::Key;
 use crate::policy::{Algorithm, Policy};
 
-
 /// What a [`Store`] decided for a batch: one [`Decision`] per check.
 pub type CheckOutcome = Result<Decisions, StoreError>;
 
@@ -44,7 +46,7 @@ pub type CheckOutcome = Result<Decisions, StoreError>;
 /// A check's answer is its [`Decisions`]; a refund's, `()`.
 ///
 /// ```
-/// use slidegate::{CheckFuture, Decisions, StoreError};
+/// use slidegate::store::{CheckFuture, Decisions, StoreError};
 /// use std::time::Duration;
 ///
 /// let known = CheckFuture::ready(Ok(Decisions::new()));
@@ -121,7 +123,7 @@ pub struct Check {
     /// Units allowed per window.
     pub limit: u32,
     /// The sliding window; a store counts a window longer than
-    /// [`MAX_WINDOW`](crate::MAX_WINDOW) as that.
+    /// [`MAX_WINDOW`](crate::policy::MAX_WINDOW) as that.
     pub window: Duration,
     /// Units this request consumes; never above `limit`.
     pub cost: u32,
@@ -133,7 +135,7 @@ impl Check {
     /// The check of `policy` for the client `key`.
     ///
     /// ```
-    /// use slidegate::{Check, Key, Policy};
+    /// use slidegate::{Policy, key::Key, store::Check};
     /// use std::time::Duration;
     ///
     /// let check = Check::new(&Policy::new("api", 10, Duration::from_secs(1)), Key::new("alice"));
@@ -147,7 +149,7 @@ impl Check {
     /// overrides apply (see [`Policy::with_tier`]).
     ///
     /// ```
-    /// use slidegate::{Check, Key, Policy, TierLimits};
+    /// use slidegate::{Policy, key::Key, policy::TierLimits, store::Check};
     /// use std::time::Duration;
     ///
     /// let search = Policy::new("search", 5, Duration::from_secs(60)).with_tier("pro", TierLimits::new().limit(50));
@@ -168,9 +170,9 @@ impl Check {
 }
 
 impl Check {
-    /// The window in microseconds, at most [`MAX_WINDOW`](crate::MAX_WINDOW)'s.
+    /// The window in microseconds, at most [`MAX_WINDOW`](crate::policy::MAX_WINDOW)'s.
     pub(crate) fn window_micros(&self) -> u64 {
-        duration_micros(self.window.min(crate::MAX_WINDOW))
+        duration_micros(self.window.min(crate::policy::MAX_WINDOW))
     }
 }
 
@@ -184,7 +186,7 @@ impl Check {
 /// that waits on the network, with [`CheckFuture::new`].
 ///
 /// `peek` and `refund` serve policies that count only some responses
-/// ([`Count`](crate::Count)); a store without them answers
+/// ([`Count`](crate::policy::Count)); a store without them answers
 /// [`StoreError::Unsupported`], and such a policy then counts every
 /// request.
 pub trait Store: Send + Sync + 'static {
@@ -213,7 +215,7 @@ pub trait Store: Send + Sync + 'static {
     }
 
     /// Whether a check costs a network round trip, as with Redis; the
-    /// layer then keeps a [`DenyCache`](crate::DenyCache) by default.
+    /// layer then keeps a [`DenyCache`](crate::layer::DenyCache) by default.
     fn is_remote(&self) -> bool {
         false
     }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use slidegate::{Check, CheckFuture, Store, StoreError};
+use slidegate::store::{Check, CheckFuture, Store, StoreError};
 
 /// Every check fails with a timeout, at once.
 pub struct DownStore;

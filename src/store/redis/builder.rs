@@ -66,8 +66,8 @@ impl RedisStoreBuilder {
     /// client in one slot.
     ///
     /// ```no_run
-    /// # fn demo(pool: slidegate::deadpool_redis::Pool) -> Result<(), slidegate::PrefixError> {
-    /// let store = slidegate::RedisStore::builder(pool).prefix("shop").build()?;
+    /// # fn demo(pool: slidegate::deadpool_redis::Pool) -> Result<(), slidegate::store::PrefixError> {
+    /// let store = slidegate::store::RedisStore::builder(pool).prefix("shop").build()?;
     /// # Ok(())
     /// # }
     /// ```
@@ -84,7 +84,7 @@ impl RedisStoreBuilder {
     ///
     /// ```no_run
     /// # fn demo(pool: slidegate::deadpool_redis::Pool) {
-    /// let store = slidegate::RedisStore::builder(pool).connections(2).build().unwrap();
+    /// let store = slidegate::store::RedisStore::builder(pool).connections(2).build().unwrap();
     /// # }
     /// ```
     pub fn connections(mut self, connections: usize) -> Self {
@@ -102,7 +102,7 @@ impl RedisStoreBuilder {
     ///
     /// ```no_run
     /// # fn demo(pool: slidegate::deadpool_redis::Pool) {
-    /// let store = slidegate::RedisStore::builder(pool).batch(false).build().unwrap();
+    /// let store = slidegate::store::RedisStore::builder(pool).batch(false).build().unwrap();
     /// # }
     /// ```
     pub fn batch(mut self, batch: bool) -> Self {
@@ -111,22 +111,22 @@ impl RedisStoreBuilder {
     }
 
     /// Bounds each call, from taking a connection to the reply (default
-    /// 50 ms). Past it the call fails with [`StoreError::Timeout`](crate::StoreError::Timeout).
+    /// 50 ms). Past it the call fails with [`StoreError::Timeout`](crate::store::StoreError::Timeout).
     ///
     /// The pool's connections also have redis-rs's own response timeout
     /// (500 ms unless the pool was built with another); when that is the
     /// shorter, it ends the call first, with the same error. Pools made
     /// by `RedisSettings::store` (feature `config`) have none on a single
     /// server or Sentinel, and the store's own on a cluster, so the
-    /// store's timeout is the one that counts; so do a [`SentinelPool`](crate::SentinelPool),
-    /// and a [`ClusterClientPool`](crate::ClusterClientPool) built with the
+    /// store's timeout is the one that counts; so do a [`SentinelPool`](crate::store::SentinelPool),
+    /// and a [`ClusterClientPool`](crate::store::ClusterClientPool) built with the
     /// response timeout you choose.
     ///
     /// ```no_run
     /// # fn demo(pool: slidegate::deadpool_redis::Pool) {
     /// use std::time::Duration;
     ///
-    /// let store = slidegate::RedisStore::builder(pool).timeout(Duration::from_millis(20)).build().unwrap();
+    /// let store = slidegate::store::RedisStore::builder(pool).timeout(Duration::from_millis(20)).build().unwrap();
     /// # }
     /// ```
     pub fn timeout(mut self, timeout: Duration) -> Self {
@@ -144,8 +144,8 @@ impl RedisStoreBuilder {
     ///
     /// ```no_run
     /// # fn demo(pool: slidegate::deadpool_redis::Pool) {
-    /// let clock = slidegate::FakeClock::new(1_000_000);
-    /// let store = slidegate::RedisStore::builder(pool).clock(clock.clone()).build().unwrap();
+    /// let clock = slidegate::store::FakeClock::new(1_000_000);
+    /// let store = slidegate::store::RedisStore::builder(pool).clock(clock.clone()).build().unwrap();
     /// # }
     /// ```
     #[cfg(feature = "test-util")]

@@ -129,7 +129,7 @@ struct Inner {
 
 /// The Redis store: every check is one call of `lua/check.lua`, which
 /// decides every policy of the request and records it atomically, for every
-/// [`Algorithm`](crate::Algorithm), on Redis's own clock (`TIME`), so application servers'
+/// [`Algorithm`](crate::policy::Algorithm), on Redis's own clock (`TIME`), so application servers'
 /// clocks never matter.
 ///
 /// The script runs as a Redis function (`FCALL`), loaded on first use on
@@ -157,7 +157,7 @@ struct Inner {
 /// the address now leads.
 ///
 /// ```no_run
-/// use slidegate::RedisStore;
+/// use slidegate::store::RedisStore;
 /// use slidegate::deadpool_redis::{Config, Runtime};
 /// use std::time::Duration;
 ///
@@ -167,7 +167,7 @@ struct Inner {
 /// let store = RedisStore::builder(pool)
 ///     .prefix("myapp")
 ///     .timeout(Duration::from_millis(30))
-///     .build().unwrap()
+///     .build()
 ///     .expect("a prefix without braces");
 /// ```
 #[derive(Clone)]
@@ -209,8 +209,8 @@ impl RedisStore {
     /// `:c`, a fixed window's with `:f`.
     ///
     /// ```no_run
-    /// # fn demo(store: slidegate::RedisStore) {
-    /// use slidegate::{Check, Key, Policy};
+    /// # fn demo(store: slidegate::store::RedisStore) {
+    /// use slidegate::{Policy, key::Key, store::Check};
     /// use std::time::Duration;
     ///
     /// let check = Check::new(&Policy::new("search", 5, Duration::from_secs(60)), Key::new("alice"));
@@ -231,7 +231,7 @@ impl RedisStore {
     /// mode applies.
     ///
     /// ```no_run
-    /// # async fn demo(store: slidegate::RedisStore) {
+    /// # async fn demo(store: slidegate::store::RedisStore) {
     /// use std::time::Duration;
     ///
     /// if let Err(error) = store.connect(Duration::from_secs(5)).await {

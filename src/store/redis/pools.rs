@@ -32,7 +32,7 @@ pub type SentinelPool = managed::Pool<SentinelManager>;
 ///
 /// ```no_run
 /// use slidegate::deadpool_redis::redis::cluster::ClusterClientBuilder;
-/// use slidegate::{ClusterClientPool, ClusterManager, RedisStore};
+/// use slidegate::store::{ClusterClientPool, ClusterManager, RedisStore};
 /// use std::time::Duration;
 ///
 /// let client = ClusterClientBuilder::new(["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"])
@@ -95,12 +95,12 @@ impl managed::Manager for ClusterManager {
 ///
 /// Connections have no response timeout of their own: the store's timeout
 /// is the one that counts (see
-/// [`RedisStoreBuilder::timeout`](crate::RedisStoreBuilder::timeout)).
+/// [`RedisStoreBuilder::timeout`](crate::store::RedisStoreBuilder::timeout)).
 ///
 /// ```no_run
 /// use slidegate::deadpool_redis::redis::sentinel::{SentinelClientBuilder, SentinelServerType};
 /// use slidegate::deadpool_redis::redis::ConnectionAddr;
-/// use slidegate::{RedisStore, SentinelManager, SentinelPool};
+/// use slidegate::store::{RedisStore, SentinelManager, SentinelPool};
 ///
 /// let sentinels = [ConnectionAddr::Tcp("10.0.0.1".into(), 26379)];
 /// let client = SentinelClientBuilder::new(sentinels, "mymaster", SentinelServerType::Master)
