@@ -13,7 +13,7 @@
 //! ```
 
 mod common;
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
 mod support;
 
 use slidegate::deadpool_redis::redis::{self, Connection, Value};

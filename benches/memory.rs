@@ -8,7 +8,7 @@
 //! cargo bench --bench memory --features test-util
 //! ```
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
 mod support;
 
 use std::time::Duration;

@@ -10,7 +10,7 @@
 //! ```
 
 mod common;
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
 mod support;
 
 use common::median;

@@ -9,7 +9,7 @@
 //! ```
 
 mod common;
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
 mod support;
 
 use slidegate::deadpool_redis::redis::{self, Script};

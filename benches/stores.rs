@@ -7,7 +7,7 @@
 //! ```
 
 mod common;
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
 mod support;
 
 use std::sync::Arc;

@@ -1,5 +1,6 @@
 //! A store outage under load is logged once a second, not once a request.
 
+#[path = "it/support/mod.rs"]
 mod support;
 
 use std::sync::{Arc, Mutex};

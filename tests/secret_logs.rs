@@ -5,6 +5,7 @@
 //! listens, and tests on other threads hitting the same callsites while
 //! this one's subscriber comes and goes made it miss events.
 
+#[path = "it/support/mod.rs"]
 mod support;
 
 use std::net::SocketAddr;

@@ -1,8 +1,6 @@
 //! Zero over-admission under concurrency: many tasks, several independent
 //! limiter instances, one Redis (or one MemoryStore across threads).
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,7 +14,7 @@ use slidegate::{
     key::Key,
     store::{Check, MemoryStore, RedisStore, Store},
 };
-use support::RedisServer;
+use crate::support::RedisServer;
 use tower::ServiceExt;
 
 const REQUESTS: usize = 600;

@@ -10,8 +10,6 @@
 //! not on a machine that is busy (tests run side by side on two shared
 //! cores). The figures are printed; BENCHMARKS.md quotes them.
 
-mod support;
-
 use std::time::Duration;
 
 use slidegate::deadpool_redis::redis::{self, Value};
@@ -20,7 +18,7 @@ use slidegate::{
     key::Key,
     store::{Check, Clock, Decision, FakeClock, RedisStore, Store},
 };
-use support::RedisServer;
+use crate::support::RedisServer;
 
 const START: u64 = 1_700_000_000_000_000;
 const RECORDS: u32 = 100_000;

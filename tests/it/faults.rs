@@ -2,8 +2,6 @@
 //! wait past the store timeout, open routes pass, closed routes get 503, and
 //! enforcement comes back on its own.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -17,8 +15,8 @@ use slidegate::{
     key::Key,
     store::{Check, Store},
 };
-use support::RedisServer;
-use support::proxy::TcpProxy;
+use crate::support::RedisServer;
+use crate::support::proxy::TcpProxy;
 use tower::ServiceExt;
 
 const TIMEOUT: Duration = Duration::from_millis(100);

@@ -2,8 +2,6 @@
 //! as an ACL user in a numbered database, with connections named for
 //! `CLIENT LIST`; and the config file that says so.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
 use slidegate::config::{Config, RedisSettings};
@@ -12,9 +10,9 @@ use slidegate::{
     key::Key,
     store::{Check, RedisStore, Store, StoreError},
 };
-use support::RedisServer;
-use support::sentinel::{MASTER, SentinelSet};
-use support::tls::TestCerts;
+use crate::support::RedisServer;
+use crate::support::sentinel::{MASTER, SentinelSet};
+use crate::support::tls::TestCerts;
 
 const WITHIN: Duration = Duration::from_secs(5);
 

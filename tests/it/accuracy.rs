@@ -17,8 +17,6 @@
 //!
 //! `cargo test --release --test accuracy -- --nocapture` prints the report.
 
-mod support;
-
 use std::time::Duration;
 
 use slidegate::{
@@ -27,7 +25,7 @@ use slidegate::{
     policy::Algorithm,
     store::{Check, Decision, FakeClock, MemoryStore, Store},
 };
-use support::trace::{Class, trace};
+use crate::support::trace::{Class, trace};
 
 const SEED: u64 = 2026;
 const LIMIT: u32 = 100;

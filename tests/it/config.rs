@@ -58,7 +58,7 @@ window = "60s"
 
 #[test]
 fn the_example_servers_demo_config_parses() {
-    let config = Config::from_toml_str(include_str!("../examples/demo.toml")).unwrap();
+    let config = Config::from_toml_str(include_str!("../../examples/demo.toml")).unwrap();
     assert!(config.redis().is_none());
     assert!(config.policies().iter().any(|p| p.name() == "search"));
 }
@@ -436,7 +436,7 @@ fn the_deny_cache_can_be_switched() {
 /// The configuration reference in README.md is a file that parses.
 #[test]
 fn the_readmes_configuration_reference_parses() {
-    let readme = include_str!("../README.md");
+    let readme = include_str!("../../README.md");
     let section = &readme[readme.find("## Configuration file").unwrap()..];
     let start = section.find("```toml\n").unwrap() + "```toml\n".len();
     let block = &section[start..];

@@ -2,8 +2,6 @@
 //! per request, that a log shrinks back when its client calms down, and
 //! what Redis evicting counts (`allkeys-lru`) does to a client.
 
-mod support;
-
 use std::time::Duration;
 
 use slidegate::{
@@ -11,7 +9,7 @@ use slidegate::{
     key::Key,
     store::{Check, FakeClock, RedisStore, Store},
 };
-use support::RedisServer;
+use crate::support::RedisServer;
 
 const START: u64 = 1_700_000_000_000_000;
 

@@ -1,8 +1,6 @@
 //! Who the client is: verified JWT claims, API keys with tiers, the fallback
 //! chain, per-tier limits on memory and Redis, and the IETF header fields.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -24,8 +22,8 @@ use slidegate::{
     policy::TierLimits,
     store::{MemoryStore, RedisStore, Store},
 };
-use support::RedisServer;
-use support::reply::{Reply, send};
+use crate::support::RedisServer;
+use crate::support::reply::{Reply, send};
 
 const SECRET: &[u8] = b"test-secret-of-the-api";
 const MINUTE: Duration = Duration::from_secs(60);

@@ -1,8 +1,6 @@
 //! The deny cache: a flood from one denied client reaches Redis at most once
 //! per retry period per process, and never denies what Redis would admit.
 
-mod support;
-
 use std::time::Duration;
 
 use axum::Router;
@@ -14,8 +12,8 @@ use slidegate::{
     layer::DenyCache,
     store::{FakeClock, RedisStore},
 };
-use support::RedisServer;
-use support::reply::send;
+use crate::support::RedisServer;
+use crate::support::reply::send;
 
 const START: u64 = 1_700_000_000_000_000;
 const WINDOW: Duration = Duration::from_secs(10);

@@ -2,8 +2,6 @@
 //! replicas): every algorithm, multi-policy batches in one slot, exactness
 //! under concurrency, cross-slot batches refused, and slot migration.
 
-mod support;
-
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,7 +12,7 @@ use slidegate::{
     policy::Algorithm,
     store::{Check, Decisions, FakeClock, RedisStore, Store, StoreError},
 };
-use support::RedisCluster;
+use crate::support::RedisCluster;
 
 const START: u64 = 1_700_000_000_000_000;
 const MINUTE: Duration = Duration::from_secs(60);
@@ -73,7 +71,7 @@ async fn every_algorithm_and_mixed_batches_work_on_a_cluster() {
     let mut primaries = HashSet::new();
     for client in 0..30 {
         let tag = format!("{{user:client-{client}}}");
-        let mine: Vec<&(String, &support::RedisServer)> =
+        let mine: Vec<&(String, &crate::support::RedisServer)> =
             keys.iter().filter(|(k, _)| k.contains(&tag)).collect();
         assert_eq!(mine.len(), 3, "{mine:?}");
         let slots: HashSet<String> = mine.iter().map(|(k, _)| slot(&cluster, k)).collect();

@@ -2,8 +2,6 @@
 //! of requests, for every algorithm, mixed in one batch (a model test over
 //! random sequences).
 
-mod support;
-
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -15,7 +13,7 @@ use slidegate::{
     policy::Algorithm,
     store::{Check, Clock, FakeClock, MemoryStore, RedisStore, Store},
 };
-use support::RedisServer;
+use crate::support::RedisServer;
 
 #[derive(Debug, Clone)]
 struct Step {

@@ -2,8 +2,6 @@
 //! pipelined on them: each still gets its own answer, its own deadline and
 //! its own fail mode.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,7 +10,7 @@ use slidegate::{
     key::Key,
     store::{Check, RedisStore, Store, StoreError},
 };
-use support::RedisServer;
+use crate::support::RedisServer;
 
 /// The clients Redis has, less the `redis-cli` that asks.
 fn clients(server: &RedisServer) -> usize {

@@ -1,14 +1,12 @@
 //! The example server, run as a user would: as a process, over HTTP.
 
-mod support;
-
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::{RedisCluster, RedisServer};
+use crate::support::{RedisCluster, RedisServer};
 
 /// `target/<profile>/examples/server`, which `cargo test` builds.
 fn server_binary() -> PathBuf {

@@ -1,8 +1,6 @@
 //! Sliding-window semantics on a fake clock, run identically against
 //! `MemoryStore` and a real `redis-server`.
 
-mod support;
-
 use std::time::Duration;
 
 use slidegate::{
@@ -11,7 +9,7 @@ use slidegate::{
     policy::Algorithm,
     store::{Check, Decision, Decisions, FakeClock, MemoryStore, RedisStore, Store, StoreError},
 };
-use support::RedisServer;
+use crate::support::RedisServer;
 
 const START: u64 = 1_700_000_000_000_000;
 const SEC: Duration = Duration::from_secs(1);

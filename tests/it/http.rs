@@ -1,9 +1,7 @@
 //! The layer inside axum: headers, bodies, routing, keys and fail modes.
 
-mod support;
-
-use support::down_store::DownStore;
-use support::reply::send;
+use crate::support::down_store::DownStore;
+use crate::support::reply::send;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -322,7 +320,7 @@ async fn per_request_costs_are_spent_and_a_cost_above_the_limit_is_a_clear_422()
     let clock = FakeClock::new(START);
     let app = rows_app(&clock);
     let peer = "192.0.2.30:1";
-    let statuses = |replies: &[support::reply::Reply]| {
+    let statuses = |replies: &[crate::support::reply::Reply]| {
         replies
             .iter()
             .map(|r| r.status.as_u16())
@@ -752,7 +750,7 @@ fn patterns_axum_would_refuse_are_refused_when_the_policies_are_built() {
 
 #[tokio::test]
 async fn every_redis_key_written_has_a_ttl_within_two_windows() {
-    let server = support::RedisServer::start();
+    let server = crate::support::RedisServer::start();
     let store = RedisStore::builder(server.pool(4))
         .timeout(Duration::from_secs(5))
         .build()

@@ -1,8 +1,6 @@
 //! The limiter tried as an attacker would: each test is a way around a
 //! limit, or a way to switch the limiter off, and shows it closed.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -22,8 +20,8 @@ use slidegate::{
     layer::CredentialFailures,
     store::{FakeClock, MemoryStore, RedisStore, Store},
 };
-use support::RedisServer;
-use support::reply::{Reply, send};
+use crate::support::RedisServer;
+use crate::support::reply::{Reply, send};
 
 const MINUTE: Duration = Duration::from_secs(60);
 const SECRET: &[u8] = b"secret-of-the-abuse-tests";

@@ -1,8 +1,6 @@
 //! Operating the limiter: policies that count failures only (refunds),
 //! shadow mode, and a local limit while Redis is down, on both stores.
 
-mod support;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -18,9 +16,9 @@ use slidegate::{
     policy::{Count, FailMode},
     store::{BreakerSettings, BreakerState, Check, CircuitBreaker, MemoryStore, RedisStore, Store},
 };
-use support::RedisServer;
-use support::down_store::{DownStore, FlakyStore};
-use support::reply::send;
+use crate::support::RedisServer;
+use crate::support::down_store::{DownStore, FlakyStore};
+use crate::support::reply::send;
 
 const MINUTE: Duration = Duration::from_secs(60);
 

@@ -1,0 +1,26 @@
+//! The integration tests, in one binary: the support code (real
+//! `redis-server` processes, clusters, sentinels, certificates) compiles
+//! once. Three tests keep binaries of their own: `allocations` counts every
+//! allocation of its process, and `logging` and `secret_logs` install
+//! `tracing` subscribers, whose per-callsite interest other tests on other
+//! threads would change under them.
+
+mod support;
+
+mod abuse;
+mod accuracy;
+mod atomicity;
+mod bounded;
+mod cluster;
+mod config;
+mod deny_cache;
+mod equivalence;
+mod example_server;
+mod faults;
+mod http;
+mod identity;
+mod operating;
+mod pipelining;
+mod production_redis;
+mod redis_state;
+mod window;
