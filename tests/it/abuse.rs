@@ -6,6 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::support::RedisServer;
+use crate::support::reply::{Reply, send};
+use crate::support::stores::StoreUnderTest;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::routing::{get, post};
@@ -20,8 +23,6 @@ use slidegate::{
     layer::CredentialFailures,
     store::{FakeClock, MemoryStore, RedisStore, Store},
 };
-use crate::support::RedisServer;
-use crate::support::reply::{Reply, send};
 
 const MINUTE: Duration = Duration::from_secs(60);
 const SECRET: &[u8] = b"secret-of-the-abuse-tests";
@@ -49,22 +50,6 @@ async fn statuses(
         statuses.push(send(app, make(index)).await.status.as_u16());
     }
     statuses
-}
-
-async fn on_both_stores<F, Fut>(test: F)
-where
-    F: Fn(Arc<dyn Store>) -> Fut,
-    Fut: std::future::Future<Output = ()>,
-{
-    test(Arc::new(MemoryStore::new())).await;
-    let redis = RedisServer::start();
-    test(Arc::new(
-        RedisStore::builder(redis.pool(4))
-            .timeout(Duration::from_secs(5))
-            .build()
-            .unwrap(),
-    ))
-    .await;
 }
 
 /// `/` answering "ok", behind `layer`.
@@ -95,26 +80,24 @@ fn search_app(store: impl Store) -> Router {
         .route_layer(RateLimitLayer::new(store, PeerIp::new(), policies).without_deny_cache())
 }
 
-#[tokio::test]
-async fn head_on_a_get_route_is_counted_as_the_get() {
-    on_both_stores(|store| async move {
-        let app = search_app(store);
-        let heads = statuses(&app, 8, |_| {
-            request("HEAD", "/api/search?q=a", "192.0.2.1:1", &[])
-        })
-        .await;
-        assert_eq!(heads, [200, 200, 200, 200, 200, 429, 429, 429]);
-        let get = send(&app, request("GET", "/api/search?q=a", "192.0.2.1:1", &[])).await;
-        assert_eq!(get.status, StatusCode::TOO_MANY_REQUESTS);
-
-        // HEAD then GET from another client: one count.
-        let head = send(&app, request("HEAD", "/api/search", "192.0.2.2:1", &[])).await;
-        assert_eq!(head.header("x-ratelimit-remaining"), Some("4"));
-        let get = send(&app, request("GET", "/api/search", "192.0.2.2:1", &[])).await;
-        assert_eq!(get.header("x-ratelimit-remaining"), Some("3"));
+async fn head_on_a_get_route_is_counted_as_the_get(tested: StoreUnderTest) {
+    let store = tested.store;
+    let app = search_app(store);
+    let heads = statuses(&app, 8, |_| {
+        request("HEAD", "/api/search?q=a", "192.0.2.1:1", &[])
     })
     .await;
+    assert_eq!(heads, [200, 200, 200, 200, 200, 429, 429, 429]);
+    let get = send(&app, request("GET", "/api/search?q=a", "192.0.2.1:1", &[])).await;
+    assert_eq!(get.status, StatusCode::TOO_MANY_REQUESTS);
+
+    // HEAD then GET from another client: one count.
+    let head = send(&app, request("HEAD", "/api/search", "192.0.2.2:1", &[])).await;
+    assert_eq!(head.header("x-ratelimit-remaining"), Some("4"));
+    let get = send(&app, request("GET", "/api/search", "192.0.2.2:1", &[])).await;
+    assert_eq!(get.header("x-ratelimit-remaining"), Some("3"));
 }
+on_both_stores!(head_on_a_get_route_is_counted_as_the_get);
 
 // ------------------------------------------------- forwarding header bytes
 
@@ -239,33 +222,31 @@ async fn a_refused_algorithm_is_not_echoed_nor_the_allowed_ones_listed() {
 
 // ------------------------------------------------- a computed cost of zero
 
-#[tokio::test]
-async fn a_client_derived_cost_of_zero_is_never_free() {
-    on_both_stores(|store| async move {
-        let policies = Policies::single(Policy::new("rows", 3, MINUTE)).unwrap();
-        // The shape of cost function a user writes: a header's number.
-        let rows = |parts: &http::request::Parts, _: &Policy| {
-            parts
-                .headers
-                .get("x-rows")?
-                .to_str()
-                .ok()?
-                .parse::<u32>()
-                .ok()
-        };
-        let app = root_app(
-            RateLimitLayer::new(store, PeerIp::new(), policies)
-                .request_cost(rows)
-                .without_deny_cache(),
-        );
-        let zeros = statuses(&app, 6, |_| {
-            request("GET", "/", "192.0.2.1:1", &[("x-rows", b"0")])
-        })
-        .await;
-        assert_eq!(zeros, [200, 200, 200, 429, 429, 429]);
+async fn a_client_derived_cost_of_zero_is_never_free(tested: StoreUnderTest) {
+    let store = tested.store;
+    let policies = Policies::single(Policy::new("rows", 3, MINUTE)).unwrap();
+    // The shape of cost function a user writes: a header's number.
+    let rows = |parts: &http::request::Parts, _: &Policy| {
+        parts
+            .headers
+            .get("x-rows")?
+            .to_str()
+            .ok()?
+            .parse::<u32>()
+            .ok()
+    };
+    let app = root_app(
+        RateLimitLayer::new(store, PeerIp::new(), policies)
+            .request_cost(rows)
+            .without_deny_cache(),
+    );
+    let zeros = statuses(&app, 6, |_| {
+        request("GET", "/", "192.0.2.1:1", &[("x-rows", b"0")])
     })
     .await;
+    assert_eq!(zeros, [200, 200, 200, 429, 429, 429]);
 }
+on_both_stores!(a_client_derived_cost_of_zero_is_never_free);
 
 // ----------------------------------------------------- unknown API keys
 
@@ -297,22 +278,20 @@ fn random_key(index: usize) -> Vec<u8> {
     format!("random-{index}-{nanos}").into_bytes()
 }
 
-#[tokio::test]
-async fn random_api_keys_are_limited_by_the_clients_address() {
-    on_both_stores(|store| async move {
-        let app = login_app(store, api_keys().or(PeerIp::new()));
-        let replies = statuses(&app, 6, |index| {
-            let key = random_key(index);
-            request("POST", "/api/login", "192.0.2.9:1", &[("x-api-key", &key)])
-        })
-        .await;
-        assert_eq!(replies, [200, 200, 200, 429, 429, 429]);
-        // The known key is its own client, with its own count.
-        let known = login(&app, &[("x-api-key", b"key-of-acme")]).await;
-        assert_eq!(known.status, StatusCode::OK);
+async fn random_api_keys_are_limited_by_the_clients_address(tested: StoreUnderTest) {
+    let store = tested.store;
+    let app = login_app(store, api_keys().or(PeerIp::new()));
+    let replies = statuses(&app, 6, |index| {
+        let key = random_key(index);
+        request("POST", "/api/login", "192.0.2.9:1", &[("x-api-key", &key)])
     })
     .await;
+    assert_eq!(replies, [200, 200, 200, 429, 429, 429]);
+    // The known key is its own client, with its own count.
+    let known = login(&app, &[("x-api-key", b"key-of-acme")]).await;
+    assert_eq!(known.status, StatusCode::OK);
 }
+on_both_stores!(random_api_keys_are_limited_by_the_clients_address);
 
 #[tokio::test]
 async fn unknown_api_keys_can_be_refused_outright() {
@@ -529,57 +508,55 @@ fn rs256(private_pem: &str, sub: &str) -> String {
     format!("Bearer {token}")
 }
 
-#[tokio::test]
-async fn a_flood_of_forged_tokens_is_limited_before_verification() {
-    on_both_stores(|store| async move {
-        let verified = Arc::new(AtomicUsize::new(0));
-        let jwt = CountingJwt {
-            jwt: JwtClaim::builder()
-                .public_key_pem(&fixture("rsa_public.pem"))
-                .algorithms(["RS256"])
-                .build()
-                .unwrap(),
-            verified: verified.clone(),
-        };
-        let policies = Policies::single(Policy::new("all", 1000, MINUTE)).unwrap();
-        let app = root_app(
-            RateLimitLayer::new(store, jwt.or(PeerIp::new()), policies)
-                .credential_failures(CredentialFailures::new(10, MINUTE)),
-        );
-        // Well-formed tokens signed with another key: bad signatures.
-        let forged = rs256("rsa_other_private.pem", "alice");
-        let attacker = "192.0.2.66:1";
-        let mut replies = Vec::new();
-        for _ in 0..30 {
-            replies.push(with_token(&app, attacker, &forged).await);
-        }
-        let codes: Vec<u16> = replies.iter().map(|r| r.status.as_u16()).collect();
-        assert_eq!(codes[..10], [401; 10]);
-        assert_eq!(codes[10..], [429; 20]);
-        assert_eq!(replies[0].json()["reason"], "bad_signature");
-        let blocked = &replies[10];
-        let retry: u64 = blocked.header("retry-after").unwrap().parse().unwrap();
-        assert!((1..=60).contains(&retry), "Retry-After {retry}");
-        assert_eq!(blocked.json()["policy"], "credential_failures");
-        assert_eq!(
-            verified.load(Ordering::SeqCst),
-            10,
-            "nothing past the limit was verified"
-        );
+async fn a_flood_of_forged_tokens_is_limited_before_verification(tested: StoreUnderTest) {
+    let store = tested.store;
+    let verified = Arc::new(AtomicUsize::new(0));
+    let jwt = CountingJwt {
+        jwt: JwtClaim::builder()
+            .public_key_pem(&fixture("rsa_public.pem"))
+            .algorithms(["RS256"])
+            .build()
+            .unwrap(),
+        verified: verified.clone(),
+    };
+    let policies = Policies::single(Policy::new("all", 1000, MINUTE)).unwrap();
+    let app = root_app(
+        RateLimitLayer::new(store, jwt.or(PeerIp::new()), policies)
+            .credential_failures(CredentialFailures::new(10, MINUTE)),
+    );
+    // Well-formed tokens signed with another key: bad signatures.
+    let forged = rs256("rsa_other_private.pem", "alice");
+    let attacker = "192.0.2.66:1";
+    let mut replies = Vec::new();
+    for _ in 0..30 {
+        replies.push(with_token(&app, attacker, &forged).await);
+    }
+    let codes: Vec<u16> = replies.iter().map(|r| r.status.as_u16()).collect();
+    assert_eq!(codes[..10], [401; 10]);
+    assert_eq!(codes[10..], [429; 20]);
+    assert_eq!(replies[0].json()["reason"], "bad_signature");
+    let blocked = &replies[10];
+    let retry: u64 = blocked.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=60).contains(&retry), "Retry-After {retry}");
+    assert_eq!(blocked.json()["policy"], "credential_failures");
+    assert_eq!(
+        verified.load(Ordering::SeqCst),
+        10,
+        "nothing past the limit was verified"
+    );
 
-        // Any credential from that address waits, a valid one too...
-        let valid = rs256("rsa_private.pem", "alice");
-        let reply = with_token(&app, attacker, &valid).await;
-        assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
-        // ...while requests without credentials, and other addresses, go on.
-        let bare = send(&app, request("GET", "/", attacker, &[])).await;
-        assert_eq!(bare.status, StatusCode::OK);
-        let elsewhere = with_token(&app, "192.0.2.67:1", &valid).await;
-        assert_eq!(elsewhere.status, StatusCode::OK);
-        assert_eq!(verified.load(Ordering::SeqCst), 11);
-    })
-    .await;
+    // Any credential from that address waits, a valid one too...
+    let valid = rs256("rsa_private.pem", "alice");
+    let reply = with_token(&app, attacker, &valid).await;
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+    // ...while requests without credentials, and other addresses, go on.
+    let bare = send(&app, request("GET", "/", attacker, &[])).await;
+    assert_eq!(bare.status, StatusCode::OK);
+    let elsewhere = with_token(&app, "192.0.2.67:1", &valid).await;
+    assert_eq!(elsewhere.status, StatusCode::OK);
+    assert_eq!(verified.load(Ordering::SeqCst), 11);
 }
+on_both_stores!(a_flood_of_forged_tokens_is_limited_before_verification);
 
 #[tokio::test]
 async fn refused_api_keys_count_too_and_the_count_can_be_switched_off() {
@@ -649,43 +626,41 @@ fn database(calls: Arc<AtomicUsize>) -> impl ApiKeyLookup {
     }
 }
 
-#[tokio::test]
-async fn an_async_lookup_confirms_keys_outside_the_table() {
-    on_both_stores(|store| async move {
-        let calls = Arc::new(AtomicUsize::new(0));
-        let keys = api_keys().lookup(database(calls.clone())).or(PeerIp::new());
-        let policies = Policies::single(Policy::new("all", 3, MINUTE)).unwrap();
-        let app = whoami_app(RateLimitLayer::new(store, keys, policies).without_deny_cache());
-        let get = |key: &'static [u8]| request("GET", "/", "192.0.2.80:1", &[("x-api-key", key)]);
+async fn an_async_lookup_confirms_keys_outside_the_table(tested: StoreUnderTest) {
+    let store = tested.store;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let keys = api_keys().lookup(database(calls.clone())).or(PeerIp::new());
+    let policies = Policies::single(Policy::new("all", 3, MINUTE)).unwrap();
+    let app = whoami_app(RateLimitLayer::new(store, keys, policies).without_deny_cache());
+    let get = |key: &'static [u8]| request("GET", "/", "192.0.2.80:1", &[("x-api-key", key)]);
 
-        let pro = send(&app, get(b"db-pro")).await.json();
-        assert!(pro["key"].as_str().unwrap().starts_with("key:#"), "{pro}");
-        assert_eq!(pro["tier"], "pro");
-        let table = send(&app, get(b"key-of-acme")).await.json();
-        assert_eq!(table["tier"], "pro");
-        assert_eq!(
-            calls.load(Ordering::SeqCst),
-            1,
-            "keys in the table are not looked up"
-        );
+    let pro = send(&app, get(b"db-pro")).await.json();
+    assert!(pro["key"].as_str().unwrap().starts_with("key:#"), "{pro}");
+    assert_eq!(pro["tier"], "pro");
+    let table = send(&app, get(b"key-of-acme")).await.json();
+    assert_eq!(table["tier"], "pro");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "keys in the table are not looked up"
+    );
 
-        // Random keys the database does not know: the address decides.
-        let codes = statuses(&app, 5, |n| {
-            let key = random_key(n);
-            request("GET", "/", "192.0.2.80:1", &[("x-api-key", &key)])
-        })
-        .await;
-        assert_eq!(codes, [200, 200, 200, 429, 429]);
-        assert_eq!(calls.load(Ordering::SeqCst), 6);
-        let unknown = send(
-            &app,
-            request("GET", "/", "192.0.2.81:1", &[("x-api-key", b"nope")]),
-        )
-        .await;
-        assert_eq!(unknown.json()["key"], "ip:192.0.2.81");
+    // Random keys the database does not know: the address decides.
+    let codes = statuses(&app, 5, |n| {
+        let key = random_key(n);
+        request("GET", "/", "192.0.2.80:1", &[("x-api-key", &key)])
     })
     .await;
+    assert_eq!(codes, [200, 200, 200, 429, 429]);
+    assert_eq!(calls.load(Ordering::SeqCst), 6);
+    let unknown = send(
+        &app,
+        request("GET", "/", "192.0.2.81:1", &[("x-api-key", b"nope")]),
+    )
+    .await;
+    assert_eq!(unknown.json()["key"], "ip:192.0.2.81");
 }
+on_both_stores!(an_async_lookup_confirms_keys_outside_the_table);
 
 #[tokio::test]
 async fn an_unknown_key_falls_through_the_whole_chain_or_is_refused() {

@@ -19,13 +19,13 @@
 
 use std::time::Duration;
 
+use crate::support::trace::{Class, trace};
 use slidegate::{
     Policy,
     key::Key,
     policy::Algorithm,
     store::{Check, Decision, FakeClock, MemoryStore, Store},
 };
-use crate::support::trace::{Class, trace};
 
 const SEED: u64 = 2026;
 const LIMIT: u32 = 100;

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::RedisServer;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
@@ -14,7 +15,6 @@ use slidegate::{
     key::Key,
     store::{Check, MemoryStore, RedisStore, Store},
 };
-use crate::support::RedisServer;
 use tower::ServiceExt;
 
 const REQUESTS: usize = 600;

@@ -12,13 +12,13 @@
 
 use std::time::Duration;
 
+use crate::support::RedisServer;
 use slidegate::deadpool_redis::redis::{self, Value};
 use slidegate::{
     Policy,
     key::Key,
     store::{Check, Clock, Decision, FakeClock, RedisStore, Store},
 };
-use crate::support::RedisServer;
 
 const START: u64 = 1_700_000_000_000_000;
 const RECORDS: u32 = 100_000;

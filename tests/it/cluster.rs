@@ -6,13 +6,13 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::RedisCluster;
 use slidegate::{
     Policy,
     key::Key,
     policy::Algorithm,
     store::{Check, Decisions, FakeClock, RedisStore, Store, StoreError},
 };
-use crate::support::RedisCluster;
 
 const START: u64 = 1_700_000_000_000_000;
 const MINUTE: Duration = Duration::from_secs(60);

@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use crate::support::RedisServer;
+use crate::support::reply::send;
 use axum::Router;
 use axum::body::Body;
 use axum::routing::get;
@@ -12,8 +14,6 @@ use slidegate::{
     layer::DenyCache,
     store::{FakeClock, RedisStore},
 };
-use crate::support::RedisServer;
-use crate::support::reply::send;
 
 const START: u64 = 1_700_000_000_000_000;
 const WINDOW: Duration = Duration::from_secs(10);

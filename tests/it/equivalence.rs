@@ -5,6 +5,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::support::RedisServer;
 use proptest::prelude::*;
 use slidegate::deadpool_redis::Pool;
 use slidegate::{
@@ -13,7 +14,6 @@ use slidegate::{
     policy::Algorithm,
     store::{Check, Clock, FakeClock, MemoryStore, RedisStore, Store},
 };
-use crate::support::RedisServer;
 
 #[derive(Debug, Clone)]
 struct Step {

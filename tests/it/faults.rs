@@ -5,6 +5,8 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use crate::support::RedisServer;
+use crate::support::proxy::TcpProxy;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
@@ -15,8 +17,6 @@ use slidegate::{
     key::Key,
     store::{Check, Store},
 };
-use crate::support::RedisServer;
-use crate::support::proxy::TcpProxy;
 use tower::ServiceExt;
 
 const TIMEOUT: Duration = Duration::from_millis(100);

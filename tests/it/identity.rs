@@ -6,6 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::support::reply::{Reply, send};
+use crate::support::stores::StoreUnderTest;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::routing::get;
@@ -20,10 +22,8 @@ use slidegate::{
     headers::HeaderStyle,
     key::Identity,
     policy::TierLimits,
-    store::{MemoryStore, RedisStore, Store},
+    store::{MemoryStore, Store},
 };
-use crate::support::RedisServer;
-use crate::support::reply::{Reply, send};
 
 const SECRET: &[u8] = b"test-secret-of-the-api";
 const MINUTE: Duration = Duration::from_secs(60);
@@ -648,20 +648,16 @@ async fn tiers_get_their_own_limits(store: impl Store) {
     assert_eq!(reply.json()["limit"], 50);
 }
 
-#[tokio::test]
-async fn tiers_get_their_own_limits_in_memory() {
-    tiers_get_their_own_limits(MemoryStore::new()).await;
+async fn tiers_get_their_own_limits_on_both(tested: StoreUnderTest) {
+    tiers_get_their_own_limits(tested.store).await;
+    if let Some(redis) = tested.redis {
+        // API keys are secrets: no Redis key holds one.
+        let keys = redis.cli(&["--scan"]);
+        assert!(keys.contains("slidegate:search:{key:#"), "{keys}");
+        assert!(!keys.contains("key-of-a"), "{keys}");
+    }
 }
-
-#[tokio::test]
-async fn tiers_get_their_own_limits_on_redis() {
-    let redis = RedisServer::start();
-    tiers_get_their_own_limits(RedisStore::new(redis.pool(4))).await;
-    // API keys are secrets: no Redis key holds one.
-    let keys = redis.cli(&["--scan"]);
-    assert!(keys.contains("slidegate:search:{key:#"), "{keys}");
-    assert!(!keys.contains("key-of-a"), "{keys}");
-}
+on_both_stores!(tiers_get_their_own_limits_on_both);
 
 #[tokio::test]
 async fn an_async_lookup_names_tiers_the_extractor_did_not() {

@@ -5,6 +5,7 @@
 //! `tracing` subscribers, whose per-callsite interest other tests on other
 //! threads would change under them.
 
+#[macro_use]
 mod support;
 
 mod abuse;

@@ -5,6 +5,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::support::RedisServer;
+use crate::support::down_store::{DownStore, FlakyStore};
+use crate::support::reply::send;
+use crate::support::stores::StoreUnderTest;
 use axum::Router;
 use axum::body::Body;
 use axum::routing::{get, post};
@@ -16,9 +20,6 @@ use slidegate::{
     policy::{Count, FailMode},
     store::{BreakerSettings, BreakerState, Check, CircuitBreaker, MemoryStore, RedisStore, Store},
 };
-use crate::support::RedisServer;
-use crate::support::down_store::{DownStore, FlakyStore};
-use crate::support::reply::send;
 
 const MINUTE: Duration = Duration::from_secs(60);
 
@@ -76,7 +77,8 @@ async fn settled(store: &dyn Store, remaining: u32) {
     }
 }
 
-async fn only_failures_count(store: Arc<dyn Store>) {
+async fn only_failures_count(tested: StoreUnderTest) {
+    let store = tested.store;
     let app = login_app(store.clone());
     for _ in 0..10 {
         assert_eq!(
@@ -98,16 +100,7 @@ async fn only_failures_count(store: Arc<dyn Store>) {
     assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
 }
 
-#[tokio::test]
-async fn failed_logins_are_limited_and_successful_ones_are_not_in_memory() {
-    only_failures_count(Arc::new(MemoryStore::new())).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn failed_logins_are_limited_and_successful_ones_are_not_on_redis() {
-    let server = RedisServer::start();
-    only_failures_count(Arc::new(RedisStore::new(server.pool(4)))).await;
-}
+on_both_stores!(only_failures_count);
 
 /// Requests are counted when admitted and refunded after their response:
 /// at no instant do more requests than the limit run in the service, while
@@ -183,7 +176,8 @@ fn shadow_app(store: impl Store, layer_shadow: bool) -> Router {
         .route_layer(RateLimitLayer::new(store, OneClient, policies).shadow(layer_shadow))
 }
 
-async fn shadow_policies_never_deny(store: Arc<dyn Store>) {
+async fn shadow_policies_never_deny(tested: StoreUnderTest) {
+    let store = tested.store;
     let app = shadow_app(store.clone(), false);
     let get = |path: &str| Request::get(path).body(Body::empty()).unwrap();
     let mut remaining = Vec::new();
@@ -224,16 +218,7 @@ async fn shadow_policies_never_deny(store: Arc<dyn Store>) {
     assert_eq!(reply.header("x-ratelimit-remaining"), Some("0"));
 }
 
-#[tokio::test]
-async fn shadow_policies_count_and_report_but_never_deny_in_memory() {
-    shadow_policies_never_deny(Arc::new(MemoryStore::new())).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shadow_policies_count_and_report_but_never_deny_on_redis() {
-    let server = RedisServer::start();
-    shadow_policies_never_deny(Arc::new(RedisStore::new(server.pool(4)))).await;
-}
+on_both_stores!(shadow_policies_never_deny);
 
 fn local_app(store: impl Store, share: u32) -> Router {
     let policies = Policies::builder()

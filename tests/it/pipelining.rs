@@ -5,12 +5,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::support::RedisServer;
 use slidegate::{
     Policy,
     key::Key,
     store::{Check, RedisStore, Store, StoreError},
 };
-use crate::support::RedisServer;
 
 /// The clients Redis has, less the `redis-cli` that asks.
 fn clients(server: &RedisServer) -> usize {

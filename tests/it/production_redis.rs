@@ -4,15 +4,15 @@
 
 use std::time::{Duration, Instant};
 
+use crate::support::RedisServer;
+use crate::support::sentinel::{MASTER, SentinelSet};
+use crate::support::tls::TestCerts;
 use slidegate::config::{Config, RedisSettings};
 use slidegate::{
     Policy,
     key::Key,
     store::{Check, RedisStore, Store, StoreError},
 };
-use crate::support::RedisServer;
-use crate::support::sentinel::{MASTER, SentinelSet};
-use crate::support::tls::TestCerts;
 
 const WITHIN: Duration = Duration::from_secs(5);
 

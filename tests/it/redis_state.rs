@@ -4,12 +4,12 @@
 
 use std::time::Duration;
 
+use crate::support::RedisServer;
 use slidegate::{
     Policy,
     key::Key,
     store::{Check, FakeClock, RedisStore, Store},
 };
-use crate::support::RedisServer;
 
 const START: u64 = 1_700_000_000_000_000;
 

@@ -1,47 +1,35 @@
 //! Sliding-window semantics on a fake clock, run identically against
 //! `MemoryStore` and a real `redis-server`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::RedisServer;
+use crate::support::stores::START;
+use crate::support::stores::StoreUnderTest;
 use slidegate::{
     Policy,
     key::Key,
     policy::Algorithm,
-    store::{Check, Decision, Decisions, FakeClock, MemoryStore, RedisStore, Store, StoreError},
+    store::{Check, Decision, Decisions, FakeClock, MemoryStore, Store, StoreError},
 };
-use crate::support::RedisServer;
 
-const START: u64 = 1_700_000_000_000_000;
 const SEC: Duration = Duration::from_secs(1);
 
 /// A store on a fake clock, keeping its Redis server (if any) alive.
 struct Subject {
-    store: Box<dyn Store>,
+    store: Arc<dyn Store>,
     clock: FakeClock,
     _redis: Option<RedisServer>,
 }
 
-fn memory() -> Subject {
-    let clock = FakeClock::new(START);
-    Subject {
-        store: Box::new(MemoryStore::builder().clock(clock.clone()).build()),
-        clock,
-        _redis: None,
-    }
-}
-
-fn redis() -> Subject {
-    let clock = FakeClock::new(START);
-    let server = RedisServer::start();
-    let store = RedisStore::builder(server.pool(4))
-        .clock(clock.clone())
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
-    Subject {
-        store: Box::new(store),
-        clock,
-        _redis: Some(server),
+impl From<StoreUnderTest> for Subject {
+    fn from(tested: StoreUnderTest) -> Self {
+        Self {
+            store: tested.store,
+            clock: tested.clock.expect("a fake clock"),
+            _redis: tested.redis,
+        }
     }
 }
 
@@ -77,23 +65,8 @@ impl Subject {
     }
 }
 
-/// Runs a scenario against both stores.
-macro_rules! on_both_stores {
-    ($scenario:ident) => {
-        mod $scenario {
-            #[tokio::test]
-            async fn memory() {
-                super::$scenario(super::memory()).await;
-            }
-            #[tokio::test]
-            async fn redis() {
-                super::$scenario(super::redis()).await;
-            }
-        }
-    };
-}
-
-async fn window_slides_entry_by_entry(s: Subject) {
+async fn window_slides_entry_by_entry(tested: StoreUnderTest) {
+    let s = Subject::from(tested);
     let policy = Policy::new("slide", 3, 60 * SEC);
     for expected_remaining in [2, 1, 0] {
         let d = s.one(&policy, "alice").await;
@@ -126,9 +99,10 @@ async fn window_slides_entry_by_entry(s: Subject) {
     // Another client is untouched.
     assert_eq!(s.one(&policy, "bob").await.remaining, 2);
 }
-on_both_stores!(window_slides_entry_by_entry);
+on_both_stores!(window_slides_entry_by_entry, fake_clock);
 
-async fn weighted_cost_and_exact_retry_after(s: Subject) {
+async fn weighted_cost_and_exact_retry_after(tested: StoreUnderTest) {
+    let s = Subject::from(tested);
     let policy = Policy::new("weighted", 10, 60 * SEC).with_cost(4);
     assert_eq!(s.one(&policy, "k").await.remaining, 6);
     s.advance(5 * SEC);
@@ -155,9 +129,10 @@ async fn weighted_cost_and_exact_retry_after(s: Subject) {
         "all three entries must leave"
     );
 }
-on_both_stores!(weighted_cost_and_exact_retry_after);
+on_both_stores!(weighted_cost_and_exact_retry_after, fake_clock);
 
-async fn denied_requests_record_nothing(s: Subject) {
+async fn denied_requests_record_nothing(tested: StoreUnderTest) {
+    let s = Subject::from(tested);
     let policy = Policy::new("flood", 5, 60 * SEC);
     for _ in 0..5 {
         assert!(s.one(&policy, "k").await.admitted);
@@ -187,9 +162,10 @@ async fn denied_requests_record_nothing(s: Subject) {
     assert!(!d.admitted);
     assert_eq!(d.retry_after, Some(60 * SEC - 4 * Duration::from_micros(1)));
 }
-on_both_stores!(denied_requests_record_nothing);
+on_both_stores!(denied_requests_record_nothing, fake_clock);
 
-async fn several_policies_are_all_or_nothing(s: Subject) {
+async fn several_policies_are_all_or_nothing(tested: StoreUnderTest) {
+    let s = Subject::from(tested);
     let endpoint = Policy::new("endpoint", 2, 60 * SEC);
     let account = Policy::new("account", 5, 3600 * SEC);
     for remaining in [(1, 4), (0, 3)] {
@@ -208,9 +184,10 @@ async fn several_policies_are_all_or_nothing(s: Subject) {
     assert!(d[0].admitted);
     assert_eq!(d[1].remaining, 2);
 }
-on_both_stores!(several_policies_are_all_or_nothing);
+on_both_stores!(several_policies_are_all_or_nothing, fake_clock);
 
-async fn boundary_burst_admits_exactly_the_limit(s: Subject) {
+async fn boundary_burst_admits_exactly_the_limit(tested: StoreUnderTest) {
+    let s = Subject::from(tested);
     const L: u32 = 20;
     let window = 60 * SEC;
     let window_us = 60_000_000;
@@ -233,7 +210,7 @@ async fn boundary_burst_admits_exactly_the_limit(s: Subject) {
     assert_eq!(counter, L, "the sliding counter holds too");
     assert_eq!(fixed, 2 * L, "a fixed window lets twice the limit through");
 }
-on_both_stores!(boundary_burst_admits_exactly_the_limit);
+on_both_stores!(boundary_burst_admits_exactly_the_limit, fake_clock);
 
 const ALGORITHMS: [Algorithm; 3] = [
     Algorithm::SlidingLog,
@@ -243,7 +220,8 @@ const ALGORITHMS: [Algorithm; 3] = [
 
 /// For every algorithm: a denied request fits exactly `retry_after` later,
 /// not a microsecond sooner, and `reset` is when capacity grows.
-async fn retry_after_is_exact_for_every_algorithm(s: Subject) {
+async fn retry_after_is_exact_for_every_algorithm(tested: StoreUnderTest) {
+    let s = Subject::from(tested);
     for algorithm in ALGORITHMS {
         let policy = Policy::new("exact", 10, 10 * SEC)
             .with_cost(3)
@@ -294,11 +272,12 @@ async fn retry_after_is_exact_for_every_algorithm(s: Subject) {
         );
     }
 }
-on_both_stores!(retry_after_is_exact_for_every_algorithm);
+on_both_stores!(retry_after_is_exact_for_every_algorithm, fake_clock);
 
 /// The sliding counter's estimate: the previous window weighted by its
 /// overlap, plus the current one.
-async fn sliding_counter_weights_the_previous_window(s: Subject) {
+async fn sliding_counter_weights_the_previous_window(tested: StoreUnderTest) {
+    let s = Subject::from(tested);
     let window_us = 60_000_000;
     let policy =
         Policy::new("weighted-counter", 10, 60 * SEC).with_algorithm(Algorithm::SlidingCounter);
@@ -319,9 +298,10 @@ async fn sliding_counter_weights_the_previous_window(s: Subject) {
     // 10·(W − e)/W + 2 + 1 ≤ 10 once e ≥ 0.3·W: 3 s from now.
     assert_eq!(denied.retry_after, Some(3 * SEC));
 }
-on_both_stores!(sliding_counter_weights_the_previous_window);
+on_both_stores!(sliding_counter_weights_the_previous_window, fake_clock);
 
-async fn mixed_algorithms_are_all_or_nothing(s: Subject) {
+async fn mixed_algorithms_are_all_or_nothing(tested: StoreUnderTest) {
+    let s = Subject::from(tested);
     let log = Policy::new("mixed-log", 5, 60 * SEC);
     let counter =
         Policy::new("mixed-counter", 3, 60 * SEC).with_algorithm(Algorithm::SlidingCounter);
@@ -339,7 +319,7 @@ async fn mixed_algorithms_are_all_or_nothing(s: Subject) {
     assert!(d[0].admitted && d[1].admitted);
     assert_eq!((d[0].remaining, d[1].remaining), (1, 0));
 }
-on_both_stores!(mixed_algorithms_are_all_or_nothing);
+on_both_stores!(mixed_algorithms_are_all_or_nothing, fake_clock);
 
 fn memory_with_handle(max_keys: usize) -> (Subject, MemoryStore) {
     let clock = FakeClock::new(START);
@@ -348,7 +328,7 @@ fn memory_with_handle(max_keys: usize) -> (Subject, MemoryStore) {
         .max_keys(max_keys)
         .build();
     let subject = Subject {
-        store: Box::new(store.clone()),
+        store: Arc::new(store.clone()),
         clock,
         _redis: None,
     };
@@ -415,7 +395,7 @@ async fn a_store_of_one_key_still_decides_batches_whole() {
 /// before that time says their window is over.
 #[tokio::test]
 async fn redis_keeps_counts_while_its_own_clock_runs_ahead_of_an_injected_one() {
-    let s = redis();
+    let s = Subject::from(StoreUnderTest::redis(true));
     let log = Policy::new("still-log", 2, Duration::from_millis(2));
     let counter = Policy::new("still-counter", 2, Duration::from_millis(2))
         .with_algorithm(Algorithm::SlidingCounter);
@@ -437,7 +417,8 @@ async fn redis_keeps_counts_while_its_own_clock_runs_ahead_of_an_injected_one() 
 
 /// A hand-built check with an endless window (policies refuse one) is
 /// counted as the longest window a policy may have, by every algorithm.
-async fn an_endless_window_is_counted_as_the_longest(s: Subject) {
+async fn an_endless_window_is_counted_as_the_longest(tested: StoreUnderTest) {
+    let s = Subject::from(tested);
     for algorithm in [
         Algorithm::SlidingLog,
         Algorithm::SlidingCounter,
@@ -463,12 +444,13 @@ async fn an_endless_window_is_counted_as_the_longest(s: Subject) {
         }
     }
 }
-on_both_stores!(an_endless_window_is_counted_as_the_longest);
+on_both_stores!(an_endless_window_is_counted_as_the_longest, fake_clock);
 
 /// A clock that steps back 2 ms across a window boundary (NTP, a failover
 /// to a skewed node) never resets a count: within 3 ms, no algorithm
 /// admits more than its limit.
-async fn a_clock_stepping_back_across_a_boundary_never_resets_a_count(s: Subject) {
+async fn a_clock_stepping_back_across_a_boundary_never_resets_a_count(tested: StoreUnderTest) {
+    let s = Subject::from(tested);
     for algorithm in [
         Algorithm::SlidingLog,
         Algorithm::SlidingCounter,
@@ -494,12 +476,18 @@ async fn a_clock_stepping_back_across_a_boundary_never_resets_a_count(s: Subject
         );
     }
 }
-on_both_stores!(a_clock_stepping_back_across_a_boundary_never_resets_a_count);
+on_both_stores!(
+    a_clock_stepping_back_across_a_boundary_never_resets_a_count,
+    fake_clock
+);
 
 /// A clock that steps back by an hour, far more than a window, keeps each
 /// client's count, and holds it no longer than two windows of the new
 /// time (not until real time catches up an hour later).
-async fn a_clock_stepping_back_by_an_hour_holds_a_count_two_windows_at_most(s: Subject) {
+async fn a_clock_stepping_back_by_an_hour_holds_a_count_two_windows_at_most(
+    tested: StoreUnderTest,
+) {
+    let s = Subject::from(tested);
     for algorithm in [
         Algorithm::SlidingLog,
         Algorithm::SlidingCounter,
@@ -530,14 +518,18 @@ async fn a_clock_stepping_back_by_an_hour_holds_a_count_two_windows_at_most(s: S
         }
     }
 }
-on_both_stores!(a_clock_stepping_back_by_an_hour_holds_a_count_two_windows_at_most);
+on_both_stores!(
+    a_clock_stepping_back_by_an_hour_holds_a_count_two_windows_at_most,
+    fake_clock
+);
 
 /// A policy whose window changes between requests of one client (a tier
 /// with its own window, a client whose tier changes) keeps the client's
 /// count: alternating windows never resets it, for any algorithm, and the
 /// count still leaves once nothing more is admitted (the counters estimate
 /// when, as they do under one window).
-async fn a_window_that_changes_between_requests_keeps_the_count(s: Subject) {
+async fn a_window_that_changes_between_requests_keeps_the_count(tested: StoreUnderTest) {
+    let s = Subject::from(tested);
     for algorithm in [
         Algorithm::SlidingLog,
         Algorithm::SlidingCounter,
@@ -577,14 +569,18 @@ async fn a_window_that_changes_between_requests_keeps_the_count(s: Subject) {
         }
     }
 }
-on_both_stores!(a_window_that_changes_between_requests_keeps_the_count);
+on_both_stores!(
+    a_window_that_changes_between_requests_keeps_the_count,
+    fake_clock
+);
 
 /// A tier with a shorter window never erases what a longer one counted:
 /// limit 5 a minute, 5 requests, one a second later under a one-second
 /// burst tier (the same policy and key), then the minute tier again is
 /// still full. The log keeps records for the longest window it has been
 /// counted under.
-async fn a_shorter_window_tier_never_erases_a_longer_ones_count(s: Subject) {
+async fn a_shorter_window_tier_never_erases_a_longer_ones_count(tested: StoreUnderTest) {
+    let s = Subject::from(tested);
     let minute = Policy::new("tiered", 5, 60 * SEC);
     let burst = Policy::new("tiered", 5, SEC);
     for _ in 0..5 {
@@ -603,12 +599,16 @@ async fn a_shorter_window_tier_never_erases_a_longer_ones_count(s: Subject) {
     // microsecond after the first, leaves the minute 58 s and 1 µs on.
     assert_eq!(d.retry_after, Some(58 * SEC + Duration::from_micros(1)));
 }
-on_both_stores!(a_shorter_window_tier_never_erases_a_longer_ones_count);
+on_both_stores!(
+    a_shorter_window_tier_never_erases_a_longer_ones_count,
+    fake_clock
+);
 
 /// A cost above the limit never fits, on any algorithm: the denial says
 /// to wait a whole window, never 0 (which a client would take as "retry
 /// at once", forever).
-async fn a_cost_above_the_limit_waits_a_window(s: Subject) {
+async fn a_cost_above_the_limit_waits_a_window(tested: StoreUnderTest) {
+    let s = Subject::from(tested);
     for algorithm in [Algorithm::SlidingLog, Algorithm::FixedWindow] {
         let policy = Policy::new(format!("{algorithm:?}"), 3, 10 * SEC).with_algorithm(algorithm);
         let mut check = Check::new(&policy, Key::new("k"));
@@ -631,12 +631,13 @@ async fn a_cost_above_the_limit_waits_a_window(s: Subject) {
     let d = s.store.check(std::slice::from_ref(&check)).await.unwrap()[0];
     assert_eq!(d.retry_after, Some(10 * SEC));
 }
-on_both_stores!(a_cost_above_the_limit_waits_a_window);
+on_both_stores!(a_cost_above_the_limit_waits_a_window, fake_clock);
 
 /// Refunding one request twice takes its units back once: the second
 /// refund names a record that is gone, and takes nothing from the others
 /// (even those recorded in the same microsecond, with the same cost).
-async fn a_second_refund_of_one_request_takes_nothing(s: Subject) {
+async fn a_second_refund_of_one_request_takes_nothing(tested: StoreUnderTest) {
+    let s = Subject::from(tested);
     let policy = Policy::new("refunds", 3, 60 * SEC);
     let check = [Check::new(&policy, Key::new("k"))];
     let mut recorded = Vec::new();
@@ -655,12 +656,13 @@ async fn a_second_refund_of_one_request_takes_nothing(s: Subject) {
     let peek = s.store.peek(&check).await.unwrap()[0];
     assert_eq!(peek.remaining, 1, "one request's units came back, once");
 }
-on_both_stores!(a_second_refund_of_one_request_takes_nothing);
+on_both_stores!(a_second_refund_of_one_request_takes_nothing, fake_clock);
 
 /// A refund of a request that has left the window takes nothing and
 /// fails nothing, whatever the key's TTL was set for, and the other
 /// policies of the same refund still take theirs back.
-async fn a_refund_of_a_gone_request_takes_nothing_and_the_rest_still_runs(s: Subject) {
+async fn a_refund_of_a_gone_request_takes_nothing_and_the_rest_still_runs(tested: StoreUnderTest) {
+    let s = Subject::from(tested);
     let short = Policy::new("short", 1, 10 * SEC);
     let long = Policy::new("long", 1, 3600 * SEC);
     let checks = [
@@ -676,4 +678,7 @@ async fn a_refund_of_a_gone_request_takes_nothing_and_the_rest_still_runs(s: Sub
     let d = s.store.check(&checks[1..]).await.unwrap()[0];
     assert!(d.admitted, "the long policy's unit came back: {d:?}");
 }
-on_both_stores!(a_refund_of_a_gone_request_takes_nothing_and_the_rest_still_runs);
+on_both_stores!(
+    a_refund_of_a_gone_request_takes_nothing_and_the_rest_still_runs,
+    fake_clock
+);

@@ -1,7 +1,10 @@
 //! Real `redis-server` processes for tests, on free loopback ports, killed
 //! by PID when dropped (even when the test panics).
 
-#![allow(dead_code, unreachable_pub)]
+#![allow(dead_code, unreachable_pub, unused_macros)]
+
+#[macro_use]
+pub mod stores;
 
 pub mod down_store;
 pub mod proxy;

@@ -1,0 +1,80 @@
+//! One test on both stores: [`on_both_stores!`] runs an `async fn
+//! scenario(StoreUnderTest)` as two tests, `scenario::memory` and
+//! `scenario::redis`, the second on a `redis-server` of its own.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use slidegate::store::{FakeClock, MemoryStore, RedisStore, Store};
+
+use super::RedisServer;
+
+/// Where fake clocks start: November 2023, in µs since the Unix epoch.
+pub const START: u64 = 1_700_000_000_000_000;
+
+/// A store for one test, with the `redis-server` it runs on kept alive.
+pub struct StoreUnderTest {
+    pub store: Arc<dyn Store>,
+    /// The store's clock, when the test drives time itself.
+    pub clock: Option<FakeClock>,
+    pub redis: Option<RedisServer>,
+}
+
+impl StoreUnderTest {
+    /// A memory store, on a fake clock at [`START`] when `fake_clock`.
+    pub fn memory(fake_clock: bool) -> Self {
+        let clock = fake_clock.then(|| FakeClock::new(START));
+        let store = match &clock {
+            Some(clock) => MemoryStore::builder().clock(clock.clone()).build(),
+            None => MemoryStore::new(),
+        };
+        Self {
+            store: Arc::new(store),
+            clock,
+            redis: None,
+        }
+    }
+
+    /// A Redis store on a `redis-server` of its own, on a fake clock at
+    /// [`START`] when `fake_clock`.
+    pub fn redis(fake_clock: bool) -> Self {
+        let server = RedisServer::start();
+        let clock = fake_clock.then(|| FakeClock::new(START));
+        let mut builder = RedisStore::builder(server.pool(4)).timeout(Duration::from_secs(5));
+        if let Some(clock) = &clock {
+            builder = builder.clock(clock.clone());
+        }
+        Self {
+            store: Arc::new(builder.build().expect("the default prefix")),
+            clock,
+            redis: Some(server),
+        }
+    }
+}
+
+/// Runs `async fn $scenario(StoreUnderTest)` on both stores, as the tests
+/// `$scenario::memory` and `$scenario::redis`; with `fake_clock`, each
+/// store reads a fake clock the scenario moves.
+macro_rules! on_both_stores {
+    ($scenario:ident) => {
+        on_both_stores!($scenario, false);
+    };
+    ($scenario:ident, fake_clock) => {
+        on_both_stores!($scenario, true);
+    };
+    ($scenario:ident, $fake_clock:literal) => {
+        mod $scenario {
+            use crate::support::stores::StoreUnderTest;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn memory() {
+                super::$scenario(StoreUnderTest::memory($fake_clock)).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn redis() {
+                super::$scenario(StoreUnderTest::redis($fake_clock)).await;
+            }
+        }
+    };
+}
