@@ -377,6 +377,12 @@ fn send(shared: &Shared, plan: &Plan, identity: &Identity, costs: Option<&Costs>
     let enforced = roles
         .as_ref()
         .map_or(checks.len(), |roles| roles.shadow_from);
+    if let Some(next) = roles
+        .as_deref()
+        .and_then(|roles| outcome::refused_locally(shared, &checks, roles))
+    {
+        return Sending::Now(next);
+    }
     let mut deny_clock = 0;
     if let Some(cache) = &shared.deny_cache {
         if let Some(denied) = cache.lookup(&checks[..enforced]) {

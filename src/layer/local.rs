@@ -4,12 +4,15 @@
 //!
 //! The local count of a client is kept whether the store answers or not:
 //! each admission the store makes for a local-mode policy is recorded
-//! here too (at the local limit, so a count that reaches it stays there),
-//! and each admission made here while the store is down is here already.
-//! So when the store fails, the local count starts from what the store
-//! admitted for the client; and for one window after a failure, a request
-//! the store admits must fit the local count as well, so admissions made
-//! locally while the store was down still count when it answers again.
+//! here too (each policy on its own, at the local limit, so a count that
+//! reaches it stays there), and each admission made here while the store
+//! is down is here already. So when the store fails, the local count
+//! starts from what the store admitted for the client; and for one window
+//! after a failure, a request must fit the local count before the store
+//! is asked, so admissions made locally while the store was down still
+//! count when it answers again. (Policies that count some responses only
+//! are not recorded from the store's admissions: their units come back
+//! after the response.)
 //! One instance (`local_share = 1`) thus admits at most the limit in any
 //! window however the store flaps; with several instances, each holds its
 //! share while the store is down and for a window after.
@@ -102,22 +105,36 @@ impl LocalLimits {
     /// Decides `local` while the store is unavailable, and remembers that
     /// it was.
     pub(crate) fn decide(&self, local: &LocalChecks) -> Option<Decisions> {
-        self.failed_at.store(self.now(), Ordering::Relaxed);
+        self.failed_at.fetch_max(self.now(), Ordering::Relaxed);
         self.store().check(&local.checks).into_ready().ok()?.ok()
     }
 
-    /// Records an admission the store made in the local counts. Within a
-    /// window of the store's last failure, a request that does not fit
-    /// them is denied: the local decisions come back to say so.
-    pub(crate) fn record(&self, local: &LocalChecks) -> Option<Decisions> {
-        let decisions = self.store().check(&local.checks).into_ready().ok()?.ok()?;
-        if decisions.iter().all(|decision| decision.admitted) {
+    /// Within a window of the store's last failure, the local decisions
+    /// when the request does not fit the local counts: it is denied before
+    /// the store is asked, so the store spends nothing on it.
+    pub(crate) fn refuses(&self, local: &LocalChecks) -> Option<Decisions> {
+        let failed_at = self.failed_at.load(Ordering::Relaxed);
+        let window = local.checks.iter().map(|check| check.window).max()?;
+        let since = Duration::from_micros(self.now().saturating_sub(failed_at));
+        if failed_at == 0 || since >= window {
             return None;
         }
-        let failed_at = self.failed_at.load(Ordering::Relaxed);
-        let since = Duration::from_micros(self.now().saturating_sub(failed_at));
-        let window = local.checks.iter().map(|check| check.window).max()?;
-        (failed_at != 0 && since < window).then_some(decisions)
+        let decisions = self.store().peek(&local.checks).into_ready().ok()?.ok()?;
+        (!decisions.iter().all(|decision| decision.admitted)).then_some(decisions)
+    }
+
+    /// Records an admission the store made in the local counts, each
+    /// policy on its own (a count at its local limit stays there). Policies
+    /// that count some responses only are left out: the store takes their
+    /// units back after the response, and the local count would not.
+    pub(crate) fn record(&self, local: &LocalChecks) {
+        let store = self.store();
+        for (check, count) in local.checks.iter().zip(&local.counts) {
+            if *count == Count::All {
+                // A memory store answers at once; nothing to wait for.
+                let _ = store.check(std::slice::from_ref(check)).into_ready();
+            }
+        }
     }
 }
 

@@ -2,10 +2,11 @@
 //! wrap a service into a [`RateLimit`], and what a layer remembers between
 //! requests: a [`DenyCache`] of denied clients and the
 //! [`CredentialFailures`] of client addresses.
-//!
-//! One request's decision reads top to bottom in `decide.rs`: what is
-//! known at once, and one continuation for requests that wait; the store's
-//! answer becomes a call or an answer in `outcome.rs`.
+
+// One request's decision reads top to bottom in `decide`: what is known at
+// once, and one continuation for requests that wait; the store's answer
+// becomes a call or an answer in `outcome`, and every answer the limiter
+// writes goes through `reject`.
 
 pub(crate) mod credentials;
 mod decide;

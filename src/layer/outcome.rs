@@ -105,10 +105,9 @@ pub(crate) fn outcome(
             let decided = &checks[..decisions.len()];
             let enforced = enforced.min(decisions.len());
             let admitted = decisions[..enforced].iter().all(|d| d.admitted);
-            if let Some(roles) = roles.filter(|_| admitted)
-                && let Some(next) = held_locally(shared, checks, roles, took)
-            {
-                return next;
+            if let Some(roles) = roles.filter(|roles| admitted && roles.has_local()) {
+                let local = roles.local(checks, shared.options.local_share);
+                shared.local.record(&local);
             }
             let ietf_policy =
                 ietf_policy(plan, tier, checks, roles).filter(|_| decided.len() == checks.len());
@@ -326,22 +325,16 @@ fn fall_back(
     Some(settle_locally(shared, &local, &decisions, took))
 }
 
-/// Records a request the store admitted in the local counts of its
-/// local-mode checks: the local limit's denial when the request does not
-/// fit them within a window of the store's last failure (see
-/// [`LocalLimits`](super::local::LocalLimits)).
-fn held_locally(
-    shared: &Shared,
-    checks: &[Check],
-    roles: &Roles,
-    took: Option<Duration>,
-) -> Option<Next> {
+/// Denies a request the local counts refuse within a window of the
+/// store's last failure, before the store is asked (see
+/// [`LocalLimits`](super::local::LocalLimits)); `None` to ask the store.
+pub(crate) fn refused_locally(shared: &Shared, checks: &[Check], roles: &Roles) -> Option<Next> {
     if !roles.has_local() {
         return None;
     }
     let local = roles.local(checks, shared.options.local_share);
-    let decisions = shared.local.record(&local)?;
-    Some(settle_locally(shared, &local, &decisions, took))
+    let decisions = shared.local.refuses(&local)?;
+    Some(settle_locally(shared, &local, &decisions, None))
 }
 
 fn settle_locally(

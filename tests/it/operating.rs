@@ -627,3 +627,46 @@ async fn the_breaker_closes_while_sixteen_tasks_drop_requests() {
     assert_eq!(breaker.state(), BreakerState::Closed);
     the_limit_holds(&app).await;
 }
+
+/// Successful logins, which a failures-only policy takes back, never fill
+/// its local count: when the store goes down, the client still has its
+/// whole local limit for failed ones.
+#[tokio::test]
+async fn refunded_units_never_fill_a_local_count() {
+    let down = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let store = FlakyStore::new(MemoryStore::new(), {
+        let down = down.clone();
+        move |_| down.load(Ordering::Relaxed)
+    });
+    let policy = failed_logins().with_fail_mode(FailMode::Local);
+    let app = Router::new()
+        .route("/login", post(login))
+        .route_layer(RateLimitLayer::new(
+            store,
+            OneClient,
+            Policies::single(policy).unwrap(),
+        ));
+    for _ in 0..5 {
+        assert_eq!(
+            send(&app, login_request("demo")).await.status,
+            StatusCode::OK
+        );
+    }
+    down.store(true, Ordering::Relaxed);
+    let statuses: Vec<StatusCode> = {
+        let mut statuses = Vec::new();
+        for _ in 0..4 {
+            statuses.push(send(&app, login_request("wrong")).await.status);
+        }
+        statuses
+    };
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::UNAUTHORIZED,
+            StatusCode::UNAUTHORIZED,
+            StatusCode::UNAUTHORIZED,
+            StatusCode::TOO_MANY_REQUESTS,
+        ]
+    );
+}

@@ -47,6 +47,10 @@ impl<D: Fn(u64) -> bool + Send + Sync + 'static> Store for FlakyStore<D> {
         self.inner.peek(checks)
     }
 
+    fn refund(&self, checks: &[Check], recorded_at: &[Duration]) -> CheckFuture<()> {
+        self.inner.refund(checks, recorded_at)
+    }
+
     fn is_remote(&self) -> bool {
         self.inner.is_remote()
     }
