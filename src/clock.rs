@@ -5,7 +5,9 @@
 //! is monotonic and anchored to the wall clock once; [`FakeClock`] only moves
 //! when a test tells it to.
 
+#[cfg(any(test, feature = "test-util"))]
 use std::sync::Arc;
+#[cfg(any(test, feature = "test-util"))]
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
