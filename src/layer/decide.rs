@@ -379,7 +379,7 @@ fn send(shared: &Shared, plan: &Plan, identity: &Identity, costs: Option<&Costs>
         .map_or(checks.len(), |roles| roles.shadow_from);
     if let Some(next) = roles
         .as_deref()
-        .and_then(|roles| outcome::refused_locally(shared, &checks, roles))
+        .and_then(|roles| outcome::refused_locally(shared, roles))
     {
         return Sending::Now(next);
     }

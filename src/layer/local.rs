@@ -17,8 +17,8 @@
 //! window however the store flaps; with several instances, each holds its
 //! share while the store is down and for a window after.
 
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
@@ -28,10 +28,10 @@ use crate::policy::{Count, FailMode};
 use crate::store::{Check, Decisions, MemoryStore, Store};
 
 /// The local counts of a layer, and when its store last failed.
-#[derive(Debug)]
 pub(crate) struct LocalLimits {
-    /// Made on first use: most layers have no local-mode policy.
-    store: OnceLock<MemoryStore>,
+    /// A `MemoryStore`, made on first use: most layers have no local-mode
+    /// policy.
+    store: OnceLock<Arc<dyn Store>>,
     /// When the store last failed, in µs after `epoch` plus one (0: never).
     failed_at: AtomicU64,
     epoch: Instant,
@@ -48,6 +48,7 @@ impl Default for LocalLimits {
 }
 
 /// A request's local checks, with what each counts.
+#[derive(Debug)]
 pub(crate) struct LocalChecks {
     pub(crate) checks: Checks,
     pub(crate) counts: SmallVec<[Count; 2]>,
@@ -94,8 +95,8 @@ fn local_check(check: &Check, share: u32) -> Check {
 
 impl LocalLimits {
     /// The in-process store of the local counts.
-    pub(crate) fn store(&self) -> &MemoryStore {
-        self.store.get_or_init(MemoryStore::new)
+    pub(crate) fn store(&self) -> &Arc<dyn Store> {
+        self.store.get_or_init(|| Arc::new(MemoryStore::new()))
     }
 
     fn now(&self) -> u64 {

@@ -105,9 +105,8 @@ pub(crate) fn outcome(
             let decided = &checks[..decisions.len()];
             let enforced = enforced.min(decisions.len());
             let admitted = decisions[..enforced].iter().all(|d| d.admitted);
-            if let Some(roles) = roles.filter(|roles| admitted && roles.has_local()) {
-                let local = roles.local(checks, shared.options.local_share);
-                shared.local.record(&local);
+            if let Some(local) = roles.filter(|_| admitted).and_then(Roles::local) {
+                shared.local.record(local);
             }
             let ietf_policy =
                 ietf_policy(plan, tier, checks, roles).filter(|_| decided.len() == checks.len());
@@ -134,7 +133,7 @@ pub(crate) fn outcome(
             Next::Answer(reject(shared, Reply::StoreUnavailable(&error)))
         }
         Err(error) => {
-            if let Some(next) = roles.and_then(|roles| fall_back(shared, checks, roles, took)) {
+            if let Some(next) = roles.and_then(|roles| fall_back(shared, roles, took)) {
                 if let Some(held_back) = STORE_FAILURES.admit() {
                     tracing::warn!(%error, held_back, "rate-limit store unavailable; enforcing local limits");
                 }
@@ -311,30 +310,19 @@ pub(crate) fn trace_decision(policy: &str, outcome: Outcome, took: Option<Durati
 /// Decides the checks that fall back to a local limit, while the store
 /// is unavailable; `None` when no check does (the request then fails
 /// open).
-fn fall_back(
-    shared: &Shared,
-    checks: &[Check],
-    roles: &Roles,
-    took: Option<Duration>,
-) -> Option<Next> {
-    let local = roles.local(checks, shared.options.local_share);
-    if local.is_empty() {
-        return None;
-    }
-    let decisions = shared.local.decide(&local)?;
-    Some(settle_locally(shared, &local, &decisions, took))
+fn fall_back(shared: &Shared, roles: &Roles, took: Option<Duration>) -> Option<Next> {
+    let local = roles.local()?;
+    let decisions = shared.local.decide(local)?;
+    Some(settle_locally(shared, local, &decisions, took))
 }
 
 /// Denies a request the local counts refuse within a window of the
 /// store's last failure, before the store is asked (see
 /// [`LocalLimits`](super::local::LocalLimits)); `None` to ask the store.
-pub(crate) fn refused_locally(shared: &Shared, checks: &[Check], roles: &Roles) -> Option<Next> {
-    if !roles.has_local() {
-        return None;
-    }
-    let local = roles.local(checks, shared.options.local_share);
-    let decisions = shared.local.refuses(&local)?;
-    Some(settle_locally(shared, &local, &decisions, None))
+pub(crate) fn refused_locally(shared: &Shared, roles: &Roles) -> Option<Next> {
+    let local = roles.local()?;
+    let decisions = shared.local.refuses(local)?;
+    Some(settle_locally(shared, local, &decisions, None))
 }
 
 fn settle_locally(
@@ -343,11 +331,10 @@ fn settle_locally(
     decisions: &[Decision],
     took: Option<Duration>,
 ) -> Next {
-    let store: Arc<dyn Store> = Arc::new(shared.local.store().clone());
     settle(
         shared,
         Answered {
-            store: &store,
+            store: shared.local.store(),
             checks: &local.checks,
             decisions,
             enforced: local.checks.len(),

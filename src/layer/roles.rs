@@ -25,8 +25,9 @@ pub(crate) struct Roles {
     pub(crate) shadow_from: usize,
     /// What each check counts.
     counts: SmallVec<[Count; 2]>,
-    /// Each check's fail mode.
-    fail_modes: SmallVec<[FailMode; 2]>,
+    /// The enforced checks that fall back to a local limit, at their share
+    /// of it; `None` when no check does.
+    local: Option<LocalChecks>,
 }
 
 impl Roles {
@@ -51,18 +52,26 @@ impl Roles {
         checks.sort_by_key(shadow);
         let shadow_from = checks.iter().position(shadow).unwrap_or(checks.len());
         let policies = || checks.iter().map(|check| plan.policy_of(check));
+        let counts: SmallVec<[Count; 2]> = policies()
+            .map(|policy| policy.map_or(Count::All, |policy| policy.count()))
+            .collect();
+        let fail_modes: SmallVec<[FailMode; 2]> = policies()
+            .map(|policy| {
+                policy
+                    .and_then(|policy| policy.fail_mode())
+                    .unwrap_or(options.fail_mode)
+            })
+            .collect();
+        let local = LocalChecks::of(
+            &checks[..shadow_from],
+            &fail_modes,
+            &counts,
+            options.local_share,
+        );
         Box::new(Self {
             shadow_from,
-            counts: policies()
-                .map(|policy| policy.map_or(Count::All, |policy| policy.count()))
-                .collect(),
-            fail_modes: policies()
-                .map(|policy| {
-                    policy
-                        .and_then(|policy| policy.fail_mode())
-                        .unwrap_or(options.fail_mode)
-                })
-                .collect(),
+            counts,
+            local: (!local.is_empty()).then_some(local),
         })
     }
 
@@ -72,19 +81,9 @@ impl Roles {
     }
 
     /// The enforced checks that fall back to a local limit, at their
-    /// share of it (see [`LocalChecks::of`]).
-    pub(crate) fn local(&self, checks: &[Check], share: u32) -> LocalChecks {
-        LocalChecks::of(
-            &checks[..self.shadow_from],
-            &self.fail_modes,
-            &self.counts,
-            share,
-        )
-    }
-
-    /// Whether an enforced check falls back to a local limit.
-    pub(crate) fn has_local(&self) -> bool {
-        self.fail_modes[..self.shadow_from].contains(&FailMode::Local)
+    /// share of it (see [`LocalChecks::of`]), if any does.
+    pub(crate) fn local(&self) -> Option<&LocalChecks> {
+        self.local.as_ref()
     }
 
     /// What each check counts.

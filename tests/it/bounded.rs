@@ -20,7 +20,7 @@ use slidegate::{
     store::{Check, Clock, Decision, FakeClock, RedisStore, Store},
 };
 
-const START: u64 = 1_700_000_000_000_000;
+use crate::support::stores::START;
 const RECORDS: u32 = 100_000;
 const BOUND: Duration = Duration::from_millis(10);
 

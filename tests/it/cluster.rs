@@ -14,7 +14,7 @@ use slidegate::{
     store::{Check, Decisions, FakeClock, RedisStore, Store, StoreError},
 };
 
-const START: u64 = 1_700_000_000_000_000;
+use crate::support::stores::START;
 const MINUTE: Duration = Duration::from_secs(60);
 
 fn store(cluster: &RedisCluster, clock: &FakeClock) -> RedisStore {

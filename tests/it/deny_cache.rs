@@ -15,7 +15,7 @@ use slidegate::{
     store::{FakeClock, RedisStore},
 };
 
-const START: u64 = 1_700_000_000_000_000;
+use crate::support::stores::START;
 const WINDOW: Duration = Duration::from_secs(10);
 
 /// `FCALL` (or `EVALSHA`) calls that ran the script, from `INFO

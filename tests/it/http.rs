@@ -24,7 +24,7 @@ use slidegate::{
 };
 use tower::{ServiceExt, service_fn};
 
-const START: u64 = 1_700_000_000_000_000;
+use crate::support::stores::START;
 const MINUTE: Duration = Duration::from_secs(60);
 
 fn request(method: &str, uri: &str, peer: &str) -> Request<Body> {

@@ -11,7 +11,7 @@ use slidegate::{
     store::{Check, FakeClock, RedisStore, Store},
 };
 
-const START: u64 = 1_700_000_000_000_000;
+use crate::support::stores::START;
 
 fn store_on(server: &RedisServer, clock: &FakeClock) -> RedisStore {
     RedisStore::builder(server.pool(2))
