@@ -41,6 +41,15 @@ impl Variant {
         }
     }
 
+    /// A log policy's arguments: the previous script takes four, the
+    /// current one a burst (the limit, for a log) and a block (none) too.
+    fn policy(self, call: &mut redis::Cmd, window: u64, cost: u64) {
+        call.arg("log").arg(LIMIT).arg(window).arg(cost);
+        if self == Self::Current {
+            call.arg(LIMIT).arg(0);
+        }
+    }
+
     /// The keys of `client`'s log.
     fn keys(self, client: &str) -> [String; 2] {
         let base = format!("{}:{{{client}}}", self.name());
@@ -76,25 +85,17 @@ impl Bench {
         window: u64,
         cost: u64,
     ) -> Vec<i64> {
-        Self::single(variant, client, now)
-            .arg("log")
-            .arg(LIMIT)
-            .arg(window)
-            .arg(cost)
-            .query(&mut self.connection)
-            .unwrap()
+        let mut call = Self::single(variant, client, now);
+        variant.policy(&mut call, window, cost);
+        call.query(&mut self.connection).unwrap()
     }
 
     /// Peeks at `cost` for `client` at `now` under `window`.
     fn peek(&mut self, variant: Variant, client: &str, now: u64, window: u64, cost: u64) {
-        let _: Value = Self::single(variant, client, now)
-            .arg("peek")
-            .arg("log")
-            .arg(LIMIT)
-            .arg(window)
-            .arg(cost)
-            .query(&mut self.connection)
-            .unwrap();
+        let mut call = Self::single(variant, client, now);
+        call.arg("peek");
+        variant.policy(&mut call, window, cost);
+        let _: Value = call.query(&mut self.connection).unwrap();
     }
 
     /// `requests` requests for `client`, in one batch call, the n-th of
@@ -117,22 +118,18 @@ impl Bench {
         }
         call.arg(now);
         for n in 0..requests {
-            call.arg(1).arg("log").arg(LIMIT).arg(window).arg(cost(n));
+            call.arg(1);
+            variant.policy(&mut call, window, cost(n));
         }
         let _: Value = call.query(&mut self.connection).unwrap();
     }
 
     /// Takes back one unit recorded at `at` for `client`.
     fn refund(&mut self, variant: Variant, client: &str, now: u64, at: u64) {
-        let _: Value = Self::single(variant, client, now)
-            .arg("refund")
-            .arg("log")
-            .arg(LIMIT)
-            .arg(HOUR)
-            .arg(1)
-            .arg(at)
-            .query(&mut self.connection)
-            .unwrap();
+        let mut call = Self::single(variant, client, now);
+        call.arg("refund");
+        variant.policy(&mut call, HOUR, 1);
+        let _: Value = call.arg(at).query(&mut self.connection).unwrap();
     }
 
     /// Fills `client`'s log with `records` requests, of costs 1 and 2 in

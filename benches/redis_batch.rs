@@ -67,7 +67,8 @@ fn run(connection: &mut Connection, batched: bool, seed: u64) {
             }
             call.arg("");
             for _ in &clients {
-                call.arg((1, "log", 1_000_000_000u32, 60_000_000u64, 1u32));
+                call.arg((1, "log", 1_000_000_000u32, 60_000_000u64, 1u32))
+                    .arg((1_000_000_000u32, 0u32));
             }
             let replies: Vec<Vec<i64>> = call.query(connection).unwrap();
             replies.concat()
@@ -80,6 +81,8 @@ fn run(connection: &mut Connection, batched: bool, seed: u64) {
                     1_000_000_000u32,
                     60_000_000u64,
                     1u32,
+                    1_000_000_000u32,
+                    0u32,
                 ));
             }
             let replies: Vec<Vec<i64>> = pipe.query(connection).unwrap();

@@ -115,12 +115,19 @@ fn run(
             _ => vec![format!("{base}:f")],
         };
         let args = (now, algorithm, limit, 1_000_000u64, 1u32);
+        // The current script also takes a burst (the limit) and a block.
+        let extra: &[u32] = if variant == Variant::Previous {
+            &[]
+        } else {
+            &[limit, 0]
+        };
         let reply: Vec<i64> = match variant {
             Variant::PackedFcall => redis::cmd("FCALL")
                 .arg("slidegate_check")
                 .arg(keys.len())
                 .arg(&keys)
                 .arg(args)
+                .arg(extra)
                 .query(connection)
                 .unwrap(),
             _ => {
@@ -133,7 +140,7 @@ fn run(
                 for key in &keys {
                     invocation.key(key);
                 }
-                invocation.arg(args).invoke(connection).unwrap()
+                invocation.arg(args).arg(extra).invoke(connection).unwrap()
             }
         };
         admitted += u64::from(reply[0] == 1);

@@ -12,9 +12,10 @@
 --
 -- ARGV[1]: the time in microseconds, or "" to read the server's TIME (the
 --   empty form is the only one production uses).
--- ARGV, per policy i (1-based): ARGV[4i-2] algorithm ("log", "counter" or
---   "fixed"), ARGV[4i-1] limit, ARGV[4i] window in microseconds,
---   ARGV[4i+1] cost.
+-- ARGV, per policy (ARGS = 6 each, from ARGV[2]): algorithm ("log",
+--   "counter", "fixed", "bucket" or "lease"), limit, window in
+--   microseconds (a lease's time for "lease"), cost, burst (a bucket's
+--   size; the limit otherwise) and block in microseconds (0: none).
 -- KEYS, taken in policy order:
 --   log:     a string holding the log's header and newest page, then a
 --            hash holding its other pages (see "sliding log" below).
@@ -24,6 +25,12 @@
 --            counted at.
 --   fixed:   a hash with the window id `w`, its count `c`, `t` and the
 --            window length `l` in µs.
+--   bucket:  a 24-byte string (see "token bucket" below).
+--   lease:   a sorted set of leases (see "leases" below).
+--   then, for a policy that blocks, a string holding the time (µs) until
+--   which the client is blocked: set when the policy's own count denies
+--   a request, and read before it, so that every request meanwhile is
+--   denied.
 --
 -- The counters place `now` no earlier than `t`: a clock that steps back
 -- (NTP, a failover to a skewed node) never takes a key back to an earlier
@@ -40,8 +47,8 @@
 -- microseconds the request's units were recorded at (-1 when nothing was):
 -- a refund names it.
 --
--- The same script peeks and refunds when ARGV[2] says so (see `main` at
--- the end).
+-- The same script peeks, refunds and resets when ARGV[2] says so (see
+-- `main` at the end).
 --
 -- Windows of the counters are aligned to the Unix epoch: window n covers
 -- [n*W, (n+1)*W). All arithmetic stays in integers below 2^53, so Lua's
@@ -1085,9 +1092,180 @@ function fixed.report(s)
   return remaining, 0
 end
 
+------------------------------------------------------------- token bucket
+--
+-- GCRA in one key: a 24-byte string of three u64 (big-endian): `t`, the
+-- time (µs) the bucket was last placed at; `d`, its debt at `t`; and `w`,
+-- the window (µs) the debt is measured in. Time is scaled by the limit
+-- L: a unit costs W scaled µs (W the window) and each µs refills L of
+-- them, so the debt is units × W whatever the limit, and a tier with a
+-- limit of its own reads the same debt. A request of cost c fits when
+-- d + c·W ≤ B·W, B the burst. Policy validation keeps B·W below 2^52, so
+-- every sum here is exact in Lua's doubles.
+
+local bucket = {}
+local BUCKET = '>I8I8I8'
+
+-- `n / d` rounded up, for n >= 0 and d > 0.
+local function ceil_div(n, d)
+  local q = idiv(n, d)
+  if q * d < n then
+    return q + 1
+  end
+  return q
+end
+
+function bucket.prepare(s)
+  local entry = recall(s)
+  local stored
+  if entry ~= nil then
+    stored = entry.stored
+  else
+    local packed = redis.call('GET', s.key)
+    if packed then
+      local t, d, w = struct.unpack(BUCKET, packed)
+      stored = { t, d, w }
+    end
+  end
+  s.stored = stored
+  s.full = s.burst * s.window
+  local t, d = now, 0
+  if stored ~= nil then
+    t, d = stored[1], stored[2]
+    if stored[3] ~= s.window then
+      -- Measured under another window: the same units, rounded up, and
+      -- never more than this bucket holds.
+      d = math.min(math.ceil(d / stored[3] * s.window), s.full)
+      s.rewindowed = true
+    end
+  end
+  local carried
+  s.at, carried = high_water(t, s.window)
+  if carried then
+    s.carried = true
+  elseif s.at > t then
+    local refilled = s.at - t
+    if refilled >= ceil_div(d, s.limit) then
+      d = 0
+    else
+      d = d - refilled * s.limit
+    end
+  end
+  s.d = d
+  return d + s.cost * s.window <= s.full
+end
+
+local function bucket_write(s)
+  local ms = idiv(s.at - now + ceil_div(s.d, s.limit), 1000) + 1
+  redis.call('SET', s.key, struct.pack(BUCKET, s.at, s.d, s.window), 'PX', int(ms + expiry_grace_ms))
+  s.stored = { s.at, s.d, s.window }
+end
+
+function bucket.record(s)
+  s.d = s.d + s.cost * s.window
+  s.recorded = s.at
+  bucket_write(s)
+end
+
+-- Gives back `cost` units: refilling is linear, so the bucket is as if
+-- the request had not been made.
+function bucket.refund(s, at, cost)
+  s.d = math.max(0, s.d - cost * s.window)
+  bucket_write(s)
+end
+
+function bucket.save(s)
+  if s.carried or s.rewindowed then
+    bucket_write(s)
+  end
+end
+
+-- Until `units` more fit, in µs from the real `now`.
+local function bucket_wait(s, units)
+  local over = s.d + units * s.window - s.full
+  if over <= 0 then
+    return 0
+  end
+  return ceil_div(over, s.limit) + (s.at - now)
+end
+
+function bucket.retry(s)
+  return bucket_wait(s, s.cost)
+end
+
+function bucket.remember(s)
+  known[s.key] = { window = s.window, stored = s.stored }
+end
+
+function bucket.report(s)
+  local remaining = idiv(s.full - s.d, s.window)
+  if remaining >= s.burst then
+    return s.burst, 0
+  end
+  return remaining, bucket_wait(s, remaining + 1)
+end
+
+---------------------------------------------------------------- leases
+--
+-- At most `limit` requests in flight: a sorted set of leases, each a
+-- member and score both the time (µs) it was taken at, unique in its key
+-- (so a release names exactly one). A lease taken more than a window
+-- (the lease time) ago has expired: the leases of an instance that died
+-- are gone within it. Expired leases are removed a few per call.
+
+local lease = {}
+-- Expired leases one call removes, at most.
+local CLEAN_LEASES = 8
+-- The retry time of a full set: leases end when their requests do, which
+-- no store knows in advance.
+local LEASE_RETRY = 1000000
+
+function lease.prepare(s)
+  local cutoff = now - s.window
+  local expired = redis.call('ZCOUNT', s.key, '-inf', int(cutoff))
+  if expired > 0 then
+    redis.call('ZREMRANGEBYRANK', s.key, 0, math.min(expired, CLEAN_LEASES) - 1)
+  end
+  s.held = redis.call('ZCOUNT', s.key, '(' .. int(cutoff), '+inf')
+  return s.held + 1 <= s.limit
+end
+
+function lease.record(s)
+  local at = now
+  local newest = redis.call('ZRANGE', s.key, -1, -1, 'WITHSCORES')
+  if newest[2] ~= nil and tonumber(newest[2]) >= at then
+    at = tonumber(newest[2]) + 1
+  end
+  redis.call('ZADD', s.key, int(at), int(at))
+  redis.call('PEXPIRE', s.key, int(idiv(at - now + s.window, 1000) + 1 + expiry_grace_ms))
+  s.held = s.held + 1
+  s.recorded = at
+end
+
+-- Releases the lease taken at `at`.
+function lease.refund(s, at, cost)
+  redis.call('ZREM', s.key, int(at))
+end
+
+function lease.save(s) end
+
+function lease.retry(s)
+  return LEASE_RETRY
+end
+
+function lease.remember(s) end
+
+function lease.report(s)
+  local remaining = math.max(0, s.limit - s.held)
+  if s.held == 0 then
+    return remaining, 0
+  end
+  return remaining, LEASE_RETRY
+end
+
 ---------------------------------------------------------------- the batch
 
-local algorithms = { log = log, counter = counter, fixed = fixed }
+local algorithms = { log = log, counter = counter, fixed = fixed, bucket = bucket, lease = lease }
 
 -- Writes the headers (and rewritten tails and TTLs) of the logs this
 -- call changed, once each.
@@ -1112,9 +1290,23 @@ local function set_now(time)
   end
 end
 
--- The state of the policy whose four arguments start at argv[a] and whose
+-- Arguments per policy: algorithm, limit, window, cost, burst, block.
+local ARGS = 6
+
+-- The keys of the policy whose arguments start at argv[a]: two for a
+-- log, one otherwise, and one more for a policy that blocks.
+local function key_count(argv, a)
+  local count = argv[a] == 'log' and 2 or 1
+  if argv[a + 5] ~= '0' then
+    count = count + 1
+  end
+  return count
+end
+
+-- The state of the policy whose arguments start at argv[a] and whose
 -- keys start at keys[k], brought up to `now` (reading only); and the
--- index of the next key.
+-- index of the next key. `s.fits` says whether its own count fits the
+-- request, `s.blocked` until when a denial blocks the client (µs).
 local function prepare(keys, argv, k, a)
   local algorithm = algorithms[argv[a]]
   if algorithm == nil then
@@ -1126,14 +1318,32 @@ local function prepare(keys, argv, k, a)
     limit = tonumber(argv[a + 1]),
     window = tonumber(argv[a + 2]),
     cost = tonumber(argv[a + 3]),
+    burst = tonumber(argv[a + 4]),
+    block = tonumber(argv[a + 5]),
   }
   k = k + 1
   if algorithm == log then
     s.store = keys[k]
     k = k + 1
   end
+  if s.block > 0 then
+    s.block_key = keys[k]
+    k = k + 1
+    local until_time = tonumber(redis.call('GET', s.block_key))
+    if until_time ~= nil and until_time > now then
+      s.blocked = until_time
+    end
+  end
   s.fits = algorithm.prepare(s)
   return s, k
+end
+
+-- Blocks the client of `s`, denied by its own count, for the policy's
+-- block time from now.
+local function block(s)
+  local until_time = now + s.block
+  redis.call('SET', s.block_key, int(until_time), 'PX', int(idiv(s.block, 1000) + 1 + expiry_grace_ms))
+  s.blocked = until_time
 end
 
 -- Decides one request's `policies` policies, whose keys start at
@@ -1147,16 +1357,24 @@ local function decide(keys, argv, first_key, first_arg, policies, peek)
   local next_key = first_key
 
   for i = 1, policies do
-    state[i], next_key = prepare(keys, argv, next_key, first_arg + 4 * (i - 1))
-    all_fit = all_fit and state[i].fits
+    state[i], next_key = prepare(keys, argv, next_key, first_arg + ARGS * (i - 1))
+    all_fit = all_fit and state[i].fits and state[i].blocked == nil
   end
   local record = all_fit and not peek
   local retry = {}
   for i = 1, policies do
     local s = state[i]
     retry[i] = -1
-    if not record and not s.fits then
-      retry[i] = s.algorithm.retry(s)
+    if not record then
+      if not s.fits then
+        retry[i] = s.algorithm.retry(s)
+        if s.block_key ~= nil and s.blocked == nil and not peek then
+          block(s)
+        end
+      end
+      if s.blocked ~= nil then
+        retry[i] = math.max(retry[i], s.blocked - now)
+      end
     end
   end
 
@@ -1170,6 +1388,9 @@ local function decide(keys, argv, first_key, first_arg, policies, peek)
     end
     s.algorithm.remember(s)
     local remaining, reset = s.algorithm.report(s)
+    if s.blocked ~= nil then
+      remaining = 0
+    end
     result[5 * i - 4] = all_fit and 1 or 0
     result[5 * i - 3] = remaining
     result[5 * i - 2] = reset
@@ -1185,24 +1406,42 @@ end
 local function check(keys, argv, peek)
   set_now(argv[1])
   local first = peek and 3 or 2
-  local result = decide(keys, argv, 1, first, (#argv - first + 1) / 4, peek)
+  local result = decide(keys, argv, 1, first, (#argv - first + 1) / ARGS, peek)
   write_logs()
   return result
 end
 
--- Refunds: ARGV[1] the time, ARGV[2] "refund", then per policy its four
+-- Refunds: ARGV[1] the time, ARGV[2] "refund", then per policy its
 -- arguments as for `check` and the time (µs) its units were recorded at.
--- Each policy's units are taken back on their own. Returns an empty list.
+-- Each policy's units are taken back on their own (a lease is released).
+-- Returns an empty list.
 local function refund(keys, argv)
   set_now(argv[1])
   local k = 1
-  for a = 3, #argv, 5 do
+  for a = 3, #argv, ARGS + 1 do
     local s
     s, k = prepare(keys, argv, k, a)
-    s.algorithm.refund(s, tonumber(argv[a + 4]), s.cost)
+    s.algorithm.refund(s, tonumber(argv[a + ARGS]), s.cost)
     s.algorithm.remember(s)
   end
   write_logs()
+  return {}
+end
+
+-- Resets: ARGV[1] the time, ARGV[2] "reset", then per policy its
+-- arguments as for `check`: every key of the policy is deleted (a log's
+-- pages with its header: the hash of a long log is unlinked, which Redis
+-- frees in the background). Returns an empty list.
+local function reset(keys, argv)
+  set_now(argv[1])
+  local k = 1
+  for a = 3, #argv, ARGS do
+    local count = key_count(argv, a)
+    for j = k, k + count - 1 do
+      redis.call('UNLINK', keys[j])
+    end
+    k = k + count
+  end
   return {}
 end
 
@@ -1226,14 +1465,14 @@ local function all_held(keys, argv, first_key, first_arg, policies, step)
     if redis.call('EXISTS', keys[k]) == 0 then
       return false
     end
-    k = k + (argv[first_arg + step * i] == 'log' and 2 or 1)
+    k = k + key_count(argv, first_arg + step * i)
   end
   return true
 end
 
 -- Decides several requests, in order, each all-or-nothing on its own, at
 -- one time. ARGV[1] is the time as for `check`; then, per request, its
--- number of policies and their four arguments each. KEYS are the
+-- number of policies and their arguments (ARGS each). KEYS are the
 -- requests' keys in the same order. Returns one entry per request: its
 -- integers as `check` returns them, or an error of its own, which leaves
 -- the other requests' decisions standing and writes nothing of its own.
@@ -1244,7 +1483,7 @@ local function check_batch(keys, argv, held_only)
   while next_arg <= #argv do
     local policies = tonumber(argv[next_arg])
     local ok, result, after = false, { err = NOT_HELD }
-    if not held_only or all_held(keys, argv, next_key, next_arg + 1, policies, 4) then
+    if not held_only or all_held(keys, argv, next_key, next_arg + 1, policies, ARGS) then
       ok, result, after = pcall(decide, keys, argv, next_key, next_arg + 1, policies, false)
     end
     if ok then
@@ -1254,35 +1493,38 @@ local function check_batch(keys, argv, held_only)
       -- A Redis command's error arrives as a table with its message.
       local message = type(result) == 'table' and result.err or tostring(result)
       replies[#replies + 1] = redis.error_reply(message)
-      -- Skip the failed request's keys: one per policy, two per log.
+      -- Skip the failed request's keys.
       for i = 0, policies - 1 do
-        next_key = next_key + (argv[next_arg + 1 + 4 * i] == 'log' and 2 or 1)
+        next_key = next_key + key_count(argv, next_arg + 1 + ARGS * i)
       end
     end
-    next_arg = next_arg + 1 + 4 * policies
+    next_arg = next_arg + 1 + ARGS * policies
   end
   write_logs()
   return replies
 end
 
--- One call: a check, or a peek or refund as ARGV[2] says (for a check it
--- is the first policy's algorithm).
+-- One call: a check, or a peek, refund or reset as ARGV[2] says (for a
+-- check it is the first policy's algorithm).
 local function main(keys, argv)
   if argv[2] == 'refund' then
     return refund(keys, argv)
+  elseif argv[2] == 'reset' then
+    return reset(keys, argv)
   end
   return check(keys, argv, argv[2] == 'peek')
 end
 
 -- `main` for a request whose every policy's state exists (see `NOT_HELD`).
 local function held_main(keys, argv)
-  local first, step = 2, 4
+  local first, step = 2, ARGS
   if argv[2] == 'refund' then
-    first, step = 3, 5
-  elseif argv[2] == 'peek' then
+    first, step = 3, ARGS + 1
+  elseif argv[2] == 'peek' or argv[2] == 'reset' then
     first = 3
   end
-  if not all_held(keys, argv, 1, first, (#argv - first + 1) / step, step) then
+  -- A reset only deletes, which frees memory.
+  if argv[2] ~= 'reset' and not all_held(keys, argv, 1, first, (#argv - first + 1) / step, step) then
     return redis.error_reply(NOT_HELD)
   end
   return main(keys, argv)

@@ -131,6 +131,9 @@ pub(crate) fn raw_evalsha(
                 .arg(NEVER)
                 .arg(1_000_000)
                 .arg(1)
+                // The burst (the limit, for a log) and no block.
+                .arg(NEVER)
+                .arg(0)
                 .invoke_async(&mut connection)
                 .await
                 .unwrap();

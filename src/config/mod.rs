@@ -497,15 +497,21 @@ fn policy_from(
     if let Some(shadow) = body.shadow {
         policy = policy.with_shadow(shadow);
     }
+    if let Some(burst) = &body.burst {
+        policy = policy.with_burst(*burst.get_ref());
+    }
+    if let Some(block) = &body.block {
+        policy = policy.with_block(block.get_ref().0);
+    }
     Policies::single(policy.clone()).map_err(|error| {
         let key = error.field();
+        let at = |value: Option<usize>| value.unwrap_or(body.limit.span().start);
         let offset = match key {
             "limit" => body.limit.span().start,
             "window" => body.window.span().start,
-            "cost" => body
-                .cost
-                .as_ref()
-                .map_or(body.limit.span().start, |c| c.span().start),
+            "cost" => at(body.cost.as_ref().map(|c| c.span().start)),
+            "burst" => at(body.burst.as_ref().map(|b| b.span().start)),
+            "block" => at(body.block.as_ref().map(|b| b.span().start)),
             _ => name_offset,
         };
         ConfigError::at(source, offset, format!("{prefix}.{key}"), error.to_string())
@@ -523,6 +529,9 @@ fn policy_from(
         if let Some(cost) = &raw.cost {
             limits = limits.cost(*cost.get_ref());
         }
+        if let Some(burst) = &raw.burst {
+            limits = limits.burst(*burst.get_ref());
+        }
         let with_tier = policy.clone().with_tier(tier.as_str(), limits);
         Policies::single(with_tier.clone()).map_err(|error| {
             // The tier's own setting, else its limit, else the tier.
@@ -530,6 +539,7 @@ fn policy_from(
             let own = match key {
                 "limit" => raw.limit.as_ref().map(|limit| limit.span().start),
                 "window" => raw.window.as_ref().map(|window| window.span().start),
+                "burst" => raw.burst.as_ref().map(|burst| burst.span().start),
                 _ => raw.cost.as_ref().map(|cost| cost.span().start),
             };
             let offset = own

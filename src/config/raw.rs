@@ -227,6 +227,7 @@ pub(super) enum AlgorithmName {
     SlidingLog,
     SlidingCounter,
     FixedWindow,
+    TokenBucket,
 }
 
 impl From<AlgorithmName> for Algorithm {
@@ -235,6 +236,7 @@ impl From<AlgorithmName> for Algorithm {
             AlgorithmName::SlidingLog => Self::SlidingLog,
             AlgorithmName::SlidingCounter => Self::SlidingCounter,
             AlgorithmName::FixedWindow => Self::FixedWindow,
+            AlgorithmName::TokenBucket => Self::TokenBucket,
         }
     }
 }
@@ -252,6 +254,8 @@ pub(super) struct RawPolicy {
     pub(super) count: Option<CountName>,
     pub(super) shadow: Option<bool>,
     pub(super) tiers: Option<BTreeMap<String, Spanned<RawTier>>>,
+    pub(super) burst: Option<Spanned<u32>>,
+    pub(super) block: Option<Spanned<HumanDuration>>,
 }
 
 /// A tier's overrides in `tiers = { pro = { limit = 50 } }`.
@@ -261,6 +265,7 @@ pub(super) struct RawTier {
     pub(super) limit: Option<Spanned<u32>>,
     pub(super) window: Option<Spanned<HumanDuration>>,
     pub(super) cost: Option<Spanned<u32>>,
+    pub(super) burst: Option<Spanned<u32>>,
 }
 
 impl RawPolicy {
@@ -275,6 +280,8 @@ impl RawPolicy {
             count: self.count,
             shadow: self.shadow,
             tiers: self.tiers,
+            burst: self.burst,
+            block: self.block,
         };
         (self.name, self.route, body)
     }
@@ -291,4 +298,6 @@ pub(super) struct RawPolicyBody {
     pub(super) count: Option<CountName>,
     pub(super) shadow: Option<bool>,
     pub(super) tiers: Option<BTreeMap<String, Spanned<RawTier>>>,
+    pub(super) burst: Option<Spanned<u32>>,
+    pub(super) block: Option<Spanned<HumanDuration>>,
 }

@@ -353,6 +353,9 @@ fn with_timeout(lookup: TierFuture, timeout: Duration) -> TierFuture {
 }
 
 /// The request's checks, sent: decided at once, or when the store answers.
+// Moved once, from `send` to its caller, and never stored: boxing the
+// larger variant would cost an allocation per store call.
+#[allow(clippy::large_enum_variant)]
 enum Sending {
     Now(Next),
     Later(Sent, CheckFuture),

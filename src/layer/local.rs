@@ -81,15 +81,17 @@ impl LocalChecks {
     }
 }
 
-/// `check` at `1 / share` of its limit, and of its cost.
+/// `check` at `1 / share` of its limit and burst, and of its cost.
 fn local_check(check: &Check, share: u32) -> Check {
     let mut local = check.clone();
-    local.limit = (check.limit / share.max(1)).max(1);
+    let share = share.max(1);
+    local.limit = (check.limit / share).max(1);
+    local.burst = (check.burst / share).max(1);
     let scaled =
-        (u64::from(check.cost) * u64::from(local.limit)).div_ceil(u64::from(check.limit.max(1)));
+        (u64::from(check.cost) * u64::from(local.burst)).div_ceil(u64::from(check.burst.max(1)));
     local.cost = u32::try_from(scaled)
         .unwrap_or(u32::MAX)
-        .clamp(1, local.limit);
+        .clamp(1, local.burst);
     local
 }
 
@@ -155,6 +157,8 @@ mod tests {
             window: Duration::from_secs(60),
             cost,
             algorithm: Algorithm::SlidingLog,
+            burst: limit,
+            block: Duration::ZERO,
         }
     }
 

@@ -6,7 +6,7 @@ use smallvec::SmallVec;
 
 use super::plan::Plan;
 use crate::key::Key;
-use crate::policy::Policy;
+use crate::policy::{Algorithm, Policy};
 use crate::response::rejection::CostAboveLimit;
 use crate::store::Check;
 
@@ -113,24 +113,19 @@ pub(crate) fn checks(
         let cost = match costs.map_or(Cost::Policy, |costs| costs[index]) {
             Cost::Policy => limits.cost,
             Cost::Exempt => continue,
-            Cost::Units(units) if units > limits.limit => {
+            // A lease is one request in flight, whatever it costs.
+            Cost::Units(_) if policy.algorithm() == Algorithm::Concurrency => 1,
+            Cost::Units(units) if units > limits.burst => {
                 return Err(CostAboveLimit {
                     policy: policy.shared_name().clone(),
                     cost: units,
-                    limit: limits.limit,
+                    limit: limits.burst,
                     window: limits.window,
                 });
             }
             Cost::Units(units) => units.max(1),
         };
-        checks.push(Check {
-            policy: policy.shared_name().clone(),
-            key: key.clone(),
-            limit: limits.limit,
-            window: limits.window,
-            cost,
-            algorithm: policy.algorithm(),
-        });
+        checks.push(Check::with_cost(policy, key.clone(), *limits, cost));
     }
     Ok(checks)
 }

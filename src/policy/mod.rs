@@ -35,11 +35,30 @@ pub enum Algorithm {
     /// One epoch-aligned fixed-window counter: the cheapest, but a client
     /// can spend up to twice the limit across a window boundary.
     FixedWindow,
+    /// A token bucket (GCRA, one timestamp per client): a steady rate of
+    /// `limit` units per `window`, with a bucket of
+    /// [`burst`](Policy::with_burst) units (default: the limit) that a
+    /// client may spend at once. Exact for its model; `burst × window in
+    /// µs` must stay below 2^52 so the arithmetic is exact in Redis.
+    /// Decisions report the burst as their limit.
+    TokenBucket,
+    /// At most `limit` requests of a client in flight at once (see
+    /// [`Policy::concurrency`]): a request holds a lease from admission
+    /// until its response body ends or is dropped, and a lease expires
+    /// after the policy's window, its lease time.
+    Concurrency,
 }
 
 /// The largest `limit × window in ms` of a [`Algorithm::SlidingCounter`]
 /// policy: products stay exact in Redis's Lua numbers (doubles).
 const MAX_COUNTER_PRODUCT: u128 = 1 << 51;
+
+/// The largest `burst × window in µs` of a [`Algorithm::TokenBucket`]
+/// policy: a bucket's debt stays exact in Redis's Lua numbers.
+const MAX_BUCKET_PRODUCT: u128 = 1 << 52;
+
+/// The lease time of a [`Policy::concurrency`] policy unless set.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
 /// The name under which a layer counts refused credentials; no policy
 /// may take it.
@@ -113,6 +132,7 @@ pub struct TierLimits {
     limit: Option<u32>,
     window: Option<Duration>,
     cost: Option<u32>,
+    burst: Option<u32>,
 }
 
 impl TierLimits {
@@ -141,6 +161,13 @@ impl TierLimits {
         self.cost = Some(cost);
         self
     }
+
+    /// Overrides the bucket size of a [`Algorithm::TokenBucket`] policy.
+    #[must_use]
+    pub fn burst(mut self, burst: u32) -> Self {
+        self.burst = Some(burst);
+        self
+    }
 }
 
 /// The limit, window and cost in force for one request: a policy's base
@@ -154,6 +181,9 @@ pub struct Limits {
     pub window: Duration,
     /// Units one request consumes.
     pub cost: u32,
+    /// The units a client may spend at once: a token bucket's size, the
+    /// limit for every other algorithm. No cost may exceed it.
+    pub burst: u32,
 }
 
 /// One limit: at most `limit` units of cost per sliding `window`.
@@ -178,6 +208,9 @@ pub struct Policy {
     count: Count,
     shadow: bool,
     tiers: Vec<(Arc<str>, TierLimits)>,
+    burst: Option<u32>,
+    block: Option<Duration>,
+    delay: Option<Duration>,
 }
 
 impl Policy {
@@ -196,7 +229,108 @@ impl Policy {
             count: Count::All,
             shadow: false,
             tiers: Vec::new(),
+            burst: None,
+            block: None,
+            delay: None,
         }
+    }
+
+    /// A policy named `name` allowing at most `in_flight` requests of a
+    /// client at once ([`Algorithm::Concurrency`]). A request holds a lease
+    /// from its admission until its response body has been sent to the
+    /// end, or the response or body is dropped (the client went away, the
+    /// handler panicked). A lease expires after [`DEFAULT_LEASE`] (see
+    /// [`with_lease`](Self::with_lease)), so the leases of an instance
+    /// that died are gone within it. Over the limit a request is answered
+    /// `429` with `Retry-After: 1`.
+    ///
+    /// ```
+    /// use slidegate::{Policy, policy::Algorithm};
+    ///
+    /// let exports = Policy::concurrency("exports", 2);
+    /// assert_eq!((exports.algorithm(), exports.limit()), (Algorithm::Concurrency, 2));
+    /// ```
+    pub fn concurrency(name: impl Into<Arc<str>>, in_flight: u32) -> Self {
+        Self::new(name, in_flight, DEFAULT_LEASE).with_algorithm(Algorithm::Concurrency)
+    }
+
+    /// Sets how long a [`concurrency`](Self::concurrency) lease lasts at
+    /// most (default 30 s): longer than your slowest response, since a
+    /// request that outlives its lease no longer counts.
+    ///
+    /// ```
+    /// use slidegate::Policy;
+    /// use std::time::Duration;
+    ///
+    /// let exports = Policy::concurrency("exports", 2).with_lease(Duration::from_secs(120));
+    /// assert_eq!(exports.window(), Duration::from_secs(120));
+    /// ```
+    #[must_use]
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.window = lease;
+        self
+    }
+
+    /// Sets the bucket size of a [`Algorithm::TokenBucket`] policy: the
+    /// units a client may spend at once, refilled at `limit` per `window`
+    /// (default: the limit). Refused for other algorithms.
+    ///
+    /// ```
+    /// use slidegate::{Policy, policy::Algorithm};
+    /// use std::time::Duration;
+    ///
+    /// // 10 a second on average, up to 50 at once.
+    /// let api = Policy::new("api", 10, Duration::from_secs(1))
+    ///     .with_algorithm(Algorithm::TokenBucket)
+    ///     .with_burst(50);
+    /// assert_eq!(api.limits_for(None).burst, 50);
+    /// ```
+    #[must_use]
+    pub fn with_burst(mut self, burst: u32) -> Self {
+        self.burst = Some(burst);
+        self
+    }
+
+    /// Blocks a client once this policy denies it: every request of the
+    /// client under this policy is denied for `block` from that denial
+    /// (`429` with `Retry-After` the time left), whatever its count. The
+    /// block is held in the store, so every instance agrees, and the deny
+    /// cache answers it locally.
+    ///
+    /// ```
+    /// use slidegate::Policy;
+    /// use std::time::Duration;
+    ///
+    /// // Five failed logins a minute; past that, ten minutes out.
+    /// let login = Policy::new("login", 5, Duration::from_secs(60))
+    ///     .with_block(Duration::from_secs(600));
+    /// assert_eq!(login.block(), Some(Duration::from_secs(600)));
+    /// ```
+    #[must_use]
+    pub fn with_block(mut self, block: Duration) -> Self {
+        self.block = Some(block);
+        self
+    }
+
+    /// Holds a request this policy would deny when it would fit within
+    /// `delay`, and admits it then, instead of answering `429`: for
+    /// clients that cannot retry. The request is counted when it is
+    /// admitted, so no window ever holds more than the limit; a client
+    /// that goes away while held frees its place, and the requests held
+    /// at once per process are bounded.
+    ///
+    /// ```
+    /// use slidegate::Policy;
+    /// use std::time::Duration;
+    ///
+    /// let search = Policy::new("search", 5, Duration::from_secs(1))
+    ///     .with_delay(Duration::from_millis(500));
+    /// assert_eq!(search.delay(), Some(Duration::from_millis(500)));
+    /// ```
+    #[must_use]
+    pub fn with_delay(mut self, delay: Duration) -> Self {
+        self.delay = Some(delay);
+        self
     }
 
     /// Overrides the limit, window or cost for clients of `tier` (from a
@@ -227,10 +361,20 @@ impl Policy {
             .and_then(|tier| self.tiers.iter().find(|(name, _)| &**name == tier))
             .map(|(_, limits)| *limits)
             .unwrap_or_default();
+        let limit = overrides.limit.unwrap_or(self.limit);
+        let burst = match self.algorithm {
+            Algorithm::TokenBucket => overrides.burst.or(self.burst).unwrap_or(limit),
+            _ => limit,
+        };
         Limits {
-            limit: overrides.limit.unwrap_or(self.limit),
+            limit,
             window: overrides.window.unwrap_or(self.window),
-            cost: overrides.cost.unwrap_or(self.cost),
+            cost: match self.algorithm {
+                // A lease is one request in flight, whatever it costs.
+                Algorithm::Concurrency => 1,
+                _ => overrides.cost.unwrap_or(self.cost),
+            },
+            burst,
         }
     }
 
@@ -359,13 +503,42 @@ impl Policy {
         self.shadow
     }
 
+    /// How long a denial blocks the client, if it does.
+    pub fn block(&self) -> Option<Duration> {
+        self.block
+    }
+
+    /// How long a request may be held instead of denied, if it may.
+    pub fn delay(&self) -> Option<Duration> {
+        self.delay
+    }
+
     fn validate(&self) -> Result<(), PolicyError> {
         if !is_valid_name(&self.name) {
             return Err(PolicyError::InvalidName {
                 name: self.name.to_string(),
             });
         }
-        validate_limits(self.name.to_string(), self.limits_for(None), self.algorithm)?;
+        let name = || self.name.to_string();
+        let tier_burst = self.tiers.iter().any(|(_, tier)| tier.burst.is_some());
+        if (self.burst.is_some() || tier_burst) && self.algorithm != Algorithm::TokenBucket {
+            return Err(PolicyError::BurstWithoutBucket { name: name() });
+        }
+        if self
+            .block
+            .is_some_and(|block| block < Duration::from_millis(1) || block > MAX_WINDOW)
+        {
+            return Err(PolicyError::InvalidBlock { name: name() });
+        }
+        if self.delay.is_some_and(|delay| delay > MAX_DELAY) {
+            return Err(PolicyError::DelayTooLong { name: name() });
+        }
+        if self.algorithm == Algorithm::Concurrency
+            && (self.delay.is_some() || self.block.is_some())
+        {
+            return Err(PolicyError::ConcurrencyWithDelayOrBlock { name: name() });
+        }
+        validate_limits(name(), self.limits_for(None), self.algorithm)?;
         for (tier, _) in &self.tiers {
             let name = format!("{} (tier `{tier}`)", self.name);
             validate_limits(name, self.limits_for(Some(tier)), self.algorithm)?;
@@ -387,12 +560,20 @@ fn validate_limits(name: String, limits: Limits, algorithm: Algorithm) -> Result
     if limits.cost == 0 {
         return Err(PolicyError::ZeroCost { name });
     }
-    if limits.cost > limits.limit {
+    if limits.burst == 0 {
+        return Err(PolicyError::ZeroBurst { name });
+    }
+    if limits.cost > limits.burst {
         return Err(PolicyError::CostAboveLimit {
             name,
             cost: limits.cost,
-            limit: limits.limit,
+            limit: limits.burst,
         });
+    }
+    if algorithm == Algorithm::TokenBucket
+        && u128::from(limits.burst) * limits.window.as_micros() >= MAX_BUCKET_PRODUCT
+    {
+        return Err(PolicyError::BucketTooLarge { name });
     }
     if algorithm == Algorithm::SlidingCounter {
         let window_ms = limits.window.as_millis();
@@ -413,6 +594,9 @@ fn is_valid_name(name: &str) -> bool {
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
+/// The longest a policy may hold a request instead of denying it.
+pub const MAX_DELAY: Duration = Duration::from_secs(60);
+
 /// A policy that failed validation.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -489,6 +673,47 @@ pub enum PolicyError {
         /// The policy.
         name: String,
     },
+    /// A token bucket of zero units admits nothing.
+    #[error("policy `{name}`: burst must be at least 1")]
+    ZeroBurst {
+        /// The policy.
+        name: String,
+    },
+    /// A burst was set on a policy that is not a token bucket.
+    #[error("policy `{name}`: burst applies to the token_bucket algorithm only")]
+    BurstWithoutBucket {
+        /// The policy.
+        name: String,
+    },
+    /// A token bucket's `burst × window in µs` is 2^52 or more, past
+    /// which its arithmetic would not be exact in Redis.
+    #[error(
+        "policy `{name}`: burst × window (in µs) must be below 2^52 for token_bucket; \
+         state the same rate over a shorter window (a tenth of the limit per a tenth \
+         of the window), or use a smaller burst"
+    )]
+    BucketTooLarge {
+        /// The policy.
+        name: String,
+    },
+    /// A block shorter than a millisecond or longer than [`MAX_WINDOW`].
+    #[error("policy `{name}`: block must be between 1ms and 366 days")]
+    InvalidBlock {
+        /// The policy.
+        name: String,
+    },
+    /// A delay longer than [`MAX_DELAY`].
+    #[error("policy `{name}`: delay must be at most 60s")]
+    DelayTooLong {
+        /// The policy.
+        name: String,
+    },
+    /// A concurrency limit with a delay or a block, which it does not take.
+    #[error("policy `{name}`: a concurrency limit takes neither delay nor block")]
+    ConcurrencyWithDelayOrBlock {
+        /// The policy.
+        name: String,
+    },
     /// The route is not `"METHOD /pattern"` or `"/pattern"`.
     #[error("route `{route}` must be \"METHOD /pattern\" or \"/pattern\"")]
     InvalidRoute {
@@ -528,6 +753,12 @@ impl PolicyError {
             | Self::CounterWindowNotWholeMillis { .. }
             | Self::CounterTooLarge { .. } => "window",
             Self::ZeroCost { .. } | Self::CostAboveLimit { .. } => "cost",
+            Self::ZeroBurst { .. }
+            | Self::BurstWithoutBucket { .. }
+            | Self::BucketTooLarge { .. } => "burst",
+            Self::InvalidBlock { .. } => "block",
+            Self::DelayTooLong { .. } => "delay",
+            Self::ConcurrencyWithDelayOrBlock { .. } => "concurrency",
             Self::InvalidRoute { .. } | Self::InvalidPattern { .. } => "route",
         }
     }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use http::HeaderValue;
 
 use super::{Count, FailMode, Limits, Policy};
-use crate::response::headers::policy_value;
+use crate::response::headers::{policy_value, quota};
 use crate::store::Check;
 
 /// The policies that apply to one (route, method), and what a request
@@ -43,7 +43,9 @@ impl TierPlan {
         let limits: Box<[Limits]> = policies.iter().map(|p| p.limits_for(tier)).collect();
         let fields = policies.iter().zip(&limits);
         Self {
-            ietf_policy: policy_value(fields.map(|(p, l)| (p.name(), l.limit, l.window))),
+            ietf_policy: policy_value(
+                fields.map(|(p, l)| (p.name(), quota(p.algorithm(), l.limit, l.window, l.burst))),
+            ),
             limits,
         }
     }
@@ -153,6 +155,19 @@ mod tests {
                 "\"search\";q=5;w=60, \"daily\";q=1000;w=86400"
             );
         }
+    }
+
+    #[test]
+    fn a_bucket_states_its_burst_per_its_refill_time() {
+        let bucket = Policy::new("api", 10, Duration::from_secs(1))
+            .with_algorithm(crate::policy::Algorithm::TokenBucket)
+            .with_burst(25);
+        let leases = Policy::concurrency("exports", 2);
+        let plan = Plan::new(vec![Arc::new(bucket), Arc::new(leases)]);
+        assert_eq!(
+            plan.tier(None).ietf_policy.as_ref().unwrap(),
+            "\"api\";q=25;w=3, \"exports\";q=2"
+        );
     }
 
     #[test]

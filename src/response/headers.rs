@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 
+use crate::policy::Algorithm;
 use crate::store::{Check, Decision};
 
 /// `X-RateLimit-Limit`: units allowed per window.
@@ -110,17 +111,41 @@ pub(crate) fn number_value(n: u64) -> HeaderValue {
     }
 }
 
-/// `RateLimit-Policy` for `policies`, each a name, a limit and a window:
+/// A policy's quota as `RateLimit-Policy` states it: `q` units per `w`.
+/// A sliding window's is its limit per window; a token bucket's, its
+/// burst per the time it takes to refill from empty; a concurrency
+/// limit's, the requests in flight, with no window.
+pub(crate) fn quota(
+    algorithm: Algorithm,
+    limit: u32,
+    window: Duration,
+    burst: u32,
+) -> (u32, Option<Duration>) {
+    match algorithm {
+        Algorithm::TokenBucket => {
+            let micros =
+                (u128::from(burst) * window.as_micros()).div_ceil(u128::from(limit.max(1)));
+            let refill = Duration::from_micros(u64::try_from(micros).unwrap_or(u64::MAX));
+            (burst, Some(refill))
+        }
+        Algorithm::Concurrency => (limit, None),
+        _ => (limit, Some(window)),
+    }
+}
+
+/// `RateLimit-Policy` for `policies`, each a name and its [`quota`]:
 /// `"name";q=limit;w=seconds`. Policy names are ASCII letters, digits, `-`
 /// and `_`: valid in a structured-field string as they are.
 pub(crate) fn policy_value<'a>(
-    policies: impl IntoIterator<Item = (&'a str, u32, Duration)>,
+    policies: impl IntoIterator<Item = (&'a str, (u32, Option<Duration>))>,
 ) -> Option<HeaderValue> {
     let mut text = String::new();
-    for (name, limit, window) in policies {
+    for (name, (quota, window)) in policies {
         let separator = if text.is_empty() { "" } else { ", " };
-        let window = ceil_seconds(window);
-        let _ = write!(text, "{separator}\"{name}\";q={limit};w={window}");
+        let _ = write!(text, "{separator}\"{name}\";q={quota}");
+        if let Some(window) = window {
+            let _ = write!(text, ";w={}", ceil_seconds(window));
+        }
     }
     HeaderValue::try_from(text).ok()
 }
@@ -173,9 +198,12 @@ impl RateHeaders {
             fields.x_ratelimit = Some([decision.limit.into(), decision.remaining.into(), reset]);
         }
         if style.ietf() {
-            let policy = policy
-                .cloned()
-                .or_else(|| policy_value(checks.iter().map(|c| (&*c.policy, c.limit, c.window))));
+            let policy = policy.cloned().or_else(|| {
+                policy_value(checks.iter().map(|c| {
+                    let quota = quota(c.algorithm, c.limit, c.window, c.burst);
+                    (&*c.policy, quota)
+                }))
+            });
             let state = state_value(checks, decisions, retry_after);
             if let (Some(policy), Some(state)) = (policy, state) {
                 fields.ietf = Some(Box::new([policy, state]));

@@ -196,6 +196,7 @@ impl Breaker {
 
     fn pass(&self) -> Pass {
         let word = self.load();
+
         match word.phase() {
             CLOSED => Pass::Closed(word),
             OPEN => {
@@ -388,6 +389,10 @@ impl<S: Store> Store for CircuitBreaker<S> {
 
     fn refund(&self, checks: &[Check], recorded_at: &[Duration]) -> CheckFuture<()> {
         self.guarded(|store| store.refund(checks, recorded_at))
+    }
+
+    fn reset(&self, checks: &[Check]) -> CheckFuture<()> {
+        self.guarded(|store| store.reset(checks))
     }
 
     fn is_remote(&self) -> bool {

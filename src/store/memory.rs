@@ -9,12 +9,14 @@ use std::time::Duration;
 use quick_cache::unsync::Cache;
 use quick_cache::{Equivalent, OptionsBuilder, UnitWeighter};
 
+use super::bucket::TokenBucket;
 use super::counter::{FixedWindow, SlidingCounter};
+use super::leases::Leases;
 use super::sliding_log::{Log, Window};
 use super::{Check, CheckFuture, Decisions, Store, unpaired_refund};
 use crate::clock::{Clock, SystemClock, duration_micros};
 use crate::key::Key;
-use crate::policy::Algorithm;
+use crate::policy::{Algorithm, MAX_WINDOW};
 use crate::store::Decision;
 
 const DEFAULT_MAX_KEYS: usize = 1_000_000;
@@ -97,18 +99,162 @@ impl Hasher for Carried {
 
 /// What one client has spent under one policy, per algorithm.
 #[derive(Debug)]
-enum Spent {
+enum Counts {
     Log(Log),
     Counter(SlidingCounter),
     Fixed(FixedWindow),
+    Bucket(TokenBucket),
+    Leases(Leases),
 }
 
-impl Spent {
+impl Counts {
     fn new(algorithm: Algorithm) -> Self {
         match algorithm {
             Algorithm::SlidingLog => Self::Log(Log::default()),
             Algorithm::SlidingCounter => Self::Counter(SlidingCounter::default()),
             Algorithm::FixedWindow => Self::Fixed(FixedWindow::default()),
+            Algorithm::TokenBucket => Self::Bucket(TokenBucket::default()),
+            Algorithm::Concurrency => Self::Leases(Leases::default()),
+        }
+    }
+
+    fn is_of(&self, algorithm: Algorithm) -> bool {
+        matches!(
+            (self, algorithm),
+            (Self::Log(_), Algorithm::SlidingLog)
+                | (Self::Counter(_), Algorithm::SlidingCounter)
+                | (Self::Fixed(_), Algorithm::FixedWindow)
+                | (Self::Bucket(_), Algorithm::TokenBucket)
+                | (Self::Leases(_), Algorithm::Concurrency)
+        )
+    }
+
+    /// Brings the counts up to `now` for `check` and says whether its cost
+    /// fits; see [`Spent::prepare`].
+    fn prepare(&mut self, now: u64, check: &Check) -> (bool, Placed) {
+        let window = check.window_micros();
+        match self {
+            Self::Log(log) => {
+                let window = log.prepare(now, window);
+                (window.fits(check.limit, check.cost), Placed::Log(window))
+            }
+            Self::Counter(counter) => {
+                let before = *counter;
+                let moved = counter.roll(now, window / 1000);
+                let placed = if moved {
+                    Placed::Kept
+                } else {
+                    Placed::Counter(before)
+                };
+                (counter.fits(check.limit, check.cost), placed)
+            }
+            Self::Fixed(fixed) => {
+                let before = *fixed;
+                let moved = fixed.roll(now, window);
+                let placed = if moved {
+                    Placed::Kept
+                } else {
+                    Placed::Fixed(before)
+                };
+                (fixed.fits(check.limit, check.cost), placed)
+            }
+            Self::Bucket(bucket) => {
+                let before = *bucket;
+                let moved = bucket.place(now, check);
+                let placed = if moved {
+                    Placed::Kept
+                } else {
+                    Placed::Bucket(before)
+                };
+                (bucket.fits(check), placed)
+            }
+            Self::Leases(leases) => {
+                leases.prepare(now, check);
+                (leases.fits(check), Placed::Kept)
+            }
+        }
+    }
+
+    fn unroll(&mut self, placed: Placed) {
+        match (self, placed) {
+            (Self::Counter(counter), Placed::Counter(before)) => *counter = before,
+            (Self::Fixed(fixed), Placed::Fixed(before)) => *fixed = before,
+            (Self::Bucket(bucket), Placed::Bucket(before)) => *bucket = before,
+            _ => {}
+        }
+    }
+
+    fn record(&mut self, now: u64, cost: u32, placed: &mut Placed) -> Option<u64> {
+        match self {
+            Self::Log(log) => match placed {
+                Placed::Log(window) => log.record(now, cost, window),
+                _ => unreachable!("a log is prepared with its window"),
+            },
+            Self::Counter(counter) => Some(counter.record(cost)),
+            Self::Fixed(fixed) => Some(fixed.record(cost)),
+            Self::Bucket(bucket) => Some(bucket.record(cost)),
+            Self::Leases(leases) => Some(leases.record(now)),
+        }
+    }
+
+    fn refund(&mut self, at: u64, cost: u32) -> bool {
+        match self {
+            Self::Log(log) => {
+                log.refund(at, cost);
+                true
+            }
+            Self::Counter(counter) => counter.refund(at, cost),
+            Self::Fixed(fixed) => fixed.refund(at, cost),
+            Self::Bucket(bucket) => {
+                bucket.refund(cost);
+                true
+            }
+            Self::Leases(leases) => {
+                leases.release(at);
+                true
+            }
+        }
+    }
+
+    fn decision(&self, now: u64, check: &Check, admitted: bool, placed: &Placed) -> Decision {
+        let (limit, cost) = (check.limit, check.cost);
+        match (self, placed) {
+            (Self::Log(log), Placed::Log(window)) => {
+                log.decision(now, limit, cost, admitted, window)
+            }
+            (Self::Log(_), _) => unreachable!("a log is prepared with its window"),
+            (Self::Counter(counter), _) => counter.decision(now, limit, cost, admitted),
+            (Self::Fixed(fixed), _) => fixed.decision(now, limit, cost, admitted),
+            (Self::Bucket(bucket), _) => bucket.decision(now, check, admitted),
+            (Self::Leases(leases), _) => leases.decision(check, admitted),
+        }
+    }
+
+    fn is_idle(&self, now: u64) -> bool {
+        match self {
+            Self::Log(log) => log.is_idle(now),
+            Self::Counter(counter) => counter.is_idle(now),
+            Self::Fixed(fixed) => fixed.is_idle(now),
+            Self::Bucket(bucket) => bucket.is_idle(now),
+            Self::Leases(leases) => leases.is_idle(now),
+        }
+    }
+}
+
+/// What one client has spent under one policy, and until when a denial
+/// blocks it.
+#[derive(Debug)]
+struct Spent {
+    counts: Counts,
+    /// The end of the client's block (µs); 0 when never blocked.
+    blocked_until: u64,
+}
+
+impl Spent {
+    fn new(algorithm: Algorithm) -> Self {
+        Self {
+            counts: Counts::new(algorithm),
+            blocked_until: 0,
         }
     }
 
@@ -120,83 +266,36 @@ impl Spent {
     }
 
     /// Brings the state up to `now` for `check` (starting afresh if the
-    /// policy changed algorithm) and says whether its cost fits. A
-    /// counter is only placed at `now` for this decision: what
-    /// [`unroll`](Self::unroll) is given puts it back unless the counts
-    /// had to move (as the Redis script writes them only then).
+    /// policy changed algorithm) and says whether the request may be
+    /// admitted: its cost fits, and the client is not blocked. A counter
+    /// or bucket is only placed at `now` for this decision: what
+    /// [`unroll`](Self::unroll) is given puts it back unless it had to
+    /// move (as the Redis script writes it only then).
     fn prepare(&mut self, now: u64, check: &Check) -> (bool, Prepared) {
-        let window = check.window_micros();
-        let same_algorithm = matches!(
-            (&*self, check.algorithm),
-            (Self::Log(_), Algorithm::SlidingLog)
-                | (Self::Counter(_), Algorithm::SlidingCounter)
-                | (Self::Fixed(_), Algorithm::FixedWindow)
-        );
-        if !same_algorithm {
-            *self = Self::new(check.algorithm);
+        if !self.counts.is_of(check.algorithm) {
+            self.counts = Counts::new(check.algorithm);
         }
-        match self {
-            Self::Log(log) => {
-                let window = log.prepare(now, window);
-                (window.fits(check.limit, check.cost), Prepared::Log(window))
-            }
-            Self::Counter(counter) => {
-                let before = *counter;
-                let moved = counter.roll(now, window / 1000);
-                let prepared = if moved {
-                    Prepared::Kept
-                } else {
-                    Prepared::Counter(before)
-                };
-                (counter.fits(check.limit, check.cost), prepared)
-            }
-            Self::Fixed(fixed) => {
-                let before = *fixed;
-                let moved = fixed.roll(now, window);
-                let prepared = if moved {
-                    Prepared::Kept
-                } else {
-                    Prepared::Fixed(before)
-                };
-                (fixed.fits(check.limit, check.cost), prepared)
-            }
-        }
+        let (fits, placed) = self.counts.prepare(now, check);
+        let blocked = self.blocked_until > now;
+        (fits && !blocked, Prepared { placed, fits })
     }
 
     /// Puts a counter back as it was before [`prepare`](Self::prepare),
     /// for a decision that counted nothing.
     fn unroll(&mut self, prepared: Prepared) {
-        match (self, prepared) {
-            (Self::Counter(counter), Prepared::Counter(before)) => *counter = before,
-            (Self::Fixed(fixed), Prepared::Fixed(before)) => *fixed = before,
-            _ => {}
-        }
+        self.counts.unroll(prepared.placed);
     }
 
     /// Records `cost` and returns the time it was recorded at (none for a
     /// log given a cost of 0).
     fn record(&mut self, now: u64, cost: u32, prepared: &mut Prepared) -> Option<u64> {
-        match self {
-            Self::Log(log) => match prepared {
-                Prepared::Log(window) => log.record(now, cost, window),
-                _ => unreachable!("a log is prepared with its window"),
-            },
-            Self::Counter(counter) => Some(counter.record(cost)),
-            Self::Fixed(fixed) => Some(fixed.record(cost)),
-        }
+        self.counts.record(now, cost, &mut prepared.placed)
     }
 
     /// Takes back `cost` units recorded at `at`, after
     /// [`prepare`](Self::prepare); says whether a counter changed.
     fn refund(&mut self, at: u64, cost: u32) -> bool {
-        match self {
-            Self::Log(log) => {
-                log.refund(at, cost);
-                true
-            }
-            Self::Counter(counter) => counter.refund(at, cost),
-            Self::Fixed(fixed) => fixed.refund(at, cost),
-        }
+        self.counts.refund(at, cost)
     }
 
     /// The decision of a request recorded at `at`.
@@ -208,36 +307,50 @@ impl Spent {
         }
     }
 
-    fn decision(&self, now: u64, check: &Check, admitted: bool, prepared: &Prepared) -> Decision {
-        let (limit, cost) = (check.limit, check.cost);
-        match (self, prepared) {
-            (Self::Log(log), Prepared::Log(window)) => {
-                log.decision(now, limit, cost, admitted, window)
-            }
-            (Self::Log(_), _) => unreachable!("a log is prepared with its window"),
-            (Self::Counter(counter), _) => counter.decision(now, limit, cost, admitted),
-            (Self::Fixed(fixed), _) => fixed.decision(now, limit, cost, admitted),
+    /// The decision of a denied request, which records nothing; a policy
+    /// that blocks, denied by its own count, blocks the client from now.
+    fn denied(&mut self, now: u64, check: &Check, prepared: Prepared) -> Decision {
+        if !check.block.is_zero() && !prepared.fits && self.blocked_until <= now {
+            self.blocked_until = now + duration_micros(check.block.min(MAX_WINDOW));
         }
+        let decision = self.decision(now, check, false, &prepared);
+        self.unroll(prepared);
+        decision
+    }
+
+    fn decision(&self, now: u64, check: &Check, admitted: bool, prepared: &Prepared) -> Decision {
+        let mut decision = self.counts.decision(now, check, admitted, &prepared.placed);
+        if self.blocked_until > now {
+            let left = Duration::from_micros(self.blocked_until - now);
+            decision.remaining = 0;
+            decision.retry_after = Some(decision.retry_after.map_or(left, |wait| wait.max(left)));
+        }
+        decision
     }
 
     fn is_idle(&self, now: u64) -> bool {
-        match self {
-            Self::Log(log) => log.is_idle(now),
-            Self::Counter(counter) => counter.is_idle(now),
-            Self::Fixed(fixed) => fixed.is_idle(now),
-        }
+        self.blocked_until <= now && self.counts.is_idle(now)
     }
 }
 
-/// What [`Spent::prepare`] found for one decision: a log's window, or a
-/// counter's state before it was placed at the time of the decision, to
-/// put back if the decision counts nothing.
+/// What [`Spent::prepare`] found for one decision: whether the request's
+/// cost fits the counts, and what it placed.
 #[derive(Debug, Clone, Copy)]
-enum Prepared {
+struct Prepared {
+    placed: Placed,
+    fits: bool,
+}
+
+/// A log's window, or a counter's or bucket's state before it was placed
+/// at the time of the decision, to put back if the decision counts
+/// nothing.
+#[derive(Debug, Clone, Copy)]
+enum Placed {
     Kept,
     Log(Window),
     Counter(SlidingCounter),
     Fixed(FixedWindow),
+    Bucket(TokenBucket),
 }
 
 type Pairs = Cache<Pair, Spent, UnitWeighter, CarriedHash>;
@@ -402,15 +515,13 @@ impl MemoryStore {
         if let Some(mut spent) = shard.pairs.get_mut(&PairOf { hash, check }) {
             let (fits, mut prepared) = spent.prepare(now, check);
             if !fits {
-                let decision = spent.decision(now, check, false, &prepared);
-                spent.unroll(prepared);
-                return decision;
+                return spent.denied(now, check, prepared);
             }
             let at = spent.record(now, check.cost, &mut prepared);
             return spent.recorded(now, check, at, &prepared);
         }
         let (mut spent, mut prepared) = Spent::fresh(now, check);
-        if check.cost > check.limit {
+        if !prepared.fits {
             return spent.decision(now, check, false, &prepared);
         }
         let at = spent.record(now, check.cost, &mut prepared);
@@ -444,13 +555,13 @@ impl MemoryStore {
                 Some(mut spent) => {
                     tracked.push(true);
                     let (fits, prepared) = spent.prepare(now, check);
-                    found.push(prepared);
+                    found.push(Some(prepared));
                     fits
                 }
                 None => {
                     tracked.push(false);
-                    found.push(Prepared::Kept);
-                    check.cost <= check.limit
+                    found.push(None);
+                    check.cost <= check.burst
                 }
             };
         }
@@ -463,13 +574,12 @@ impl MemoryStore {
                 .peek_mut(&PairOf { hash, check })
                 .filter(|_| tracked[index])
             {
+                let mut prepared = found[index].expect("a tracked pair is prepared");
                 decisions[index] = Some(if all_fit {
-                    let at = spent.record(now, check.cost, &mut found[index]);
-                    spent.recorded(now, check, at, &found[index])
+                    let at = spent.record(now, check.cost, &mut prepared);
+                    spent.recorded(now, check, at, &prepared)
                 } else {
-                    let decision = spent.decision(now, check, false, &found[index]);
-                    spent.unroll(found[index]);
-                    decision
+                    spent.denied(now, check, prepared)
                 });
             }
         }
@@ -540,6 +650,19 @@ impl MemoryStore {
     }
 }
 
+impl MemoryStore {
+    /// Forgets each check's pair.
+    fn reset_now(&self, checks: &[Check]) {
+        for check in checks {
+            let hash = self.hash_of(check);
+            let mut shard = lock(&self.inner.shards[self.shard_of(hash)]);
+            let before = shard.pairs.len();
+            shard.pairs.remove(&PairOf { hash, check });
+            crate::metrics::memory_keys(before, shard.pairs.len());
+        }
+    }
+}
+
 fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
     // A panic while holding a shard cannot leave a log half-updated in a way
     // that over-admits, so a poisoned lock is still usable.
@@ -562,6 +685,11 @@ impl Store for MemoryStore {
             return CheckFuture::ready(Err(unpaired));
         }
         self.refund_now(checks, recorded_at);
+        CheckFuture::ready(Ok(()))
+    }
+
+    fn reset(&self, checks: &[Check]) -> CheckFuture<()> {
+        self.reset_now(checks);
         CheckFuture::ready(Ok(()))
     }
 }

@@ -7,8 +7,10 @@
 //! Both give the same decisions for the same sequence of requests.
 
 mod breaker;
+mod bucket;
 mod counter;
 mod decision;
+mod leases;
 mod memory;
 #[cfg(feature = "redis")]
 mod redis;
@@ -35,7 +37,7 @@ use std::time::Duration;
 
 use crate::clock::duration_micros;
 use crate::key::Key;
-use crate::policy::{Algorithm, Policy};
+use crate::policy::{Algorithm, Limits, Policy};
 
 /// What a [`Store`] decided for a batch: one [`Decision`] per check.
 pub type CheckOutcome = Result<Decisions, StoreError>;
@@ -125,10 +127,16 @@ pub struct Check {
     /// The sliding window; a store counts a window longer than
     /// [`MAX_WINDOW`](crate::policy::MAX_WINDOW) as that.
     pub window: Duration,
-    /// Units this request consumes; never above `limit`.
+    /// Units this request consumes; never above `burst`.
     pub cost: u32,
     /// The counting algorithm.
     pub algorithm: Algorithm,
+    /// The units a client may spend at once: a token bucket's size, the
+    /// limit for every other algorithm.
+    pub burst: u32,
+    /// How long a denial by this check's own count blocks the client;
+    /// zero for a policy that does not block.
+    pub block: Duration,
 }
 
 impl Check {
@@ -158,13 +166,20 @@ impl Check {
     /// ```
     pub fn for_tier(policy: &Policy, key: Key, tier: Option<&str>) -> Self {
         let limits = policy.limits_for(tier);
+        Self::with_cost(policy, key, limits, limits.cost)
+    }
+
+    /// The check of `policy` for `key` under `limits`, at `cost` units.
+    pub(crate) fn with_cost(policy: &Policy, key: Key, limits: Limits, cost: u32) -> Self {
         Self {
             policy: policy.shared_name().clone(),
             key,
             limit: limits.limit,
             window: limits.window,
-            cost: limits.cost,
+            cost,
             algorithm: policy.algorithm(),
+            burst: limits.burst,
+            block: policy.block().unwrap_or_default(),
         }
     }
 }
@@ -214,6 +229,14 @@ pub trait Store: Send + Sync + 'static {
         CheckFuture::ready(Err(StoreError::Unsupported("refund")))
     }
 
+    /// Forgets everything each check's client has spent under the check's
+    /// policy, its block included: its next request starts afresh. Only
+    /// the check's policy, client and algorithm matter.
+    fn reset(&self, checks: &[Check]) -> CheckFuture<()> {
+        let _ = checks;
+        CheckFuture::ready(Err(StoreError::Unsupported("reset")))
+    }
+
     /// Whether a check costs a network round trip, as with Redis; the
     /// layer then keeps a [`DenyCache`](crate::layer::DenyCache) by default.
     fn is_remote(&self) -> bool {
@@ -232,6 +255,10 @@ impl<S: Store + ?Sized> Store for Arc<S> {
 
     fn refund(&self, checks: &[Check], recorded_at: &[Duration]) -> CheckFuture<()> {
         (**self).refund(checks, recorded_at)
+    }
+
+    fn reset(&self, checks: &[Check]) -> CheckFuture<()> {
+        (**self).reset(checks)
     }
 
     fn is_remote(&self) -> bool {
@@ -271,7 +298,7 @@ pub enum StoreError {
     /// A [`CircuitBreaker`] skipped the store after repeated failures.
     #[error("rate-limit store skipped: its circuit breaker is open")]
     CircuitOpen,
-    /// The store does not do this (`peek` or `refund`).
+    /// The store does not do this (`peek`, `refund` or `reset`).
     #[error("the rate-limit store cannot {0}")]
     Unsupported(&'static str),
     /// The store is out of memory and does not track this client yet (a

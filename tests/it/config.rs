@@ -387,6 +387,7 @@ fn every_algorithm_can_be_chosen() {
             slidegate::policy::Algorithm::SlidingCounter,
         ),
         ("fixed_window", slidegate::policy::Algorithm::FixedWindow),
+        ("token_bucket", slidegate::policy::Algorithm::TokenBucket),
     ] {
         let config = Config::from_toml_str(&format!("{POLICY}algorithm = \"{name}\"\n")).unwrap();
         let policy = config.policies().iter().next().unwrap();
@@ -400,6 +401,36 @@ fn every_algorithm_can_be_chosen() {
         "policy[0].window",
     );
     assert!(message.contains("2^51"), "{message}");
+}
+
+#[test]
+fn a_token_bucket_takes_a_burst_and_a_policy_a_block() {
+    let config = Config::from_toml_str(&format!(
+        "{POLICY}algorithm = \"token_bucket\"\nburst = 20\nblock = \"10m\"\n\
+         tiers = {{ pro = {{ limit = 50, burst = 100 }} }}\n"
+    ))
+    .unwrap();
+    let policy = config.policies().iter().next().unwrap();
+    assert_eq!(policy.limits_for(None).burst, 20);
+    assert_eq!(policy.limits_for(Some("pro")).burst, 100);
+    assert_eq!(policy.block(), Some(std::time::Duration::from_secs(600)));
+    // A burst belongs to a bucket; a cost may not exceed it.
+    let message = refused(&format!("{POLICY}burst = 20\n"), 6, "policy[0].burst");
+    assert!(message.contains("token_bucket"), "{message}");
+    let message = refused(
+        &format!("{POLICY}algorithm = \"token_bucket\"\nburst = 2\ncost = 3\n"),
+        8,
+        "policy[0].cost",
+    );
+    assert!(message.contains("above the limit 2"), "{message}");
+    refused(&format!("{POLICY}block = \"0s\"\n"), 6, "policy[0].block");
+    let message = refused(
+        &format!("{POLICY}algorithm = \"token_bucket\"\nburst = 4000000000\n")
+            .replace("\"60s\"", "\"1d\""),
+        7,
+        "policy[0].burst",
+    );
+    assert!(message.contains("2^52"), "{message}");
 }
 
 #[test]

@@ -28,7 +28,7 @@ fn step() -> impl Strategy<Value = Step> {
     (
         prop_oneof![Just(0u64), 0u64..50, 0u64..3000],
         0u8..3,
-        1u8..16,
+        1u8..64,
         1u32..=3,
         prop_oneof![4 => Just(0u8), 1 => Just(1u8)],
     )
@@ -50,6 +50,13 @@ fn policies(mask: u8, cost: u32, tier: u8) -> Vec<Policy> {
         Policy::new("long", 9, ms(10_000, 4_000)),
         Policy::new("counter", 7, ms(2000, 3000)).with_algorithm(Algorithm::SlidingCounter),
         Policy::new("fixed", 5, ms(1200, 1800)).with_algorithm(Algorithm::FixedWindow),
+        // 3 per window in a bucket of 5; its debt re-measured when a tier
+        // changes the window.
+        Policy::new("bucket", 3, ms(1000, 1700))
+            .with_algorithm(Algorithm::TokenBucket)
+            .with_burst(5),
+        // Denied once, blocked for 700 ms.
+        Policy::new("blocking", 4, ms(900, 1300)).with_block(Duration::from_millis(700)),
     ];
     all.into_iter()
         .enumerate()
@@ -191,6 +198,7 @@ fn a_refund_frees_exactly_its_units() {
             Algorithm::SlidingLog,
             Algorithm::SlidingCounter,
             Algorithm::FixedWindow,
+            Algorithm::TokenBucket,
         ] {
             let policy = Policy::new(format!("{algorithm:?}"), 3, Duration::from_secs(60))
                 .with_algorithm(algorithm);
@@ -238,7 +246,7 @@ fn burst() -> impl Strategy<Value = Burst> {
         prop::collection::vec(
             (
                 0u8..3,
-                1u8..16,
+                1u8..64,
                 1u32..=3,
                 prop_oneof![4 => Just(0u8), 1 => Just(1u8)],
             ),

@@ -20,6 +20,7 @@ mod example_server;
 mod faults;
 mod http;
 mod identity;
+mod kinds;
 mod operating;
 mod pipelining;
 mod production_redis;

@@ -17,9 +17,9 @@ use slidegate::{
 const SEC: Duration = Duration::from_secs(1);
 
 /// A store on a fake clock, keeping its Redis server (if any) alive.
-struct Subject {
-    store: Arc<dyn Store>,
-    clock: FakeClock,
+pub(crate) struct Subject {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) clock: FakeClock,
     _redis: Option<RedisServer>,
 }
 
@@ -34,11 +34,15 @@ impl From<StoreUnderTest> for Subject {
 }
 
 impl Subject {
-    async fn check(&self, policies: &[&Policy], key: &str) -> Decisions {
+    pub(crate) async fn check(&self, policies: &[&Policy], key: &str) -> Decisions {
         self.try_check(policies, key).await.expect("store answers")
     }
 
-    async fn try_check(&self, policies: &[&Policy], key: &str) -> Result<Decisions, StoreError> {
+    pub(crate) async fn try_check(
+        &self,
+        policies: &[&Policy],
+        key: &str,
+    ) -> Result<Decisions, StoreError> {
         let checks = policies
             .iter()
             .map(|p| Check::new(p, Key::new(key)))
@@ -46,13 +50,13 @@ impl Subject {
         self.store.check(&checks).await
     }
 
-    async fn one(&self, policy: &Policy, key: &str) -> Decision {
+    pub(crate) async fn one(&self, policy: &Policy, key: &str) -> Decision {
         self.check(&[policy], key).await[0]
     }
 
     /// The units left for `key` now, asked with a request costing more
     /// than the limit, which can never be admitted and so records nothing.
-    async fn check_only(&self, policy: &Policy, key: &str) -> u32 {
+    pub(crate) async fn check_only(&self, policy: &Policy, key: &str) -> u32 {
         let mut probe = Check::new(policy, Key::new(key));
         probe.cost = policy.limit() + 1;
         let d = self.store.check(&[probe]).await.expect("store answers")[0];
@@ -60,7 +64,7 @@ impl Subject {
         d.remaining
     }
 
-    fn advance(&self, by: Duration) {
+    pub(crate) fn advance(&self, by: Duration) {
         self.clock.advance(by);
     }
 }

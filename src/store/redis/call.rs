@@ -1,9 +1,10 @@
-//! One call of the script: the keys and arguments a check, a peek or a
-//! refund sends, in the script's order.
+//! One call of the script: the keys and arguments a check, a peek, a
+//! refund or a reset sends, in the script's order.
 
 use deadpool_redis::redis::{RedisWrite, ToRedisArgs};
 
 use super::RedisStore;
+use crate::clock::duration_micros;
 use crate::policy::Algorithm;
 use crate::store::Check;
 
@@ -11,10 +12,14 @@ use crate::store::Check;
 /// arguments in the script's order.
 pub(super) struct Call {
     pub(super) keys: Vec<String>,
-    /// Per policy: algorithm, limit, window in µs, cost.
-    pub(super) args: Vec<(&'static str, u32, u64, u32)>,
+    /// Per policy, its arguments.
+    pub(super) args: Vec<PolicyArgs>,
     pub(super) op: Op,
 }
+
+/// One policy's arguments: algorithm, limit, window in µs, cost, burst,
+/// and block in µs.
+pub(super) type PolicyArgs = (&'static str, u32, u64, u32, u32, u64);
 
 /// What a call asks of the script.
 pub(super) enum Op {
@@ -22,6 +27,7 @@ pub(super) enum Op {
     Peek,
     /// Per policy, the time (µs) its units were recorded at.
     Refund(Vec<u64>),
+    Reset,
 }
 
 /// The script's arguments after the time: `peek` or `refund` if the call
@@ -35,12 +41,10 @@ impl ToRedisArgs for Arguments<'_> {
             Op::Check => {}
             Op::Peek => out.write_arg(b"peek"),
             Op::Refund(_) => out.write_arg(b"refund"),
+            Op::Reset => out.write_arg(b"reset"),
         }
-        for (index, (algorithm, limit, window, cost)) in call.args.iter().enumerate() {
-            algorithm.write_redis_args(out);
-            limit.write_redis_args(out);
-            window.write_redis_args(out);
-            cost.write_redis_args(out);
+        for (index, args) in call.args.iter().enumerate() {
+            args.write_redis_args(out);
             if let Op::Refund(recorded) = &call.op {
                 recorded[index].write_redis_args(out);
             }
@@ -73,9 +77,27 @@ impl Call {
                     call.keys.push(format!("{key}:f"));
                     "fixed"
                 }
+                Algorithm::TokenBucket => {
+                    call.keys.push(format!("{key}:b"));
+                    "bucket"
+                }
+                Algorithm::Concurrency => {
+                    call.keys.push(format!("{key}:n"));
+                    "lease"
+                }
             };
-            call.args
-                .push((name, check.limit, check.window_micros(), check.cost));
+            let block = duration_micros(check.block.min(crate::policy::MAX_WINDOW));
+            if block > 0 {
+                call.keys.push(format!("{key}:x"));
+            }
+            call.args.push((
+                name,
+                check.limit,
+                check.window_micros(),
+                check.cost,
+                check.burst,
+                block,
+            ));
         }
         call
     }

@@ -736,6 +736,15 @@ impl Store for RedisStore {
         })
     }
 
+    fn reset(&self, checks: &[Check]) -> CheckFuture<()> {
+        let call = Call::new(self, checks, Op::Reset);
+        let inner = self.inner.clone();
+        CheckFuture::new(async move {
+            let deadline = tokio::time::Instant::now() + inner.timeout;
+            inner.values(&call, deadline).await.map(drop)
+        })
+    }
+
     fn check(&self, checks: &[Check]) -> CheckFuture {
         let call = Call::new(self, checks, Op::Check);
         let inner = self.inner.clone();

@@ -7,15 +7,12 @@ use std::time::Duration;
 use deadpool_redis::redis::aio::ConnectionLike;
 use deadpool_redis::redis::{Cmd, ErrorKind, RedisError, RedisResult, Value};
 
-use super::call::Call;
+use super::call::{Call, PolicyArgs};
 use crate::store::{CheckOutcome, Decision, Decisions, StoreError};
 
 /// The script's five integers per policy as decisions, for the policies
 /// of `args`.
-pub(super) fn decisions(
-    args: &[(&'static str, u32, u64, u32)],
-    values: &[i64],
-) -> Result<Decisions, StoreError> {
+pub(super) fn decisions(args: &[PolicyArgs], values: &[i64]) -> Result<Decisions, StoreError> {
     if values.len() != args.len() * 5 {
         return Err(StoreError::Protocol(format!(
             "expected {} integers, got {}",
@@ -27,9 +24,11 @@ pub(super) fn decisions(
     Ok(args
         .iter()
         .zip(values.chunks_exact(5))
-        .map(|(&(_, limit, _, _), v)| Decision {
+        // A token bucket's burst is the units a client may spend at once:
+        // its limit as a decision reports it (the limit otherwise).
+        .map(|(&(_, _, _, _, burst, _), v)| Decision {
             admitted: v[0] == 1,
-            limit,
+            limit: burst,
             remaining: u32::try_from(v[1]).unwrap_or(0),
             reset: micros(v[2]),
             retry_after: (v[3] >= 0).then(|| micros(v[3])),

@@ -1,0 +1,213 @@
+//! The token bucket as kept by [`MemoryStore`](super::MemoryStore), the
+//! in-process twin of its half of `lua/check.lua`.
+//!
+//! GCRA with the time scaled by the limit `L`: a unit costs `W` scaled
+//! µs (`W` the window in µs) and each µs refills `L` of them, so the debt
+//! is units × `W` whatever the limit, and a request of cost `c` fits when
+//! `debt + c·W ≤ B·W` (`B` the burst). [`Policy`](crate::Policy)
+//! validation keeps `B·W` below 2^52, so the Redis script's doubles are
+//! exact, and this side computes the same integers.
+
+use std::time::Duration;
+
+use crate::store::{Check, Decision};
+
+/// A bucket's state: its debt at the time it was last placed at.
+///
+/// A clock that steps back by at most a window leaves the bucket where it
+/// was (no refill until the clock catches up); a longer step back carries
+/// the debt to the new time. Peeks and denials place nothing, as the
+/// script writes nothing for them, unless the bucket had to move (carried,
+/// or measured under another window).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct TokenBucket {
+    /// The time the bucket was placed at, in µs.
+    at: u64,
+    /// The debt at `at`, in units × window.
+    debt: u64,
+    /// The window the debt is measured in, in µs; 0 for a new bucket.
+    window: u64,
+    /// The limit it refills at, as of the last decision (for idleness).
+    limit: u32,
+}
+
+/// `n / d` rounded up.
+fn ceil_div(n: u64, d: u64) -> u64 {
+    n.div_ceil(d)
+}
+
+impl TokenBucket {
+    /// Places the bucket at `now` (or where a clock that stepped back
+    /// left it) for `check`, refilled since it was last placed. Returns
+    /// whether it had to move, which the Redis script writes even when it
+    /// counts nothing.
+    pub(super) fn place(&mut self, now: u64, check: &Check) -> bool {
+        let window = check.window_micros();
+        let full = u64::from(check.burst) * window;
+        let (stored_at, mut debt) = if self.window == 0 {
+            (now, 0)
+        } else {
+            (self.at, self.debt)
+        };
+        let rewindowed = self.window != 0 && self.window != window;
+        if rewindowed {
+            // The same units under the new window, rounded up, as the
+            // script computes them in doubles.
+            let units = debt as f64 / self.window as f64;
+            debt = ((units * window as f64).ceil() as u64).min(full);
+        }
+        let limit = u64::from(check.limit.max(1));
+        let stepped_back = stored_at.saturating_sub(now) > window;
+        let at = if stepped_back {
+            now
+        } else {
+            stored_at.max(now)
+        };
+        if !stepped_back && at > stored_at {
+            let refilled = at - stored_at;
+            debt = if refilled >= ceil_div(debt, limit) {
+                0
+            } else {
+                debt - refilled * limit
+            };
+        }
+        *self = Self {
+            at,
+            debt,
+            window,
+            limit: check.limit.max(1),
+        };
+        rewindowed || stepped_back
+    }
+
+    fn full(check: &Check, window: u64) -> u64 {
+        u64::from(check.burst) * window
+    }
+
+    pub(super) fn fits(&self, check: &Check) -> bool {
+        self.debt + u64::from(check.cost) * self.window <= Self::full(check, self.window)
+    }
+
+    /// Records `cost` units; returns the time they were recorded at.
+    pub(super) fn record(&mut self, cost: u32) -> u64 {
+        self.debt += u64::from(cost) * self.window;
+        self.at
+    }
+
+    /// Gives back `cost` units: refilling is linear, so the bucket is as
+    /// if the request had not been made.
+    pub(super) fn refund(&mut self, cost: u32) {
+        self.debt = self.debt.saturating_sub(u64::from(cost) * self.window);
+    }
+
+    /// Whether the bucket is full again by `now`.
+    pub(super) fn is_idle(&self, now: u64) -> bool {
+        self.window == 0
+            || now.saturating_sub(self.at) >= ceil_div(self.debt, u64::from(self.limit.max(1)))
+    }
+
+    /// Microseconds from `now` until `units` more fit.
+    fn wait(&self, now: u64, check: &Check, units: u64) -> u64 {
+        let full = Self::full(check, self.window);
+        let need = self.debt + units * self.window;
+        if need <= full {
+            return 0;
+        }
+        ceil_div(need - full, u64::from(check.limit.max(1))) + self.at.saturating_sub(now)
+    }
+
+    pub(super) fn decision(&self, now: u64, check: &Check, admitted: bool) -> Decision {
+        let full = Self::full(check, self.window);
+        let remaining =
+            (full.saturating_sub(self.debt) / self.window.max(1)).min(u64::from(check.burst));
+        let reset = if remaining >= u64::from(check.burst) {
+            0
+        } else {
+            self.wait(now, check, remaining + 1)
+        };
+        Decision {
+            admitted,
+            limit: check.burst,
+            remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
+            reset: Duration::from_micros(reset),
+            retry_after: (!admitted && !self.fits(check))
+                .then(|| Duration::from_micros(self.wait(now, check, u64::from(check.cost)))),
+            recorded_at: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::Key;
+    use crate::policy::{Algorithm, Policy};
+
+    const SECOND: u64 = 1_000_000;
+
+    /// 10 a second, in a bucket of `burst`.
+    fn check(burst: u32, cost: u32) -> Check {
+        let policy = Policy::new("b", 10, Duration::from_secs(1))
+            .with_algorithm(Algorithm::TokenBucket)
+            .with_burst(burst)
+            .with_cost(cost);
+        Check::new(&policy, Key::new("k"))
+    }
+
+    fn take(bucket: &mut TokenBucket, now: u64, check: &Check) -> Decision {
+        bucket.place(now, check);
+        let fits = bucket.fits(check);
+        if fits {
+            bucket.record(check.cost);
+        }
+        bucket.decision(now, check, fits)
+    }
+
+    #[test]
+    fn a_full_bucket_spends_its_burst_then_refills_at_the_rate() {
+        let check = check(5, 1);
+        let mut bucket = TokenBucket::default();
+        for left in (0..5).rev() {
+            let decision = take(&mut bucket, 0, &check);
+            assert!(decision.admitted);
+            assert_eq!((decision.limit, decision.remaining), (5, left));
+        }
+        let denied = take(&mut bucket, 0, &check);
+        assert!(!denied.admitted);
+        // One unit refills every 100 ms.
+        assert_eq!(denied.retry_after, Some(Duration::from_millis(100)));
+        assert!(!take(&mut bucket, SECOND / 10 - 1, &check).admitted);
+        assert!(take(&mut bucket, SECOND / 10, &check).admitted);
+        assert!(!take(&mut bucket, SECOND / 10, &check).admitted);
+    }
+
+    #[test]
+    fn the_retry_time_is_when_the_whole_cost_fits() {
+        let mut bucket = TokenBucket::default();
+        assert!(take(&mut bucket, 0, &check(5, 5)).admitted);
+        let denied = take(&mut bucket, 0, &check(5, 3));
+        assert_eq!(denied.retry_after, Some(Duration::from_millis(300)));
+        assert_eq!(denied.reset, Duration::from_millis(100));
+        // Fractional intervals are exact: 3 a second is 333,333.33 µs a unit.
+        let policy = Policy::new("b", 3, Duration::from_secs(1))
+            .with_algorithm(Algorithm::TokenBucket)
+            .with_burst(1);
+        let third = Check::new(&policy, Key::new("k"));
+        let mut bucket = TokenBucket::default();
+        assert!(take(&mut bucket, 0, &third).admitted);
+        let denied = take(&mut bucket, 0, &third);
+        assert_eq!(denied.retry_after, Some(Duration::from_micros(333_334)));
+        assert!(!take(&mut bucket, 333_333, &third).admitted);
+        assert!(take(&mut bucket, 333_334, &third).admitted);
+    }
+
+    #[test]
+    fn a_clock_that_steps_back_refills_nothing() {
+        let check = check(1, 1);
+        let mut bucket = TokenBucket::default();
+        assert!(take(&mut bucket, 10 * SECOND, &check).admitted);
+        // Back half a second: still the same debt, nothing refilled.
+        assert!(!take(&mut bucket, 10 * SECOND - SECOND / 2, &check).admitted);
+        assert!(take(&mut bucket, 10 * SECOND + SECOND / 10, &check).admitted);
+    }
+}
