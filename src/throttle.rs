@@ -34,6 +34,9 @@ pub(crate) static TIER_LOOKUP_TIMEOUTS: Throttle = Throttle::new();
 /// Refunds the store could not take.
 pub(crate) static REFUND_FAILURES: Throttle = Throttle::new();
 
+/// Concurrency leases the store could not release.
+pub(crate) static RELEASE_FAILURES: Throttle = Throttle::new();
+
 impl Throttle {
     pub(crate) const fn new() -> Self {
         Self {

@@ -48,9 +48,9 @@ fn request() -> Request<Body> {
 
 /// Allocations made while `service` answers one request (built before
 /// counting starts); the response is dropped after counting ends.
-async fn allocations_of<S>(service: &mut S) -> usize
+async fn allocations_of<S, B>(service: &mut S) -> usize
 where
-    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
+    S: Service<Request<Body>, Response = Response<B>, Error = Infallible>,
 {
     let request = request();
     let ready = service.ready().await.unwrap();

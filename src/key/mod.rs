@@ -119,7 +119,35 @@ impl Key {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The key whose text ([`as_str`](Self::as_str)) is `text`: a key in
+    /// its label form, as `/api/whoami` in the example server shows it
+    /// (`ip:203.0.113.9`, `jwt:alice`, `key:#3f2a…`, `global`), to inspect
+    /// or reset that client's count. `None` for text no key can have:
+    /// empty, longer than [`MAX_PARSED_LEN`] bytes, or holding anything
+    /// but printable ASCII without braces.
+    ///
+    /// ```
+    /// use slidegate::key::Key;
+    ///
+    /// assert_eq!(Key::parse("ip:203.0.113.9").unwrap().as_str(), "ip:203.0.113.9");
+    /// assert_eq!(Key::parse("user:tenant-42"), Some(Key::new("tenant-42")));
+    /// assert_eq!(Key::parse("ip:{slot}"), None);
+    /// assert_eq!(Key::parse("jwt:al ice"), None);
+    /// ```
+    pub fn parse(text: &str) -> Option<Self> {
+        let valid = !text.is_empty()
+            && text.len() <= MAX_PARSED_LEN
+            && text
+                .bytes()
+                .all(|b| b.is_ascii_graphic() && !matches!(b, b'{' | b'}'));
+        valid.then(|| Self(SmolStr::new(text)))
+    }
 }
+
+/// The longest text [`Key::parse`] takes: longer than any key the crate
+/// makes.
+pub const MAX_PARSED_LEN: usize = 256;
 
 impl fmt::Debug for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

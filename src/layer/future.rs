@@ -10,6 +10,7 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
+use crate::layer::body::{Leases, ResponseBody};
 use crate::layer::decide::Continuation;
 use crate::layer::outcome::Next;
 use crate::layer::roles::Refund;
@@ -48,6 +49,8 @@ pin_project! {
             headers: Option<RateHeaders>,
             // Units to take back if the response should not count.
             refund: Option<Box<Refund>>,
+            // Concurrency leases, which the response body takes over.
+            leases: Option<Leases>,
         },
         // The limiter's answer, until it is taken.
         Answered {
@@ -65,10 +68,11 @@ where
     pub(crate) fn decided(next: Next, call: impl FnOnce() -> S::Future) -> Self {
         Self {
             state: match next {
-                Next::Call(headers, refund) => State::Calling {
+                Next::Call(headers, refund, leases) => State::Calling {
                     future: call(),
                     headers,
                     refund,
+                    leases,
                 },
                 Next::Answer(response) => State::Answered {
                     response: Some(response),
@@ -93,9 +97,8 @@ where
 impl<S, ReqBody, ResBody> Future for ResponseFuture<S, ReqBody>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    ResBody: From<Bytes>,
 {
-    type Output = Result<Response<ResBody>, S::Error>;
+    type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -118,20 +121,23 @@ where
                     future,
                     headers,
                     refund,
+                    leases,
                 } => {
                     let result = ready!(future.poll(cx));
                     if let Some(refund) = refund.take() {
                         refund.settle(result.as_ref().ok().map(|response| response.status()));
                     }
+                    // A failed call drops its leases here.
                     let mut response = result?;
                     if let Some(headers) = headers.take() {
                         headers.write(response.headers_mut());
                     }
-                    return Poll::Ready(Ok(response));
+                    let leases = leases.take();
+                    return Poll::Ready(Ok(response.map(|body| ResponseBody::inner(body, leases))));
                 }
                 StateProj::Answered { response } => {
                     let response = response.take().expect("polled after completion");
-                    return Poll::Ready(Ok(response.map(ResBody::from)));
+                    return Poll::Ready(Ok(response.map(ResponseBody::answer)));
                 }
             }
         }

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use smallvec::SmallVec;
 
 use crate::policy::cost::Checks;
-use crate::policy::{Count, FailMode};
+use crate::policy::{Algorithm, Count, FailMode};
 use crate::store::{Check, Decisions, MemoryStore, Store};
 
 /// The local counts of a layer, and when its store last failed.
@@ -133,7 +133,8 @@ impl LocalLimits {
     pub(crate) fn record(&self, local: &LocalChecks) {
         let store = self.store();
         for (check, count) in local.checks.iter().zip(&local.counts) {
-            if *count == Count::All {
+            // A lease the store gave is released to the store, never here.
+            if *count == Count::All && check.algorithm != Algorithm::Concurrency {
                 // A memory store answers at once; nothing to wait for.
                 let _ = store.check(std::slice::from_ref(check)).into_ready();
             }

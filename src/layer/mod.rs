@@ -8,6 +8,7 @@
 // becomes a call or an answer in `outcome`, and every answer the limiter
 // writes goes through `reject`.
 
+mod body;
 pub(crate) mod credentials;
 mod decide;
 pub(crate) mod deny_cache;
@@ -18,6 +19,7 @@ mod reject;
 mod roles;
 mod service;
 
+pub use body::ResponseBody;
 pub use future::ResponseFuture;
 pub use service::RateLimit;
 

@@ -11,13 +11,14 @@ use bytes::Bytes;
 use http::{HeaderValue, Response};
 
 use crate::layer::Shared;
+use crate::layer::body::Leases;
 use crate::layer::local::LocalChecks;
 use crate::layer::reject::{Reply, reject};
 use crate::layer::roles::{Refund, Roles};
 use crate::metrics::{self, Outcome, Timer};
-use crate::policy::Count;
 use crate::policy::cost::Checks;
 use crate::policy::plan::Plan;
+use crate::policy::{Algorithm, Count};
 use crate::response::headers::RateHeaders;
 use crate::response::problem::Denial;
 use crate::store::{Check, CheckOutcome, Decision, Decisions, Store, StoreError};
@@ -25,16 +26,17 @@ use crate::throttle::STORE_FAILURES;
 
 /// Where a request goes once it is decided.
 pub(crate) enum Next {
-    /// On to the inner service, with these rate-limit headers, and the
-    /// units to refund if its response should not count.
-    Call(Option<RateHeaders>, Option<Box<Refund>>),
+    /// On to the inner service, with these rate-limit headers, the units
+    /// to refund if its response should not count, and the concurrency
+    /// leases its response body holds.
+    Call(Option<RateHeaders>, Option<Box<Refund>>, Option<Leases>),
     /// Back to the client with the limiter's answer.
     Answer(Response<Bytes>),
 }
 
 impl Next {
     /// On to the inner service untouched.
-    pub(crate) const PASS: Self = Self::Call(None, None);
+    pub(crate) const PASS: Self = Self::Call(None, None, None);
 }
 
 /// What goes from sending a request's checks to its outcome.
@@ -196,7 +198,7 @@ fn settle(shared: &Shared, answered: Answered<'_>) -> Next {
     } = answered;
     let options = shared.options;
     if decisions.is_empty() {
-        return Next::Call(None, None);
+        return Next::Call(None, None, None);
     }
     if decisions[..enforced].iter().all(|d| d.admitted) {
         let admitted = if deny_clock.is_some() {
@@ -242,7 +244,8 @@ fn settle(shared: &Shared, answered: Answered<'_>) -> Next {
             options.reset_format,
         );
         let refund = counts.and_then(|counts| Refund::of(store, checks, decisions, counts));
-        return Next::Call(Some(headers), refund);
+        let leases = Leases::of(store, checks, decisions);
+        return Next::Call(Some(headers), refund, leases);
     }
     let (checks, decisions) = (&checks[..enforced], &decisions[..enforced]);
     for (check, decision) in checks.iter().zip(decisions) {
@@ -251,20 +254,21 @@ fn settle(shared: &Shared, answered: Answered<'_>) -> Next {
         }
     }
     if let (Some(cache), Some(sent_at)) = (&shared.deny_cache, deny_clock) {
-        match counts {
-            None => cache.remember(checks, decisions, sent_at),
-            // A refund may free a policy that counts some responses only
-            // before its denial's retry time: only the others are cached.
-            Some(counts) => {
-                let (cached, cached_decisions): (Checks, Decisions) = checks
-                    .iter()
-                    .zip(decisions)
-                    .zip(counts)
-                    .filter(|(_, count)| **count == Count::All)
-                    .map(|((check, decision), _)| (check.clone(), *decision))
-                    .unzip();
-                cache.remember(&cached, &cached_decisions, sent_at);
-            }
+        // A refund may free a policy that counts some responses only
+        // before its denial's retry time, and a lease may end at any
+        // moment: only the other denials are cached.
+        let lasting = |index: usize| {
+            counts.is_none_or(|counts| counts[index] == Count::All)
+                && checks[index].algorithm != Algorithm::Concurrency
+        };
+        if (0..checks.len()).all(lasting) {
+            cache.remember(checks, decisions, sent_at);
+        } else {
+            let (cached, cached_decisions): (Checks, Decisions) = (0..checks.len())
+                .filter(|&index| lasting(index))
+                .map(|index| (checks[index].clone(), decisions[index]))
+                .unzip();
+            cache.remember(&cached, &cached_decisions, sent_at);
         }
     }
     // The policy that frees last is the one the client waits for.

@@ -10,10 +10,11 @@ use http::StatusCode;
 use smallvec::SmallVec;
 
 use crate::layer::Options;
+use crate::layer::body::in_background;
 use crate::layer::local::LocalChecks;
 use crate::policy::cost::Checks;
 use crate::policy::plan::Plan;
-use crate::policy::{Count, FailMode};
+use crate::policy::{Algorithm, Count, FailMode};
 use crate::store::{Check, CheckFuture, Decision, Decisions, Store};
 use crate::throttle::REFUND_FAILURES;
 
@@ -171,7 +172,9 @@ impl Refund {
             counts: SmallVec::new(),
         };
         for ((check, decision), &count) in checks.iter().zip(decisions).zip(counts) {
-            if let (Some(at), false) = (decision.recorded_at, count == Count::All) {
+            // A lease goes back when the response ends, whatever it says.
+            let leased = check.algorithm == Algorithm::Concurrency;
+            if let (Some(at), false, false) = (decision.recorded_at, count == Count::All, leased) {
                 refund.checks.push(check.clone());
                 refund.recorded_at.push(at);
                 refund.counts.push(count);
@@ -200,17 +203,7 @@ impl Refund {
         if checks.is_empty() {
             return;
         }
-        match self.store.refund(&checks, &recorded_at).into_ready() {
-            Ok(outcome) => report(outcome),
-            Err(later) => match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => {
-                    runtime.spawn(async move { report(later.await) });
-                }
-                Err(_) => report(Err(crate::store::StoreError::Internal(
-                    "no Tokio runtime to take the refund back on".to_owned(),
-                ))),
-            },
-        }
+        in_background(self.store.refund(&checks, &recorded_at), report);
     }
 }
 

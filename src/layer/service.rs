@@ -4,11 +4,11 @@ use std::mem;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
 use http::{Request, Response};
 use tower_service::Service;
 
 use crate::key::KeyExtractor;
+use crate::layer::body::ResponseBody;
 use crate::layer::decide::{Decided, decide};
 use crate::layer::future::ResponseFuture;
 use crate::layer::{RateLimitLayer, Shared};
@@ -70,9 +70,8 @@ impl<S> RateLimit<S> {
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
-    ResBody: From<Bytes>,
 {
-    type Response = Response<ResBody>;
+    type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
     type Future = ResponseFuture<S, ReqBody>;
 

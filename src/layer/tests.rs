@@ -40,7 +40,7 @@ fn on_every_route(policies: impl IntoIterator<Item = Policy>) -> Policies {
         .unwrap()
 }
 
-fn header(response: &Response<Bytes>, name: &http::HeaderName) -> u32 {
+fn header<B>(response: &Response<B>, name: &http::HeaderName) -> u32 {
     response.headers()[name].to_str().unwrap().parse().unwrap()
 }
 

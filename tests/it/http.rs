@@ -642,12 +642,13 @@ async fn fail_modes_decide_when_the_store_is_down() {
     }
 }
 
-/// Any tower service whose response body can be made from bytes (axum's
-/// `Body`, `Full<Bytes>`, ...) can be limited: its own body type and error
-/// type come back unchanged, and the limiter's answers are in that type.
+/// Any tower service can be limited, whatever its body (here a `String`,
+/// which cannot be made from bytes): its body comes back in a
+/// [`ResponseBody`] that reads as it does, its error type unchanged, and
+/// the limiter's answers are `ResponseBody`s too.
 #[tokio::test]
 async fn works_on_any_tower_service_and_keeps_its_body_and_error_types() {
-    use http_body_util::Full;
+    use slidegate::layer::ResponseBody;
 
     #[derive(Debug, PartialEq)]
     struct InnerError;
@@ -655,12 +656,12 @@ async fn works_on_any_tower_service_and_keeps_its_body_and_error_types() {
         if request.uri().path() == "/fail" {
             Err(InnerError)
         } else {
-            Ok::<_, InnerError>(http::Response::new(Full::new(Bytes::from("inner"))))
+            Ok::<_, InnerError>(http::Response::new("inner".to_owned()))
         }
     });
     let policies = Policies::single(Policy::new("all", 2, MINUTE)).unwrap();
     let service = RateLimit::new(inner, MemoryStore::new(), Global, policies);
-    let ok: http::Response<Full<Bytes>> = service
+    let ok: http::Response<ResponseBody<String>> = service
         .clone()
         .oneshot(Request::get("/").body(String::new()).unwrap())
         .await

@@ -13,6 +13,7 @@ mod accuracy;
 mod atomicity;
 mod bounded;
 mod cluster;
+mod concurrency;
 mod config;
 mod deny_cache;
 mod equivalence;

@@ -1,0 +1,192 @@
+//! [`ResponseBody`]: the body of every response through the layer, and the
+//! concurrency [`Leases`] it holds until it ends.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use smallvec::SmallVec;
+
+use crate::policy::Algorithm;
+use crate::policy::cost::Checks;
+use crate::store::{Check, CheckFuture, Decision, Store, StoreError};
+use crate::throttle::RELEASE_FAILURES;
+
+pin_project! {
+    /// The body of a response from [`RateLimit`](crate::RateLimit): the
+    /// inner service's body, or the limiter's own answer (`429`, `503`,
+    /// ...).
+    ///
+    /// An admitted request under a concurrency limit
+    /// ([`Policy::concurrency`](crate::Policy::concurrency)) holds its lease
+    /// in this body: until the body has been sent to its end, or is
+    /// dropped (the client went away, the connection broke).
+    pub struct ResponseBody<B> {
+        #[pin]
+        kind: Kind<B>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind<B> {
+        Inner {
+            #[pin]
+            body: B,
+            leases: Option<Leases>,
+        },
+        Answer {
+            bytes: Option<Bytes>,
+        },
+    }
+}
+
+impl<B> ResponseBody<B> {
+    /// The inner service's body, holding `leases` until it ends.
+    pub(crate) fn inner(body: B, leases: Option<Leases>) -> Self {
+        Self {
+            kind: Kind::Inner { body, leases },
+        }
+    }
+
+    /// The limiter's own answer.
+    pub(crate) fn answer(bytes: Bytes) -> Self {
+        Self {
+            kind: Kind::Answer {
+                bytes: (!bytes.is_empty()).then_some(bytes),
+            },
+        }
+    }
+}
+
+impl<B> std::fmt::Debug for ResponseBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match &self.kind {
+            Kind::Inner { leases, .. } => {
+                if leases.is_some() {
+                    "inner, holding leases"
+                } else {
+                    "inner"
+                }
+            }
+            Kind::Answer { .. } => "answer",
+        };
+        f.debug_tuple("ResponseBody").field(&kind).finish()
+    }
+}
+
+impl<B> Body for ResponseBody<B>
+where
+    B: Body,
+    B::Data: From<Bytes>,
+{
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        match self.project().kind.project() {
+            KindProj::Inner { body, leases } => {
+                let frame = std::task::ready!(body.poll_frame(cx));
+                if frame.is_none() {
+                    // Sent to the end: the leases go now, not when hyper
+                    // gets round to dropping the body.
+                    leases.take();
+                }
+                Poll::Ready(frame)
+            }
+            KindProj::Answer { bytes } => {
+                Poll::Ready(bytes.take().map(|bytes| Ok(Frame::data(bytes.into()))))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Inner { body, .. } => body.is_end_stream(),
+            Kind::Answer { bytes } => bytes.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Inner { body, .. } => body.size_hint(),
+            Kind::Answer { bytes } => {
+                SizeHint::with_exact(bytes.as_ref().map_or(0, |bytes| bytes.len() as u64))
+            }
+        }
+    }
+}
+
+/// The concurrency leases an admitted request took, released when
+/// dropped: on a task of its own for a store that answers later.
+pub(crate) struct Leases(Box<Held>);
+
+struct Held {
+    store: Arc<dyn Store>,
+    checks: Checks,
+    taken_at: SmallVec<[Duration; 2]>,
+}
+
+impl Leases {
+    /// The leases `store` gave the concurrency checks among `checks`;
+    /// `None` when there are none.
+    pub(crate) fn of(
+        store: &Arc<dyn Store>,
+        checks: &[Check],
+        decisions: &[Decision],
+    ) -> Option<Self> {
+        let mut held: Option<Held> = None;
+        for (check, decision) in checks.iter().zip(decisions) {
+            if let (Algorithm::Concurrency, Some(at)) = (check.algorithm, decision.recorded_at) {
+                let held = held.get_or_insert_with(|| Held {
+                    store: store.clone(),
+                    checks: Checks::new(),
+                    taken_at: SmallVec::new(),
+                });
+                held.checks.push(check.clone());
+                held.taken_at.push(at);
+            }
+        }
+        held.map(|held| Self(Box::new(held)))
+    }
+}
+
+impl Drop for Leases {
+    fn drop(&mut self) {
+        let held = &self.0;
+        in_background(held.store.refund(&held.checks, &held.taken_at), report);
+    }
+}
+
+/// Lets `answer` run to its end without anyone waiting for it: at once
+/// for a store in process, on a task of its own otherwise; `report` is
+/// given the outcome.
+pub(crate) fn in_background(answer: CheckFuture<()>, report: fn(Result<(), StoreError>)) {
+    match answer.into_ready() {
+        Ok(outcome) => report(outcome),
+        Err(later) => match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move { report(later.await) });
+            }
+            Err(_) => report(Err(StoreError::Internal(
+                "no Tokio runtime to finish the call on".to_owned(),
+            ))),
+        },
+    }
+}
+
+/// Warns of a release that failed: the lease stays until it expires.
+fn report(outcome: Result<(), StoreError>) {
+    if let Err(error) = outcome
+        && let Some(held_back) = RELEASE_FAILURES.admit()
+    {
+        tracing::warn!(%error, held_back, "concurrency lease release failed; it expires with its lease time");
+    }
+}
