@@ -47,6 +47,7 @@ pub mod config;
 pub mod headers;
 pub mod key;
 pub mod layer;
+pub mod limits;
 mod metrics;
 pub mod policy;
 pub mod rejection;

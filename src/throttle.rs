@@ -31,6 +31,9 @@ pub(crate) static API_KEY_LOOKUP_TIMEOUTS: Throttle = Throttle::new();
 /// Tier lookups that took longer than the layer waits.
 pub(crate) static TIER_LOOKUP_TIMEOUTS: Throttle = Throttle::new();
 
+/// Limit lookups that took longer than the layer waits.
+pub(crate) static LIMIT_LOOKUP_TIMEOUTS: Throttle = Throttle::new();
+
 /// Refunds the store could not take.
 pub(crate) static REFUND_FAILURES: Throttle = Throttle::new();
 

@@ -23,9 +23,11 @@ use crate::key::{Confirming, Identity, KeyRejection, confirmed};
 use crate::layer::Shared;
 use crate::layer::credentials::Refusal;
 use crate::layer::deny_cache::Denied;
+use crate::layer::hold::{Held, Slot};
 use crate::layer::outcome::{self, Next, Sent, SentAt, index_of_min, trace_decision};
 use crate::layer::reject::{Reply, reject};
 use crate::layer::roles::{self, Roles};
+use crate::limits::Found;
 use crate::metrics::{self, Outcome, Timer};
 use crate::policy::cost::{self, Costs};
 use crate::policy::plan::Plan;
@@ -34,6 +36,7 @@ use crate::response::problem::Denial;
 use crate::store::{Check, CheckFuture, CheckOutcome};
 use crate::throttle::TIER_LOOKUP_TIMEOUTS;
 use crate::tier::TierFuture;
+use tokio::time::Instant;
 
 /// A request's decision: known now, or once it has waited.
 pub(crate) enum Decided {
@@ -88,13 +91,70 @@ pub(crate) fn decide(shared: &Arc<Shared>, parts: &mut Parts) -> Decided {
         let step = Step::LookingUp(identity, lookup);
         return Wait::new(shared, plan, costs, step).start(parts);
     }
-    match send(shared, plan, &identity, costs.as_ref()) {
+    let own = match own_limits(shared, plan, &identity) {
+        Own::Known(own) => own,
+        Own::Later(lookup) => {
+            let step = Step::LookingUpLimits(identity, lookup);
+            return Wait::new(shared, plan, costs, step).start(parts);
+        }
+    };
+    match send(shared, plan, &identity, costs.as_ref(), own.as_ref(), None) {
+        Sending::Now(Next::Delay(wait, slot)) => {
+            let step = Step::Holding(identity, own, wait, slot);
+            Wait::new(shared, plan, costs, step).start(parts)
+        }
         Sending::Now(next) => Decided::Now(hand_on(shared, parts, identity, next)),
         Sending::Later(sent, check) => {
-            let step = Step::Checking(identity, sent, check);
+            let step = Step::Checking(identity, own, sent, check);
             Wait::new(shared, plan, costs, step).start(parts)
         }
     }
+}
+
+/// A client's own limits under a plan: known now (`None` when the layer
+/// looks none up), or being looked up.
+enum Own {
+    Known(Option<Found>),
+    Later(OwnFuture),
+}
+
+type OwnFuture = Pin<Box<dyn Future<Output = Found> + Send + 'static>>;
+
+/// The own limits of `identity` under `plan`, when the layer looks them up.
+fn own_limits(shared: &Shared, plan: &Plan, identity: &Identity) -> Own {
+    let Some(limits) = &shared.client_limits else {
+        return Own::Known(None);
+    };
+    let policies = plan.policies();
+    match limits.known(&identity.key, policies) {
+        Some(found) => Own::Known(Some(found)),
+        None => Own::Later(Box::pin(limits.look_up(
+            &identity.key,
+            policies,
+            shared.options.lookup_timeout,
+        ))),
+    }
+}
+
+/// [`own_limits`], waited for.
+async fn own_limits_now(shared: &Shared, plan: &Plan, identity: &Identity) -> Option<Found> {
+    match own_limits(shared, plan, identity) {
+        Own::Known(own) => own,
+        Own::Later(lookup) => Some(lookup.await),
+    }
+}
+
+/// Where a waiting request's decision stands.
+// Lives in the request's continuation, already on the heap: boxing the
+// larger variant would cost another allocation per store call.
+#[allow(clippy::large_enum_variant)]
+enum Pending {
+    /// Its checks are to be sent.
+    Send,
+    /// The store has them.
+    Sent(Sent, CheckFuture),
+    /// It is held for this long (with its place, the first time).
+    Hold(Duration, Option<Slot>),
 }
 
 /// A request that waits before it is decided: what it waits for, and the
@@ -115,8 +175,12 @@ enum Step {
     Confirming(Confirming, Option<Check>),
     /// A tier lookup, to know the client's limits.
     LookingUp(Identity, TierFuture),
+    /// A lookup of the client's own limits.
+    LookingUpLimits(Identity, OwnFuture),
     /// The store's decision.
-    Checking(Identity, Sent, CheckFuture),
+    Checking(Identity, Option<Found>, Sent, CheckFuture),
+    /// A hold before the request is checked again.
+    Holding(Identity, Option<Found>, Duration, Option<Slot>),
 }
 
 impl Wait {
@@ -144,7 +208,7 @@ impl Wait {
             costs,
             step,
         } = self;
-        let (identity, sent) = match step {
+        let (identity, own, mut pending) = match step {
             Step::Refusing(counting) => {
                 let answer = counting.answer(&shared).await;
                 return (parts, Next::Answer(answer));
@@ -164,26 +228,65 @@ impl Wait {
                         return (parts, Next::Answer(answer));
                     }
                 };
-                match tier_lookup(&shared, &parts, &identity) {
-                    Some(lookup) => (with_tier(identity, lookup.await), None),
-                    None => (identity, None),
-                }
+                let identity = match tier_lookup(&shared, &parts, &identity) {
+                    Some(lookup) => with_tier(identity, lookup.await),
+                    None => identity,
+                };
+                let own = own_limits_now(&shared, &plan, &identity).await;
+                (identity, own, Pending::Send)
             }
-            Step::LookingUp(identity, lookup) => (with_tier(identity, lookup.await), None),
-            Step::Checking(identity, sent, check) => (identity, Some((sent, check))),
+            Step::LookingUp(identity, lookup) => {
+                let identity = with_tier(identity, lookup.await);
+                let own = own_limits_now(&shared, &plan, &identity).await;
+                (identity, own, Pending::Send)
+            }
+            Step::LookingUpLimits(identity, lookup) => {
+                (identity, Some(lookup.await), Pending::Send)
+            }
+            Step::Checking(identity, own, sent, check) => {
+                (identity, own, Pending::Sent(sent, check))
+            }
+            Step::Holding(identity, own, wait, slot) => (identity, own, Pending::Hold(wait, slot)),
         };
-        let (sent, check) = match sent {
-            Some(sent) => sent,
-            None => match send(&shared, &plan, &identity, costs.as_ref()) {
-                Sending::Now(next) => {
-                    let next = hand_on(&shared, &mut parts, identity, next);
-                    return (parts, next);
+        // Sent, and sent again after each hold, until decided.
+        let mut held: Option<Held> = None;
+        let next = loop {
+            let next = match pending {
+                Pending::Send => {
+                    let since = held.as_ref().map(|held| held.since);
+                    match send(
+                        &shared,
+                        &plan,
+                        &identity,
+                        costs.as_ref(),
+                        own.as_ref(),
+                        since,
+                    ) {
+                        Sending::Now(next) => next,
+                        Sending::Later(sent, check) => {
+                            pending = Pending::Sent(sent, check);
+                            continue;
+                        }
+                    }
                 }
-                Sending::Later(sent, check) => (sent, check),
-            },
+                Pending::Sent(sent, check) => {
+                    let answer = check.await;
+                    outcome::outcome(&shared, &plan, identity.tier.as_deref(), &sent, answer)
+                }
+                Pending::Hold(wait, slot) => {
+                    if let (None, Some(slot)) = (&held, slot) {
+                        held = Some(Held::new(slot));
+                    }
+                    tokio::time::sleep(wait).await;
+                    pending = Pending::Send;
+                    continue;
+                }
+            };
+            match next {
+                Next::Delay(wait, slot) => pending = Pending::Hold(wait, slot),
+                next => break next,
+            }
         };
-        let answer = check.await;
-        let next = outcome::outcome(&shared, &plan, identity.tier.as_deref(), &sent, answer);
         let next = hand_on(&shared, &mut parts, identity, next);
         (parts, next)
     }
@@ -361,12 +464,20 @@ enum Sending {
     Later(Sent, CheckFuture),
 }
 
-/// Builds the checks of `identity` under `plan` and sends them: the answer
-/// is known at once for a cost above the limit, an exempt request, a
-/// denial the deny cache knows, or a store that decides in process.
-fn send(shared: &Shared, plan: &Plan, identity: &Identity, costs: Option<&Costs>) -> Sending {
+/// Builds the checks of `identity` under `plan` (at its `own` limits) and
+/// sends them: the answer is known at once for a cost above the limit, an
+/// exempt request, a denial the deny cache knows, or a store that decides
+/// in process. A request held since `held` is sent again.
+fn send(
+    shared: &Shared,
+    plan: &Plan,
+    identity: &Identity,
+    costs: Option<&Costs>,
+    own: Option<&Found>,
+    held: Option<Instant>,
+) -> Sending {
     let tier = identity.tier.as_deref();
-    let mut checks = match cost::checks(plan, &identity.key, tier, costs) {
+    let mut checks = match cost::checks(plan, &identity.key, tier, costs, own) {
         Ok(checks) => checks,
         Err(denied) => {
             return Sending::Now(Next::Answer(reject(shared, Reply::CostAboveLimit(&denied))));
@@ -395,6 +506,7 @@ fn send(shared: &Shared, plan: &Plan, identity: &Identity, costs: Option<&Costs>
     }
     let sent = Sent {
         fail_closed: fails_closed(shared, plan, costs),
+        held,
         checks,
         roles,
         at: SentAt {

@@ -141,7 +141,7 @@ impl DenyCache {
             denied_at.push(index);
             bodies.push(denial.body.clone());
             decisions.push(Decision::denied(
-                check.limit,
+                check.burst,
                 denial.remaining,
                 Duration::from_micros(denial.reset_at.saturating_sub(now)),
                 Some(Duration::from_micros(denial.until - now)),
@@ -160,6 +160,13 @@ impl DenyCache {
             decisions,
             bodies,
         })
+    }
+
+    /// Forgets the denial of `check`'s client under its policy.
+    pub(crate) fn forget(&self, check: &Check) {
+        self.inner
+            .entries
+            .remove(&(check.policy.clone(), check.key.clone()));
     }
 
     /// Remembers the policies that denied a batch sent at `sent_at`.

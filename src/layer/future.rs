@@ -77,6 +77,7 @@ where
                 Next::Answer(response) => State::Answered {
                     response: Some(response),
                 },
+                Next::Delay(..) => unreachable!("a held request is decided in its continuation"),
             },
         }
     }

@@ -13,6 +13,8 @@ pub(crate) mod credentials;
 mod decide;
 pub(crate) mod deny_cache;
 mod future;
+mod hold;
+mod inspect;
 mod local;
 mod outcome;
 mod reject;
@@ -21,9 +23,11 @@ mod service;
 
 pub use body::ResponseBody;
 pub use future::ResponseFuture;
+pub use inspect::LimitError;
 pub use service::RateLimit;
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -34,6 +38,7 @@ use http::Response;
 use http::request::Parts;
 
 use crate::key::KeyExtractor;
+use crate::limits::{ClientLimits, LimitLookup};
 use crate::policy::{FailMode, Policies, RequestCost};
 use crate::response::headers::{HeaderStyle, ResetFormat};
 use crate::response::rejection::{OnRejection, Rejection};
@@ -42,6 +47,9 @@ use crate::tier::TierLookup;
 pub use credentials::CredentialFailures;
 pub use deny_cache::DenyCache;
 use local::LocalLimits;
+
+/// How long a [`LimitLookup`]'s answer is kept unless set.
+const DEFAULT_LIMIT_TTL: Duration = Duration::from_secs(60);
 
 /// Settings the response future needs; small and `Copy`.
 #[derive(Debug, Clone, Copy)]
@@ -56,6 +64,8 @@ pub(crate) struct Options {
     pub(crate) shadow: bool,
     /// The number of instances a local limit is shared by.
     pub(crate) local_share: u32,
+    /// The most requests held at once instead of denied.
+    pub(crate) max_delayed: usize,
 }
 
 impl Default for Options {
@@ -68,6 +78,7 @@ impl Default for Options {
             insert_identity: false,
             shadow: false,
             local_share: 1,
+            max_delayed: hold::DEFAULT_MAX_DELAYED,
         }
     }
 }
@@ -87,6 +98,10 @@ pub(crate) struct Shared {
     pub(crate) request_cost: Option<Arc<dyn RequestCost>>,
     /// The counts of policies that fall back to a local limit.
     pub(crate) local: Arc<LocalLimits>,
+    /// The clients' own limits, when the layer looks them up.
+    pub(crate) client_limits: Option<Arc<ClientLimits>>,
+    /// The requests held now instead of denied, in every clone.
+    pub(crate) delayed: Arc<AtomicUsize>,
     pub(crate) options: Options,
 }
 
@@ -172,6 +187,8 @@ impl RateLimitLayer {
                 credential_failures: None,
                 request_cost: None,
                 local: Arc::default(),
+                client_limits: None,
+                delayed: Arc::default(),
                 options: Options::default(),
             }),
         }
@@ -233,6 +250,59 @@ impl RateLimitLayer {
     #[must_use]
     pub fn tier_lookup_timeout(mut self, timeout: Duration) -> Self {
         self.options_mut().lookup_timeout = timeout;
+        self
+    }
+
+    /// Looks up each client's own limit under each policy (see
+    /// [`LimitLookup`]), replacing its tier's; answers are kept for 60 s
+    /// (see [`limit_lookup_ttl`](Self::limit_lookup_ttl)), and each lookup
+    /// is bounded by the [lookup timeout](Self::tier_lookup_timeout).
+    #[must_use]
+    pub fn limit_lookup(mut self, lookup: impl LimitLookup) -> Self {
+        let ttl = DEFAULT_LIMIT_TTL;
+        Arc::make_mut(&mut self.shared).client_limits =
+            Some(Arc::new(ClientLimits::new(Arc::new(lookup), ttl)));
+        self
+    }
+
+    /// How long an answer of the [`LimitLookup`] is kept (default 60 s):
+    /// a client's new limit takes effect within it.
+    ///
+    /// ```
+    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, limits::Overrides, store::MemoryStore};
+    /// use std::time::Duration;
+    ///
+    /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies)
+    ///     .limit_lookup(Overrides::new())
+    ///     .limit_lookup_ttl(Duration::from_secs(5));
+    /// ```
+    #[must_use]
+    pub fn limit_lookup_ttl(mut self, ttl: Duration) -> Self {
+        let shared = Arc::make_mut(&mut self.shared);
+        if let Some(limits) = &shared.client_limits {
+            shared.client_limits = Some(Arc::new(limits.with_ttl(ttl)));
+        }
+        self
+    }
+
+    /// The most requests this layer holds at once instead of denying them
+    /// (policies with [`with_delay`](crate::Policy::with_delay)); default
+    /// 10,000. Past it, a request that could be held is answered `429`.
+    ///
+    /// ```
+    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, store::MemoryStore};
+    /// use std::time::Duration;
+    ///
+    /// let policies = Policies::single(
+    ///     Policy::new("all", 10, Duration::from_secs(1)).with_delay(Duration::from_millis(200)),
+    /// )
+    /// .unwrap();
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).max_delayed(1_000);
+    /// ```
+    #[must_use]
+    pub fn max_delayed(mut self, max: usize) -> Self {
+        self.options_mut().max_delayed = max;
         self
     }
 

@@ -12,6 +12,7 @@ use http::{HeaderValue, Response};
 
 use crate::layer::Shared;
 use crate::layer::body::Leases;
+use crate::layer::hold::{self, Slot};
 use crate::layer::local::LocalChecks;
 use crate::layer::reject::{Reply, reject};
 use crate::layer::roles::{Refund, Roles};
@@ -23,6 +24,7 @@ use crate::response::headers::RateHeaders;
 use crate::response::problem::Denial;
 use crate::store::{Check, CheckOutcome, Decision, Decisions, Store, StoreError};
 use crate::throttle::STORE_FAILURES;
+use tokio::time::Instant;
 
 /// Where a request goes once it is decided.
 pub(crate) enum Next {
@@ -32,6 +34,10 @@ pub(crate) enum Next {
     Call(Option<RateHeaders>, Option<Box<Refund>>, Option<Leases>),
     /// Back to the client with the limiter's answer.
     Answer(Response<Bytes>),
+    /// Held this long, then checked again (see [`hold`](super::hold)),
+    /// with its place among the held requests the first time. Only a
+    /// request's continuation sees it.
+    Delay(Duration, Option<Slot>),
 }
 
 impl Next {
@@ -49,6 +55,8 @@ pub(crate) struct Sent {
     pub(crate) at: SentAt,
     /// Whether a store failure answers `503`.
     pub(crate) fail_closed: bool,
+    /// Since when the request has been held, if it has.
+    pub(crate) held: Option<Instant>,
 }
 
 /// When a request's checks went to the store: on the deny cache's clock
@@ -84,6 +92,7 @@ pub(crate) fn outcome(
         roles,
         at: sent_at,
         fail_closed,
+        held,
     } = sent;
     let (checks, roles) = (&checks[..], roles.as_deref());
     let took = sent_at.timer.elapsed();
@@ -109,6 +118,17 @@ pub(crate) fn outcome(
             let admitted = decisions[..enforced].iter().all(|d| d.admitted);
             if let Some(local) = roles.filter(|_| admitted).and_then(Roles::local) {
                 shared.local.record(local);
+            }
+            if !admitted
+                && let Some((wait, slot)) = hold::wait(
+                    shared,
+                    plan,
+                    &decided[..enforced],
+                    &decisions[..enforced],
+                    *held,
+                )
+            {
+                return Next::Delay(wait, slot);
             }
             let ietf_policy =
                 ietf_policy(plan, tier, checks, roles).filter(|_| decided.len() == checks.len());

@@ -378,6 +378,26 @@ impl Policy {
         }
     }
 
+    /// The limits in force for a client of `tier` whose own limit (from a
+    /// [`LimitLookup`](crate::limits::LimitLookup)) is `own`: it replaces
+    /// the tier's limit, and a token bucket's burst too unless the policy
+    /// or tier sets one.
+    pub(crate) fn limits_with(&self, tier: Option<&str>, own: Option<u32>) -> Limits {
+        let mut limits = self.limits_for(tier);
+        if let Some(limit) = own {
+            let tier_burst = tier
+                .and_then(|tier| self.tiers.iter().find(|(name, _)| &**name == tier))
+                .and_then(|(_, limits)| limits.burst);
+            let own_burst = self.algorithm == Algorithm::TokenBucket
+                && (tier_burst.is_some() || self.burst.is_some());
+            if !own_burst {
+                limits.burst = limit;
+            }
+            limits.limit = limit;
+        }
+        limits
+    }
+
     /// Sets the counting algorithm.
     ///
     /// ```

@@ -264,10 +264,15 @@ impl Policies {
 
     /// Every policy in the set, default last.
     pub fn iter(&self) -> impl Iterator<Item = &Policy> {
+        self.shared().map(|policy| &**policy)
+    }
+
+    /// Every policy, shared.
+    pub(crate) fn shared(&self) -> impl Iterator<Item = &Arc<Policy>> {
         self.scoped
             .iter()
-            .map(|s| s.policy.as_ref())
-            .chain(self.default.as_deref())
+            .map(|s| &s.policy)
+            .chain(self.default.as_ref())
     }
 }
 

@@ -1,0 +1,114 @@
+//! Looking at and resetting one client's count under one policy:
+//! [`RateLimitLayer::peek`] and [`RateLimitLayer::reset`].
+
+use std::sync::Arc;
+
+use crate::RateLimitLayer;
+use crate::key::Key;
+use crate::policy::Policy;
+use crate::store::{Check, Decision, StoreError};
+
+/// Why [`RateLimitLayer::peek`] or [`RateLimitLayer::reset`] failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LimitError {
+    /// The layer has no policy of this name.
+    #[error("no policy is named `{0}`")]
+    UnknownPolicy(String),
+    /// The store could not answer.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl RateLimitLayer {
+    /// The policy in force named `name`.
+    fn policy_named(&self, name: &str) -> Result<Arc<Policy>, LimitError> {
+        let policies = self.shared.policies.load();
+        policies
+            .shared()
+            .find(|policy| policy.name() == name)
+            .cloned()
+            .ok_or_else(|| LimitError::UnknownPolicy(name.to_owned()))
+    }
+
+    /// The check of `key` of `tier` under `policy`, at the client's own
+    /// limit when the layer looks limits up.
+    async fn check_of(&self, policy: &Arc<Policy>, key: &Key, tier: Option<&str>) -> Check {
+        let own = match &self.shared.client_limits {
+            Some(limits) => {
+                let policies = std::slice::from_ref(policy);
+                let timeout = self.shared.options.lookup_timeout;
+                match limits.known(key, policies) {
+                    Some(found) => found[0],
+                    None => limits.look_up(key, policies, timeout).await[0],
+                }
+            }
+            None => None,
+        };
+        let limits = policy.limits_with(tier, own);
+        Check::with_cost(policy, key.clone(), limits, limits.cost)
+    }
+
+    /// Where the client `key` (of `tier`, for a tier's limits) stands
+    /// under the policy named `policy`, recording nothing: its limit, the
+    /// units left, and when capacity next grows (`reset`). `admitted` says
+    /// whether a request of the policy's cost would fit now.
+    ///
+    /// ```
+    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, key::Key, store::MemoryStore};
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let policies = Policies::single(Policy::new("search", 5, Duration::from_secs(60)))?;
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies);
+    /// let alice = Key::parse("jwt:alice").unwrap();
+    /// let now = layer.peek("search", &alice, None).await?;
+    /// assert_eq!((now.limit, now.remaining), (5, 5));
+    /// layer.reset("search", &alice).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`LimitError::UnknownPolicy`] if no policy of the layer has that
+    /// name; [`LimitError::Store`] if the store could not answer.
+    pub async fn peek(
+        &self,
+        policy: &str,
+        key: &Key,
+        tier: Option<&str>,
+    ) -> Result<Decision, LimitError> {
+        let policy = self.policy_named(policy)?;
+        let check = self.check_of(&policy, key, tier).await;
+        let decisions = self.shared.store.peek(std::slice::from_ref(&check)).await?;
+        decisions
+            .first()
+            .copied()
+            .ok_or_else(|| StoreError::Protocol("a peek without a decision".to_owned()).into())
+    }
+
+    /// Forgets what the client `key` has spent under the policy named
+    /// `policy`, its block included, in the store (so on every instance
+    /// that shares it). Denials of the client this instance's deny cache
+    /// holds are forgotten too; other instances' deny caches may still
+    /// answer the client until its retry time.
+    ///
+    /// # Errors
+    ///
+    /// [`LimitError::UnknownPolicy`] if no policy of the layer has that
+    /// name; [`LimitError::Store`] if the store could not answer.
+    pub async fn reset(&self, policy: &str, key: &Key) -> Result<(), LimitError> {
+        let policy = self.policy_named(policy)?;
+        let check = Check::new(&policy, key.clone());
+        self.shared
+            .store
+            .reset(std::slice::from_ref(&check))
+            .await?;
+        if let Some(cache) = &self.shared.deny_cache {
+            cache.forget(&check);
+        }
+        Ok(())
+    }
+}
