@@ -23,7 +23,7 @@ use crate::key::{Confirming, Identity, KeyRejection, confirmed};
 use crate::layer::Shared;
 use crate::layer::credentials::Refusal;
 use crate::layer::deny_cache::Denied;
-use crate::layer::hold::{Held, Slot};
+use crate::layer::hold::{self, Held, Slot};
 use crate::layer::outcome::{self, Next, Sent, SentAt, index_of_min, trace_decision};
 use crate::layer::reject::{Reply, reject};
 use crate::layer::roles::{self, Roles};
@@ -500,6 +500,12 @@ fn send(
     let mut deny_clock = 0;
     if let Some(cache) = &shared.deny_cache {
         if let Some(denied) = cache.lookup(&checks[..enforced]) {
+            // A cached denial is held as the store's own would be.
+            if let Some((wait, slot)) =
+                hold::wait(shared, plan, &denied.checks, &denied.decisions, held)
+            {
+                return Sending::Now(Next::Delay(wait, slot));
+            }
             return Sending::Now(Next::Answer(cached_denial(shared, &denied)));
         }
         deny_clock = cache.now();

@@ -306,6 +306,22 @@ impl RateLimitLayer {
         self
     }
 
+    /// How many requests this layer (with its clones) holds now instead of
+    /// denying them.
+    ///
+    /// ```
+    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, store::MemoryStore};
+    /// use std::time::Duration;
+    ///
+    /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
+    /// assert_eq!(RateLimitLayer::new(MemoryStore::new(), Global, policies).held(), 0);
+    /// ```
+    pub fn held(&self) -> usize {
+        self.shared
+            .delayed
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// Answers denied clients from `cache` until their retry time, without
     /// a store round trip (see [`DenyCache`]).
     #[must_use]
