@@ -13,7 +13,10 @@
 //! `memory` (slidegate on `MemoryStore`), `no-headers` (the same without
 //! rate-limit headers), `identity` (the same, handing the `Identity`
 //! extension to the handler), `denied` (every request from a denied
-//! client, answered by the deny cache).
+//! client, answered by the deny cache), and the other kinds of limit at
+//! the same rate: `bucket` (a token bucket), `concurrency` (a lease per
+//! request, released as its body ends), `blocking` (a sliding log whose
+//! denials block) and `delay` (a sliding log that may hold requests).
 //!
 //! Requests come from 256 client addresses in turn, each allowed 4,000 an
 //! hour: every request of a run (300,000 by default) is admitted, and the
@@ -43,6 +46,8 @@ fn app(variant: &str) -> Router {
     let denied = Policies::single(Policy::new("bench", 1, Duration::from_secs(3600)))
         .expect("a valid policy");
     let layer = |policies| RateLimitLayer::new(MemoryStore::new(), PeerIp::new(), policies);
+    let kind = |policy: Policy| Policies::single(policy).expect("a valid policy");
+    let open_log = || Policy::new("bench", 4_000, Duration::from_secs(3600));
     match variant {
         "bare" => routes,
         "noop-layer" => routes.route_layer(tower::layer::util::Identity::new()),
@@ -50,8 +55,19 @@ fn app(variant: &str) -> Router {
         "no-headers" => routes.route_layer(layer(open).header_style(HeaderStyle::None)),
         "identity" => routes.route_layer(layer(open).insert_identity(true)),
         "denied" => routes.route_layer(layer(denied).deny_cache(DenyCache::new(1000))),
+        "bucket" => routes.route_layer(layer(kind(
+            open_log().with_algorithm(slidegate::policy::Algorithm::TokenBucket),
+        ))),
+        "concurrency" => routes.route_layer(layer(kind(Policy::concurrency("bench", 64)))),
+        "blocking" => {
+            routes.route_layer(layer(kind(open_log().with_block(Duration::from_secs(600)))))
+        }
+        "delay" => routes.route_layer(layer(kind(
+            open_log().with_delay(Duration::from_millis(500)),
+        ))),
         other => panic!(
-            "unknown variant `{other}`: bare, noop-layer, memory, no-headers, identity or denied"
+            "unknown variant `{other}`: bare, noop-layer, memory, no-headers, identity, denied, \
+             bucket, concurrency, blocking or delay"
         ),
     }
 }

@@ -54,7 +54,11 @@ async fn a_request_that_fits_soon_is_held_then_admitted(tested: StoreUnderTest) 
         "admitted only once the first request left the window"
     );
     // Counted when admitted: at most the limit in its window.
-    let remaining: u32 = held.header("x-ratelimit-remaining").unwrap().parse().unwrap();
+    let remaining: u32 = held
+        .header("x-ratelimit-remaining")
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!(remaining < 2, "the held request is counted");
 }
 on_both_stores!(a_request_that_fits_soon_is_held_then_admitted);
