@@ -38,12 +38,14 @@ use crate::key::{Global, Header, JwtClaim, KeyExtractor, PeerIp, digest};
 use crate::layer::RateLimitLayer;
 use crate::layer::credentials::CredentialFailures;
 use crate::layer::deny_cache::{DEFAULT_CAPACITY as DEFAULT_DENY_CACHE, DenyCache};
+use crate::limits::Overrides;
 use crate::policy::{FailMode, Policies, Policy, Route, TierLimits};
 use crate::response::headers::{HeaderStyle, ResetFormat};
 use crate::store::{MemoryStore, Store};
 
 mod error;
 mod jwt;
+mod overrides;
 mod raw;
 mod redis;
 #[cfg(feature = "redis")]
@@ -94,6 +96,12 @@ pub struct Config {
     /// default (on for Redis).
     deny_cache: Option<bool>,
     credential_failures: RawCredentialFailures,
+    /// `[overrides]`: clients' own limits.
+    overrides: Overrides,
+    /// `limiter.max_delayed`, when set.
+    max_delayed: Option<usize>,
+    /// `[admin] token`, when set.
+    admin_token: Option<Arc<str>>,
 }
 
 impl Config {
@@ -258,6 +266,28 @@ impl Config {
             .ipv6_prefix(ipv6_prefix);
 
         let policies = build_policies(raw.policy, raw.default, source)?;
+        let overrides = overrides::overrides(
+            raw.overrides,
+            limiter.keys.get_ref(),
+            &peer_ip,
+            &policies,
+            source,
+        )?;
+        let admin_token = match raw.admin {
+            Some(admin) => {
+                let token = admin.token.get_ref();
+                if token.is_empty() || !token.bytes().all(|b| b.is_ascii_graphic()) {
+                    return Err(ConfigError::at(
+                        source,
+                        admin.token.span().start,
+                        "admin.token",
+                        "must be printable ASCII without spaces, and not empty",
+                    ));
+                }
+                Some(Arc::from(admin.token.into_inner()))
+            }
+            None => None,
+        };
 
         Ok(Self {
             redis,
@@ -287,6 +317,9 @@ impl Config {
             },
             deny_cache: limiter.deny_cache,
             credential_failures: limiter.credential_failures,
+            overrides,
+            max_delayed: limiter.max_delayed.map(Spanned::into_inner),
+            admin_token,
             reset_format: match limiter.reset {
                 ResetName::Delta => ResetFormat::DeltaSeconds,
                 ResetName::Unix => ResetFormat::UnixSeconds,
@@ -320,6 +353,36 @@ impl Config {
     /// The validated policies.
     pub fn policies(&self) -> &Policies {
         &self.policies
+    }
+
+    /// The clients' own limits of `[overrides]` (empty without it).
+    ///
+    /// ```
+    /// use slidegate::{config::Config, key::Key};
+    ///
+    /// let config = Config::from_toml_str(r#"
+    ///     [limiter]
+    ///     keys = ["jwt", "ip"]
+    ///     [jwt]
+    ///     secret = "change-me"
+    ///     [[policy]]
+    ///     name = "search"
+    ///     limit = 5
+    ///     window = "60s"
+    ///     [overrides]
+    ///     "jwt:alice" = { search = 50 }
+    /// "#).unwrap();
+    /// let alice = Key::parse("jwt:alice").unwrap();
+    /// assert_eq!(config.overrides().get(&alice, "search"), Some(50));
+    /// ```
+    pub fn overrides(&self) -> &Overrides {
+        &self.overrides
+    }
+
+    /// The `[admin] token` an application's admin routes are to ask for,
+    /// if the file sets one.
+    pub fn admin_token(&self) -> Option<&str> {
+        self.admin_token.as_deref()
     }
 
     /// The key chain of `limiter.keys`, in order.
@@ -376,6 +439,12 @@ impl Config {
                 CredentialFailures::new(limit, window).peer_ip(self.peer_ip.clone()),
             );
         }
+        if !self.overrides.is_empty() {
+            layer = layer.limit_lookup(self.overrides.clone());
+        }
+        if let Some(max) = self.max_delayed {
+            layer = layer.max_delayed(max);
+        }
         match self.deny_cache {
             Some(true) => layer.deny_cache(DenyCache::new(DEFAULT_DENY_CACHE)),
             Some(false) => layer.without_deny_cache(),
@@ -419,15 +488,16 @@ fn api_key_tiers(
 }
 
 fn build_policies(
-    raw: Vec<RawPolicy>,
-    default: Option<RawPolicyBody>,
+    raw: Vec<Spanned<RawPolicy>>,
+    default: Option<Spanned<RawPolicyBody>>,
     source: &str,
 ) -> Result<Policies, ConfigError> {
     let mut builder = Policies::builder();
     let mut seen = std::collections::HashSet::new();
     for (index, raw) in raw.into_iter().enumerate() {
         let prefix = format!("policy[{index}]");
-        let (name, route, body) = raw.split();
+        let table_offset = raw.span().start;
+        let (name, route, body) = raw.into_inner().split();
         let name_span = name.span();
         let name = name.into_inner();
         if !seen.insert(name.clone()) {
@@ -438,7 +508,8 @@ fn build_policies(
                 format!("`{name}` is used by another policy"),
             ));
         }
-        let policy = policy_from(&name, &body, &prefix, name_span.start, source)?;
+        let offsets = (table_offset, name_span.start);
+        let policy = policy_from(&name, &body, &prefix, offsets, source)?;
         builder = match route {
             Some(route) => {
                 Route::parse(route.get_ref()).map_err(|e| {
@@ -455,15 +526,22 @@ fn build_policies(
         };
     }
     if let Some(body) = default {
+        let offset = body.span().start;
         if seen.contains("default") {
             return Err(ConfigError::at(
                 source,
-                body.limit.span().start,
+                offset,
                 "default",
                 "a [[policy]] is already named `default`",
             ));
         }
-        let policy = policy_from("default", &body, "default", body.limit.span().start, source)?;
+        let policy = policy_from(
+            "default",
+            body.get_ref(),
+            "default",
+            (offset, offset),
+            source,
+        )?;
         builder = builder.default_policy(policy);
     }
     builder.build().map_err(|e| ConfigError {
@@ -474,14 +552,74 @@ fn build_policies(
     })
 }
 
+/// Where a setting of `body` is written, if it is.
+fn offset_of<T>(value: Option<&Spanned<T>>) -> Option<usize> {
+    value.map(|value| value.span().start)
+}
+
+/// A policy's kind from its table: a rate (`limit` per `window`) or a
+/// concurrency limit (`concurrency`, with an optional `lease`).
+fn kind_of(
+    name: &str,
+    body: &RawPolicyBody,
+    prefix: &str,
+    table_offset: usize,
+    source: &str,
+) -> Result<Policy, ConfigError> {
+    let refuse = |offset: usize, key: &str, message: &str| {
+        ConfigError::at(source, offset, format!("{prefix}.{key}"), message)
+    };
+    match (&body.concurrency, &body.limit, &body.window) {
+        (Some(in_flight), None, None) => {
+            if body.algorithm.is_some() {
+                return Err(refuse(
+                    offset_of(Some(in_flight)).unwrap_or(table_offset),
+                    "algorithm",
+                    "does not apply to a concurrency limit",
+                ));
+            }
+            let policy = Policy::concurrency(name, *in_flight.get_ref());
+            Ok(match &body.lease {
+                Some(lease) => policy.with_lease(lease.get_ref().0),
+                None => policy,
+            })
+        }
+        (Some(_), limit, window) => Err(refuse(
+            offset_of(limit.as_ref())
+                .or(offset_of(window.as_ref()))
+                .unwrap_or(table_offset),
+            "concurrency",
+            "replaces `limit` and `window`: give one or the other",
+        )),
+        (None, Some(limit), Some(window)) => match &body.lease {
+            Some(lease) => Err(refuse(
+                lease.span().start,
+                "lease",
+                "applies only to a `concurrency` limit",
+            )),
+            None => Ok(Policy::new(name, *limit.get_ref(), window.get_ref().0)),
+        },
+        (None, None, _) => Err(refuse(
+            table_offset,
+            "limit",
+            "missing: give `limit` and `window`, or `concurrency`",
+        )),
+        (None, Some(_), None) => Err(refuse(
+            table_offset,
+            "window",
+            "missing: give `window` with `limit`",
+        )),
+    }
+}
+
 fn policy_from(
     name: &str,
     body: &RawPolicyBody,
     prefix: &str,
-    name_offset: usize,
+    (table_offset, name_offset): (usize, usize),
     source: &str,
 ) -> Result<Policy, ConfigError> {
-    let mut policy = Policy::new(name, *body.limit.get_ref(), body.window.get_ref().0);
+    let mut policy = kind_of(name, body, prefix, table_offset, source)?;
     if let Some(algorithm) = body.algorithm {
         policy = policy.with_algorithm(algorithm.into());
     }
@@ -503,16 +641,29 @@ fn policy_from(
     if let Some(block) = &body.block {
         policy = policy.with_block(block.get_ref().0);
     }
+    if let Some(delay) = &body.delay {
+        policy = policy.with_delay(delay.get_ref().0);
+    }
     Policies::single(policy.clone()).map_err(|error| {
         let key = error.field();
-        let at = |value: Option<usize>| value.unwrap_or(body.limit.span().start);
         let offset = match key {
-            "limit" => body.limit.span().start,
-            "window" => body.window.span().start,
-            "cost" => at(body.cost.as_ref().map(|c| c.span().start)),
-            "burst" => at(body.burst.as_ref().map(|b| b.span().start)),
-            "block" => at(body.block.as_ref().map(|b| b.span().start)),
-            _ => name_offset,
+            "limit" => offset_of(body.limit.as_ref()).or(offset_of(body.concurrency.as_ref())),
+            "window" => offset_of(body.window.as_ref()).or(offset_of(body.lease.as_ref())),
+            "cost" => offset_of(body.cost.as_ref()),
+            "burst" => offset_of(body.burst.as_ref()),
+            "block" => offset_of(body.block.as_ref()),
+            "delay" => offset_of(body.delay.as_ref()),
+            "concurrency" => offset_of(body.concurrency.as_ref()),
+            "name" => Some(name_offset),
+            _ => None,
+        }
+        .unwrap_or(table_offset);
+        // A concurrency limit's `limit` and `window` are written
+        // `concurrency` and `lease`.
+        let key = match (key, body.concurrency.is_some()) {
+            ("limit", true) => "concurrency",
+            ("window", true) => "lease",
+            (key, _) => key,
         };
         ConfigError::at(source, offset, format!("{prefix}.{key}"), error.to_string())
     })?;

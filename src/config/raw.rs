@@ -23,8 +23,20 @@ pub(super) struct RawConfig {
     pub(super) jwt: Option<Spanned<RawJwt>>,
     pub(super) api_keys: Option<Spanned<BTreeMap<String, Spanned<String>>>>,
     #[serde(default)]
-    pub(super) policy: Vec<RawPolicy>,
-    pub(super) default: Option<RawPolicyBody>,
+    pub(super) policy: Vec<Spanned<RawPolicy>>,
+    pub(super) default: Option<Spanned<RawPolicyBody>>,
+    pub(super) overrides: Option<Spanned<RawOverrides>>,
+    pub(super) admin: Option<RawAdmin>,
+}
+
+/// `[overrides]`: per client (its key in label form), per policy, a limit.
+pub(super) type RawOverrides = BTreeMap<String, Spanned<BTreeMap<String, Spanned<u32>>>>;
+
+/// The `[admin]` section: the example server's admin routes.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawAdmin {
+    pub(super) token: Spanned<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -45,6 +57,7 @@ pub(super) struct RawLimiter {
     pub(super) shadow: bool,
     pub(super) deny_cache: Option<bool>,
     pub(super) credential_failures: RawCredentialFailures,
+    pub(super) max_delayed: Option<Spanned<usize>>,
 }
 
 impl Default for RawLimiter {
@@ -65,6 +78,7 @@ impl Default for RawLimiter {
             shadow: false,
             deny_cache: None,
             credential_failures: RawCredentialFailures::default(),
+            max_delayed: None,
         }
     }
 }
@@ -246,8 +260,10 @@ impl From<AlgorithmName> for Algorithm {
 pub(super) struct RawPolicy {
     pub(super) name: Spanned<String>,
     pub(super) route: Option<Spanned<String>>,
-    pub(super) limit: Spanned<u32>,
-    pub(super) window: Spanned<HumanDuration>,
+    pub(super) limit: Option<Spanned<u32>>,
+    pub(super) window: Option<Spanned<HumanDuration>>,
+    pub(super) concurrency: Option<Spanned<u32>>,
+    pub(super) lease: Option<Spanned<HumanDuration>>,
     pub(super) algorithm: Option<AlgorithmName>,
     pub(super) cost: Option<Spanned<u32>>,
     pub(super) fail: Option<FailName>,
@@ -256,6 +272,7 @@ pub(super) struct RawPolicy {
     pub(super) tiers: Option<BTreeMap<String, Spanned<RawTier>>>,
     pub(super) burst: Option<Spanned<u32>>,
     pub(super) block: Option<Spanned<HumanDuration>>,
+    pub(super) delay: Option<Spanned<HumanDuration>>,
 }
 
 /// A tier's overrides in `tiers = { pro = { limit = 50 } }`.
@@ -274,6 +291,8 @@ impl RawPolicy {
         let body = RawPolicyBody {
             limit: self.limit,
             window: self.window,
+            concurrency: self.concurrency,
+            lease: self.lease,
             algorithm: self.algorithm,
             cost: self.cost,
             fail: self.fail,
@@ -282,6 +301,7 @@ impl RawPolicy {
             tiers: self.tiers,
             burst: self.burst,
             block: self.block,
+            delay: self.delay,
         };
         (self.name, self.route, body)
     }
@@ -290,8 +310,10 @@ impl RawPolicy {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawPolicyBody {
-    pub(super) limit: Spanned<u32>,
-    pub(super) window: Spanned<HumanDuration>,
+    pub(super) limit: Option<Spanned<u32>>,
+    pub(super) window: Option<Spanned<HumanDuration>>,
+    pub(super) concurrency: Option<Spanned<u32>>,
+    pub(super) lease: Option<Spanned<HumanDuration>>,
     pub(super) algorithm: Option<AlgorithmName>,
     pub(super) cost: Option<Spanned<u32>>,
     pub(super) fail: Option<FailName>,
@@ -300,4 +322,5 @@ pub(super) struct RawPolicyBody {
     pub(super) tiers: Option<BTreeMap<String, Spanned<RawTier>>>,
     pub(super) burst: Option<Spanned<u32>>,
     pub(super) block: Option<Spanned<HumanDuration>>,
+    pub(super) delay: Option<Spanned<HumanDuration>>,
 }

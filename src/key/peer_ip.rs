@@ -187,6 +187,11 @@ impl PeerIp {
         (!self.is_trusted(client)).then_some(client)
     }
 
+    /// The key a client at `ip` is counted under.
+    pub(crate) fn key_of(&self, ip: IpAddr) -> Key {
+        self.group(canonical(ip))
+    }
+
     /// The key of `ip`'s group: the address, or its network when grouped.
     fn group(&self, ip: IpAddr) -> Key {
         match ip {

@@ -476,70 +476,81 @@ fn the_readmes_configuration_reference_parses() {
     assert!(config.policies().iter().any(|p| p.name() == "search"));
 }
 
-/// The sample configuration of the crate's design (every key the example
-/// server documents, breaker and local fail mode included) is a file that
-/// parses, in both of the breaker's spellings.
+/// The sample configuration of the crate's design, word for word (every
+/// key the example server documents), parses, in both of the breaker's
+/// spellings.
 #[test]
 fn the_full_sample_configuration_parses() {
     let sample = r#"
-[redis]
-url = "redis://127.0.0.1:6379/"
+[redis]                 # optional; REDIS_URL overrides url; absent and no REDIS_URL => memory
+url = "redis://127.0.0.1:6379/"      # rediss:// for TLS; redis://user:pass@host/ for ACL users
+# cluster = true; urls = ["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"]   # Redis Cluster seeds
+# sentinels = ["redis://127.0.0.1:26379", "redis://127.0.0.1:26380"]; master = "mymaster"
+# tls = { ca = "ca.pem", cert = "client.pem", key = "client.key" }   # all optional (PEM)
 timeout_ms = 50
 pool_size = 16
 
 [limiter]
-keys = ["jwt", "api_key", "ip"]
+keys = ["jwt", "api_key", "ip"]      # ordered fallback chain
 api_key_header = "x-api-key"
-unknown_api_key = "next"
-trusted_proxies = ["10.0.0.0/8"]
-headers = "x-ratelimit"
-fail = "open"
-local_share = 1
-credential_failures = { limit = 10, window = "60s" }
-shadow = false
-exempt = ["10.1.0.0/16"]
+unknown_api_key = "next"             # next | reject (401)
+trusted_proxies = ["10.0.0.0/8"]     # default: none
+# client_ip_header = "cf-connecting-ip"  # a single-value header set by a trusted proxy
+headers = "x-ratelimit"              # x-ratelimit | ietf | both | none
+fail = "open"                        # default fail mode: open | closed | local
+local_share = 1                      # fail = "local": the limit is divided by this (instances)
+credential_failures = { limit = 10, window = "60s" }   # per client IP; false turns it off
+shadow = false                       # true: decide and count, never answer 429
+exempt = ["10.1.0.0/16"]             # client IPs never limited
 exempt_api_keys = ["internal-key"]
 
 [memory]
-max_keys = 1000000
+max_keys = 1000000                   # bound on tracked clients; a flood never fails open
 
-[redis.breaker]
+[redis.breaker]                      # or: breaker = { failures = 5, cooldown = "2s" } under [redis]
 failures = 5
 cooldown = "2s"
 
 [jwt]
-secret = "change-me"
+secret = "change-me"                 # HS* secret; or public_key_pem = "path" for RS*/ES*
 algorithms = ["HS256"]
 key_claim = "sub"
 tier_claim = "tier"
+# [[jwt.keys]]  kid = "2026-11"; algorithm = "RS256"; public_key_pem = "path"   # rotation by kid
 
-[api_keys]
+[api_keys]                           # api key -> tier
 "demo-pro-key" = "pro"
 
 [[policy]]
 name = "search"
-route = "GET /api/search"
+route = "GET /api/search"            # "METHOD /pattern" or "/pattern" (any method)
 limit = 5
-window = "60s"
-algorithm = "sliding_log"
+window = "60s"                       # humantime durations
+algorithm = "sliding_log"            # sliding_log | sliding_counter | fixed_window | token_bucket
+# burst = 10                         # token_bucket: bucket size (default: limit)
+# delay = "500ms"                    # hold a request that fits within this, instead of 429
+# block = "10m"                      # once denied, stay denied this long
 cost = 1
-fail = "closed"
-count = "all"
+fail = "closed"                      # open | closed | local
+count = "all"                        # all | failures (status >= 400) | successes
 shadow = false
-tiers = { pro = { limit = 50 } }
+tiers = { pro = { limit = 50 } }     # per-tier overrides
 
 [[policy]]
-name = "login"
-route = "POST /api/login"
-limit = 3
-window = "60s"
-fail = "local"
-count = "failures"
-shadow = true
+name = "exports"
+route = "GET /api/slow"
+concurrency = 2                      # at most 2 in flight per client (instead of limit/window)
+lease = "30s"                        # a crashed instance's leases expire after this
 
-[default]
+[default]                            # optional policy for routes not listed
 limit = 100
 window = "60s"
+
+[overrides]                          # per-client limits: "<key label>" = { <policy> = limit }
+"jwt:alice" = { search = 50 }
+
+[admin]
+token = "change-me"                  # enables /admin/limits/...; absent => no admin routes
 "#;
     let config = Config::from_toml_str(sample).unwrap_or_else(|e| panic!("{e}"));
     let breaker = config.redis().unwrap().breaker.unwrap();
@@ -547,21 +558,39 @@ window = "60s"
         (breaker.failures(), breaker.cooldown()),
         (5, std::time::Duration::from_secs(2))
     );
-    let login = config
+    let exports = config
         .policies()
         .iter()
-        .find(|p| p.name() == "login")
+        .find(|p| p.name() == "exports")
         .unwrap();
-    assert_eq!(login.count(), slidegate::policy::Count::Failures);
-    assert_eq!(login.fail_mode(), Some(slidegate::policy::FailMode::Local));
-    assert!(login.is_shadow());
+    assert_eq!(
+        exports.algorithm(),
+        slidegate::policy::Algorithm::Concurrency
+    );
+    assert_eq!(
+        (exports.limit(), exports.window()),
+        (2, std::time::Duration::from_secs(30))
+    );
+    let search = config
+        .policies()
+        .iter()
+        .find(|p| p.name() == "search")
+        .unwrap();
+    assert_eq!(
+        search.fail_mode(),
+        Some(slidegate::policy::FailMode::Closed)
+    );
+    assert_eq!(search.count(), slidegate::policy::Count::All);
+    let alice = slidegate::key::Key::parse("jwt:alice").unwrap();
+    assert_eq!(config.overrides().get(&alice, "search"), Some(50));
+    assert_eq!(config.admin_token(), Some("change-me"));
 
-    let inline = sample
-        .replace("[redis.breaker]\nfailures = 5\ncooldown = \"2s\"\n", "")
-        .replace(
-            "pool_size = 16\n",
-            "pool_size = 16\nbreaker = { failures = 3 }\n",
-        );
+    let section = sample.find("[redis.breaker]").unwrap();
+    let section_end = section + sample[section..].find("\n\n").unwrap();
+    let inline = format!("{}{}", &sample[..section], &sample[section_end..]).replace(
+        "pool_size = 16\n",
+        "pool_size = 16\nbreaker = { failures = 3 }\n",
+    );
     let config = Config::from_toml_str(&inline).unwrap_or_else(|e| panic!("{e}"));
     let breaker = config.redis().unwrap().breaker.unwrap();
     assert_eq!(
@@ -595,4 +624,233 @@ fn bad_operating_keys_are_refused_by_name() {
         let error = Config::from_toml_str(text).unwrap_err().to_string();
         assert!(error.contains(key), "{key}: {error}");
     }
+}
+
+#[test]
+fn concurrency_delays_overrides_and_admin_parse() {
+    use slidegate::key::Key;
+    use slidegate::policy::Algorithm;
+    use std::time::Duration;
+
+    let config = Config::from_toml_str(
+        r#"
+[limiter]
+keys = ["jwt", "api_key", "ip"]
+max_delayed = 500
+
+[jwt]
+secret = "change-me"
+
+[[policy]]
+name = "exports"
+route = "GET /api/slow"
+concurrency = 2
+lease = "2m"
+tiers = { pro = { limit = 8 } }
+
+[[policy]]
+name = "videos"
+route = "GET /api/videos"
+limit = 20
+window = "10s"
+algorithm = "token_bucket"
+delay = "750ms"
+
+[default]
+concurrency = 100
+
+[overrides]
+"jwt:alice" = { videos = 50, exports = 4 }
+"ip:203.0.113.9" = { default = 1 }
+"ip:2001:db8::/64" = { videos = 5 }
+"key:#00112233445566778899aabbccddeeff" = { videos = 7 }
+
+[admin]
+token = "s3cret-token"
+"#,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let policy = |name: &str| {
+        config
+            .policies()
+            .iter()
+            .find(|p| p.name() == name)
+            .unwrap()
+            .clone()
+    };
+    let exports = policy("exports");
+    assert_eq!(exports.algorithm(), Algorithm::Concurrency);
+    assert_eq!(
+        (exports.limit(), exports.window()),
+        (2, Duration::from_secs(120))
+    );
+    assert_eq!(exports.limits_for(Some("pro")).limit, 8);
+    assert_eq!(policy("videos").delay(), Some(Duration::from_millis(750)));
+    let default = policy("default");
+    assert_eq!(
+        (default.algorithm(), default.window()),
+        (Algorithm::Concurrency, slidegate::policy::DEFAULT_LEASE)
+    );
+    let overrides = config.overrides();
+    assert_eq!(overrides.len(), 5);
+    let key = |label: &str| Key::parse(label).unwrap();
+    assert_eq!(overrides.get(&key("jwt:alice"), "exports"), Some(4));
+    assert_eq!(overrides.get(&key("ip:203.0.113.9"), "default"), Some(1));
+    assert_eq!(overrides.get(&key("ip:2001:db8::/64"), "videos"), Some(5));
+    assert_eq!(overrides.get(&key("jwt:alice"), "default"), None);
+    assert_eq!(config.admin_token(), Some("s3cret-token"));
+    // Without [admin] there is no token, so no admin routes.
+    assert_eq!(Config::from_toml_str(POLICY).unwrap().admin_token(), None);
+}
+
+#[test]
+fn bad_concurrency_and_delay_settings_name_key_and_line() {
+    let concurrency = "[[policy]]\nname = \"slow\"\nconcurrency = 2\n";
+    // Either a rate or a concurrency limit, never both, never neither.
+    let message = refused(
+        &format!("{concurrency}limit = 5\n"),
+        4,
+        "policy[0].concurrency",
+    );
+    assert!(message.contains("one or the other"), "{message}");
+    refused(
+        &format!("{concurrency}window = \"1s\"\n"),
+        4,
+        "policy[0].concurrency",
+    );
+    let message = refused("[[policy]]\nname = \"p\"\n", 1, "policy[0].limit");
+    assert!(message.contains("concurrency"), "{message}");
+    refused("x = 1\n[default]\nlimit = 3\n", 1, "x");
+    refused("[default]\nlimit = 3\n", 1, "default.window");
+    // A concurrency limit has no algorithm, burst, delay or block; a rate
+    // has no lease.
+    refused(
+        &format!("{concurrency}algorithm = \"sliding_log\"\n"),
+        3,
+        "policy[0].algorithm",
+    );
+    refused(&format!("{concurrency}burst = 3\n"), 4, "policy[0].burst");
+    refused(
+        &format!("{concurrency}delay = \"1s\"\n"),
+        3,
+        "policy[0].concurrency",
+    );
+    refused(
+        &format!("{concurrency}block = \"1m\"\n"),
+        3,
+        "policy[0].concurrency",
+    );
+    refused(&format!("{POLICY}lease = \"1m\"\n"), 6, "policy[0].lease");
+    refused(
+        &format!("{concurrency}lease = \"0s\"\n"),
+        4,
+        "policy[0].lease",
+    );
+    refused(
+        "[[policy]]\nname = \"slow\"\nconcurrency = 0\n",
+        3,
+        "policy[0].concurrency",
+    );
+    let message = refused(&format!("{POLICY}delay = \"2m\"\n"), 6, "policy[0].delay");
+    assert!(message.contains("60s"), "{message}");
+    refused(&format!("{POLICY}delay = \"soon\"\n"), 6, "policy[0].delay");
+    refused("[limiter]\nmax_delayed = -1\n", 2, "limiter.max_delayed");
+}
+
+#[test]
+fn bad_overrides_and_admin_settings_name_key_and_line() {
+    let file = |overrides: &str| {
+        format!("[limiter]\nkeys = [\"api_key\", \"ip\"]\n{POLICY}[overrides]\n{overrides}\n")
+    };
+    // Line 9 is the override's.
+    let message = refused(
+        &file("\"ip:203.0.113.9\" = { serch = 5 }"),
+        9,
+        "overrides.\"ip:203.0.113.9\".serch",
+    );
+    assert!(message.contains("no policy"), "{message}");
+    refused(
+        &file("\"ip:203.0.113.9\" = { search = 0 }"),
+        9,
+        "overrides.\"ip:203.0.113.9\".search",
+    );
+    refused(
+        &file("\"ip:203.0.113.9\" = { search = \"many\" }"),
+        9,
+        "overrides.ip:203.0.113.9.search",
+    );
+    // A client no key source of the file can ever name.
+    let message = refused(&file("\"jwt:alice\" = { search = 5 }"), 9, "overrides");
+    assert!(message.contains("limiter.keys"), "{message}");
+    let message = refused(&file("\"alice\" = { search = 5 }"), 9, "overrides");
+    assert!(message.contains("jwt:<claim>"), "{message}");
+    refused(&file("\"ip:a b\" = { search = 5 }"), 9, "overrides");
+    refused(&file("\"ip:{x}\" = { search = 5 }"), 9, "overrides");
+    let long = format!("\"key:{}\" = {{ search = 5 }}", "a".repeat(300));
+    refused(&file(&long), 9, "overrides");
+    let message = refused(&file("\"ip:example.com\" = { search = 5 }"), 9, "overrides");
+    assert!(message.contains("not an IP address"), "{message}");
+    // IPv6 clients are counted by their /64: an address alone never matches.
+    let message = refused(&file("\"ip:2001:db8::1\" = { search = 5 }"), 9, "overrides");
+    assert!(message.contains("`ip:2001:db8::/64`"), "{message}");
+    // [admin] takes a token, and only a token.
+    refused("[admin]\ntoken = \"\"\n", 2, "admin.token");
+    refused("[admin]\ntoken = \"two words\"\n", 2, "admin.token");
+    refused("[admin]\n", 1, "admin.token");
+    refused("[admin]\ntoken = \"t\"\nuser = \"root\"\n", 3, "admin.user");
+}
+
+/// The layer a file describes gives the clients of `[overrides]` their own
+/// limits, and holds no more requests than `limiter.max_delayed`.
+#[tokio::test]
+async fn the_layer_applies_overrides_and_max_delayed() {
+    use crate::support::reply::send;
+    use axum::extract::ConnectInfo;
+    use axum::{Router, body::Body, routing::get};
+    use std::net::SocketAddr;
+
+    let config = Config::from_toml_str(
+        r#"
+[limiter]
+max_delayed = 0                      # no request is ever held
+
+[[policy]]
+name = "search"
+limit = 2
+window = "60s"
+delay = "60s"
+
+[overrides]
+"ip:203.0.113.9" = { search = 3 }
+"#,
+    )
+    .unwrap();
+    let app = Router::new()
+        .route("/search", get(|| async { "results" }))
+        .route_layer(config.layer(config.memory_store()));
+    let request = |client: &str| {
+        let mut request = http::Request::get("/search").body(Body::empty()).unwrap();
+        let peer: SocketAddr = format!("{client}:40000").parse().unwrap();
+        request.extensions_mut().insert(ConnectInfo(peer));
+        request
+    };
+    let statuses = |client: &'static str| {
+        let app = app.clone();
+        async move {
+            let mut statuses = Vec::new();
+            for _ in 0..4 {
+                // Answered at once: a held request would take a minute.
+                let reply = tokio::time::timeout(
+                    std::time::Duration::from_secs(10),
+                    send(&app, request(client)),
+                )
+                .await
+                .expect("answered without being held");
+                statuses.push(reply.status.as_u16());
+            }
+            statuses
+        }
+    };
+    assert_eq!(statuses("203.0.113.9").await, [200, 200, 200, 429]);
+    assert_eq!(statuses("203.0.113.10").await, [200, 200, 429, 429]);
 }
