@@ -12,6 +12,7 @@ use serde_json::json;
 use super::headers::{HeaderStyle, RateHeaders, ResetFormat, ceil_seconds, number_value};
 use super::rejection::CostAboveLimit;
 use crate::key::KeyRejection;
+use crate::policy::Algorithm;
 use crate::store::{Check, Decision};
 
 const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
@@ -63,17 +64,27 @@ pub(crate) struct TooManyBody {
 impl TooManyBody {
     pub(crate) fn new(check: &Check) -> Self {
         let (policy, limit) = (&check.policy, check.limit);
-        let window = humantime::format_duration(check.window);
+        let (what, measure) = match check.algorithm {
+            // A lease's time is no window: the limit is on requests at once.
+            Algorithm::Concurrency => (
+                format!("concurrency limit of {limit} in flight"),
+                String::new(),
+            ),
+            _ => (
+                format!(
+                    "rate limit of {limit} per {}",
+                    humantime::format_duration(check.window)
+                ),
+                format!(",\"window_seconds\":{}", seconds_value(check.window)),
+            ),
+        };
         Self {
             head: format!(
                 "{{\"type\":\"about:blank\",\"title\":\"Too Many Requests\",\"status\":429,\
-                 \"detail\":\"rate limit of {limit} per {window} reached for policy `{policy}`; \
-                 retry in "
+                 \"detail\":\"{what} reached for policy `{policy}`; retry in "
             ),
             middle: format!(
-                " s\",\"policy\":\"{policy}\",\"limit\":{limit},\"window_seconds\":{},\
-                 \"retry_after_seconds\":",
-                seconds_value(check.window)
+                " s\",\"policy\":\"{policy}\",\"limit\":{limit}{measure},\"retry_after_seconds\":"
             ),
         }
     }

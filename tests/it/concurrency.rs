@@ -158,10 +158,22 @@ async fn a_lease_lasts_until_the_body_ends_or_is_dropped(tested: StoreUnderTest)
     // The first response's headers are out, its body is not.
     let response = app.clone().oneshot(get_request("/stream")).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
+    let refused = send(&app, get_request("/stream")).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    // The answer speaks of requests in flight, not of a window.
+    let problem = refused.json();
     assert_eq!(
-        send(&app, get_request("/stream")).await.status,
-        StatusCode::TOO_MANY_REQUESTS
+        problem["detail"],
+        "concurrency limit of 1 in flight reached for policy `stream`; retry in 1 s"
     );
+    assert_eq!(
+        (
+            problem["limit"].as_u64(),
+            problem["retry_after_seconds"].as_u64()
+        ),
+        (Some(1), Some(1))
+    );
+    assert!(problem.get("window_seconds").is_none(), "{problem}");
     // The body ends: the lease goes back.
     let sender = STREAMS.lock().unwrap().pop().unwrap();
     sender.send(Bytes::from_static(b"part")).await.unwrap();

@@ -632,3 +632,132 @@ window = "60s"
         "{text}"
     );
 }
+
+/// `/api/slow` sleeps as asked (at most five seconds), and the demo lets a
+/// client have two of them in flight at once.
+#[test]
+fn slow_requests_are_limited_in_flight() {
+    let server = ExampleServer::start(&[], &[]);
+    assert_eq!(server.get("/api/slow?ms=abc").status, 400);
+    assert_eq!(server.get("/api/slow?ms=-5").status, 400);
+    // Three at once, each three seconds long: two are admitted, and the
+    // third, arriving while they sleep, is refused.
+    let replies: Vec<Response> = std::thread::scope(|scope| {
+        let calls: Vec<_> = (0..3)
+            .map(|_| scope.spawn(|| server.get("/api/slow?ms=3000")))
+            .collect();
+        calls.into_iter().map(|call| call.join().unwrap()).collect()
+    });
+    let mut statuses: Vec<u16> = replies.iter().map(|reply| reply.status).collect();
+    statuses.sort_unstable();
+    assert_eq!(statuses, [200, 200, 429]);
+    for reply in &replies {
+        match reply.status {
+            200 => assert_eq!(reply.json()["slept_ms"], 3000),
+            _ => assert_eq!(reply.header("retry-after"), Some("1")),
+        }
+    }
+    assert_eq!(
+        server.get("/api/slow?ms=999999").json()["slept_ms"],
+        5000,
+        "at most five seconds"
+    );
+    // All ended: their places are free again.
+    assert_eq!(server.get("/api/slow?ms=0").status, 200);
+    assert_eq!(server.get("/api/slow?ms=0").status, 200);
+}
+
+/// A config with `[admin] token` and a search limit of 5, keyed by IP.
+const ADMIN_CONFIG: &str = r#"
+[limiter]
+keys = ["ip"]
+
+[[policy]]
+name = "search"
+route = "GET /api/search"
+limit = 5
+window = "60s"
+
+[admin]
+token = "s3cret-admin-token"
+"#;
+
+const BEARER: (&str, &str) = ("authorization", "Bearer s3cret-admin-token");
+
+#[test]
+fn admin_routes_inspect_and_reset_a_client_behind_the_token() {
+    let dir = std::env::temp_dir().join(format!("slidegate-admin-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("admin.toml");
+    std::fs::write(&path, ADMIN_CONFIG).unwrap();
+    let server = ExampleServer::start(&["--config", path.to_str().unwrap()], &[]);
+    let me = "/admin/limits/search/ip%3A127.0.0.1";
+
+    // No token, a wrong one, another scheme: 401 with a challenge.
+    for headers in [
+        vec![],
+        vec![("authorization", "Bearer s3cret-admin-tokem")],
+        vec![("authorization", "Bearer s3cret-admin-token-and-more")],
+        vec![("authorization", "Basic czNjcmV0LWFkbWluLXRva2Vu")],
+    ] {
+        let reply = server.request("GET", me, &headers);
+        assert_eq!(reply.status, 401, "{headers:?}");
+        assert!(
+            reply
+                .header("www-authenticate")
+                .unwrap()
+                .starts_with("Bearer")
+        );
+        assert_eq!(server.request("DELETE", me, &headers).status, 401);
+    }
+
+    let standing = |server: &ExampleServer| {
+        let reply = server.request("GET", me, &[BEARER]);
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        reply.json()
+    };
+    let fresh = standing(&server);
+    assert_eq!(
+        (fresh["limit"].as_u64(), fresh["remaining"].as_u64()),
+        (Some(5), Some(5))
+    );
+    assert_eq!(fresh["reset_seconds"], 0);
+    // Inspecting records nothing, and is never limited itself.
+    for _ in 0..20 {
+        assert_eq!(standing(&server)["remaining"], 5);
+    }
+    for _ in 0..5 {
+        assert_eq!(server.get("/api/search").status, 200);
+    }
+    assert_eq!(server.get("/api/search").status, 429);
+    let spent = standing(&server);
+    assert_eq!(spent["remaining"], 0);
+    let reset = spent["reset_seconds"].as_u64().unwrap();
+    assert!((1..=60).contains(&reset), "{spent}");
+
+    // Reset: the client starts over.
+    assert_eq!(server.request("DELETE", me, &[BEARER]).status, 204);
+    assert_eq!(standing(&server)["remaining"], 5);
+    assert_eq!(server.get("/api/search").status, 200);
+
+    // A policy the server does not have, a key no client can have.
+    let unknown = server.request("GET", "/admin/limits/serch/ip%3A127.0.0.1", &[BEARER]);
+    assert_eq!(unknown.status, 404);
+    assert!(unknown.json()["error"].as_str().unwrap().contains("serch"));
+    assert_eq!(
+        server
+            .request("DELETE", "/admin/limits/serch/ip%3A127.0.0.1", &[BEARER])
+            .status,
+        404
+    );
+    for key in ["ip%3A%7Bx%7D", "jwt%3Aal%20ice", "%FF%FE"] {
+        let reply = server.request("GET", &format!("/admin/limits/search/{key}"), &[BEARER]);
+        assert_eq!(reply.status, 400, "{key}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    // Without a token, the routes do not exist.
+    let demo = ExampleServer::start(&[], &[]);
+    assert_eq!(demo.request("GET", me, &[BEARER]).status, 404);
+    assert_eq!(demo.request("DELETE", me, &[BEARER]).status, 404);
+}

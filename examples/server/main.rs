@@ -7,6 +7,8 @@
 //! cargo run --example server -- --config my.toml --bind 127.0.0.1:8080
 //! ```
 
+mod admin;
+
 use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -24,7 +26,7 @@ use serde_json::{Value, json};
 use slidegate::config::Config;
 use slidegate::{Policies, PoliciesHandle, Policy, RateLimitLayer, key::Identity};
 
-const DEMO_CONFIG: &str = include_str!("demo.toml");
+const DEMO_CONFIG: &str = include_str!("../demo.toml");
 
 /// The slidegate example server.
 #[derive(Debug, Parser)]
@@ -70,7 +72,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         args.config.clone(),
         layer.policies_handle(),
     ));
-    let app = app(layer, metrics);
+    let app = app(layer, metrics, config.admin_token());
 
     let listener = tokio::net::TcpListener::bind(args.bind)
         .await
@@ -127,21 +129,40 @@ async fn limiter(config: &Config) -> Result<(RateLimitLayer, String), Box<dyn st
 const CONNECT_WITHIN: Duration = Duration::from_secs(5);
 
 /// The routes behind the limiter.
-const LIMITED_ROUTES: [&str; 4] = ["/api/videos", "/api/search", "/api/login", "/api/whoami"];
+const LIMITED_ROUTES: [&str; 5] = [
+    "/api/videos",
+    "/api/search",
+    "/api/login",
+    "/api/whoami",
+    "/api/slow",
+];
 
-fn app(layer: RateLimitLayer, metrics: PrometheusHandle) -> Router {
-    let [videos_route, search_route, login_route, whoami_route] = LIMITED_ROUTES;
-    Router::new()
+/// The server's routes; the admin routes only with an admin token.
+fn app(layer: RateLimitLayer, metrics: PrometheusHandle, admin_token: Option<&str>) -> Router {
+    let [
+        videos_route,
+        search_route,
+        login_route,
+        whoami_route,
+        slow_route,
+    ] = LIMITED_ROUTES;
+    // `/api/whoami` shows the client the limiter resolved.
+    let layer = layer.insert_identity(true);
+    let app = Router::new()
         .route(videos_route, get(videos))
         .route(search_route, get(search))
         .route(login_route, post(login))
         .route(whoami_route, get(whoami))
+        .route(slow_route, get(slow))
         // Only matched routes are limited: an unknown path stays 404.
-        // `/api/whoami` shows the client the limiter resolved.
-        .route_layer(layer.insert_identity(true))
+        .route_layer(layer.clone())
         .route("/health", get(|| async { "ok" }))
         // Prometheus text, never limited.
-        .route("/metrics", get(move || async move { metrics.render() }))
+        .route("/metrics", get(move || async move { metrics.render() }));
+    match admin_token {
+        Some(token) => app.merge(admin::routes(layer, token)),
+        None => app,
+    }
 }
 
 const VIDEOS: [(&str, &str); 4] = [
@@ -189,6 +210,25 @@ async fn login(body: Bytes) -> (StatusCode, Json<Value>) {
             Json(json!({ "status": "wrong user or password" })),
         )
     }
+}
+
+/// The longest `/api/slow` sleeps.
+const SLOWEST: Duration = Duration::from_secs(5);
+
+#[derive(serde::Deserialize)]
+struct SlowQuery {
+    /// How long to sleep, in milliseconds (default 1,000, at most 5,000).
+    ms: Option<u64>,
+}
+
+/// Sleeps `ms` milliseconds, then answers `200`: a slow request, for
+/// trying concurrency limits and delays. `400` for an `ms` that is not a
+/// whole number.
+async fn slow(Query(query): Query<SlowQuery>) -> Json<Value> {
+    let asked = Duration::from_millis(query.ms.unwrap_or(1_000));
+    let slept = asked.min(SLOWEST);
+    tokio::time::sleep(slept).await;
+    Json(json!({ "slept_ms": slept.as_millis() as u64 }))
 }
 
 async fn whoami(identity: Option<Extension<Identity>>) -> Json<Value> {
