@@ -761,3 +761,84 @@ fn admin_routes_inspect_and_reset_a_client_behind_the_token() {
     assert_eq!(demo.request("GET", me, &[BEARER]).status, 404);
     assert_eq!(demo.request("DELETE", me, &[BEARER]).status, 404);
 }
+
+/// An instance killed while its requests hold leases: another instance on
+/// the same Redis counts them until their lease time is over, then never
+/// again.
+#[test]
+fn the_leases_of_a_killed_instance_expire_with_their_lease_time() {
+    let redis = RedisServer::start();
+    let dir = std::env::temp_dir().join(format!("slidegate-lease-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("lease.toml");
+    std::fs::write(
+        &path,
+        "[[policy]]\nname = \"slow\"\nroute = \"GET /api/slow\"\nconcurrency = 2\nlease = \"5s\"\n",
+    )
+    .unwrap();
+    let config = ["--config", path.to_str().unwrap()];
+    let env = [("REDIS_URL", redis.url())];
+    let env: Vec<(&str, &str)> = env.iter().map(|(n, v)| (*n, v.as_str())).collect();
+
+    let mut doomed = ExampleServer::start(&config, &env);
+    let port = doomed.port;
+    // No lease is taken before this moment, so none ends before it + 5 s.
+    let started = Instant::now();
+    let callers: Vec<_> = (0..2)
+        .map(|_| {
+            std::thread::spawn(move || {
+                // The connection dies with the server; nothing to read.
+                let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+                let _ = stream.write_all(
+                    b"GET /api/slow?ms=5000 HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+                );
+                let _ = stream.read_to_end(&mut Vec::new());
+            })
+        })
+        .collect();
+    // Both leases are in Redis: one sorted set with two members.
+    let held = || {
+        let keys = redis.cli(&["--scan", "--pattern", "slidegate:slow:*"]);
+        keys.lines().next().map_or(0, |key| {
+            redis.cli(&["ZCARD", key]).trim().parse().unwrap_or(0)
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while held() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the two slow requests never got leases"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    doomed.child.kill().unwrap();
+    doomed.child.wait().unwrap();
+    for caller in callers {
+        caller.join().unwrap();
+    }
+
+    // Another instance counts the dead one's leases...
+    let survivor = ExampleServer::start(&config, &env);
+    let first = survivor.get("/api/slow?ms=0");
+    if started.elapsed() < Duration::from_secs(4) {
+        assert_eq!(first.status, 429, "the dead instance's leases still count");
+    }
+    // ...until their lease time is over.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while survivor.get("/api/slow?ms=0").status != 200 {
+        assert!(Instant::now() < deadline, "the leases never expired");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        started.elapsed() >= Duration::from_secs(5),
+        "a lease ended before its time: {:?}",
+        started.elapsed()
+    );
+    // Nothing is left: the expired leases were cleaned, and the admitted
+    // requests gave theirs back (on a task of their own, so wait for it).
+    while held() != 0 {
+        assert!(Instant::now() < deadline, "leases left in Redis");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
