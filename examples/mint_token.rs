@@ -60,6 +60,9 @@ fn main() -> ExitCode {
     if let Some(tier) = args.tier {
         claims["tier"] = tier.into();
     }
+    // The backend slidegate would verify with (jsonwebtoken does not
+    // choose on its own when a build compiles in both).
+    slidegate::JwtClaim::install_crypto_provider();
     match encode(
         &Header::new(Algorithm::HS256),
         &claims,

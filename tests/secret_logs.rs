@@ -50,6 +50,7 @@ fn token(secret: &[u8]) -> String {
         .as_secs();
     let claims = json!({ "sub": "alice", "exp": now + 3600 });
     let header = JwtHeader::new(Algorithm::HS256);
+    slidegate::JwtClaim::install_crypto_provider();
     encode(&header, &claims, &EncodingKey::from_secret(secret)).unwrap()
 }
 

@@ -226,3 +226,8 @@ fn keyed_key(
     };
     Ok((builder, algorithm))
 }
+
+/// The extractor of the key chain.
+pub(super) fn boxed(jwt: &JwtClaim) -> Box<dyn crate::key::KeyExtractor> {
+    Box::new(jwt.clone())
+}

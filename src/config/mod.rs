@@ -34,7 +34,9 @@ use http::HeaderName;
 use ipnet::IpNet;
 use toml::Spanned;
 
-use crate::key::{Global, Header, JwtClaim, KeyExtractor, PeerIp, digest};
+#[cfg(feature = "jwt")]
+use crate::key::JwtClaim;
+use crate::key::{Global, Header, KeyExtractor, PeerIp, digest};
 use crate::layer::RateLimitLayer;
 use crate::layer::credentials::CredentialFailures;
 use crate::layer::deny_cache::{DEFAULT_CAPACITY as DEFAULT_DENY_CACHE, DenyCache};
@@ -44,6 +46,10 @@ use crate::response::headers::{HeaderStyle, ResetFormat};
 use crate::store::{MemoryStore, Store};
 
 mod error;
+#[cfg(feature = "jwt")]
+mod jwt;
+#[cfg(not(feature = "jwt"))]
+#[path = "no_jwt.rs"]
 mod jwt;
 mod overrides;
 mod raw;
@@ -64,6 +70,8 @@ use raw::{
 pub use redis::RedisSettingsError;
 pub use redis::{RedisSettings, RedisTls};
 
+#[cfg(not(feature = "jwt"))]
+use jwt::JwtClaim;
 use jwt::jwt_claim;
 use redis::redis_settings;
 
@@ -390,9 +398,9 @@ impl Config {
         let mut chain: Option<Box<dyn KeyExtractor>> = None;
         for source in self.keys.iter().rev() {
             let extractor: Box<dyn KeyExtractor> = match source {
-                KeySource::Jwt => Box::new(
+                KeySource::Jwt => jwt::boxed(
                     self.jwt
-                        .clone()
+                        .as_ref()
                         .expect("validation ensures [jwt] when keys list jwt"),
                 ),
                 KeySource::ApiKey => Box::new(self.api_key.clone()),

@@ -123,6 +123,37 @@ impl JwtClaim {
         JwtClaimBuilder::default()
     }
 
+    /// Picks jsonwebtoken's crypto backend for the process, unless the
+    /// application picked one first (its `CryptoProvider::install_default`
+    /// wins): AWS-LC with the `jwt-aws-lc` feature, RustCrypto with
+    /// `jwt-rust-crypto`; with neither, nothing. With both backends
+    /// compiled in (an application that enables the other one itself),
+    /// jsonwebtoken cannot choose and panics at its first signature, so
+    /// building a `JwtClaim` calls this; call it yourself before signing
+    /// tokens with jsonwebtoken ahead of that.
+    ///
+    /// ```
+    /// slidegate::JwtClaim::install_crypto_provider();
+    /// let key = jsonwebtoken::EncodingKey::from_secret(b"secret");
+    /// let claims = serde_json::json!({ "sub": "alice", "exp": 4_000_000_000u64 });
+    /// let token = jsonwebtoken::encode(&jsonwebtoken::Header::default(), &claims, &key).unwrap();
+    /// assert_eq!(token.split('.').count(), 3);
+    /// ```
+    pub fn install_crypto_provider() {
+        #[cfg(any(feature = "jwt-aws-lc", feature = "jwt-rust-crypto"))]
+        {
+            static INSTALLED: std::sync::Once = std::sync::Once::new();
+            INSTALLED.call_once(|| {
+                #[cfg(feature = "jwt-aws-lc")]
+                let provider = &jsonwebtoken::crypto::aws_lc::DEFAULT_PROVIDER;
+                #[cfg(not(feature = "jwt-aws-lc"))]
+                let provider = &jsonwebtoken::crypto::rust_crypto::DEFAULT_PROVIDER;
+                // An error means the application installed its own: it stays.
+                let _ = provider.install_default();
+            });
+        }
+    }
+
     /// The key that verifies a token of `algorithm` naming `kid`: the key
     /// of that `kid` when there is one. A token naming no `kid`, or a `kid`
     /// no key has, takes a key given without a `kid`, if there is one of
@@ -599,6 +630,7 @@ impl JwtClaimBuilder {
                 validation
             })
             .collect();
+        JwtClaim::install_crypto_provider();
         Ok(JwtClaim {
             inner: Arc::new(Inner {
                 keys: self.keys,

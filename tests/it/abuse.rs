@@ -132,6 +132,7 @@ fn now() -> u64 {
 }
 
 fn hs256(claims: &Value) -> String {
+    slidegate::JwtClaim::install_crypto_provider();
     let token = encode(
         &JwtHeader::new(Algorithm::HS256),
         claims,
@@ -504,6 +505,7 @@ fn fixture(name: &str) -> Vec<u8> {
 fn rs256(private_pem: &str, sub: &str) -> String {
     let key = EncodingKey::from_rsa_pem(&fixture(private_pem)).unwrap();
     let claims = json!({ "sub": sub, "exp": now() + 3600 });
+    slidegate::JwtClaim::install_crypto_provider();
     let token = encode(&JwtHeader::new(Algorithm::RS256), &claims, &key).unwrap();
     format!("Bearer {token}")
 }

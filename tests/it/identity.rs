@@ -41,6 +41,7 @@ fn now() -> u64 {
 }
 
 fn sign(algorithm: Algorithm, key: &EncodingKey, claims: &Value) -> String {
+    slidegate::JwtClaim::install_crypto_provider();
     encode(&JwtHeader::new(algorithm), claims, key).unwrap()
 }
 
@@ -831,6 +832,7 @@ async fn both_and_none_header_styles() {
 fn with_kid(algorithm: Algorithm, kid: &str, key: &EncodingKey, claims: &Value) -> String {
     let mut header = JwtHeader::new(algorithm);
     header.kid = Some(kid.to_owned());
+    slidegate::JwtClaim::install_crypto_provider();
     encode(&header, claims, key).unwrap()
 }
 
