@@ -265,13 +265,33 @@ impl Config {
                 "must be at most 128",
             ));
         }
-        let peer_ip = PeerIp::new()
+        let trusts_proxies = !limiter.trusted_proxies.is_empty();
+        let mut peer_ip = PeerIp::new()
             .trust_proxies(limiter.trusted_proxies.into_iter().map(|c| c.0))
             .forwarded_header(match limiter.forwarded_header {
                 ForwardedHeaderName::XForwardedFor => crate::key::ForwardedHeader::XForwardedFor,
                 ForwardedHeaderName::Forwarded => crate::key::ForwardedHeader::Forwarded,
             })
             .ipv6_prefix(ipv6_prefix);
+        if let Some(header) = &limiter.client_ip_header {
+            let refuse = |message: &str| {
+                ConfigError::at(
+                    source,
+                    header.span().start,
+                    "limiter.client_ip_header",
+                    message,
+                )
+            };
+            let name = HeaderName::from_bytes(header.get_ref().as_bytes())
+                .map_err(|_| refuse("is not a valid header name"))?;
+            if !trusts_proxies {
+                return Err(refuse(
+                    "is read from trusted proxies only: list the proxies that set it in \
+                     `limiter.trusted_proxies`",
+                ));
+            }
+            peer_ip = peer_ip.client_ip_header(name);
+        }
 
         let policies = build_policies(raw.policy, raw.default, source)?;
         let overrides = overrides::overrides(

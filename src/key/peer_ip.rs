@@ -2,7 +2,9 @@
 //! from trusted proxies.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
 
+use http::HeaderName;
 use http::request::Parts;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
@@ -11,6 +13,15 @@ use crate::throttle::MISSING_PEER_ADDRESS;
 
 /// Forwarding hops beyond this many are not examined.
 const MAX_HOPS: usize = 64;
+
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static FORWARDED: HeaderName = http::header::FORWARDED;
+
+/// Whether a forwarding header from a peer that is not a trusted proxy has
+/// been reported: once per process, for the most common misconfiguration
+/// (a proxy left out of the trusted ranges, so that every client behind it
+/// shares its address).
+static UNTRUSTED_FORWARDING_REPORTED: AtomicBool = AtomicBool::new(false);
 
 /// Which forwarding header the trusted proxies write.
 ///
@@ -53,6 +64,9 @@ pub enum ForwardedHeader {
 pub struct PeerIp {
     trusted: Vec<IpNet>,
     header: ForwardedHeader,
+    /// A single-value client header read from trusted proxies in place of
+    /// the forwarding chain.
+    client_header: Option<HeaderName>,
     ipv4_prefix: u8,
     ipv6_prefix: u8,
 }
@@ -69,6 +83,7 @@ impl PeerIp {
         Self {
             trusted: Vec::new(),
             header: ForwardedHeader::default(),
+            client_header: None,
             ipv4_prefix: 32,
             ipv6_prefix: 64,
         }
@@ -98,6 +113,35 @@ impl PeerIp {
     #[must_use]
     pub fn forwarded_header(mut self, header: ForwardedHeader) -> Self {
         self.header = header;
+        self
+    }
+
+    /// Reads the client's address from this single-value header when the
+    /// peer is a trusted proxy, in place of the forwarding chain: the
+    /// header a CDN or proxy sets to the address it saw
+    /// (`CF-Connecting-IP`, `True-Client-IP`, `Fly-Client-IP`,
+    /// `X-Real-IP`). The header must hold exactly one address on exactly
+    /// one line; anything else (a list, two lines, text that is no
+    /// address) names no client, and the request is keyed by the proxy's
+    /// address. From a peer that is not trusted, the header is ignored.
+    ///
+    /// ```
+    /// use http::HeaderName;
+    /// use slidegate::{KeyExtractor, PeerIp};
+    /// use std::net::SocketAddr;
+    ///
+    /// let behind_cloudflare = PeerIp::new()
+    ///     .trust_proxies(["173.245.48.0/20".parse().unwrap()])
+    ///     .client_ip_header(HeaderName::from_static("cf-connecting-ip"));
+    /// let mut request = http::Request::get("/").header("cf-connecting-ip", "203.0.113.9").body(()).unwrap();
+    /// request.extensions_mut().insert("173.245.48.7:443".parse::<SocketAddr>().unwrap());
+    /// let (parts, ()) = request.into_parts();
+    /// let identity = behind_cloudflare.extract(&parts).unwrap().unwrap();
+    /// assert_eq!(identity.key.as_str(), "ip:203.0.113.9");
+    /// ```
+    #[must_use]
+    pub fn client_ip_header(mut self, name: HeaderName) -> Self {
+        self.client_header = Some(name);
         self
     }
 
@@ -131,6 +175,38 @@ impl PeerIp {
         self.trusted.iter().any(|net| net.contains(&ip))
     }
 
+    /// The header this extractor reads from trusted proxies.
+    fn client_header_name(&self) -> &HeaderName {
+        match (&self.client_header, self.header) {
+            (Some(name), _) => name,
+            (None, ForwardedHeader::XForwardedFor) => &X_FORWARDED_FOR,
+            (None, ForwardedHeader::Forwarded) => &FORWARDED,
+        }
+    }
+
+    /// Warns, once per process, of a request that carries the client
+    /// header from a peer that is not trusted: the header is ignored, as it
+    /// must be, but when the peer is a proxy left out of the trusted ranges
+    /// every client behind it shares one limit.
+    fn report_untrusted_forwarding(&self, peer: IpAddr, parts: &Parts) {
+        if UNTRUSTED_FORWARDING_REPORTED.load(Ordering::Relaxed) {
+            return;
+        }
+        let header = self.client_header_name();
+        if parts.headers.contains_key(header)
+            && !UNTRUSTED_FORWARDING_REPORTED.swap(true, Ordering::Relaxed)
+        {
+            tracing::warn!(
+                %peer,
+                header = header.as_str(),
+                "a request carries a client address header from a peer that is not a trusted \
+                 proxy: the header is ignored and the request keyed by the peer's address; if \
+                 the peer is your proxy, add it to the trusted proxies, or every client behind \
+                 it shares one limit (reported once)"
+            );
+        }
+    }
+
     /// The client address: the peer, or when the peer is trusted, the
     /// right-most untrusted forwarding hop. Hops are read lazily from the
     /// right, at most [`MAX_HOPS`] of them. An unreadable hop stops the walk
@@ -139,7 +215,11 @@ impl PeerIp {
     fn client_ip(&self, peer: IpAddr, parts: &Parts) -> IpAddr {
         let mut client = peer;
         if !self.is_trusted(peer) {
+            self.report_untrusted_forwarding(peer, parts);
             return client;
+        }
+        if let Some(name) = &self.client_header {
+            return single_client(parts, name).map_or(peer, canonical);
         }
         for hop in hops_from_the_right(parts, self.header).take(MAX_HOPS) {
             let Some(ip) = hop else { break };
@@ -271,6 +351,18 @@ fn canonical(ip: IpAddr) -> IpAddr {
     }
 }
 
+/// The address in the single-value header `name`: one line holding one
+/// address (with a port, or bracketed, at most), else `None`.
+fn single_client(parts: &Parts, name: &HeaderName) -> Option<IpAddr> {
+    let mut lines = parts.headers.get_all(name).iter();
+    let line = lines.next()?;
+    if lines.next().is_some() {
+        // One written by the client, one by the proxy: which is which?
+        return None;
+    }
+    parse_hop(std::str::from_utf8(line.as_bytes()).ok()?.trim())
+}
+
 /// The hops of the forwarding header, right to left, across repeated header
 /// lines: the raw bytes are split on `,` and each element parsed on its own,
 /// so one unreadable element (`None`) never hides the others.
@@ -347,6 +439,68 @@ mod tests {
 
     fn behind_proxy() -> PeerIp {
         PeerIp::new().trust_proxies(["10.0.0.0/8".parse().unwrap()])
+    }
+
+    fn behind_cloudflare() -> PeerIp {
+        behind_proxy().client_ip_header(HeaderName::from_static("cf-connecting-ip"))
+    }
+
+    #[test]
+    fn a_single_value_client_header_is_read_from_trusted_proxies_only() {
+        let cf: &[(&str, &[u8])] = &[("cf-connecting-ip", b"203.0.113.9")];
+        assert_eq!(
+            key(&behind_cloudflare(), "10.0.0.1:1", cf).unwrap(),
+            "ip:203.0.113.9"
+        );
+        // From anyone else it is whatever the client wrote.
+        assert_eq!(
+            key(&behind_cloudflare(), "198.51.100.7:1", cf).unwrap(),
+            "ip:198.51.100.7"
+        );
+        // The forwarding chain is not read in its place.
+        let xff: &[(&str, &[u8])] = &[("x-forwarded-for", b"203.0.113.9")];
+        assert_eq!(
+            key(&behind_cloudflare(), "10.0.0.1:1", xff).unwrap(),
+            "ip:10.0.0.1"
+        );
+        // IPv6 clients are grouped as ever; mapped IPv4 is IPv4.
+        let v6: &[(&str, &[u8])] = &[("cf-connecting-ip", b"2001:db8::1")];
+        assert_eq!(
+            key(&behind_cloudflare(), "10.0.0.1:1", v6).unwrap(),
+            "ip:2001:db8::/64"
+        );
+        let mapped: &[(&str, &[u8])] = &[("cf-connecting-ip", b" ::ffff:203.0.113.9 ")];
+        assert_eq!(
+            key(&behind_cloudflare(), "10.0.0.1:1", mapped).unwrap(),
+            "ip:203.0.113.9"
+        );
+    }
+
+    #[test]
+    fn a_client_header_that_is_not_one_address_names_no_client() {
+        let proxy = "ip:10.0.0.1";
+        for headers in [
+            &[("cf-connecting-ip", &b"203.0.113.9, 198.51.100.1"[..])][..],
+            &[
+                ("cf-connecting-ip", b"203.0.113.9"),
+                ("cf-connecting-ip", b"198.51.100.1"),
+            ],
+            &[("cf-connecting-ip", b"unknown")],
+            &[("cf-connecting-ip", b"\xff\xfe")],
+            &[("cf-connecting-ip", b"")],
+            &[],
+        ] {
+            assert_eq!(
+                key(&behind_cloudflare(), "10.0.0.1:1", headers).unwrap(),
+                proxy,
+                "{headers:?}"
+            );
+        }
+        let with_port: &[(&str, &[u8])] = &[("cf-connecting-ip", b"[2001:db8::1]:443")];
+        assert_eq!(
+            key(&behind_cloudflare(), "10.0.0.1:1", with_port).unwrap(),
+            "ip:2001:db8::/64"
+        );
     }
 
     #[test]

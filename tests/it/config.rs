@@ -854,3 +854,76 @@ delay = "60s"
     assert_eq!(statuses("203.0.113.9").await, [200, 200, 200, 429]);
     assert_eq!(statuses("203.0.113.10").await, [200, 200, 429, 429]);
 }
+
+/// `client_ip_header` keys clients by the header a trusted proxy sets, and
+/// only with trusted proxies to set it.
+#[tokio::test]
+async fn a_client_ip_header_is_read_from_the_trusted_proxies() {
+    use crate::support::reply::send;
+    use axum::extract::ConnectInfo;
+    use axum::{Router, body::Body, routing::get};
+    use std::net::SocketAddr;
+
+    let config = Config::from_toml_str(
+        r#"
+[limiter]
+trusted_proxies = ["10.0.0.0/8"]
+client_ip_header = "CF-Connecting-IP"
+
+[[policy]]
+name = "search"
+limit = 1
+window = "60s"
+"#,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let app = Router::new()
+        .route("/search", get(|| async { "results" }))
+        .route_layer(config.layer(config.memory_store()));
+    let request = |peer: &str, client: &str| {
+        let mut request = http::Request::get("/search")
+            .header("cf-connecting-ip", client)
+            .body(Body::empty())
+            .unwrap();
+        let peer: SocketAddr = format!("{peer}:443").parse().unwrap();
+        request.extensions_mut().insert(ConnectInfo(peer));
+        request
+    };
+    // Two clients behind the proxy, counted apart.
+    assert_eq!(
+        send(&app, request("10.0.0.1", "203.0.113.9")).await.status,
+        200
+    );
+    assert_eq!(
+        send(&app, request("10.0.0.1", "203.0.113.10")).await.status,
+        200
+    );
+    assert_eq!(
+        send(&app, request("10.0.0.2", "203.0.113.9")).await.status,
+        429
+    );
+    // A client writing the header itself is counted by its own address.
+    assert_eq!(
+        send(&app, request("198.51.100.7", "203.0.113.11"))
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        send(&app, request("198.51.100.7", "203.0.113.12"))
+            .await
+            .status,
+        429
+    );
+
+    refused(
+        "[limiter]\nclient_ip_header = \"cf-connecting-ip\"\n",
+        2,
+        "limiter.client_ip_header",
+    );
+    refused(
+        "[limiter]\ntrusted_proxies = [\"10.0.0.0/8\"]\nclient_ip_header = \"bad header\"\n",
+        3,
+        "limiter.client_ip_header",
+    );
+}

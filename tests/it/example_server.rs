@@ -842,3 +842,42 @@ fn the_leases_of_a_killed_instance_expire_with_their_lease_time() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A forwarding header from a peer that is not a trusted proxy is ignored,
+/// and said once: the proxy may have been left out of `trusted_proxies`.
+#[test]
+fn a_forwarding_header_from_an_untrusted_peer_is_reported_once() {
+    let mut server = ExampleServer::start_with_log(&[], &[], Stdio::piped());
+    let log = log_lines(&mut server);
+    for _ in 0..3 {
+        let reply = server.request("GET", "/api/whoami", &[("x-forwarded-for", "203.0.113.9")]);
+        assert_eq!(reply.json()["key"], "ip:127.0.0.1", "the header is ignored");
+    }
+    // A line logged after the three requests: every warning of theirs is
+    // in the log before it.
+    let pid = server.child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-HUP", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let mut warnings = 0;
+    loop {
+        let line = log
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the SIGHUP line");
+        if line.contains("not a trusted proxy") {
+            assert!(
+                line.contains("127.0.0.1") && line.contains("x-forwarded-for"),
+                "{line}"
+            );
+            warnings += 1;
+        }
+        if line.contains("SIGHUP") {
+            break;
+        }
+    }
+    assert_eq!(warnings, 1, "reported once per process");
+}
