@@ -8,6 +8,7 @@
 //! ```
 
 mod admin;
+mod store;
 
 use std::io::IsTerminal;
 use std::net::SocketAddr;
@@ -67,7 +68,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
-    let (layer, store_name) = limiter(&config).await?;
+    let (layer, store_name) = store::limiter(&config).await?;
     tokio::spawn(reload_on_sighup(
         args.config.clone(),
         layer.policies_handle(),
@@ -93,40 +94,6 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     tracing::info!("shut down");
     Ok(())
 }
-
-/// The layer on the configured store: Redis (or a Redis Cluster) when
-/// `REDIS_URL` or `[redis]` says where, memory otherwise.
-async fn limiter(config: &Config) -> Result<(RateLimitLayer, String), Box<dyn std::error::Error>> {
-    let from_env = std::env::var("REDIS_URL")
-        .ok()
-        .filter(|url| !url.is_empty());
-    let settings = match (from_env, config.redis()) {
-        (Some(url), settings) => settings.cloned().unwrap_or_default().with_url(url),
-        (None, Some(settings)) => settings.clone(),
-        (None, None) => return Ok((config.layer(config.memory_store()), "memory".into())),
-    };
-    let store = settings.store()?;
-    let kind = if settings.is_sentinel() {
-        "Redis Sentinel"
-    } else if settings.is_cluster() {
-        "Redis Cluster"
-    } else {
-        "Redis"
-    };
-    let name = format!("{kind} ({})", settings.redacted_seeds().join(", "));
-    // Connect now: the first requests do not pay for it, and a Redis that
-    // cannot be reached (a certificate that does not verify, a refused
-    // password) is told at once. The server starts either way.
-    if let Err(error) = store.connect(CONNECT_WITHIN).await {
-        tracing::error!(
-            "cannot reach {name}: {error}; until it answers, each policy's fail mode applies"
-        );
-    }
-    Ok((config.layer(settings.guard(store)), name))
-}
-
-/// How long start-up waits for Redis to answer.
-const CONNECT_WITHIN: Duration = Duration::from_secs(5);
 
 /// The routes behind the limiter.
 const LIMITED_ROUTES: [&str; 5] = [

@@ -59,4 +59,13 @@ impl<'a> Limited<'a> {
     pub fn retry_after(&self) -> Duration {
         Duration::from_secs(self.retry_after_seconds)
     }
+
+    /// When the request would fit, to the microsecond (the whole seconds
+    /// of [`retry_after`](Self::retry_after) when the store gave no time).
+    pub(crate) fn exact_retry_after(&self) -> Duration {
+        self.decision
+            .retry_after
+            .filter(|retry| !retry.is_zero())
+            .unwrap_or_else(|| self.retry_after())
+    }
 }

@@ -7,6 +7,7 @@
 //!   is completed;
 //! * [`limited`]: [`Limited`], a denial as the hook sees it.
 
+mod grpc;
 pub(crate) mod headers;
 pub(crate) mod limited;
 pub(crate) mod problem;

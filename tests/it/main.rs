@@ -19,6 +19,7 @@ mod deny_cache;
 mod equivalence;
 mod example_server;
 mod faults;
+mod grpc;
 mod holding;
 mod http;
 mod identity;

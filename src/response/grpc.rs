@@ -1,0 +1,135 @@
+//! The limiter's answers as gRPC statuses, for services that speak gRPC:
+//! [`Rejection::to_grpc`].
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::CONTENT_TYPE;
+use http::{HeaderName, HeaderValue, Response};
+
+use super::headers::number_value;
+use super::rejection::Rejection;
+
+const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
+
+/// gRPC status codes the limiter answers with.
+const RESOURCE_EXHAUSTED: u64 = 8;
+const INTERNAL: u64 = 13;
+const UNAVAILABLE: u64 = 14;
+const UNAUTHENTICATED: u64 = 16;
+
+impl Rejection<'_> {
+    /// This rejection as a gRPC status, in a "Trailers-Only" response
+    /// (HTTP `200`, `content-type: application/grpc`, `grpc-status` and
+    /// `grpc-message` in the headers, no body), for a hook in front of a
+    /// gRPC service:
+    ///
+    /// | rejection | status |
+    /// |---|---|
+    /// | over a limit | `RESOURCE_EXHAUSTED`, with `grpc-retry-pushback-ms` (the time until the call fits) |
+    /// | a cost above the limit | `RESOURCE_EXHAUSTED`, with `grpc-retry-pushback-ms: -1` (never retry) |
+    /// | credentials that do not verify, or none where they are needed | `UNAUTHENTICATED` |
+    /// | no client identified otherwise | `INTERNAL` |
+    /// | the store down, failing closed | `UNAVAILABLE` |
+    ///
+    /// The layer adds the headers of its own answer the response does not
+    /// set (`retry-after` and the rate-limit headers), which gRPC clients
+    /// read as metadata.
+    ///
+    /// ```
+    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, store::MemoryStore};
+    /// use std::time::Duration;
+    ///
+    /// let policies = Policies::single(Policy::new("checks", 5, Duration::from_secs(60))).unwrap();
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies)
+    ///     .on_rejection(|rejection| Some(rejection.to_grpc()));
+    /// ```
+    pub fn to_grpc(&self) -> Response<Bytes> {
+        let (code, message, pushback) = match self {
+            Self::Limited(limited) => (
+                RESOURCE_EXHAUSTED,
+                format!(
+                    "rate limit of {} reached for policy `{}`; retry in {} s",
+                    limited.limit(),
+                    limited.policy(),
+                    limited.retry_after().as_secs()
+                ),
+                Some(pushback_ms(limited.exact_retry_after())),
+            ),
+            Self::CostAboveLimit(denied) => (
+                RESOURCE_EXHAUSTED,
+                format!(
+                    "this call costs {} units under policy `{}`, which allows {}: it can never be admitted",
+                    denied.cost(),
+                    denied.policy(),
+                    denied.limit()
+                ),
+                Some(HeaderValue::from_static("-1")),
+            ),
+            Self::InvalidCredentials(refused) => (
+                UNAUTHENTICATED,
+                format!("invalid credentials: {}", refused.reason()),
+                None,
+            ),
+            Self::Unidentified {
+                missing_credentials: true,
+                ..
+            } => (UNAUTHENTICATED, "credentials are required".to_owned(), None),
+            Self::Unidentified { .. } => (
+                INTERNAL,
+                "the rate limiter could not identify the client".to_owned(),
+                None,
+            ),
+            Self::StoreUnavailable(_) => (
+                UNAVAILABLE,
+                "the rate limiter is unavailable".to_owned(),
+                None,
+            ),
+        };
+        let mut response = Response::new(Bytes::new());
+        let headers = response.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        headers.insert(GRPC_STATUS, number_value(code));
+        if let Ok(message) = HeaderValue::from_str(&percent_encoded(&message)) {
+            headers.insert(GRPC_MESSAGE, message);
+        }
+        if let Some(pushback) = pushback {
+            headers.insert(GRPC_RETRY_PUSHBACK_MS, pushback);
+        }
+        response
+    }
+}
+
+/// Whole milliseconds, rounded up, as gRPC's retry pushback.
+fn pushback_ms(retry_after: Duration) -> HeaderValue {
+    let millis = retry_after.as_nanos().div_ceil(1_000_000);
+    number_value(u64::try_from(millis).unwrap_or(u64::MAX))
+}
+
+/// `grpc-message` encoding: printable ASCII but `%` as it is, every other
+/// byte as `%XX`.
+fn percent_encoded(message: &str) -> String {
+    let mut encoded = String::with_capacity(message.len());
+    for byte in message.bytes() {
+        if (b' '..=b'~').contains(&byte) && byte != b'%' {
+            encoded.push(char::from(byte));
+        } else {
+            encoded.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    encoded
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_are_percent_encoded_as_grpc_wants() {
+        assert_eq!(percent_encoded("100% é"), "100%25 %C3%A9");
+        assert_eq!(pushback_ms(Duration::from_micros(1_500)), "2");
+        assert_eq!(pushback_ms(Duration::from_secs(3)), "3000");
+    }
+}

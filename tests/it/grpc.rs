@@ -1,0 +1,128 @@
+//! The gRPC example, run as a user would, called with a real tonic client:
+//! over the limit a call ends with `RESOURCE_EXHAUSTED` and metadata that
+//! says when to retry.
+
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tonic::Code;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+/// The gRPC example process, killed on drop.
+struct GrpcExample {
+    child: Child,
+    port: u16,
+}
+
+impl GrpcExample {
+    fn start(args: &[&str]) -> Self {
+        let exe = std::env::current_exe().unwrap();
+        let binary = exe
+            .parent()
+            .unwrap()
+            .parent()
+            .unwrap()
+            .join("examples")
+            .join("grpc");
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new(binary)
+            .args(args)
+            .args(["--bind", &format!("127.0.0.1:{port}")])
+            .env_remove("REDIS_URL")
+            .env_remove("SLIDEGATE_CONFIG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the grpc example is built by cargo test");
+        let example = Self { child, port };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "the gRPC example did not listen");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        example
+    }
+
+    async fn client(&self) -> HealthClient<tonic::transport::Channel> {
+        let channel =
+            tonic::transport::Channel::from_shared(format!("http://127.0.0.1:{}", self.port))
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+        HealthClient::new(channel)
+    }
+}
+
+impl Drop for GrpcExample {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn check() -> HealthCheckRequest {
+    HealthCheckRequest {
+        service: String::new(),
+    }
+}
+
+#[tokio::test]
+async fn the_sixth_check_in_a_minute_is_resource_exhausted() {
+    let example = GrpcExample::start(&[]);
+    let mut client = example.client().await;
+    for _ in 0..5 {
+        let reply = client.check(check()).await.expect("within the limit");
+        assert_eq!(reply.get_ref().status(), ServingStatus::Serving);
+    }
+    let status = client.check(check()).await.expect_err("over the limit");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(status.message().contains("health-check"), "{status:?}");
+    let metadata = status.metadata();
+    let retry_after: u64 = metadata
+        .get("retry-after")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&retry_after), "{retry_after}");
+    let pushback: u64 = metadata
+        .get("grpc-retry-pushback-ms")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        pushback <= retry_after * 1000 && pushback > (retry_after - 1) * 1000,
+        "{pushback}"
+    );
+    assert_eq!(metadata.get("x-ratelimit-remaining").unwrap(), "0");
+}
+
+#[tokio::test]
+async fn a_config_file_limits_calls_by_their_method_path() {
+    let dir = std::env::temp_dir().join(format!("slidegate-grpc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("grpc.toml");
+    std::fs::write(
+        &path,
+        "[[policy]]\nname = \"one-check\"\nroute = \"POST /grpc.health.v1.Health/Check\"\nlimit = 1\nwindow = \"1h\"\n",
+    )
+    .unwrap();
+    let example = GrpcExample::start(&["--config", path.to_str().unwrap()]);
+    let mut client = example.client().await;
+    client.check(check()).await.expect("the first call");
+    let status = client.check(check()).await.expect_err("the second");
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert!(status.message().contains("one-check"), "{status:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
