@@ -74,10 +74,9 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         Some(path) => Config::from_file(path)?,
         None => Config::from_toml_str(BUILT_IN)?,
     };
+    // The layer answers gRPC calls with gRPC statuses by itself
+    // (RESOURCE_EXHAUSTED over a limit): no hook needed.
     let (layer, store_name) = store::limiter(&config).await?;
-    // gRPC clients read a status, not an HTTP code: every answer of the
-    // limiter's own becomes one (RESOURCE_EXHAUSTED over a limit).
-    let layer = layer.on_rejection(|rejection| Some(rejection.to_grpc()));
     let (_reporter, health) = tonic_health::server::health_reporter();
 
     let listener = tokio::net::TcpListener::bind(args.bind)

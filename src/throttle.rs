@@ -40,6 +40,10 @@ pub(crate) static REFUND_FAILURES: Throttle = Throttle::new();
 /// Concurrency leases the store could not release.
 pub(crate) static RELEASE_FAILURES: Throttle = Throttle::new();
 
+/// Rejection hooks' axum responses whose body was not complete at once.
+#[cfg(feature = "axum")]
+pub(crate) static INCOMPLETE_HOOK_BODIES: Throttle = Throttle::new();
+
 impl Throttle {
     pub(crate) const fn new() -> Self {
         Self {

@@ -67,13 +67,13 @@ pub(crate) fn decide(shared: &Arc<Shared>, parts: &mut Parts) -> Decided {
     // The count of this address's refused credentials, before verifying any.
     let refusal = refusal_of(shared, parts);
     if let Some(denied) = refusal.as_ref().and_then(|check| blocked(shared, check)) {
-        return Decided::Now(Next::Answer(cached_denial(shared, &denied)));
+        return Decided::Now(Next::Answer(cached_denial(shared, parts, &denied)));
     }
     let identity = match shared.keys.extract(parts) {
         Ok(Some(identity)) => identity,
         Ok(None) => return Decided::Now(Next::Answer(unidentified(shared, parts))),
         Err(rejection) => {
-            return match refused(shared, refusal, rejection) {
+            return match refused(shared, parts, refusal, rejection) {
                 Refused::Now(response) => Decided::Now(Next::Answer(response)),
                 Refused::Counting(counting) => {
                     Wait::new(shared, plan, None, Step::Refusing(counting)).start(parts)
@@ -98,7 +98,15 @@ pub(crate) fn decide(shared: &Arc<Shared>, parts: &mut Parts) -> Decided {
             return Wait::new(shared, plan, costs, step).start(parts);
         }
     };
-    match send(shared, plan, &identity, costs.as_ref(), own.as_ref(), None) {
+    match send(
+        shared,
+        parts,
+        plan,
+        &identity,
+        costs.as_ref(),
+        own.as_ref(),
+        None,
+    ) {
         Sending::Now(Next::Delay(wait, slot)) => {
             let step = Step::Holding(identity, own, wait, slot);
             Wait::new(shared, plan, costs, step).start(parts)
@@ -210,7 +218,7 @@ impl Wait {
         } = self;
         let (identity, own, mut pending) = match step {
             Step::Refusing(counting) => {
-                let answer = counting.answer(&shared).await;
+                let answer = counting.answer(&shared, &parts).await;
                 return (parts, Next::Answer(answer));
             }
             Step::Confirming(confirm, refusal) => {
@@ -221,9 +229,9 @@ impl Wait {
                         return (parts, Next::Answer(answer));
                     }
                     Err(rejection) => {
-                        let answer = match refused(&shared, refusal, rejection) {
+                        let answer = match refused(&shared, &parts, refusal, rejection) {
                             Refused::Now(response) => response,
-                            Refused::Counting(counting) => counting.answer(&shared).await,
+                            Refused::Counting(counting) => counting.answer(&shared, &parts).await,
                         };
                         return (parts, Next::Answer(answer));
                     }
@@ -256,6 +264,7 @@ impl Wait {
                     let since = held.as_ref().map(|held| held.since);
                     match send(
                         &shared,
+                        &parts,
                         &plan,
                         &identity,
                         costs.as_ref(),
@@ -271,7 +280,14 @@ impl Wait {
                 }
                 Pending::Sent(sent, check) => {
                     let answer = check.await;
-                    outcome::outcome(&shared, &plan, identity.tier.as_deref(), &sent, answer)
+                    outcome::outcome(
+                        &shared,
+                        &parts,
+                        &plan,
+                        identity.tier.as_deref(),
+                        &sent,
+                        answer,
+                    )
                 }
                 Pending::Hold(wait, slot) => {
                     if let (None, Some(slot)) = (&held, slot) {
@@ -354,8 +370,8 @@ fn unidentified(shared: &Shared, parts: &Parts) -> Response<Bytes> {
     let missing_credentials = shared.keys.needs_credentials();
     reject(
         shared,
+        parts,
         Reply::Unidentified {
-            parts,
             missing_credentials,
         },
     )
@@ -376,19 +392,24 @@ struct Counting {
 }
 
 impl Counting {
-    async fn answer(self, shared: &Shared) -> Response<Bytes> {
+    async fn answer(self, shared: &Shared, parts: &Parts) -> Response<Bytes> {
         let outcome = self.check.await;
-        refusal_answer(shared, &self.refusal, &self.rejection, outcome)
+        refusal_answer(shared, parts, &self.refusal, &self.rejection, outcome)
     }
 }
 
 /// Answers refused credentials `401`, after counting the refusal against
 /// the client's address (`check`) when the layer counts them: `429` once
 /// the address is past its limit.
-fn refused(shared: &Shared, check: Option<Check>, rejection: KeyRejection) -> Refused {
+fn refused(
+    shared: &Shared,
+    parts: &Parts,
+    check: Option<Check>,
+    rejection: KeyRejection,
+) -> Refused {
     tracing::debug!(reason = rejection.reason(), "credentials refused");
     let Some((failures, check)) = shared.credential_failures.as_ref().zip(check) else {
-        return Refused::Now(reject(shared, Reply::InvalidCredentials(&rejection)));
+        return Refused::Now(reject(shared, parts, Reply::InvalidCredentials(&rejection)));
     };
     let refusal = failures.refusal(check);
     match shared
@@ -396,7 +417,7 @@ fn refused(shared: &Shared, check: Option<Check>, rejection: KeyRejection) -> Re
         .check(std::slice::from_ref(&refusal.check))
         .into_ready()
     {
-        Ok(outcome) => Refused::Now(refusal_answer(shared, &refusal, &rejection, outcome)),
+        Ok(outcome) => Refused::Now(refusal_answer(shared, parts, &refusal, &rejection, outcome)),
         Err(check) => Refused::Counting(Counting {
             refusal,
             rejection,
@@ -407,6 +428,7 @@ fn refused(shared: &Shared, check: Option<Check>, rejection: KeyRejection) -> Re
 
 fn refusal_answer(
     shared: &Shared,
+    parts: &Parts,
     refusal: &Refusal,
     rejection: &KeyRejection,
     outcome: CheckOutcome,
@@ -414,6 +436,7 @@ fn refusal_answer(
     match refusal.past_limit(outcome, shared.options.shadow) {
         Some(decision) => reject(
             shared,
+            parts,
             Reply::Limited(Denial {
                 checks: std::slice::from_ref(&refusal.check),
                 decisions: &[decision],
@@ -421,7 +444,7 @@ fn refusal_answer(
                 body: None,
             }),
         ),
-        None => reject(shared, Reply::InvalidCredentials(rejection)),
+        None => reject(shared, parts, Reply::InvalidCredentials(rejection)),
     }
 }
 
@@ -468,8 +491,10 @@ enum Sending {
 /// sends them: the answer is known at once for a cost above the limit, an
 /// exempt request, a denial the deny cache knows, or a store that decides
 /// in process. A request held since `held` is sent again.
+#[allow(clippy::too_many_arguments)]
 fn send(
     shared: &Shared,
+    parts: &Parts,
     plan: &Plan,
     identity: &Identity,
     costs: Option<&Costs>,
@@ -480,7 +505,11 @@ fn send(
     let mut checks = match cost::checks(plan, &identity.key, tier, costs, own) {
         Ok(checks) => checks,
         Err(denied) => {
-            return Sending::Now(Next::Answer(reject(shared, Reply::CostAboveLimit(&denied))));
+            return Sending::Now(Next::Answer(reject(
+                shared,
+                parts,
+                Reply::CostAboveLimit(&denied),
+            )));
         }
     };
     if checks.is_empty() {
@@ -493,7 +522,7 @@ fn send(
         .map_or(checks.len(), |roles| roles.shadow_from);
     if let Some(next) = roles
         .as_deref()
-        .and_then(|roles| outcome::refused_locally(shared, roles))
+        .and_then(|roles| outcome::refused_locally(shared, parts, roles))
     {
         return Sending::Now(next);
     }
@@ -506,7 +535,7 @@ fn send(
             {
                 return Sending::Now(Next::Delay(wait, slot));
             }
-            return Sending::Now(Next::Answer(cached_denial(shared, &denied)));
+            return Sending::Now(Next::Answer(cached_denial(shared, parts, &denied)));
         }
         deny_clock = cache.now();
     }
@@ -521,7 +550,7 @@ fn send(
         },
     };
     match roles::check(&shared.store, &sent.checks, enforced).into_ready() {
-        Ok(answer) => Sending::Now(outcome::outcome(shared, plan, tier, &sent, answer)),
+        Ok(answer) => Sending::Now(outcome::outcome(shared, parts, plan, tier, &sent, answer)),
         Err(check) => Sending::Later(sent, check),
     }
 }
@@ -545,7 +574,7 @@ fn fails_closed(shared: &Shared, plan: &Plan, costs: Option<&Costs>) -> bool {
 }
 
 /// A `429` from the deny cache, for checks it knows to be denied.
-fn cached_denial(shared: &Shared, denied: &Denied<'_>) -> Response<Bytes> {
+fn cached_denial(shared: &Shared, parts: &Parts, denied: &Denied<'_>) -> Response<Bytes> {
     for check in denied.checks.iter() {
         metrics::decided(&check.policy, Outcome::DenyCache);
     }
@@ -553,6 +582,7 @@ fn cached_denial(shared: &Shared, denied: &Denied<'_>) -> Response<Bytes> {
     trace_decision(&denied.checks[index].policy, Outcome::DenyCache, None);
     reject(
         shared,
+        parts,
         Reply::Limited(Denial {
             checks: &denied.checks,
             decisions: &denied.decisions,

@@ -346,26 +346,34 @@ impl RateLimitLayer {
     }
 
     /// Answers the limiter's rejections with `respond` where it returns a
-    /// response, and with the limiter's own `application/problem+json`
-    /// answers where it returns `None`. `respond` sees a typed
-    /// [`Rejection`]: over a limit, invalid credentials,
-    /// an unidentified client, a cost above the limit, the store
-    /// unavailable. Its answer keeps its status, headers and body, and gets
-    /// the headers of the limiter's own answer that it does not set itself
-    /// (`Retry-After`, the rate-limit headers, `WWW-Authenticate`): set one
-    /// to send another value.
+    /// response, and with the limiter's own answers where it returns
+    /// `None`: `application/problem+json`, or for a gRPC call
+    /// (`content-type: application/grpc`) the gRPC status of
+    /// [`Rejection::to_grpc`]. `respond` sees a typed [`Rejection`] (over a
+    /// limit, invalid credentials, an unidentified client, a cost above the
+    /// limit, the store unavailable) and the request's head (method, URI,
+    /// headers), to answer each client in its own terms. Its answer keeps
+    /// its status, headers and body, and gets the headers of the limiter's
+    /// own answer that it does not set itself (`Retry-After`, the
+    /// rate-limit headers, `WWW-Authenticate`): set one to send another
+    /// value. With axum, [`on_rejection_into_response`] takes a hook that
+    /// answers `impl IntoResponse`.
     ///
     /// ```
     /// use bytes::Bytes;
-    /// use http::{Response, StatusCode, header::CONTENT_TYPE};
+    /// use http::{Response, StatusCode, header::{ACCEPT, CONTENT_TYPE}};
     /// use slidegate::{Global, Policies, Policy, RateLimitLayer, Rejection, store::MemoryStore};
     /// use std::time::Duration;
     ///
     /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
-    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).on_rejection(|rejection| {
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).on_rejection(|rejection, request| {
     ///     let Rejection::Limited(limited) = rejection else {
     ///         return None; // the limiter's own answer
     ///     };
+    ///     let accept = request.headers.get(ACCEPT)?.to_str().ok()?;
+    ///     if !accept.contains("text/plain") {
+    ///         return None;
+    ///     }
     ///     let text = format!("slow down: try again in {} s\n", limited.retry_after().as_secs());
     ///     let response = Response::builder()
     ///         .status(StatusCode::TOO_MANY_REQUESTS)
@@ -375,13 +383,58 @@ impl RateLimitLayer {
     ///     Some(response)
     /// });
     /// ```
+    ///
+    /// [`on_rejection_into_response`]: Self::on_rejection_into_response
     #[must_use]
     pub fn on_rejection(
         mut self,
-        respond: impl Fn(&Rejection<'_>) -> Option<Response<Bytes>> + Send + Sync + 'static,
+        respond: impl Fn(&Rejection<'_>, &Parts) -> Option<Response<Bytes>> + Send + Sync + 'static,
     ) -> Self {
         Arc::make_mut(&mut self.shared).on_rejection = Some(Arc::new(respond));
         self
+    }
+
+    /// [`on_rejection`](Self::on_rejection) with a hook that answers as an
+    /// axum handler does, with anything that implements
+    /// [`IntoResponse`](axum::response::IntoResponse): `Html`, `Json`, a
+    /// `(StatusCode, ...)` tuple, `Redirect`. The answer's body must be
+    /// complete at once, as those are: a body that streams is not waited
+    /// for, and the limiter answers itself (with a warning in the log).
+    ///
+    /// An HTML page for browsers, the limiter's JSON for everyone else:
+    ///
+    /// ```
+    /// use axum::{http::{StatusCode, header::ACCEPT}, response::Html};
+    /// use slidegate::{PeerIp, Policies, Policy, RateLimitLayer, Rejection, store::MemoryStore};
+    /// use std::time::Duration;
+    ///
+    /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), PeerIp::new(), policies)
+    ///     .on_rejection_into_response(|rejection, request| {
+    ///         let Rejection::Limited(limited) = rejection else {
+    ///             return None;
+    ///         };
+    ///         let accept = request.headers.get(ACCEPT)?.to_str().ok()?;
+    ///         accept.contains("text/html").then(|| {
+    ///             let wait = limited.retry_after().as_secs();
+    ///             let page = format!("<h1>Slow down</h1><p>Try again in {wait} seconds.</p>");
+    ///             (StatusCode::TOO_MANY_REQUESTS, Html(page))
+    ///         })
+    ///     });
+    /// ```
+    #[cfg(feature = "axum")]
+    #[must_use]
+    pub fn on_rejection_into_response<R>(
+        self,
+        respond: impl Fn(&Rejection<'_>, &Parts) -> Option<R> + Send + Sync + 'static,
+    ) -> Self
+    where
+        R: axum::response::IntoResponse,
+    {
+        self.on_rejection(move |rejection, request| {
+            let response = respond(rejection, request)?.into_response();
+            crate::response::axum_response::complete(response)
+        })
     }
 
     /// Leaves the requests `exempt` says yes to alone: they go to the inner

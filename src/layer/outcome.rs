@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::request::Parts;
 use http::{HeaderValue, Response};
 
 use crate::layer::Shared;
@@ -82,6 +83,7 @@ pub(crate) fn index_of_min<K: Ord>(decisions: &[Decision], key: impl Fn(&Decisio
 /// never deny.
 pub(crate) fn outcome(
     shared: &Shared,
+    parts: &Parts,
     plan: &Plan,
     tier: Option<&str>,
     sent: &Sent,
@@ -134,6 +136,7 @@ pub(crate) fn outcome(
                 ietf_policy(plan, tier, checks, roles).filter(|_| decided.len() == checks.len());
             settle(
                 shared,
+                parts,
                 Answered {
                     store: &shared.store,
                     checks: decided,
@@ -152,10 +155,10 @@ pub(crate) fn outcome(
             if let Some(held_back) = STORE_FAILURES.admit() {
                 tracing::error!(%error, held_back, "rate-limit store unavailable; failing closed");
             }
-            Next::Answer(reject(shared, Reply::StoreUnavailable(&error)))
+            Next::Answer(reject(shared, parts, Reply::StoreUnavailable(&error)))
         }
         Err(error) => {
-            if let Some(next) = roles.and_then(|roles| fall_back(shared, roles, took)) {
+            if let Some(next) = roles.and_then(|roles| fall_back(shared, parts, roles, took)) {
                 if let Some(held_back) = STORE_FAILURES.admit() {
                     tracing::warn!(%error, held_back, "rate-limit store unavailable; enforcing local limits");
                 }
@@ -205,7 +208,7 @@ struct Answered<'a> {
 /// Admits or denies a request by the decisions `answered` holds: a shadow
 /// check's denial is traced and lets the request pass. A store's denial is
 /// remembered in the deny cache.
-fn settle(shared: &Shared, answered: Answered<'_>) -> Next {
+fn settle(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Next {
     let Answered {
         store,
         checks,
@@ -296,6 +299,7 @@ fn settle(shared: &Shared, answered: Answered<'_>) -> Next {
     trace_decision(&checks[denied].policy, Outcome::Denied, took);
     Next::Answer(reject(
         shared,
+        parts,
         Reply::Limited(Denial {
             checks,
             decisions,
@@ -334,29 +338,36 @@ pub(crate) fn trace_decision(policy: &str, outcome: Outcome, took: Option<Durati
 /// Decides the checks that fall back to a local limit, while the store
 /// is unavailable; `None` when no check does (the request then fails
 /// open).
-fn fall_back(shared: &Shared, roles: &Roles, took: Option<Duration>) -> Option<Next> {
+fn fall_back(
+    shared: &Shared,
+    parts: &Parts,
+    roles: &Roles,
+    took: Option<Duration>,
+) -> Option<Next> {
     let local = roles.local()?;
     let decisions = shared.local.decide(local)?;
-    Some(settle_locally(shared, local, &decisions, took))
+    Some(settle_locally(shared, parts, local, &decisions, took))
 }
 
 /// Denies a request the local counts refuse within a window of the
 /// store's last failure, before the store is asked (see
 /// [`LocalLimits`](super::local::LocalLimits)); `None` to ask the store.
-pub(crate) fn refused_locally(shared: &Shared, roles: &Roles) -> Option<Next> {
+pub(crate) fn refused_locally(shared: &Shared, parts: &Parts, roles: &Roles) -> Option<Next> {
     let local = roles.local()?;
     let decisions = shared.local.refuses(local)?;
-    Some(settle_locally(shared, local, &decisions, None))
+    Some(settle_locally(shared, parts, local, &decisions, None))
 }
 
 fn settle_locally(
     shared: &Shared,
+    parts: &Parts,
     local: &LocalChecks,
     decisions: &[Decision],
     took: Option<Duration>,
 ) -> Next {
     settle(
         shared,
+        parts,
         Answered {
             store: shared.local.store(),
             checks: &local.checks,

@@ -3,6 +3,7 @@
 //! own, or the limiter's own.
 
 use bytes::Bytes;
+use http::header::CONTENT_TYPE;
 use http::request::Parts;
 use http::{HeaderMap, Response};
 
@@ -21,39 +22,36 @@ pub(crate) enum Reply<'a> {
     InvalidCredentials(&'a KeyRejection),
     /// No key extractor identified the client: `401` when the chain keys
     /// by credentials alone (`missing_credentials`), `500` otherwise.
-    Unidentified {
-        parts: &'a Parts,
-        missing_credentials: bool,
-    },
+    Unidentified { missing_credentials: bool },
     /// A cost no window can hold: `422`.
     CostAboveLimit(&'a CostAboveLimit),
     /// The store failed and the request fails closed: `503`.
     StoreUnavailable(&'a StoreError),
 }
 
-/// The answer to `reply`: the layer's hook's, with each header of the
-/// limiter's own answer it does not set itself (`Retry-After`, the
-/// rate-limit headers, `WWW-Authenticate`), or the limiter's own.
-pub(crate) fn reject(shared: &Shared, reply: Reply<'_>) -> Response<Bytes> {
-    let hook = shared.on_rejection.as_deref();
+/// The answer to `reply` for the request whose head is `parts`: the
+/// layer's hook's, or for a gRPC call the gRPC status, with each header of
+/// the limiter's own answer it does not set itself (`Retry-After`, the
+/// rate-limit headers, `WWW-Authenticate`); otherwise the limiter's own.
+pub(crate) fn reject(shared: &Shared, parts: &Parts, reply: Reply<'_>) -> Response<Bytes> {
+    let custom = Custom {
+        hook: shared.on_rejection.as_deref(),
+        parts,
+    };
     let format = HeaderFormat {
         style: shared.options.header_style,
         reset: shared.options.reset_format,
     };
     match reply {
-        Reply::Limited(denial) => limited(hook, format, &denial),
-        Reply::InvalidCredentials(rejection) => {
-            with_hook(hook, &Rejection::InvalidCredentials(rejection), || {
+        Reply::Limited(denial) => limited(custom, format, &denial),
+        Reply::InvalidCredentials(rejection) => custom
+            .or(&Rejection::InvalidCredentials(rejection), || {
                 problem::invalid_credentials(rejection)
-            })
-        }
+            }),
         Reply::Unidentified {
-            parts,
             missing_credentials,
-        } => with_hook(
-            hook,
+        } => custom.or(
             &Rejection::Unidentified {
-                parts,
                 missing_credentials,
             },
             || {
@@ -64,48 +62,116 @@ pub(crate) fn reject(shared: &Shared, reply: Reply<'_>) -> Response<Bytes> {
                 }
             },
         ),
-        Reply::CostAboveLimit(denied) => {
-            with_hook(hook, &Rejection::CostAboveLimit(denied), || {
-                problem::cost_above_limit(denied)
-            })
-        }
-        Reply::StoreUnavailable(error) => with_hook(
-            hook,
+        Reply::CostAboveLimit(denied) => custom.or(&Rejection::CostAboveLimit(denied), || {
+            problem::cost_above_limit(denied)
+        }),
+        Reply::StoreUnavailable(error) => custom.or(
             &Rejection::StoreUnavailable(error),
             problem::limiter_unavailable,
         ),
     }
 }
 
-fn with_hook(
-    hook: Option<&Hook>,
-    rejection: &Rejection<'_>,
-    default: impl FnOnce() -> Response<Bytes>,
-) -> Response<Bytes> {
-    let Some(mut custom) = hook.and_then(|hook| hook(rejection)) else {
-        return default();
-    };
-    fill_missing(&mut custom, default().headers());
-    custom
+/// Where an answer other than the limiter's own may come from.
+#[derive(Clone, Copy)]
+struct Custom<'a> {
+    hook: Option<&'a Hook>,
+    parts: &'a Parts,
 }
 
-/// `429`: the hook's answer with the limiter's `Retry-After` and rate-limit
-/// headers where it sets none (its body is never rendered then), or the
-/// limiter's problem body.
-fn limited(hook: Option<&Hook>, format: HeaderFormat, denial: &Denial<'_>) -> Response<Bytes> {
+impl Custom<'_> {
+    /// Whether an answer might not be the limiter's own.
+    fn may_answer(self) -> bool {
+        self.hook.is_some() || is_grpc(self.parts)
+    }
+
+    /// The hook's answer to `rejection`, else a gRPC call's status.
+    fn answer(self, rejection: &Rejection<'_>) -> Option<Response<Bytes>> {
+        self.hook
+            .and_then(|hook| hook(rejection, self.parts))
+            .or_else(|| is_grpc(self.parts).then(|| rejection.to_grpc()))
+    }
+
+    /// [`answer`](Self::answer), completed with the headers of the
+    /// limiter's own, or the limiter's own.
+    fn or(
+        self,
+        rejection: &Rejection<'_>,
+        default: impl FnOnce() -> Response<Bytes>,
+    ) -> Response<Bytes> {
+        let Some(mut custom) = self.answer(rejection) else {
+            return default();
+        };
+        fill_missing(&mut custom, default().headers());
+        custom
+    }
+}
+
+/// Whether the request is a gRPC call (`application/grpc`, or a subtype
+/// such as `application/grpc+proto`; gRPC-Web is not).
+fn is_grpc(parts: &Parts) -> bool {
+    let Some(content_type) = parts.headers.get(CONTENT_TYPE) else {
+        return false;
+    };
+    let bytes = content_type.as_bytes();
+    let prefix = b"application/grpc";
+    bytes.len() >= prefix.len()
+        && bytes[..prefix.len()].eq_ignore_ascii_case(prefix)
+        && matches!(bytes.get(prefix.len()), None | Some(b'+' | b';'))
+}
+
+/// `429`: the custom answer with the limiter's `Retry-After` and
+/// rate-limit headers where it sets none (its body is never rendered
+/// then), or the limiter's problem body.
+fn limited(custom: Custom<'_>, format: HeaderFormat, denial: &Denial<'_>) -> Response<Bytes> {
     let retry_after = retry_after_seconds(&denial.decisions[denial.denied]);
-    if let Some(hook) = hook {
+    if custom.may_answer() {
         let limited = Limited::new(
             &denial.checks[denial.denied],
             &denial.decisions[denial.denied],
             retry_after,
         );
-        if let Some(mut custom) = hook(&Rejection::Limited(&limited)) {
+        if let Some(mut answer) = custom.answer(&Rejection::Limited(&limited)) {
             let mut headers = HeaderMap::new();
             problem::limited_headers(denial, retry_after, format, &mut headers);
-            fill_missing(&mut custom, &headers);
-            return custom;
+            fill_missing(&mut answer, &headers);
+            return answer;
         }
     }
     problem::too_many_requests(denial, retry_after, format)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::Request;
+
+    fn with_content_type(value: &str) -> Parts {
+        Request::builder()
+            .header(CONTENT_TYPE, value)
+            .body(())
+            .unwrap()
+            .into_parts()
+            .0
+    }
+
+    #[test]
+    fn grpc_calls_are_told_by_their_content_type() {
+        for grpc in [
+            "application/grpc",
+            "application/grpc+proto",
+            "Application/GRPC;x=1",
+        ] {
+            assert!(is_grpc(&with_content_type(grpc)), "{grpc}");
+        }
+        for other in [
+            "application/grpc-web",
+            "application/grpcx",
+            "application/json",
+            "text/plain",
+        ] {
+            assert!(!is_grpc(&with_content_type(other)), "{other}");
+        }
+        assert!(!is_grpc(&Request::new(()).into_parts().0));
+    }
 }

@@ -23,8 +23,7 @@ const UNAUTHENTICATED: u64 = 16;
 impl Rejection<'_> {
     /// This rejection as a gRPC status, in a "Trailers-Only" response
     /// (HTTP `200`, `content-type: application/grpc`, `grpc-status` and
-    /// `grpc-message` in the headers, no body), for a hook in front of a
-    /// gRPC service:
+    /// `grpc-message` in the headers, no body):
     ///
     /// | rejection | status |
     /// |---|---|
@@ -34,17 +33,20 @@ impl Rejection<'_> {
     /// | no client identified otherwise | `INTERNAL` |
     /// | the store down, failing closed | `UNAVAILABLE` |
     ///
-    /// The layer adds the headers of its own answer the response does not
-    /// set (`retry-after` and the rate-limit headers), which gRPC clients
-    /// read as metadata.
+    /// The layer answers a gRPC call (`content-type: application/grpc`,
+    /// `application/grpc+proto`, ...) so by itself; a hook calls this to
+    /// answer other requests as gRPC too. The layer adds the headers of its
+    /// own answer the response does not set (`retry-after` and the
+    /// rate-limit headers), which gRPC clients read as metadata.
     ///
     /// ```
     /// use slidegate::{Global, Policies, Policy, RateLimitLayer, store::MemoryStore};
     /// use std::time::Duration;
     ///
     /// let policies = Policies::single(Policy::new("checks", 5, Duration::from_secs(60))).unwrap();
+    /// // Every answer as gRPC, whatever the request's content type.
     /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies)
-    ///     .on_rejection(|rejection| Some(rejection.to_grpc()));
+    ///     .on_rejection(|rejection, _| Some(rejection.to_grpc()));
     /// ```
     pub fn to_grpc(&self) -> Response<Bytes> {
         let (code, message, pushback) = match self {

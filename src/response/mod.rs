@@ -5,8 +5,12 @@
 //! * [`problem`]: the default `application/problem+json` answers;
 //! * [`rejection`]: [`Rejection`], what the hook sees, and how its answer
 //!   is completed;
-//! * [`limited`]: [`Limited`], a denial as the hook sees it.
+//! * [`limited`]: [`Limited`], a denial as the hook sees it;
+//! * `grpc`: the answers as gRPC statuses;
+//! * `axum_response`: an axum response as the hook's answer.
 
+#[cfg(feature = "axum")]
+pub(crate) mod axum_response;
 mod grpc;
 pub(crate) mod headers;
 pub(crate) mod limited;

@@ -19,11 +19,12 @@ use crate::store::StoreError;
 pub(crate) type OnRejection = Arc<Hook>;
 
 /// A rejection hook, borrowed.
-pub(crate) type Hook = dyn Fn(&Rejection<'_>) -> Option<Response<Bytes>> + Send + Sync;
+pub(crate) type Hook = dyn Fn(&Rejection<'_>, &Parts) -> Option<Response<Bytes>> + Send + Sync;
 
 /// Why the limiter answers a request itself instead of passing it on.
 ///
-/// Each case names its default answer; a hook set with
+/// Each case names its default answer (for a gRPC call, the status
+/// [`to_grpc`](Self::to_grpc) gives); a hook set with
 /// [`RateLimitLayer::on_rejection`](crate::RateLimitLayer::on_rejection)
 /// may answer it otherwise.
 #[derive(Debug)]
@@ -40,8 +41,6 @@ pub enum Rejection<'a> {
     /// credentials and none were sent, `500` otherwise (a server without
     /// peer addresses for `PeerIp`, say).
     Unidentified {
-        /// The request.
-        parts: &'a Parts,
         /// Whether the chain keys by credentials alone, and none came.
         missing_credentials: bool,
     },

@@ -356,20 +356,21 @@ async fn a_credentials_only_chain_answers_a_request_without_any_401() {
     // The answer is the layer's to choose.
     let policies = Policies::single(Policy::new("all", 3, MINUTE)).unwrap();
     let custom = root_app(
-        RateLimitLayer::new(MemoryStore::new(), api_keys(), policies).on_rejection(|rejection| {
-            let Rejection::Unidentified {
-                missing_credentials: true,
-                ..
-            } = rejection
-            else {
-                return None;
-            };
-            let response = http::Response::builder()
-                .status(StatusCode::FORBIDDEN)
-                .body(bytes::Bytes::from_static(b"send an API key"))
-                .unwrap();
-            Some(response)
-        }),
+        RateLimitLayer::new(MemoryStore::new(), api_keys(), policies).on_rejection(
+            |rejection, _| {
+                let Rejection::Unidentified {
+                    missing_credentials: true,
+                } = rejection
+                else {
+                    return None;
+                };
+                let response = http::Response::builder()
+                    .status(StatusCode::FORBIDDEN)
+                    .body(bytes::Bytes::from_static(b"send an API key"))
+                    .unwrap();
+                Some(response)
+            },
+        ),
     );
     let reply = send(&custom, request("GET", "/", "192.0.2.9:1", &[])).await;
     assert_eq!(reply.status, StatusCode::FORBIDDEN);

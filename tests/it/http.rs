@@ -12,6 +12,7 @@ use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::routing::{get, post};
 use bytes::Bytes;
+use http::request::Parts;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use slidegate::{
@@ -130,7 +131,7 @@ async fn retry_after_rounds_up_to_at_least_one_second() {
 /// `X-RateLimit-Reset`, and no `Retry-After` of its own.
 fn grpc_style_layer(store: MemoryStore, cache: Option<DenyCache>) -> RateLimitLayer {
     let layer = RateLimitLayer::new(store, PeerIp::new(), demo_policies()).on_rejection(
-        |rejection: &Rejection<'_>| {
+        |rejection: &Rejection<'_>, _: &Parts| {
             let Rejection::Limited(limited) = rejection else {
                 return None;
             };
@@ -210,7 +211,7 @@ async fn a_custom_429_keeps_its_status_and_headers_and_gets_the_limiters_it_lack
 /// leaves the others to the limiter.
 #[tokio::test]
 async fn the_rejection_hook_sees_every_kind_and_may_leave_any_to_the_limiter() {
-    let hook = |rejection: &Rejection<'_>| {
+    let hook = |rejection: &Rejection<'_>, _: &Parts| {
         let kind = match rejection {
             Rejection::StoreUnavailable(_) => "store",
             Rejection::CostAboveLimit(over) => {
@@ -264,6 +265,83 @@ async fn the_rejection_hook_sees_every_kind_and_may_leave_any_to_the_limiter() {
     let denied = send(&costed, get_from("/search", "192.0.2.1:1")).await;
     assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(denied.json()["policy"], "rows");
+}
+
+/// A browser (`Accept: text/html`) gets an HTML page from an axum hook;
+/// an API client, whom the hook leaves alone, the limiter's JSON. Both
+/// carry the limiter's headers.
+#[tokio::test]
+async fn an_axum_hook_answers_by_the_request_and_the_limiter_fills_in() {
+    let clock = FakeClock::new(START);
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let layer = RateLimitLayer::new(store, PeerIp::new(), demo_policies())
+        .on_rejection_into_response(|rejection, request| {
+            let Rejection::Limited(limited) = rejection else {
+                return None;
+            };
+            let accept = request.headers.get(http::header::ACCEPT)?.to_str().ok()?;
+            accept.contains("text/html").then(|| {
+                let page = format!(
+                    "<p>{} {}: try again in {} s</p>",
+                    request.method,
+                    request.uri.path(),
+                    limited.retry_after().as_secs()
+                );
+                (StatusCode::TOO_MANY_REQUESTS, axum::response::Html(page))
+            })
+        });
+    let app = routes().route_layer(layer);
+    for _ in 0..3 {
+        send(&app, get_from("/search?q=1", "192.0.2.1:1")).await;
+    }
+    let mut browser = get_from("/search?q=1", "192.0.2.1:1");
+    browser
+        .headers_mut()
+        .insert("accept", "text/html,application/xhtml+xml".parse().unwrap());
+    let page = send(&app, browser).await;
+    assert_eq!(page.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        page.header("content-type"),
+        Some("text/html; charset=utf-8")
+    );
+    assert_eq!(page.body, "<p>GET /search: try again in 60 s</p>");
+    assert_eq!(page.header("retry-after"), Some("60"));
+    assert_eq!(page.header("x-ratelimit-remaining"), Some("0"));
+
+    let api = send(&app, get_from("/search?q=1", "192.0.2.1:1")).await;
+    assert_eq!(api.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(api.header("content-type"), Some("application/problem+json"));
+    assert_eq!(api.json()["policy"], "search");
+}
+
+/// A gRPC call over its limit ends with `RESOURCE_EXHAUSTED` without a
+/// hook; a plain request to the same route gets the HTTP `429`.
+#[tokio::test]
+async fn a_grpc_call_gets_a_grpc_status_without_a_hook() {
+    let clock = FakeClock::new(START);
+    let app = memory_app(&clock);
+    let grpc = |peer: &str| {
+        let mut call = get_from("/search", peer);
+        call.headers_mut()
+            .insert("content-type", "application/grpc+proto".parse().unwrap());
+        call
+    };
+    for _ in 0..3 {
+        assert_eq!(send(&app, grpc("192.0.2.1:1")).await.status, StatusCode::OK);
+    }
+    clock.advance(Duration::from_millis(1500));
+    let exhausted = send(&app, grpc("192.0.2.1:1")).await;
+    assert_eq!(exhausted.status, StatusCode::OK);
+    assert_eq!(exhausted.header("content-type"), Some("application/grpc"));
+    assert_eq!(exhausted.header("grpc-status"), Some("8"));
+    assert_eq!(exhausted.header("grpc-retry-pushback-ms"), Some("58500"));
+    assert_eq!(exhausted.header("retry-after"), Some("59"));
+    assert_eq!(exhausted.header("x-ratelimit-remaining"), Some("0"));
+    assert_eq!(exhausted.body, "", "Trailers-Only: no body");
+
+    let plain = send(&app, get_from("/search", "192.0.2.1:1")).await;
+    assert_eq!(plain.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(plain.header("grpc-status"), None);
 }
 
 /// The `x-rows` header, as the cost under the policy named `rows` only;
