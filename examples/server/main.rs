@@ -236,10 +236,16 @@ async fn reload_on_sighup(path: Option<PathBuf>, handle: PoliciesHandle) {
         match Config::from_file(path) {
             Ok(config) => {
                 let (old, new) = (handle.current(), config.policies().clone());
-                log_changes(&old, &new);
                 warn_of_unserved_routes(&new);
-                handle.replace(new);
-                tracing::info!(path = %path.display(), "SIGHUP: policies reloaded");
+                match handle.replace(new.clone()) {
+                    Ok(()) => {
+                        log_changes(&old, &new);
+                        tracing::info!(path = %path.display(), "SIGHUP: policies reloaded");
+                    }
+                    Err(error) => {
+                        tracing::error!(%error, "SIGHUP: policies refused; the policies in force stay");
+                    }
+                }
             }
             Err(error) => {
                 tracing::error!(%error, "SIGHUP: config refused; the policies in force stay");

@@ -108,6 +108,8 @@ pub struct Config {
     overrides: Overrides,
     /// `limiter.max_delayed`, when set.
     max_delayed: Option<usize>,
+    /// `limiter.namespace`, when set.
+    namespace: Option<String>,
     /// `[admin] token`, when set.
     admin_token: Option<Arc<str>>,
 }
@@ -293,6 +295,17 @@ impl Config {
             peer_ip = peer_ip.client_ip_header(name);
         }
 
+        if let Some(namespace) = &limiter.namespace
+            && !crate::policy::is_valid_name(namespace.get_ref())
+        {
+            return Err(ConfigError::at(
+                source,
+                namespace.span().start,
+                "limiter.namespace",
+                "must be 1-64 ASCII letters, digits, `-` or `_`",
+            ));
+        }
+
         let policies = build_policies(raw.policy, raw.default, source)?;
         let overrides = overrides::overrides(
             raw.overrides,
@@ -347,6 +360,7 @@ impl Config {
             credential_failures: limiter.credential_failures,
             overrides,
             max_delayed: limiter.max_delayed.map(Spanned::into_inner),
+            namespace: limiter.namespace.map(Spanned::into_inner),
             admin_token,
             reset_format: match limiter.reset {
                 ResetName::Delta => ResetFormat::DeltaSeconds,
@@ -472,6 +486,9 @@ impl Config {
         }
         if let Some(max) = self.max_delayed {
             layer = layer.max_delayed(max);
+        }
+        if let Some(namespace) = &self.namespace {
+            layer = layer.namespace(namespace);
         }
         match self.deny_cache {
             Some(true) => layer.deny_cache(DenyCache::new(DEFAULT_DENY_CACHE)),

@@ -59,6 +59,7 @@ pub(super) struct RawLimiter {
     pub(super) deny_cache: Option<bool>,
     pub(super) credential_failures: RawCredentialFailures,
     pub(super) max_delayed: Option<Spanned<usize>>,
+    pub(super) namespace: Option<Spanned<String>>,
 }
 
 impl Default for RawLimiter {
@@ -81,6 +82,7 @@ impl Default for RawLimiter {
             deny_cache: None,
             credential_failures: RawCredentialFailures::default(),
             max_delayed: None,
+            namespace: None,
         }
     }
 }

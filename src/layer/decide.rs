@@ -352,7 +352,9 @@ fn costs_of(shared: &Shared, plan: &Plan, parts: &Parts) -> Option<Costs> {
 /// counts them and the request presents some.
 fn refusal_of(shared: &Shared, parts: &Parts) -> Option<Check> {
     let failures = shared.credential_failures.as_ref()?;
-    failures.check_for(parts, &*shared.keys)
+    let mut check = failures.check_for(parts, &*shared.keys)?;
+    shared.in_namespace(&mut check);
+    Some(check)
 }
 
 /// The cached denial of the address `check` counts refusals of, while it
@@ -515,6 +517,11 @@ fn send(
     if checks.is_empty() {
         // Every policy of the request exempts it.
         return Sending::Now(Next::PASS);
+    }
+    if shared.namespace.is_some() {
+        for check in &mut checks {
+            shared.in_namespace(check);
+        }
     }
     let roles = Roles::assign(plan, &mut checks, shared.options);
     let enforced = roles

@@ -46,7 +46,9 @@ impl RateLimitLayer {
             None => None,
         };
         let limits = policy.limits_with(tier, own);
-        Check::with_cost(policy, key.clone(), limits, limits.cost)
+        let mut check = Check::with_cost(policy, key.clone(), limits, limits.cost);
+        self.shared.in_namespace(&mut check);
+        check
     }
 
     /// Where the client `key` (of `tier`, for a tier's limits) stands
@@ -101,7 +103,8 @@ impl RateLimitLayer {
     /// name; [`LimitError::Store`] if the store could not answer.
     pub async fn reset(&self, policy: &str, key: &Key) -> Result<(), LimitError> {
         let policy = self.policy_named(policy)?;
-        let check = Check::new(&policy, key.clone());
+        let mut check = Check::new(&policy, key.clone());
+        self.shared.in_namespace(&mut check);
         self.shared
             .store
             .reset(std::slice::from_ref(&check))

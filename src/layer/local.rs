@@ -153,6 +153,7 @@ mod tests {
     fn check(limit: u32, cost: u32) -> Check {
         Check {
             policy: "p".into(),
+            namespace: None,
             key: Key::new("ip:192.0.2.1"),
             limit,
             window: Duration::from_secs(60),

@@ -9,6 +9,7 @@
 // writes goes through `reject`.
 
 mod body;
+mod claims;
 pub(crate) mod credentials;
 mod decide;
 pub(crate) mod deny_cache;
@@ -22,6 +23,7 @@ mod roles;
 mod service;
 
 pub use body::ResponseBody;
+pub use claims::PolicyConflict;
 pub use future::ResponseFuture;
 pub use inspect::LimitError;
 pub use service::RateLimit;
@@ -42,7 +44,7 @@ use crate::limits::{ClientLimits, LimitLookup};
 use crate::policy::{FailMode, Policies, RequestCost};
 use crate::response::headers::{HeaderStyle, ResetFormat};
 use crate::response::rejection::{OnRejection, Rejection};
-use crate::store::Store;
+use crate::store::{Check, Store};
 use crate::tier::TierLookup;
 pub use credentials::CredentialFailures;
 pub use deny_cache::DenyCache;
@@ -102,7 +104,16 @@ pub(crate) struct Shared {
     pub(crate) client_limits: Option<Arc<ClientLimits>>,
     /// The requests held now instead of denied, in every clone.
     pub(crate) delayed: Arc<AtomicUsize>,
+    /// The namespace of every store key the layer writes, if set.
+    pub(crate) namespace: Option<Arc<str>>,
     pub(crate) options: Options,
+}
+
+impl Shared {
+    /// `check` in the layer's namespace.
+    pub(crate) fn in_namespace(&self, check: &mut Check) {
+        check.namespace.clone_from(&self.namespace);
+    }
 }
 
 /// Says which requests the limiter leaves alone; set with
@@ -129,8 +140,16 @@ impl PoliciesHandle {
     }
 
     /// Puts `policies` in force for every request from now on.
-    pub fn replace(&self, policies: Policies) {
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyConflict`], leaving the policies in force as they are, if
+    /// another layer on the same store and namespace has a policy of one
+    /// of these names that counts otherwise: the two would share counts.
+    pub fn replace(&self, policies: Policies) -> Result<(), PolicyConflict> {
+        claims::may_replace(&self.0, &policies)?;
         self.0.store(Arc::new(policies));
+        Ok(())
     }
 }
 
@@ -189,6 +208,7 @@ impl RateLimitLayer {
                 local: Arc::default(),
                 client_limits: None,
                 delayed: Arc::default(),
+                namespace: None,
                 options: Options::default(),
             }),
         }
@@ -480,11 +500,43 @@ impl RateLimitLayer {
     /// let minute = |limit| Policies::single(Policy::new("all", limit, Duration::from_secs(60))).unwrap();
     /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, minute(10));
     /// let handle = layer.policies_handle();
-    /// handle.replace(minute(20));
+    /// handle.replace(minute(20)).unwrap();
     /// assert_eq!(handle.current().iter().next().unwrap().limit(), 20);
     /// ```
     pub fn policies_handle(&self) -> PoliciesHandle {
         PoliciesHandle(self.shared.policies.clone())
+    }
+
+    /// Keeps this layer's counts under `namespace` in the store: every key
+    /// it writes holds the namespace (Redis:
+    /// `<prefix>:<namespace>:<policy>:{<client>}`), so layers in different
+    /// namespaces count apart even where their policies share a name.
+    /// Layers on one store without namespaces (or in one) share the counts
+    /// of a policy name: one budget when their policies count alike, and
+    /// refused when they do not (see [`PolicyConflict`]). A namespace is
+    /// 1 to 64 ASCII letters, digits, `-` and `_`.
+    ///
+    /// ```
+    /// use slidegate::{PeerIp, Policies, Policy, RateLimitLayer, store::MemoryStore};
+    /// use std::time::Duration;
+    ///
+    /// let store = MemoryStore::new();
+    /// let minute = |limit| Policies::single(Policy::new("api", limit, Duration::from_secs(60))).unwrap();
+    /// let public = RateLimitLayer::new(store.clone(), PeerIp::new(), minute(100)).namespace("public");
+    /// let admin = RateLimitLayer::new(store, PeerIp::new(), minute(10)).namespace("admin");
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// If `namespace` is not 1 to 64 ASCII letters, digits, `-` and `_`.
+    #[must_use]
+    pub fn namespace(mut self, namespace: &str) -> Self {
+        assert!(
+            crate::policy::is_valid_name(namespace),
+            "slidegate: namespace `{namespace}` must be 1-64 ASCII letters, digits, `-` or `_`"
+        );
+        Arc::make_mut(&mut self.shared).namespace = Some(namespace.into());
+        self
     }
 
     /// Counts refused credentials per client address and, past the limit,
@@ -604,8 +656,24 @@ impl RateLimitLayer {
 impl<S> Layer<S> for RateLimitLayer {
     type Service = RateLimit<S>;
 
+    /// Wraps `inner`.
+    ///
+    /// # Panics
+    ///
+    /// If another layer of the process on the same store (and namespace)
+    /// has a policy of one of this layer's names that counts otherwise:
+    /// the two would share counts under two limits. Give one layer a
+    /// [`namespace`](RateLimitLayer::namespace), or the policies distinct
+    /// names.
     fn layer(&self, inner: S) -> Self::Service {
-        RateLimit::from_shared(inner, self.shared.clone())
+        let shared = &self.shared;
+        if let Some(state) = shared.store.state()
+            && let Err(conflict) =
+                claims::register(&state, shared.namespace.as_ref(), &shared.policies)
+        {
+            panic!("slidegate: {conflict}");
+        }
+        RateLimit::from_shared(inner, shared.clone())
     }
 }
 

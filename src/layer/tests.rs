@@ -102,7 +102,7 @@ async fn a_reload_during_a_lookup_never_changes_the_request_midway() {
         let service = layer.layer(handler());
         let request = tokio::spawn(service.oneshot(Request::new(())));
         lookup.started.notified().await;
-        handle.replace(policies);
+        handle.replace(policies).unwrap();
         lookup.release.notify_one();
         let response = request.await.unwrap().unwrap();
         assert_eq!(response.status(), StatusCode::OK, "{reload}");
@@ -143,7 +143,9 @@ async fn the_policies_of_a_request_that_waits_are_read_once() {
         let request = tokio::spawn(service.clone().oneshot(Request::new(())));
         lookup.started.notified().await;
         // Each reload comes while the request waits; none applies to it.
-        handle.replace(on_every_route([minute("first", 100 + round)]));
+        handle
+            .replace(on_every_route([minute("first", 100 + round)]))
+            .unwrap();
         lookup.release.notify_one();
         let response = request.await.unwrap().unwrap();
         answers.push((

@@ -355,6 +355,30 @@ impl Policy {
         self
     }
 
+    /// Whether `other` counts as this policy does in a store: the same
+    /// algorithm, limit, window, burst, block and tiers. Its cost, fail
+    /// mode, shadowing, delay and which responses count may differ.
+    pub(crate) fn counts_as(&self, other: &Self) -> bool {
+        self.algorithm == other.algorithm
+            && self.limit == other.limit
+            && self.window == other.window
+            && self.burst == other.burst
+            && self.block == other.block
+            && self.tiers == other.tiers
+    }
+
+    /// What the policy counts, in a few words: `10 per 1m (SlidingLog)`.
+    pub(crate) fn describe(&self) -> String {
+        match self.algorithm {
+            Algorithm::Concurrency => format!("{} in flight (Concurrency)", self.limit),
+            algorithm => format!(
+                "{} per {} ({algorithm:?})",
+                self.limit,
+                humantime::format_duration(self.window)
+            ),
+        }
+    }
+
     /// The limits in force for a client of `tier`.
     pub fn limits_for(&self, tier: Option<&str>) -> Limits {
         let overrides = tier
@@ -607,7 +631,9 @@ fn validate_limits(name: String, limits: Limits, algorithm: Algorithm) -> Result
     Ok(())
 }
 
-fn is_valid_name(name: &str) -> bool {
+/// Whether `name` may name a policy (or a layer's namespace): 1 to 64
+/// ASCII letters, digits, `-` and `_`.
+pub(crate) fn is_valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 64
         && name

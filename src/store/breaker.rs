@@ -398,6 +398,10 @@ impl<S: Store> Store for CircuitBreaker<S> {
     fn is_remote(&self) -> bool {
         self.store.is_remote()
     }
+
+    fn state(&self) -> Option<super::StateId> {
+        self.store.state()
+    }
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use super::bucket::TokenBucket;
 use super::counter::{FixedWindow, SlidingCounter};
 use super::leases::Leases;
 use super::sliding_log::{Log, Window};
-use super::{Check, CheckFuture, Decisions, Store, unpaired_refund};
+use super::{Check, CheckFuture, Decisions, StateId, Store, unpaired_refund};
 use crate::clock::{Clock, SystemClock, duration_micros};
 use crate::key::Key;
 use crate::policy::{Algorithm, MAX_WINDOW};
@@ -37,6 +37,7 @@ const MIN_SWEEP_AFTER: usize = 256;
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Pair {
     hash: u64,
+    namespace: Option<Arc<str>>,
     policy: Arc<str>,
     key: Key,
 }
@@ -61,7 +62,9 @@ impl Hash for PairOf<'_> {
 
 impl Equivalent<Pair> for PairOf<'_> {
     fn equivalent(&self, pair: &Pair) -> bool {
-        pair.policy == self.check.policy && pair.key == self.check.key
+        pair.policy == self.check.policy
+            && pair.key == self.check.key
+            && pair.namespace == self.check.namespace
     }
 }
 
@@ -398,6 +401,7 @@ impl Shard {
         self.inserted += 1;
         let pair = Pair {
             hash,
+            namespace: check.namespace.clone(),
             policy: check.policy.clone(),
             key: check.key.clone(),
         };
@@ -488,9 +492,11 @@ impl MemoryStore {
     }
 
     fn hash_of(&self, check: &Check) -> u64 {
-        self.inner
-            .hasher
-            .hash_one((check.policy.as_ref(), check.key.as_str()))
+        self.inner.hasher.hash_one((
+            check.namespace.as_deref(),
+            check.policy.as_ref(),
+            check.key.as_str(),
+        ))
     }
 
     /// The shard of a hash, from bits the shard's own table does not use
@@ -691,6 +697,10 @@ impl Store for MemoryStore {
     fn reset(&self, checks: &[Check]) -> CheckFuture<()> {
         self.reset_now(checks);
         CheckFuture::ready(Ok(()))
+    }
+
+    fn state(&self) -> Option<StateId> {
+        Some(StateId::of(&self.inner))
     }
 }
 

@@ -120,6 +120,11 @@ impl<T> fmt::Debug for CheckFuture<T> {
 pub struct Check {
     /// The policy's name; part of the store key.
     pub policy: Arc<str>,
+    /// The namespace of the layer that checks
+    /// ([`RateLimitLayer::namespace`](crate::RateLimitLayer::namespace)),
+    /// if it has one; part of the store key, so a store keeps the counts
+    /// of one policy name in two namespaces apart.
+    pub namespace: Option<Arc<str>>,
     /// The client's key.
     pub key: Key,
     /// Units allowed per window.
@@ -173,6 +178,7 @@ impl Check {
     pub(crate) fn with_cost(policy: &Policy, key: Key, limits: Limits, cost: u32) -> Self {
         Self {
             policy: policy.shared_name().clone(),
+            namespace: None,
             key,
             limit: limits.limit,
             window: limits.window,
@@ -242,6 +248,53 @@ pub trait Store: Send + Sync + 'static {
     fn is_remote(&self) -> bool {
         false
     }
+
+    /// The state this store shares with its clones, when it can name it:
+    /// layers on one state may not give one policy name in one namespace
+    /// two meanings (see
+    /// [`RateLimitLayer::namespace`](crate::RateLimitLayer::namespace)).
+    /// `None` (the default) for a store that does not say.
+    fn state(&self) -> Option<StateId> {
+        None
+    }
+}
+
+/// The identity of the state a store's clones share: two stores with equal
+/// ids count in one place.
+///
+/// ```
+/// use slidegate::store::{MemoryStore, Store};
+///
+/// let store = MemoryStore::new();
+/// assert_eq!(store.state(), store.clone().state());
+/// assert_ne!(store.state(), MemoryStore::new().state());
+/// ```
+#[derive(Clone)]
+pub struct StateId(Arc<dyn std::any::Any + Send + Sync>);
+
+impl StateId {
+    /// The id of the state `shared` points to.
+    pub fn of<T: Send + Sync + 'static>(shared: &Arc<T>) -> Self {
+        Self(shared.clone())
+    }
+
+    fn address(&self) -> usize {
+        Arc::as_ptr(&self.0).cast::<()>().addr()
+    }
+}
+
+impl PartialEq for StateId {
+    fn eq(&self, other: &Self) -> bool {
+        self.address() == other.address()
+    }
+}
+
+impl Eq for StateId {}
+
+impl fmt::Debug for StateId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "StateId({:#x})", self.address())
+    }
 }
 
 impl<S: Store + ?Sized> Store for Arc<S> {
@@ -263,6 +316,10 @@ impl<S: Store + ?Sized> Store for Arc<S> {
 
     fn is_remote(&self) -> bool {
         (**self).is_remote()
+    }
+
+    fn state(&self) -> Option<StateId> {
+        (**self).state()
     }
 }
 

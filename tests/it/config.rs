@@ -2,6 +2,7 @@
 //! stops with an error naming the key and its line.
 
 use slidegate::config::Config;
+use tower::ServiceExt;
 
 const POLICY: &str =
     "[[policy]]\nname = \"search\"\nroute = \"GET /api/search\"\nlimit = 5\nwindow = \"60s\"\n";
@@ -620,6 +621,8 @@ fn bad_operating_keys_are_refused_by_name() {
             "[[policy]]\nname = \"a\"\nlimit = 1\nwindow = \"1s\"\nshadow = \"yes\"\n",
             "policy[0].shadow",
         ),
+        ("[limiter]\nnamespace = \"a:b\"\n", "limiter.namespace"),
+        ("[limiter]\nnamespace = \"\"\n", "limiter.namespace"),
     ] {
         let error = Config::from_toml_str(text).unwrap_err().to_string();
         assert!(error.contains(key), "{key}: {error}");
@@ -926,4 +929,42 @@ window = "60s"
         3,
         "limiter.client_ip_header",
     );
+}
+
+/// `limiter.namespace` puts the layer's counts apart from another layer's
+/// on the same store, even under one policy name and another limit.
+#[tokio::test]
+async fn a_namespace_from_the_file_keeps_two_layers_apart() {
+    use slidegate::store::MemoryStore;
+
+    let file = |namespace: &str, limit: u32| {
+        Config::from_toml_str(&format!(
+            "[limiter]\nkeys = [\"global\"]\nnamespace = \"{namespace}\"\n\n\
+             [[policy]]\nname = \"api\"\nroute = \"GET /\"\nlimit = {limit}\nwindow = \"60s\"\n"
+        ))
+        .unwrap()
+    };
+    let store = MemoryStore::new();
+    let routes = || axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
+    let shop = routes().route_layer(file("shop", 1).layer(store.clone()));
+    let blog = routes().route_layer(file("blog", 3).layer(store));
+    let statuses = |app: axum::Router| async move {
+        let mut statuses = Vec::new();
+        for _ in 0..2 {
+            let request = http::Request::get("/")
+                .body(axum::body::Body::empty())
+                .unwrap();
+            statuses.push(
+                app.clone()
+                    .oneshot(request)
+                    .await
+                    .unwrap()
+                    .status()
+                    .as_u16(),
+            );
+        }
+        statuses
+    };
+    assert_eq!(statuses(shop).await, [200, 429]);
+    assert_eq!(statuses(blog).await, [200, 200]);
 }

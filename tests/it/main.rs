@@ -24,6 +24,7 @@ mod holding;
 mod http;
 mod identity;
 mod kinds;
+mod namespaces;
 mod operating;
 mod own_limits;
 mod pipelining;

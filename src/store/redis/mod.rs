@@ -33,7 +33,7 @@ use self::call::{Arguments, Call, Op};
 use self::lanes::{Lanes, Source};
 use self::library::Library;
 use self::reply::{batched_outcome, decisions, replies};
-use super::{Check, CheckFuture, CheckOutcome, Store, StoreError, unpaired_refund};
+use super::{Check, CheckFuture, CheckOutcome, StateId, Store, StoreError, unpaired_refund};
 use crate::clock::{Clock, duration_micros};
 
 const CHECK_SCRIPT: &str = include_str!("../../../lua/check.lua");
@@ -204,9 +204,11 @@ impl RedisStore {
         &self.inner.pool
     }
 
-    /// The key `check`'s state is named after: a sliding log's packed
-    /// string is this key with `:l`, a sliding counter's hash this key with
-    /// `:c`, a fixed window's with `:f`.
+    /// The key `check`'s state is named after, `<prefix>:<policy>:{<client>}`,
+    /// or `<prefix>:<namespace>:<policy>:{<client>}` in a layer's
+    /// namespace: a sliding log's packed string is this key with `:l`, a
+    /// sliding counter's hash this key with `:c`, a fixed window's with
+    /// `:f`.
     ///
     /// ```no_run
     /// # fn demo(store: slidegate::store::RedisStore) {
@@ -218,7 +220,11 @@ impl RedisStore {
     /// # }
     /// ```
     pub fn base_key(&self, check: &Check) -> String {
-        format!("{}:{}:{{{}}}", self.inner.prefix, check.policy, check.key)
+        let prefix = &self.inner.prefix;
+        match &check.namespace {
+            Some(namespace) => format!("{prefix}:{namespace}:{}:{{{}}}", check.policy, check.key),
+            None => format!("{prefix}:{}:{{{}}}", check.policy, check.key),
+        }
     }
 
     /// Opens the store's connections now rather than on the first check,
@@ -712,6 +718,10 @@ impl Routed for ClusterConnection {
 impl Store for RedisStore {
     fn is_remote(&self) -> bool {
         true
+    }
+
+    fn state(&self) -> Option<StateId> {
+        Some(StateId::of(&self.inner))
     }
 
     fn peek(&self, checks: &[Check]) -> CheckFuture {

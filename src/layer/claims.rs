@@ -1,0 +1,150 @@
+//! Which layers of the process count on which store, so that two of them
+//! never give one policy name two meanings in one place.
+//!
+//! Store keys hold the policy's name (and the layer's namespace), not the
+//! layer: two layers on one store that name a policy alike share its
+//! counts. That is one budget when the policies count alike, and a silent
+//! mix of two limits when they do not, which [`register`] refuses.
+
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use arc_swap::ArcSwap;
+
+use crate::policy::{Policies, Policy};
+use crate::store::StateId;
+
+/// Two layers on one store giving one policy name two meanings: the second
+/// layer would share the first's counts under another limit.
+///
+/// ```
+/// use slidegate::{Global, Policies, Policy, RateLimitLayer, store::MemoryStore};
+/// use std::time::Duration;
+///
+/// let store = MemoryStore::new();
+/// let minute = |limit| Policies::single(Policy::new("api", limit, Duration::from_secs(60))).unwrap();
+/// let handler = tower::service_fn(|_: http::Request<()>| async {
+///     Ok::<_, std::convert::Infallible>(http::Response::new(()))
+/// });
+/// // Two layers, one budget: "api" counts alike in both.
+/// let public = RateLimitLayer::new(store.clone(), Global, minute(100));
+/// let admin = RateLimitLayer::new(store, Global, minute(100));
+/// let _served = (tower::Layer::layer(&public, handler.clone()), tower::Layer::layer(&admin, handler));
+/// // Another limit under that name would mix into the public layer's counts.
+/// let refused = admin.policies_handle().replace(minute(20)).unwrap_err();
+/// assert_eq!(refused.policy(), "api");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "policy `{policy}` counts as {theirs} in another layer on this store, and would count as \
+     {ours} here: the two would share counts; give one layer a namespace \
+     (RateLimitLayer::namespace, config `limiter.namespace`) or the policies distinct names"
+)]
+pub struct PolicyConflict {
+    policy: String,
+    ours: String,
+    theirs: String,
+}
+
+impl PolicyConflict {
+    /// The policy name the two layers share.
+    pub fn policy(&self) -> &str {
+        &self.policy
+    }
+}
+
+/// A layer that counts on a store: its store's state, its namespace and
+/// its policies (as they are now, reloads included).
+struct Registered {
+    state: StateId,
+    namespace: Option<Arc<str>>,
+    policies: Weak<ArcSwap<Policies>>,
+}
+
+/// Every layer of the process that has wrapped a service, while its
+/// policies live.
+static REGISTERED: Mutex<Vec<Registered>> = Mutex::new(Vec::new());
+
+fn registered() -> MutexGuard<'static, Vec<Registered>> {
+    // Entries are pushed or dropped whole: a panic elsewhere leaves the
+    // list usable.
+    let mut list = REGISTERED
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    list.retain(|entry| entry.policies.strong_count() > 0);
+    list
+}
+
+/// Records that the layer with `policies` and `namespace` counts on the
+/// store state `state`, unless another live layer there gives one of its
+/// policy names another meaning.
+pub(crate) fn register(
+    state: &StateId,
+    namespace: Option<&Arc<str>>,
+    policies: &Arc<ArcSwap<Policies>>,
+) -> Result<(), PolicyConflict> {
+    let mut list = registered();
+    let same_place =
+        |entry: &Registered| entry.state == *state && entry.namespace.as_ref() == namespace;
+    if list
+        .iter()
+        .any(|entry| same_place(entry) && ptr_eq(&entry.policies, policies))
+    {
+        return Ok(());
+    }
+    let ours = policies.load();
+    for entry in list.iter().filter(|entry| same_place(entry)) {
+        if let Some(conflict) = conflict_with(&ours, &entry.policies) {
+            return Err(conflict);
+        }
+    }
+    list.push(Registered {
+        state: state.clone(),
+        namespace: namespace.cloned(),
+        policies: Arc::downgrade(policies),
+    });
+    Ok(())
+}
+
+/// Whether `candidate` may replace the policies `policies` of the layers
+/// registered with them: `Err` if another live layer counting in the same
+/// place gives one of its names another meaning.
+pub(crate) fn may_replace(
+    policies: &Arc<ArcSwap<Policies>>,
+    candidate: &Policies,
+) -> Result<(), PolicyConflict> {
+    let list = registered();
+    for ours in list
+        .iter()
+        .filter(|entry| ptr_eq(&entry.policies, policies))
+    {
+        let others = list.iter().filter(|entry| {
+            entry.state == ours.state
+                && entry.namespace == ours.namespace
+                && !ptr_eq(&entry.policies, policies)
+        });
+        for other in others {
+            if let Some(conflict) = conflict_with(candidate, &other.policies) {
+                return Err(conflict);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn ptr_eq(weak: &Weak<ArcSwap<Policies>>, policies: &Arc<ArcSwap<Policies>>) -> bool {
+    std::ptr::eq(weak.as_ptr(), Arc::as_ptr(policies))
+}
+
+/// The first policy of `ours` that the live layer with `theirs` names
+/// alike but counts otherwise.
+fn conflict_with(ours: &Policies, theirs: &Weak<ArcSwap<Policies>>) -> Option<PolicyConflict> {
+    let theirs = theirs.upgrade()?.load_full();
+    ours.iter().find_map(|ours| {
+        let theirs: &Policy = theirs.iter().find(|p| p.name() == ours.name())?;
+        (!ours.counts_as(theirs)).then(|| PolicyConflict {
+            policy: ours.name().to_owned(),
+            ours: ours.describe(),
+            theirs: theirs.describe(),
+        })
+    })
+}
