@@ -5,7 +5,7 @@
 use bytes::Bytes;
 use http::header::CONTENT_TYPE;
 use http::request::Parts;
-use http::{HeaderMap, Response};
+use http::{HeaderMap, Method, Response};
 
 use crate::key::KeyRejection;
 use crate::layer::Shared;
@@ -107,9 +107,13 @@ impl Custom<'_> {
     }
 }
 
-/// Whether the request is a gRPC call (`application/grpc`, or a subtype
-/// such as `application/grpc+proto`; gRPC-Web is not).
+/// Whether the request is a gRPC call: a `POST` (as every call is) of
+/// `application/grpc`, or a subtype such as `application/grpc+proto`
+/// (gRPC-Web is not). Other methods are told without a header lookup.
 fn is_grpc(parts: &Parts) -> bool {
+    if parts.method != Method::POST {
+        return false;
+    }
     let Some(content_type) = parts.headers.get(CONTENT_TYPE) else {
         return false;
     };
@@ -147,7 +151,7 @@ mod tests {
     use http::Request;
 
     fn with_content_type(value: &str) -> Parts {
-        Request::builder()
+        Request::post("/grpc.health.v1.Health/Check")
             .header(CONTENT_TYPE, value)
             .body(())
             .unwrap()
@@ -173,5 +177,8 @@ mod tests {
             assert!(!is_grpc(&with_content_type(other)), "{other}");
         }
         assert!(!is_grpc(&Request::new(()).into_parts().0));
+        let mut get = with_content_type("application/grpc");
+        get.method = Method::GET;
+        assert!(!is_grpc(&get), "a gRPC call is a POST");
     }
 }

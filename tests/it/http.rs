@@ -321,12 +321,12 @@ async fn a_grpc_call_gets_a_grpc_status_without_a_hook() {
     let clock = FakeClock::new(START);
     let app = memory_app(&clock);
     let grpc = |peer: &str| {
-        let mut call = get_from("/search", peer);
+        let mut call = request("POST", "/login", peer);
         call.headers_mut()
             .insert("content-type", "application/grpc+proto".parse().unwrap());
         call
     };
-    for _ in 0..3 {
+    for _ in 0..2 {
         assert_eq!(send(&app, grpc("192.0.2.1:1")).await.status, StatusCode::OK);
     }
     clock.advance(Duration::from_millis(1500));
@@ -339,7 +339,7 @@ async fn a_grpc_call_gets_a_grpc_status_without_a_hook() {
     assert_eq!(exhausted.header("x-ratelimit-remaining"), Some("0"));
     assert_eq!(exhausted.body, "", "Trailers-Only: no body");
 
-    let plain = send(&app, get_from("/search", "192.0.2.1:1")).await;
+    let plain = send(&app, request("POST", "/login", "192.0.2.1:1")).await;
     assert_eq!(plain.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(plain.header("grpc-status"), None);
 }
