@@ -36,6 +36,24 @@
 //! // so `PeerIp` sees the client address.
 //! ```
 //!
+//! # Features
+//!
+//! | feature | gives | default |
+//! |---|---|---|
+//! | `axum` | routes by axum's `MatchedPath`, peer addresses from `ConnectInfo`, hooks answering `impl IntoResponse` | yes |
+//! | `redis` | `RedisStore` on a deadpool-redis pool: standalone, Cluster or Sentinel, plain or TLS | no |
+//! | `jwt` | `JwtClaim`: clients and tiers from verified bearer tokens | no |
+//! | `jwt-rust-crypto` | verifies tokens with RustCrypto (pure Rust); nothing without `jwt` | yes |
+//! | `jwt-aws-lc` | verifies tokens with AWS-LC instead (turns on `jwt`; needs a C compiler); chosen when both are on | no |
+//! | `config` | the TOML configuration file (`config`); its `[jwt]` section needs `jwt` | no |
+//! | `metrics` | counters, a histogram and gauges through the `metrics` facade | no |
+//! | `test-util` | `store::FakeClock`, a clock tests move, for the memory store and `RedisStoreBuilder::clock` | no |
+//!
+//! # Supported versions
+//!
+//! Rust 1.88 or later; axum 0.8, and any Tower service whose requests
+//! and responses are `http` 1 types.
+//!
 //! [Tower]: https://docs.rs/tower
 //! [axum]: https://docs.rs/axum
 
