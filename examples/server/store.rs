@@ -15,12 +15,17 @@ pub(crate) async fn limiter(
     let from_env = std::env::var("REDIS_URL")
         .ok()
         .filter(|url| !url.is_empty());
+    let source = if from_env.is_some() {
+        "REDIS_URL"
+    } else {
+        "[redis]"
+    };
     let settings = match (from_env, config.redis()) {
         (Some(url), settings) => settings.cloned().unwrap_or_default().with_url(url),
         (None, Some(settings)) => settings.clone(),
         (None, None) => return Ok((config.layer(config.memory_store()), "memory".into())),
     };
-    let store = settings.store()?;
+    let store = settings.store().map_err(|e| format!("{source}: {e}"))?;
     let kind = if settings.is_sentinel() {
         "Redis Sentinel"
     } else if settings.is_cluster() {

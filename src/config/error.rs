@@ -98,6 +98,27 @@ pub(super) fn syntax_error(source: &str, error: &toml::de::Error) -> ConfigError
     }
 }
 
+/// A file that is not UTF-8 text: the line of its first byte that is
+/// not, and the key written on it (as [`syntax_error`] names it).
+pub(super) fn not_utf8(error: &std::string::FromUtf8Error) -> ConfigError {
+    let text = String::from_utf8_lossy(error.as_bytes());
+    // The text before the first bad byte is the same in `text`.
+    let offset = error.utf8_error().valid_up_to();
+    let key = key_on_line(&text, offset).map(|key| {
+        if section_of(&text, offset) == Some("api_keys") {
+            "api_keys".to_owned()
+        } else {
+            key
+        }
+    });
+    ConfigError {
+        file: None,
+        line: Some(line_of(&text, offset)),
+        key,
+        message: "is not UTF-8 text (TOML files are UTF-8)".to_owned(),
+    }
+}
+
 /// The key written on the line at `offset`: `name` of `name = value`, or
 /// the table of a `[table]` header.
 pub(super) fn key_on_line(source: &str, offset: usize) -> Option<String> {

@@ -60,7 +60,7 @@ mod value;
 
 pub use error::ConfigError;
 
-use error::{SPANNED_STEP, line_of, missing_field, syntax_error};
+use error::{SPANNED_STEP, line_of, missing_field, not_utf8, syntax_error};
 use raw::{
     ForwardedHeaderName, HeaderStyleName, KeySource, RawConfig, RawCredentialFailures, RawPolicy,
     RawPolicyBody, ResetName, UnknownApiKeyName,
@@ -118,7 +118,7 @@ impl Config {
     /// Reads and validates the file at `path`.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|e| {
+        let bytes = std::fs::read(path).map_err(|e| {
             ConfigError {
                 file: None,
                 line: None,
@@ -127,6 +127,7 @@ impl Config {
             }
             .in_file(path)
         })?;
+        let text = String::from_utf8(bytes).map_err(|e| not_utf8(&e).in_file(path))?;
         let base = path.parent().unwrap_or(Path::new(""));
         Self::parse(&text, base).map_err(|e| e.in_file(path))
     }

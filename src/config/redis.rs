@@ -343,6 +343,33 @@ pub(super) fn redacted(url: &str) -> String {
     }
 }
 
+/// Why `url` cannot name a Redis server, if it cannot: checked as the file
+/// is read, so that the error names its line (the URL is shown with its
+/// secrets hidden, or not at all when it does not parse).
+fn url_problem(url: &str) -> Option<String> {
+    let parsed = match url::Url::parse(url) {
+        Ok(parsed) => parsed,
+        Err(e) => return Some(format!("a URL that does not parse ({e})")),
+    };
+    if !matches!(
+        parsed.scheme(),
+        "redis" | "rediss" | "redis+unix" | "unix" | "valkey" | "valkeys" | "valkey+unix"
+    ) {
+        return Some(format!(
+            "`{}` is not a Redis URL: use redis://, rediss:// (TLS) or redis+unix://",
+            redacted(url)
+        ));
+    }
+    #[cfg(feature = "redis")]
+    {
+        use deadpool_redis::redis::IntoConnectionInfo;
+        if let Err(e) = url.into_connection_info() {
+            return Some(format!("`{}`: {e}", redacted(url)));
+        }
+    }
+    None
+}
+
 /// `redis+cluster://[auth@]a:1,b:2[/rest]` as `redis://[auth@]a:1[/rest]`,
 /// `redis://[auth@]b:2[/rest]`; any other URL as it is.
 fn split_cluster_url(url: &str) -> Vec<String> {
@@ -374,24 +401,25 @@ pub(super) fn redis_settings(
         ..RedisSettings::default()
     };
     if let Some(url) = raw.url {
-        if split_cluster_url(url.get_ref()).is_empty() {
-            return Err(ConfigError::at(
-                source,
-                url.span().start,
-                "redis.url",
-                "names no host",
-            ));
+        let at = |message: &str| ConfigError::at(source, url.span().start, "redis.url", message);
+        let servers = split_cluster_url(url.get_ref());
+        if servers.is_empty() {
+            return Err(at("names no host"));
+        }
+        if let Some(problem) = servers.iter().find_map(|server| url_problem(server)) {
+            return Err(at(&problem));
         }
         settings.url = Some(url.into_inner());
     }
     if let Some(urls) = raw.urls {
+        let at = |message: &str| ConfigError::at(source, urls.span().start, "redis.urls", message);
         if !settings.cluster {
-            return Err(ConfigError::at(
-                source,
-                urls.span().start,
-                "redis.urls",
+            return Err(at(
                 "lists cluster seeds: set `cluster = true` too (or use `url` for one server)",
             ));
+        }
+        if let Some(problem) = urls.get_ref().iter().find_map(|url| url_problem(url)) {
+            return Err(at(&problem));
         }
         settings.urls = urls.into_inner();
     }
@@ -456,6 +484,9 @@ pub(super) fn redis_settings(
                 "`{}` is not a redis:// or rediss:// URL",
                 redacted(url)
             )));
+        }
+        if let Some(problem) = sentinels.get_ref().iter().find_map(|url| url_problem(url)) {
+            return Err(at(&problem));
         }
         if schemes.iter().any(|&tls| tls != schemes[0]) {
             return Err(at("mixes redis:// and rediss:// sentinels"));

@@ -454,6 +454,59 @@ fn redis_cluster_settings() {
 }
 
 #[test]
+fn a_url_redis_would_refuse_is_refused_at_its_line() {
+    let message = refused(
+        "[redis]\ntimeout_ms = 50\nurl = \"http://cache\"\n",
+        3,
+        "redis.url",
+    );
+    assert!(message.contains("redis://"), "{message}");
+    let message = refused(
+        "[redis]\nurl = \"redis://:hunter2@cache:port/\"\n",
+        2,
+        "redis.url",
+    );
+    assert!(!message.contains("hunter2"), "{message}");
+    refused("[redis]\nurl = \"redis://cache/db\"\n", 2, "redis.url");
+    refused(
+        "[redis]\nurl = \"redis+cluster://a:1,b:x\"\n",
+        2,
+        "redis.url",
+    );
+    refused(
+        "[redis]\ncluster = true\nurls = [\"redis://a:1\", \"a:2\"]\n",
+        3,
+        "redis.urls",
+    );
+    refused(
+        "[redis]\nmaster = \"m\"\nsentinels = [\"redis://s:1\", \"redis://s:two\"]\n",
+        3,
+        "redis.sentinels",
+    );
+}
+
+#[test]
+fn a_file_that_is_not_utf8_names_the_line() {
+    let dir = std::env::temp_dir().join(format!("slidegate-utf8-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("latin1.toml");
+    std::fs::write(
+        &path,
+        b"[limiter]\nkeys = [\"ip\"]\napi_key_header = \"x-\xe9\"\n",
+    )
+    .unwrap();
+    let error = Config::from_file(&path).unwrap_err();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let message = error.to_string();
+    assert_eq!(error.line(), Some(3), "{message}");
+    assert_eq!(error.key(), Some("api_key_header"), "{message}");
+    assert!(
+        message.contains("latin1.toml") && message.contains("UTF-8"),
+        "{message}"
+    );
+}
+
+#[test]
 fn the_deny_cache_can_be_switched() {
     for value in ["true", "false"] {
         Config::from_toml_str(&format!("[limiter]\ndeny_cache = {value}\n")).unwrap();
