@@ -126,7 +126,11 @@ where
                 } => {
                     let result = ready!(future.poll(cx));
                     if let Some(refund) = refund.take() {
-                        refund.settle(result.as_ref().ok().map(|response| response.status()));
+                        let status = result.as_ref().ok().map(|response| response.status());
+                        // Units given back show in the headers.
+                        if let Some(refunded) = refund.settle(status) {
+                            *headers = Some(refunded);
+                        }
                     }
                     // A failed call drops its leases here.
                     let mut response = result?;

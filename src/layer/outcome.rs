@@ -16,12 +16,12 @@ use crate::layer::body::Leases;
 use crate::layer::hold::{self, Slot};
 use crate::layer::local::LocalChecks;
 use crate::layer::reject::{Reply, reject};
-use crate::layer::roles::{Refund, Roles};
+use crate::layer::roles::{HeaderSource, Refund, Roles};
 use crate::metrics::{self, Outcome, Timer};
 use crate::policy::cost::Checks;
 use crate::policy::plan::Plan;
 use crate::policy::{Algorithm, Count};
-use crate::response::headers::RateHeaders;
+use crate::response::headers::{RateHeaders, closest_to_denying};
 use crate::response::problem::Denial;
 use crate::store::{Check, CheckOutcome, Decision, Decisions, Store, StoreError};
 use crate::throttle::STORE_FAILURES;
@@ -254,8 +254,7 @@ fn settle(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Next {
                 }
             }
         }
-        // Report the policy closest to denying.
-        let reported = index_of_min(decisions, |d| (d.remaining, Reverse(d.reset)));
+        let reported = closest_to_denying(decisions);
         trace_decision(&checks[reported].policy, outcome, took);
         let headers = RateHeaders::new(
             checks,
@@ -266,7 +265,16 @@ fn settle(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Next {
             options.header_style,
             options.reset_format,
         );
-        let refund = counts.and_then(|counts| Refund::of(store, checks, decisions, counts));
+        let refund = counts.and_then(|counts| {
+            Refund::of(store, checks, decisions, counts, || {
+                (!headers.is_empty()).then(|| HeaderSource {
+                    checks: checks.iter().cloned().collect(),
+                    decisions: decisions.iter().copied().collect(),
+                    ietf_policy: ietf_policy.cloned(),
+                    options,
+                })
+            })
+        });
         let leases = Leases::of(store, checks, decisions);
         return Next::Call(Some(headers), refund, leases);
     }

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::StatusCode;
+use http::{HeaderValue, StatusCode};
 use smallvec::SmallVec;
 
 use crate::layer::Options;
@@ -15,6 +15,7 @@ use crate::layer::local::LocalChecks;
 use crate::policy::cost::Checks;
 use crate::policy::plan::Plan;
 use crate::policy::{Algorithm, Count, FailMode};
+use crate::response::headers::{RateHeaders, closest_to_denying};
 use crate::store::{Check, CheckFuture, Decision, Decisions, Store};
 use crate::throttle::REFUND_FAILURES;
 
@@ -148,62 +149,114 @@ fn join(mut decided: Decisions, shadow: Result<Decisions, crate::store::StoreErr
 }
 
 /// The units to take back once the response shows that they should not
-/// have counted.
+/// have counted, and the rate-limit headers to write instead when they
+/// are.
 pub(crate) struct Refund {
     store: Arc<dyn Store>,
     checks: Checks,
     recorded_at: SmallVec<[Duration; 2]>,
     counts: SmallVec<[Count; 2]>,
+    /// Where each of `checks` is among the request's checks.
+    positions: SmallVec<[usize; 2]>,
+    /// What the headers were written from; `None` when none are sent.
+    headers: Option<HeaderSource>,
+}
+
+/// What a request's rate-limit headers are written from.
+pub(crate) struct HeaderSource {
+    pub(crate) checks: Checks,
+    pub(crate) decisions: Decisions,
+    pub(crate) ietf_policy: Option<HeaderValue>,
+    pub(crate) options: Options,
+}
+
+impl HeaderSource {
+    /// The headers, with the units of the checks at `refunded` given back.
+    fn refunded(mut self, refunded: &[usize]) -> RateHeaders {
+        for &index in refunded {
+            let decision = &mut self.decisions[index];
+            let cost = self.checks[index].cost;
+            decision.remaining = decision.remaining.saturating_add(cost).min(decision.limit);
+            if decision.remaining == decision.limit {
+                decision.reset = Duration::ZERO;
+            }
+        }
+        RateHeaders::new(
+            &self.checks,
+            &self.decisions,
+            closest_to_denying(&self.decisions),
+            None,
+            self.ietf_policy.as_ref(),
+            self.options.header_style,
+            self.options.reset_format,
+        )
+    }
 }
 
 impl Refund {
     /// What `store` recorded for an admitted request that some of its
     /// checks count conditionally; `None` if every check counts it anyway.
+    /// `headers` is what its headers are written from, when they are.
     pub(crate) fn of(
         store: &Arc<dyn Store>,
         checks: &[Check],
         decisions: &[Decision],
         counts: &[Count],
+        headers: impl FnOnce() -> Option<HeaderSource>,
     ) -> Option<Box<Self>> {
         let mut refund = Self {
             store: store.clone(),
             checks: Checks::new(),
             recorded_at: SmallVec::new(),
             counts: SmallVec::new(),
+            positions: SmallVec::new(),
+            headers: None,
         };
-        for ((check, decision), &count) in checks.iter().zip(decisions).zip(counts) {
+        for (position, ((check, decision), &count)) in
+            checks.iter().zip(decisions).zip(counts).enumerate()
+        {
             // A lease goes back when the response ends, whatever it says.
             let leased = check.algorithm == Algorithm::Concurrency;
             if let (Some(at), false, false) = (decision.recorded_at, count == Count::All, leased) {
                 refund.checks.push(check.clone());
                 refund.recorded_at.push(at);
                 refund.counts.push(count);
+                refund.positions.push(position);
             }
         }
-        (!refund.checks.is_empty()).then(|| Box::new(refund))
+        if refund.checks.is_empty() {
+            return None;
+        }
+        refund.headers = headers();
+        Some(Box::new(refund))
     }
 
     /// Takes back the units of the checks that a response of `status`
-    /// (`None`: the service failed) does not count. A store that answers
-    /// later does so on a task of its own: the response does not wait.
-    pub(crate) fn settle(self, status: Option<StatusCode>) {
+    /// (`None`: the service failed) does not count, and gives the headers
+    /// that say so, if any were taken back. A store that answers later
+    /// does so on a task of its own: the response does not wait.
+    pub(crate) fn settle(self, status: Option<StatusCode>) -> Option<RateHeaders> {
         let mut checks = Checks::new();
         let mut recorded_at = SmallVec::<[Duration; 2]>::new();
-        for ((check, at), count) in self
+        let mut refunded = SmallVec::<[usize; 2]>::new();
+        for (((check, at), count), position) in self
             .checks
             .into_iter()
             .zip(self.recorded_at)
             .zip(self.counts)
+            .zip(self.positions)
         {
             if !count.counts(status) {
                 checks.push(check);
                 recorded_at.push(at);
+                refunded.push(position);
             }
         }
         if checks.is_empty() {
-            return;
+            return None;
         }
         in_background(self.store.refund(&checks, &recorded_at), report);
+        self.headers.map(|headers| headers.refunded(&refunded))
     }
 }
 

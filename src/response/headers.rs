@@ -1,6 +1,7 @@
 //! The rate-limit headers: `X-RateLimit-*`, the IETF `RateLimit` and
 //! `RateLimit-Policy` fields, and the ready-made values of small numbers.
 
+use std::cmp::Reverse;
 use std::fmt::Write as _;
 use std::sync::LazyLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -59,6 +60,16 @@ pub enum ResetFormat {
     DeltaSeconds,
     /// A Unix timestamp in seconds, rounded up.
     UnixSeconds,
+}
+
+/// The decision the `X-RateLimit-*` fields report: the policy closest to
+/// denying (fewest units left, then the latest reset).
+pub(crate) fn closest_to_denying(decisions: &[Decision]) -> usize {
+    decisions
+        .iter()
+        .enumerate()
+        .min_by_key(|(_, decision)| (decision.remaining, Reverse(decision.reset)))
+        .map_or(0, |(index, _)| index)
 }
 
 /// Whole seconds, rounded up.
@@ -210,6 +221,11 @@ impl RateHeaders {
             }
         }
         fields
+    }
+
+    /// Whether no field is sent (the style is [`HeaderStyle::None`]).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.x_ratelimit.is_none() && self.ietf.is_none()
     }
 
     /// Writes the fields into `headers`, replacing any of the same name.

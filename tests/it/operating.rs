@@ -81,15 +81,29 @@ async fn only_failures_count(tested: StoreUnderTest) {
     let store = tested.store;
     let app = login_app(store.clone());
     for _ in 0..10 {
-        assert_eq!(
-            send(&app, login_request("demo")).await.status,
-            StatusCode::OK
-        );
+        let reply = send(&app, login_request("demo")).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        // The headers say what is left after this request: all of it.
+        assert_eq!(reply.header("x-ratelimit-remaining"), Some("3"));
+        assert_eq!(reply.header("x-ratelimit-reset"), Some("0"));
         settled(&*store, 3).await;
     }
-    for _ in 0..3 {
+    for left in (0..3).rev() {
         let reply = send(&app, login_request("guess")).await;
         assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
+        assert_eq!(
+            reply.header("x-ratelimit-remaining"),
+            Some(left.to_string().as_str())
+        );
+        if left == 1 {
+            settled(&*store, 1).await;
+            // A success between failures leaves the count as it was.
+            let reply = send(&app, login_request("demo")).await;
+            assert_eq!(reply.status, StatusCode::OK);
+            assert_eq!(reply.header("x-ratelimit-remaining"), Some("1"));
+            assert_ne!(reply.header("x-ratelimit-reset"), Some("0"));
+            settled(&*store, 1).await;
+        }
     }
     settled(&*store, 0).await;
     let reply = send(&app, login_request("guess")).await;
@@ -445,10 +459,13 @@ async fn an_open_breaker_answers_without_waiting_for_a_frozen_redis() {
         took.push(started.elapsed());
     }
     server.thaw();
-    took.sort();
-    let p99 = took[took.len() * 99 / 100 - 1];
-    eprintln!("p99 of 200 requests with the breaker open: {p99:?}");
-    assert!(p99 < Duration::from_millis(5), "p99 {p99:?}");
+    // Had any of them gone to the store, it would have waited out the
+    // timeout, as the first five did.
+    let longest = took.iter().max().unwrap();
+    assert!(
+        *longest < TIMEOUT,
+        "a request waited {longest:?} with the breaker open"
+    );
 }
 
 /// `Count::Successes`: the mirror image, failed requests are not counted.
@@ -462,6 +479,7 @@ async fn successes_only_leave_failures_uncounted() {
     for _ in 0..10 {
         let reply = send(&app, login_request("guess")).await;
         assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
+        assert_eq!(reply.header("x-ratelimit-remaining"), Some("2"));
     }
     for _ in 0..2 {
         assert_eq!(
