@@ -74,6 +74,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         Some(path) => Config::from_file(path)?,
         None => Config::from_toml_str(BUILT_IN)?,
     };
+    warn_of_routes_no_call_takes(&config);
     // The layer answers gRPC calls with gRPC statuses by itself
     // (RESOURCE_EXHAUSTED over a limit): no hook needed.
     let (layer, store_name) = store::limiter(&config).await?;
@@ -112,4 +113,23 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         })
         .await?;
     Ok(())
+}
+
+/// Warns of a config under which nothing is limited, and of policies whose
+/// route no gRPC call can match: every call is a `POST`.
+fn warn_of_routes_no_call_takes(config: &Config) {
+    let policies = config.policies();
+    if policies.iter().next().is_none() {
+        tracing::warn!(
+            "the config defines no policy ([[policy]] or [default]): nothing is limited"
+        );
+    }
+    for route in policies.routes_outside([]) {
+        if route
+            .method()
+            .is_some_and(|method| method != http::Method::POST)
+        {
+            tracing::warn!(%route, "every gRPC call is a POST: this route never matches one");
+        }
+    }
 }

@@ -64,6 +64,11 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         None => Config::from_toml_str(DEMO_CONFIG)?,
     };
     warn_of_unserved_routes(config.policies());
+    if config.policies().iter().next().is_none() {
+        tracing::warn!(
+            "the config defines no policy ([[policy]] or [default]): nothing is limited"
+        );
+    }
     // Installed before the first request, so that every counter reports.
     let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
@@ -220,8 +225,9 @@ fn warn_of_unserved_routes(policies: &Policies) {
 
 /// On each `SIGHUP`, reads the config file again and puts its policies in
 /// force, logging what changed; a file that does not load is refused with
-/// the same error as at start-up, and the policies in force stay. Counts
-/// are kept by policy name. Other sections (keys, Redis) need a restart.
+/// the same error as at start-up, and the policies in force stay, as they
+/// do when the file defines no policy at all. Counts are kept by policy
+/// name. Other sections (keys, Redis) need a restart.
 async fn reload_on_sighup(path: Option<PathBuf>, handle: PoliciesHandle) {
     use tokio::signal::unix::{SignalKind, signal};
 
@@ -236,11 +242,23 @@ async fn reload_on_sighup(path: Option<PathBuf>, handle: PoliciesHandle) {
         match Config::from_file(path) {
             Ok(config) => {
                 let (old, new) = (handle.current(), config.policies().clone());
+                if new.iter().next().is_none() && old.iter().next().is_some() {
+                    // An emptied or truncated file, most likely: lifting
+                    // every limit takes a restart.
+                    tracing::error!(
+                        path = %path.display(),
+                        "SIGHUP: the file defines no policy; the policies in force stay"
+                    );
+                    continue;
+                }
                 warn_of_unserved_routes(&new);
                 match handle.replace(new.clone()) {
                     Ok(()) => {
                         log_changes(&old, &new);
-                        tracing::info!(path = %path.display(), "SIGHUP: policies reloaded");
+                        tracing::info!(
+                            path = %path.display(),
+                            "SIGHUP: policies reloaded (other sections take a restart)"
+                        );
                     }
                     Err(error) => {
                         tracing::error!(%error, "SIGHUP: policies refused; the policies in force stay");

@@ -53,6 +53,29 @@ impl Route {
         })
     }
 
+    /// The method the route is for; `None` for any.
+    ///
+    /// ```
+    /// use slidegate::policy::Route;
+    ///
+    /// assert_eq!(Route::parse("GET /api/search").unwrap().method(), Some(&http::Method::GET));
+    /// assert_eq!(Route::parse("/api/search").unwrap().method(), None);
+    /// ```
+    pub fn method(&self) -> Option<&Method> {
+        self.method.as_ref()
+    }
+
+    /// The route pattern, as axum spells it (`/users/{id}`).
+    ///
+    /// ```
+    /// use slidegate::policy::Route;
+    ///
+    /// assert_eq!(Route::parse("GET /users/{id}").unwrap().pattern(), "/users/{id}");
+    /// ```
+    pub fn pattern(&self) -> &str {
+        &self.pattern
+    }
+
     /// Whether a request with `method` on the route pattern `path` matches.
     /// (Through [`Policies`](crate::Policies), a `GET` route also governs `HEAD`, as axum
     /// routes it.)

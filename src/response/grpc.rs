@@ -31,7 +31,7 @@ impl Rejection<'_> {
     /// | a cost above the limit | `RESOURCE_EXHAUSTED`, with `grpc-retry-pushback-ms: -1` (never retry) |
     /// | credentials that do not verify, or none where they are needed | `UNAUTHENTICATED` |
     /// | no client identified otherwise | `INTERNAL` |
-    /// | the store down, failing closed | `UNAVAILABLE` |
+    /// | the store down, failing closed | `UNAVAILABLE`, with `grpc-retry-pushback-ms: 1000` |
     ///
     /// The layer answers a gRPC call (`content-type: application/grpc`,
     /// `application/grpc+proto`, ...) so by itself; a hook calls this to
@@ -84,10 +84,11 @@ impl Rejection<'_> {
                 "the rate limiter could not identify the client".to_owned(),
                 None,
             ),
+            // As the HTTP answer's `Retry-After: 1`: retries a second apart.
             Self::StoreUnavailable(_) => (
                 UNAVAILABLE,
                 "the rate limiter is unavailable".to_owned(),
-                None,
+                Some(HeaderValue::from_static("1000")),
             ),
         };
         let mut response = Response::new(Bytes::new());
@@ -133,5 +134,14 @@ mod tests {
         assert_eq!(percent_encoded("100% é"), "100%25 %C3%A9");
         assert_eq!(pushback_ms(Duration::from_micros(1_500)), "2");
         assert_eq!(pushback_ms(Duration::from_secs(3)), "3000");
+    }
+
+    #[test]
+    fn a_store_down_spaces_retries_a_second_apart() {
+        let error = crate::store::StoreError::CircuitOpen;
+        let response = Rejection::StoreUnavailable(&error).to_grpc();
+        let headers = response.headers();
+        assert_eq!(headers[GRPC_STATUS], "14");
+        assert_eq!(headers[GRPC_RETRY_PUSHBACK_MS], "1000");
     }
 }

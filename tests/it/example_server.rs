@@ -499,8 +499,8 @@ fn wait_for_line(log: &std::sync::mpsc::Receiver<String>, text: &str) {
 }
 
 /// `SIGHUP` reloads the config file: a changed limit is in force for the
-/// next request, with the client's count kept; a bad file is refused, and
-/// the policies in force stay.
+/// next request, with the client's count kept; a bad file, or one with no
+/// policy, is refused, and the policies in force stay.
 #[test]
 fn sighup_reloads_the_policies_and_keeps_the_counts() {
     let dir = std::env::temp_dir().join(format!("slidegate-reload-{}", std::process::id()));
@@ -548,6 +548,14 @@ fn sighup_reloads_the_policies_and_keeps_the_counts() {
     assert_eq!(reply.status, 200);
     assert_eq!(reply.header("x-ratelimit-limit"), Some("10"));
     assert_eq!(reply.header("x-ratelimit-remaining"), Some("6"));
+
+    // An emptied file would lift every limit: refused too.
+    std::fs::write(&file, "# truncated\n").unwrap();
+    hangup(&server);
+    wait_for_line(&log, "defines no policy");
+    let reply = server.get("/api/search?q=a");
+    assert_eq!(reply.header("x-ratelimit-limit"), Some("10"));
+    assert_eq!(reply.header("x-ratelimit-remaining"), Some("5"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
