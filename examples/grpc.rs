@@ -74,7 +74,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         Some(path) => Config::from_file(path)?,
         None => Config::from_toml_str(BUILT_IN)?,
     };
-    warn_of_routes_no_call_takes(&config);
+    warn_of_what_is_not_limited(&config);
     // The layer answers gRPC calls with gRPC statuses by itself
     // (RESOURCE_EXHAUSTED over a limit): no hook needed.
     let (layer, store_name) = store::limiter(&config).await?;
@@ -115,9 +115,10 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// Warns of a config under which nothing is limited, and of policies whose
-/// route no gRPC call can match: every call is a `POST`.
-fn warn_of_routes_no_call_takes(config: &Config) {
+/// Warns of what the config leaves unlimited: everything when it defines
+/// no policy, and the calls of a route no gRPC call can match (every call
+/// is a `POST`).
+fn warn_of_what_is_not_limited(config: &Config) {
     let policies = config.policies();
     if policies.iter().next().is_none() {
         tracing::warn!(

@@ -161,25 +161,29 @@ impl Leases {
 impl Drop for Leases {
     fn drop(&mut self) {
         let held = &self.0;
-        in_background(held.store.refund(&held.checks, &held.taken_at), report);
+        let _ = in_background(held.store.refund(&held.checks, &held.taken_at), report);
     }
 }
 
 /// Lets `answer` run to its end without anyone waiting for it: at once
 /// for a store in process, on a task of its own otherwise; `report` is
-/// given the outcome.
-pub(crate) fn in_background(answer: CheckFuture<()>, report: fn(Result<(), StoreError>)) {
-    match answer.into_ready() {
-        Ok(outcome) => report(outcome),
+/// given the outcome. Whether it is already known to have failed.
+pub(crate) fn in_background(answer: CheckFuture<()>, report: fn(Result<(), StoreError>)) -> bool {
+    let outcome = match answer.into_ready() {
+        Ok(outcome) => outcome,
         Err(later) => match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 runtime.spawn(async move { report(later.await) });
+                return false;
             }
-            Err(_) => report(Err(StoreError::Internal(
+            Err(_) => Err(StoreError::Internal(
                 "no Tokio runtime to finish the call on".to_owned(),
-            ))),
+            )),
         },
-    }
+    };
+    let failed = outcome.is_err();
+    report(outcome);
+    failed
 }
 
 /// Warns of a release that failed: the lease stays until it expires.

@@ -23,7 +23,7 @@ use crate::policy::plan::Plan;
 use crate::policy::{Algorithm, Count};
 use crate::response::headers::{RateHeaders, closest_to_denying};
 use crate::response::problem::Denial;
-use crate::store::{Check, CheckOutcome, Decision, Decisions, Store, StoreError};
+use crate::store::{Check, CheckOutcome, Decision, Decisions, Store, StoreError, index_of_min};
 use crate::throttle::STORE_FAILURES;
 use tokio::time::Instant;
 
@@ -66,15 +66,6 @@ pub(crate) struct Sent {
 pub(crate) struct SentAt {
     pub(crate) deny_clock: u64,
     pub(crate) timer: Timer,
-}
-
-/// The index of the first decision with the least `key` (0 when empty).
-pub(crate) fn index_of_min<K: Ord>(decisions: &[Decision], key: impl Fn(&Decision) -> K) -> usize {
-    decisions
-        .iter()
-        .enumerate()
-        .min_by_key(|(_, decision)| key(decision))
-        .map_or(0, |(index, _)| index)
 }
 
 /// Where the store's answer to `sent` leads, for a client of `tier` under
@@ -271,7 +262,8 @@ fn settle(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Next {
                     checks: checks.iter().cloned().collect(),
                     decisions: decisions.iter().copied().collect(),
                     ietf_policy: ietf_policy.cloned(),
-                    options,
+                    style: options.header_style,
+                    reset_format: options.reset_format,
                 })
             })
         });

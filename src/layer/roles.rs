@@ -15,7 +15,7 @@ use crate::layer::local::LocalChecks;
 use crate::policy::cost::Checks;
 use crate::policy::plan::Plan;
 use crate::policy::{Algorithm, Count, FailMode};
-use crate::response::headers::{RateHeaders, closest_to_denying};
+use crate::response::headers::{HeaderStyle, RateHeaders, ResetFormat, closest_to_denying};
 use crate::store::{Check, CheckFuture, Decision, Decisions, Store};
 use crate::throttle::REFUND_FAILURES;
 
@@ -167,7 +167,8 @@ pub(crate) struct HeaderSource {
     pub(crate) checks: Checks,
     pub(crate) decisions: Decisions,
     pub(crate) ietf_policy: Option<HeaderValue>,
-    pub(crate) options: Options,
+    pub(crate) style: HeaderStyle,
+    pub(crate) reset_format: ResetFormat,
 }
 
 impl HeaderSource {
@@ -187,8 +188,8 @@ impl HeaderSource {
             closest_to_denying(&self.decisions),
             None,
             self.ietf_policy.as_ref(),
-            self.options.header_style,
-            self.options.reset_format,
+            self.style,
+            self.reset_format,
         )
     }
 }
@@ -255,7 +256,11 @@ impl Refund {
         if checks.is_empty() {
             return None;
         }
-        in_background(self.store.refund(&checks, &recorded_at), report);
+        // A refund already known to have failed leaves the units counted,
+        // and the headers as they were.
+        if in_background(self.store.refund(&checks, &recorded_at), report) {
+            return None;
+        }
         self.headers.map(|headers| headers.refunded(&refunded))
     }
 }
@@ -267,5 +272,68 @@ fn report(outcome: Result<(), crate::store::StoreError>) {
         && let Some(held_back) = REFUND_FAILURES.admit()
     {
         tracing::warn!(%error, held_back, "rate-limit refund failed; the units stay counted");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use http::HeaderMap;
+
+    use super::*;
+    use crate::Policy;
+    use crate::key::Key;
+
+    #[test]
+    fn refunded_units_come_back_in_the_headers_of_their_own_check() {
+        let minute = Duration::from_secs(60);
+        let key = Key::new("client");
+        let checks: Checks = [
+            Check::new(&Policy::new("all", 10, minute), key.clone()),
+            Check::new(&Policy::new("failures", 3, minute), key.clone()),
+            Check::new(&Policy::new("hourly", 100, minute * 60), key),
+        ]
+        .into_iter()
+        .collect();
+        let decisions: Decisions = [
+            Decision::admitted(10, 5, Duration::from_secs(30)),
+            Decision::admitted(3, 1, Duration::from_secs(50)),
+            Decision::admitted(100, 2, Duration::from_secs(3000)),
+        ]
+        .into();
+        let source = |decisions: &Decisions| HeaderSource {
+            checks: checks.clone(),
+            decisions: decisions.clone(),
+            ietf_policy: None,
+            style: HeaderStyle::Both,
+            reset_format: ResetFormat::DeltaSeconds,
+        };
+        let written = |headers: RateHeaders| {
+            let mut map = HeaderMap::new();
+            headers.write(&mut map);
+            let text = |name: &str| map[name].to_str().unwrap().to_owned();
+            (
+                text("x-ratelimit-remaining"),
+                text("x-ratelimit-reset"),
+                text("ratelimit"),
+            )
+        };
+
+        // The second check's unit comes back: it no longer reports.
+        let (remaining, reset, state) = written(source(&decisions).refunded(&[1]));
+        assert_eq!((remaining.as_str(), reset.as_str()), ("2", "3000"));
+        assert_eq!(
+            state,
+            "\"all\";r=5;t=30, \"failures\";r=2;t=50, \"hourly\";r=2;t=3000"
+        );
+
+        // Given back to a full count, nothing is counted: a reset of 0.
+        let mut full = decisions.clone();
+        full[1].remaining = 2;
+        full[2].remaining = 50;
+        let (remaining, reset, state) = written(source(&full).refunded(&[1]));
+        assert_eq!((remaining.as_str(), reset.as_str()), ("3", "0"));
+        assert!(state.contains("\"failures\";r=3;t=0"), "{state}");
     }
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::policy::Algorithm;
-use crate::store::{Check, Decision};
+use crate::store::{Check, Decision, index_of_min};
 
 /// `X-RateLimit-Limit`: units allowed per window.
 pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
@@ -65,11 +65,9 @@ pub enum ResetFormat {
 /// The decision the `X-RateLimit-*` fields report: the policy closest to
 /// denying (fewest units left, then the latest reset).
 pub(crate) fn closest_to_denying(decisions: &[Decision]) -> usize {
-    decisions
-        .iter()
-        .enumerate()
-        .min_by_key(|(_, decision)| (decision.remaining, Reverse(decision.reset)))
-        .map_or(0, |(index, _)| index)
+    index_of_min(decisions, |decision| {
+        (decision.remaining, Reverse(decision.reset))
+    })
 }
 
 /// Whole seconds, rounded up.
@@ -223,7 +221,7 @@ impl RateHeaders {
         fields
     }
 
-    /// Whether no field is sent (the style is [`HeaderStyle::None`]).
+    /// Whether no field is sent ([`HeaderStyle::None`]).
     pub(crate) fn is_empty(&self) -> bool {
         self.x_ratelimit.is_none() && self.ietf.is_none()
     }

@@ -203,3 +203,12 @@ impl Iterator for DecisionsIter {
 }
 
 impl ExactSizeIterator for DecisionsIter {}
+
+/// The index of the first decision with the least `key` (0 when empty).
+pub(crate) fn index_of_min<K: Ord>(decisions: &[Decision], key: impl Fn(&Decision) -> K) -> usize {
+    decisions
+        .iter()
+        .enumerate()
+        .min_by_key(|(_, decision)| key(decision))
+        .map_or(0, |(index, _)| index)
+}

@@ -20,6 +20,7 @@ mod sliding_log;
 pub use crate::clock::FakeClock;
 pub use crate::clock::{Clock, SystemClock};
 pub use breaker::{BreakerSettings, BreakerState, CircuitBreaker};
+pub(crate) use decision::index_of_min;
 pub use decision::{Decision, Decisions, DecisionsIter};
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]
