@@ -24,8 +24,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use slidegate::config::Config;
 use tonic::transport::Server;
-use tonic::transport::server::{TcpConnectInfo, TcpIncoming};
-use tower::ServiceBuilder;
+use tonic::transport::server::TcpIncoming;
 
 /// The built-in configuration: five `Check` calls a minute per client IP.
 const BUILT_IN: &str = r#"
@@ -90,23 +89,10 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             .as_deref()
             .map_or("built-in".into(), |p| p.display().to_string()),
     );
+    // With slidegate's `tonic` feature, `PeerIp` reads the peer address
+    // tonic records: the layer goes on as it is.
     Server::builder()
-        .layer(
-            ServiceBuilder::new()
-                // tonic keeps the peer's address in its own extension;
-                // PeerIp reads a `SocketAddr` one.
-                .map_request(|mut request: http::Request<tonic::body::Body>| {
-                    let peer = request
-                        .extensions()
-                        .get::<TcpConnectInfo>()
-                        .and_then(TcpConnectInfo::remote_addr);
-                    if let Some(peer) = peer {
-                        request.extensions_mut().insert(peer);
-                    }
-                    request
-                })
-                .layer(layer),
-        )
+        .layer(layer)
         .add_service(health)
         .serve_with_incoming_shutdown(TcpIncoming::from(listener), async {
             let _ = tokio::signal::ctrl_c().await;

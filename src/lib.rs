@@ -46,6 +46,7 @@
 //! | `jwt-rust-crypto` | verifies tokens with RustCrypto (pure Rust); nothing without `jwt` | yes |
 //! | `jwt-aws-lc` | verifies tokens with AWS-LC instead (turns on `jwt`; needs a C compiler); chosen when both are on | no |
 //! | `config` | the TOML configuration file (`config`); its `[jwt]` section needs `jwt` | no |
+//! | `tonic` | `PeerIp` reads the peer address a tonic server records (`TcpConnectInfo`) | no |
 //! | `metrics` | counters, a histogram and gauges through the `metrics` facade | no |
 //! | `test-util` | `store::FakeClock`, a clock tests move, for the memory store and `RedisStoreBuilder::clock` | no |
 //!

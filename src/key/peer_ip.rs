@@ -40,8 +40,9 @@ pub enum ForwardedHeader {
 /// Keys a request by the client's IP address.
 ///
 /// The address is the TCP peer, from axum's `ConnectInfo<SocketAddr>` (serve
-/// with `into_make_service_with_connect_info::<SocketAddr>()`) or a plain
-/// `SocketAddr` request extension. Only when that peer is in a trusted proxy
+/// with `into_make_service_with_connect_info::<SocketAddr>()`), tonic's
+/// `TcpConnectInfo` (feature `tonic`), or a plain `SocketAddr` request
+/// extension. Only when that peer is in a trusted proxy
 /// range is the forwarding header read, and then the right-most address that
 /// is not a trusted proxy is the client: hops to its left were written by
 /// the client and prove nothing. IPv6 clients are grouped by prefix (/64 by
@@ -297,7 +298,8 @@ impl KeyExtractor for PeerIp {
                 tracing::error!(
                     held_back,
                     "PeerIp found no peer address: serve with \
-                     into_make_service_with_connect_info::<SocketAddr>()"
+                     into_make_service_with_connect_info::<SocketAddr>() \
+                     (tonic: turn on slidegate's `tonic` feature)"
                 );
             }
             return Ok(None);
@@ -339,6 +341,14 @@ fn peer_addr(parts: &Parts) -> Option<SocketAddr> {
         .get::<axum::extract::ConnectInfo<SocketAddr>>()
     {
         return Some(info.0);
+    }
+    #[cfg(feature = "tonic")]
+    if let Some(peer) = parts
+        .extensions
+        .get::<tonic::transport::server::TcpConnectInfo>()
+        .and_then(tonic::transport::server::TcpConnectInfo::remote_addr)
+    {
+        return Some(peer);
     }
     parts.extensions.get::<SocketAddr>().copied()
 }
@@ -443,6 +453,30 @@ mod tests {
 
     fn behind_cloudflare() -> PeerIp {
         behind_proxy().client_ip_header(HeaderName::from_static("cf-connecting-ip"))
+    }
+
+    #[cfg(feature = "tonic")]
+    #[test]
+    fn the_peer_of_a_tonic_server_is_read_as_it_records_it() {
+        use tonic::transport::server::TcpConnectInfo;
+
+        let mut request = http::Request::new(());
+        request.extensions_mut().insert(TcpConnectInfo {
+            local_addr: Some(SocketAddr::from(([127, 0, 0, 1], 50051))),
+            remote_addr: Some(SocketAddr::from(([203, 0, 113, 9], 40000))),
+        });
+        let (parts, _) = request.into_parts();
+        let identity = PeerIp::new().extract(&parts).unwrap().unwrap();
+        assert_eq!(identity.key.as_str(), "ip:203.0.113.9");
+
+        // No remote address recorded: no client, never the local address.
+        let mut request = http::Request::new(());
+        request.extensions_mut().insert(TcpConnectInfo {
+            local_addr: Some(SocketAddr::from(([127, 0, 0, 1], 50051))),
+            remote_addr: None,
+        });
+        let (parts, _) = request.into_parts();
+        assert!(PeerIp::new().extract(&parts).unwrap().is_none());
     }
 
     #[test]
