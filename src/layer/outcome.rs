@@ -261,6 +261,7 @@ fn settle(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Next {
                 (!headers.is_empty()).then(|| HeaderSource {
                     checks: checks.iter().cloned().collect(),
                     decisions: decisions.iter().copied().collect(),
+                    decided: std::time::Instant::now(),
                     ietf_policy: ietf_policy.cloned(),
                     style: options.header_style,
                     reset_format: options.reset_format,

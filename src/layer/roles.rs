@@ -4,7 +4,7 @@
 //! back to a local limit while the store is down.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http::{HeaderValue, StatusCode};
 use smallvec::SmallVec;
@@ -166,14 +166,21 @@ pub(crate) struct Refund {
 pub(crate) struct HeaderSource {
     pub(crate) checks: Checks,
     pub(crate) decisions: Decisions,
+    /// When the store decided: the resets count down from then.
+    pub(crate) decided: Instant,
     pub(crate) ietf_policy: Option<HeaderValue>,
     pub(crate) style: HeaderStyle,
     pub(crate) reset_format: ResetFormat,
 }
 
 impl HeaderSource {
-    /// The headers, with the units of the checks at `refunded` given back.
+    /// The headers, with the units of the checks at `refunded` given back,
+    /// and every reset as of now.
     fn refunded(mut self, refunded: &[usize]) -> RateHeaders {
+        let since = self.decided.elapsed();
+        for decision in self.decisions.iter_mut() {
+            decision.reset = decision.reset.saturating_sub(since);
+        }
         for &index in refunded {
             let decision = &mut self.decisions[index];
             let cost = self.checks[index].cost;
@@ -305,6 +312,7 @@ mod tests {
         let source = |decisions: &Decisions| HeaderSource {
             checks: checks.clone(),
             decisions: decisions.clone(),
+            decided: Instant::now(),
             ietf_policy: None,
             style: HeaderStyle::Both,
             reset_format: ResetFormat::DeltaSeconds,
