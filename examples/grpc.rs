@@ -25,6 +25,7 @@ use clap::Parser;
 use slidegate::config::Config;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
+use tower::filter::FilterLayer;
 
 /// The built-in configuration: five `Check` calls a minute per client IP.
 const BUILT_IN: &str = r#"
@@ -90,8 +91,11 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             .map_or("built-in".into(), |p| p.display().to_string()),
     );
     // With slidegate's `tonic` feature, `PeerIp` reads the peer address
-    // tonic records: the layer goes on as it is.
+    // tonic records: the layer goes on as it is. tonic serves a call
+    // whatever its HTTP method, so other methods are refused first: a
+    // policy for `POST /pkg.Service/Method` cannot be gone round.
     Server::builder()
+        .layer(FilterLayer::new(only_post))
         .layer(layer)
         .add_service(health)
         .serve_with_incoming_shutdown(TcpIncoming::from(listener), async {
@@ -99,6 +103,19 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         })
         .await?;
     Ok(())
+}
+
+/// Lets only `POST` requests through, as every gRPC call is one.
+fn only_post(
+    request: http::Request<tonic::body::Body>,
+) -> Result<http::Request<tonic::body::Body>, tonic::Status> {
+    if request.method() == http::Method::POST {
+        Ok(request)
+    } else {
+        Err(tonic::Status::unimplemented(
+            "a gRPC call is a POST request",
+        ))
+    }
 }
 
 /// Warns of what the config leaves unlimited: everything when it defines

@@ -11,9 +11,12 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use smallvec::SmallVec;
 
+use crate::layer::background::in_background;
+use crate::layer::roles::Refund;
 use crate::policy::Algorithm;
 use crate::policy::cost::Checks;
-use crate::store::{Check, CheckFuture, Decision, Store, StoreError};
+use crate::response::grpc::call_failed;
+use crate::store::{Check, Decision, Store, StoreError};
 use crate::throttle::RELEASE_FAILURES;
 
 pin_project! {
@@ -38,6 +41,9 @@ pin_project! {
             #[pin]
             body: B,
             leases: Option<Leases>,
+            // Units to take back if the trailers show the call should not
+            // count; dropped with the body otherwise, and so counted.
+            refund: Option<Box<Refund>>,
         },
         Answer {
             bytes: Option<Bytes>,
@@ -46,10 +52,15 @@ pin_project! {
 }
 
 impl<B> ResponseBody<B> {
-    /// The inner service's body, holding `leases` until it ends.
-    pub(crate) fn inner(body: B, leases: Option<Leases>) -> Self {
+    /// The inner service's body, holding `leases` until it ends, and
+    /// settling `refund` by the gRPC status its trailers carry.
+    pub(crate) fn inner(body: B, leases: Option<Leases>, refund: Option<Box<Refund>>) -> Self {
         Self {
-            kind: Kind::Inner { body, leases },
+            kind: Kind::Inner {
+                body,
+                leases,
+                refund,
+            },
         }
     }
 
@@ -92,12 +103,25 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         match self.project().kind.project() {
-            KindProj::Inner { body, leases } => {
+            KindProj::Inner {
+                body,
+                leases,
+                refund,
+            } => {
                 let frame = std::task::ready!(body.poll_frame(cx));
-                if frame.is_none() {
+                match &frame {
+                    Some(Ok(frame)) => {
+                        if let Some(failed) = frame.trailers_ref().and_then(call_failed)
+                            && let Some(refund) = refund.take()
+                        {
+                            // The head is long gone: only the count changes.
+                            let _ = refund.settle(failed);
+                        }
+                    }
                     // Sent to the end: the leases go now, not when hyper
                     // gets round to dropping the body.
-                    leases.take();
+                    None => drop(leases.take()),
+                    Some(Err(_)) => {}
                 }
                 Poll::Ready(frame)
             }
@@ -163,27 +187,6 @@ impl Drop for Leases {
         let held = &self.0;
         let _ = in_background(held.store.refund(&held.checks, &held.taken_at), report);
     }
-}
-
-/// Lets `answer` run to its end without anyone waiting for it: at once
-/// for a store in process, on a task of its own otherwise; `report` is
-/// given the outcome. Whether it is already known to have failed.
-pub(crate) fn in_background(answer: CheckFuture<()>, report: fn(Result<(), StoreError>)) -> bool {
-    let outcome = match answer.into_ready() {
-        Ok(outcome) => outcome,
-        Err(later) => match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(async move { report(later.await) });
-                return false;
-            }
-            Err(_) => Err(StoreError::Internal(
-                "no Tokio runtime to finish the call on".to_owned(),
-            )),
-        },
-    };
-    let failed = outcome.is_err();
-    report(outcome);
-    failed
 }
 
 /// Warns of a release that failed: the lease stays until it expires.

@@ -14,6 +14,7 @@ use crate::layer::body::{Leases, ResponseBody};
 use crate::layer::decide::Continuation;
 use crate::layer::outcome::Next;
 use crate::layer::roles::Refund;
+use crate::response::grpc::response_failed;
 use crate::response::headers::RateHeaders;
 
 pin_project! {
@@ -125,11 +126,21 @@ where
                     leases,
                 } => {
                     let result = ready!(future.poll(cx));
+                    let failed = result.as_ref().map_or(Some(true), |response| {
+                        response_failed(response.status(), response.headers())
+                    });
+                    // A gRPC call whose status is in its trailers is
+                    // settled by its body, when they come.
+                    let mut unsettled = None;
                     if let Some(refund) = refund.take() {
-                        let status = result.as_ref().ok().map(|response| response.status());
-                        // Units given back show in the headers.
-                        if let Some(refunded) = refund.settle(status) {
-                            *headers = Some(refunded);
+                        match failed {
+                            Some(failed) => {
+                                // Units given back show in the headers.
+                                if let Some(refunded) = refund.settle(failed) {
+                                    *headers = Some(refunded);
+                                }
+                            }
+                            None => unsettled = Some(refund),
                         }
                     }
                     // A failed call drops its leases here.
@@ -138,7 +149,9 @@ where
                         headers.write(response.headers_mut());
                     }
                     let leases = leases.take();
-                    return Poll::Ready(Ok(response.map(|body| ResponseBody::inner(body, leases))));
+                    return Poll::Ready(Ok(
+                        response.map(|body| ResponseBody::inner(body, leases, unsettled))
+                    ));
                 }
                 StateProj::Answered { response } => {
                     let response = response.take().expect("polled after completion");

@@ -8,6 +8,7 @@
 // becomes a call or an answer in `outcome`, and every answer the limiter
 // writes goes through `reject`.
 
+mod background;
 mod body;
 mod claims;
 pub(crate) mod credentials;

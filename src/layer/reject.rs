@@ -9,6 +9,7 @@ use http::{HeaderMap, Method, Response};
 
 use crate::key::KeyRejection;
 use crate::layer::Shared;
+use crate::response::grpc::is_grpc_content_type;
 use crate::response::limited::Limited;
 use crate::response::problem::{self, Denial, HeaderFormat, retry_after_seconds};
 use crate::response::rejection::{CostAboveLimit, Hook, Rejection, fill_missing};
@@ -114,14 +115,10 @@ fn is_grpc(parts: &Parts) -> bool {
     if parts.method != Method::POST {
         return false;
     }
-    let Some(content_type) = parts.headers.get(CONTENT_TYPE) else {
-        return false;
-    };
-    let bytes = content_type.as_bytes();
-    let prefix = b"application/grpc";
-    bytes.len() >= prefix.len()
-        && bytes[..prefix.len()].eq_ignore_ascii_case(prefix)
-        && matches!(bytes.get(prefix.len()), None | Some(b'+' | b';'))
+    parts
+        .headers
+        .get(CONTENT_TYPE)
+        .is_some_and(is_grpc_content_type)
 }
 
 /// `429`: the custom answer with the limiter's `Retry-After` and

@@ -6,11 +6,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http::{HeaderValue, StatusCode};
+use http::HeaderValue;
 use smallvec::SmallVec;
 
 use crate::layer::Options;
-use crate::layer::body::in_background;
+use crate::layer::background::in_background;
 use crate::layer::local::LocalChecks;
 use crate::policy::cost::Checks;
 use crate::policy::plan::Plan;
@@ -239,11 +239,11 @@ impl Refund {
         Some(Box::new(refund))
     }
 
-    /// Takes back the units of the checks that a response of `status`
-    /// (`None`: the service failed) does not count, and gives the headers
-    /// that say so, if any were taken back. A store that answers later
-    /// does so on a task of its own: the response does not wait.
-    pub(crate) fn settle(self, status: Option<StatusCode>) -> Option<RateHeaders> {
+    /// Takes back the units of the checks that a response that `failed`
+    /// (or succeeded) does not count, and gives the headers that say so, if
+    /// any were taken back. A store that answers later does so on a task of
+    /// its own: the response does not wait.
+    pub(crate) fn settle(self, failed: bool) -> Option<RateHeaders> {
         let mut checks = Checks::new();
         let mut recorded_at = SmallVec::<[Duration; 2]>::new();
         let mut refunded = SmallVec::<[usize; 2]>::new();
@@ -254,7 +254,7 @@ impl Refund {
             .zip(self.counts)
             .zip(self.positions)
         {
-            if !count.counts(status) {
+            if !count.counts(failed) {
                 checks.push(check);
                 recorded_at.push(at);
                 refunded.push(position);

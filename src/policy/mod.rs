@@ -93,23 +93,28 @@ pub enum FailMode {
 /// the limit; once its response shows that it should not count, its units
 /// are taken back ([`Store::refund`](crate::store::Store::refund)). A request
 /// whose response never comes (the client went away) stays counted.
+///
+/// A gRPC call (`content-type: application/grpc`) fails by its
+/// `grpc-status`, not its HTTP status (`200` either way): read from the
+/// response head when the call ended at once, from the trailers otherwise;
+/// a call whose body is not sent to its trailers stays counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Count {
     /// Every admitted request.
     #[default]
     All,
-    /// Requests answered with a status of 400 or above, or failing in the
-    /// service: failed logins, say.
+    /// Requests answered with a status of 400 or above (a gRPC status but
+    /// `OK`), or failing in the service: failed logins, say.
     Failures,
-    /// Requests answered with a status below 400.
+    /// Requests answered with a status below 400 (gRPC calls ending `OK`).
     Successes,
 }
 
 impl Count {
-    /// Whether a response of `status` (`None`: the service failed) counts.
-    pub(crate) fn counts(self, status: Option<http::StatusCode>) -> bool {
-        let failed = status.is_none_or(|status| status.as_u16() >= 400);
+    /// Whether a request whose response `failed` (or the service did)
+    /// counts.
+    pub(crate) fn counts(self, failed: bool) -> bool {
         match self {
             Self::All => true,
             Self::Failures => failed,

@@ -1,11 +1,12 @@
-//! The limiter's answers as gRPC statuses, for services that speak gRPC:
-//! [`Rejection::to_grpc`].
+//! The limiter's answers as gRPC statuses, for services that speak gRPC
+//! ([`Rejection::to_grpc`]), and how a gRPC call ended, for policies that
+//! count failures or successes only.
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::CONTENT_TYPE;
-use http::{HeaderName, HeaderValue, Response};
+use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 
 use super::headers::number_value;
 use super::rejection::Rejection;
@@ -19,6 +20,36 @@ const RESOURCE_EXHAUSTED: u64 = 8;
 const INTERNAL: u64 = 13;
 const UNAVAILABLE: u64 = 14;
 const UNAUTHENTICATED: u64 = 16;
+
+/// Whether `content_type` is gRPC's: `application/grpc`, or a subtype such
+/// as `application/grpc+proto` (gRPC-Web is not).
+pub(crate) fn is_grpc_content_type(content_type: &HeaderValue) -> bool {
+    let bytes = content_type.as_bytes();
+    let prefix = b"application/grpc";
+    bytes.len() >= prefix.len()
+        && bytes[..prefix.len()].eq_ignore_ascii_case(prefix)
+        && matches!(bytes.get(prefix.len()), None | Some(b'+' | b';'))
+}
+
+/// Whether a response of `status` with `headers` is a failure, if its
+/// head tells: a status of 400 or above is; a gRPC response fails with
+/// any `grpc-status` but `0`, which the head holds only when the call
+/// ended at once (Trailers-Only): otherwise the trailers tell (`None`).
+pub(crate) fn response_failed(status: StatusCode, headers: &HeaderMap) -> Option<bool> {
+    if status.as_u16() >= 400 {
+        return Some(true);
+    }
+    match headers.get(CONTENT_TYPE) {
+        Some(content_type) if is_grpc_content_type(content_type) => call_failed(headers),
+        _ => Some(false),
+    }
+}
+
+/// Whether the `grpc-status` in `fields` (a head or trailers) is a
+/// failure; `None` without one.
+pub(crate) fn call_failed(fields: &HeaderMap) -> Option<bool> {
+    fields.get(GRPC_STATUS).map(|status| status != "0")
+}
 
 impl Rejection<'_> {
     /// This rejection as a gRPC status, in a "Trailers-Only" response
@@ -134,6 +165,35 @@ mod tests {
         assert_eq!(percent_encoded("100% é"), "100%25 %C3%A9");
         assert_eq!(pushback_ms(Duration::from_micros(1_500)), "2");
         assert_eq!(pushback_ms(Duration::from_secs(3)), "3000");
+    }
+
+    #[test]
+    fn a_grpc_call_fails_by_its_status_wherever_it_is() {
+        let head = |pairs: &[(&'static str, &'static str)]| {
+            let mut headers = HeaderMap::new();
+            for (name, value) in pairs {
+                headers.insert(*name, HeaderValue::from_static(value));
+            }
+            headers
+        };
+        let grpc = ("content-type", "application/grpc");
+        assert_eq!(response_failed(StatusCode::OK, &head(&[])), Some(false));
+        assert_eq!(
+            response_failed(StatusCode::NOT_FOUND, &head(&[grpc])),
+            Some(true)
+        );
+        assert_eq!(
+            response_failed(StatusCode::OK, &head(&[grpc, ("grpc-status", "5")])),
+            Some(true)
+        );
+        assert_eq!(
+            response_failed(StatusCode::OK, &head(&[grpc, ("grpc-status", "0")])),
+            Some(false)
+        );
+        // The status comes in the trailers.
+        assert_eq!(response_failed(StatusCode::OK, &head(&[grpc])), None);
+        assert_eq!(call_failed(&head(&[("grpc-status", "13")])), Some(true));
+        assert_eq!(call_failed(&head(&[])), None);
     }
 
     #[test]

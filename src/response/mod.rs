@@ -6,12 +6,12 @@
 //! * [`rejection`]: [`Rejection`], what the hook sees, and how its answer
 //!   is completed;
 //! * [`limited`]: [`Limited`], a denial as the hook sees it;
-//! * `grpc`: the answers as gRPC statuses;
+//! * `grpc`: the answers as gRPC statuses, and how a gRPC call ended;
 //! * `axum_response`: an axum response as the hook's answer.
 
 #[cfg(feature = "axum")]
 pub(crate) mod axum_response;
-mod grpc;
+pub(crate) mod grpc;
 pub(crate) mod headers;
 pub(crate) mod limited;
 pub(crate) mod problem;

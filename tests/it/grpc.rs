@@ -126,3 +126,58 @@ async fn a_config_file_limits_calls_by_their_method_path() {
     assert!(status.message().contains("one-check"), "{status:?}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A policy counting failures (or successes) only reads a call's gRPC
+/// status, not its HTTP status (`200` either way): from the head when the
+/// call ended at once (`NOT_FOUND` here), from the trailers otherwise (a
+/// successful check).
+#[tokio::test]
+async fn calls_count_by_their_grpc_status() {
+    let dir = std::env::temp_dir().join(format!("slidegate-grpc-count-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let unknown = || HealthCheckRequest {
+        service: "no.such.Service".to_owned(),
+    };
+    for count in ["failures", "successes"] {
+        let path = dir.join(format!("{count}.toml"));
+        std::fs::write(
+            &path,
+            format!(
+                "[[policy]]\nname = \"checks\"\nroute = \"POST /grpc.health.v1.Health/Check\"\n\
+                 limit = 2\nwindow = \"1h\"\ncount = \"{count}\"\n"
+            ),
+        )
+        .unwrap();
+        let example = GrpcExample::start(&["--config", path.to_str().unwrap()]);
+        let mut client = example.client().await;
+        type Call = fn() -> HealthCheckRequest;
+        let (counted, free): (Call, Call) = if count == "failures" {
+            (unknown, check)
+        } else {
+            (check, unknown)
+        };
+        for _ in 0..5 {
+            let outcome = client.check(free()).await;
+            assert_ne!(
+                outcome.err().map(|status| status.code()),
+                Some(Code::ResourceExhausted),
+                "{count}: a call that does not count was counted"
+            );
+        }
+        for _ in 0..2 {
+            let outcome = client.check(counted()).await;
+            assert_ne!(
+                outcome.err().map(|status| status.code()),
+                Some(Code::ResourceExhausted),
+                "{count}: within the limit"
+            );
+        }
+        let status = client.check(free()).await.expect_err("over the limit");
+        assert_eq!(
+            status.code(),
+            Code::ResourceExhausted,
+            "{count}: {status:?}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
