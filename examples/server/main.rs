@@ -274,7 +274,18 @@ async fn reload_on_sighup(path: Option<PathBuf>, handle: PoliciesHandle) {
 
 /// One line per policy added, removed or changed between `old` and `new`.
 fn log_changes(old: &Policies, new: &Policies) {
-    let describe = |policy: &Policy| format!("{} per {:?}", policy.limit(), policy.window());
+    let describe = |policy: &Policy| {
+        format!(
+            "{} per {:?}, {:?}, cost {}, counts {:?}, fail {:?}{}",
+            policy.limit(),
+            policy.window(),
+            policy.algorithm(),
+            policy.cost(),
+            policy.count(),
+            policy.fail_mode(),
+            if policy.is_shadow() { ", shadow" } else { "" }
+        )
+    };
     for policy in new.iter() {
         match old.iter().find(|p| p.name() == policy.name()) {
             None => tracing::info!(policy = policy.name(), now = %describe(policy), "policy added"),

@@ -160,13 +160,25 @@ impl Config {
                 path if path.starts_with("api_keys") => Some("api_keys".to_owned()),
                 path => Some(path.to_owned()),
             };
+            // API keys are secrets, and serde quotes a value of the wrong
+            // type: only what was expected is said.
+            let message =
+                if path.starts_with("api_keys") || path.starts_with("limiter.exempt_api_keys") {
+                    let expected = error.message().rsplit_once(", expected ");
+                    format!(
+                        "expected {} (the value is not shown: it may hold an API key)",
+                        expected.map_or("another value", |(_, expected)| expected.trim())
+                    )
+                } else {
+                    // A Redis URL given as the wrong type is quoted by serde:
+                    // never with its password.
+                    without_passwords(error.message().trim())
+                };
             ConfigError {
                 file: None,
                 line: error.span().map(|span| line_of(source, span.start)),
                 key,
-                // A Redis URL given as the wrong type is quoted by serde:
-                // never with its password.
-                message: without_passwords(error.message().trim()),
+                message,
             }
         })?;
         Self::validate(raw, source, base)

@@ -349,6 +349,16 @@ fn a_bad_api_key_entry_does_not_echo_the_key() {
     let source = IDENTITY.replace("\"demo-pro-key\" = \"pro\"", "\"sk-live-secret\" = \"\"");
     let message = refused(&source, 14, "api_keys");
     assert!(!message.contains("sk-live-secret"), "{message}");
+    // Values of the wrong type, which serde would quote.
+    let message = refused("api_keys = \"sk-live-secret\"\n", 1, "api_keys");
+    assert!(!message.contains("sk-live-secret"), "{message}");
+    let message = refused(
+        "[limiter]\nexempt_api_keys = \"sk-live-secret\"\n",
+        2,
+        "limiter.exempt_api_keys",
+    );
+    assert!(!message.contains("sk-live-secret"), "{message}");
+    assert!(message.contains("expected a sequence"), "{message}");
 }
 
 #[test]
