@@ -126,13 +126,13 @@ where
                     leases,
                 } => {
                     let result = ready!(future.poll(cx));
-                    let failed = result.as_ref().map_or(Some(true), |response| {
-                        response_failed(response.status(), response.headers())
-                    });
                     // A gRPC call whose status is in its trailers is
                     // settled by its body, when they come.
                     let mut unsettled = None;
                     if let Some(refund) = refund.take() {
+                        let failed = result.as_ref().map_or(Some(true), |response| {
+                            response_failed(response.status(), response.headers())
+                        });
                         match failed {
                             Some(failed) => {
                                 // Units given back show in the headers.
