@@ -10,9 +10,9 @@
 //! starts from what the store admitted for the client; and for one window
 //! after a failure, a request must fit the local count before the store
 //! is asked, so admissions made locally while the store was down still
-//! count when it answers again. (Policies that count some responses only
-//! are not recorded from the store's admissions: their units come back
-//! after the response.)
+//! count when it answers again. Policies that count some responses only
+//! are recorded too, and their units come back here when they come back
+//! to the store.
 //! One instance (`local_share = 1`) thus admits at most the limit in any
 //! window however the store flaps; with several instances, each holds its
 //! share while the store is down and for a window after.
@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 
+use crate::layer::roles::Refund;
 use crate::policy::cost::Checks;
 use crate::policy::{Algorithm, Count, FailMode};
 use crate::store::{Check, Decisions, MemoryStore, Store};
@@ -127,18 +128,33 @@ impl LocalLimits {
     }
 
     /// Records an admission the store made in the local counts, each
-    /// policy on its own (a count at its local limit stays there). Policies
-    /// that count some responses only are left out: the store takes their
-    /// units back after the response, and the local count would not.
-    pub(crate) fn record(&self, local: &LocalChecks) {
+    /// policy on its own (a count at its local limit stays there). For
+    /// policies that count some responses only, the units to take back
+    /// here too when the store's are.
+    pub(crate) fn record(&self, local: &LocalChecks) -> Option<Box<Refund>> {
         let store = self.store();
-        for (check, count) in local.checks.iter().zip(&local.counts) {
+        let mut conditional = (
+            Checks::new(),
+            Decisions::new(),
+            SmallVec::<[Count; 2]>::new(),
+        );
+        for (check, &count) in local.checks.iter().zip(&local.counts) {
             // A lease the store gave is released to the store, never here.
-            if *count == Count::All && check.algorithm != Algorithm::Concurrency {
-                // A memory store answers at once; nothing to wait for.
-                let _ = store.check(std::slice::from_ref(check)).into_ready();
+            if check.algorithm == Algorithm::Concurrency {
+                continue;
+            }
+            // A memory store answers at once; nothing to wait for.
+            let decided = store.check(std::slice::from_ref(check)).into_ready();
+            if count != Count::All
+                && let Ok(Ok(decisions)) = decided
+            {
+                conditional.0.push(check.clone());
+                conditional.1.extend(decisions);
+                conditional.2.push(count);
             }
         }
+        let (checks, decisions, counts) = conditional;
+        Refund::of(store, &checks, &decisions, &counts, || None)
     }
 }
 

@@ -109,9 +109,10 @@ pub(crate) fn outcome(
             let decided = &checks[..decisions.len()];
             let enforced = enforced.min(decisions.len());
             let admitted = decisions[..enforced].iter().all(|d| d.admitted);
-            if let Some(local) = roles.filter(|_| admitted).and_then(Roles::local) {
-                shared.local.record(local);
-            }
+            let local_refund = roles
+                .filter(|_| admitted)
+                .and_then(Roles::local)
+                .and_then(|local| shared.local.record(local));
             if !admitted
                 && let Some((wait, slot)) = hold::wait(
                     shared,
@@ -137,6 +138,7 @@ pub(crate) fn outcome(
                     ietf_policy,
                     deny_clock: Some(sent_at.deny_clock),
                     took,
+                    local_refund,
                 },
             )
         }
@@ -194,6 +196,9 @@ struct Answered<'a> {
     /// local limit's decisions.
     deny_clock: Option<u64>,
     took: Option<Duration>,
+    /// The units the local counts recorded of the store's admission, to
+    /// take back with the store's.
+    local_refund: Option<Box<Refund>>,
 }
 
 /// Admits or denies a request by the decisions `answered` holds: a shadow
@@ -209,6 +214,7 @@ fn settle(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Next {
         ietf_policy,
         deny_clock,
         took,
+        local_refund,
     } = answered;
     let options = shared.options;
     if decisions.is_empty() {
@@ -268,6 +274,8 @@ fn settle(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Next {
                 })
             })
         });
+        // The local counts give units back only when the store does.
+        let refund = refund.map(|refund| refund.with_local(local_refund));
         let leases = Leases::of(store, checks, decisions);
         return Next::Call(Some(headers), refund, leases);
     }
@@ -378,6 +386,7 @@ fn settle_locally(
             ietf_policy: None,
             deny_clock: None,
             took,
+            local_refund: None,
         },
     )
 }

@@ -158,6 +158,8 @@ pub(crate) struct Refund {
     counts: SmallVec<[Count; 2]>,
     /// Where each of `checks` is among the request's checks.
     positions: SmallVec<[usize; 2]>,
+    /// The same units in the local counts, taken back with these.
+    local: Option<Box<Refund>>,
     /// What the headers were written from; `None` when none are sent.
     headers: Option<HeaderSource>,
 }
@@ -218,6 +220,7 @@ impl Refund {
             recorded_at: SmallVec::new(),
             counts: SmallVec::new(),
             positions: SmallVec::new(),
+            local: None,
             headers: None,
         };
         for (position, ((check, decision), &count)) in
@@ -239,11 +242,20 @@ impl Refund {
         Some(Box::new(refund))
     }
 
+    /// This refund, taking back `local`'s units with its own.
+    pub(crate) fn with_local(mut self: Box<Self>, local: Option<Box<Self>>) -> Box<Self> {
+        self.local = local;
+        self
+    }
+
     /// Takes back the units of the checks that a response that `failed`
     /// (or succeeded) does not count, and gives the headers that say so, if
     /// any were taken back. A store that answers later does so on a task of
     /// its own: the response does not wait.
     pub(crate) fn settle(self, failed: bool) -> Option<RateHeaders> {
+        if let Some(local) = self.local {
+            let _ = local.settle(failed);
+        }
         let mut checks = Checks::new();
         let mut recorded_at = SmallVec::<[Duration; 2]>::new();
         let mut refunded = SmallVec::<[usize; 2]>::new();

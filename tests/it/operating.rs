@@ -649,6 +649,44 @@ async fn the_breaker_closes_while_sixteen_tasks_drop_requests() {
     the_limit_holds(&app).await;
 }
 
+/// Failed logins the store admitted are in the local count too: when the
+/// store goes down, the client has only what is left of its limit, not a
+/// second one (a successful login between them still takes nothing).
+#[tokio::test]
+async fn counted_failures_carry_into_the_local_count() {
+    let down = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let store = FlakyStore::new(MemoryStore::new(), {
+        let down = down.clone();
+        move |_| down.load(Ordering::Relaxed)
+    });
+    let policy = failed_logins().with_fail_mode(FailMode::Local);
+    let app = Router::new()
+        .route("/login", post(login))
+        .route_layer(RateLimitLayer::new(
+            store,
+            OneClient,
+            Policies::single(policy).unwrap(),
+        ));
+    for password in ["wrong", "demo", "wrong", "demo"] {
+        let reply = send(&app, login_request(password)).await;
+        assert_ne!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+    }
+    down.store(true, Ordering::Relaxed);
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        statuses.push(send(&app, login_request("wrong")).await.status);
+    }
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::UNAUTHORIZED,
+            StatusCode::TOO_MANY_REQUESTS,
+            StatusCode::TOO_MANY_REQUESTS
+        ],
+        "two failures counted before the store went down, one left of three"
+    );
+}
+
 /// Successful logins, which a failures-only policy takes back, never fill
 /// its local count: when the store goes down, the client still has its
 /// whole local limit for failed ones.
