@@ -5,7 +5,8 @@ use crate::store::{CheckFuture, StoreError};
 
 /// Lets `answer` run to its end without anyone waiting for it: at once
 /// for a store in process, on a task of its own otherwise; `report` is
-/// given the outcome. Whether it is already known to have failed.
+/// given the outcome. Returns whether the call has failed already (a
+/// store that answered at once, or no runtime to finish it on).
 pub(crate) fn in_background(answer: CheckFuture<()>, report: fn(Result<(), StoreError>)) -> bool {
     let outcome = match answer.into_ready() {
         Ok(outcome) => outcome,

@@ -27,7 +27,10 @@ pin_project! {
     /// An admitted request under a concurrency limit
     /// ([`Policy::concurrency`](crate::Policy::concurrency)) holds its lease
     /// in this body: until the body has been sent to its end, or is
-    /// dropped (the client went away, the connection broke).
+    /// dropped (the client went away, the connection broke). A gRPC call
+    /// under a policy that counts failures or successes only
+    /// ([`Count`](crate::policy::Count)) is settled here when its trailers
+    /// pass, and stays counted if they never do.
     pub struct ResponseBody<B> {
         #[pin]
         kind: Kind<B>,
