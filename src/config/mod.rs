@@ -160,20 +160,19 @@ impl Config {
                 path if path.starts_with("api_keys") => Some("api_keys".to_owned()),
                 path => Some(path.to_owned()),
             };
-            // API keys are secrets, and serde quotes a value of the wrong
-            // type: only what was expected is said.
-            let message =
-                if path.starts_with("api_keys") || path.starts_with("limiter.exempt_api_keys") {
-                    let expected = error.message().rsplit_once(", expected ");
-                    format!(
-                        "expected {} (the value is not shown: it may hold an API key)",
-                        expected.map_or("another value", |(_, expected)| expected.trim())
-                    )
-                } else {
-                    // A Redis URL given as the wrong type is quoted by serde:
-                    // never with its password.
-                    without_passwords(error.message().trim())
-                };
+            // serde quotes a value of the wrong type: of a key that holds
+            // a secret, only what was expected is said.
+            let message = if holds_secret(&path) {
+                let expected = error.message().rsplit_once(", expected ");
+                format!(
+                    "expected {} (the value is not shown: it may be a secret)",
+                    expected.map_or("another value", |(_, expected)| expected.trim())
+                )
+            } else {
+                // A Redis URL given as the wrong type is quoted by serde:
+                // never with its password.
+                without_passwords(error.message().trim())
+            };
             ConfigError {
                 file: None,
                 line: error.span().map(|span| line_of(source, span.start)),
@@ -764,6 +763,16 @@ fn policy_from(
         policy = with_tier;
     }
     Ok(policy)
+}
+
+/// Whether the key at `path` holds a secret: API keys (as `[api_keys]`
+/// keys or `limiter.exempt_api_keys`), JWT secrets, the admin token.
+fn holds_secret(path: &str) -> bool {
+    path.starts_with("api_keys")
+        || path.starts_with("limiter.exempt_api_keys")
+        || path == "jwt.secret"
+        || (path.starts_with("jwt.keys") && path.ends_with(".secret"))
+        || path == "admin.token"
 }
 
 /// `message` with the user information of every URL in it (`scheme://user:password@`)

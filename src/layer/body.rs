@@ -113,18 +113,24 @@ where
             } => {
                 let frame = std::task::ready!(body.poll_frame(cx));
                 match &frame {
-                    Some(Ok(frame)) => {
-                        if let Some(failed) = frame.trailers_ref().and_then(call_failed)
+                    Some(Ok(sent)) if refund.is_some() => {
+                        if let Some(failed) = sent.trailers_ref().and_then(call_failed)
                             && let Some(refund) = refund.take()
                         {
                             // The head is long gone: only the count changes.
                             let _ = refund.settle(failed);
                         }
                     }
+                    Some(Ok(_)) => {}
+                    // A body that breaks is a call that failed.
+                    Some(Err(_)) => {
+                        if let Some(refund) = refund.take() {
+                            let _ = refund.settle(true);
+                        }
+                    }
                     // Sent to the end: the leases go now, not when hyper
                     // gets round to dropping the body.
                     None => drop(leases.take()),
-                    Some(Err(_)) => {}
                 }
                 Poll::Ready(frame)
             }

@@ -11,8 +11,8 @@
 //! after a failure, a request must fit the local count before the store
 //! is asked, so admissions made locally while the store was down still
 //! count when it answers again. Policies that count some responses only
-//! are recorded too, and their units come back here when they come back
-//! to the store.
+//! are recorded too, and their units come back here when a response sends
+//! them back to the store.
 //! One instance (`local_share = 1`) thus admits at most the limit in any
 //! window however the store flaps; with several instances, each holds its
 //! share while the store is down and for a window after.

@@ -274,7 +274,7 @@ fn settle(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Next {
                 })
             })
         });
-        // The local counts give units back only when the store does.
+        // The local counts give units back when the store's are sent back.
         let refund = refund.map(|refund| refund.with_local(local_refund));
         let leases = Leases::of(store, checks, decisions);
         return Next::Call(Some(headers), refund, leases);

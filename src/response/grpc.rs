@@ -32,17 +32,27 @@ pub(crate) fn is_grpc_content_type(content_type: &HeaderValue) -> bool {
 }
 
 /// Whether a response of `status` with `headers` is a failure, if its
-/// head tells: a status of 400 or above is; a gRPC response fails with
-/// any `grpc-status` but `0`, which the head holds only when the call
-/// ended at once (Trailers-Only): otherwise the trailers tell (`None`).
+/// head tells: a status of 400 or above is; a gRPC response (gRPC-Web
+/// too) fails with any `grpc-status` but `0`, which the head holds only
+/// when the call ended at once (Trailers-Only): otherwise the trailers
+/// tell (`None`; gRPC-Web's are in its body, so it stays counted).
 pub(crate) fn response_failed(status: StatusCode, headers: &HeaderMap) -> Option<bool> {
     if status.as_u16() >= 400 {
         return Some(true);
     }
     match headers.get(CONTENT_TYPE) {
-        Some(content_type) if is_grpc_content_type(content_type) => call_failed(headers),
+        Some(content_type) if is_grpc_or_grpc_web(content_type) => call_failed(headers),
         _ => Some(false),
     }
+}
+
+/// Whether `content_type` is gRPC's or gRPC-Web's
+/// (`application/grpc-web`, `application/grpc-web-text+proto`, ...).
+fn is_grpc_or_grpc_web(content_type: &HeaderValue) -> bool {
+    let bytes = content_type.as_bytes();
+    let web = b"application/grpc-web";
+    is_grpc_content_type(content_type)
+        || (bytes.len() >= web.len() && bytes[..web.len()].eq_ignore_ascii_case(web))
 }
 
 /// Whether the `grpc-status` in `fields` (a head or trailers) is a
@@ -192,6 +202,12 @@ mod tests {
         );
         // The status comes in the trailers.
         assert_eq!(response_failed(StatusCode::OK, &head(&[grpc])), None);
+        let web = ("content-type", "application/grpc-web+proto");
+        assert_eq!(
+            response_failed(StatusCode::OK, &head(&[web, ("grpc-status", "16")])),
+            Some(true)
+        );
+        assert_eq!(response_failed(StatusCode::OK, &head(&[web])), None);
         assert_eq!(call_failed(&head(&[("grpc-status", "13")])), Some(true));
         assert_eq!(call_failed(&head(&[])), None);
     }

@@ -359,6 +359,14 @@ fn a_bad_api_key_entry_does_not_echo_the_key() {
     );
     assert!(!message.contains("sk-live-secret"), "{message}");
     assert!(message.contains("expected a sequence"), "{message}");
+    // Other secrets, given as a number where a string is wanted.
+    for (source, line, key) in [
+        ("[admin]\ntoken = 987654321\n", 2, "admin.token"),
+        ("[jwt]\nsecret = 987654321\n", 2, "jwt.secret"),
+    ] {
+        let message = refused(source, line, key);
+        assert!(!message.contains("987654321"), "{message}");
+    }
 }
 
 #[test]
