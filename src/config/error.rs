@@ -80,16 +80,7 @@ pub(super) fn missing_field(message: &str) -> Option<&str> {
 /// secrets).
 pub(super) fn syntax_error(source: &str, error: &toml::de::Error) -> ConfigError {
     let offset = error.span().map_or(0, |span| span.start);
-    let key = error
-        .span()
-        .and_then(|_| key_on_line(source, offset))
-        .map(|key| {
-            if section_of(source, offset) == Some("api_keys") {
-                "api_keys".to_owned()
-            } else {
-                key
-            }
-        });
+    let key = error.span().and_then(|_| key_to_name(source, offset));
     ConfigError {
         file: None,
         line: error.span().map(|_| line_of(source, offset)),
@@ -104,19 +95,23 @@ pub(super) fn not_utf8(error: &std::string::FromUtf8Error) -> ConfigError {
     let text = String::from_utf8_lossy(error.as_bytes());
     // The text before the first bad byte is the same in `text`.
     let offset = error.utf8_error().valid_up_to();
-    let key = key_on_line(&text, offset).map(|key| {
-        if section_of(&text, offset) == Some("api_keys") {
-            "api_keys".to_owned()
-        } else {
-            key
-        }
-    });
     ConfigError {
         file: None,
         line: Some(line_of(&text, offset)),
-        key,
+        key: key_to_name(&text, offset),
         message: "is not UTF-8 text (TOML files are UTF-8)".to_owned(),
     }
+}
+
+/// The key an error on the line at `offset` names: the one written there,
+/// or only the table in `[api_keys]`, whose keys are secrets.
+fn key_to_name(source: &str, offset: usize) -> Option<String> {
+    let key = key_on_line(source, offset)?;
+    Some(if section_of(source, offset) == Some("api_keys") {
+        "api_keys".to_owned()
+    } else {
+        key
+    })
 }
 
 /// The key written on the line at `offset`: `name` of `name = value`, or

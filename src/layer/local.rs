@@ -133,11 +133,8 @@ impl LocalLimits {
     /// here too when the store's are.
     pub(crate) fn record(&self, local: &LocalChecks) -> Option<Box<Refund>> {
         let store = self.store();
-        let mut conditional = (
-            Checks::new(),
-            Decisions::new(),
-            SmallVec::<[Count; 2]>::new(),
-        );
+        let (mut checks, mut decisions) = (Checks::new(), Decisions::new());
+        let mut counts = SmallVec::<[Count; 2]>::new();
         for (check, &count) in local.checks.iter().zip(&local.counts) {
             // A lease the store gave is released to the store, never here.
             if check.algorithm == Algorithm::Concurrency {
@@ -146,14 +143,13 @@ impl LocalLimits {
             // A memory store answers at once; nothing to wait for.
             let decided = store.check(std::slice::from_ref(check)).into_ready();
             if count != Count::All
-                && let Ok(Ok(decisions)) = decided
+                && let Ok(Ok(decided)) = decided
             {
-                conditional.0.push(check.clone());
-                conditional.1.extend(decisions);
-                conditional.2.push(count);
+                checks.push(check.clone());
+                decisions.extend(decided);
+                counts.push(count);
             }
         }
-        let (checks, decisions, counts) = conditional;
         Refund::of(store, &checks, &decisions, &counts, || None)
     }
 }

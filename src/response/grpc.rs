@@ -24,11 +24,17 @@ const UNAUTHENTICATED: u64 = 16;
 /// Whether `content_type` is gRPC's: `application/grpc`, or a subtype such
 /// as `application/grpc+proto` (gRPC-Web is not).
 pub(crate) fn is_grpc_content_type(content_type: &HeaderValue) -> bool {
+    matches!(after_grpc(content_type), Some([] | [b'+' | b';', ..]))
+}
+
+/// What follows `application/grpc` (in any case) in `content_type`, if it
+/// starts so.
+fn after_grpc(content_type: &HeaderValue) -> Option<&[u8]> {
     let bytes = content_type.as_bytes();
     let prefix = b"application/grpc";
-    bytes.len() >= prefix.len()
-        && bytes[..prefix.len()].eq_ignore_ascii_case(prefix)
-        && matches!(bytes.get(prefix.len()), None | Some(b'+' | b';'))
+    let head = bytes.get(..prefix.len())?;
+    head.eq_ignore_ascii_case(prefix)
+        .then(|| &bytes[prefix.len()..])
 }
 
 /// Whether a response of `status` with `headers` is a failure, if its
@@ -49,10 +55,10 @@ pub(crate) fn response_failed(status: StatusCode, headers: &HeaderMap) -> Option
 /// Whether `content_type` is gRPC's or gRPC-Web's
 /// (`application/grpc-web`, `application/grpc-web-text+proto`, ...).
 fn is_grpc_or_grpc_web(content_type: &HeaderValue) -> bool {
-    let bytes = content_type.as_bytes();
-    let web = b"application/grpc-web";
     is_grpc_content_type(content_type)
-        || (bytes.len() >= web.len() && bytes[..web.len()].eq_ignore_ascii_case(web))
+        || after_grpc(content_type)
+            .and_then(|rest| rest.get(..4))
+            .is_some_and(|web| web.eq_ignore_ascii_case(b"-web"))
 }
 
 /// Whether the `grpc-status` in `fields` (a head or trailers) is a
