@@ -156,21 +156,18 @@ async fn calls_count_by_their_grpc_status() {
         } else {
             (check, unknown)
         };
-        for _ in 0..5 {
-            let outcome = client.check(free()).await;
-            assert_ne!(
-                outcome.err().map(|status| status.code()),
-                Some(Code::ResourceExhausted),
-                "{count}: a call that does not count was counted"
-            );
-        }
-        for _ in 0..2 {
-            let outcome = client.check(counted()).await;
-            assert_ne!(
-                outcome.err().map(|status| status.code()),
-                Some(Code::ResourceExhausted),
-                "{count}: within the limit"
-            );
+        for (call, times, what) in [
+            (free, 5, "a call that does not count was counted"),
+            (counted, 2, "within the limit"),
+        ] {
+            for _ in 0..times {
+                let outcome = client.check(call()).await;
+                assert_ne!(
+                    outcome.err().map(|status| status.code()),
+                    Some(Code::ResourceExhausted),
+                    "{count}: {what}"
+                );
+            }
         }
         let status = client.check(free()).await.expect_err("over the limit");
         assert_eq!(

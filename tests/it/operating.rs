@@ -649,11 +649,9 @@ async fn the_breaker_closes_while_sixteen_tasks_drop_requests() {
     the_limit_holds(&app).await;
 }
 
-/// Failed logins the store admitted are in the local count too: when the
-/// store goes down, the client has only what is left of its limit, not a
-/// second one (a successful login between them still takes nothing).
-#[tokio::test]
-async fn counted_failures_carry_into_the_local_count() {
+/// The login app on a store that is down while the flag is set, its
+/// failed-logins policy falling back to a local limit.
+fn local_login_app() -> (Router, Arc<std::sync::atomic::AtomicBool>) {
     let down = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let store = FlakyStore::new(MemoryStore::new(), {
         let down = down.clone();
@@ -667,6 +665,15 @@ async fn counted_failures_carry_into_the_local_count() {
             OneClient,
             Policies::single(policy).unwrap(),
         ));
+    (app, down)
+}
+
+/// Failed logins the store admitted are in the local count too: when the
+/// store goes down, the client has only what is left of its limit, not a
+/// second one (a successful login between them still takes nothing).
+#[tokio::test]
+async fn counted_failures_carry_into_the_local_count() {
+    let (app, down) = local_login_app();
     for password in ["wrong", "demo", "wrong", "demo"] {
         let reply = send(&app, login_request(password)).await;
         assert_ne!(reply.status, StatusCode::TOO_MANY_REQUESTS);
@@ -692,19 +699,7 @@ async fn counted_failures_carry_into_the_local_count() {
 /// whole local limit for failed ones.
 #[tokio::test]
 async fn refunded_units_never_fill_a_local_count() {
-    let down = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let store = FlakyStore::new(MemoryStore::new(), {
-        let down = down.clone();
-        move |_| down.load(Ordering::Relaxed)
-    });
-    let policy = failed_logins().with_fail_mode(FailMode::Local);
-    let app = Router::new()
-        .route("/login", post(login))
-        .route_layer(RateLimitLayer::new(
-            store,
-            OneClient,
-            Policies::single(policy).unwrap(),
-        ));
+    let (app, down) = local_login_app();
     for _ in 0..5 {
         assert_eq!(
             send(&app, login_request("demo")).await.status,
