@@ -178,3 +178,44 @@ async fn calls_count_by_their_grpc_status() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// tonic serves a call whatever its HTTP method: the example refuses any
+/// but `POST` before the layer, so a `GET` of the limited method is never
+/// served, and takes nothing of the client's limit either.
+#[tokio::test]
+async fn a_call_sent_as_a_get_is_never_served() {
+    use tower::ServiceExt;
+
+    let example = GrpcExample::start(&[]);
+    let address = format!("http://127.0.0.1:{}", example.port);
+    let channel = tonic::transport::Channel::from_shared(address.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    for method in ["GET", "PUT", "GET", "DELETE", "GET", "PATCH", "GET"] {
+        // An empty `HealthCheckRequest`, framed as gRPC frames it.
+        let frame = bytes::Bytes::from_static(&[0, 0, 0, 0, 0]);
+        let request = http::Request::builder()
+            .method(method)
+            .uri(format!("{address}/grpc.health.v1.Health/Check"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(tonic::body::Body::new(http_body_util::Full::new(frame)))
+            .unwrap();
+        let response = channel.clone().oneshot(request).await.unwrap();
+        assert_eq!(
+            response.headers().get("grpc-status").map(|s| s.as_bytes()),
+            Some(&b"12"[..]),
+            "{method}: {:?}",
+            response.headers()
+        );
+    }
+    let mut client = example.client().await;
+    for _ in 0..5 {
+        client
+            .check(check())
+            .await
+            .expect("the whole limit is left");
+    }
+}
