@@ -56,7 +56,7 @@ fn redis_bytes_per_client(runtime: &tokio::runtime::Runtime, redis: &RedisServer
             let client = format!("{name}-{limit}");
             for _ in 0..limit {
                 clock.advance(Duration::from_millis(1));
-                let check = [Check::new(&policy, Key::new(&client))];
+                let check = [Check::new(&policy, Key::new(&client)).unwrap()];
                 assert!(runtime.block_on(store.check(&check)).unwrap()[0].admitted);
             }
             let keys: Vec<String> = redis
@@ -147,7 +147,7 @@ fn measure_memory_store(only: &str) {
         let store = MemoryStore::builder().max_keys(2 * CLIENTS).build();
         for key in &keys {
             let answer = store
-                .check(&[Check::new(&policy, key.clone())])
+                .check(&[Check::new(&policy, key.clone()).unwrap()])
                 .into_ready();
             assert!(
                 matches!(answer, Ok(Ok(_))),

@@ -48,7 +48,7 @@ fn memory_store(c: &mut Criterion) {
         let store = MemoryStore::new();
         let hot = Key::new("hot");
         group.bench_function(format!("{name}/hot_key"), |b| {
-            b.iter(|| decide_now(&store, Check::new(&policy, hot.clone())));
+            b.iter(|| decide_now(&store, Check::new(&policy, hot.clone()).unwrap()));
         });
 
         let many = MemoryStore::builder().max_keys(2_000_000).build();
@@ -56,13 +56,13 @@ fn memory_store(c: &mut Criterion) {
             .map(|i| Key::new(format!("client-{i}")))
             .collect();
         for key in &keys {
-            decide_now(&many, Check::new(&policy, key.clone()));
+            decide_now(&many, Check::new(&policy, key.clone()).unwrap());
         }
         let mut next = 0;
         group.bench_function(format!("{name}/1m_keys"), |b| {
             b.iter(|| {
                 next = (next + 7919) % keys.len();
-                decide_now(&many, Check::new(&policy, keys[next].clone()))
+                decide_now(&many, Check::new(&policy, keys[next].clone()).unwrap())
             });
         });
     }

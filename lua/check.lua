@@ -1161,16 +1161,25 @@ local function bucket_write(s)
   s.stored = { s.at, s.d, s.window }
 end
 
+-- The time a refund names is when the request's units are repaid: the
+-- debt is repaid first in, first out, so they are the last of the debt it
+-- leaves (rounded down, so a refund never takes back a repaid unit).
 function bucket.record(s)
   s.d = s.d + s.cost * s.window
-  s.recorded = s.at
+  s.recorded = s.at + idiv(s.d, s.limit)
   bucket_write(s)
 end
 
--- Gives back `cost` units: refilling is linear, so the bucket is as if
--- the request had not been made.
-function bucket.refund(s, at, cost)
-  s.d = math.max(0, s.d - cost * s.window)
+-- Gives back what is left unrepaid of `cost` units to be repaid by
+-- `repaid_by`: the debt still ahead of that time, at most the cost, and
+-- nothing once that time has passed (the bucket refilled them already).
+function bucket.refund(s, repaid_by, cost)
+  local unrepaid = math.min((repaid_by - s.at) * s.limit, cost * s.window, s.d)
+  if unrepaid <= 0 then
+    bucket.save(s)
+    return
+  end
+  s.d = s.d - unrepaid
   bucket_write(s)
 end
 

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use crate::key::Key;
 use crate::policy::Policy;
-use crate::throttle::LIMIT_LOOKUP_TIMEOUTS;
+use crate::throttle::{LIMIT_LOOKUP_INVALID, LIMIT_LOOKUP_TIMEOUTS};
 
 /// The future a [`LimitLookup`] returns: the client's own limit, or `None`
 /// for the tier's.
@@ -176,15 +176,30 @@ impl ClientLimits {
             .iter()
             .map(|policy| {
                 let pair = (policy.shared_name().clone(), key.clone());
-                (pair, self.lookup.limit(key, policy))
+                (pair, policy.clone(), self.lookup.limit(key, policy))
             })
             .collect();
         let limits = self.clone();
         async move {
             let mut found = Found::new();
-            for (pair, lookup) in lookups {
+            for (pair, policy, lookup) in lookups {
                 let limit = match tokio::time::timeout(timeout, lookup).await {
-                    Ok(limit) => limit.filter(|&limit| limit > 0),
+                    Ok(Some(limit)) if limit > 0 => match policy.validate_own_limit(limit) {
+                        Ok(()) => Some(limit),
+                        Err(invalid) => {
+                            if let Some(held_back) = LIMIT_LOOKUP_INVALID.admit() {
+                                tracing::warn!(
+                                    %invalid,
+                                    held_back,
+                                    "limit lookup answered a limit the policy cannot count; \
+                                     the tier's limits apply"
+                                );
+                            }
+                            found.push(None);
+                            continue;
+                        }
+                    },
+                    Ok(_) => None,
                     Err(_) => {
                         if let Some(held_back) = LIMIT_LOOKUP_TIMEOUTS.admit() {
                             tracing::warn!(

@@ -34,6 +34,9 @@ pub(crate) static TIER_LOOKUP_TIMEOUTS: Throttle = Throttle::new();
 /// Limit lookups that took longer than the layer waits.
 pub(crate) static LIMIT_LOOKUP_TIMEOUTS: Throttle = Throttle::new();
 
+/// Limit lookups that answered a limit the policy cannot count.
+pub(crate) static LIMIT_LOOKUP_INVALID: Throttle = Throttle::new();
+
 /// Refunds the store could not take.
 pub(crate) static REFUND_FAILURES: Throttle = Throttle::new();
 

@@ -97,7 +97,7 @@ pub(crate) fn slidegate_checks(
 ) -> impl Fn(usize) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync + 'static {
     let policy = Policy::new("bench", NEVER, Duration::from_secs(1));
     move |task| {
-        let future = store.check(&[Check::new(&policy, keys[task].clone())]);
+        let future = store.check(&[Check::new(&policy, keys[task].clone()).unwrap()]);
         Box::pin(async move {
             black_box(future.await.unwrap());
         })

@@ -13,7 +13,8 @@ use crate::limits::Overrides;
 use crate::policy::Policies;
 
 /// The table of `[overrides]`, each client a key the configured sources
-/// can make, each policy one of `policies`, each limit at least 1.
+/// can make, each policy one of `policies`, each limit one the policy can count
+/// exactly ([`Policy::validate_own_limit`](crate::Policy::validate_own_limit)).
 pub(super) fn overrides(
     raw: Option<Spanned<RawOverrides>>,
     keys: &[KeySource],
@@ -36,11 +37,13 @@ pub(super) fn overrides(
                     message,
                 )
             };
-            if !policies.iter().any(|known| known.name() == policy) {
-                return Err(refuse("names no policy of this file"));
-            }
-            if *limit.get_ref() == 0 {
-                return Err(refuse("must be at least 1"));
+            let Some(known) = policies.iter().find(|known| known.name() == policy) else {
+                return Err(refuse("names no policy of this file".to_owned()));
+            };
+            if let Err(invalid) = known.validate_own_limit(*limit.get_ref()) {
+                return Err(refuse(format!(
+                    "is no limit this policy can count: {invalid}"
+                )));
             }
             table = table.with(key.clone(), policy, limit.into_inner());
         }

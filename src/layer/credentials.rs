@@ -72,9 +72,10 @@ impl fmt::Debug for CredentialFailures {
 impl CredentialFailures {
     /// At most `limit` refused credentials per address within `window`
     /// (the configuration's default is 10 a minute). A limit of 0 is taken
-    /// as 1, and a window under a millisecond as one millisecond.
+    /// as 1, and a window outside a millisecond to
+    /// [`MAX_WINDOW`](crate::policy::MAX_WINDOW) as the nearer of the two.
     pub fn new(limit: u32, window: Duration) -> Self {
-        let window = window.max(Duration::from_millis(1));
+        let window = window.clamp(Duration::from_millis(1), crate::policy::MAX_WINDOW);
         Self {
             policy: Policy::new(CREDENTIAL_FAILURES, limit.max(1), window),
             peer_ip: PeerIp::new(),
@@ -106,7 +107,7 @@ impl CredentialFailures {
             return None;
         }
         let address = self.peer_ip.extract(parts).ok().flatten()?;
-        Some(Check::new(&self.policy, address.key))
+        Some(Check::of_valid(&self.policy, address.key, None))
     }
 
     /// The cached denial of the address of `check`, if it is blocked now.

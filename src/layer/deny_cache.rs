@@ -209,7 +209,7 @@ mod tests {
         let clock = FakeClock::new(1_000_000);
         let cache = DenyCache::with_clock(100, clock.clone());
         let policy = Policy::new("p", 10, 60 * SEC).with_cost(3);
-        let check = Check::new(&policy, Key::new("k"));
+        let check = Check::new(&policy, Key::new("k")).unwrap();
         cache.remember(
             std::slice::from_ref(&check),
             &[denied(5 * SEC, 2)],
@@ -234,7 +234,7 @@ mod tests {
         let clock = FakeClock::new(0);
         let cache = DenyCache::with_clock(100, clock.clone());
         let policy = Policy::new("p", 10, 60 * SEC).with_cost(3);
-        let check = Check::new(&policy, Key::new("k"));
+        let check = Check::new(&policy, Key::new("k")).unwrap();
         cache.remember(std::slice::from_ref(&check), &[denied(5 * SEC, 2)], 0);
         let variants = [
             (
@@ -264,18 +264,18 @@ mod tests {
             ),
         ];
         for (policy, hit, why) in variants {
-            let check = Check::new(&policy, Key::new("k"));
+            let check = Check::new(&policy, Key::new("k")).unwrap();
             assert_eq!(cache.lookup(&[check]).is_some(), hit, "{why}");
         }
-        let other_client = Check::new(&policy, Key::new("someone-else"));
+        let other_client = Check::new(&policy, Key::new("someone-else")).unwrap();
         assert!(cache.lookup(&[other_client]).is_none());
     }
 
     #[test]
     fn admitted_policies_of_a_denied_batch_are_not_cached() {
         let cache = DenyCache::with_clock(100, FakeClock::new(0));
-        let tight = Check::new(&Policy::new("tight", 1, 60 * SEC), Key::new("k"));
-        let loose = Check::new(&Policy::new("loose", 100, 60 * SEC), Key::new("k"));
+        let tight = Check::new(&Policy::new("tight", 1, 60 * SEC), Key::new("k")).unwrap();
+        let loose = Check::new(&Policy::new("loose", 100, 60 * SEC), Key::new("k")).unwrap();
         let fits = Decision {
             retry_after: None,
             ..denied(SEC, 50)
@@ -292,7 +292,7 @@ mod tests {
         let cache = DenyCache::with_clock(100, FakeClock::new(0));
         let policy = Policy::new("p", 10, 60 * SEC);
         for client in 0..10_000 {
-            let check = Check::new(&policy, Key::new(format!("c{client}")));
+            let check = Check::new(&policy, Key::new(format!("c{client}"))).unwrap();
             cache.remember(&[check], &[denied(SEC, 0)], 0);
         }
         assert!(cache.len() <= 110, "{} entries", cache.len());

@@ -46,7 +46,7 @@ impl RateLimitLayer {
             None => None,
         };
         let limits = policy.limits_with(tier, own);
-        let mut check = Check::with_cost(policy, key.clone(), limits, limits.cost);
+        let mut check = Check::from_limits(policy, key.clone(), limits, limits.cost);
         self.shared.in_namespace(&mut check);
         check
     }
@@ -103,7 +103,7 @@ impl RateLimitLayer {
     /// name; [`LimitError::Store`] if the store could not answer.
     pub async fn reset(&self, policy: &str, key: &Key) -> Result<(), LimitError> {
         let policy = self.policy_named(policy)?;
-        let mut check = Check::new(&policy, key.clone());
+        let mut check = Check::of_valid(&policy, key.clone(), None);
         self.shared.in_namespace(&mut check);
         self.shared
             .store

@@ -309,9 +309,9 @@ mod tests {
         let minute = Duration::from_secs(60);
         let key = Key::new("client");
         let checks: Checks = [
-            Check::new(&Policy::new("all", 10, minute), key.clone()),
-            Check::new(&Policy::new("failures", 3, minute), key.clone()),
-            Check::new(&Policy::new("hourly", 100, minute * 60), key),
+            Check::new(&Policy::new("all", 10, minute), key.clone()).unwrap(),
+            Check::new(&Policy::new("failures", 3, minute), key.clone()).unwrap(),
+            Check::new(&Policy::new("hourly", 100, minute * 60), key).unwrap(),
         ]
         .into_iter()
         .collect();

@@ -138,7 +138,7 @@ pub(crate) fn checks(
                 window: limits.window,
             });
         }
-        checks.push(Check::with_cost(policy, key.clone(), *limits, cost));
+        checks.push(Check::from_limits(policy, key.clone(), *limits, cost));
     }
     Ok(checks)
 }

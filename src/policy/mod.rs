@@ -407,6 +407,34 @@ impl Policy {
         }
     }
 
+    /// Whether `limit` may be a client's own limit under this policy (an
+    /// override, or a [`LimitLookup`](crate::limits::LimitLookup)'s
+    /// answer): the limits it makes with the policy and with each of its
+    /// tiers pass the same validation as the policy's own, but for the
+    /// cost (a cost above a client's own limit is refused per request).
+    ///
+    /// ```
+    /// use slidegate::{Policy, policy::Algorithm};
+    /// use std::time::Duration;
+    ///
+    /// let bucket = Policy::new("api", 10, Duration::from_secs(7200)).with_algorithm(Algorithm::TokenBucket);
+    /// assert!(bucket.validate_own_limit(1_000).is_ok());
+    /// // 2,562,047,789 × 7,200 s in µs is past 2^52.
+    /// assert!(bucket.validate_own_limit(2_562_047_789).is_err());
+    /// assert!(bucket.validate_own_limit(0).is_err());
+    /// ```
+    pub fn validate_own_limit(&self, limit: u32) -> Result<(), PolicyError> {
+        let tiers = self.tiers.iter().map(|(tier, _)| Some(&**tier));
+        for tier in std::iter::once(None).chain(tiers) {
+            let name = match tier {
+                Some(tier) => format!("{} (tier `{tier}`, a client's own limit)", self.name),
+                None => format!("{} (a client's own limit)", self.name),
+            };
+            validate_counts(&name, self.limits_with(tier, Some(limit)), self.algorithm)?;
+        }
+        Ok(())
+    }
+
     /// The limits in force for a client of `tier` whose own limit (from a
     /// [`LimitLookup`](crate::limits::LimitLookup)) is `own`: it replaces
     /// the tier's limit, and a token bucket's burst too unless the policy
@@ -562,7 +590,7 @@ impl Policy {
         self.delay
     }
 
-    fn validate(&self) -> Result<(), PolicyError> {
+    pub(crate) fn validate(&self) -> Result<(), PolicyError> {
         if !is_valid_name(&self.name) {
             return Err(PolicyError::InvalidName {
                 name: self.name.to_string(),
@@ -597,20 +625,9 @@ impl Policy {
 }
 
 fn validate_limits(name: String, limits: Limits, algorithm: Algorithm) -> Result<(), PolicyError> {
-    if limits.limit == 0 {
-        return Err(PolicyError::ZeroLimit { name });
-    }
-    if limits.window < Duration::from_millis(1) {
-        return Err(PolicyError::WindowTooShort { name });
-    }
-    if limits.window > MAX_WINDOW {
-        return Err(PolicyError::WindowTooLong { name });
-    }
+    validate_counts(&name, limits, algorithm)?;
     if limits.cost == 0 {
         return Err(PolicyError::ZeroCost { name });
-    }
-    if limits.burst == 0 {
-        return Err(PolicyError::ZeroBurst { name });
     }
     if limits.cost > limits.burst {
         return Err(PolicyError::CostAboveLimit {
@@ -619,18 +636,37 @@ fn validate_limits(name: String, limits: Limits, algorithm: Algorithm) -> Result
             limit: limits.burst,
         });
     }
+    Ok(())
+}
+
+/// What every limit a client can be given must pass, whatever it costs:
+/// a limit, window and burst that both stores count exactly.
+fn validate_counts(name: &str, limits: Limits, algorithm: Algorithm) -> Result<(), PolicyError> {
+    let name = || name.to_owned();
+    if limits.limit == 0 {
+        return Err(PolicyError::ZeroLimit { name: name() });
+    }
+    if limits.window < Duration::from_millis(1) {
+        return Err(PolicyError::WindowTooShort { name: name() });
+    }
+    if limits.window > MAX_WINDOW {
+        return Err(PolicyError::WindowTooLong { name: name() });
+    }
+    if limits.burst == 0 {
+        return Err(PolicyError::ZeroBurst { name: name() });
+    }
     if algorithm == Algorithm::TokenBucket
         && u128::from(limits.burst) * limits.window.as_micros() >= MAX_BUCKET_PRODUCT
     {
-        return Err(PolicyError::BucketTooLarge { name });
+        return Err(PolicyError::BucketTooLarge { name: name() });
     }
     if algorithm == Algorithm::SlidingCounter {
         let window_ms = limits.window.as_millis();
         if !limits.window.subsec_nanos().is_multiple_of(1_000_000) {
-            return Err(PolicyError::CounterWindowNotWholeMillis { name });
+            return Err(PolicyError::CounterWindowNotWholeMillis { name: name() });
         }
         if u128::from(limits.limit) * window_ms >= MAX_COUNTER_PRODUCT {
-            return Err(PolicyError::CounterTooLarge { name });
+            return Err(PolicyError::CounterTooLarge { name: name() });
         }
     }
     Ok(())

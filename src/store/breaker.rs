@@ -431,10 +431,7 @@ mod tests {
     }
 
     fn check() -> [Check; 1] {
-        [Check::new(
-            &Policy::new("p", 1, Duration::from_secs(1)),
-            Key::new("k"),
-        )]
+        [Check::new(&Policy::new("p", 1, Duration::from_secs(1)), Key::new("k")).unwrap()]
     }
 
     fn outcome(store: &impl Store) -> Result<crate::store::Decisions, StoreError> {

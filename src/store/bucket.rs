@@ -88,16 +88,29 @@ impl TokenBucket {
         self.debt + u64::from(check.cost) * self.window <= Self::full(check, self.window)
     }
 
-    /// Records `cost` units; returns the time they were recorded at.
+    /// Records `cost` units; returns the time they are repaid by, which a
+    /// refund names: the debt is repaid first in, first out, so a
+    /// request's units are the last of the debt it leaves, and are repaid
+    /// in full when that debt is (rounded down, so that a refund never
+    /// takes back a unit already repaid).
     pub(super) fn record(&mut self, cost: u32) -> u64 {
         self.debt += u64::from(cost) * self.window;
-        self.at
+        self.at + self.debt / u64::from(self.limit.max(1))
     }
 
-    /// Gives back `cost` units: refilling is linear, so the bucket is as
-    /// if the request had not been made.
-    pub(super) fn refund(&mut self, cost: u32) {
-        self.debt = self.debt.saturating_sub(u64::from(cost) * self.window);
+    /// Gives back what is left unrepaid of `cost` units that were to be
+    /// repaid by `repaid_by`, after [`place`](Self::place): at most the
+    /// `(repaid_by - at) × limit` of debt still ahead of that time, never
+    /// more than the request's own cost, and nothing once its time has
+    /// passed. A refund long after the request gives back nothing, as the
+    /// bucket already refilled those units.
+    pub(super) fn refund(&mut self, repaid_by: u64, cost: u32) -> bool {
+        let ahead = repaid_by
+            .saturating_sub(self.at)
+            .saturating_mul(u64::from(self.limit.max(1)));
+        let unrepaid = ahead.min(u64::from(cost) * self.window).min(self.debt);
+        self.debt -= unrepaid;
+        unrepaid > 0
     }
 
     /// Whether the bucket is full again by `now`.
@@ -151,7 +164,7 @@ mod tests {
             .with_algorithm(Algorithm::TokenBucket)
             .with_burst(burst)
             .with_cost(cost);
-        Check::new(&policy, Key::new("k"))
+        Check::new(&policy, Key::new("k")).unwrap()
     }
 
     fn take(bucket: &mut TokenBucket, now: u64, check: &Check) -> Decision {
@@ -192,7 +205,7 @@ mod tests {
         let policy = Policy::new("b", 3, Duration::from_secs(1))
             .with_algorithm(Algorithm::TokenBucket)
             .with_burst(1);
-        let third = Check::new(&policy, Key::new("k"));
+        let third = Check::new(&policy, Key::new("k")).unwrap();
         let mut bucket = TokenBucket::default();
         assert!(take(&mut bucket, 0, &third).admitted);
         let denied = take(&mut bucket, 0, &third);

@@ -208,10 +208,7 @@ impl Counts {
             }
             Self::Counter(counter) => counter.refund(at, cost),
             Self::Fixed(fixed) => fixed.refund(at, cost),
-            Self::Bucket(bucket) => {
-                bucket.refund(cost);
-                true
-            }
+            Self::Bucket(bucket) => bucket.refund(at, cost),
             Self::Leases(leases) => {
                 leases.release(at);
                 true
@@ -441,7 +438,7 @@ struct Inner {
 /// # async fn tokio_test() {
 /// let store = MemoryStore::new();
 /// let policy = Policy::new("api", 2, Duration::from_secs(60));
-/// let check = [Check::new(&policy, Key::new("alice"))];
+/// let check = [Check::new(&policy, Key::new("alice")).unwrap()];
 /// assert!(store.check(&check).await.unwrap()[0].admitted);
 /// assert!(store.check(&check).await.unwrap()[0].admitted);
 /// assert!(!store.check(&check).await.unwrap()[0].admitted);

@@ -38,7 +38,7 @@ use std::time::Duration;
 
 use crate::clock::duration_micros;
 use crate::key::Key;
-use crate::policy::{Algorithm, Limits, Policy};
+use crate::policy::{Algorithm, Limits, Policy, PolicyError};
 
 /// What a [`Store`] decided for a batch: one [`Decision`] per check.
 pub type CheckOutcome = Result<Decisions, StoreError>;
@@ -116,46 +116,39 @@ impl<T> fmt::Debug for CheckFuture<T> {
 }
 
 /// One policy to check for one client, as part of a request's batch.
+///
+/// Built only from a valid [`Policy`] ([`Check::new`], [`Check::for_tier`]),
+/// so every store is given limits it computes exactly (and alike): a
+/// check cannot be edited into a window of 0 or a product past the
+/// precision of Redis's numbers. Its parts are read with the methods of
+/// the same names.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
 pub struct Check {
-    /// The policy's name; part of the store key.
-    pub policy: Arc<str>,
-    /// The namespace of the layer that checks
-    /// ([`RateLimitLayer::namespace`](crate::RateLimitLayer::namespace)),
-    /// if it has one; part of the store key, so a store keeps the counts
-    /// of one policy name in two namespaces apart.
-    pub namespace: Option<Arc<str>>,
-    /// The client's key.
-    pub key: Key,
-    /// Units allowed per window.
-    pub limit: u32,
-    /// The sliding window; a store counts a window longer than
-    /// [`MAX_WINDOW`](crate::policy::MAX_WINDOW) as that.
-    pub window: Duration,
-    /// Units this request consumes; never above `burst`.
-    pub cost: u32,
-    /// The counting algorithm.
-    pub algorithm: Algorithm,
-    /// The units a client may spend at once: a token bucket's size, the
-    /// limit for every other algorithm.
-    pub burst: u32,
-    /// How long a denial by this check's own count blocks the client;
-    /// zero for a policy that does not block.
-    pub block: Duration,
+    pub(crate) policy: Arc<str>,
+    pub(crate) namespace: Option<Arc<str>>,
+    pub(crate) key: Key,
+    pub(crate) limit: u32,
+    pub(crate) window: Duration,
+    pub(crate) cost: u32,
+    pub(crate) algorithm: Algorithm,
+    pub(crate) burst: u32,
+    pub(crate) block: Duration,
 }
 
 impl Check {
-    /// The check of `policy` for the client `key`.
+    /// The check of `policy` for the client `key`, or why the policy is
+    /// not valid (as [`Policies`](crate::Policies) would refuse it).
     ///
     /// ```
     /// use slidegate::{Policy, key::Key, store::Check};
     /// use std::time::Duration;
     ///
-    /// let check = Check::new(&Policy::new("api", 10, Duration::from_secs(1)), Key::new("alice"));
-    /// assert_eq!((check.limit, check.cost), (10, 1));
+    /// let check = Check::new(&Policy::new("api", 10, Duration::from_secs(1)), Key::new("alice"))?;
+    /// assert_eq!((check.limit(), check.cost()), (10, 1));
+    /// assert!(Check::new(&Policy::new("api", 10, Duration::ZERO), Key::new("alice")).is_err());
+    /// # Ok::<(), slidegate::policy::PolicyError>(())
     /// ```
-    pub fn new(policy: &Policy, key: Key) -> Self {
+    pub fn new(policy: &Policy, key: Key) -> Result<Self, PolicyError> {
         Self::for_tier(policy, key, None)
     }
 
@@ -167,16 +160,24 @@ impl Check {
     /// use std::time::Duration;
     ///
     /// let search = Policy::new("search", 5, Duration::from_secs(60)).with_tier("pro", TierLimits::new().limit(50));
-    /// assert_eq!(Check::for_tier(&search, Key::new("a"), Some("pro")).limit, 50);
-    /// assert_eq!(Check::for_tier(&search, Key::new("a"), Some("gold")).limit, 5);
+    /// assert_eq!(Check::for_tier(&search, Key::new("a"), Some("pro"))?.limit(), 50);
+    /// assert_eq!(Check::for_tier(&search, Key::new("a"), Some("gold"))?.limit(), 5);
+    /// # Ok::<(), slidegate::policy::PolicyError>(())
     /// ```
-    pub fn for_tier(policy: &Policy, key: Key, tier: Option<&str>) -> Self {
-        let limits = policy.limits_for(tier);
-        Self::with_cost(policy, key, limits, limits.cost)
+    pub fn for_tier(policy: &Policy, key: Key, tier: Option<&str>) -> Result<Self, PolicyError> {
+        policy.validate()?;
+        Ok(Self::of_valid(policy, key, tier))
     }
 
-    /// The check of `policy` for `key` under `limits`, at `cost` units.
-    pub(crate) fn with_cost(policy: &Policy, key: Key, limits: Limits, cost: u32) -> Self {
+    /// [`for_tier`](Self::for_tier) for a policy already validated.
+    pub(crate) fn of_valid(policy: &Policy, key: Key, tier: Option<&str>) -> Self {
+        let limits = policy.limits_for(tier);
+        Self::from_limits(policy, key, limits, limits.cost)
+    }
+
+    /// The check of `policy` for `key` under `limits` (validated with the
+    /// policy, or as a client's own limit), at `cost` units.
+    pub(crate) fn from_limits(policy: &Policy, key: Key, limits: Limits, cost: u32) -> Self {
         Self {
             policy: policy.shared_name().clone(),
             namespace: None,
@@ -189,9 +190,80 @@ impl Check {
             block: policy.block().unwrap_or_default(),
         }
     }
-}
 
-impl Check {
+    /// This check at a cost of `cost` units instead of the policy's: at
+    /// least 1, and a cost above the burst (which never fits, and is
+    /// denied with the wait of a whole window) is kept as one unit more
+    /// than the burst. A concurrency check always costs 1.
+    ///
+    /// ```
+    /// use slidegate::{Policy, key::Key, store::Check};
+    /// use std::time::Duration;
+    ///
+    /// let check = Check::new(&Policy::new("api", 10, Duration::from_secs(1)), Key::new("a"))?;
+    /// assert_eq!(check.clone().with_cost(4).cost(), 4);
+    /// assert_eq!(check.with_cost(u32::MAX).cost(), 11);
+    /// # Ok::<(), slidegate::policy::PolicyError>(())
+    /// ```
+    #[must_use]
+    pub fn with_cost(mut self, cost: u32) -> Self {
+        self.cost = match self.algorithm {
+            Algorithm::Concurrency => 1,
+            _ => cost.clamp(1, self.burst.saturating_add(1)),
+        };
+        self
+    }
+
+    /// The policy's name; part of the store key.
+    pub fn policy(&self) -> &Arc<str> {
+        &self.policy
+    }
+
+    /// The namespace of the layer that checks
+    /// ([`RateLimitLayer::namespace`](crate::RateLimitLayer::namespace)),
+    /// if it has one; part of the store key, so a store keeps the counts
+    /// of one policy name in two namespaces apart.
+    pub fn namespace(&self) -> Option<&Arc<str>> {
+        self.namespace.as_ref()
+    }
+
+    /// The client's key.
+    pub fn key(&self) -> &Key {
+        &self.key
+    }
+
+    /// Units allowed per window.
+    pub fn limit(&self) -> u32 {
+        self.limit
+    }
+
+    /// The sliding window (a concurrency policy's lease time).
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+
+    /// Units this request consumes.
+    pub fn cost(&self) -> u32 {
+        self.cost
+    }
+
+    /// The counting algorithm.
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm
+    }
+
+    /// The units a client may spend at once: a token bucket's size, the
+    /// limit for every other algorithm.
+    pub fn burst(&self) -> u32 {
+        self.burst
+    }
+
+    /// How long a denial by this check's own count blocks the client;
+    /// zero for a policy that does not block.
+    pub fn block(&self) -> Duration {
+        self.block
+    }
+
     /// The window in microseconds, at most [`MAX_WINDOW`](crate::policy::MAX_WINDOW)'s.
     pub(crate) fn window_micros(&self) -> u64 {
         duration_micros(self.window.min(crate::policy::MAX_WINDOW))

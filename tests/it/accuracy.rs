@@ -114,14 +114,14 @@ impl Replay {
     fn spend(&self, key: &Key, cost: u32) -> Decision {
         decide(
             &self.store,
-            Check::new(&self.policy.clone().with_cost(cost), key.clone()),
+            Check::new(&self.policy.clone().with_cost(cost), key.clone()).unwrap(),
         )
     }
 
     /// The units counted for `key` now, without recording anything.
     fn counted(&self, key: &Key) -> u32 {
-        let mut probe = Check::new(&self.policy, key.clone());
-        probe.cost = self.policy.limit() + 1;
+        let mut probe = Check::new(&self.policy, key.clone()).unwrap();
+        probe = probe.with_cost(self.policy.limit() + 1);
         self.policy.limit() - decide(&self.store, probe).remaining
     }
 }

@@ -47,7 +47,7 @@ async fn redis_admits_exactly_the_limit_across_independent_stores() {
         let tasks: Vec<_> = (0..REQUESTS)
             .map(|i| {
                 let store = stores[i % 2].clone();
-                let check = Check::new(&policy, key.clone());
+                let check = Check::new(&policy, key.clone()).unwrap();
                 tokio::spawn(async move { store.check(&[check]).await })
             })
             .collect();
@@ -126,8 +126,8 @@ fn memory_store_admits_exactly_the_limit_across_threads() {
                             .unwrap();
                         let mut admitted = 0;
                         for i in 0..100 {
-                            let a = Check::new(per_key, Key::new(format!("t{trial}")));
-                            let b = Check::new(shared, Key::new(format!("t{trial}")));
+                            let a = Check::new(per_key, Key::new(format!("t{trial}"))).unwrap();
+                            let b = Check::new(shared, Key::new(format!("t{trial}"))).unwrap();
                             // Alternate the order, so lock ordering is exercised.
                             let batch = if (thread + i) % 2 == 0 {
                                 vec![a, b]

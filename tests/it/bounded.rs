@@ -42,7 +42,7 @@ async fn fill(store: &RedisStore, clock: &FakeClock, check: &Check, records: u32
             .map(|n| {
                 let (store, mut check) = (store.clone(), check.clone());
                 if costly > 0 && (thousand * 1000 + n) % costly == 0 {
-                    check.cost = 65_536;
+                    check = check.with_cost(65_536);
                 }
                 tokio::spawn(async move { store.check(&[check]).await })
             })
@@ -117,13 +117,9 @@ async fn every_path_on_a_log_of_100_000_records_holds_redis_briefly() {
     let hour = Policy::new("quota", 1_000_000, Duration::from_secs(3600));
     let units = Policy::new("units", 4_000_000_000, Duration::from_secs(3600));
     let units_minute = Policy::new("units", 4_000_000_000, Duration::from_secs(60));
-    let check = Check::new(&hour, Key::new("big"));
-    let mixed = Check::new(&units, Key::new("mixed"));
-    let full = |check: &Check| {
-        let mut full = check.clone();
-        full.cost = full.limit;
-        full
-    };
+    let check = Check::new(&hour, Key::new("big")).unwrap();
+    let mixed = Check::new(&units, Key::new("mixed")).unwrap();
+    let full = |check: &Check| check.clone().with_cost(check.limit());
 
     log_every_call(&server);
     fill(&store, &clock, &check, RECORDS, 0).await;
@@ -172,8 +168,8 @@ async fn every_path_on_a_log_of_100_000_records_holds_redis_briefly() {
             &server,
             "a tier with a shorter window, cost = limit",
             async {
-                let mut short = Check::new(&units_minute, Key::new("mixed"));
-                short.cost = short.limit;
+                let mut short = Check::new(&units_minute, Key::new("mixed")).unwrap();
+                short = short.with_cost(units_minute.limit());
                 assert!(!one(&store, &short).await.admitted);
             },
         )
@@ -219,7 +215,7 @@ async fn every_path_on_a_log_of_100_000_records_holds_redis_briefly() {
             "widening the newest page: a cost of 65,536",
             async {
                 let mut costly = check.clone();
-                costly.cost = 65_536;
+                costly = costly.with_cost(65_536);
                 assert!(one(&store, &costly).await.admitted);
             },
         )
@@ -234,7 +230,7 @@ async fn every_path_on_a_log_of_100_000_records_holds_redis_briefly() {
                 // 72 minutes more, when a new record's offset from its page's
                 // base no longer fits 4 bytes.
                 let two_hours = Policy::new("units", 4_000_000_000, Duration::from_secs(7200));
-                let long = Check::new(&two_hours, Key::new("mixed"));
+                let long = Check::new(&two_hours, Key::new("mixed")).unwrap();
                 assert!(one(&store, &long).await.admitted);
                 clock.advance(Duration::from_secs(72 * 60));
                 assert!(one(&store, &long).await.admitted);
@@ -286,6 +282,6 @@ async fn every_path_on_a_log_of_100_000_records_holds_redis_briefly() {
 /// `check` at a cost of one unit.
 fn first_of(check: &Check) -> Check {
     let mut one = check.clone();
-    one.cost = 1;
+    one = one.with_cost(1);
     one
 }

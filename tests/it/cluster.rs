@@ -28,7 +28,7 @@ fn store(cluster: &RedisCluster, clock: &FakeClock) -> RedisStore {
 async fn check(store: &RedisStore, policies: &[&Policy], key: &str) -> Decisions {
     let checks = policies
         .iter()
-        .map(|p| Check::new(p, Key::new(key)))
+        .map(|p| Check::new(p, Key::new(key)).unwrap())
         .collect::<Vec<_>>();
     store.check(&checks).await.expect("the cluster answers")
 }
@@ -112,7 +112,7 @@ async fn concurrent_checks_through_two_cluster_pools_admit_exactly_the_limit() {
         let mut tasks = Vec::new();
         for i in 0..400 {
             let store = stores[i % 2].clone();
-            let check = Check::new(&policy, Key::new(&key));
+            let check = Check::new(&policy, Key::new(&key)).unwrap();
             tasks.push(tokio::spawn(async move { store.check(&[check]).await }));
         }
         let mut admitted = 0;
@@ -137,8 +137,8 @@ async fn a_batch_across_slots_is_an_error_never_an_admit() {
         .find(|(a, b)| slot(&cluster, a) != slot(&cluster, b))
         .unwrap();
     let batch = vec![
-        Check::new(&policy, Key::new(&a)),
-        Check::new(&policy, Key::new(&b)),
+        Check::new(&policy, Key::new(&a)).unwrap(),
+        Check::new(&policy, Key::new(&b)).unwrap(),
     ];
     match store.check(&batch).await {
         Err(StoreError::Backend(error)) => {
@@ -194,7 +194,7 @@ async fn a_lost_script_comes_back_while_another_node_is_down() {
         primary.cli(&["function", "flush"]);
     }
     for client in 0..10 {
-        let checks = [Check::new(&policy, Key::new(format!("r{client}")))];
+        let checks = [Check::new(&policy, Key::new(format!("r{client}"))).unwrap()];
         let answer = store.check(&checks).await;
         assert!(answer.is_ok(), "client {client}: {answer:?}");
         assert_eq!(answer.unwrap()[0].remaining, 98);
@@ -210,7 +210,7 @@ async fn a_cluster_failover_is_invisible_to_requests() {
     let clock = FakeClock::new(START);
     let store = store(&cluster, &clock);
     let policy = Policy::new("c-failover", 5, MINUTE);
-    let checks = [Check::new(&policy, Key::new("moving"))];
+    let checks = [Check::new(&policy, Key::new("moving")).unwrap()];
     for _ in 0..3 {
         assert!(store.check(&checks).await.unwrap()[0].admitted);
     }
@@ -263,7 +263,7 @@ async fn checks_queued_together_on_a_cluster_share_a_call_per_slot() {
     let clock = FakeClock::new(START);
     let store = Arc::new(store(&cluster, &clock));
     let policy = Policy::new("grouped", 10, MINUTE);
-    let one = |key: &str| vec![Check::new(&policy, Key::new(key))];
+    let one = |key: &str| vec![Check::new(&policy, Key::new(key)).unwrap()];
     // Loads the library on every primary, so that what follows is counted
     // from a steady state.
     for client in 0..30 {
@@ -282,8 +282,8 @@ async fn checks_queued_together_on_a_cluster_share_a_call_per_slot() {
         requests.push(one(&format!("other{i}")));
     }
     requests.push(vec![
-        Check::new(&policy, Key::new(&a)),
-        Check::new(&policy, Key::new(&b)),
+        Check::new(&policy, Key::new(&a)).unwrap(),
+        Check::new(&policy, Key::new(&b)).unwrap(),
     ]);
     let slots: HashSet<String> = (0..20)
         .map(|i| slot(&cluster, &format!("{{user:other{i}}}")))
@@ -330,7 +330,7 @@ async fn a_configured_timeout_past_half_a_second_is_the_one_that_counts_on_a_clu
     let store = settings.store().unwrap();
     store.connect(Duration::from_secs(5)).await.unwrap();
     let policy = Policy::new("patient", 10, MINUTE);
-    let check = [Check::new(&policy, Key::new("c"))];
+    let check = [Check::new(&policy, Key::new("c")).unwrap()];
     store.check(&check).await.unwrap();
     let primary = cluster.primary_of(&store.base_key(&check[0]));
     assert!(

@@ -173,7 +173,7 @@ async fn memory_max_keys_bounds_the_memory_store() {
     let store = config.memory_store();
     let policy = Policy::new("p", 5, std::time::Duration::from_secs(60));
     for client in 0..1000 {
-        let checks = [Check::new(&policy, Key::new(format!("c{client}")))];
+        let checks = [Check::new(&policy, Key::new(format!("c{client}"))).unwrap()];
         assert!(store.check(&checks).await.unwrap()[0].admitted);
     }
     assert!(store.len() <= 100, "{} tracked", store.len());
@@ -848,6 +848,18 @@ fn bad_overrides_and_admin_settings_name_key_and_line() {
         9,
         "overrides.\"ip:203.0.113.9\".search",
     );
+    // A limit the policy cannot count exactly on both stores: a token
+    // bucket of 2 h whose burst × window passes 2^52 µs.
+    let bucket = "[[policy]]\nname = \"b\"\nroute = \"GET /api/b\"\nlimit = 10\nwindow = \"2h\"\n\
+                  algorithm = \"token_bucket\"\n";
+    let message = refused(
+        &format!(
+            "[limiter]\nkeys = [\"ip\"]\n{bucket}[overrides]\n\"ip:203.0.113.9\" = {{ b = 2562047789 }}\n"
+        ),
+        10,
+        "overrides.\"ip:203.0.113.9\".b",
+    );
+    assert!(message.contains("2^52"), "{message}");
     refused(
         &file("\"ip:203.0.113.9\" = { search = \"many\" }"),
         9,

@@ -69,7 +69,7 @@ fn policies(mask: u8, cost: u32, tier: u8) -> Vec<Policy> {
 fn checks_of(step: &Step) -> Vec<Check> {
     policies(step.policies, step.cost, step.tier)
         .iter()
-        .map(|p| Check::new(p, Key::new(format!("client{}", step.client))))
+        .map(|p| Check::new(p, Key::new(format!("client{}", step.client))).unwrap())
         .collect()
 }
 
@@ -202,7 +202,7 @@ fn a_refund_frees_exactly_its_units() {
         ] {
             let policy = Policy::new(format!("{algorithm:?}"), 3, Duration::from_secs(60))
                 .with_algorithm(algorithm);
-            let check = [Check::new(&policy, Key::new("client"))];
+            let check = [Check::new(&policy, Key::new("client")).unwrap()];
             let mut recorded = Vec::new();
             for _ in 0..3 {
                 let decision = runtime.block_on(store.check(&check)).unwrap()[0];
@@ -281,7 +281,7 @@ fn a_batch_decides_as_its_requests_one_after_the_other() {
                 .map(|&(client, mask, cost, tier)| {
                     policies(mask, cost, tier)
                         .iter()
-                        .map(|p| Check::new(p, Key::new(format!("client{client}"))))
+                        .map(|p| Check::new(p, Key::new(format!("client{client}"))).unwrap())
                         .collect()
                 })
                 .collect();
@@ -356,9 +356,9 @@ fn log_checks(client: u8, cost: u32) -> Vec<Check> {
     ]
     .iter()
     .map(|policy| {
-        let mut check = Check::new(policy, Key::new(format!("client{client}")));
-        check.cost = cost.min(check.limit);
-        check
+        Check::new(policy, Key::new(format!("client{client}")))
+            .unwrap()
+            .with_cost(cost.min(policy.limit()))
     })
     .collect()
 }
@@ -396,7 +396,7 @@ fn a_log_kept_alive_for_hours_decides_as_memory_does() {
     let runtime = runtime();
     let (clock, memory, redis) = twin_stores(&server.pool(1), "hours".to_owned());
     let policy = Policy::new("half-hour", 6, Duration::from_secs(1800));
-    let check = [Check::new(&policy, Key::new("steady"))];
+    let check = [Check::new(&policy, Key::new("steady")).unwrap()];
     let mut denied = 0;
     for minute in (0..6 * 60).step_by(5) {
         clock.set(1_700_000_000_123_457 + minute * 60_000_000);
@@ -564,10 +564,10 @@ fn both_stores_keep_the_logs_rules() {
                 LogStep::Check { by_us, long: is_long, cost, peek } => {
                     clock.set(clock.now_micros().saturating_add_signed(by_us));
                     let now = clock.now_micros();
-                    let mut check = Check::new(if is_long { &long } else { &short }, Key::new("c"));
-                    check.cost = cost;
-                    let window = check.window.as_micros() as u64;
-                    let fits = model.prepare(now, window, check.limit, cost);
+                    let mut check = Check::new(if is_long { &long } else { &short }, Key::new("c")).unwrap();
+                    check = check.with_cost(cost);
+                    let window = check.window().as_micros() as u64;
+                    let fits = model.prepare(now, window, check.limit(), cost);
                     let checks = [check.clone()];
                     let (from_memory, from_redis) = if peek {
                         (runtime.block_on(memory.peek(&checks)).unwrap(), runtime.block_on(redis.peek(&checks)).unwrap())
@@ -576,7 +576,7 @@ fn both_stores_keep_the_logs_rules() {
                     };
                     prop_assert_eq!(&from_memory, &from_redis, "at {:?}", step);
                     let recorded = (fits && !peek).then(|| model.record(now, window, cost));
-                    let (admitted_now, remaining, reset, retry) = model.decision(now, window, check.limit, cost, fits && !peek);
+                    let (admitted_now, remaining, reset, retry) = model.decision(now, window, check.limit(), cost, fits && !peek);
                     let decision = from_redis[0];
                     prop_assert_eq!(
                         (decision.admitted && !peek, decision.remaining, decision.reset.as_micros() as u64, decision.retry_after.map(|d| d.as_micros() as u64)),
@@ -593,8 +593,8 @@ fn both_stores_keep_the_logs_rules() {
                     let (check, at) = admitted.remove(index);
                     let now = clock.now_micros();
                     for _ in 0..if twice { 2 } else { 1 } {
-                        model.prepare(now, check.window.as_micros() as u64, check.limit, check.cost);
-                        model.refund(at.as_micros() as u64, check.cost);
+                        model.prepare(now, check.window().as_micros() as u64, check.limit(), check.cost());
+                        model.refund(at.as_micros() as u64, check.cost());
                         let checks = [check.clone()];
                         runtime.block_on(memory.refund(&checks, &[at])).unwrap();
                         runtime.block_on(redis.refund(&checks, &[at])).unwrap();
@@ -645,11 +645,11 @@ fn both_stores_keep_the_logs_rules_over_thousands_of_records() {
             for _ in 0..times {
                 model.prepare(
                     now,
-                    check.window.as_micros() as u64,
-                    check.limit,
-                    check.cost,
+                    check.window().as_micros() as u64,
+                    check.limit(),
+                    check.cost(),
                 );
-                model.refund(at.as_micros() as u64, check.cost);
+                model.refund(at.as_micros() as u64, check.cost());
                 let checks = [check.clone()];
                 runtime.block_on(memory.refund(&checks, &[at])).unwrap();
                 runtime.block_on(redis.refund(&checks, &[at])).unwrap();
@@ -662,16 +662,16 @@ fn both_stores_keep_the_logs_rules_over_thousands_of_records() {
         } else {
             &long
         };
-        let mut check = Check::new(policy, Key::new("c"));
-        check.cost = match random.gen_range(0..200) {
-            0 => check.limit + 1,
-            1 => check.limit,
+        let cost = match random.gen_range(0..200) {
+            0 => policy.limit() + 1,
+            1 => policy.limit(),
             2..=5 => random.gen_range(2..50),
             _ => 1,
         };
+        let check = Check::new(policy, Key::new("c")).unwrap().with_cost(cost);
         let peek = random.gen_range(0..20) == 0;
-        let window = check.window.as_micros() as u64;
-        let fits = model.prepare(now, window, check.limit, check.cost);
+        let window = check.window().as_micros() as u64;
+        let fits = model.prepare(now, window, check.limit(), check.cost());
         let checks = [check.clone()];
         let (from_memory, from_redis) = if peek {
             (
@@ -685,8 +685,8 @@ fn both_stores_keep_the_logs_rules_over_thousands_of_records() {
             )
         };
         assert_eq!(from_memory, from_redis, "step {step}");
-        let recorded = (fits && !peek).then(|| model.record(now, window, check.cost));
-        let expected = model.decision(now, window, check.limit, check.cost, fits && !peek);
+        let recorded = (fits && !peek).then(|| model.record(now, window, check.cost()));
+        let expected = model.decision(now, window, check.limit(), check.cost(), fits && !peek);
         let decision = from_redis[0];
         let micros = |d: Duration| d.as_micros() as u64;
         assert_eq!(
@@ -739,12 +739,9 @@ fn counters_agree_when_the_clock_steps_back_around_peeks_and_denials() {
         let fixed = Policy::new("fixed", 3, Duration::from_millis(800)).with_algorithm(Algorithm::FixedWindow);
         for (by_us, peek, both, cost) in &steps {
             clock.set(clock.now_micros().saturating_add_signed(*by_us));
-            let mut checks = vec![Check::new(&counter, Key::new("c"))];
+            let mut checks = vec![Check::new(&counter, Key::new("c")).unwrap().with_cost(*cost)];
             if *both {
-                checks.push(Check::new(&fixed, Key::new("c")));
-            }
-            for check in &mut checks {
-                check.cost = *cost;
+                checks.push(Check::new(&fixed, Key::new("c")).unwrap().with_cost(*cost));
             }
             let (from_memory, from_redis) = if *peek {
                 (runtime.block_on(memory.peek(&checks)).unwrap(), runtime.block_on(redis.peek(&checks)).unwrap())

@@ -391,7 +391,7 @@ async fn the_pool_follows_a_failover_that_demotes_the_old_primary() {
         .build()
         .unwrap();
     let policy = Policy::new("failover", 1_000_000, Duration::from_secs(60));
-    let check = |client: usize| [Check::new(&policy, Key::new(format!("c{client}")))];
+    let check = |client: usize| [Check::new(&policy, Key::new(format!("c{client}"))).unwrap()];
     // Every pooled connection in use at once, to the old primary.
     let (a, b, c, d) = (check(0), check(1), check(2), check(3));
     let answers = tokio::join!(
@@ -443,7 +443,7 @@ async fn a_connection_that_falls_silent_is_replaced() {
         .unwrap();
     let store = RedisStore::builder(pool).timeout(TIMEOUT).build().unwrap();
     let policy = Policy::new("silent", 1_000_000, Duration::from_secs(60));
-    let check = [Check::new(&policy, Key::new("c"))];
+    let check = [Check::new(&policy, Key::new("c")).unwrap()];
     assert!(store.check(&check).await.unwrap()[0].admitted);
 
     proxy.switch_to(new.port());
@@ -505,7 +505,7 @@ async fn a_full_redis_refuses_new_counts_instead_of_growing_past_its_limit() {
         if refused == 100 {
             break;
         }
-        let check = [Check::new(&policy, Key::new(format!("client-{client}")))];
+        let check = [Check::new(&policy, Key::new(format!("client-{client}"))).unwrap()];
         match store.check(&check).await {
             Ok(decisions) => assert!(decisions[0].admitted),
             Err(error) => {

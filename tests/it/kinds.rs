@@ -183,8 +183,8 @@ async fn a_reset_forgets_the_count_and_the_block(tested: StoreUnderTest) {
         for _ in 0..3 {
             s.one(policy, "k").await;
         }
-        let checks = [Check::new(policy, Key::new("k"))];
-        let other = [Check::new(policy, Key::new("other"))];
+        let checks = [Check::new(policy, Key::new("k")).unwrap()];
+        let other = [Check::new(policy, Key::new("other")).unwrap()];
         s.one(policy, "other").await;
         let peeked = s.store.peek(&checks).await.unwrap()[0];
         assert!(!peeked.admitted, "{}", policy.name());
@@ -196,7 +196,7 @@ async fn a_reset_forgets_the_count_and_the_block(tested: StoreUnderTest) {
         let kept = s.store.peek(&other).await.unwrap()[0];
         assert_eq!(kept.remaining, 1, "{}", policy.name());
         // A reset of a client never seen is no error.
-        let unknown = [Check::new(policy, Key::new("unknown"))];
+        let unknown = [Check::new(policy, Key::new("unknown")).unwrap()];
         s.store.reset(&unknown).await.unwrap();
     }
 }

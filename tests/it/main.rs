@@ -30,4 +30,5 @@ mod own_limits;
 mod pipelining;
 mod production_redis;
 mod redis_state;
+mod refunds;
 mod window;

@@ -62,7 +62,7 @@ fn login_app(store: impl Store) -> Router {
 /// Waits (at most two seconds) until `store` shows `remaining` units of
 /// the failed-logins policy: a refund to Redis lands after its response.
 async fn settled(store: &dyn Store, remaining: u32) {
-    let check = [Check::new(&failed_logins(), Key::new("client"))];
+    let check = [Check::new(&failed_logins(), Key::new("client")).unwrap()];
     let started = Instant::now();
     loop {
         let decision = store.peek(&check).await.unwrap()[0];
@@ -210,13 +210,13 @@ async fn shadow_policies_never_deny(tested: StoreUnderTest) {
     // The shadow policy counted the two it admitted, and none it denied.
     let trial = Policy::new("trial", 2, MINUTE);
     let peeked = store
-        .peek(&[Check::new(&trial, Key::new("client"))])
+        .peek(&[Check::new(&trial, Key::new("client")).unwrap()])
         .await
         .unwrap()[0];
     assert_eq!(peeked.remaining, 0);
     let search = Policy::new("search", 5, MINUTE);
     let peeked = store
-        .peek(&[Check::new(&search, Key::new("client"))])
+        .peek(&[Check::new(&search, Key::new("client")).unwrap()])
         .await
         .unwrap()[0];
     assert_eq!(peeked.remaining, 0);

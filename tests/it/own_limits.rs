@@ -119,6 +119,57 @@ async fn an_own_limit_below_the_cost_is_said_at_once(tested: StoreUnderTest) {
 }
 on_both_stores!(an_own_limit_below_the_cost_is_said_at_once);
 
+/// A lookup answer past what a policy can count exactly (a token bucket
+/// whose burst × window passes 2^52 µs, a sliding counter whose limit ×
+/// window passes 2^51 ms) is a lookup error: the policy's own limit
+/// applies, alike on both stores, never a wrapped or rounded one.
+async fn an_uncountable_own_limit_is_a_lookup_error(tested: StoreUnderTest) {
+    const DAY: Duration = Duration::from_secs(86_400);
+    let bucket =
+        Policy::new("bucket", 10, DAY).with_algorithm(slidegate::policy::Algorithm::TokenBucket);
+    let counter =
+        Policy::new("counter", 5, DAY).with_algorithm(slidegate::policy::Algorithm::SlidingCounter);
+    let lookup = |_: &Key, policy: &Policy| {
+        let answer = if policy.name() == "bucket" {
+            1_000_000_000
+        } else {
+            4_000_000_000
+        };
+        async move { Some(answer) }
+    };
+    let policies = Policies::builder()
+        .route("GET /bucket", bucket)
+        .route("GET /counter", counter)
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::new(tested.store, clients(), policies).limit_lookup(lookup);
+    let app = Router::new()
+        .route("/bucket", get(|| async { "bucket" }))
+        .route("/counter", get(|| async { "counter" }))
+        .route_layer(layer);
+    for (path, limit) in [("/bucket", 10), ("/counter", 5)] {
+        let mut admitted = 0;
+        for _ in 0..20 {
+            let reply = send(
+                &app,
+                Request::get(path)
+                    .header("x-client", "big")
+                    .body(Body::empty())
+                    .unwrap(),
+            )
+            .await;
+            assert_eq!(
+                reply.header("x-ratelimit-limit"),
+                Some(&*limit.to_string()),
+                "{path}"
+            );
+            admitted += usize::from(reply.status == StatusCode::OK);
+        }
+        assert_eq!(admitted, limit, "{path}: the policy's own limit");
+    }
+}
+on_both_stores!(an_uncountable_own_limit_is_a_lookup_error);
+
 async fn the_layer_peeks_at_and_resets_one_client(tested: StoreUnderTest) {
     let policy = Policy::new("search", 3, MINUTE).with_block(Duration::from_secs(600));
     let layer = RateLimitLayer::new(tested.store, clients(), Policies::single(policy).unwrap());

@@ -57,7 +57,7 @@ async fn checks_in_flight_share_the_connections_the_store_holds() {
                 .unwrap(),
         );
         let checks = (0..300)
-            .map(|i| Check::new(&policy, Key::new(format!("c{i}"))))
+            .map(|i| Check::new(&policy, Key::new(format!("c{i}"))).unwrap())
             .collect();
         let decisions = check_all(&store, checks).await;
         assert!(decisions.iter().all(|d| d.admitted && d.remaining == 9));
@@ -79,7 +79,7 @@ async fn a_pipeline_mixing_clients_denies_only_the_client_over_its_limit() {
     let server = RedisServer::start();
     let store = patient_store(&server);
     let policy = Policy::new("mixed", 3, Duration::from_secs(60));
-    let spent = Check::new(&policy, Key::new("spent"));
+    let spent = Check::new(&policy, Key::new("spent")).unwrap();
     for _ in 0..3 {
         assert!(store.check(std::slice::from_ref(&spent)).await.unwrap()[0].admitted);
     }
@@ -90,7 +90,7 @@ async fn a_pipeline_mixing_clients_denies_only_the_client_over_its_limit() {
             if i % 6 == 0 {
                 spent.clone()
             } else {
-                Check::new(&policy, Key::new(format!("fresh{i}")))
+                Check::new(&policy, Key::new(format!("fresh{i}"))).unwrap()
             }
         })
         .collect();
@@ -139,7 +139,7 @@ async fn a_check_timing_out_in_a_pipeline_leaves_the_checks_behind_it_their_answ
             .unwrap(),
     );
     let policy = Policy::new("pipeline", 10, Duration::from_secs(60));
-    let check = |name: &str| Check::new(&policy, Key::new(name));
+    let check = |name: &str| Check::new(&policy, Key::new(name)).unwrap();
     // Client d{i} has made i requests.
     for i in 0..8 {
         for _ in 0..i {
@@ -197,7 +197,7 @@ async fn checks_queued_together_are_decided_by_one_call_in_arrival_order() {
     let server = RedisServer::start();
     let store = patient_store(&server);
     let policy = Policy::new("batched", 40, Duration::from_secs(60));
-    let check = |name: &str| Check::new(&policy, Key::new(name));
+    let check = |name: &str| Check::new(&policy, Key::new(name)).unwrap();
     // Loads the library, so that what follows is one call.
     store.check(&[check("warm")]).await.unwrap();
     server.cli(&["config", "resetstat"]);
@@ -237,7 +237,7 @@ async fn a_request_failing_inside_a_batch_leaves_the_others_decided() {
     let server = RedisServer::start();
     let store = patient_store(&server);
     let policy = Policy::new("isolated", 5, Duration::from_secs(60));
-    let check = |name: &str| Check::new(&policy, Key::new(name));
+    let check = |name: &str| Check::new(&policy, Key::new(name)).unwrap();
     store.check(&[check("warm")]).await.unwrap();
     let broken = check("broken");
     server.cli(&["set", &format!("{}:l", store.base_key(&broken)), "short"]);
@@ -287,7 +287,7 @@ async fn a_batch_refused_functions_is_decided_check_by_check() {
     let policy = Policy::new("refused", 5, Duration::from_secs(60));
     for round in 0..2 {
         let checks = (0..12)
-            .map(|_| Check::new(&policy, Key::new(format!("client{round}"))))
+            .map(|_| Check::new(&policy, Key::new(format!("client{round}"))).unwrap())
             .collect();
         let decisions = check_all(&store, checks).await;
         let admitted: Vec<bool> = decisions.iter().map(|d| d.admitted).collect();
@@ -306,7 +306,7 @@ async fn a_configured_timeout_past_half_a_second_is_the_one_that_counts() {
     settings.timeout = Duration::from_secs(3);
     let store = settings.store().unwrap();
     let policy = Policy::new("patient", 10, Duration::from_secs(60));
-    let check = [Check::new(&policy, Key::new("c"))];
+    let check = [Check::new(&policy, Key::new("c")).unwrap()];
     store.check(&check).await.unwrap();
 
     let sleeper = server.keep_busy("0.8");
@@ -331,12 +331,12 @@ async fn a_flood_of_queued_checks_is_split_into_calls_of_at_most_32_policies() {
     let store = patient_store(&server);
     let policy = Policy::new("flood", 100, Duration::from_secs(60));
     store
-        .check(&[Check::new(&policy, Key::new("warm"))])
+        .check(&[Check::new(&policy, Key::new("warm")).unwrap()])
         .await
         .unwrap();
     server.cli(&["config", "resetstat"]);
     let checks = (0..300)
-        .map(|_| Check::new(&policy, Key::new("flooded")))
+        .map(|_| Check::new(&policy, Key::new("flooded")).unwrap())
         .collect();
     let decisions = check_all(&store, checks).await;
     assert_eq!(calls(&server, "fcall"), 10, "300 checks in calls of 32");
@@ -354,7 +354,7 @@ async fn a_flood_of_queued_checks_is_split_into_calls_of_at_most_32_policies() {
             let store = store.clone();
             let checks: Vec<Check> = three
                 .iter()
-                .map(|p| Check::new(p, Key::new("many")))
+                .map(|p| Check::new(p, Key::new("many")).unwrap())
                 .collect();
             tokio::spawn(async move { store.check(&checks).await })
         })
@@ -375,13 +375,13 @@ async fn a_window_changing_inside_a_batch_never_admits_past_a_logs_limit() {
     let store = patient_store(&server);
     let warm = Policy::new("warm", 5, Duration::from_secs(60));
     store
-        .check(&[Check::new(&warm, Key::new("warm"))])
+        .check(&[Check::new(&warm, Key::new("warm")).unwrap()])
         .await
         .unwrap();
     let short = Policy::new("tiered", 5, Duration::from_secs(60));
     let long = Policy::new("tiered", 5, Duration::from_secs(120));
     let checks = (0..12)
-        .map(|i| Check::new(if i % 2 == 0 { &short } else { &long }, Key::new("tiered")))
+        .map(|i| Check::new(if i % 2 == 0 { &short } else { &long }, Key::new("tiered")).unwrap())
         .collect();
     server.cli(&["config", "resetstat"]);
     let decisions = check_all(&store, checks).await;

@@ -28,7 +28,7 @@ fn store_of(certs: &TestCerts, redis: &str) -> RedisStore {
 /// Three requests admitted, the fourth denied: the limit holds.
 async fn the_limit_holds(store: &RedisStore) {
     let policy = Policy::new("tls", 3, Duration::from_secs(60));
-    let check = [Check::new(&policy, Key::new("client"))];
+    let check = [Check::new(&policy, Key::new("client")).unwrap()];
     for remaining in (0..3).rev() {
         let decision = store.check(&check).await.unwrap()[0];
         assert!(decision.admitted);
@@ -77,7 +77,7 @@ async fn mutual_tls_takes_a_client_certificate_and_refuses_a_client_without_one(
     let policy = Policy::new("tls", 3, Duration::from_secs(60));
     assert!(
         without
-            .check(&[Check::new(&policy, Key::new("client"))])
+            .check(&[Check::new(&policy, Key::new("client")).unwrap()])
             .await
             .is_err(),
         "no check goes through without a client certificate"
@@ -168,7 +168,7 @@ async fn an_acl_user_in_a_numbered_database_on_connections_named_slidegate() {
     let store = RedisSettings::default().with_url(url).store().unwrap();
     store.connect(WITHIN).await.unwrap();
     let policy = Policy::new("acl", 2, Duration::from_secs(60));
-    let check = [Check::new(&policy, Key::new("client"))];
+    let check = [Check::new(&policy, Key::new("client")).unwrap()];
     assert!(store.check(&check).await.unwrap()[0].admitted);
 
     let admin = |args: &[&str]| {
@@ -267,7 +267,7 @@ async fn the_store_follows_a_sentinel_failover_and_keeps_the_counts() {
     let store = sentinel_store(&set);
     store.connect(WITHIN).await.unwrap();
     let policy = Policy::new("sentinel", 3, Duration::from_secs(60));
-    let check = [Check::new(&policy, Key::new("client"))];
+    let check = [Check::new(&policy, Key::new("client")).unwrap()];
     at_its_limit(&store, &set, &check).await;
     let before = set.primary_port();
 
@@ -292,7 +292,7 @@ async fn the_store_follows_a_sentinel_promotion_after_the_primary_is_killed() {
     let mut set = SentinelSet::start();
     let store = sentinel_store(&set);
     let policy = Policy::new("sentinel", 3, Duration::from_secs(60));
-    let check = [Check::new(&policy, Key::new("client"))];
+    let check = [Check::new(&policy, Key::new("client")).unwrap()];
     at_its_limit(&store, &set, &check).await;
     let before = set.primary_port();
     let killed = set.nodes.iter().position(|n| n.port() == before).unwrap();
@@ -326,8 +326,8 @@ async fn a_full_redis_keeps_limiting_the_clients_it_already_holds() {
         .with_algorithm(slidegate::policy::Algorithm::SlidingCounter);
     let checks = |key: &str| {
         vec![
-            Check::new(&policy, Key::new(key)),
-            Check::new(&counter, Key::new(key)),
+            Check::new(&policy, Key::new(key)).unwrap(),
+            Check::new(&counter, Key::new(key)).unwrap(),
         ]
     };
     for _ in 0..5 {

@@ -38,7 +38,7 @@ async fn spend(
     client: &str,
     requests: u32,
 ) {
-    let check = [Check::new(policy, Key::new(client))];
+    let check = [Check::new(policy, Key::new(client)).unwrap()];
     for _ in 0..requests {
         clock.advance(Duration::from_millis(1));
         let decision = store.check(&check).await.unwrap()[0];
@@ -77,7 +77,7 @@ async fn a_full_sliding_log_takes_at_most_8_bytes_per_request() {
             let name = format!("bytes-{window_s}s-{limit}");
             let policy = Policy::new(name.as_str(), limit, Duration::from_secs(window_s));
             spend(&store, &clock, &policy, "full", limit).await;
-            let check = Check::new(&policy, Key::new("full"));
+            let check = Check::new(&policy, Key::new("full")).unwrap();
             let (bytes, keys) = log_bytes(&server, &store, &check);
             let per_request = bytes as f64 / f64::from(limit);
             println!(
@@ -90,11 +90,11 @@ async fn a_full_sliding_log_takes_at_most_8_bytes_per_request() {
     }
     // Costs from 1 to 65,536, as a client may choose them.
     let policy = Policy::new("mixed", 1_000_000_000, Duration::from_secs(3600));
-    let mut check = Check::new(&policy, Key::new("mixed"));
+    let mut check = Check::new(&policy, Key::new("mixed")).unwrap();
     let requests = 10_000;
     for n in 0..requests {
         clock.advance(Duration::from_millis(1));
-        check.cost = [1, 7, 300, 65_536][n % 4];
+        check = check.with_cost([1, 7, 300, 65_536][n % 4]);
         assert!(store.check(std::slice::from_ref(&check)).await.unwrap()[0].admitted);
     }
     let (bytes, _) = log_bytes(&server, &store, &check);
@@ -112,7 +112,7 @@ async fn a_log_shrinks_back_after_a_burst() {
     let clock = FakeClock::new(START);
     let store = store_on(&server, &clock);
     let policy = Policy::new("burst", 10_000, Duration::from_secs(10));
-    let check = Check::new(&policy, Key::new("bursty"));
+    let check = Check::new(&policy, Key::new("bursty")).unwrap();
     spend(&store, &clock, &policy, "bursty", 1).await;
     let calm = log_bytes(&server, &store, &check);
     spend(&store, &clock, &policy, "bursty", 5_000).await;
@@ -144,7 +144,7 @@ async fn an_evicted_log_starts_afresh_and_never_sticks() {
     let clock = FakeClock::new(START);
     let store = store_on(&server, &clock);
     let policy = Policy::new("lru", 5, Duration::from_secs(60));
-    let victim = Check::new(&policy, Key::new("victim"));
+    let victim = Check::new(&policy, Key::new("victim")).unwrap();
     let key = format!("{}:l", store.base_key(&victim));
     spend(&store, &clock, &policy, "victim", 5).await;
 
@@ -153,7 +153,7 @@ async fn an_evicted_log_starts_afresh_and_never_sticks() {
     while server.cli(&["exists", &key]).trim() == "1" {
         assert!(flooded < 200_000, "the victim was never evicted");
         let batch: Vec<Check> = (flooded..flooded + 100)
-            .map(|n| Check::new(&policy, Key::new(format!("flood-{n}"))))
+            .map(|n| Check::new(&policy, Key::new(format!("flood-{n}"))).unwrap())
             .collect();
         let decisions = store.check(&batch).await.unwrap();
         assert!(decisions.iter().all(|d| d.admitted));
@@ -199,7 +199,7 @@ async fn a_redis_that_refuses_functions_still_decides_exactly() {
         .unwrap();
     spend(&store, &clock, &policy, "without", 3).await;
     let denied = store
-        .check(&[Check::new(&policy, Key::new("without"))])
+        .check(&[Check::new(&policy, Key::new("without")).unwrap()])
         .await
         .unwrap()[0];
     assert!(!denied.admitted, "{denied:?}");
@@ -216,7 +216,7 @@ async fn a_log_key_holding_foreign_bytes_is_an_error_not_an_empty_log() {
     let clock = FakeClock::new(START);
     let store = store_on(&server, &clock);
     let policy = Policy::new("foreign", 5, Duration::from_secs(60));
-    let check = [Check::new(&policy, Key::new("victim"))];
+    let check = [Check::new(&policy, Key::new("victim")).unwrap()];
     let key = format!("{}:l", store.base_key(&check[0]));
     for foreign in ["short", &format!("\u{2}{}", "x".repeat(60))] {
         server.cli(&["set", &key, foreign]);
@@ -246,7 +246,7 @@ async fn a_longer_window_keeps_a_denied_clients_key_alive() {
         let hour =
             Policy::new(name.as_str(), 3, Duration::from_secs(3600)).with_algorithm(algorithm);
         spend(&store, &clock, &minute, "grower", 3).await;
-        let check = Check::new(&hour, Key::new("grower"));
+        let check = Check::new(&hour, Key::new("grower")).unwrap();
         let key = format!("{}:{suffix}", store.base_key(&check));
         let minute_ttl: u64 = server.cli(&["pttl", &key]).trim().parse().unwrap();
         // Two minutes and the injected clock's grace of one.
@@ -284,10 +284,10 @@ async fn a_failing_request_writes_nothing_alone_or_in_a_batch() {
     spend(&store, &clock, &log, "k", 2).await;
     spend(&store, &clock, &paged, "k", 300).await;
     clock.advance(Duration::from_secs(11));
-    let pruned = Check::new(&log, Key::new("k"));
-    let broken = Check::new(&counter, Key::new("k"));
-    let mut lost = Check::new(&paged, Key::new("k"));
-    lost.cost = lost.limit;
+    let pruned = Check::new(&log, Key::new("k")).unwrap();
+    let broken = Check::new(&counter, Key::new("k")).unwrap();
+    let mut lost = Check::new(&paged, Key::new("k")).unwrap();
+    lost = lost.with_cost(paged.limit());
     server.cli(&[
         "set",
         &format!("{}:c", store.base_key(&broken)),
@@ -307,7 +307,7 @@ async fn a_failing_request_writes_nothing_alone_or_in_a_batch() {
                 let checks = if i == 2 {
                     failing.clone()
                 } else {
-                    vec![Check::new(&log, Key::new(format!("fine{i}")))]
+                    vec![Check::new(&log, Key::new(format!("fine{i}"))).unwrap()]
                 };
                 tokio::spawn(async move { store.check(&checks).await })
             })
@@ -334,7 +334,7 @@ async fn a_log_evicted_in_part_starts_afresh() {
     let clock = FakeClock::new(START);
     let store = store_on(&server, &clock);
     let policy = Policy::new("parts", 1_000, Duration::from_secs(60));
-    let check = Check::new(&policy, Key::new("k"));
+    let check = Check::new(&policy, Key::new("k")).unwrap();
     let base = store.base_key(&check);
     for gone in ["p", "l"] {
         server.cli(&["flushall"]);
@@ -346,7 +346,7 @@ async fn a_log_evicted_in_part_starts_afresh() {
         let peek = store.peek(std::slice::from_ref(&check)).await.unwrap()[0];
         assert_eq!(peek.remaining, 400, "after losing :{gone}");
         let mut full = check.clone();
-        full.cost = 400;
+        full = full.with_cost(400);
         assert!(store.check(std::slice::from_ref(&full)).await.unwrap()[0].admitted);
         let denied = store.check(std::slice::from_ref(&check)).await.unwrap()[0];
         assert!(!denied.admitted);

@@ -45,7 +45,7 @@ impl Subject {
     ) -> Result<Decisions, StoreError> {
         let checks = policies
             .iter()
-            .map(|p| Check::new(p, Key::new(key)))
+            .map(|p| Check::new(p, Key::new(key)).unwrap())
             .collect::<Vec<_>>();
         self.store.check(&checks).await
     }
@@ -57,8 +57,8 @@ impl Subject {
     /// The units left for `key` now, asked with a request costing more
     /// than the limit, which can never be admitted and so records nothing.
     pub(crate) async fn check_only(&self, policy: &Policy, key: &str) -> u32 {
-        let mut probe = Check::new(policy, Key::new(key));
-        probe.cost = policy.limit() + 1;
+        let mut probe = Check::new(policy, Key::new(key)).unwrap();
+        probe = probe.with_cost(policy.limit() + 1);
         let d = self.store.check(&[probe]).await.expect("store answers")[0];
         assert!(!d.admitted, "the probe must not be admitted");
         d.remaining
@@ -407,8 +407,8 @@ async fn redis_keeps_counts_while_its_own_clock_runs_ahead_of_an_injected_one() 
     // 500 µs before the fixed window's end: its exact TTL would be 1 ms.
     s.advance(SEC - Duration::from_micros(500));
     for policy in [&log, &counter, &fixed] {
-        let mut spend = Check::new(policy, Key::new("still"));
-        spend.cost = 2;
+        let mut spend = Check::new(policy, Key::new("still")).unwrap();
+        spend = spend.with_cost(2);
         assert!(s.store.check(&[spend]).await.unwrap()[0].admitted);
     }
     // Real time passes well beyond every exact TTL; the fake clock does not.
@@ -419,19 +419,22 @@ async fn redis_keeps_counts_while_its_own_clock_runs_ahead_of_an_injected_one() 
     }
 }
 
-/// A hand-built check with an endless window (policies refuse one) is
-/// counted as the longest window a policy may have, by every algorithm.
-async fn an_endless_window_is_counted_as_the_longest(tested: StoreUnderTest) {
+/// A check with the longest window a policy may have is counted by every
+/// algorithm alike.
+async fn the_longest_window_is_counted(tested: StoreUnderTest) {
     let s = Subject::from(tested);
     for algorithm in [
         Algorithm::SlidingLog,
         Algorithm::SlidingCounter,
         Algorithm::FixedWindow,
     ] {
-        let policy =
-            Policy::new(format!("endless-{algorithm:?}"), 2, SEC).with_algorithm(algorithm);
-        let mut check = Check::new(&policy, Key::new("forever"));
-        check.window = Duration::MAX;
+        let policy = Policy::new(
+            format!("endless-{algorithm:?}"),
+            2,
+            slidegate::policy::MAX_WINDOW,
+        )
+        .with_algorithm(algorithm);
+        let check = Check::new(&policy, Key::new("forever")).unwrap();
         for expected in [true, true, false] {
             let decision = s.store.check(std::slice::from_ref(&check)).await.unwrap()[0];
             assert_eq!(decision.admitted, expected, "{algorithm:?}: {decision:?}");
@@ -448,7 +451,35 @@ async fn an_endless_window_is_counted_as_the_longest(tested: StoreUnderTest) {
         }
     }
 }
-on_both_stores!(an_endless_window_is_counted_as_the_longest, fake_clock);
+on_both_stores!(the_longest_window_is_counted, fake_clock);
+
+/// No check can be built that a store would divide by zero on, or that
+/// the two stores would count apart: a fixed window of 0, a counter's
+/// window under a millisecond or not in whole milliseconds (the script
+/// counts in milliseconds), a window past the longest, a bucket or
+/// counter past the precision of Redis's numbers.
+#[test]
+fn a_check_is_only_built_from_limits_both_stores_count_alike() {
+    let key = || Key::new("k");
+    let refused = [
+        Policy::new("p", 2, Duration::ZERO).with_algorithm(Algorithm::FixedWindow),
+        Policy::new("p", 2, Duration::from_micros(999)).with_algorithm(Algorithm::SlidingCounter),
+        Policy::new("p", 2, Duration::from_micros(1_500)).with_algorithm(Algorithm::SlidingCounter),
+        Policy::new("p", 2, Duration::MAX),
+        Policy::new("p", u32::MAX, 7_200 * SEC).with_algorithm(Algorithm::TokenBucket),
+        Policy::new("p", 4_000_000_000, 86_400 * SEC).with_algorithm(Algorithm::SlidingCounter),
+        Policy::new("p", 0, SEC),
+    ];
+    for policy in refused {
+        assert!(Check::new(&policy, key()).is_err(), "{policy:?}");
+    }
+    let fine =
+        Policy::new("p", 2, Duration::from_micros(1_500)).with_algorithm(Algorithm::FixedWindow);
+    assert_eq!(
+        Check::new(&fine, key()).unwrap().window(),
+        Duration::from_micros(1_500)
+    );
+}
 
 /// A clock that steps back 2 ms across a window boundary (NTP, a failover
 /// to a skewed node) never resets a count: within 3 ms, no algorithm
@@ -615,8 +646,8 @@ async fn a_cost_above_the_limit_waits_a_window(tested: StoreUnderTest) {
     let s = Subject::from(tested);
     for algorithm in [Algorithm::SlidingLog, Algorithm::FixedWindow] {
         let policy = Policy::new(format!("{algorithm:?}"), 3, 10 * SEC).with_algorithm(algorithm);
-        let mut check = Check::new(&policy, Key::new("k"));
-        check.cost = 4;
+        let mut check = Check::new(&policy, Key::new("k")).unwrap();
+        check = check.with_cost(4);
         for _ in 0..2 {
             let d = s.store.check(std::slice::from_ref(&check)).await.unwrap()[0];
             assert!(!d.admitted, "{algorithm:?}");
@@ -630,8 +661,8 @@ async fn a_cost_above_the_limit_waits_a_window(tested: StoreUnderTest) {
         }
     }
     let policy = Policy::new("log-window", 3, 10 * SEC);
-    let mut check = Check::new(&policy, Key::new("k"));
-    check.cost = 4;
+    let mut check = Check::new(&policy, Key::new("k")).unwrap();
+    check = check.with_cost(4);
     let d = s.store.check(std::slice::from_ref(&check)).await.unwrap()[0];
     assert_eq!(d.retry_after, Some(10 * SEC));
 }
@@ -643,7 +674,7 @@ on_both_stores!(a_cost_above_the_limit_waits_a_window, fake_clock);
 async fn a_second_refund_of_one_request_takes_nothing(tested: StoreUnderTest) {
     let s = Subject::from(tested);
     let policy = Policy::new("refunds", 3, 60 * SEC);
-    let check = [Check::new(&policy, Key::new("k"))];
+    let check = [Check::new(&policy, Key::new("k")).unwrap()];
     let mut recorded = Vec::new();
     for _ in 0..3 {
         let d = s.store.check(&check).await.unwrap()[0];
@@ -670,8 +701,8 @@ async fn a_refund_of_a_gone_request_takes_nothing_and_the_rest_still_runs(tested
     let short = Policy::new("short", 1, 10 * SEC);
     let long = Policy::new("long", 1, 3600 * SEC);
     let checks = [
-        Check::new(&short, Key::new("k")),
-        Check::new(&long, Key::new("k")),
+        Check::new(&short, Key::new("k")).unwrap(),
+        Check::new(&long, Key::new("k")).unwrap(),
     ];
     let d = s.store.check(&checks).await.unwrap();
     let recorded: Vec<Duration> = d.iter().map(|d| d.recorded_at.unwrap()).collect();

@@ -215,7 +215,7 @@ impl RedisStore {
     /// use slidegate::{Policy, key::Key, store::Check};
     /// use std::time::Duration;
     ///
-    /// let check = Check::new(&Policy::new("search", 5, Duration::from_secs(60)), Key::new("alice"));
+    /// let check = Check::new(&Policy::new("search", 5, Duration::from_secs(60)), Key::new("alice")).unwrap();
     /// assert_eq!(store.base_key(&check), "slidegate:search:{alice}");
     /// # }
     /// ```

@@ -1,0 +1,130 @@
+//! A refund gives back only what the refunded request still holds, on
+//! every algorithm and both stores: units the window (or the bucket's
+//! refill) already gave back are never given twice.
+
+use std::time::Duration;
+
+use crate::support::stores::StoreUnderTest;
+use crate::window::Subject;
+use slidegate::{
+    Policy,
+    key::Key,
+    policy::Algorithm,
+    store::{Check, Store},
+};
+
+const SEC: Duration = Duration::from_secs(1);
+
+/// A token bucket of 1 a second, burst 1, that refunds every admitted
+/// request long after it was made (as `count = "failures"` does for a
+/// slow successful login): each refund comes after the bucket refilled
+/// those units, so it gives back nothing, and a request right after each
+/// refund is denied but the first.
+async fn a_late_refund_never_grows_a_buckets_burst(tested: StoreUnderTest) {
+    let s = Subject::from(tested);
+    let policy = Policy::new("login", 1, SEC)
+        .with_algorithm(Algorithm::TokenBucket)
+        .with_burst(1);
+    let check = [Check::new(&policy, Key::new("mallory")).unwrap()];
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        let d = s.store.check(&check).await.unwrap()[0];
+        assert!(d.admitted, "one a second fits: {d:?}");
+        held.push(d.recorded_at.expect("a bucket names its units"));
+        s.advance(SEC);
+    }
+    let mut admitted = 0;
+    for recorded in held {
+        s.store.refund(&check, &[recorded]).await.unwrap();
+        if s.store.check(&check).await.unwrap()[0].admitted {
+            admitted += 1;
+        }
+    }
+    assert_eq!(
+        admitted, 1,
+        "the bucket's burst of 1, whatever was refunded"
+    );
+}
+on_both_stores!(a_late_refund_never_grows_a_buckets_burst, fake_clock);
+
+/// A refund of a bucket's request gives back the part of its units not
+/// yet repaid: all of them at once, half of them half way, none after.
+async fn a_bucket_refund_gives_back_what_is_still_owed(tested: StoreUnderTest) {
+    let s = Subject::from(tested);
+    let policy = Policy::new("owed", 10, 10 * SEC)
+        .with_algorithm(Algorithm::TokenBucket)
+        .with_burst(10)
+        .with_cost(4);
+    let check = [Check::new(&policy, Key::new("k")).unwrap()];
+    let first = s.store.check(&check).await.unwrap()[0];
+    let second = s.store.check(&check).await.unwrap()[0];
+    assert_eq!(second.remaining, 2);
+    // At once: the second request's 4 units come back whole.
+    s.store
+        .refund(&check, &second.recorded_at.into_iter().collect::<Vec<_>>())
+        .await
+        .unwrap();
+    assert_eq!(s.store.peek(&check).await.unwrap()[0].remaining, 6);
+    let third = s.store.check(&check).await.unwrap()[0];
+    assert_eq!(third.remaining, 2);
+    // 6 s on, 6 units have refilled: the first request's 4 and 2 of the
+    // third's. A refund of the first gives back nothing; of the third, 2.
+    s.advance(6 * SEC);
+    s.store
+        .refund(&check, &[first.recorded_at.unwrap()])
+        .await
+        .unwrap();
+    assert_eq!(s.store.peek(&check).await.unwrap()[0].remaining, 8);
+    s.store
+        .refund(&check, &[third.recorded_at.unwrap()])
+        .await
+        .unwrap();
+    assert_eq!(s.store.peek(&check).await.unwrap()[0].remaining, 10);
+    // And a second refund of the third takes nothing more.
+    s.store
+        .refund(&check, &[third.recorded_at.unwrap()])
+        .await
+        .unwrap();
+    let full = s.store.check(&check).await.unwrap()[0];
+    assert_eq!(
+        full.remaining, 6,
+        "a full bucket of 10, less this request's 4"
+    );
+}
+on_both_stores!(a_bucket_refund_gives_back_what_is_still_owed, fake_clock);
+
+/// The same rule on every algorithm that counts in a window: once a
+/// request's units have left the window, its refund gives back nothing,
+/// so a refunded request never makes room for one more than the limit.
+async fn a_refund_after_the_window_gives_back_nothing(tested: StoreUnderTest) {
+    let s = Subject::from(tested);
+    for algorithm in [
+        Algorithm::SlidingLog,
+        Algorithm::SlidingCounter,
+        Algorithm::FixedWindow,
+        Algorithm::TokenBucket,
+    ] {
+        let policy = Policy::new(format!("{algorithm:?}"), 2, 10 * SEC).with_algorithm(algorithm);
+        let check = [Check::new(&policy, Key::new("k")).unwrap()];
+        let early = s.store.check(&check).await.unwrap()[0];
+        // Two windows on: every algorithm has let the early request go.
+        s.advance(20 * SEC);
+        for _ in 0..2 {
+            assert!(
+                s.store.check(&check).await.unwrap()[0].admitted,
+                "{algorithm:?}"
+            );
+        }
+        s.store
+            .refund(&check, &[early.recorded_at.unwrap()])
+            .await
+            .unwrap();
+        let d = s.store.check(&check).await.unwrap()[0];
+        assert!(
+            !d.admitted,
+            "{algorithm:?}: the refund of a gone request made room: {d:?}"
+        );
+        s.advance(20 * SEC);
+    }
+}
+on_both_stores!(a_refund_after_the_window_gives_back_nothing, fake_clock);
