@@ -1206,8 +1206,10 @@ function bucket.remember(s)
   known[s.key] = { window = s.window, stored = s.stored }
 end
 
+-- A burst lowered below the debt (a tier's, or a client's own limit)
+-- leaves nothing: remaining is never negative.
 function bucket.report(s)
-  local remaining = idiv(s.full - s.d, s.window)
+  local remaining = math.max(0, idiv(s.full - s.d, s.window))
   if remaining >= s.burst then
     return s.burst, 0
   end

@@ -13,23 +13,33 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::json;
+use sha2::{Digest, Sha256};
 use slidegate::RateLimitLayer;
 use slidegate::key::Key;
 use slidegate::layer::LimitError;
 use subtle::ConstantTimeEq;
 
+/// A token's SHA-256 digest: tokens are compared as digests, which have
+/// one length whatever the tokens', so the comparison (in constant time)
+/// tells nothing of the token's length either.
+type TokenDigest = [u8; 32];
+
+fn digest(token: &str) -> TokenDigest {
+    Sha256::digest(token.as_bytes()).into()
+}
+
 /// What the admin routes work with.
 #[derive(Clone)]
 struct Admin {
     layer: RateLimitLayer,
-    token: Arc<str>,
+    token: Arc<TokenDigest>,
 }
 
 /// The admin routes on `layer`'s store and policies, behind `token`.
 pub(crate) fn routes(layer: RateLimitLayer, token: &str) -> Router {
     let admin = Admin {
         layer,
-        token: Arc::from(token),
+        token: Arc::new(digest(token)),
     };
     Router::new()
         .route("/admin/limits/{policy}/{key}", get(inspect).delete(reset))
@@ -86,8 +96,8 @@ async fn reset(
 }
 
 /// Passes requests with `Authorization: Bearer <token>` of the configured
-/// token (compared in constant time) on; answers `401` with a challenge
-/// otherwise.
+/// token on (their digests compared in constant time); answers `401` with
+/// a challenge otherwise.
 async fn require_token(State(admin): State<Admin>, request: Request, next: Next) -> Response {
     let given = request
         .headers()
@@ -96,8 +106,7 @@ async fn require_token(State(admin): State<Admin>, request: Request, next: Next)
         .and_then(|value| value.split_once(' '))
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
         .map(|(_, token)| token.trim());
-    let valid =
-        given.is_some_and(|token| bool::from(token.as_bytes().ct_eq(admin.token.as_bytes())));
+    let valid = given.is_some_and(|token| bool::from(digest(token).ct_eq(&*admin.token)));
     if valid {
         return next.run(request).await;
     }

@@ -25,6 +25,9 @@ impl Route {
     /// assert!(!route.matches(&http::Method::POST, "/api/search"));
     /// assert!(Route::parse("/api/videos").unwrap().matches(&http::Method::DELETE, "/api/videos"));
     /// assert!(Route::parse("GET api").is_err());
+    /// // Methods are case-sensitive: `get` would be a method no client sends.
+    /// assert!(Route::parse("get /api/search").is_err());
+    /// assert!(Route::parse("PURGE /cache").is_ok());
     /// ```
     pub fn parse(route: &str) -> Result<Self, PolicyError> {
         let invalid = || PolicyError::InvalidRoute {
@@ -33,6 +36,18 @@ impl Route {
         let route_text = route.trim();
         let (method, pattern) = match route_text.split_once(char::is_whitespace) {
             Some((method, pattern)) => {
+                // Methods are case-sensitive: `get` is a method of its
+                // own that no client sends for GET, so it would never match.
+                if method.bytes().any(|b| b.is_ascii_lowercase()) {
+                    return Err(PolicyError::InvalidPattern {
+                        route: route_text.to_owned(),
+                        reason: format!(
+                            "methods are case-sensitive and `{method}` is not `{}`: write `{}`",
+                            method.to_ascii_uppercase(),
+                            method.to_ascii_uppercase()
+                        ),
+                    });
+                }
                 let method = Method::from_bytes(method.as_bytes()).map_err(|_| invalid())?;
                 (Some(method), pattern.trim())
             }

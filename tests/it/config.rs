@@ -200,6 +200,16 @@ fn invalid_policies_name_their_key() {
         "policy[0].route",
     );
     assert!(message.contains("write `{id}`"), "{message}");
+    // A method in another case is a method no client sends: refused,
+    // naming the spelling to use.
+    for spelling in ["get", "Get"] {
+        let message = refused(
+            &POLICY.replace("GET /api/search", &format!("{spelling} /api/search")),
+            3,
+            "policy[0].route",
+        );
+        assert!(message.contains("write `GET`"), "{message}");
+    }
     refused(
         &POLICY.replace("name = \"search\"", "name = \"{search}\""),
         2,

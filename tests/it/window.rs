@@ -717,3 +717,24 @@ on_both_stores!(
     a_refund_of_a_gone_request_takes_nothing_and_the_rest_still_runs,
     fake_clock
 );
+
+/// A tier whose burst is below the debt the client already owes (spent
+/// under a larger burst) reports 0 remaining, never a negative count, and
+/// the same reset on both stores: when one unit fits the smaller bucket.
+async fn a_burst_lowered_below_the_debt_leaves_nothing(tested: StoreUnderTest) {
+    use slidegate::policy::TierLimits;
+    let s = Subject::from(tested);
+    let policy = Policy::new("lowered", 10, 10 * SEC)
+        .with_algorithm(Algorithm::TokenBucket)
+        .with_tier("small", TierLimits::new().burst(2));
+    let spend = Check::new(&policy, Key::new("k")).unwrap().with_cost(10);
+    assert!(s.store.check(&[spend]).await.unwrap()[0].admitted);
+    let small = Check::for_tier(&policy, Key::new("k"), Some("small")).unwrap();
+    let d = s.store.check(&[small]).await.unwrap()[0];
+    assert!(!d.admitted);
+    assert_eq!((d.limit, d.remaining), (2, 0));
+    // A debt of 10 units in a bucket of 2: 9 must refill, one a second.
+    assert_eq!(d.reset, 9 * SEC);
+    assert_eq!(d.retry_after, Some(9 * SEC));
+}
+on_both_stores!(a_burst_lowered_below_the_debt_leaves_nothing, fake_clock);
