@@ -43,9 +43,10 @@
 --
 -- Returns, per policy, five integers: admitted (1 or 0, the same for every
 -- policy), remaining units, reset in microseconds, retry-after in
--- microseconds (-1 when the policy fits the request), and the time in
--- microseconds the request's units were recorded at (-1 when nothing was):
--- a refund names it.
+-- microseconds (-1 when the policy fits the request), and for an admitted
+-- request the time in microseconds its units were recorded at (which a
+-- refund names), for a denied one how long (µs) the policy's block still
+-- lasts (-1 when nothing was recorded, or the client is not blocked).
 --
 -- The same script peeks, refunds and resets when ARGV[2] says so (see
 -- `main` at the end).
@@ -1406,7 +1407,11 @@ local function decide(keys, argv, first_key, first_arg, policies, peek)
     result[5 * i - 3] = remaining
     result[5 * i - 2] = reset
     result[5 * i - 1] = retry[i]
-    result[5 * i] = s.recorded or -1
+    if s.blocked ~= nil then
+      result[5 * i] = s.blocked - now
+    else
+      result[5 * i] = s.recorded or -1
+    end
   end
   return result, next_key
 end

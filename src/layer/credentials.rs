@@ -154,12 +154,18 @@ impl Refusal {
                 let blocked =
                     Decision::denied(decision.limit, 0, decision.reset, Some(decision.reset));
                 self.blocked
-                    .remember(checks, std::slice::from_ref(&blocked), self.sent_at);
+                    .remember(checks, std::slice::from_ref(&blocked), self.sent_at, |_| {
+                        true
+                    });
             }
             return None;
         }
-        self.blocked
-            .remember(checks, std::slice::from_ref(&decision), self.sent_at);
+        self.blocked.remember(
+            checks,
+            std::slice::from_ref(&decision),
+            self.sent_at,
+            |_| true,
+        );
         Some(decision)
     }
 }

@@ -27,10 +27,25 @@ struct Denial {
     reset_at: u64,
     remaining: u32,
     limit: u32,
+    burst: u32,
     window: Duration,
+    block: Duration,
     cost: u32,
     algorithm: Algorithm,
     body: Arc<TooManyBody>,
+}
+
+/// What a denial is cached under: the layer's namespace, the policy's name
+/// and the client's key, so that layers sharing a cache keep their
+/// denials apart.
+type Entry = (Option<Arc<str>>, Arc<str>, Key);
+
+fn entry_of(check: &Check) -> Entry {
+    (
+        check.namespace.clone(),
+        check.policy.clone(),
+        check.key.clone(),
+    )
 }
 
 /// The still-denied checks of a batch, with what to answer them. A batch
@@ -51,8 +66,9 @@ pub(crate) struct Denied<'a> {
 /// from before the request was sent, and capacity can only free later than
 /// the store said (other requests only add to the count), so the cache
 /// never denies a request the store would admit. An entry answers only
-/// requests with the same limit, window and algorithm and at least the
-/// same cost.
+/// requests of the same namespace, with the same limit, burst, window,
+/// block and algorithm and at least the same cost: a reload that changes
+/// a policy leaves its cached denials unanswered.
 ///
 /// [`RateLimitLayer`](crate::RateLimitLayer) keeps one by default when its
 /// store [`is_remote`](crate::store::Store::is_remote) (Redis).
@@ -71,7 +87,7 @@ pub struct DenyCache {
 }
 
 struct Inner {
-    entries: Cache<(Arc<str>, Key), Denial>,
+    entries: Cache<Entry, Denial>,
     clock: Box<dyn Clock>,
 }
 
@@ -123,7 +139,7 @@ impl DenyCache {
         let mut decisions = SmallVec::new();
         let mut bodies = SmallVec::new();
         for (index, check) in checks.iter().enumerate() {
-            let key = (check.policy.clone(), check.key.clone());
+            let key = entry_of(check);
             let Some(denial) = self.inner.entries.get(&key) else {
                 continue;
             };
@@ -132,7 +148,9 @@ impl DenyCache {
                 continue;
             }
             let same = denial.limit == check.limit
+                && denial.burst == check.burst
                 && denial.window == check.window
+                && denial.block == check.block
                 && denial.algorithm == check.algorithm
                 && check.cost >= denial.cost;
             if !same {
@@ -164,30 +182,42 @@ impl DenyCache {
 
     /// Forgets the denial of `check`'s client under its policy.
     pub(crate) fn forget(&self, check: &Check) {
-        self.inner
-            .entries
-            .remove(&(check.policy.clone(), check.key.clone()));
+        self.inner.entries.remove(&entry_of(check));
     }
 
-    /// Remembers the policies that denied a batch sent at `sent_at`.
-    pub(crate) fn remember(&self, checks: &[Check], decisions: &[Decision], sent_at: u64) {
-        for (check, decision) in checks.iter().zip(decisions) {
-            let Some(retry_after) = decision.retry_after else {
+    /// Remembers the policies that denied a batch sent at `sent_at`: each
+    /// until its retry time when `lasting` says nothing but time frees it,
+    /// and otherwise (a refund or a lease's end may free it sooner) for as
+    /// long as its block lasts, if it blocked.
+    pub(crate) fn remember(
+        &self,
+        checks: &[Check],
+        decisions: &[Decision],
+        sent_at: u64,
+        lasting: impl Fn(usize) -> bool,
+    ) {
+        for (index, (check, decision)) in checks.iter().zip(decisions).enumerate() {
+            let stands = if lasting(index) {
+                decision.retry_after
+            } else {
+                decision.blocked_for
+            };
+            let Some(stands) = stands else {
                 continue;
             };
             let denial = Denial {
-                until: sent_at.saturating_add(duration_micros(retry_after)),
+                until: sent_at.saturating_add(duration_micros(stands)),
                 reset_at: sent_at.saturating_add(duration_micros(decision.reset)),
                 remaining: decision.remaining,
                 limit: check.limit,
+                burst: check.burst,
                 window: check.window,
+                block: check.block,
                 cost: check.cost,
                 algorithm: check.algorithm,
                 body: Arc::new(TooManyBody::new(check)),
             };
-            self.inner
-                .entries
-                .insert((check.policy.clone(), check.key.clone()), denial);
+            self.inner.entries.insert(entry_of(check), denial);
         }
     }
 }
@@ -214,6 +244,7 @@ mod tests {
             std::slice::from_ref(&check),
             &[denied(5 * SEC, 2)],
             clock.now_micros(),
+            |_| true,
         );
 
         clock.advance(SEC);
@@ -235,7 +266,12 @@ mod tests {
         let cache = DenyCache::with_clock(100, clock.clone());
         let policy = Policy::new("p", 10, 60 * SEC).with_cost(3);
         let check = Check::new(&policy, Key::new("k")).unwrap();
-        cache.remember(std::slice::from_ref(&check), &[denied(5 * SEC, 2)], 0);
+        cache.remember(
+            std::slice::from_ref(&check),
+            &[denied(5 * SEC, 2)],
+            0,
+            |_| true,
+        );
         let variants = [
             (
                 Policy::new("p", 10, 60 * SEC).with_cost(2),
@@ -280,7 +316,12 @@ mod tests {
             retry_after: None,
             ..denied(SEC, 50)
         };
-        cache.remember(&[tight.clone(), loose.clone()], &[denied(SEC, 0), fits], 0);
+        cache.remember(
+            &[tight.clone(), loose.clone()],
+            &[denied(SEC, 0), fits],
+            0,
+            |_| true,
+        );
         assert!(cache.lookup(std::slice::from_ref(&loose)).is_none());
         let batch = [loose, tight.clone()];
         let denied = cache.lookup(&batch).unwrap();
@@ -293,7 +334,7 @@ mod tests {
         let policy = Policy::new("p", 10, 60 * SEC);
         for client in 0..10_000 {
             let check = Check::new(&policy, Key::new(format!("c{client}"))).unwrap();
-            cache.remember(&[check], &[denied(SEC, 0)], 0);
+            cache.remember(&[check], &[denied(SEC, 0)], 0, |_| true);
         }
         assert!(cache.len() <= 110, "{} entries", cache.len());
     }

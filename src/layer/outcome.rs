@@ -23,7 +23,7 @@ use crate::policy::plan::Plan;
 use crate::policy::{Algorithm, Count};
 use crate::response::headers::{RateHeaders, closest_to_denying};
 use crate::response::problem::Denial;
-use crate::store::{Check, CheckOutcome, Decision, Decisions, Store, StoreError, index_of_min};
+use crate::store::{Check, CheckOutcome, Decision, Store, StoreError, index_of_min};
 use crate::throttle::STORE_FAILURES;
 use tokio::time::Instant;
 
@@ -288,20 +288,12 @@ fn settle(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Next {
     if let (Some(cache), Some(sent_at)) = (&shared.deny_cache, deny_clock) {
         // A refund may free a policy that counts some responses only
         // before its denial's retry time, and a lease may end at any
-        // moment: only the other denials are cached.
+        // moment: those denials are cached only while a block holds them.
         let lasting = |index: usize| {
             counts.is_none_or(|counts| counts[index] == Count::All)
                 && checks[index].algorithm != Algorithm::Concurrency
         };
-        if (0..checks.len()).all(lasting) {
-            cache.remember(checks, decisions, sent_at);
-        } else {
-            let (cached, cached_decisions): (Checks, Decisions) = (0..checks.len())
-                .filter(|&index| lasting(index))
-                .map(|index| (checks[index].clone(), decisions[index]))
-                .unzip();
-            cache.remember(&cached, &cached_decisions, sent_at);
-        }
+        cache.remember(checks, decisions, sent_at, lasting);
     }
     // The policy that frees last is the one the client waits for.
     let denied = index_of_min(decisions, |d| Reverse(d.retry_after));

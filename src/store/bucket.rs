@@ -146,6 +146,7 @@ impl TokenBucket {
             retry_after: (!admitted && !self.fits(check))
                 .then(|| Duration::from_micros(self.wait(now, check, u64::from(check.cost)))),
             recorded_at: None,
+            blocked_for: None,
         }
     }
 }

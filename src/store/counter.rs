@@ -258,6 +258,7 @@ impl SlidingCounter {
             reset: Duration::from_micros(reset),
             retry_after,
             recorded_at: None,
+            blocked_for: None,
         }
     }
 }
@@ -350,6 +351,7 @@ impl FixedWindow {
             },
             retry_after: (!admitted && !self.fits(limit, cost)).then_some(ends_in),
             recorded_at: None,
+            blocked_for: None,
         }
     }
 }

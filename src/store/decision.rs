@@ -31,6 +31,13 @@ pub struct Decision {
     /// is given to take exactly those units back. `None` when nothing was
     /// recorded, or the store takes no refunds.
     pub recorded_at: Option<Duration>,
+    /// When the client is blocked by this policy (see
+    /// [`Policy::with_block`](crate::Policy::with_block)): how long the
+    /// block still lasts. A block ends only with its time (or a reset),
+    /// never with a refund, so a denial is known to stand this long even
+    /// under a policy that counts only some responses. `None` when the
+    /// client is not blocked.
+    pub blocked_for: Option<Duration>,
 }
 
 impl Decision {
@@ -53,6 +60,7 @@ impl Decision {
             reset,
             retry_after: None,
             recorded_at: None,
+            blocked_for: None,
         }
     }
 
@@ -98,7 +106,24 @@ impl Decision {
             reset,
             retry_after,
             recorded_at: None,
+            blocked_for: None,
         }
+    }
+
+    /// This denial, by a policy that blocks the client for `left` more:
+    /// for stores of your own that block.
+    ///
+    /// ```
+    /// use slidegate::store::Decision;
+    /// use std::time::Duration;
+    ///
+    /// let left = Duration::from_secs(600);
+    /// let decision = Decision::denied(10, 0, left, Some(left)).blocked_for(left);
+    /// assert_eq!(decision.blocked_for, Some(left));
+    /// ```
+    pub fn blocked_for(mut self, left: Duration) -> Self {
+        self.blocked_for = Some(left);
+        self
     }
 }
 

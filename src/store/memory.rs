@@ -276,7 +276,7 @@ impl Spent {
             self.counts = Counts::new(check.algorithm);
         }
         let (fits, placed) = self.counts.prepare(now, check);
-        let blocked = self.blocked_until > now;
+        let blocked = self.is_blocked(now, check);
         (fits && !blocked, Prepared { placed, fits })
     }
 
@@ -320,12 +320,20 @@ impl Spent {
 
     fn decision(&self, now: u64, check: &Check, admitted: bool, prepared: &Prepared) -> Decision {
         let mut decision = self.counts.decision(now, check, admitted, &prepared.placed);
-        if self.blocked_until > now {
+        if self.is_blocked(now, check) {
             let left = Duration::from_micros(self.blocked_until - now);
             decision.remaining = 0;
             decision.retry_after = Some(decision.retry_after.map_or(left, |wait| wait.max(left)));
+            decision.blocked_for = Some(left);
         }
         decision
+    }
+
+    /// Whether the client is blocked under `check` at `now`: a block set
+    /// by a policy that no longer blocks (reloaded without `block`) is
+    /// lifted, as the Redis script no longer reads its key.
+    fn is_blocked(&self, now: u64, check: &Check) -> bool {
+        !check.block.is_zero() && self.blocked_until > now
     }
 
     fn is_idle(&self, now: u64) -> bool {

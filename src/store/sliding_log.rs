@@ -553,6 +553,7 @@ impl Log {
             reset: Duration::from_micros(reset),
             retry_after,
             recorded_at: None,
+            blocked_for: None,
         }
     }
 }

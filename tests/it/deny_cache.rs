@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::support::RedisServer;
 use crate::support::reply::send;
+use crate::support::stores::StoreUnderTest;
 use axum::Router;
 use axum::body::Body;
 use axum::routing::get;
@@ -128,4 +129,115 @@ async fn the_cache_answers_until_the_retry_time_and_not_a_microsecond_longer() {
     clock.advance(Duration::from_micros(1));
     assert_eq!(get_status(&app).await, StatusCode::OK, "Redis admits at T");
     assert_eq!(script_calls(&redis), calls + 1);
+}
+
+/// `GET /` on a route that always fails (401), under `policy`.
+fn failing_app(layer: RateLimitLayer) -> Router {
+    Router::new()
+        .route("/", get(|| async { StatusCode::UNAUTHORIZED }))
+        .route_layer(layer)
+}
+
+/// A client blocked by a policy that counts failures only is answered
+/// from the cache while its block lasts: a refund frees a count, never a
+/// block, so 50 requests while blocked cost no script call.
+#[tokio::test]
+async fn a_block_under_count_failures_is_cached_while_it_lasts() {
+    let redis = RedisServer::start();
+    let clock = FakeClock::new(START);
+    let store = RedisStore::builder(redis.pool(4))
+        .clock(clock.clone())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let policy = Policy::new("login", 3, WINDOW)
+        .with_count(slidegate::policy::Count::Failures)
+        .with_block(Duration::from_secs(60));
+    let layer = RateLimitLayer::new(store, Global, Policies::single(policy).unwrap())
+        .deny_cache(DenyCache::with_clock(1000, clock.clone()));
+    let app = failing_app(layer);
+    for _ in 0..3 {
+        assert_eq!(get_status(&app).await, StatusCode::UNAUTHORIZED);
+    }
+    assert_eq!(get_status(&app).await, StatusCode::TOO_MANY_REQUESTS);
+    let before = script_calls(&redis);
+    for _ in 0..50 {
+        assert_eq!(get_status(&app).await, StatusCode::TOO_MANY_REQUESTS);
+        clock.advance(Duration::from_secs(1));
+    }
+    assert_eq!(
+        script_calls(&redis) - before,
+        0,
+        "the block is answered locally"
+    );
+    // 50 s into a block of 60: the cache answers until its last µs.
+    clock.advance(Duration::from_secs(10) - Duration::from_micros(1));
+    assert_eq!(get_status(&app).await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(script_calls(&redis) - before, 0);
+    clock.advance(Duration::from_micros(1));
+    assert_eq!(
+        get_status(&app).await,
+        StatusCode::UNAUTHORIZED,
+        "the block is over"
+    );
+    assert_eq!(script_calls(&redis) - before, 1);
+}
+
+/// A reload that takes `block` off a policy lifts its blocks on both
+/// stores alike, and the deny cache does not answer for the old policy.
+async fn a_reload_without_block_lifts_blocks(tested: StoreUnderTest) {
+    let clock = tested.clock.clone().expect("a fake clock");
+    let second = Duration::from_secs(1);
+    let blocking = Policy::new("lifted", 2, second).with_block(Duration::from_secs(600));
+    let layer = RateLimitLayer::new(tested.store, Global, Policies::single(blocking).unwrap())
+        .deny_cache(DenyCache::with_clock(1000, clock.clone()));
+    let handle = layer.policies_handle();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route_layer(layer);
+    assert_eq!(get_status(&app).await, StatusCode::OK);
+    assert_eq!(get_status(&app).await, StatusCode::OK);
+    assert_eq!(get_status(&app).await, StatusCode::TOO_MANY_REQUESTS);
+    clock.advance(2 * second);
+    assert_eq!(
+        get_status(&app).await,
+        StatusCode::TOO_MANY_REQUESTS,
+        "blocked"
+    );
+    handle
+        .replace(Policies::single(Policy::new("lifted", 2, second)).unwrap())
+        .unwrap();
+    assert_eq!(get_status(&app).await, StatusCode::OK, "no block any more");
+    let _redis = tested.redis;
+}
+on_both_stores!(a_reload_without_block_lifts_blocks, fake_clock);
+
+/// Two layers of other namespaces sharing one deny cache keep their
+/// denials apart: one client denied under `admin` is not denied under
+/// `public` for a policy of the same name.
+#[tokio::test]
+async fn one_cache_keeps_namespaces_apart() {
+    let redis = RedisServer::start();
+    let clock = FakeClock::new(START);
+    let store = RedisStore::builder(redis.pool(4))
+        .clock(clock.clone())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let cache = DenyCache::with_clock(1000, clock.clone());
+    let layer = |namespace: &str| {
+        let policies = Policies::single(Policy::new("api", 1, WINDOW)).unwrap();
+        RateLimitLayer::new(store.clone(), Global, policies)
+            .namespace(namespace)
+            .deny_cache(cache.clone())
+    };
+    let admin = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route_layer(layer("admin"));
+    let public = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route_layer(layer("public"));
+    assert_eq!(get_status(&admin).await, StatusCode::OK);
+    assert_eq!(get_status(&admin).await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(get_status(&public).await, StatusCode::OK, "its own count");
 }

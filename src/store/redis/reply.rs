@@ -26,13 +26,19 @@ pub(super) fn decisions(args: &[PolicyArgs], values: &[i64]) -> Result<Decisions
         .zip(values.chunks_exact(5))
         // A token bucket's burst is the units a client may spend at once:
         // its limit as a decision reports it (the limit otherwise).
-        .map(|(&(_, _, _, _, burst, _), v)| Decision {
-            admitted: v[0] == 1,
-            limit: burst,
-            remaining: u32::try_from(v[1]).unwrap_or(0),
-            reset: micros(v[2]),
-            retry_after: (v[3] >= 0).then(|| micros(v[3])),
-            recorded_at: (v[4] >= 0).then(|| micros(v[4])),
+        // The fifth is when an admitted request's units were recorded, or
+        // how long a denied client's block lasts.
+        .map(|(&(_, _, _, _, burst, _), v)| {
+            let admitted = v[0] == 1;
+            Decision {
+                admitted,
+                limit: burst,
+                remaining: u32::try_from(v[1]).unwrap_or(0),
+                reset: micros(v[2]),
+                retry_after: (v[3] >= 0).then(|| micros(v[3])),
+                recorded_at: (admitted && v[4] >= 0).then(|| micros(v[4])),
+                blocked_for: (!admitted && v[4] >= 0).then(|| micros(v[4])),
+            }
         })
         .collect())
 }
