@@ -652,6 +652,13 @@ impl MemoryStore {
             let hash = self.hash_of(check);
             let mut shard = lock(&self.inner.shards[self.shard_of(hash)]);
             if let Some(mut spent) = shard.pairs.peek_mut(&PairOf { hash, check }) {
+                // Units counted by another algorithm (the policy was
+                // reloaded as another since) are not in these counts: the
+                // refund takes nothing, and the new counts stay, as on
+                // Redis, where each algorithm has a key of its own.
+                if !spent.counts.is_of(check.algorithm) {
+                    continue;
+                }
                 let (_, prepared) = spent.prepare(now, check);
                 if !spent.refund(duration_micros(*at), check.cost) {
                     spent.unroll(prepared);

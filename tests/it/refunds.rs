@@ -128,3 +128,35 @@ async fn a_refund_after_the_window_gives_back_nothing(tested: StoreUnderTest) {
     }
 }
 on_both_stores!(a_refund_after_the_window_gives_back_nothing, fake_clock);
+
+/// A policy reloaded as another algorithm while requests counted by the
+/// old one are in flight: their refunds (and lease releases) take nothing
+/// from the new counts, which stay as they are, on both stores.
+async fn a_refund_from_before_an_algorithm_change_keeps_the_new_counts(tested: StoreUnderTest) {
+    let s = Subject::from(tested);
+    let old_log = Policy::new("switched", 3, 10 * SEC);
+    let old_lease = Policy::concurrency("switched", 3);
+    let new_bucket = Policy::new("switched", 3, 10 * SEC).with_algorithm(Algorithm::TokenBucket);
+    let mut in_flight = Vec::new();
+    for policy in [&old_log, &old_lease] {
+        let check = Check::new(policy, Key::new("k")).unwrap();
+        let d = s.store.check(std::slice::from_ref(&check)).await.unwrap()[0];
+        assert!(d.admitted, "{d:?}");
+        in_flight.push((check, d.recorded_at.expect("recorded")));
+    }
+    let bucket = [Check::new(&new_bucket, Key::new("k")).unwrap()];
+    for _ in 0..2 {
+        assert!(s.store.check(&bucket).await.unwrap()[0].admitted);
+    }
+    for (check, recorded) in in_flight {
+        s.store.refund(&[check], &[recorded]).await.unwrap();
+    }
+    let d = s.store.check(&bucket).await.unwrap()[0];
+    assert!(d.admitted);
+    assert_eq!(d.remaining, 0, "the bucket kept its two requests: {d:?}");
+    assert!(!s.store.check(&bucket).await.unwrap()[0].admitted);
+}
+on_both_stores!(
+    a_refund_from_before_an_algorithm_change_keeps_the_new_counts,
+    fake_clock
+);
