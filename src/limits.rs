@@ -29,9 +29,15 @@ pub type LimitFuture = Pin<Box<dyn Future<Output = Option<u32>> + Send + 'static
 /// [`RateLimitLayer::tier_lookup_timeout`](crate::RateLimitLayer::tier_lookup_timeout)),
 /// and keeps the answer for a while
 /// ([`RateLimitLayer::limit_lookup_ttl`](crate::RateLimitLayer::limit_lookup_ttl),
-/// 60 s by default), so most requests do not wait at all. A lookup that
-/// fails or times out should answer `None`: the tier's limit applies. A
-/// limit of 0 is taken as `None`. Any `Fn(&Key, &Policy) -> Future<Output
+/// 60 s by default), so most requests do not wait at all. Past its time,
+/// an answer is still served while it is refreshed in the background: a
+/// slow lookup never lifts a client's own limit to the tier's. A lookup
+/// that fails should answer `None`: the tier's limit applies. One that
+/// times out for a client with no earlier answer gives it the tier's
+/// limit, and is asked again a second later. A limit of 0 is taken as
+/// `None`, and a limit the policy cannot count exactly (see
+/// [`Policy::validate_own_limit`]) is an error, traced, and the tier's
+/// limit applies. Any `Fn(&Key, &Policy) -> Future<Output
 /// = Option<u32>>` is a lookup:
 ///
 /// ```
@@ -125,15 +131,33 @@ impl LimitLookup for Overrides {
 pub(crate) type Found = SmallVec<[Option<u32>; 2]>;
 
 /// A layer's [`LimitLookup`] with the answers it keeps.
+///
+/// An answer is fresh for the layer's TTL. Past it, the answer is still
+/// served while a refresh runs in the background, so a slow lookup never
+/// lifts a client's own limit to the tier's meanwhile, and no request
+/// waits for it. A client never looked up waits for its lookup, at most
+/// the lookup timeout; one that timed out is given the tier's limits and
+/// asked again only after [`FAILED_LOOKUP_KEPT`].
 pub(crate) struct ClientLimits {
     lookup: Arc<dyn LimitLookup>,
-    /// Answers per (policy, client), until they expire.
-    cache: Cache<(Arc<str>, Key), (Option<u32>, Instant)>,
+    /// Answers per (policy, client).
+    cache: Cache<(Arc<str>, Key), Answer>,
     ttl: Duration,
+}
+
+/// A lookup's answer, and until when it is fresh.
+#[derive(Debug, Clone, Copy)]
+struct Answer {
+    limit: Option<u32>,
+    fresh_until: Instant,
 }
 
 /// Answers kept at most, per layer.
 const CACHED_ANSWERS: usize = 100_000;
+
+/// How long a lookup that timed out, for a client with no earlier answer,
+/// is remembered (the tier's limits apply meanwhile, without asking).
+pub(crate) const FAILED_LOOKUP_KEPT: Duration = Duration::from_secs(1);
 
 impl ClientLimits {
     pub(crate) fn new(lookup: Arc<dyn LimitLookup>, ttl: Duration) -> Self {
@@ -149,23 +173,90 @@ impl ClientLimits {
         Self::new(self.lookup.clone(), ttl)
     }
 
-    /// The limits of `key` under `policies`, if every one is known now.
-    pub(crate) fn known(&self, key: &Key, policies: &[Arc<Policy>]) -> Option<Found> {
+    /// The limits of `key` under `policies`, if an answer is kept for
+    /// every one: an answer past its time is served as it is, and
+    /// refreshed in the background (each lookup bounded by `timeout`).
+    pub(crate) fn known(
+        self: &Arc<Self>,
+        key: &Key,
+        policies: &[Arc<Policy>],
+        timeout: Duration,
+    ) -> Option<Found> {
         let now = Instant::now();
-        policies
-            .iter()
-            .map(|policy| {
-                let pair = (policy.shared_name().clone(), key.clone());
-                self.cache
-                    .get(&pair)
-                    .filter(|(_, until)| *until > now)
-                    .map(|(limit, _)| limit)
-            })
-            .collect()
+        let mut found = Found::new();
+        for policy in policies {
+            let pair = (policy.shared_name().clone(), key.clone());
+            let answer = self.cache.get(&pair)?;
+            if answer.fresh_until <= now && !self.refresh(pair, policy, key, answer, timeout) {
+                return None;
+            }
+            found.push(answer.limit);
+        }
+        Some(found)
+    }
+
+    /// Starts refreshing a stale answer in the background; it is served
+    /// meanwhile, and marked fresh for the lookup's timeout so that other
+    /// requests do not start the same refresh. Says whether it started
+    /// (not without a Tokio runtime to run it on).
+    fn refresh(
+        self: &Arc<Self>,
+        pair: (Arc<str>, Key),
+        policy: &Arc<Policy>,
+        key: &Key,
+        stale: Answer,
+        timeout: Duration,
+    ) -> bool {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return false;
+        };
+        let refreshing = Answer {
+            fresh_until: Instant::now() + timeout,
+            ..stale
+        };
+        self.cache.insert(pair.clone(), refreshing);
+        let lookup = self.lookup.limit(key, policy);
+        let limits = self.clone();
+        let policy = policy.clone();
+        runtime.spawn(async move {
+            // A refresh that times out keeps the stale answer.
+            if let Ok(answer) = tokio::time::timeout(timeout, lookup).await {
+                let limit = limits.accepted(&policy, answer);
+                limits.keep(pair, limit, limits.ttl);
+            }
+        });
+        true
+    }
+
+    fn keep(&self, pair: (Arc<str>, Key), limit: Option<u32>, fresh_for: Duration) {
+        let fresh_until = Instant::now() + fresh_for;
+        self.cache.insert(pair, Answer { limit, fresh_until });
+    }
+
+    /// A lookup's `answer` as the client's own limit: `None` for the
+    /// tier's, and for an answer the policy cannot count (traced).
+    fn accepted(&self, policy: &Policy, answer: Option<u32>) -> Option<u32> {
+        let limit = answer.filter(|&limit| limit > 0)?;
+        match policy.validate_own_limit(limit) {
+            Ok(()) => Some(limit),
+            Err(invalid) => {
+                if let Some(held_back) = LIMIT_LOOKUP_INVALID.admit() {
+                    tracing::warn!(
+                        %invalid,
+                        held_back,
+                        "limit lookup answered a limit the policy cannot count; \
+                         the tier's limits apply"
+                    );
+                }
+                None
+            }
+        }
     }
 
     /// Looks up the limits of `key` under `policies`, each bounded by
-    /// `timeout`, and keeps the answers.
+    /// `timeout`, and keeps the answers. A lookup that times out keeps the
+    /// answer it had, if it is still kept; otherwise the tier's limits
+    /// apply, remembered for [`FAILED_LOOKUP_KEPT`].
     pub(crate) fn look_up(
         self: &Arc<Self>,
         key: &Key,
@@ -183,40 +274,30 @@ impl ClientLimits {
         async move {
             let mut found = Found::new();
             for (pair, policy, lookup) in lookups {
-                let limit = match tokio::time::timeout(timeout, lookup).await {
-                    Ok(Some(limit)) if limit > 0 => match policy.validate_own_limit(limit) {
-                        Ok(()) => Some(limit),
-                        Err(invalid) => {
-                            if let Some(held_back) = LIMIT_LOOKUP_INVALID.admit() {
-                                tracing::warn!(
-                                    %invalid,
-                                    held_back,
-                                    "limit lookup answered a limit the policy cannot count; \
-                                     the tier's limits apply"
-                                );
-                            }
-                            found.push(None);
-                            continue;
-                        }
-                    },
-                    Ok(_) => None,
+                match tokio::time::timeout(timeout, lookup).await {
+                    Ok(answer) => {
+                        let limit = limits.accepted(&policy, answer);
+                        limits.keep(pair, limit, limits.ttl);
+                        found.push(limit);
+                    }
                     Err(_) => {
                         if let Some(held_back) = LIMIT_LOOKUP_TIMEOUTS.admit() {
                             tracing::warn!(
                                 ?timeout,
                                 held_back,
-                                "limit lookup timed out; the tier's limits apply"
+                                "limit lookup timed out; the last answer or the tier's limits apply"
                             );
                         }
-                        // Not kept: the next request asks again.
-                        found.push(None);
-                        continue;
+                        let kept = limits.cache.get(&pair).map(|answer| answer.limit);
+                        match kept {
+                            Some(limit) => found.push(limit),
+                            None => {
+                                limits.keep(pair, None, FAILED_LOOKUP_KEPT.min(limits.ttl));
+                                found.push(None);
+                            }
+                        }
                     }
-                };
-                limits
-                    .cache
-                    .insert(pair, (limit, Instant::now() + limits.ttl));
-                found.push(limit);
+                }
             }
             found
         }

@@ -134,7 +134,7 @@ fn own_limits(shared: &Shared, plan: &Plan, identity: &Identity) -> Own {
         return Own::Known(None);
     };
     let policies = plan.policies();
-    match limits.known(&identity.key, policies) {
+    match limits.known(&identity.key, policies, shared.options.lookup_timeout) {
         Some(found) => Own::Known(Some(found)),
         None => Own::Later(Box::pin(limits.look_up(
             &identity.key,

@@ -38,7 +38,7 @@ impl RateLimitLayer {
             Some(limits) => {
                 let policies = std::slice::from_ref(policy);
                 let timeout = self.shared.options.lookup_timeout;
-                match limits.known(key, policies) {
+                match limits.known(key, policies, timeout) {
                     Some(found) => found[0],
                     None => limits.look_up(key, policies, timeout).await[0],
                 }

@@ -286,8 +286,11 @@ impl RateLimitLayer {
         self
     }
 
-    /// How long an answer of the [`LimitLookup`] is kept (default 60 s):
-    /// a client's new limit takes effect within it.
+    /// How long an answer of the [`LimitLookup`] is fresh (default 60 s):
+    /// a client's new limit takes effect within it (and the time of one
+    /// refresh). Past it, the answer is still served while a refresh runs
+    /// in the background, so a slow lookup never lifts a client's own
+    /// limit meanwhile.
     ///
     /// ```
     /// use slidegate::{Global, Policies, Policy, RateLimitLayer, limits::Overrides, store::MemoryStore};

@@ -201,3 +201,72 @@ async fn the_layer_peeks_at_and_resets_one_client(tested: StoreUnderTest) {
     ));
 }
 on_both_stores!(the_layer_peeks_at_and_resets_one_client);
+
+/// A lookup that turns slow keeps a client's own limit: past its TTL the
+/// last answer is still served (and refreshed in the background), so a
+/// restrictive limit is never lifted to the tier's meanwhile, and no
+/// request waits for the slow lookup. A client whose first lookup timed
+/// out gets the tier's limit, and is not asked again for a second.
+#[tokio::test(start_paused = true)]
+async fn a_slow_lookup_keeps_the_last_answer_and_failures_are_remembered() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let lookup = {
+        let calls = calls.clone();
+        move |key: &Key, _: &Policy| {
+            let call = calls.fetch_add(1, Ordering::SeqCst);
+            let answers = key == &self::key("alice") && call == 0;
+            async move {
+                if !answers {
+                    // The database has become slow.
+                    std::future::pending::<()>().await;
+                }
+                Some(2)
+            }
+        }
+    };
+    let policies = Policies::single(Policy::new("search", 100, Duration::from_secs(3600))).unwrap();
+    let store = slidegate::store::MemoryStore::new();
+    let layer = RateLimitLayer::new(store, clients(), policies)
+        .limit_lookup(lookup)
+        .limit_lookup_ttl(MINUTE)
+        .tier_lookup_timeout(Duration::from_millis(50));
+    let app = app(layer);
+    assert_eq!(admitted(&app, "alice", 10).await, 2, "her own limit");
+    tokio::time::advance(2 * MINUTE).await;
+    let started = tokio::time::Instant::now();
+    let reply = send(&app, request("alice")).await;
+    assert_eq!(
+        reply.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "still her own limit"
+    );
+    assert_eq!(reply.header("x-ratelimit-limit"), Some("2"));
+    assert_eq!(
+        started.elapsed(),
+        Duration::ZERO,
+        "no request waits for a refresh"
+    );
+    tokio::time::advance(Duration::from_millis(60)).await;
+    assert_eq!(
+        send(&app, request("alice")).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        3,
+        "a refresh per lookup timeout"
+    );
+
+    // Bob's first lookup times out: the tier's limit, asked once a second.
+    let before = calls.load(Ordering::SeqCst);
+    let reply = send(&app, request("bob")).await;
+    assert_eq!(reply.header("x-ratelimit-limit"), Some("100"));
+    for _ in 0..10 {
+        send(&app, request("bob")).await;
+    }
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        before + 1,
+        "the timeout is remembered"
+    );
+}
