@@ -1277,6 +1277,10 @@ end
 
 ---------------------------------------------------------------- the batch
 
+-- The error of a request that Redis, out of memory, cannot admit without
+-- new state (see "Under `maxmemory`" below).
+local NOT_HELD = 'OOM a new client is not tracked while Redis is out of memory'
+
 local algorithms = { log = log, counter = counter, fixed = fixed, bucket = bucket, lease = lease }
 
 -- Writes the headers (and rewritten tails and TTLs) of the logs this
@@ -1361,9 +1365,11 @@ end
 -- Decides one request's `policies` policies, whose keys start at
 -- keys[first_key] and whose arguments start at argv[first_arg], at `now`;
 -- a peek records nothing. Everything that reads comes first, so that a
--- request that fails has written nothing. Returns the five integers per
--- policy, and the index of the next key.
-local function decide(keys, argv, first_key, first_arg, policies, peek)
+-- request that fails has written nothing. With `held_only` (Redis is out
+-- of memory, see `NOT_HELD`), a request to admit whose state does not
+-- all exist yet raises NOT_HELD before writing anything. Returns the five
+-- integers per policy, and the index of the next key.
+local function decide(keys, argv, first_key, first_arg, policies, peek, held_only)
   local state = {}
   local all_fit = true
   local next_key = first_key
@@ -1373,6 +1379,13 @@ local function decide(keys, argv, first_key, first_arg, policies, peek)
     all_fit = all_fit and state[i].fits and state[i].blocked == nil
   end
   local record = all_fit and not peek
+  if record and held_only then
+    for i = 1, policies do
+      if redis.call('EXISTS', state[i].key) == 0 then
+        error({ err = NOT_HELD })
+      end
+    end
+  end
   local retry = {}
   for i = 1, policies do
     local s = state[i]
@@ -1419,10 +1432,10 @@ end
 -- Decides one request: `keys` and `argv` as described at the top. A peek
 -- (`peek` true: ARGV[2] is "peek", and the policies' arguments follow it)
 -- answers as the check would, and records nothing.
-local function check(keys, argv, peek)
+local function check(keys, argv, peek, held_only)
   set_now(argv[1])
   local first = peek and 3 or 2
-  local result = decide(keys, argv, 1, first, (#argv - first + 1) / ARGS, peek)
+  local result = decide(keys, argv, 1, first, (#argv - first + 1) / ARGS, peek, held_only)
   write_logs()
   return result
 end
@@ -1464,13 +1477,15 @@ end
 -- Under `maxmemory` with nothing left to evict, Redis refuses the
 -- functions above before they start (they write), and every client would
 -- meet its policy's fail mode. Their `allow-oom` twins, tried after such a
--- refusal, decide a request only when the state of every one of its
--- policies already exists: a client already tracked stays limited, and
--- only a new one (whose state would need new memory) is refused, with
--- this error. A tracked client's state grows by its admitted requests, as
--- it would anyway, and pruning shrinks it: it never holds more than its
--- limit's records.
-local NOT_HELD = 'OOM a new client is not tracked while Redis is out of memory'
+-- refusal, decide from the state that exists: a request that any existing
+-- state denies (a live block, a full window under any one policy) is
+-- denied, and blocked as its policy says (a block's key is a few bytes,
+-- set only for a tracked client at its limit); one that fits is admitted
+-- only when every one of its policies' state exists already, and
+-- otherwise refused with NOT_HELD (its state would need new memory), for
+-- its policies' fail modes to decide. A tracked client's state grows by
+-- its admitted requests, as it would anyway, and pruning shrinks it: it
+-- never holds more than its limit's records.
 
 -- Whether the first key of each of `policies` policies exists; keys start
 -- at keys[first_key], each policy's arguments `step` apart from
@@ -1498,10 +1513,7 @@ local function check_batch(keys, argv, held_only)
   local next_key, next_arg = 1, 2
   while next_arg <= #argv do
     local policies = tonumber(argv[next_arg])
-    local ok, result, after = false, { err = NOT_HELD }
-    if not held_only or all_held(keys, argv, next_key, next_arg + 1, policies, ARGS) then
-      ok, result, after = pcall(decide, keys, argv, next_key, next_arg + 1, policies, false)
-    end
+    local ok, result, after = pcall(decide, keys, argv, next_key, next_arg + 1, policies, false, held_only)
     if ok then
       replies[#replies + 1] = result
       next_key = after
@@ -1531,22 +1543,27 @@ local function main(keys, argv)
   return check(keys, argv, argv[2] == 'peek')
 end
 
--- `main` for a request whose every policy's state exists (see `NOT_HELD`).
+-- `main` when Redis is out of memory (see `NOT_HELD`): a check admits
+-- only where its state exists, a refund runs only where every policy's
+-- state does (it has nothing to give back otherwise), and a reset, which
+-- only deletes, always runs.
 local function held_main(keys, argv)
-  local first, step = 2, ARGS
   if argv[2] == 'refund' then
-    first, step = 3, ARGS + 1
-  elseif argv[2] == 'peek' or argv[2] == 'reset' then
-    first = 3
-  end
-  -- A reset only deletes, which frees memory.
-  if argv[2] ~= 'reset' and not all_held(keys, argv, 1, first, (#argv - first + 1) / step, step) then
-    return redis.error_reply(NOT_HELD)
+    local step = ARGS + 1
+    if not all_held(keys, argv, 1, 3, (#argv - 2) / step, step) then
+      return redis.error_reply(NOT_HELD)
+    end
+  elseif argv[2] ~= 'reset' then
+    local ok, result = pcall(check, keys, argv, argv[2] == 'peek', true)
+    if ok then
+      return result
+    end
+    return redis.error_reply(type(result) == 'table' and result.err or tostring(result))
   end
   return main(keys, argv)
 end
 
--- `check_batch` for requests whose every policy's state exists.
+-- `check_batch` when Redis is out of memory (see `NOT_HELD`).
 local function held_batch(keys, argv)
   return check_batch(keys, argv, true)
 end

@@ -389,3 +389,77 @@ async fn a_full_redis_keeps_limiting_the_clients_it_already_holds() {
         }
     }
 }
+
+/// A full Redis still denies what any existing state denies: a blocked
+/// client whose count has expired, a client at its daily limit whose
+/// per-second count has expired. Only a request that fits and would need
+/// new state is refused as full (for its fail mode to decide), alone or
+/// in a batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_redis_denies_from_any_state_that_denies() {
+    let server = RedisServer::start_with(&["--maxmemory-policy", "noeviction"]);
+    let store = RedisStore::builder(server.pool(4))
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let login =
+        Policy::new("login", 2, Duration::from_secs(600)).with_block(Duration::from_secs(600));
+    let second = Policy::new("second", 10, Duration::from_secs(1));
+    let day = Policy::new("day", 3, Duration::from_secs(86_400));
+    let blocked = [Check::new(&login, Key::new("blocked")).unwrap()];
+    let daily = |key: &str| {
+        [
+            Check::new(&second, Key::new(key)).unwrap(),
+            Check::new(&day, Key::new(key)).unwrap(),
+        ]
+    };
+    for _ in 0..2 {
+        assert!(store.check(&blocked).await.unwrap()[0].admitted);
+    }
+    assert!(
+        !store.check(&blocked).await.unwrap()[0].admitted,
+        "blocked now"
+    );
+    for _ in 0..3 {
+        assert!(store.check(&daily("daily")).await.unwrap()[0].admitted);
+    }
+    assert!(store.check(&daily("under")).await.unwrap()[0].admitted);
+    // Their shorter-lived counts expire (deleted here, as expiry would).
+    let deleted = server.cli(&[
+        "del",
+        "slidegate:login:{user:blocked}:l",
+        "slidegate:second:{user:daily}:l",
+        "slidegate:second:{user:under}:l",
+    ]);
+    assert_eq!(deleted.trim(), "3");
+    // Full: far past its (lowered) `maxmemory`, so that no expiry meanwhile
+    // makes room.
+    server.cli(&["config", "set", "maxmemory", "100kb"]);
+
+    let d = store.check(&blocked).await.expect("decided from its block")[0];
+    assert!(!d.admitted && d.blocked_for.is_some(), "{d:?}");
+    let d = store
+        .check(&daily("daily"))
+        .await
+        .expect("decided from its day")[0];
+    assert!(!d.admitted, "{d:?}");
+    let full = store.check(&daily("under")).await.unwrap_err();
+    assert!(
+        matches!(full, StoreError::Full(_)),
+        "needs a new key: {full}"
+    );
+    // The same in one batch.
+    let mut together = tokio::task::JoinSet::new();
+    for key in ["daily", "under", "daily"] {
+        let (store, checks) = (store.clone(), daily(key));
+        together.spawn(async move { (key, store.check(&checks).await) });
+    }
+    let (store2, blocked2) = (store.clone(), blocked.clone());
+    together.spawn(async move { ("blocked", store2.check(&blocked2).await) });
+    while let Some(joined) = together.join_next().await {
+        match joined.unwrap() {
+            ("under", outcome) => assert!(matches!(outcome, Err(StoreError::Full(_)))),
+            (key, outcome) => assert!(!outcome.unwrap()[0].admitted, "{key}"),
+        }
+    }
+}
