@@ -16,7 +16,7 @@ use crate::layer::roles::Refund;
 use crate::policy::Algorithm;
 use crate::policy::cost::Checks;
 use crate::response::grpc::call_failed;
-use crate::store::{Check, Decision, Store, StoreError};
+use crate::store::{Check, CheckFuture, Decision, Store, StoreError};
 use crate::throttle::RELEASE_FAILURES;
 
 pin_project! {
@@ -195,6 +195,78 @@ impl Drop for Leases {
     fn drop(&mut self) {
         let held = &self.0;
         let _ = in_background(held.store.refund(&held.checks, &held.taken_at), report);
+    }
+}
+
+/// The leases of `checks` that the store may have taken, released unless
+/// `answer` decides them: a call that failed or timed out (the store may
+/// still run it, and take them), or a request dropped while its check was
+/// in flight, releases them by the ids the checks carry; so does an
+/// answer that leaves a check undecided (a shadow batch that failed). A
+/// decided check's lease is the response's to release ([`Leases::of`]),
+/// and a denied one took nothing. Checks without a lease cost nothing.
+pub(crate) fn released_unless_decided(
+    store: &Arc<dyn Store>,
+    checks: &[Check],
+    answer: CheckFuture,
+) -> CheckFuture {
+    let Some(first) = checks
+        .iter()
+        .position(|check| check.algorithm == Algorithm::Concurrency)
+    else {
+        return answer;
+    };
+    let mut pending = Pending {
+        store: store.clone(),
+        checks: checks[first..].iter().cloned().collect(),
+        first,
+    };
+    match answer.into_ready() {
+        Ok(outcome) => {
+            pending.decided(&outcome);
+            CheckFuture::ready(outcome)
+        }
+        Err(later) => CheckFuture::new(async move {
+            let outcome = later.await;
+            pending.decided(&outcome);
+            outcome
+        }),
+    }
+}
+
+/// Leases a store may hold for checks not (yet) decided; released when
+/// dropped.
+struct Pending {
+    store: Arc<dyn Store>,
+    /// The checks from the first with a lease on.
+    checks: Checks,
+    /// The index of the first of them in the request's checks.
+    first: usize,
+}
+
+impl Pending {
+    /// Keeps out of the release the checks `outcome` decided.
+    fn decided(&mut self, outcome: &Result<crate::store::Decisions, StoreError>) {
+        if let Ok(decisions) = outcome {
+            let decided = decisions
+                .len()
+                .saturating_sub(self.first)
+                .min(self.checks.len());
+            self.checks.drain(..decided);
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.checks
+            .retain(|check| check.algorithm == Algorithm::Concurrency);
+        if self.checks.is_empty() {
+            return;
+        }
+        // A lease is released by its check's id; the time is not read.
+        let times: SmallVec<[Duration; 2]> = self.checks.iter().map(|_| Duration::ZERO).collect();
+        let _ = in_background(self.store.refund(&self.checks, &times), report);
     }
 }
 

@@ -160,20 +160,12 @@ mod tests {
 
     use super::*;
     use crate::key::Key;
-    use crate::policy::Algorithm;
 
     fn check(limit: u32, cost: u32) -> Check {
-        Check {
-            policy: "p".into(),
-            namespace: None,
-            key: Key::new("ip:192.0.2.1"),
-            limit,
-            window: Duration::from_secs(60),
-            cost,
-            algorithm: Algorithm::SlidingLog,
-            burst: limit,
-            block: Duration::ZERO,
-        }
+        let policy = crate::Policy::new("p", limit, Duration::from_secs(60));
+        Check::new(&policy, Key::new("ip:192.0.2.1"))
+            .unwrap()
+            .with_cost(cost)
     }
 
     #[test]

@@ -11,6 +11,7 @@ use smallvec::SmallVec;
 
 use crate::layer::Options;
 use crate::layer::background::in_background;
+use crate::layer::body::released_unless_decided;
 use crate::layer::local::LocalChecks;
 use crate::policy::cost::Checks;
 use crate::policy::plan::Plan;
@@ -100,12 +101,17 @@ impl Roles {
 /// denial would deny the request, and a denied request counts nowhere.
 /// The answer holds the enforced checks' decisions alone when they deny,
 /// or when the shadow batch fails.
+///
+/// The leases of concurrency checks the answer leaves undecided (a call
+/// that failed, a request dropped meanwhile) are released by their ids.
 #[inline]
 pub(crate) fn check(store: &Arc<dyn Store>, checks: &[Check], shadow_from: usize) -> CheckFuture {
-    if shadow_from == 0 || shadow_from >= checks.len() {
-        return store.check(checks);
-    }
-    check_apart(store, checks, shadow_from)
+    let answer = if shadow_from == 0 || shadow_from >= checks.len() {
+        store.check(checks)
+    } else {
+        check_apart(store, checks, shadow_from)
+    };
+    released_unless_decided(store, checks, answer)
 }
 
 fn check_apart(store: &Arc<dyn Store>, checks: &[Check], shadow_from: usize) -> CheckFuture {

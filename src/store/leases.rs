@@ -1,8 +1,13 @@
 //! Concurrency leases as kept by [`MemoryStore`](super::MemoryStore), the
-//! in-process twin of their half of `lua/check.lua`: the times leases
-//! were taken at, each unique, each expiring a lease time later.
+//! in-process twin of their half of `lua/check.lua`: each lease named by
+//! the id its check carries (known before the store is asked, so that a
+//! request whose check failed or was dropped can still release it), and
+//! expiring a lease time after it was taken.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
+use std::hash::{BuildHasher, RandomState};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::store::{Check, Decision};
@@ -11,10 +16,21 @@ use crate::store::{Check, Decision};
 /// their requests do, which no store knows in advance.
 const RETRY: Duration = Duration::from_secs(1);
 
+/// A new lease id: unique in this process (a counter), and across
+/// processes with all but negligible odds (from a random start).
+pub(crate) fn next_lease_id() -> u64 {
+    static START: OnceLock<u64> = OnceLock::new();
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let start = *START.get_or_init(|| RandomState::new().hash_one("slidegate lease ids"));
+    start.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(super) struct Leases {
-    /// The times (µs) the live leases were taken at.
-    taken: BTreeSet<u64>,
+    /// The live leases: when (µs) each was taken, and its id.
+    taken: BTreeSet<(u64, u64)>,
+    /// When each live lease was taken, by id.
+    by_id: HashMap<u64, u64>,
     /// The lease time, in µs, as of the last decision.
     lease: u64,
 }
@@ -24,8 +40,11 @@ impl Leases {
     pub(super) fn prepare(&mut self, now: u64, check: &Check) {
         self.lease = check.window_micros();
         let cutoff = now.saturating_sub(self.lease);
-        while self.taken.first().is_some_and(|&at| at <= cutoff) {
+        while let Some(&(at, id)) = self.taken.first()
+            && at <= cutoff
+        {
             self.taken.pop_first();
+            self.by_id.remove(&id);
         }
     }
 
@@ -33,22 +52,25 @@ impl Leases {
         self.taken.len() < check.limit as usize
     }
 
-    /// Takes a lease; returns the time it was taken at, which releases it.
-    pub(super) fn record(&mut self, now: u64) -> u64 {
-        let at = self.taken.last().map_or(now, |&newest| now.max(newest + 1));
-        self.taken.insert(at);
-        at
+    /// Takes the lease `id` at `now`; returns the time it was taken at.
+    pub(super) fn record(&mut self, now: u64, id: u64) -> u64 {
+        if self.by_id.insert(id, now).is_none() {
+            self.taken.insert((now, id));
+        }
+        now
     }
 
-    /// Releases the lease taken at `at`.
-    pub(super) fn release(&mut self, at: u64) {
-        self.taken.remove(&at);
+    /// Releases the lease `id`, if it is held.
+    pub(super) fn release(&mut self, id: u64) {
+        if let Some(at) = self.by_id.remove(&id) {
+            self.taken.remove(&(at, id));
+        }
     }
 
     pub(super) fn is_idle(&self, now: u64) -> bool {
         self.taken
             .last()
-            .is_none_or(|&newest| newest <= now.saturating_sub(self.lease))
+            .is_none_or(|&(newest, _)| newest <= now.saturating_sub(self.lease))
     }
 
     pub(super) fn decision(&self, check: &Check, admitted: bool) -> Decision {

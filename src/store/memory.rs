@@ -187,7 +187,8 @@ impl Counts {
         }
     }
 
-    fn record(&mut self, now: u64, cost: u32, placed: &mut Placed) -> Option<u64> {
+    fn record(&mut self, now: u64, check: &Check, placed: &mut Placed) -> Option<u64> {
+        let cost = check.cost;
         match self {
             Self::Log(log) => match placed {
                 Placed::Log(window) => log.record(now, cost, window),
@@ -196,11 +197,12 @@ impl Counts {
             Self::Counter(counter) => Some(counter.record(cost)),
             Self::Fixed(fixed) => Some(fixed.record(cost)),
             Self::Bucket(bucket) => Some(bucket.record(cost)),
-            Self::Leases(leases) => Some(leases.record(now)),
+            Self::Leases(leases) => Some(leases.record(now, check.lease)),
         }
     }
 
-    fn refund(&mut self, at: u64, cost: u32) -> bool {
+    fn refund(&mut self, at: u64, check: &Check) -> bool {
+        let cost = check.cost;
         match self {
             Self::Log(log) => {
                 log.refund(at, cost);
@@ -210,7 +212,7 @@ impl Counts {
             Self::Fixed(fixed) => fixed.refund(at, cost),
             Self::Bucket(bucket) => bucket.refund(at, cost),
             Self::Leases(leases) => {
-                leases.release(at);
+                leases.release(check.lease);
                 true
             }
         }
@@ -288,14 +290,14 @@ impl Spent {
 
     /// Records `cost` and returns the time it was recorded at (none for a
     /// log given a cost of 0).
-    fn record(&mut self, now: u64, cost: u32, prepared: &mut Prepared) -> Option<u64> {
-        self.counts.record(now, cost, &mut prepared.placed)
+    fn record(&mut self, now: u64, check: &Check, prepared: &mut Prepared) -> Option<u64> {
+        self.counts.record(now, check, &mut prepared.placed)
     }
 
     /// Takes back `cost` units recorded at `at`, after
     /// [`prepare`](Self::prepare); says whether a counter changed.
-    fn refund(&mut self, at: u64, cost: u32) -> bool {
-        self.counts.refund(at, cost)
+    fn refund(&mut self, at: u64, check: &Check) -> bool {
+        self.counts.refund(at, check)
     }
 
     /// The decision of a request recorded at `at`.
@@ -528,14 +530,14 @@ impl MemoryStore {
             if !fits {
                 return spent.denied(now, check, prepared);
             }
-            let at = spent.record(now, check.cost, &mut prepared);
+            let at = spent.record(now, check, &mut prepared);
             return spent.recorded(now, check, at, &prepared);
         }
         let (mut spent, mut prepared) = Spent::fresh(now, check);
         if !prepared.fits {
             return spent.decision(now, check, false, &prepared);
         }
-        let at = spent.record(now, check.cost, &mut prepared);
+        let at = spent.record(now, check, &mut prepared);
         let decision = spent.recorded(now, check, at, &prepared);
         shard.insert(hash, check, spent, now);
         decision
@@ -587,7 +589,7 @@ impl MemoryStore {
             {
                 let mut prepared = found[index].expect("a tracked pair is prepared");
                 decisions[index] = Some(if all_fit {
-                    let at = spent.record(now, check.cost, &mut prepared);
+                    let at = spent.record(now, check, &mut prepared);
                     spent.recorded(now, check, at, &prepared)
                 } else {
                     spent.denied(now, check, prepared)
@@ -600,7 +602,7 @@ impl MemoryStore {
             }
             let (mut spent, mut prepared) = Spent::fresh(now, check);
             if all_fit {
-                let at = spent.record(now, check.cost, &mut prepared);
+                let at = spent.record(now, check, &mut prepared);
                 decisions[index] = Some(spent.recorded(now, check, at, &prepared));
                 guards[guard_of(hash)].insert(hash, check, spent, now);
             } else {
@@ -660,7 +662,7 @@ impl MemoryStore {
                     continue;
                 }
                 let (_, prepared) = spent.prepare(now, check);
-                if !spent.refund(duration_micros(*at), check.cost) {
+                if !spent.refund(duration_micros(*at), check) {
                     spent.unroll(prepared);
                 }
             }

@@ -133,6 +133,8 @@ pub struct Check {
     pub(crate) algorithm: Algorithm,
     pub(crate) burst: u32,
     pub(crate) block: Duration,
+    /// The id of the lease a concurrency check takes (0 otherwise).
+    pub(crate) lease: u64,
 }
 
 impl Check {
@@ -188,6 +190,10 @@ impl Check {
             algorithm: policy.algorithm(),
             burst: limits.burst,
             block: policy.block().unwrap_or_default(),
+            lease: match policy.algorithm() {
+                Algorithm::Concurrency => leases::next_lease_id(),
+                _ => 0,
+            },
         }
     }
 
@@ -262,6 +268,17 @@ impl Check {
     /// zero for a policy that does not block.
     pub fn block(&self) -> Duration {
         self.block
+    }
+
+    /// The id of the lease a concurrency check takes, `None` for other
+    /// algorithms: each check is given a new one when it is built, so
+    /// that the lease can be released by its id whatever became of the
+    /// store's answer (a call that timed out, a request dropped while its
+    /// check was in flight). A store releases it when
+    /// [`refund`](Store::refund) is given the check, and takes nothing for
+    /// an id released before its check arrived.
+    pub fn lease_id(&self) -> Option<u64> {
+        (self.algorithm == Algorithm::Concurrency).then_some(self.lease)
     }
 
     /// The window in microseconds, at most [`MAX_WINDOW`](crate::policy::MAX_WINDOW)'s.

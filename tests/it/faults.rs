@@ -59,16 +59,22 @@ fn fixture() -> Fixture {
     Fixture { server, store, app }
 }
 
+/// Sends one request from `192.0.2.<client>` to `app`; returns its status
+/// and how long it took.
+async fn send(app: &Router, path: &str, client: u8) -> (StatusCode, Duration) {
+    let mut request = Request::get(path).body(Body::empty()).unwrap();
+    request
+        .extensions_mut()
+        .insert(ConnectInfo(SocketAddr::from(([192, 0, 2, client], 1))));
+    let started = Instant::now();
+    let response = app.clone().oneshot(request).await.unwrap();
+    (response.status(), started.elapsed())
+}
+
 impl Fixture {
     /// Sends one request and returns its status and how long it took.
     async fn send(&self, path: &str, client: u8) -> (StatusCode, Duration) {
-        let mut request = Request::get(path).body(Body::empty()).unwrap();
-        request
-            .extensions_mut()
-            .insert(ConnectInfo(SocketAddr::from(([192, 0, 2, client], 1))));
-        let started = Instant::now();
-        let response = self.app.clone().oneshot(request).await.unwrap();
-        (response.status(), started.elapsed())
+        send(&self.app, path, client).await
     }
 
     /// Sends `count` concurrent requests to `path`; returns their statuses
@@ -523,4 +529,65 @@ async fn a_full_redis_refuses_new_counts_instead_of_growing_past_its_limit() {
         used < LIMIT + LIMIT / 4,
         "Redis grew to {used} bytes against a {LIMIT}-byte limit"
     );
+}
+
+/// A lease taken by a check that timed out is released: under `CLIENT
+/// PAUSE WRITE` a request on a concurrency-limited route times out,
+/// fails open (or closed) and ends; the script still runs once Redis
+/// resumes and takes its lease, which the request released by its id,
+/// so the client is never locked out with nothing in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_whose_check_timed_out_is_released() {
+    for fail_mode in [FailMode::Open, FailMode::Closed] {
+        let server = RedisServer::start();
+        let store = RedisStore::builder(server.pool(4))
+            .timeout(Duration::from_millis(50))
+            .build()
+            .unwrap();
+        let policy = Policy::concurrency("exports", 1)
+            .with_lease(Duration::from_secs(30))
+            .with_fail_mode(fail_mode);
+        let policies = Policies::builder().route("/lease", policy).build().unwrap();
+        let app = Router::new()
+            .route("/lease", get(|| async { "done" }))
+            .route_layer(RateLimitLayer::new(store, PeerIp::new(), policies));
+        assert_eq!(
+            send(&app, "/lease", 7).await.0,
+            StatusCode::OK,
+            "{fail_mode:?}"
+        );
+        assert_eq!(
+            server.cli(&["client", "pause", "300", "write"]).trim(),
+            "OK"
+        );
+        let (paused, _) = send(&app, "/lease", 7).await;
+        let expected = match fail_mode {
+            FailMode::Open => StatusCode::OK,
+            _ => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        assert_eq!(paused, expected, "{fail_mode:?}: the check timed out");
+        // Once Redis resumes, the queued script takes the lease and the
+        // release gives it back: the client is admitted again.
+        let started = Instant::now();
+        let mut last = StatusCode::TOO_MANY_REQUESTS;
+        while started.elapsed() < Duration::from_secs(3) {
+            last = send(&app, "/lease", 7).await.0;
+            if last == StatusCode::OK {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(last, StatusCode::OK, "{fail_mode:?}: a lease nobody holds");
+        // The last request's own lease is released as its response ends,
+        // on a task of its own: nothing is left once it lands.
+        let started = Instant::now();
+        let key = "slidegate:exports:{ip:192.0.2.7}:n";
+        while server.cli(&["zcard", key]).trim() != "0" {
+            assert!(
+                started.elapsed() < Duration::from_secs(3),
+                "{fail_mode:?}: a lease (or tombstone) left behind"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
 }

@@ -17,9 +17,9 @@ pub(super) struct Call {
     pub(super) op: Op,
 }
 
-/// One policy's arguments: algorithm, limit, window in µs, cost, burst,
-/// and block in µs.
-pub(super) type PolicyArgs = (&'static str, u32, u64, u32, u32, u64);
+/// One policy's arguments: algorithm, limit, window in µs, cost (for a
+/// lease, its id: a lease costs 1), burst, and block in µs.
+pub(super) type PolicyArgs = (&'static str, u32, u64, u64, u32, u64);
 
 /// What a call asks of the script.
 pub(super) enum Op {
@@ -94,7 +94,10 @@ impl Call {
                 name,
                 check.limit,
                 check.window_micros(),
-                check.cost,
+                match check.algorithm {
+                    Algorithm::Concurrency => check.lease,
+                    _ => u64::from(check.cost),
+                },
                 check.burst,
                 block,
             ));
