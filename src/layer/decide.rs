@@ -293,6 +293,16 @@ impl Wait {
                     if let (None, Some(slot)) = (&held, slot) {
                         held = Some(Held::new(slot));
                     }
+                    // Its client's held requests are checked again one at
+                    // a time, in the order they came: it waits for its
+                    // turn (at most its delay), then for what is left of
+                    // its retry time.
+                    let mut wait = wait;
+                    if let Some(held) = held.as_mut().filter(|held| held.turn.is_none()) {
+                        let queued = Instant::now();
+                        held.wait_for_turn().await;
+                        wait = wait.saturating_sub(queued.elapsed());
+                    }
                     tokio::time::sleep(wait).await;
                     pending = Pending::Send;
                     continue;
@@ -538,7 +548,7 @@ fn send(
         if let Some(denied) = cache.lookup(&checks[..enforced]) {
             // A cached denial is held as the store's own would be.
             if let Some((wait, slot)) =
-                hold::wait(shared, plan, &denied.checks, &denied.decisions, held)
+                hold::wait(shared, plan, parts, &denied.checks, &denied.decisions, held)
             {
                 return Sending::Now(Next::Delay(wait, slot));
             }

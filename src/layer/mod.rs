@@ -30,7 +30,6 @@ pub use inspect::LimitError;
 pub use service::RateLimit;
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -69,6 +68,8 @@ pub(crate) struct Options {
     pub(crate) local_share: u32,
     /// The most requests held at once instead of denied.
     pub(crate) max_delayed: usize,
+    /// The most bytes of request heads held at once.
+    pub(crate) max_delayed_bytes: usize,
 }
 
 impl Default for Options {
@@ -82,6 +83,7 @@ impl Default for Options {
             shadow: false,
             local_share: 1,
             max_delayed: hold::DEFAULT_MAX_DELAYED,
+            max_delayed_bytes: hold::DEFAULT_MAX_DELAYED_BYTES,
         }
     }
 }
@@ -104,7 +106,7 @@ pub(crate) struct Shared {
     /// The clients' own limits, when the layer looks them up.
     pub(crate) client_limits: Option<Arc<ClientLimits>>,
     /// The requests held now instead of denied, in every clone.
-    pub(crate) delayed: Arc<AtomicUsize>,
+    pub(crate) delayed: Arc<hold::Holding>,
     /// The namespace of every store key the layer writes, if set.
     pub(crate) namespace: Option<Arc<str>>,
     pub(crate) options: Options,
@@ -313,6 +315,9 @@ impl RateLimitLayer {
     /// The most requests this layer holds at once instead of denying them
     /// (policies with [`with_delay`](crate::Policy::with_delay)); default
     /// 10,000. Past it, a request that could be held is answered `429`.
+    /// A client holds at most what its own limit can grant within the
+    /// delay (a policy of 10 a second with a delay of 500 ms: 10 requests
+    /// of cost 1), so one client cannot fill the layer's places.
     ///
     /// ```
     /// use slidegate::{Global, Policies, Policy, RateLimitLayer, store::MemoryStore};
@@ -330,6 +335,26 @@ impl RateLimitLayer {
         self
     }
 
+    /// The most bytes of request heads (URI and header fields) this layer
+    /// holds at once in held requests; default 64 MiB. Past it, a request
+    /// that could be held is answered `429`.
+    ///
+    /// ```
+    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, store::MemoryStore};
+    /// use std::time::Duration;
+    ///
+    /// let policies = Policies::single(
+    ///     Policy::new("all", 10, Duration::from_secs(1)).with_delay(Duration::from_millis(200)),
+    /// )
+    /// .unwrap();
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).max_delayed_bytes(8 << 20);
+    /// ```
+    #[must_use]
+    pub fn max_delayed_bytes(mut self, max: usize) -> Self {
+        self.options_mut().max_delayed_bytes = max;
+        self
+    }
+
     /// How many requests this layer (with its clones) holds now instead of
     /// denying them.
     ///
@@ -341,9 +366,7 @@ impl RateLimitLayer {
     /// assert_eq!(RateLimitLayer::new(MemoryStore::new(), Global, policies).held(), 0);
     /// ```
     pub fn held(&self) -> usize {
-        self.shared
-            .delayed
-            .load(std::sync::atomic::Ordering::Acquire)
+        self.shared.delayed.count()
     }
 
     /// Answers denied clients from `cache` until their retry time, without

@@ -117,6 +117,7 @@ pub(crate) fn outcome(
                 && let Some((wait, slot)) = hold::wait(
                     shared,
                     plan,
+                    parts,
                     &decided[..enforced],
                     &decisions[..enforced],
                     *held,
@@ -156,6 +157,15 @@ pub(crate) fn outcome(
                     tracing::warn!(%error, held_back, "rate-limit store unavailable; enforcing local limits");
                 }
                 return next;
+            }
+            if held.is_some() {
+                // Over the limit when it came: it passes only in a place
+                // the store grants, never because the store failed.
+                report_all(checks, Outcome::FailedClosed, took);
+                if let Some(held_back) = STORE_FAILURES.admit() {
+                    tracing::warn!(%error, held_back, "rate-limit store unavailable; a held request is refused");
+                }
+                return Next::Answer(reject(shared, parts, Reply::StoreUnavailable(&error)));
             }
             report_all(checks, Outcome::FailedOpen, took);
             if let Some(held_back) = STORE_FAILURES.admit() {

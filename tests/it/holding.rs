@@ -177,3 +177,129 @@ async fn held(layer: &RateLimitLayer, count: usize) {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
 }
+
+/// Keys each request by its `x-client` header.
+fn clients() -> impl slidegate::key::KeyExtractor {
+    slidegate::Header::trusted(http::HeaderName::from_static("x-client")).public()
+}
+
+fn request_from(client: &str) -> Request<Body> {
+    Request::get("/")
+        .header("x-client", client)
+        .body(Body::empty())
+        .unwrap()
+}
+
+/// One client cannot fill the layer's places: it holds at most what its
+/// own limit can grant within the delay (5 a second, held up to a second:
+/// 5), and another client's request is still held, not denied.
+async fn one_client_holds_only_what_its_limit_can_grant(tested: StoreUnderTest) {
+    let policy =
+        Policy::new("fair", 5, Duration::from_secs(1)).with_delay(Duration::from_secs(1));
+    let layer = RateLimitLayer::new(tested.store, clients(), Policies::single(policy).unwrap())
+        .max_delayed(20);
+    let app = app(layer.clone(), Entries::default());
+    let flood: Vec<_> = (0..45)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move { send(&app, request_from("greedy")).await.status })
+        })
+        .collect();
+    held(&layer, 5).await;
+    for _ in 0..5 {
+        assert_eq!(
+            send(&app, request_from("other")).await.status,
+            StatusCode::OK
+        );
+    }
+    let other = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, request_from("other")).await.status }
+    });
+    held(&layer, 6).await;
+    let mut statuses = Vec::new();
+    for task in flood {
+        statuses.push(task.await.unwrap());
+    }
+    let admitted = statuses.iter().filter(|s| **s == StatusCode::OK).count();
+    assert_eq!(
+        admitted, 10,
+        "5 at once, 5 held then admitted: {statuses:?}"
+    );
+    assert_eq!(other.await.unwrap(), StatusCode::OK, "held, then admitted");
+    assert_eq!(layer.held(), 0);
+}
+on_both_stores!(one_client_holds_only_what_its_limit_can_grant);
+
+/// The bytes of held requests' heads are bounded: past the bound, a
+/// request that could be held is denied at once.
+async fn held_heads_are_bounded_in_bytes(tested: StoreUnderTest) {
+    let policy =
+        Policy::new("heavy", 1, Duration::from_millis(500)).with_delay(Duration::from_secs(1));
+    let layer = RateLimitLayer::new(tested.store, clients(), Policies::single(policy).unwrap())
+        .max_delayed_bytes(10 * 1024);
+    let app = app(layer.clone(), Entries::default());
+    let heavy = |client: &str| {
+        Request::get("/")
+            .header("x-client", client)
+            .header("x-padding", "p".repeat(8 * 1024))
+            .body(Body::empty())
+            .unwrap()
+    };
+    for client in ["a", "b"] {
+        assert_eq!(send(&app, heavy(client)).await.status, StatusCode::OK);
+    }
+    let first = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, heavy("a")).await.status }
+    });
+    held(&layer, 1).await;
+    let started = Instant::now();
+    assert_eq!(
+        send(&app, heavy("b")).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(300),
+        "denied at once"
+    );
+    assert_eq!(first.await.unwrap(), StatusCode::OK);
+}
+on_both_stores!(held_heads_are_bounded_in_bytes);
+
+/// A held request passes only in a place the store grants: when the
+/// store stalls as it is checked again, it is refused (503), even where
+/// the policy fails open, instead of passing with everyone held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_request_never_fails_open() {
+    let server = crate::support::RedisServer::start();
+    let store = slidegate::store::RedisStore::builder(server.pool(4))
+        .timeout(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let policy = Policy::new("stalled", 2, Duration::from_millis(600))
+        .with_delay(Duration::from_secs(1))
+        .with_fail_mode(slidegate::policy::FailMode::Open);
+    let layer = RateLimitLayer::new(store, Global, Policies::single(policy).unwrap());
+    let app = app(layer.clone(), Entries::default());
+    for _ in 0..2 {
+        assert_eq!(send(&app, request()).await.status, StatusCode::OK);
+    }
+    let waiting: Vec<_> = (0..2)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move { send(&app, request()).await.status })
+        })
+        .collect();
+    held(&layer, 2).await;
+    // Writes stall until well after the held requests' retry time.
+    assert_eq!(
+        server.cli(&["client", "pause", "2000", "write"]).trim(),
+        "OK"
+    );
+    for task in waiting {
+        assert_eq!(task.await.unwrap(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+    // A request that was never held still fails open.
+    assert_eq!(send(&app, request()).await.status, StatusCode::OK);
+}
