@@ -12,10 +12,13 @@
 --
 -- ARGV[1]: the time in microseconds, or "" to read the server's TIME (the
 --   empty form is the only one production uses).
--- ARGV, per policy (ARGS = 6 each, from ARGV[2]): algorithm ("log",
+-- ARGV, per policy (ARGS = 7 each, from ARGV[2]): algorithm ("log",
 --   "counter", "fixed", "bucket" or "lease"), limit, window in
---   microseconds (a lease's time for "lease"), cost, burst (a bucket's
---   size; the limit otherwise) and block in microseconds (0: none).
+--   microseconds (a lease's time for "lease"), cost (a lease's id for
+--   "lease"), burst (a bucket's size; the limit otherwise), block in
+--   microseconds (0: none) and delay in microseconds (0: none): a denial
+--   the delay can hold (its retry time within it) is no denial for the
+--   block, which only a request beyond the delay starts.
 -- KEYS, taken in policy order:
 --   log:     a string holding the log's header and newest page, then a
 --            hash holding its other pages (see "sliding log" below).
@@ -1335,8 +1338,8 @@ local function set_now(time)
   end
 end
 
--- Arguments per policy: algorithm, limit, window, cost, burst, block.
-local ARGS = 6
+-- Arguments per policy: algorithm, limit, window, cost, burst, block, delay.
+local ARGS = 7
 
 -- The keys of the policy whose arguments start at argv[a]: two for a
 -- log, one otherwise, and one more for a policy that blocks.
@@ -1367,6 +1370,7 @@ local function prepare(keys, argv, k, a)
     id = argv[a + 3],
     burst = tonumber(argv[a + 4]),
     block = tonumber(argv[a + 5]),
+    delay = tonumber(argv[a + 6]),
   }
   k = k + 1
   if algorithm == log then
@@ -1424,7 +1428,8 @@ local function decide(keys, argv, first_key, first_arg, policies, peek, held_onl
     if not record then
       if not s.fits then
         retry[i] = s.algorithm.retry(s)
-        if s.block_key ~= nil and s.blocked == nil and not peek then
+        local beyond_delay = s.delay == 0 or retry[i] > s.delay
+        if s.block_key ~= nil and s.blocked == nil and not peek and beyond_delay then
           block(s)
         end
       end

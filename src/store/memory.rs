@@ -312,10 +312,16 @@ impl Spent {
     /// The decision of a denied request, which records nothing; a policy
     /// that blocks, denied by its own count, blocks the client from now.
     fn denied(&mut self, now: u64, check: &Check, prepared: Prepared) -> Decision {
-        if !check.block.is_zero() && !prepared.fits && self.blocked_until <= now {
+        let mut decision = self.decision(now, check, false, &prepared);
+        // A denial the delay can hold is no denial for the block.
+        let beyond_delay = check.delay.is_zero()
+            || decision
+                .retry_after
+                .is_some_and(|retry| retry > check.delay);
+        if !check.block.is_zero() && !prepared.fits && self.blocked_until <= now && beyond_delay {
             self.blocked_until = now + duration_micros(check.block.min(MAX_WINDOW));
+            decision = self.decision(now, check, false, &prepared);
         }
-        let decision = self.decision(now, check, false, &prepared);
         self.unroll(prepared);
         decision
     }

@@ -133,6 +133,7 @@ pub struct Check {
     pub(crate) algorithm: Algorithm,
     pub(crate) burst: u32,
     pub(crate) block: Duration,
+    pub(crate) delay: Duration,
     /// The id of the lease a concurrency check takes (0 otherwise).
     pub(crate) lease: u64,
 }
@@ -190,6 +191,7 @@ impl Check {
             algorithm: policy.algorithm(),
             burst: limits.burst,
             block: policy.block().unwrap_or_default(),
+            delay: policy.delay().unwrap_or_default(),
             lease: match policy.algorithm() {
                 Algorithm::Concurrency => leases::next_lease_id(),
                 _ => 0,
@@ -268,6 +270,14 @@ impl Check {
     /// zero for a policy that does not block.
     pub fn block(&self) -> Duration {
         self.block
+    }
+
+    /// How long a request may be held instead of denied; zero for a
+    /// policy that holds none. A denial whose retry time is within it is
+    /// no denial for the [`block`](Self::block): only a request beyond
+    /// the delay starts one.
+    pub fn delay(&self) -> Duration {
+        self.delay
     }
 
     /// The id of the lease a concurrency check takes, `None` for other

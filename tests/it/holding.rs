@@ -194,8 +194,7 @@ fn request_from(client: &str) -> Request<Body> {
 /// own limit can grant within the delay (5 a second, held up to a second:
 /// 5), and another client's request is still held, not denied.
 async fn one_client_holds_only_what_its_limit_can_grant(tested: StoreUnderTest) {
-    let policy =
-        Policy::new("fair", 5, Duration::from_secs(1)).with_delay(Duration::from_secs(1));
+    let policy = Policy::new("fair", 5, Duration::from_secs(1)).with_delay(Duration::from_secs(1));
     let layer = RateLimitLayer::new(tested.store, clients(), Policies::single(policy).unwrap())
         .max_delayed(20);
     let app = app(layer.clone(), Entries::default());
@@ -303,3 +302,37 @@ async fn a_held_request_never_fails_open() {
     // A request that was never held still fails open.
     assert_eq!(send(&app, request()).await.status, StatusCode::OK);
 }
+
+/// With both a delay and a block, a request the delay can hold is held,
+/// not denied, and starts no block; only a request beyond the delay
+/// starts it.
+async fn a_request_the_delay_holds_starts_no_block(tested: StoreUnderTest) {
+    let patient = Policy::new("patient", 2, Duration::from_millis(300))
+        .with_delay(Duration::from_millis(500))
+        .with_block(Duration::from_secs(60));
+    let impatient = Policy::new("impatient", 1, Duration::from_secs(60))
+        .with_delay(Duration::from_millis(100))
+        .with_block(Duration::from_secs(600));
+    let policies = Policies::builder()
+        .route("/", patient)
+        .route("/other", impatient)
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::new(tested.store, Global, policies);
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route("/other", get(|| async { "ok" }))
+        .route_layer(layer);
+    for _ in 0..2 {
+        assert_eq!(send(&app, request()).await.status, StatusCode::OK);
+    }
+    let held = send(&app, request()).await;
+    assert_eq!(held.status, StatusCode::OK, "held, then admitted: no block");
+    // Beyond its delay, a denial starts the block.
+    let other = || Request::get("/other").body(Body::empty()).unwrap();
+    assert_eq!(send(&app, other()).await.status, StatusCode::OK);
+    let denied = send(&app, other()).await;
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(denied.header("retry-after"), Some("600"), "blocked");
+}
+on_both_stores!(a_request_the_delay_holds_starts_no_block);

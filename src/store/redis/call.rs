@@ -18,8 +18,9 @@ pub(super) struct Call {
 }
 
 /// One policy's arguments: algorithm, limit, window in µs, cost (for a
-/// lease, its id: a lease costs 1), burst, and block in µs.
-pub(super) type PolicyArgs = (&'static str, u32, u64, u64, u32, u64);
+/// lease, its id: a lease costs 1), burst, block in µs, and delay in µs
+/// (which a denial must pass to start a block).
+pub(super) type PolicyArgs = (&'static str, u32, u64, u64, u32, u64, u64);
 
 /// What a call asks of the script.
 pub(super) enum Op {
@@ -100,6 +101,7 @@ impl Call {
                 },
                 check.burst,
                 block,
+                duration_micros(check.delay),
             ));
         }
         call
