@@ -151,7 +151,7 @@ end
 -- The tail widens its fields in place when a record needs it (at most one
 -- page rewritten); a page, once sealed, keeps its widths.
 --
--- Header fields (big-endian): format version (2), the tail's offset and
+-- Header fields (big-endian): format version (2, as LOG_VERSION), the tail's offset and
 -- total widths, `levels`; the tail's page number, the head's (the oldest
 -- live record's) page and index in it, `clean` (pages below it have been
 -- deleted from the hash); the tail's record count; then u64 the tail's
@@ -166,9 +166,13 @@ end
 -- call), the pages of a log that has emptied included; both keys expire
 -- two spans past the newest record.
 
-local LOG_VERSION = 1
-local LOG_HEADER = '>BBBBI4I4I2I4I2I8I8I8I8I8I8I8'
-local LOG_HEADER_SIZE = 76
+local LOG_VERSION = 2
+local LOG_HEADER = '>BBBBI8I8I2I8I2I8I8I8I8I8I8I8'
+local LOG_HEADER_SIZE = 88
+-- Version 1 numbered pages in 4 bytes; such a log is read, and rewritten
+-- in version 2 by the call that reads it.
+local LOG_HEADER_V1 = '>BBBBI4I4I2I4I2I8I8I8I8I8I8I8'
+local LOG_HEADER_V1_SIZE = 76
 local PAGE_HEADER = '>I8BB'
 local PAGE_HEADER_SIZE = 10
 -- Records per page: a sealed page (with its header) fits a 1 KiB
@@ -300,7 +304,7 @@ local function tail_bytes(s)
   if s.tail_count == 0 then
     return ''
   end
-  local first = LOG_HEADER_SIZE
+  local first = s.header_size or LOG_HEADER_SIZE
   return redis.call('GETRANGE', s.key, first, first + s.tail_count * (s.ow + s.cw) - 1)
 end
 
@@ -483,15 +487,18 @@ local function time_at(s, m, i)
   return (record_at(page(s, m), i))
 end
 
--- Starts the log afresh: nothing live, no span, no newest time. The old
--- pages stay in the hash until `log_clean` deletes them, a few a call
--- (deleting thousands at once would hold Redis), so the new log numbers
--- its pages on from past the old ones, where no block of the tree holds
--- both.
+-- Starts the log afresh: nothing live, no span, no newest time. A pages
+-- hash left from before is unlinked (Redis frees a large one in the
+-- background, so this holds it no longer than a small one), and the new
+-- log numbers its pages from 0 again. So page numbers grow only while a
+-- log stays live, by one per page of records it seals: at least 83
+-- records a page, 2^53 of them before a number would lose precision.
 local function log_clear(s)
-  local block = 2 ^ s.levels
-  s.tail_page = math.ceil(s.tail_page / block) * block
-  s.head_page, s.head_index, s.tail_count, s.ow, s.cw = s.tail_page, 0, 0, 4, 0
+  if s.tail_page > 0 or s.clean > 0 then
+    s.unlink_store = true
+  end
+  s.tail_page, s.clean, s.levels = 0, 0, 0
+  s.head_page, s.head_index, s.tail_count, s.ow, s.cw = 0, 0, 0, 4, 0
   s.tail_base, s.tail_sum, s.sum, s.oldest, s.newest, s.span = 0, 0, 0, 0, 0, 0
   s.tail, s.tail_view, s.found = '', nil, {}
   s.rewrite, s.dirty = s.exists, true
@@ -514,13 +521,23 @@ local function log_read(s)
     return
   end
   local version = string.byte(header, 1)
-  if version ~= LOG_VERSION then
+  local format
+  if version == LOG_VERSION then
+    format, s.header_size = LOG_HEADER, LOG_HEADER_SIZE
+  elseif version == 1 then
+    format, s.header_size = LOG_HEADER_V1, LOG_HEADER_V1_SIZE
+  else
     error('unknown sliding log format ' .. tostring(version) .. ' at ' .. s.key)
   end
   s.exists = true
   local _
   _, s.ow, s.cw, s.levels, s.tail_page, s.head_page, s.head_index, s.clean, s.tail_count,
-    s.tail_base, s.tail_sum, s.sum, s.oldest, s.newest, s.expires, s.span = struct.unpack(LOG_HEADER, header)
+    s.tail_base, s.tail_sum, s.sum, s.oldest, s.newest, s.expires, s.span = struct.unpack(format, header)
+  if version ~= LOG_VERSION then
+    -- Rewritten whole in this version's header.
+    s.tail = tail_bytes(s)
+    s.header_size, s.rewrite, s.dirty = LOG_HEADER_SIZE, true, true
+  end
   if s.tail_page > s.head_page and redis.call('EXISTS', s.store) == 0 then
     -- Its pages were evicted (under an `allkeys-*` policy): the log
     -- starts afresh, as a log evicted whole does.

@@ -357,3 +357,62 @@ async fn a_log_evicted_in_part_starts_afresh() {
         );
     }
 }
+
+/// A log whose page numbers reach 2^32 (written by the format that kept
+/// them in 4 bytes, which it would have wrapped) is read, rewritten in
+/// the current format, and keeps counting exactly past 2^32: admissions,
+/// a refund in a page numbered past it, and records leaving the window.
+#[tokio::test]
+async fn page_numbers_carry_on_past_two_to_the_thirty_second() {
+    use deadpool_redis::redis;
+    const NEAR: u64 = (1 << 32) - 3;
+    let server = RedisServer::start();
+    let clock = FakeClock::new(START);
+    let store = store_on(&server, &clock);
+    let window = Duration::from_secs(60);
+    let policy = Policy::new("wrap", 3000, window);
+    // The old format: one record at START, in a tail numbered NEAR.
+    let mut header = vec![1u8, 4, 0, 0];
+    header.extend_from_slice(&(NEAR as u32).to_be_bytes());
+    header.extend_from_slice(&(NEAR as u32).to_be_bytes());
+    header.extend_from_slice(&0u16.to_be_bytes());
+    header.extend_from_slice(&(NEAR as u32).to_be_bytes());
+    header.extend_from_slice(&1u16.to_be_bytes());
+    let span = window.as_micros() as u64;
+    for field in [START, 1, 1, START, START, START + 2 * span, span] {
+        header.extend_from_slice(&field.to_be_bytes());
+    }
+    assert_eq!(header.len(), 76);
+    header.extend_from_slice(&0u32.to_be_bytes());
+    let mut connection = server.pool(1).get().await.unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("slidegate:wrap:{user:k}:l")
+        .arg(header)
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+
+    let check = [Check::new(&policy, Key::new("k")).unwrap()];
+    let mut recorded = Vec::new();
+    for i in 1..2000u64 {
+        clock.advance(Duration::from_micros(1));
+        let d = store.check(&check).await.unwrap()[0];
+        assert!(d.admitted, "request {i}: {d:?}");
+        assert_eq!(d.remaining, 3000 - 1 - i as u32, "request {i}");
+        recorded.push(d.recorded_at.unwrap());
+    }
+    let version = server.cli(&["getrange", "slidegate:wrap:{user:k}:l", "0", "0"]);
+    assert_eq!(
+        version.trim().as_bytes(),
+        [2],
+        "rewritten in the current format"
+    );
+    let pages = server.cli(&["hkeys", "slidegate:wrap:{user:k}:p"]);
+    assert!(pages.lines().any(|page| page == "4294967297"), "{pages}");
+    // Request 1500 sits in a page numbered past 2^32.
+    store.refund(&check, &recorded[1499..1500]).await.unwrap();
+    assert_eq!(store.peek(&check).await.unwrap()[0].remaining, 1001);
+    // Records at START + 0..=1000 µs leave; 998 stay (1500 refunded).
+    clock.set(START + span + 1000);
+    assert_eq!(store.peek(&check).await.unwrap()[0].remaining, 3000 - 998);
+}
