@@ -42,11 +42,12 @@ impl Variant {
     }
 
     /// A log policy's arguments: the previous script takes four, the
-    /// current one a burst (the limit, for a log) and a block (none) too.
+    /// current one a burst (the limit, for a log), a block and a delay
+    /// (none) too.
     fn policy(self, call: &mut redis::Cmd, window: u64, cost: u64) {
         call.arg("log").arg(LIMIT).arg(window).arg(cost);
         if self == Self::Current {
-            call.arg(LIMIT).arg(0);
+            call.arg(LIMIT).arg(0).arg(0);
         }
     }
 

@@ -68,7 +68,7 @@ fn run(connection: &mut Connection, batched: bool, seed: u64) {
             call.arg("");
             for _ in &clients {
                 call.arg((1, "log", 1_000_000_000u32, 60_000_000u64, 1u32))
-                    .arg((1_000_000_000u32, 0u32));
+                    .arg((1_000_000_000u32, 0u32, 0u32));
             }
             let replies: Vec<Vec<i64>> = call.query(connection).unwrap();
             replies.concat()
@@ -82,6 +82,7 @@ fn run(connection: &mut Connection, batched: bool, seed: u64) {
                     60_000_000u64,
                     1u32,
                     1_000_000_000u32,
+                    0u32,
                     0u32,
                 ));
             }

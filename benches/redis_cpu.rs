@@ -123,8 +123,11 @@ fn run(
             _ => vec![format!("{base}:f")],
         };
         let name = algorithm.strip_suffix("+block").unwrap_or(algorithm);
-        let args = (now, name, limit, 1_000_000u64, 1u32);
-        // The current script also takes a burst (the limit) and a block.
+        // A lease's cost argument is its id, one per call.
+        let cost = if name == "lease" { call } else { 1 };
+        let args = (now, name, limit, 1_000_000u64, cost);
+        // The current script also takes a burst (the limit), a block and a
+        // delay (none).
         let block = if algorithm.ends_with("+block") {
             500_000
         } else {
@@ -133,7 +136,7 @@ fn run(
         let extra: &[u32] = if variant == Variant::Previous {
             &[]
         } else {
-            &[limit, block]
+            &[limit, block, 0]
         };
         let reply: Vec<i64> = match variant {
             Variant::PackedFcall => redis::cmd("FCALL")

@@ -131,8 +131,9 @@ pub(crate) fn raw_evalsha(
                 .arg(NEVER)
                 .arg(1_000_000)
                 .arg(1)
-                // The burst (the limit, for a log) and no block.
+                // The burst (the limit, for a log), no block and no delay.
                 .arg(NEVER)
+                .arg(0)
                 .arg(0)
                 .invoke_async(&mut connection)
                 .await

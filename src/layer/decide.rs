@@ -175,9 +175,12 @@ pub(crate) struct Wait {
 }
 
 /// What a waiting request waits for.
+// Moved into the request's continuation, which is on the heap: boxing the
+// larger variant would cost another allocation per store call.
+#[allow(clippy::large_enum_variant)]
 enum Step {
     /// The count of its refused credentials, to answer them.
-    Refusing(Counting),
+    Refusing(Box<Counting>),
     /// An API-key lookup, to know who the client is; with the count of
     /// the address's refusals, should the key be refused.
     Confirming(Confirming, Option<Check>),
@@ -393,7 +396,7 @@ fn unidentified(shared: &Shared, parts: &Parts) -> Response<Bytes> {
 /// counted against the client's address.
 enum Refused {
     Now(Response<Bytes>),
-    Counting(Counting),
+    Counting(Box<Counting>),
 }
 
 /// A refusal of credentials the store is counting.
@@ -430,11 +433,11 @@ fn refused(
         .into_ready()
     {
         Ok(outcome) => Refused::Now(refusal_answer(shared, parts, &refusal, &rejection, outcome)),
-        Err(check) => Refused::Counting(Counting {
+        Err(check) => Refused::Counting(Box::new(Counting {
             refusal,
             rejection,
             check,
-        }),
+        })),
     }
 }
 
