@@ -1182,18 +1182,19 @@ local function bucket_write(s)
   s.stored = { s.at, s.d, s.window }
 end
 
--- The time a refund names is when the request's units are repaid: the
--- debt is repaid first in, first out, so they are the last of the debt it
--- leaves (rounded down, so a refund never takes back a repaid unit).
+-- The time a refund names is when the request's units would be repaid
+-- were they the first of the debt (rounded down): they are repaid no
+-- later, whatever is refunded ahead of them meanwhile, so a refund that
+-- counts from it never takes back a repaid unit, nor another request's.
 function bucket.record(s)
   s.d = s.d + s.cost * s.window
-  s.recorded = s.at + idiv(s.d, s.limit)
+  s.recorded = s.at + idiv(s.cost * s.window, s.limit)
   bucket_write(s)
 end
 
--- Gives back what is left unrepaid of `cost` units to be repaid by
--- `repaid_by`: the debt still ahead of that time, at most the cost, and
--- nothing once that time has passed (the bucket refilled them already).
+-- Gives back what `cost` units named by `repaid_by` may still owe: the
+-- debt ahead of that time, at most the cost, and nothing once that time
+-- has passed (the bucket refilled them already).
 function bucket.refund(s, repaid_by, cost)
   local unrepaid = math.min((repaid_by - s.at) * s.limit, cost * s.window, s.d)
   if unrepaid <= 0 then

@@ -190,7 +190,13 @@ impl ClientLimits {
             if answer.fresh_until <= now && !self.refresh(pair, policy, key, answer, timeout) {
                 return None;
             }
-            found.push(answer.limit);
+            // Checked against the policy as it is now: a reload may have
+            // changed its window since the answer was kept.
+            found.push(
+                answer
+                    .limit
+                    .filter(|&limit| policy.validate_own_limit(limit).is_ok()),
+            );
         }
         Some(found)
     }

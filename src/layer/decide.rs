@@ -106,9 +106,14 @@ pub(crate) fn decide(shared: &Arc<Shared>, parts: &mut Parts) -> Decided {
         costs.as_ref(),
         own.as_ref(),
         None,
+        false,
     ) {
         Sending::Now(Next::Delay(wait, slot)) => {
             let step = Step::Holding(identity, own, wait, slot);
+            Wait::new(shared, plan, costs, step).start(parts)
+        }
+        Sending::Now(Next::Recheck) => {
+            let step = Step::Rechecking(identity, own);
             Wait::new(shared, plan, costs, step).start(parts)
         }
         Sending::Now(next) => Decided::Now(hand_on(shared, parts, identity, next)),
@@ -192,6 +197,8 @@ enum Step {
     Checking(Identity, Option<Found>, Sent, CheckFuture),
     /// A hold before the request is checked again.
     Holding(Identity, Option<Found>, Duration, Option<Slot>),
+    /// A check again with no delays (see [`Next::Recheck`]).
+    Rechecking(Identity, Option<Found>),
 }
 
 impl Wait {
@@ -219,6 +226,8 @@ impl Wait {
             costs,
             step,
         } = self;
+        // Whether its checks go with no delays (see `Next::Recheck`).
+        let mut undelayed = false;
         let (identity, own, mut pending) = match step {
             Step::Refusing(counting) => {
                 let answer = counting.answer(&shared, &parts).await;
@@ -258,6 +267,10 @@ impl Wait {
                 (identity, own, Pending::Sent(sent, check))
             }
             Step::Holding(identity, own, wait, slot) => (identity, own, Pending::Hold(wait, slot)),
+            Step::Rechecking(identity, own) => {
+                undelayed = true;
+                (identity, own, Pending::Send)
+            }
         };
         // Sent, and sent again after each hold, until decided.
         let mut held: Option<Held> = None;
@@ -273,6 +286,7 @@ impl Wait {
                         costs.as_ref(),
                         own.as_ref(),
                         since,
+                        undelayed,
                     ) {
                         Sending::Now(next) => next,
                         Sending::Later(sent, check) => {
@@ -313,6 +327,10 @@ impl Wait {
             };
             match next {
                 Next::Delay(wait, slot) => pending = Pending::Hold(wait, slot),
+                Next::Recheck => {
+                    undelayed = true;
+                    pending = Pending::Send;
+                }
                 next => break next,
             }
         };
@@ -505,7 +523,9 @@ enum Sending {
 /// Builds the checks of `identity` under `plan` (at its `own` limits) and
 /// sends them: the answer is known at once for a cost above the limit, an
 /// exempt request, a denial the deny cache knows, or a store that decides
-/// in process. A request held since `held` is sent again.
+/// in process. A request held since `held` is sent again; `undelayed`,
+/// its checks go with no delays, so a denial blocks (see
+/// [`Next::Recheck`]).
 #[allow(clippy::too_many_arguments)]
 fn send(
     shared: &Shared,
@@ -515,6 +535,7 @@ fn send(
     costs: Option<&Costs>,
     own: Option<&Found>,
     held: Option<Instant>,
+    undelayed: bool,
 ) -> Sending {
     let tier = identity.tier.as_deref();
     let mut checks = match cost::checks(plan, &identity.key, tier, costs, own) {
@@ -534,6 +555,11 @@ fn send(
     if shared.namespace.is_some() {
         for check in &mut checks {
             shared.in_namespace(check);
+        }
+    }
+    if undelayed {
+        for check in &mut checks {
+            check.delay = Duration::ZERO;
         }
     }
     let roles = Roles::assign(plan, &mut checks, shared.options);

@@ -78,7 +78,9 @@ where
                 Next::Answer(response) => State::Answered {
                     response: Some(response),
                 },
-                Next::Delay(..) => unreachable!("a held request is decided in its continuation"),
+                Next::Delay(..) | Next::Recheck => {
+                    unreachable!("a held or checked-again request is decided in its continuation")
+                }
             },
         }
     }

@@ -39,6 +39,12 @@ pub(crate) enum Next {
     /// with its place among the held requests the first time. Only a
     /// request's continuation sees it.
     Delay(Duration, Option<Slot>),
+    /// Denied by a policy that blocks, whose delay spared the client the
+    /// block, but not held after all (no place, another policy's denial):
+    /// sent again with no delays, for the store to block it (or admit it,
+    /// should room have freed meanwhile). Only a request's continuation
+    /// sees it.
+    Recheck,
 }
 
 impl Next {
@@ -125,6 +131,20 @@ pub(crate) fn outcome(
             {
                 return Next::Delay(wait, slot);
             }
+            let spared = |(check, decision): (&Check, &Decision)| {
+                !check.block.is_zero()
+                    && !check.delay.is_zero()
+                    && decision.retry_after.is_some()
+                    && decision.blocked_for.is_none()
+            };
+            if !admitted
+                && decided[..enforced]
+                    .iter()
+                    .zip(&decisions[..enforced])
+                    .any(spared)
+            {
+                return Next::Recheck;
+            }
             let ietf_policy =
                 ietf_policy(plan, tier, checks, roles).filter(|_| decided.len() == checks.len());
             settle(
@@ -152,12 +172,6 @@ pub(crate) fn outcome(
             Next::Answer(reject(shared, parts, Reply::StoreUnavailable(&error)))
         }
         Err(error) => {
-            if let Some(next) = roles.and_then(|roles| fall_back(shared, parts, roles, took)) {
-                if let Some(held_back) = STORE_FAILURES.admit() {
-                    tracing::warn!(%error, held_back, "rate-limit store unavailable; enforcing local limits");
-                }
-                return next;
-            }
             if held.is_some() {
                 // Over the limit when it came: it passes only in a place
                 // the store grants, never because the store failed.
@@ -166,6 +180,12 @@ pub(crate) fn outcome(
                     tracing::warn!(%error, held_back, "rate-limit store unavailable; a held request is refused");
                 }
                 return Next::Answer(reject(shared, parts, Reply::StoreUnavailable(&error)));
+            }
+            if let Some(next) = roles.and_then(|roles| fall_back(shared, parts, roles, took)) {
+                if let Some(held_back) = STORE_FAILURES.admit() {
+                    tracing::warn!(%error, held_back, "rate-limit store unavailable; enforcing local limits");
+                }
+                return next;
             }
             report_all(checks, Outcome::FailedOpen, took);
             if let Some(held_back) = STORE_FAILURES.admit() {

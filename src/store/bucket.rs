@@ -88,22 +88,22 @@ impl TokenBucket {
         self.debt + u64::from(check.cost) * self.window <= Self::full(check, self.window)
     }
 
-    /// Records `cost` units; returns the time they are repaid by, which a
-    /// refund names: the debt is repaid first in, first out, so a
-    /// request's units are the last of the debt it leaves, and are repaid
-    /// in full when that debt is (rounded down, so that a refund never
-    /// takes back a unit already repaid).
+    /// Records `cost` units; returns the time a refund names: when they
+    /// would be repaid were they the first of the debt (rounded down).
+    /// They are repaid no later than that, whatever is refunded ahead of
+    /// them meanwhile, so a refund that counts from it never gives back a
+    /// unit already repaid, nor another request's.
     pub(super) fn record(&mut self, cost: u32) -> u64 {
         self.debt += u64::from(cost) * self.window;
-        self.at + self.debt / u64::from(self.limit.max(1))
+        self.at + u64::from(cost) * self.window / u64::from(self.limit.max(1))
     }
 
-    /// Gives back what is left unrepaid of `cost` units that were to be
-    /// repaid by `repaid_by`, after [`place`](Self::place): at most the
-    /// `(repaid_by - at) × limit` of debt still ahead of that time, never
-    /// more than the request's own cost, and nothing once its time has
-    /// passed. A refund long after the request gives back nothing, as the
-    /// bucket already refilled those units.
+    /// Gives back what `cost` units named by `repaid_by` (see
+    /// [`record`](Self::record)) may still owe, after
+    /// [`place`](Self::place): at most `(repaid_by - at) × limit`, never
+    /// more than the request's own cost or the debt, and nothing once
+    /// that time has passed. A refund long after the request gives back
+    /// nothing, as the bucket already refilled those units.
     pub(super) fn refund(&mut self, repaid_by: u64, cost: u32) -> bool {
         let ahead = repaid_by
             .saturating_sub(self.at)

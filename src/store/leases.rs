@@ -52,11 +52,13 @@ impl Leases {
         self.taken.len() < check.limit as usize
     }
 
-    /// Takes the lease `id` at `now`; returns the time it was taken at.
+    /// Takes the lease `id` at `now` (again, if it holds it: one lease
+    /// per id, as on Redis); returns the time it was taken at.
     pub(super) fn record(&mut self, now: u64, id: u64) -> u64 {
-        if self.by_id.insert(id, now).is_none() {
-            self.taken.insert((now, id));
+        if let Some(before) = self.by_id.insert(id, now) {
+            self.taken.remove(&(before, id));
         }
+        self.taken.insert((now, id));
         now
     }
 

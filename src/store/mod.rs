@@ -286,7 +286,9 @@ impl Check {
     /// store's answer (a call that timed out, a request dropped while its
     /// check was in flight). A store releases it when
     /// [`refund`](Store::refund) is given the check, and takes nothing for
-    /// an id released before its check arrived.
+    /// an id released before its check arrived. One id is one lease: build
+    /// a check for each request, as the layer does, rather than sending
+    /// one check again.
     pub fn lease_id(&self) -> Option<u64> {
         (self.algorithm == Algorithm::Concurrency).then_some(self.lease)
     }

@@ -336,3 +336,39 @@ async fn a_request_the_delay_holds_starts_no_block(tested: StoreUnderTest) {
     assert_eq!(denied.header("retry-after"), Some("600"), "blocked");
 }
 on_both_stores!(a_request_the_delay_holds_starts_no_block);
+
+/// A request a delay could hold but the layer does not (the client's
+/// held requests are at their bound) still starts the block: a flood on
+/// a bucket with a delay and a block ends blocked, not merely denied.
+async fn a_request_the_layer_does_not_hold_starts_the_block(tested: StoreUnderTest) {
+    let clock = tested.clock.clone().expect("a fake clock");
+    let policy = Policy::new("flood", 10, Duration::from_secs(1))
+        .with_algorithm(slidegate::policy::Algorithm::TokenBucket)
+        .with_delay(Duration::from_millis(200))
+        .with_block(Duration::from_secs(60));
+    let layer = RateLimitLayer::new(tested.store, Global, Policies::single(policy).unwrap());
+    let app = app(layer, Entries::default());
+    let flood: Vec<_> = (0..40)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move { send(&app, request()).await.status })
+        })
+        .collect();
+    let mut admitted = 0;
+    for task in flood {
+        admitted += usize::from(task.await.unwrap() == StatusCode::OK);
+    }
+    // The store's clock stands still: the burst of 10, and no more.
+    assert_eq!(admitted, 10);
+    // Long after the bucket refilled, the client is still blocked.
+    clock.advance(Duration::from_secs(2));
+    let reply = send(&app, request()).await;
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+    let wait: u64 = reply.header("retry-after").unwrap().parse().unwrap();
+    assert!((55..=60).contains(&wait), "blocked: {wait}");
+    let _redis = tested.redis;
+}
+on_both_stores!(
+    a_request_the_layer_does_not_hold_starts_the_block,
+    fake_clock
+);

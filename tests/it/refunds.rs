@@ -47,10 +47,13 @@ async fn a_late_refund_never_grows_a_buckets_burst(tested: StoreUnderTest) {
 }
 on_both_stores!(a_late_refund_never_grows_a_buckets_burst, fake_clock);
 
-/// A refund of a bucket's request gives back the part of its units not
-/// yet repaid: all of them at once, half of them half way, none after.
+/// A refund of a bucket's request gives back what it may still owe,
+/// counted as if its units were the first of the debt (so never more than
+/// it holds): all of them at once, part of them part way, none once they
+/// would have been repaid.
 async fn a_bucket_refund_gives_back_what_is_still_owed(tested: StoreUnderTest) {
     let s = Subject::from(tested);
+    // One unit a second, in a bucket of 10; each request costs 4.
     let policy = Policy::new("owed", 10, 10 * SEC)
         .with_algorithm(Algorithm::TokenBucket)
         .with_burst(10)
@@ -61,37 +64,62 @@ async fn a_bucket_refund_gives_back_what_is_still_owed(tested: StoreUnderTest) {
     assert_eq!(second.remaining, 2);
     // At once: the second request's 4 units come back whole.
     s.store
-        .refund(&check, &second.recorded_at.into_iter().collect::<Vec<_>>())
+        .refund(&check, &[second.recorded_at.unwrap()])
         .await
         .unwrap();
     assert_eq!(s.store.peek(&check).await.unwrap()[0].remaining, 6);
     let third = s.store.check(&check).await.unwrap()[0];
     assert_eq!(third.remaining, 2);
-    // 6 s on, 6 units have refilled: the first request's 4 and 2 of the
-    // third's. A refund of the first gives back nothing; of the third, 2.
-    s.advance(6 * SEC);
+    // 2 s on, 2 units have refilled: the third gives back the 2 of its 4
+    // not yet repaid, had it been first.
+    s.advance(2 * SEC);
+    assert_eq!(s.store.peek(&check).await.unwrap()[0].remaining, 4);
+    s.store
+        .refund(&check, &[third.recorded_at.unwrap()])
+        .await
+        .unwrap();
+    assert_eq!(s.store.peek(&check).await.unwrap()[0].remaining, 6);
+    // 5 s on, the first would have been repaid: nothing comes back.
+    s.advance(3 * SEC);
     s.store
         .refund(&check, &[first.recorded_at.unwrap()])
         .await
         .unwrap();
-    assert_eq!(s.store.peek(&check).await.unwrap()[0].remaining, 8);
-    s.store
-        .refund(&check, &[third.recorded_at.unwrap()])
-        .await
-        .unwrap();
-    assert_eq!(s.store.peek(&check).await.unwrap()[0].remaining, 10);
-    // And a second refund of the third takes nothing more.
-    s.store
-        .refund(&check, &[third.recorded_at.unwrap()])
-        .await
-        .unwrap();
-    let full = s.store.check(&check).await.unwrap()[0];
-    assert_eq!(
-        full.remaining, 6,
-        "a full bucket of 10, less this request's 4"
-    );
+    assert_eq!(s.store.peek(&check).await.unwrap()[0].remaining, 9);
 }
 on_both_stores!(a_bucket_refund_gives_back_what_is_still_owed, fake_clock);
+
+/// A refund ahead of a request never lets that request's own refund take
+/// a later request's units: A and B at once, A refunded half way, C, then
+/// B refunded once it is repaid gives back nothing of C's.
+async fn a_refund_ahead_never_makes_a_later_refund_take_more(tested: StoreUnderTest) {
+    let s = Subject::from(tested);
+    let policy = Policy::new("ahead", 1, SEC)
+        .with_algorithm(Algorithm::TokenBucket)
+        .with_burst(2);
+    let check = [Check::new(&policy, Key::new("k")).unwrap()];
+    let a = s.store.check(&check).await.unwrap()[0];
+    let b = s.store.check(&check).await.unwrap()[0];
+    s.advance(SEC / 2);
+    s.store
+        .refund(&check, &[a.recorded_at.unwrap()])
+        .await
+        .unwrap();
+    assert!(s.store.check(&check).await.unwrap()[0].admitted, "C");
+    s.advance(SEC);
+    s.store
+        .refund(&check, &[b.recorded_at.unwrap()])
+        .await
+        .unwrap();
+    // C's unit is owed whole: two units fit only a second from now.
+    let two = [check[0].clone().with_cost(2)];
+    let d = s.store.peek(&two).await.unwrap()[0];
+    assert_eq!(d.retry_after, Some(SEC), "{d:?}");
+}
+on_both_stores!(
+    a_refund_ahead_never_makes_a_later_refund_take_more,
+    fake_clock
+);
 
 /// The same rule on every algorithm that counts in a window: once a
 /// request's units have left the window, its refund gives back nothing,
