@@ -73,6 +73,17 @@ local expiry_grace_ms = 0
 -- request that fails leaves nothing in it.
 local known = {}
 
+-- The work this call has done in logs' pages hashes: fields read or
+-- written, a page counting as PAGE_WORK (see BATCH_WORK).
+local work = 0
+local PAGE_WORK = 4
+
+-- `redis.call` on a log's pages hash, counted as `units` of work.
+local function pages_call(units, ...)
+  work = work + units
+  return redis.call(...)
+end
+
 -- The entry `known` holds for `s`'s key and window, if any.
 local function recall(s)
   local entry = known[s.key]
@@ -318,7 +329,7 @@ local function page(s, n)
   end
   local v = s.pages[n]
   if v == nil then
-    local bytes = redis.call('HGET', s.store, int(n))
+    local bytes = pages_call(PAGE_WORK, 'HGET', s.store, int(n))
     if not bytes then
       error('sliding log ' .. s.key .. ' has lost its page ' .. int(n))
     end
@@ -353,7 +364,7 @@ local function block_sums(s, list)
   for i, block in ipairs(list) do
     fields[i] = node(block[1], block[2])
   end
-  local sums = redis.call('HMGET', s.store, unpack(fields))
+  local sums = pages_call(#fields, 'HMGET', s.store, unpack(fields))
   for i = 1, #sums do
     sums[i] = tonumber(sums[i]) or 0
   end
@@ -386,7 +397,7 @@ local function tree_find(s, a, b, need)
       local k, j = block[1], block[2]
       while k > 0 do
         k = k - 1
-        local left = tonumber(redis.call('HGET', s.store, node(k, 2 * j))) or 0
+        local left = tonumber(pages_call(1, 'HGET', s.store, node(k, 2 * j))) or 0
         if before + left >= need then
           j = 2 * j
         else
@@ -403,7 +414,7 @@ end
 -- Adds `delta` to sealed page n's sum, at every level of the tree.
 local function tree_add(s, n, delta)
   for k = 0, s.levels do
-    redis.call('HINCRBY', s.store, node(k, math.floor(n / 2 ^ k)), int(delta))
+    pages_call(1, 'HINCRBY', s.store, node(k, math.floor(n / 2 ^ k)), int(delta))
   end
 end
 
@@ -642,7 +653,7 @@ local function log_clean(s)
     end
     s.pages[n] = nil
   end
-  redis.call('HDEL', s.store, unpack(fields))
+  pages_call(#fields, 'HDEL', s.store, unpack(fields))
   s.clean, s.dirty = stop, true
 end
 
@@ -668,7 +679,7 @@ end
 local function log_seal(s)
   local n = s.tail_page
   local bytes = tail_bytes(s)
-  redis.call('HSET', s.store, int(n), struct.pack(PAGE_HEADER, s.tail_base, s.ow, s.cw) .. bytes)
+  pages_call(PAGE_WORK, 'HSET', s.store, int(n), struct.pack(PAGE_HEADER, s.tail_base, s.ow, s.cw) .. bytes)
   s.pages[n] = nil
   tree_add(s, n, s.tail_sum)
   -- The hash may be new: its TTL is set with the string's.
@@ -679,10 +690,10 @@ local function log_seal(s)
   while s.tail_page - s.head_page > 2 ^ s.levels do
     local k = s.levels + 1
     for j = math.floor(s.head_page / 2 ^ k), math.floor((s.tail_page - 1) / 2 ^ k) do
-      local sums = redis.call('HMGET', s.store, node(k - 1, 2 * j), node(k - 1, 2 * j + 1))
+      local sums = pages_call(2, 'HMGET', s.store, node(k - 1, 2 * j), node(k - 1, 2 * j + 1))
       local sum = (tonumber(sums[1]) or 0) + (tonumber(sums[2]) or 0)
       if sum ~= 0 then
-        redis.call('HSET', s.store, node(k, j), int(sum))
+        pages_call(1, 'HSET', s.store, node(k, j), int(sum))
       end
     end
     s.levels = k
@@ -776,7 +787,7 @@ local function log_remove(s, m, i, cost)
     s.tail_count, s.tail_sum = s.tail_count - 1, s.tail_sum - cost
   else
     local value = struct.pack(PAGE_HEADER, v.base, v.ow, v.cw) .. bytes
-    redis.call('HSET', s.store, int(m), value)
+    pages_call(PAGE_WORK, 'HSET', s.store, int(m), value)
     s.pages[m] = view(v.base, v.ow, v.cw, value, PAGE_HEADER_SIZE + 1)
     tree_add(s, m, -cost)
   end
@@ -1345,7 +1356,7 @@ end
 
 -- Sets `now` from a time argument: microseconds, or "" for Redis's TIME.
 local function set_now(time)
-  known = {}
+  known, work = {}, 0
   if time ~= '' then
     now = tonumber(time)
     expiry_grace_ms = 60000
@@ -1555,6 +1566,15 @@ local function all_held(keys, argv, first_key, first_arg, policies, step)
   return true
 end
 
+-- The work (see `work`) after which a batch call decides no more of its
+-- requests: the rest are answered DEFERRED, having read and written
+-- nothing, and the store sends them in a call of their own. So a call
+-- of many requests on deep logs holds Redis about as long as a few (a
+-- request on a log of one page does no such work), and the first request
+-- of a call is always decided.
+local BATCH_WORK = 200
+local DEFERRED = 'DEFERRED the call did its share of work: send this request again'
+
 -- Decides several requests, in order, each all-or-nothing on its own, at
 -- one time. ARGV[1] is the time as for `check`; then, per request, its
 -- number of policies and their arguments (ARGS each). KEYS are the
@@ -1567,7 +1587,10 @@ local function check_batch(keys, argv, held_only)
   local next_key, next_arg = 1, 2
   while next_arg <= #argv do
     local policies = tonumber(argv[next_arg])
-    local ok, result, after = pcall(decide, keys, argv, next_key, next_arg + 1, policies, false, held_only)
+    local ok, result, after = false, { err = DEFERRED }
+    if #replies == 0 or work < BATCH_WORK then
+      ok, result, after = pcall(decide, keys, argv, next_key, next_arg + 1, policies, false, held_only)
+    end
     if ok then
       replies[#replies + 1] = result
       next_key = after

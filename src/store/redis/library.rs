@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use deadpool_redis::redis::{ErrorKind, RedisError, Script, ServerErrorKind};
+use deadpool_redis::redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
 use super::CHECK_SCRIPT;
 
@@ -81,6 +81,12 @@ impl Library {
     /// out of memory (`maxmemory` with nothing left to evict).
     pub(super) fn out_of_memory(error: &RedisError) -> bool {
         error.code() == Some("OOM")
+    }
+
+    /// Whether a batch call left this request undecided, having done its
+    /// share of work (`DEFERRED` in `lua/check.lua`): it is sent again.
+    pub(super) fn deferred(reply: &Value) -> bool {
+        matches!(reply, Value::ServerError(error) if error.code() == "DEFERRED")
     }
 
     /// Whether `error` says the library is not loaded where the call ran

@@ -423,14 +423,19 @@ impl Inner {
         }
         while !queued.is_empty() {
             let rest = queued.split_off(batch_end(&queued));
-            self.clone().send_batch(queued).await;
-            queued = rest;
+            let mut deferred = self.clone().send_batch(queued).await;
+            // Left undecided by a call that did its share of work: first
+            // in the next call, so the queue's order holds.
+            deferred.extend(rest);
+            queued = deferred;
         }
     }
 
     /// Sends `queued` in one call of the batch function and hands each
-    /// check its answer.
-    async fn send_batch(self: Arc<Self>, queued: Vec<Queued>) {
+    /// check its answer; returns the checks the call deferred (see
+    /// [`Library::deferred`]), which are to be sent again.
+    async fn send_batch(self: Arc<Self>, queued: Vec<Queued>) -> Vec<Queued> {
+        let mut deferred = Vec::new();
         let deadline = tokio::time::Instant::now() + self.timeout;
         let replies = match &self.connections {
             Connections::Standalone(lanes) => self.call_batch(lanes, &queued, deadline).await,
@@ -441,7 +446,11 @@ impl Inner {
         match replies {
             Ok(replies) if replies.len() == queued.len() => {
                 for (Queued { call, answer }, reply) in queued.into_iter().zip(replies) {
-                    let _ = answer.send(Verdict::Decided(batched_outcome(&call, reply)));
+                    if Library::deferred(&reply) {
+                        deferred.push(Queued { call, answer });
+                    } else {
+                        let _ = answer.send(Verdict::Decided(batched_outcome(&call, reply)));
+                    }
                 }
             }
             Ok(replies) => {
@@ -464,6 +473,7 @@ impl Inner {
             }
             Err(Failed::Timeout) => fail_all(queued, || StoreError::Timeout(self.timeout)),
         }
+        deferred
     }
 
     /// Runs the batch function over `queued` on a lane's connection,
