@@ -310,16 +310,6 @@ impl Wait {
                     if let (None, Some(slot)) = (&held, slot) {
                         held = Some(Held::new(slot));
                     }
-                    // Its client's held requests are checked again one at
-                    // a time, in the order they came: it waits for its
-                    // turn (at most its delay), then for what is left of
-                    // its retry time.
-                    let mut wait = wait;
-                    if let Some(held) = held.as_mut().filter(|held| held.turn.is_none()) {
-                        let queued = Instant::now();
-                        held.wait_for_turn().await;
-                        wait = wait.saturating_sub(queued.elapsed());
-                    }
                     tokio::time::sleep(wait).await;
                     pending = Pending::Send;
                     continue;

@@ -6,9 +6,8 @@
 //! that fails never fails open (see `outcome`). Held requests are bounded
 //! three ways: per client and policy, by what the client's own limit can
 //! grant within the delay; per layer, by a count and by the bytes of their
-//! heads. A client's held requests are checked again one at a time, in
-//! the order they came ([`Slot::turn`]), so a crowd of them waking
-//! together costs one store call per place that frees, not one each.
+//! heads. Held requests of one client that wake together are checked
+//! again together, in one batch call on Redis.
 //!
 //! [`Policy::with_delay`]: crate::Policy::with_delay
 
@@ -18,7 +17,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::request::Parts;
-use tokio::sync::OwnedMutexGuard;
 use tokio::time::Instant;
 
 use crate::key::Key;
@@ -46,14 +44,8 @@ type QueueKey = (Option<Arc<str>>, Arc<str>, Key);
 pub(crate) struct Holding {
     count: AtomicUsize,
     bytes: AtomicUsize,
-    /// Per client and policy: how many it holds, and whose turn it is.
-    queues: Mutex<HashMap<QueueKey, Queue>>,
-}
-
-#[derive(Debug)]
-struct Queue {
-    held: usize,
-    turn: Arc<tokio::sync::Mutex<()>>,
+    /// Per client and policy: how many requests it holds.
+    queues: Mutex<HashMap<QueueKey, usize>>,
 }
 
 impl Holding {
@@ -70,9 +62,6 @@ pub(crate) struct Slot {
     holding: Arc<Holding>,
     bytes: usize,
     queue: QueueKey,
-    turn: Arc<tokio::sync::Mutex<()>>,
-    /// The delay of the policy it is held for.
-    delay: Duration,
 }
 
 /// The bounds a request to hold must fit within.
@@ -81,8 +70,6 @@ struct Bounds {
     max_bytes: usize,
     /// The most its client may hold under its policy.
     client_max: usize,
-    /// The policy's delay.
-    delay: Duration,
 }
 
 impl Slot {
@@ -104,25 +91,19 @@ impl Slot {
             return None;
         }
         let mut queues = lock(&holding.queues);
-        let entry = queues.entry(queue.clone()).or_insert_with(|| Queue {
-            held: 0,
-            turn: Arc::default(),
-        });
-        if entry.held >= bounds.client_max {
+        let held = queues.entry(queue.clone()).or_insert(0);
+        if *held >= bounds.client_max {
             drop(queues);
             holding.bytes.fetch_sub(bytes, Ordering::AcqRel);
             holding.count.fetch_sub(1, Ordering::AcqRel);
             return None;
         }
-        entry.held += 1;
-        let turn = entry.turn.clone();
+        *held += 1;
         drop(queues);
         Some(Self {
             holding: holding.clone(),
             bytes,
             queue,
-            turn,
-            delay: bounds.delay,
         })
     }
 }
@@ -131,9 +112,9 @@ impl Drop for Slot {
     fn drop(&mut self) {
         {
             let mut queues = lock(&self.holding.queues);
-            if let Some(entry) = queues.get_mut(&self.queue) {
-                entry.held -= 1;
-                if entry.held == 0 {
+            if let Some(held) = queues.get_mut(&self.queue) {
+                *held -= 1;
+                if *held == 0 {
                     queues.remove(&self.queue);
                 }
             }
@@ -150,32 +131,19 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// A request being held: since when, its place, and (once it came) its
-/// turn among its client's held requests.
+/// A request being held: since when, and its place.
 #[derive(Debug)]
 pub(crate) struct Held {
     pub(crate) since: Instant,
-    pub(crate) slot: Slot,
-    pub(crate) turn: Option<OwnedMutexGuard<()>>,
+    _slot: Slot,
 }
 
 impl Held {
     pub(crate) fn new(slot: Slot) -> Self {
         Self {
             since: Instant::now(),
-            slot,
-            turn: None,
+            _slot: slot,
         }
-    }
-
-    /// Waits for this request's turn among its client's held requests,
-    /// first come first served, at most what is left of its delay (then
-    /// it is checked once more, and answered). The turn is kept until the
-    /// request is no longer held.
-    pub(crate) async fn wait_for_turn(&mut self) {
-        let within = self.slot.delay.saturating_sub(self.since.elapsed());
-        let turn = self.slot.turn.clone().lock_owned();
-        self.turn = tokio::time::timeout(within, turn).await.ok();
     }
 }
 
@@ -215,7 +183,6 @@ pub(crate) fn wait(
                 max: shared.options.max_delayed,
                 max_bytes: shared.options.max_delayed_bytes,
                 client_max: client_max(check, policy),
-                delay: policy.delay().unwrap_or_default(),
             };
             let queue = (
                 check.namespace.clone(),
