@@ -39,12 +39,17 @@ fn script_calls(redis: &RedisServer) -> u64 {
         .sum()
 }
 
-fn app(redis: &RedisServer, clock: &FakeClock, cache: bool) -> Router {
-    let store = RedisStore::builder(redis.pool(4))
+/// A Redis store on `redis`, on `clock`.
+fn store_on(redis: &RedisServer, clock: &FakeClock) -> RedisStore {
+    RedisStore::builder(redis.pool(4))
         .clock(clock.clone())
         .timeout(Duration::from_secs(5))
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+fn app(redis: &RedisServer, clock: &FakeClock, cache: bool) -> Router {
+    let store = store_on(redis, clock);
     let policies = Policies::single(Policy::new("flood", 5, WINDOW)).unwrap();
     let layer = RateLimitLayer::new(store, Global, policies);
     let layer = if cache {
@@ -145,11 +150,7 @@ fn failing_app(layer: RateLimitLayer) -> Router {
 async fn a_block_under_count_failures_is_cached_while_it_lasts() {
     let redis = RedisServer::start();
     let clock = FakeClock::new(START);
-    let store = RedisStore::builder(redis.pool(4))
-        .clock(clock.clone())
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
+    let store = store_on(&redis, &clock);
     let policy = Policy::new("login", 3, WINDOW)
         .with_count(slidegate::policy::Count::Failures)
         .with_block(Duration::from_secs(60));
@@ -219,11 +220,7 @@ on_both_stores!(a_reload_without_block_lifts_blocks, fake_clock);
 async fn one_cache_keeps_namespaces_apart() {
     let redis = RedisServer::start();
     let clock = FakeClock::new(START);
-    let store = RedisStore::builder(redis.pool(4))
-        .clock(clock.clone())
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
+    let store = store_on(&redis, &clock);
     let cache = DenyCache::with_clock(1000, clock.clone());
     let layer = |namespace: &str| {
         let policies = Policies::single(Policy::new("api", 1, WINDOW)).unwrap();
