@@ -463,3 +463,27 @@ async fn a_full_redis_denies_from_any_state_that_denies() {
         }
     }
 }
+
+/// A store says whether Redis frees expiring keys in the background, as
+/// long sliding logs want (Redis 7.0 does not by default), and says
+/// nothing where `CONFIG` is refused, as on many managed services.
+#[tokio::test]
+async fn a_store_says_whether_redis_expires_keys_lazily() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.pool(2)).build().unwrap();
+    let within = Duration::from_secs(2);
+    assert_eq!(store.expires_lazily(within).await.unwrap(), Some(false));
+    server.cli(&["config", "set", "lazyfree-lazy-expire", "yes"]);
+    assert_eq!(store.expires_lazily(within).await.unwrap(), Some(true));
+    store.connect(within).await.unwrap();
+    server.cli(&[
+        "acl", "setuser", "noconfig", "on", ">secret", "~*", "+@all", "-config",
+    ]);
+    let url = format!("{}", server.url()).replace("redis://", "redis://noconfig:secret@");
+    let pool = deadpool_redis::Config::from_url(url)
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .unwrap();
+    let refused = RedisStore::builder(pool).build().unwrap();
+    assert_eq!(refused.expires_lazily(within).await.unwrap(), None);
+    refused.connect(within).await.unwrap();
+}

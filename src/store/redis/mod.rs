@@ -259,10 +259,64 @@ impl RedisStore {
             Connections::ClusterClient(lanes) => ping_all(lanes, deadline).await,
             Connections::Sentinel(lanes) => ping_all(lanes, deadline).await,
         }
-        .map_err(|failed| match failed {
-            Failed::Timeout => StoreError::Timeout(within),
-            Failed::Redis(error) => StoreError::Backend(error.into()),
-        })
+        .map_err(|failed| failed_within(failed, within))?;
+        if self.expires_lazily(within).await? == Some(false) {
+            tracing::warn!(
+                "Redis frees expired keys in its main thread (lazyfree-lazy-expire no): \
+                 a client's long sliding log that expires holds Redis for milliseconds; \
+                 set lazyfree-lazy-expire yes"
+            );
+        }
+        Ok(())
+    }
+
+    /// Whether Redis frees the keys that expire in the background
+    /// (`lazyfree-lazy-expire yes`), as a client's long sliding log wants:
+    /// freed in Redis's main thread, a log of a million records holds
+    /// Redis for milliseconds when it expires. `None` where Redis does not
+    /// say (`CONFIG` refused, as on many managed services, or a cluster).
+    /// [`connect`](Self::connect) warns when it is `Some(false)`.
+    ///
+    /// # Errors
+    ///
+    /// As [`connect`](Self::connect).
+    pub async fn expires_lazily(&self, within: Duration) -> Result<Option<bool>, StoreError> {
+        let deadline = tokio::time::Instant::now() + within;
+        match &self.inner.connections {
+            Connections::Standalone(lanes) => lazy_expiry(lanes, deadline).await,
+            Connections::Sentinel(lanes) => lazy_expiry(lanes, deadline).await,
+            Connections::Cluster(_) | Connections::ClusterClient(_) => Ok(None),
+        }
+        .map_err(|failed| failed_within(failed, within))
+    }
+}
+
+/// A failure of a call bounded by `within`, as the store reports it.
+fn failed_within(failed: Failed, within: Duration) -> StoreError {
+    match failed {
+        Failed::Timeout => StoreError::Timeout(within),
+        Failed::Redis(error) => StoreError::Backend(error.into()),
+    }
+}
+
+/// `lazyfree-lazy-expire` as one lane's server says it, by `deadline`;
+/// `None` if it refuses to.
+async fn lazy_expiry<S: Source>(
+    lanes: &Lanes<S>,
+    deadline: tokio::time::Instant,
+) -> Result<Option<bool>, Failed> {
+    let mut ticket = ticket(lanes, deadline).await?;
+    let mut get = cmd("CONFIG");
+    get.arg("GET").arg("lazyfree-lazy-expire");
+    let reply = tokio::time::timeout_at(
+        deadline,
+        get.query_async::<Vec<String>>(&mut ticket.connection),
+    )
+    .await;
+    match settle(lanes, &ticket, reply) {
+        Ok(pair) => Ok(pair.get(1).map(|value| value == "yes")),
+        Err(Failed::Redis(error)) if error.kind() != ErrorKind::Io => Ok(None),
+        Err(failed) => Err(failed),
     }
 }
 
