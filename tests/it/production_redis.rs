@@ -479,7 +479,7 @@ async fn a_store_says_whether_redis_expires_keys_lazily() {
     server.cli(&[
         "acl", "setuser", "noconfig", "on", ">secret", "~*", "+@all", "-config",
     ]);
-    let url = format!("{}", server.url()).replace("redis://", "redis://noconfig:secret@");
+    let url = server.url().replace("redis://", "redis://noconfig:secret@");
     let pool = deadpool_redis::Config::from_url(url)
         .create_pool(Some(deadpool_redis::Runtime::Tokio1))
         .unwrap();
