@@ -316,7 +316,11 @@ impl Wait {
                 }
             };
             match next {
-                Next::Delay(wait, slot) => pending = Pending::Hold(wait, slot),
+                Next::Delay(wait, slot) => {
+                    // Held after all: checked again as its policies say.
+                    undelayed = false;
+                    pending = Pending::Hold(wait, slot);
+                }
                 Next::Recheck => {
                     undelayed = true;
                     pending = Pending::Send;
@@ -576,7 +580,9 @@ fn send(
         deny_clock = cache.now();
     }
     let sent = Sent {
-        fail_closed: fails_closed(shared, plan, costs),
+        // A request sent again with no delays was denied by the store a
+        // moment ago: a store failure now does not let it through.
+        fail_closed: undelayed || fails_closed(shared, plan, costs),
         held,
         checks,
         roles,

@@ -476,6 +476,14 @@ async fn a_store_says_whether_redis_expires_keys_lazily() {
     server.cli(&["config", "set", "lazyfree-lazy-expire", "yes"]);
     assert_eq!(store.expires_lazily(within).await.unwrap(), Some(true));
     store.connect(within).await.unwrap();
+    // RESP3 answers `CONFIG GET` with a map: read as well.
+    let resp3 = deadpool_redis::Config::from_url(format!("{}?protocol=resp3", server.url()))
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .unwrap();
+    let resp3 = RedisStore::builder(resp3).build().unwrap();
+    assert_eq!(resp3.expires_lazily(within).await.unwrap(), Some(true));
+    let clients = server.cli(&["client", "list"]);
+    assert!(clients.contains("resp=3"), "{clients}");
     server.cli(&[
         "acl", "setuser", "noconfig", "on", ">secret", "~*", "+@all", "-config",
     ]);

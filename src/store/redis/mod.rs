@@ -260,7 +260,8 @@ impl RedisStore {
             Connections::Sentinel(lanes) => ping_all(lanes, deadline).await,
         }
         .map_err(|failed| failed_within(failed, within))?;
-        if self.expires_lazily(within).await? == Some(false) {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if self.expires_lazily(left).await? == Some(false) {
             tracing::warn!(
                 "Redis frees expired keys in its main thread (lazyfree-lazy-expire no): \
                  a client's long sliding log that expires holds Redis for milliseconds; \
@@ -308,16 +309,22 @@ async fn lazy_expiry<S: Source>(
     let mut ticket = ticket(lanes, deadline).await?;
     let mut get = cmd("CONFIG");
     get.arg("GET").arg("lazyfree-lazy-expire");
-    let reply = tokio::time::timeout_at(
-        deadline,
-        get.query_async::<Vec<String>>(&mut ticket.connection),
-    )
-    .await;
-    match settle(lanes, &ticket, reply) {
-        Ok(pair) => Ok(pair.get(1).map(|value| value == "yes")),
-        Err(Failed::Redis(error)) if error.kind() != ErrorKind::Io => Ok(None),
-        Err(failed) => Err(failed),
-    }
+    // Read as it comes (a list in RESP2, a map in RESP3), so that no reply
+    // fails to parse and costs the lane its connection.
+    let reply =
+        tokio::time::timeout_at(deadline, get.query_async::<Value>(&mut ticket.connection)).await;
+    let setting = match settle(lanes, &ticket, reply) {
+        Ok(Value::Array(pair)) => pair.into_iter().nth(1),
+        Ok(Value::Map(pairs)) => pairs.into_iter().next().map(|(_, value)| value),
+        Ok(_) => None,
+        Err(Failed::Redis(error)) if error.kind() != ErrorKind::Io => return Ok(None),
+        Err(failed) => return Err(failed),
+    };
+    Ok(match setting {
+        Some(Value::BulkString(bytes)) => Some(bytes == b"yes"),
+        Some(Value::SimpleString(text)) => Some(text == "yes"),
+        _ => None,
+    })
 }
 
 /// `error` as the store reports it: Redis out of memory refusing a client
@@ -479,7 +486,10 @@ impl Inner {
             let rest = queued.split_off(batch_end(&queued));
             let mut deferred = self.clone().send_batch(queued).await;
             // Left undecided by a call that did its share of work: first
-            // in the next call, so the queue's order holds.
+            // in the next call, so the queue's order holds; not those
+            // whose callers have stopped waiting (their fail mode has
+            // answered), which must count nothing.
+            deferred.retain(|queued| !queued.answer.is_closed());
             deferred.extend(rest);
             queued = deferred;
         }
