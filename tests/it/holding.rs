@@ -372,3 +372,28 @@ on_both_stores!(
     a_request_the_layer_does_not_hold_starts_the_block,
     fake_clock
 );
+
+/// A request the store denied without a block (its delay could hold it)
+/// but that the layer does not hold is sent again with no delays; should
+/// the store fail then, the request is refused (503), never let through
+/// by the policy's fail open: the store denied it a moment before.
+#[tokio::test]
+async fn a_request_checked_again_for_its_block_never_fails_open() {
+    use crate::support::down_store::FlakyStore;
+    let policy = Policy::new("spared", 10, Duration::from_secs(1))
+        .with_algorithm(slidegate::policy::Algorithm::TokenBucket)
+        .with_burst(1)
+        .with_delay(Duration::from_millis(500))
+        .with_block(Duration::from_secs(60))
+        .with_fail_mode(slidegate::policy::FailMode::Open);
+    // The third call (the check again) fails.
+    let store = FlakyStore::new(slidegate::store::MemoryStore::new(), |call| call == 2);
+    let layer =
+        RateLimitLayer::new(store, Global, Policies::single(policy).unwrap()).max_delayed(0);
+    let app = app(layer, Entries::default());
+    assert_eq!(send(&app, request()).await.status, StatusCode::OK);
+    assert_eq!(
+        send(&app, request()).await.status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+}
