@@ -66,8 +66,8 @@ pub(crate) const CREDENTIAL_FAILURES: &str = "credential_failures";
 
 /// The longest window a policy may have: 366 days (a humantime `1y` is
 /// 365.25 days). Time arithmetic stays exact in Redis's Lua numbers well
-/// past it, and a store given a longer window by a hand-built
-/// [`Check`](crate::store::Check) counts it as this.
+/// past it; no [`Check`](crate::store::Check) can be built with a longer
+/// one.
 pub const MAX_WINDOW: Duration = Duration::from_secs(366 * 86_400);
 
 /// What a policy does when the store fails or times out.

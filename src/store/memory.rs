@@ -16,7 +16,7 @@ use super::sliding_log::{Log, Window};
 use super::{Check, CheckFuture, Decisions, StateId, Store, unpaired_refund};
 use crate::clock::{Clock, SystemClock, duration_micros};
 use crate::key::Key;
-use crate::policy::{Algorithm, MAX_WINDOW};
+use crate::policy::Algorithm;
 use crate::store::Decision;
 
 const DEFAULT_MAX_KEYS: usize = 1_000_000;
@@ -319,7 +319,7 @@ impl Spent {
                 .retry_after
                 .is_some_and(|retry| retry > check.delay);
         if !check.block.is_zero() && !prepared.fits && self.blocked_until <= now && beyond_delay {
-            self.blocked_until = now + duration_micros(check.block.min(MAX_WINDOW));
+            self.blocked_until = now + duration_micros(check.block);
             decision = self.decision(now, check, false, &prepared);
         }
         self.unroll(prepared);

@@ -293,9 +293,9 @@ impl Check {
         (self.algorithm == Algorithm::Concurrency).then_some(self.lease)
     }
 
-    /// The window in microseconds, at most [`MAX_WINDOW`](crate::policy::MAX_WINDOW)'s.
+    /// The window in microseconds.
     pub(crate) fn window_micros(&self) -> u64 {
-        duration_micros(self.window.min(crate::policy::MAX_WINDOW))
+        duration_micros(self.window)
     }
 }
 

@@ -87,7 +87,7 @@ impl Call {
                     "lease"
                 }
             };
-            let block = duration_micros(check.block.min(crate::policy::MAX_WINDOW));
+            let block = duration_micros(check.block);
             if block > 0 {
                 call.keys.push(format!("{key}:x"));
             }
