@@ -152,6 +152,13 @@ struct Answer {
     fresh_until: Instant,
 }
 
+/// A kept answer as the client's own limit under `policy` as it is now: a
+/// reload may have changed the policy's window since the answer was kept,
+/// so that the policy can no longer count it (the tier's limit applies).
+fn still_countable(policy: &Policy, limit: Option<u32>) -> Option<u32> {
+    limit.filter(|&limit| policy.validate_own_limit(limit).is_ok())
+}
+
 /// Answers kept at most, per layer.
 const CACHED_ANSWERS: usize = 100_000;
 
@@ -190,13 +197,7 @@ impl ClientLimits {
             if answer.fresh_until <= now && !self.refresh(pair, policy, key, answer, timeout) {
                 return None;
             }
-            // Checked against the policy as it is now: a reload may have
-            // changed its window since the answer was kept.
-            found.push(
-                answer
-                    .limit
-                    .filter(|&limit| policy.validate_own_limit(limit).is_ok()),
-            );
+            found.push(still_countable(policy, answer.limit));
         }
         Some(found)
     }
@@ -296,7 +297,7 @@ impl ClientLimits {
                         }
                         let kept = limits.cache.get(&pair).map(|answer| answer.limit);
                         match kept {
-                            Some(limit) => found.push(limit),
+                            Some(limit) => found.push(still_countable(&policy, limit)),
                             None => {
                                 limits.keep(pair, None, FAILED_LOOKUP_KEPT.min(limits.ttl));
                                 found.push(None);

@@ -426,11 +426,12 @@ impl Policy {
     pub fn validate_own_limit(&self, limit: u32) -> Result<(), PolicyError> {
         let tiers = self.tiers.iter().map(|(tier, _)| Some(&**tier));
         for tier in std::iter::once(None).chain(tiers) {
-            let name = match tier {
+            // Named only for an error: a kept answer is checked per request.
+            let name = || match tier {
                 Some(tier) => format!("{} (tier `{tier}`, a client's own limit)", self.name),
                 None => format!("{} (a client's own limit)", self.name),
             };
-            validate_counts(&name, self.limits_with(tier, Some(limit)), self.algorithm)?;
+            validate_counts(name, self.limits_with(tier, Some(limit)), self.algorithm)?;
         }
         Ok(())
     }
@@ -625,7 +626,7 @@ impl Policy {
 }
 
 fn validate_limits(name: String, limits: Limits, algorithm: Algorithm) -> Result<(), PolicyError> {
-    validate_counts(&name, limits, algorithm)?;
+    validate_counts(|| name.clone(), limits, algorithm)?;
     if limits.cost == 0 {
         return Err(PolicyError::ZeroCost { name });
     }
@@ -640,9 +641,13 @@ fn validate_limits(name: String, limits: Limits, algorithm: Algorithm) -> Result
 }
 
 /// What every limit a client can be given must pass, whatever it costs:
-/// a limit, window and burst that both stores count exactly.
-fn validate_counts(name: &str, limits: Limits, algorithm: Algorithm) -> Result<(), PolicyError> {
-    let name = || name.to_owned();
+/// a limit, window and burst that both stores count exactly; `name` names
+/// the limits in an error.
+fn validate_counts(
+    name: impl Fn() -> String,
+    limits: Limits,
+    algorithm: Algorithm,
+) -> Result<(), PolicyError> {
     if limits.limit == 0 {
         return Err(PolicyError::ZeroLimit { name: name() });
     }
