@@ -1552,18 +1552,23 @@ end
 -- its admitted requests, as it would anyway, and pruning shrinks it: it
 -- never holds more than its limit's records.
 
--- Whether the first key of each of `policies` policies exists; keys start
--- at keys[first_key], each policy's arguments `step` apart from
--- argv[first_arg] (its algorithm first).
-local function all_held(keys, argv, first_key, first_arg, policies, step)
-  local k = first_key
-  for i = 0, policies - 1 do
+-- Whether the first key of each policy of a refund (its arguments as
+-- `refund` takes them) exists.
+local function refund_held(keys, argv)
+  local k = 1
+  for a = 3, #argv, ARGS + 1 do
     if redis.call('EXISTS', keys[k]) == 0 then
       return false
     end
-    k = k + key_count(argv, first_arg + step * i)
+    k = k + key_count(argv, a)
   end
   return true
+end
+
+-- The message of an error `pcall` caught: a Redis command's error, or
+-- one raised with `error({ err = ... })`, arrives as a table.
+local function error_message(caught)
+  return type(caught) == 'table' and caught.err or tostring(caught)
 end
 
 -- The work (see `work`) after which a batch call decides no more of its
@@ -1595,9 +1600,7 @@ local function check_batch(keys, argv, held_only)
       replies[#replies + 1] = result
       next_key = after
     else
-      -- A Redis command's error arrives as a table with its message.
-      local message = type(result) == 'table' and result.err or tostring(result)
-      replies[#replies + 1] = redis.error_reply(message)
+      replies[#replies + 1] = redis.error_reply(error_message(result))
       -- Skip the failed request's keys.
       for i = 0, policies - 1 do
         next_key = next_key + key_count(argv, next_arg + 1 + ARGS * i)
@@ -1626,8 +1629,7 @@ end
 -- only deletes, always runs.
 local function held_main(keys, argv)
   if argv[2] == 'refund' then
-    local step = ARGS + 1
-    if not all_held(keys, argv, 1, 3, (#argv - 2) / step, step) then
+    if not refund_held(keys, argv) then
       return redis.error_reply(NOT_HELD)
     end
   elseif argv[2] ~= 'reset' then
@@ -1635,7 +1637,7 @@ local function held_main(keys, argv)
     if ok then
       return result
     end
-    return redis.error_reply(type(result) == 'table' and result.err or tostring(result))
+    return redis.error_reply(error_message(result))
   end
   return main(keys, argv)
 end

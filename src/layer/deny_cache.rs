@@ -10,10 +10,9 @@ use quick_cache::sync::Cache;
 use smallvec::SmallVec;
 
 use crate::clock::{Clock, SystemClock, duration_micros};
-use crate::key::Key;
 use crate::policy::Algorithm;
 use crate::response::problem::TooManyBody;
-use crate::store::{Check, Decision};
+use crate::store::{Check, Decision, Scope};
 
 /// Entries a layer's deny cache holds by default.
 pub(crate) const DEFAULT_CAPACITY: usize = 10_000;
@@ -33,19 +32,6 @@ struct Denial {
     cost: u32,
     algorithm: Algorithm,
     body: Arc<TooManyBody>,
-}
-
-/// What a denial is cached under: the layer's namespace, the policy's name
-/// and the client's key, so that layers sharing a cache keep their
-/// denials apart.
-type Entry = (Option<Arc<str>>, Arc<str>, Key);
-
-fn entry_of(check: &Check) -> Entry {
-    (
-        check.namespace.clone(),
-        check.policy.clone(),
-        check.key.clone(),
-    )
 }
 
 /// The still-denied checks of a batch, with what to answer them. A batch
@@ -87,7 +73,9 @@ pub struct DenyCache {
 }
 
 struct Inner {
-    entries: Cache<Entry, Denial>,
+    /// Denials by their check's scope (namespace, policy, client), so that
+    /// layers sharing a cache keep their denials apart.
+    entries: Cache<Scope, Denial>,
     clock: Box<dyn Clock>,
 }
 
@@ -139,7 +127,7 @@ impl DenyCache {
         let mut decisions = SmallVec::new();
         let mut bodies = SmallVec::new();
         for (index, check) in checks.iter().enumerate() {
-            let key = entry_of(check);
+            let key = check.scope();
             let Some(denial) = self.inner.entries.get(&key) else {
                 continue;
             };
@@ -182,7 +170,7 @@ impl DenyCache {
 
     /// Forgets the denial of `check`'s client under its policy.
     pub(crate) fn forget(&self, check: &Check) {
-        self.inner.entries.remove(&entry_of(check));
+        self.inner.entries.remove(&check.scope());
     }
 
     /// Remembers the policies that denied a batch sent at `sent_at`: each
@@ -217,7 +205,7 @@ impl DenyCache {
                 algorithm: check.algorithm,
                 body: Arc::new(TooManyBody::new(check)),
             };
-            self.inner.entries.insert(entry_of(check), denial);
+            self.inner.entries.insert(check.scope(), denial);
         }
     }
 }
@@ -226,6 +214,7 @@ impl DenyCache {
 mod tests {
     use super::*;
     use crate::clock::FakeClock;
+    use crate::key::Key;
     use crate::policy::Policy;
 
     const SEC: Duration = Duration::from_secs(1);

@@ -19,11 +19,10 @@ use std::time::Duration;
 use http::request::Parts;
 use tokio::time::Instant;
 
-use crate::key::Key;
 use crate::layer::Shared;
 use crate::policy::plan::Plan;
 use crate::policy::{Algorithm, Policy};
-use crate::store::{Check, Decision};
+use crate::store::{Check, Decision, Scope};
 
 /// Requests a layer holds at once unless set.
 pub(crate) const DEFAULT_MAX_DELAYED: usize = 10_000;
@@ -35,17 +34,13 @@ pub(crate) const DEFAULT_MAX_DELAYED_BYTES: usize = 64 << 20;
 /// again after this, never in a tight loop.
 const MIN_WAIT: Duration = Duration::from_micros(100);
 
-/// Who a held request waits behind: a client under a policy, in a
-/// namespace.
-type QueueKey = (Option<Arc<str>>, Arc<str>, Key);
-
 /// The requests a layer (with its clones) holds now.
 #[derive(Debug, Default)]
 pub(crate) struct Holding {
     count: AtomicUsize,
     bytes: AtomicUsize,
     /// Per client and policy: how many requests it holds.
-    queues: Mutex<HashMap<QueueKey, usize>>,
+    queues: Mutex<HashMap<Scope, usize>>,
 }
 
 impl Holding {
@@ -61,7 +56,7 @@ impl Holding {
 pub(crate) struct Slot {
     holding: Arc<Holding>,
     bytes: usize,
-    queue: QueueKey,
+    queue: Scope,
 }
 
 /// The bounds a request to hold must fit within.
@@ -75,12 +70,7 @@ struct Bounds {
 impl Slot {
     /// A place for a request of `bytes` behind the client `queue`, if the
     /// layer and the client have room for it.
-    fn take(
-        holding: &Arc<Holding>,
-        bounds: &Bounds,
-        bytes: usize,
-        queue: QueueKey,
-    ) -> Option<Self> {
+    fn take(holding: &Arc<Holding>, bounds: &Bounds, bytes: usize, queue: Scope) -> Option<Self> {
         if holding.count.fetch_add(1, Ordering::AcqRel) >= bounds.max {
             holding.count.fetch_sub(1, Ordering::AcqRel);
             return None;
@@ -184,16 +174,11 @@ pub(crate) fn wait(
                 max_bytes: shared.options.max_delayed_bytes,
                 client_max: client_max(check, policy),
             };
-            let queue = (
-                check.namespace.clone(),
-                check.policy.clone(),
-                check.key.clone(),
-            );
             Some(Slot::take(
                 &shared.delayed,
                 &bounds,
                 head_bytes(parts),
-                queue,
+                check.scope(),
             )?)
         }
         (None, None) => return None,

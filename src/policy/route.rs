@@ -39,12 +39,11 @@ impl Route {
                 // Methods are case-sensitive: `get` is a method of its
                 // own that no client sends for GET, so it would never match.
                 if method.bytes().any(|b| b.is_ascii_lowercase()) {
+                    let upper = method.to_ascii_uppercase();
                     return Err(PolicyError::InvalidPattern {
                         route: route_text.to_owned(),
                         reason: format!(
-                            "methods are case-sensitive and `{method}` is not `{}`: write `{}`",
-                            method.to_ascii_uppercase(),
-                            method.to_ascii_uppercase()
+                            "methods are case-sensitive and `{method}` is not `{upper}`: write `{upper}`"
                         ),
                     });
                 }

@@ -293,11 +293,24 @@ impl Check {
         (self.algorithm == Algorithm::Concurrency).then_some(self.lease)
     }
 
+    /// Whose count the check is: its namespace, policy and client.
+    pub(crate) fn scope(&self) -> Scope {
+        (
+            self.namespace.clone(),
+            self.policy.clone(),
+            self.key.clone(),
+        )
+    }
+
     /// The window in microseconds.
     pub(crate) fn window_micros(&self) -> u64 {
         duration_micros(self.window)
     }
 }
+
+/// Whose count a check is: its layer's namespace, its policy and its
+/// client (see [`Check::scope`]).
+pub(crate) type Scope = (Option<Arc<str>>, Arc<str>, Key);
 
 /// A store of rate-limit state.
 ///
