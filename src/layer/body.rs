@@ -216,45 +216,39 @@ pub(crate) fn released_unless_decided(
     else {
         return answer;
     };
-    let mut pending = Pending {
+    let pending = |decided: usize| Pending {
         store: store.clone(),
-        checks: checks[first..].iter().cloned().collect(),
-        first,
+        checks: checks[first.max(decided)..].iter().cloned().collect(),
     };
     match answer.into_ready() {
+        // Known at once: only what it leaves undecided is released (a
+        // store in process decides everything, and nothing is copied).
         Ok(outcome) => {
-            pending.decided(&outcome);
+            let decided = outcome.as_ref().map_or(0, |decisions| decisions.len());
+            if decided < checks.len() {
+                drop(pending(decided));
+            }
             CheckFuture::ready(outcome)
         }
-        Err(later) => CheckFuture::new(async move {
-            let outcome = later.await;
-            pending.decided(&outcome);
-            outcome
-        }),
-    }
-}
-
-/// Leases a store may hold for checks not (yet) decided; released when
-/// dropped.
-struct Pending {
-    store: Arc<dyn Store>,
-    /// The checks from the first with a lease on.
-    checks: Checks,
-    /// The index of the first of them in the request's checks.
-    first: usize,
-}
-
-impl Pending {
-    /// Keeps out of the release the checks `outcome` decided.
-    fn decided(&mut self, outcome: &Result<crate::store::Decisions, StoreError>) {
-        if let Ok(decisions) = outcome {
-            let decided = decisions
-                .len()
-                .saturating_sub(self.first)
-                .min(self.checks.len());
-            self.checks.drain(..decided);
+        Err(later) => {
+            let mut pending = pending(0);
+            CheckFuture::new(async move {
+                let outcome = later.await;
+                if let Ok(decisions) = &outcome {
+                    let decided = decisions.len().saturating_sub(first);
+                    pending.checks.drain(..decided.min(pending.checks.len()));
+                }
+                outcome
+            })
         }
     }
+}
+
+/// Leases a store may hold for checks not (yet) decided, from the first
+/// with a lease on; released when dropped.
+struct Pending {
+    store: Arc<dyn Store>,
+    checks: Checks,
 }
 
 impl Drop for Pending {

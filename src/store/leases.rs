@@ -4,7 +4,7 @@
 //! request whose check failed or was dropped can still release it), and
 //! expiring a lease time after it was taken.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,7 +30,7 @@ pub(super) struct Leases {
     /// The live leases: when (µs) each was taken, and its id.
     taken: BTreeSet<(u64, u64)>,
     /// When each live lease was taken, by id.
-    by_id: HashMap<u64, u64>,
+    by_id: foldhash::HashMap<u64, u64>,
     /// The lease time, in µs, as of the last decision.
     lease: u64,
 }
