@@ -553,7 +553,7 @@ fn send(
     }
     if undelayed {
         for check in &mut checks {
-            check.delay = Duration::ZERO;
+            check.delay_micros = 0;
         }
     }
     let roles = Roles::assign(plan, &mut checks, shared.options);

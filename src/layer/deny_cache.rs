@@ -28,7 +28,7 @@ struct Denial {
     limit: u32,
     burst: u32,
     window: Duration,
-    block: Duration,
+    block_micros: u64,
     cost: u32,
     algorithm: Algorithm,
     body: Arc<TooManyBody>,
@@ -138,7 +138,7 @@ impl DenyCache {
             let same = denial.limit == check.limit
                 && denial.burst == check.burst
                 && denial.window == check.window
-                && denial.block == check.block
+                && denial.block_micros == check.block_micros
                 && denial.algorithm == check.algorithm
                 && check.cost >= denial.cost;
             if !same {
@@ -200,7 +200,7 @@ impl DenyCache {
                 limit: check.limit,
                 burst: check.burst,
                 window: check.window,
-                block: check.block,
+                block_micros: check.block_micros,
                 cost: check.cost,
                 algorithm: check.algorithm,
                 body: Arc::new(TooManyBody::new(check)),

@@ -132,8 +132,8 @@ pub(crate) fn outcome(
                 return Next::Delay(wait, slot);
             }
             let spared = |(check, decision): (&Check, &Decision)| {
-                !check.block.is_zero()
-                    && !check.delay.is_zero()
+                check.block_micros > 0
+                    && check.delay_micros > 0
                     && decision.retry_after.is_some()
                     && decision.blocked_for.is_none()
             };

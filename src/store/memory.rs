@@ -314,12 +314,12 @@ impl Spent {
     fn denied(&mut self, now: u64, check: &Check, prepared: Prepared) -> Decision {
         let mut decision = self.decision(now, check, false, &prepared);
         // A denial the delay can hold is no denial for the block.
-        let beyond_delay = check.delay.is_zero()
+        let beyond_delay = check.delay_micros == 0
             || decision
                 .retry_after
-                .is_some_and(|retry| retry > check.delay);
-        if !check.block.is_zero() && !prepared.fits && self.blocked_until <= now && beyond_delay {
-            self.blocked_until = now + duration_micros(check.block);
+                .is_some_and(|retry| duration_micros(retry) > check.delay_micros);
+        if check.block_micros > 0 && !prepared.fits && self.blocked_until <= now && beyond_delay {
+            self.blocked_until = now + check.block_micros;
             decision = self.decision(now, check, false, &prepared);
         }
         self.unroll(prepared);
@@ -341,7 +341,7 @@ impl Spent {
     /// by a policy that no longer blocks (reloaded without `block`) is
     /// lifted, as the Redis script no longer reads its key.
     fn is_blocked(&self, now: u64, check: &Check) -> bool {
-        !check.block.is_zero() && self.blocked_until > now
+        check.block_micros > 0 && self.blocked_until > now
     }
 
     fn is_idle(&self, now: u64) -> bool {

@@ -4,7 +4,6 @@
 use deadpool_redis::redis::{RedisWrite, ToRedisArgs};
 
 use super::RedisStore;
-use crate::clock::duration_micros;
 use crate::policy::Algorithm;
 use crate::store::Check;
 
@@ -87,7 +86,7 @@ impl Call {
                     "lease"
                 }
             };
-            let block = duration_micros(check.block);
+            let block = check.block_micros;
             if block > 0 {
                 call.keys.push(format!("{key}:x"));
             }
@@ -101,7 +100,7 @@ impl Call {
                 },
                 check.burst,
                 block,
-                duration_micros(check.delay),
+                check.delay_micros,
             ));
         }
         call
