@@ -24,10 +24,11 @@
 --            hash holding its other pages (see "sliding log" below).
 --   counter: a hash with the current window id `w`, its count `c`, the
 --            previous window's count `p`, the window length `l` (windows
---            in milliseconds) and `t`, the latest time (µs) a request was
---            counted at.
---   fixed:   a hash with the window id `w`, its count `c`, `t` and the
---            window length `l` in µs.
+--            in milliseconds), `t`, the latest time (µs) a request was
+--            counted at, and `n`, the units of requests held for their
+--            delay into the next window.
+--   fixed:   a hash with the window id `w`, its count `c`, `t`, the
+--            window length `l` in µs, and `n` as for a counter.
 --   bucket:  a 24-byte string (see "token bucket" below).
 --   lease:   a sorted set of leases (see "leases" below).
 --   then, for a policy that blocks, a string holding the time (µs) until
@@ -46,7 +47,8 @@
 --
 -- Returns, per policy, five integers: admitted (1 or 0, the same for every
 -- policy), remaining units, reset in microseconds, retry-after in
--- microseconds (-1 when the policy fits the request), and for an admitted
+-- microseconds (-1 when the policy fits the request; for a request
+-- admitted after a delay, the wait until it passes), and for an admitted
 -- request the time in microseconds its units were recorded at (which a
 -- refund names), for a denied one how long (µs) the policy's block still
 -- lasts (-1 when nothing was recorded, or the client is not blocked).
@@ -604,7 +606,9 @@ function log.prepare(s)
     log_read(s)
   end
   log_prune(s)
-  if s.sum > 0 and s.newest - now > s.window then
+  -- Records of requests held for their delay lie ahead of `now`; only
+  -- a newest record beyond those is a clock that stepped back.
+  if s.sum > 0 and s.newest - now > s.window + s.delay then
     log_gather(s)
   end
   if s.sum > 0 and s.window > s.span then
@@ -745,11 +749,18 @@ local function log_append(s, time, cost)
   s.tail_count, s.tail_sum, s.tail_view = s.tail_count + 1, s.tail_sum + cost, nil
 end
 
+-- The window only loses units as time passes: a request that fits it at
+-- its retry time fits it at any later time (a cost above the limit never
+-- does).
+function log.fits_at(s, time)
+  return s.cost <= s.limit
+end
+
 function log.record(s)
   if s.cost == 0 then
     return
   end
-  local time = now
+  local time = s.pass
   if s.sum > 0 and s.newest >= time then
     time = s.newest + 1
   end
@@ -889,12 +900,17 @@ local counter = {}
 -- and the previous count in the one holding the end of its window. So no
 -- count is forgotten early, and none is moved later than it was counted.
 -- Returns the new window id and its current and previous counts.
-local function counter_rewindow(id, c, p, old, w, now_ms, t_ms)
+local function counter_rewindow(id, c, p, n, old, w, now_ms, t_ms)
   local old_id = idiv(now_ms, old)
   if old_id == id + 1 then
     c, p = 0, c
   elseif old_id > id + 1 then
     c, p = 0, 0
+  end
+  -- Units held into the window after `id` count in `now_ms`'s window:
+  -- never forgotten early (at worst, counted a little long).
+  if old_id > id + 2 then
+    n = 0
   end
   if old_id < id then
     old_id = id
@@ -911,12 +927,22 @@ local function counter_rewindow(id, c, p, old, w, now_ms, t_ms)
   end
   place(c, t_ms)
   place(p, math.max(0, math.min(old_id * old - 1, t_ms)))
+  place(n, now_ms)
   return new_id, current, previous
+end
+
+-- Whether `cost` more units fit in the current window: its estimate, and
+-- with units held into the next window, their sum with the current count
+-- (so the next window still fits what it holds).
+local function counter_fits_now(s, cost)
+  local w = s.w
+  return s.p * (w - s.elapsed) + (s.c + cost) * w <= s.limit * w
+    and (s.n == 0 or s.c + cost + s.n <= s.limit)
 end
 
 function counter.prepare(s)
   local w = s.window / 1000
-  local stored = hash_fields(s, 'w', 'c', 'p', 't', 'l')
+  local stored = hash_fields(s, 'w', 'c', 'p', 't', 'l', 'n')
   local carried
   s.at, carried = high_water(stored[4], w * 1000)
   s.t = stored[4]
@@ -924,39 +950,67 @@ function counter.prepare(s)
   local id = idiv(now_ms, w)
   local stored_id = tonumber(stored[1])
   local c, p = tonumber(stored[2]) or 0, tonumber(stored[3]) or 0
+  local n = tonumber(stored[6]) or 0
   local old = tonumber(stored[5])
   if stored_id ~= nil and old ~= nil and old ~= w then
     local t_ms = idiv(tonumber(s.t) or s.at, 1000)
-    stored_id, c, p = counter_rewindow(stored_id, c, p, old, w, now_ms, t_ms)
-    s.rewindowed = true
+    stored_id, c, p = counter_rewindow(stored_id, c, p, n, old, w, now_ms, t_ms)
+    n, s.rewindowed = 0, true
   end
   if carried and stored_id ~= nil and stored_id > id then
     stored_id, s.carried = id, true
     s.t = string.format('%d', s.at)
   end
   if stored_id == id - 1 then
-    c, p = 0, c
+    c, p, n = n, c, 0
+  elseif stored_id == id - 2 then
+    c, p, n = 0, n, 0
   elseif stored_id ~= id then
-    c, p = 0, 0
+    c, p, n = 0, 0, 0
   end
-  s.w, s.now_ms, s.id, s.elapsed, s.c, s.p = w, now_ms, id, now_ms - id * w, c, p
-  return p * (w - s.elapsed) + (c + s.cost) * w <= s.limit * w
+  s.w, s.now_ms, s.id, s.elapsed, s.c, s.p, s.n = w, now_ms, id, now_ms - id * w, c, p, n
+  return counter_fits_now(s, s.cost)
 end
 
 -- Writes the counts, with `t` the latest time a unit was counted at.
 local function counter_write(s)
-  redis.call('HSET', s.key, 'w', s.id, 'c', s.c, 'p', s.p, 't', s.t, 'l', s.w)
-  s.stored = { s.id, s.c, s.p, s.t, s.w }
+  redis.call('HSET', s.key, 'w', s.id, 'c', s.c, 'p', s.p, 't', s.t, 'l', s.w, 'n', s.n)
+  s.stored = { s.id, s.c, s.p, s.t, s.w, s.n }
   -- The counts matter until the end of the next window (on Redis's own
-  -- clock, which expires the key: the real `now`, not the high water).
-  expire(s.key, (s.id + 2) * s.w - idiv(now, 1000) + 1)
+  -- clock, which expires the key: the real `now`, not the high water),
+  -- units held into the next window until the end of the one after.
+  local windows = s.n > 0 and 3 or 2
+  expire(s.key, (s.id + windows) * s.w - idiv(now, 1000) + 1)
 end
 
+-- A request held for its delay into the next window is counted there.
 function counter.record(s)
-  s.c = s.c + s.cost
+  if idiv(idiv(s.pass, 1000), s.w) > s.id then
+    s.n = s.n + s.cost
+    s.recorded = s.pass
+  else
+    s.c = s.c + s.cost
+    s.recorded = s.at
+  end
   s.t = string.format('%d', s.at)
-  s.recorded = s.at
   counter_write(s)
+end
+
+-- Whether the request fits at `time`, in the current window or the next
+-- (a delay holds a request no further).
+function counter.fits_at(s, time)
+  local at_ms = idiv(math.max(time, s.at), 1000)
+  local w = s.w
+  local id = idiv(at_ms, w)
+  if id == s.id then
+    local e = at_ms - id * w
+    return s.p * (w - e) + (s.c + s.cost) * w <= s.limit * w
+      and (s.n == 0 or s.c + s.cost + s.n <= s.limit)
+  elseif id == s.id + 1 then
+    local e = at_ms - id * w
+    return s.c * (w - e) + (s.n + s.cost) * w <= s.limit * w
+  end
+  return false
 end
 
 -- Saves counts carried back to the window of a clock that stepped back,
@@ -973,7 +1027,7 @@ end
 local function counter_fits_at(s, cost)
   local w = s.w
   local room = s.limit - s.c - cost
-  if room >= 0 then
+  if room >= 0 and room >= s.n then
     if s.p * (w - s.elapsed) <= room * w then
       return s.now_ms
     end
@@ -982,12 +1036,17 @@ local function counter_fits_at(s, cost)
       return s.id * w + elapsed
     end
   end
-  -- In the next window, the current count becomes the previous one.
+  -- In the next window, the current count becomes the previous one,
+  -- beside what is held into it.
   local next_start = (s.id + 1) * w
+  local next_room = s.limit - s.n - cost
+  if s.n > 0 and next_room < 0 then
+    return next_start + w
+  end
   if s.c == 0 then
     return next_start
   end
-  local elapsed = w - idiv((s.limit - cost) * w, s.c)
+  local elapsed = w - idiv(next_room * w, s.c)
   if elapsed < 0 then
     elapsed = 0
   end
@@ -1009,7 +1068,9 @@ end
 -- if that is the current or the previous one.
 function counter.refund(s, at, cost)
   local bucket = idiv(idiv(at, 1000), s.w)
-  if bucket == s.id and s.c > 0 then
+  if bucket == s.id + 1 and s.n > 0 then
+    s.n = math.max(0, s.n - cost)
+  elseif bucket == s.id and s.c > 0 then
     s.c = math.max(0, s.c - cost)
   elseif bucket == s.id - 1 and s.p > 0 then
     s.p = math.max(0, s.p - cost)
@@ -1036,6 +1097,9 @@ function counter.report(s)
   if remaining > s.limit then
     remaining = s.limit
   end
+  if s.n > 0 then
+    remaining = math.max(0, math.min(remaining, s.limit - s.c - s.n))
+  end
   local reset = 0
   if remaining < s.limit then
     reset = micros_until(counter_fits_at(s, remaining + 1))
@@ -1048,22 +1112,26 @@ end
 local fixed = {}
 
 function fixed.prepare(s)
-  local stored = hash_fields(s, 'w', 'c', 't', 'l')
+  local stored = hash_fields(s, 'w', 'c', 't', 'l', 'n')
   local carried
   s.at, carried = high_water(stored[3], s.window)
   s.t = stored[3]
   s.id = idiv(s.at, s.window)
-  s.c = 0
+  s.c, s.n = 0, 0
   local stored_id = tonumber(stored[1])
+  local c, n = tonumber(stored[2]) or 0, tonumber(stored[5]) or 0
   local old = tonumber(stored[4])
   if stored_id ~= nil and old ~= nil and old ~= s.window then
     -- Left under another window length: the count stays in the new window
-    -- holding the latest time a unit was counted at, if that is now's.
+    -- holding the latest time a unit was counted at, if that is now's;
+    -- units held into the next window count in now's.
     if idiv(s.at, old) > stored_id or idiv(tonumber(s.t) or s.at, s.window) < s.id then
-      stored_id = nil
-    else
-      stored_id = s.id
+      c = 0
     end
+    if idiv(s.at, old) > stored_id + 1 then
+      n = 0
+    end
+    stored_id, c, n = s.id, c + n, 0
     s.rewindowed = true
   end
   if carried and stored_id ~= nil and stored_id > s.id then
@@ -1071,7 +1139,9 @@ function fixed.prepare(s)
     s.t = string.format('%d', s.at)
   end
   if stored_id == s.id then
-    s.c = tonumber(stored[2]) or 0
+    s.c, s.n = c, n
+  elseif stored_id == s.id - 1 then
+    s.c = n
   end
   s.ends_in = (s.id + 1) * s.window - now
   return s.c + s.cost <= s.limit
@@ -1079,21 +1149,48 @@ end
 
 -- Writes the count, with `t` the latest time a unit was counted at.
 local function fixed_write(s)
-  redis.call('HSET', s.key, 'w', s.id, 'c', s.c, 't', s.t, 'l', s.window)
-  s.stored = { s.id, s.c, s.t, s.window }
-  expire(s.key, math.floor(s.ends_in / 1000) + 1)
+  redis.call('HSET', s.key, 'w', s.id, 'c', s.c, 't', s.t, 'l', s.window, 'n', s.n)
+  s.stored = { s.id, s.c, s.t, s.window, s.n }
+  local ends_in = s.ends_in
+  if s.n > 0 then
+    ends_in = ends_in + s.window
+  end
+  expire(s.key, math.floor(ends_in / 1000) + 1)
 end
 
+-- A request held for its delay into the next window is counted there.
 function fixed.record(s)
-  s.c = s.c + s.cost
+  if idiv(s.pass, s.window) > s.id then
+    s.n = s.n + s.cost
+    s.recorded = s.pass
+  else
+    s.c = s.c + s.cost
+    s.recorded = s.at
+  end
   s.t = string.format('%d', s.at)
-  s.recorded = s.at
   fixed_write(s)
 end
 
--- Takes back `cost` units counted at `at`, if that was in this window.
+-- Whether the request fits at `time`, in this window or the next (a
+-- delay holds a request no further).
+function fixed.fits_at(s, time)
+  local id = idiv(math.max(time, s.at), s.window)
+  if id == s.id then
+    return s.c + s.cost <= s.limit
+  elseif id == s.id + 1 then
+    return s.n + s.cost <= s.limit
+  end
+  return false
+end
+
+-- Takes back `cost` units counted at `at`, if that was in this window
+-- or held into the next.
 function fixed.refund(s, at, cost)
-  if idiv(at, s.window) == s.id and s.c > 0 then
+  local id = idiv(at, s.window)
+  if id == s.id + 1 and s.n > 0 then
+    s.n = math.max(0, s.n - cost)
+    fixed_write(s)
+  elseif id == s.id and s.c > 0 then
     s.c = math.max(0, s.c - cost)
     fixed_write(s)
   else
@@ -1107,7 +1204,12 @@ function fixed.save(s)
   end
 end
 
+-- The next window, unless what is held into it leaves no room: then the
+-- one after.
 function fixed.retry(s)
+  if s.n > 0 and s.n + s.cost > s.limit then
+    return s.ends_in + s.window
+  end
   return s.ends_in
 end
 
@@ -1197,10 +1299,24 @@ end
 -- were they the first of the debt (rounded down): they are repaid no
 -- later, whatever is refunded ahead of them meanwhile, so a refund that
 -- counts from it never takes back a repaid unit, nor another request's.
+--
+-- A request held for its delay takes its units at `pass`: the debt it
+-- adds starts no earlier than that, so the bucket refills nothing for
+-- the time it waits.
 function bucket.record(s)
-  s.d = s.d + s.cost * s.window
-  s.recorded = s.at + idiv(s.cost * s.window, s.limit)
+  local start = math.max(s.at, s.pass)
+  s.d = math.max(s.d, (start - s.at) * s.limit) + s.cost * s.window
+  s.recorded = start + idiv(s.cost * s.window, s.limit)
   bucket_write(s)
+end
+
+-- The debt only falls as time passes, so a request that fits at its
+-- retry time fits later; but a request held so long (by another policy)
+-- that the debt it would start from passes 2^52 is not held, so the
+-- arithmetic stays exact.
+local HOLD_PRODUCT = 2 ^ 52
+function bucket.fits_at(s, time)
+  return s.cost * s.window <= s.full and math.max(s.at, time) - s.at <= idiv(HOLD_PRODUCT, s.limit)
 end
 
 -- Gives back what `cost` units named by `repaid_by` may still owe: the
@@ -1298,6 +1414,11 @@ local function lease_keep(s)
   if redis.call('PTTL', s.key) < ms then
     redis.call('PEXPIRE', s.key, int(ms))
   end
+end
+
+-- A lease is taken now, for a request that fits it now.
+function lease.fits_at(s, time)
+  return s.fits
 end
 
 function lease.record(s)
@@ -1433,6 +1554,12 @@ end
 -- of memory, see `NOT_HELD`), a request to admit whose state does not
 -- all exist yet raises NOT_HELD before writing anything. Returns the five
 -- integers per policy, and the index of the next key.
+--
+-- A request that some policies do not fit now, each within its delay,
+-- and that no block holds, is decided once: admitted at `pass`, the time
+-- every policy fits it (the latest of their retry times), with its units
+-- recorded at that time under every policy, so no request admitted
+-- meanwhile can take its place; its retry integer is then the wait.
 local function decide(keys, argv, first_key, first_arg, policies, peek, held_only)
   local state = {}
   local all_fit = true
@@ -1442,7 +1569,32 @@ local function decide(keys, argv, first_key, first_arg, policies, peek, held_onl
     state[i], next_key = prepare(keys, argv, next_key, first_arg + ARGS * (i - 1))
     all_fit = all_fit and state[i].fits and state[i].blocked == nil
   end
-  local record = all_fit and not peek
+  local retry = {}
+  local pass = now
+  local holdable = not all_fit and not peek
+  for i = 1, policies do
+    local s = state[i]
+    retry[i] = -1
+    if not all_fit and not s.fits then
+      retry[i] = s.algorithm.retry(s)
+      if s.blocked ~= nil or s.delay == 0 or retry[i] > s.delay then
+        holdable = false
+      elseif now + retry[i] > pass then
+        pass = now + retry[i]
+      end
+    elseif s.blocked ~= nil then
+      holdable = false
+    end
+  end
+  if holdable then
+    for i = 1, policies do
+      if not state[i].algorithm.fits_at(state[i], pass) then
+        holdable = false
+      end
+    end
+  end
+  local admitted = all_fit or holdable
+  local record = admitted and not peek
   if record and held_only then
     for i = 1, policies do
       if redis.call('EXISTS', state[i].key) == 0 then
@@ -1450,13 +1602,12 @@ local function decide(keys, argv, first_key, first_arg, policies, peek, held_onl
       end
     end
   end
-  local retry = {}
   for i = 1, policies do
     local s = state[i]
-    retry[i] = -1
-    if not record then
+    if holdable then
+      retry[i] = pass - now
+    elseif not all_fit then
       if not s.fits then
-        retry[i] = s.algorithm.retry(s)
         local beyond_delay = s.delay == 0 or retry[i] > s.delay
         if s.block_key ~= nil and s.blocked == nil and not peek and beyond_delay then
           block(s)
@@ -1472,6 +1623,7 @@ local function decide(keys, argv, first_key, first_arg, policies, peek, held_onl
   for i = 1, policies do
     local s = state[i]
     if record then
+      s.pass = pass
       s.algorithm.record(s)
     else
       s.algorithm.save(s)
@@ -1481,7 +1633,7 @@ local function decide(keys, argv, first_key, first_arg, policies, peek, held_onl
     if s.blocked ~= nil then
       remaining = 0
     end
-    result[5 * i - 4] = all_fit and 1 or 0
+    result[5 * i - 4] = admitted and 1 or 0
     result[5 * i - 3] = remaining
     result[5 * i - 2] = reset
     result[5 * i - 1] = retry[i]

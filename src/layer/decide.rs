@@ -23,7 +23,7 @@ use crate::key::{Confirming, Identity, KeyRejection, confirmed};
 use crate::layer::Shared;
 use crate::layer::credentials::Refusal;
 use crate::layer::deny_cache::Denied;
-use crate::layer::hold::{self, Held, Slot};
+use crate::layer::hold::Delayed;
 use crate::layer::outcome::{self, Next, Sent, SentAt, trace_decision};
 use crate::layer::reject::{Reply, reject};
 use crate::layer::roles::{self, Roles};
@@ -36,7 +36,6 @@ use crate::response::problem::Denial;
 use crate::store::{Check, CheckFuture, CheckOutcome, index_of_min};
 use crate::throttle::TIER_LOOKUP_TIMEOUTS;
 use crate::tier::TierFuture;
-use tokio::time::Instant;
 
 /// A request's decision: known now, or once it has waited.
 pub(crate) enum Decided {
@@ -98,22 +97,9 @@ pub(crate) fn decide(shared: &Arc<Shared>, parts: &mut Parts) -> Decided {
             return Wait::new(shared, plan, costs, step).start(parts);
         }
     };
-    match send(
-        shared,
-        parts,
-        plan,
-        &identity,
-        costs.as_ref(),
-        own.as_ref(),
-        None,
-        false,
-    ) {
-        Sending::Now(Next::Delay(wait, slot)) => {
-            let step = Step::Holding(identity, own, wait, slot);
-            Wait::new(shared, plan, costs, step).start(parts)
-        }
-        Sending::Now(Next::Recheck) => {
-            let step = Step::Rechecking(identity, own);
+    match send(shared, parts, plan, &identity, costs.as_ref(), own.as_ref()) {
+        Sending::Now(Next::Delay(delayed)) => {
+            let step = Step::Holding(identity, delayed);
             Wait::new(shared, plan, costs, step).start(parts)
         }
         Sending::Now(next) => Decided::Now(hand_on(shared, parts, identity, next)),
@@ -166,8 +152,6 @@ enum Pending {
     Send,
     /// The store has them.
     Sent(Sent, CheckFuture),
-    /// It is held for this long (with its place, the first time).
-    Hold(Duration, Option<Slot>),
 }
 
 /// A request that waits before it is decided: what it waits for, and the
@@ -195,10 +179,8 @@ enum Step {
     LookingUpLimits(Identity, OwnFuture),
     /// The store's decision.
     Checking(Identity, Option<Found>, Sent, CheckFuture),
-    /// A hold before the request is checked again.
-    Holding(Identity, Option<Found>, Duration, Option<Slot>),
-    /// A check again with no delays (see [`Next::Recheck`]).
-    Rechecking(Identity, Option<Found>),
+    /// The wait of a request admitted after its delay.
+    Holding(Identity, Box<Delayed>),
 }
 
 impl Wait {
@@ -226,9 +208,7 @@ impl Wait {
             costs,
             step,
         } = self;
-        // Whether its checks go with no delays (see `Next::Recheck`).
-        let mut undelayed = false;
-        let (identity, own, mut pending) = match step {
+        let (identity, own, pending) = match step {
             Step::Refusing(counting) => {
                 let answer = counting.answer(&shared, &parts).await;
                 return (parts, Next::Answer(answer));
@@ -266,67 +246,38 @@ impl Wait {
             Step::Checking(identity, own, sent, check) => {
                 (identity, own, Pending::Sent(sent, check))
             }
-            Step::Holding(identity, own, wait, slot) => (identity, own, Pending::Hold(wait, slot)),
-            Step::Rechecking(identity, own) => {
-                undelayed = true;
-                (identity, own, Pending::Send)
+            Step::Holding(identity, delayed) => {
+                let next = delayed.pass().await;
+                let next = hand_on(&shared, &mut parts, identity, next);
+                return (parts, next);
             }
         };
-        // Sent, and sent again after each hold, until decided.
-        let mut held: Option<Held> = None;
-        let next = loop {
-            let next = match pending {
-                Pending::Send => {
-                    let since = held.as_ref().map(|held| held.since);
-                    match send(
-                        &shared,
-                        &parts,
-                        &plan,
-                        &identity,
-                        costs.as_ref(),
-                        own.as_ref(),
-                        since,
-                        undelayed,
-                    ) {
-                        Sending::Now(next) => next,
-                        Sending::Later(sent, check) => {
-                            pending = Pending::Sent(sent, check);
-                            continue;
-                        }
+        let tier = identity.tier.as_deref();
+        let next = match pending {
+            Pending::Send => {
+                match send(
+                    &shared,
+                    &parts,
+                    &plan,
+                    &identity,
+                    costs.as_ref(),
+                    own.as_ref(),
+                ) {
+                    Sending::Now(next) => next,
+                    Sending::Later(sent, check) => {
+                        let answer = check.await;
+                        outcome::outcome(&shared, &parts, &plan, tier, &sent, answer)
                     }
                 }
-                Pending::Sent(sent, check) => {
-                    let answer = check.await;
-                    outcome::outcome(
-                        &shared,
-                        &parts,
-                        &plan,
-                        identity.tier.as_deref(),
-                        &sent,
-                        answer,
-                    )
-                }
-                Pending::Hold(wait, slot) => {
-                    if let (None, Some(slot)) = (&held, slot) {
-                        held = Some(Held::new(slot));
-                    }
-                    tokio::time::sleep(wait).await;
-                    pending = Pending::Send;
-                    continue;
-                }
-            };
-            match next {
-                Next::Delay(wait, slot) => {
-                    // Held after all: checked again as its policies say.
-                    undelayed = false;
-                    pending = Pending::Hold(wait, slot);
-                }
-                Next::Recheck => {
-                    undelayed = true;
-                    pending = Pending::Send;
-                }
-                next => break next,
             }
+            Pending::Sent(sent, check) => {
+                let answer = check.await;
+                outcome::outcome(&shared, &parts, &plan, tier, &sent, answer)
+            }
+        };
+        let next = match next {
+            Next::Delay(delayed) => delayed.pass().await,
+            next => next,
         };
         let next = hand_on(&shared, &mut parts, identity, next);
         (parts, next)
@@ -517,10 +468,7 @@ enum Sending {
 /// Builds the checks of `identity` under `plan` (at its `own` limits) and
 /// sends them: the answer is known at once for a cost above the limit, an
 /// exempt request, a denial the deny cache knows, or a store that decides
-/// in process. A request held since `held` is sent again; `undelayed`,
-/// its checks go with no delays, so a denial blocks (see
-/// [`Next::Recheck`]).
-#[allow(clippy::too_many_arguments)]
+/// in process.
 fn send(
     shared: &Shared,
     parts: &Parts,
@@ -528,8 +476,6 @@ fn send(
     identity: &Identity,
     costs: Option<&Costs>,
     own: Option<&Found>,
-    held: Option<Instant>,
-    undelayed: bool,
 ) -> Sending {
     let tier = identity.tier.as_deref();
     let mut checks = match cost::checks(plan, &identity.key, tier, costs, own) {
@@ -551,11 +497,6 @@ fn send(
             shared.in_namespace(check);
         }
     }
-    if undelayed {
-        for check in &mut checks {
-            check.delay_micros = 0;
-        }
-    }
     let roles = Roles::assign(plan, &mut checks, shared.options);
     let enforced = roles
         .as_ref()
@@ -569,21 +510,12 @@ fn send(
     let mut deny_clock = 0;
     if let Some(cache) = &shared.deny_cache {
         if let Some(denied) = cache.lookup(&checks[..enforced]) {
-            // A cached denial is held as the store's own would be.
-            if let Some((wait, slot)) =
-                hold::wait(shared, plan, parts, &denied.checks, &denied.decisions, held)
-            {
-                return Sending::Now(Next::Delay(wait, slot));
-            }
             return Sending::Now(Next::Answer(cached_denial(shared, parts, &denied)));
         }
         deny_clock = cache.now();
     }
     let sent = Sent {
-        // A request sent again with no delays was denied by the store a
-        // moment ago: a store failure now does not let it through.
-        fail_closed: undelayed || fails_closed(shared, plan, costs),
-        held,
+        fail_closed: fails_closed(shared, plan, costs),
         checks,
         roles,
         at: SentAt {

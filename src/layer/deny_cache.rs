@@ -29,6 +29,7 @@ struct Denial {
     burst: u32,
     window: Duration,
     block_micros: u64,
+    delay_micros: u64,
     cost: u32,
     algorithm: Algorithm,
     body: Arc<TooManyBody>,
@@ -139,6 +140,7 @@ impl DenyCache {
                 && denial.burst == check.burst
                 && denial.window == check.window
                 && denial.block_micros == check.block_micros
+                && denial.delay_micros == check.delay_micros
                 && denial.algorithm == check.algorithm
                 && check.cost >= denial.cost;
             if !same {
@@ -185,10 +187,18 @@ impl DenyCache {
         lasting: impl Fn(usize) -> bool,
     ) {
         for (index, (check, decision)) in checks.iter().zip(decisions).enumerate() {
-            let stands = if lasting(index) {
-                decision.retry_after
-            } else {
-                decision.blocked_for
+            // Unless blocked, a request that fits within its policy's
+            // delay is the store's to hold: the denial stands until then.
+            let stands = match decision.blocked_for {
+                // The retry time counts the block in.
+                Some(_) if lasting(index) => decision.retry_after,
+                Some(block) => Some(block),
+                None if lasting(index) => decision.retry_after.and_then(|retry| {
+                    retry
+                        .checked_sub(check.delay())
+                        .filter(|left| !left.is_zero())
+                }),
+                None => None,
             };
             let Some(stands) = stands else {
                 continue;
@@ -201,6 +211,7 @@ impl DenyCache {
                 burst: check.burst,
                 window: check.window,
                 block_micros: check.block_micros,
+                delay_micros: check.delay_micros,
                 cost: check.cost,
                 algorithm: check.algorithm,
                 body: Arc::new(TooManyBody::new(check)),

@@ -78,8 +78,8 @@ where
                 Next::Answer(response) => State::Answered {
                     response: Some(response),
                 },
-                Next::Delay(..) | Next::Recheck => {
-                    unreachable!("a held or checked-again request is decided in its continuation")
+                Next::Delay(..) => {
+                    unreachable!("a delayed request waits in its continuation")
                 }
             },
         }

@@ -1,28 +1,35 @@
-//! Holding a request instead of denying it ([`Policy::with_delay`]): when
-//! every policy that denies it would fit it within its delay, the request
-//! waits and is checked again, so it is counted when it is admitted.
+//! Holding a request instead of denying it ([`Policy::with_delay`]).
 //!
-//! A held request passes only when the store admits it: a check again
-//! that fails never fails open (see `outcome`). Held requests are bounded
-//! three ways: per client and policy, by what the client's own limit can
-//! grant within the delay; per layer, by a count and by the bytes of their
-//! heads. Held requests of one client that wake together are checked
-//! again together, in one batch call on Redis.
+//! The store decides a request once: one that fits every policy within
+//! its delay is admitted at the time it fits, its units recorded at that
+//! time (see [`Decision::delayed_for`]), so no request admitted meanwhile
+//! takes its place and the store is not asked again. The layer then waits
+//! until that time and calls the inner service. A client that goes away
+//! meanwhile gives its units back.
+//!
+//! A client's held requests are bounded by what its own limit grants
+//! within the delay (the store records none beyond it); a layer's by a
+//! count and by the bytes of their heads. A request the layer has no room
+//! to hold is answered `429`: its units are given back, unless one of its
+//! policies blocks, where they stay counted, so that a flood that fills the
+//! layer still reaches its block.
 //!
 //! [`Policy::with_delay`]: crate::Policy::with_delay
+//! [`Decision::delayed_for`]: crate::store::Decision::delayed_for
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::request::Parts;
-use tokio::time::Instant;
+use smallvec::SmallVec;
 
-use crate::layer::Shared;
-use crate::policy::plan::Plan;
-use crate::policy::{Algorithm, Policy};
-use crate::store::{Check, Decision, Scope};
+use crate::layer::background::in_background;
+use crate::layer::outcome::Next;
+use crate::policy::Algorithm;
+use crate::policy::cost::Checks;
+use crate::store::{Check, Decision, Store, StoreError};
+use crate::throttle::REFUND_FAILURES;
 
 /// Requests a layer holds at once unless set.
 pub(crate) const DEFAULT_MAX_DELAYED: usize = 10_000;
@@ -30,17 +37,11 @@ pub(crate) const DEFAULT_MAX_DELAYED: usize = 10_000;
 /// Bytes of request heads a layer holds at once unless set: 64 MiB.
 pub(crate) const DEFAULT_MAX_DELAYED_BYTES: usize = 64 << 20;
 
-/// The shortest wait: a denial whose retry time is already past is asked
-/// again after this, never in a tight loop.
-const MIN_WAIT: Duration = Duration::from_micros(100);
-
 /// The requests a layer (with its clones) holds now.
 #[derive(Debug, Default)]
 pub(crate) struct Holding {
     count: AtomicUsize,
     bytes: AtomicUsize,
-    /// Per client and policy: how many requests it holds.
-    queues: Mutex<HashMap<Scope, usize>>,
 }
 
 impl Holding {
@@ -50,156 +51,130 @@ impl Holding {
     }
 }
 
-/// One held request's place, given back when dropped (the request
-/// admitted, answered, or its client gone).
+/// One held request's place, given back when dropped (the request passed,
+/// or its client went away).
 #[derive(Debug)]
 pub(crate) struct Slot {
     holding: Arc<Holding>,
     bytes: usize,
-    queue: Scope,
-}
-
-/// The bounds a request to hold must fit within.
-struct Bounds {
-    max: usize,
-    max_bytes: usize,
-    /// The most its client may hold under its policy.
-    client_max: usize,
 }
 
 impl Slot {
-    /// A place for a request of `bytes` behind the client `queue`, if the
-    /// layer and the client have room for it.
-    fn take(holding: &Arc<Holding>, bounds: &Bounds, bytes: usize, queue: Scope) -> Option<Self> {
-        if holding.count.fetch_add(1, Ordering::AcqRel) >= bounds.max {
+    /// A place for the request whose head is `parts`, if the layer has
+    /// room for it: at most `max` requests and `max_bytes` of heads.
+    pub(crate) fn take(
+        holding: &Arc<Holding>,
+        max: usize,
+        max_bytes: usize,
+        parts: &Parts,
+    ) -> Option<Self> {
+        let bytes = head_bytes(parts);
+        if holding.count.fetch_add(1, Ordering::AcqRel) >= max {
             holding.count.fetch_sub(1, Ordering::AcqRel);
             return None;
         }
-        if holding.bytes.fetch_add(bytes, Ordering::AcqRel) + bytes > bounds.max_bytes {
+        if holding.bytes.fetch_add(bytes, Ordering::AcqRel) + bytes > max_bytes {
             holding.bytes.fetch_sub(bytes, Ordering::AcqRel);
             holding.count.fetch_sub(1, Ordering::AcqRel);
             return None;
         }
-        let mut queues = lock(&holding.queues);
-        let held = queues.entry(queue.clone()).or_insert(0);
-        if *held >= bounds.client_max {
-            drop(queues);
-            holding.bytes.fetch_sub(bytes, Ordering::AcqRel);
-            holding.count.fetch_sub(1, Ordering::AcqRel);
-            return None;
-        }
-        *held += 1;
-        drop(queues);
         Some(Self {
             holding: holding.clone(),
             bytes,
-            queue,
         })
     }
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        {
-            let mut queues = lock(&self.holding.queues);
-            if let Some(held) = queues.get_mut(&self.queue) {
-                *held -= 1;
-                if *held == 0 {
-                    queues.remove(&self.queue);
-                }
-            }
-        }
         self.holding.bytes.fetch_sub(self.bytes, Ordering::AcqRel);
         self.holding.count.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Counts stay consistent whatever panicked while holding the lock.
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// A request being held: since when, and its place.
-#[derive(Debug)]
-pub(crate) struct Held {
-    pub(crate) since: Instant,
+/// An admitted request that passes once it has waited: what it goes on
+/// with then, its place, and the units it gives back if it never passes.
+pub(crate) struct Delayed {
+    pub(crate) wait: Duration,
+    /// [`Next::Call`], for the inner service.
+    pub(crate) then: Next,
     _slot: Slot,
+    unpassed: Unpassed,
 }
 
-impl Held {
-    pub(crate) fn new(slot: Slot) -> Self {
-        Self {
-            since: Instant::now(),
+impl Delayed {
+    pub(crate) fn new(wait: Duration, then: Next, slot: Slot, unpassed: Unpassed) -> Box<Self> {
+        Box::new(Self {
+            wait,
+            then,
             _slot: slot,
-        }
+            unpassed,
+        })
+    }
+
+    /// Waits, then gives what the request goes on with; dropped before
+    /// then, the request gives its units back.
+    pub(crate) async fn pass(self: Box<Self>) -> Next {
+        tokio::time::sleep(self.wait).await;
+        let Self {
+            then, mut unpassed, ..
+        } = *self;
+        unpassed.checks.clear();
+        then
     }
 }
 
-/// How long to hold a request the store denied, and its place if it is
-/// not held yet (first held `since`): when every check that denies it
-/// has a policy with a delay that its retry time fits within, counted
-/// from when the request was first held. `None` to answer the denial.
-pub(crate) fn wait(
-    shared: &Shared,
-    plan: &Plan,
-    parts: &Parts,
-    checks: &[Check],
-    decisions: &[Decision],
-    since: Option<Instant>,
-) -> Option<(Duration, Option<Slot>)> {
-    let spent = since.map_or(Duration::ZERO, |since| since.elapsed());
-    let mut wait = None;
-    let mut first_denial = None;
-    for (check, decision) in checks.iter().zip(decisions) {
-        let Some(retry) = decision.retry_after else {
-            continue;
+/// The units a held request gives back unless it passes: every policy's
+/// but a lease's (its response body releases a lease, as for every
+/// admitted request).
+pub(crate) struct Unpassed {
+    store: Arc<dyn Store>,
+    checks: Checks,
+    recorded_at: SmallVec<[Duration; 2]>,
+}
+
+impl Unpassed {
+    pub(crate) fn of(store: &Arc<dyn Store>, checks: &[Check], decisions: &[Decision]) -> Self {
+        let mut unpassed = Self {
+            store: store.clone(),
+            checks: Checks::new(),
+            recorded_at: SmallVec::new(),
         };
-        let policy = plan.policy_of(check)?;
-        let delay = policy.delay()?;
-        if retry > delay.saturating_sub(spent) {
-            return None;
+        for (check, decision) in checks.iter().zip(decisions) {
+            if let (Some(at), false) = (
+                decision.recorded_at,
+                check.algorithm == Algorithm::Concurrency,
+            ) {
+                unpassed.checks.push(check.clone());
+                unpassed.recorded_at.push(at);
+            }
         }
-        first_denial.get_or_insert((check, policy));
-        wait = Some(wait.unwrap_or(MIN_WAIT).max(retry));
+        unpassed
     }
-    // A denial that names no retry time is answered.
-    let wait = wait?;
-    let slot = match (since, first_denial) {
-        (Some(_), _) => None,
-        (None, Some((check, policy))) => {
-            let bounds = Bounds {
-                max: shared.options.max_delayed,
-                max_bytes: shared.options.max_delayed_bytes,
-                client_max: client_max(check, policy),
-            };
-            Some(Slot::take(
-                &shared.delayed,
-                &bounds,
-                head_bytes(parts),
-                check.scope(),
-            )?)
-        }
-        (None, None) => return None,
-    };
-    Some((wait, slot))
+
+    /// Keeps the units counted: nothing is given back.
+    pub(crate) fn keep(mut self) {
+        self.checks.clear();
+    }
 }
 
-/// The most requests of `check`'s client that its policy may hold: as
-/// many as its limit can grant within the delay. A token bucket refills
-/// `limit` units a window; the window algorithms can free all `limit`
-/// units within any window the delay starts.
-fn client_max(check: &Check, policy: &Policy) -> usize {
-    let delay = policy.delay().unwrap_or_default().as_micros();
-    let window = check.window.as_micros().max(1);
-    let limit = u128::from(check.limit);
-    let units = match check.algorithm {
-        Algorithm::TokenBucket => (limit * delay).div_ceil(window),
-        _ => limit * delay.div_ceil(window),
-    };
-    let requests = units / u128::from(check.cost.max(1));
-    usize::try_from(requests).unwrap_or(usize::MAX).max(1)
+impl Drop for Unpassed {
+    fn drop(&mut self) {
+        if self.checks.is_empty() {
+            return;
+        }
+        let _ = in_background(self.store.refund(&self.checks, &self.recorded_at), report);
+    }
+}
+
+/// Warns of a give-back that failed: the units stay counted until they
+/// leave the window.
+fn report(outcome: Result<(), StoreError>) {
+    if let Err(error) = outcome
+        && let Some(held_back) = REFUND_FAILURES.admit()
+    {
+        tracing::warn!(%error, held_back, "rate-limit refund of a held request failed; the units stay counted");
+    }
 }
 
 /// The bytes a held request's head keeps: its URI and header fields.

@@ -314,10 +314,13 @@ impl RateLimitLayer {
 
     /// The most requests this layer holds at once instead of denying them
     /// (policies with [`with_delay`](crate::Policy::with_delay)); default
-    /// 10,000. Past it, a request that could be held is answered `429`.
-    /// A client holds at most what its own limit can grant within the
-    /// delay (a policy of 10 a second with a delay of 500 ms: 10 requests
-    /// of cost 1), so one client cannot fill the layer's places.
+    /// 10,000. Past it, a request the store would hold is answered `429`
+    /// (its units given back, unless a policy of its blocks: see
+    /// [`Policy::with_block`](crate::Policy::with_block)). A client holds
+    /// at most what its own limit grants within the delay (the store
+    /// records no request beyond it: a policy of 10 a second with a delay
+    /// of 500 ms holds 5 requests of cost 1), so one client cannot fill
+    /// the layer's places.
     ///
     /// ```
     /// use slidegate::{Global, Policies, Policy, RateLimitLayer, store::MemoryStore};
@@ -337,7 +340,8 @@ impl RateLimitLayer {
 
     /// The most bytes of request heads (URI and header fields) this layer
     /// holds at once in held requests; default 64 MiB. Past it, a request
-    /// that could be held is answered `429`.
+    /// the store would hold is answered `429`, as past
+    /// [`max_delayed`](Self::max_delayed).
     ///
     /// ```
     /// use slidegate::{Global, Policies, Policy, RateLimitLayer, store::MemoryStore};
@@ -355,17 +359,18 @@ impl RateLimitLayer {
         self
     }
 
-    /// How many requests this layer (with its clones) holds now instead of
-    /// denying them.
+    /// How many requests this layer (with its clones) is delaying now
+    /// (see [`Policy::with_delay`](crate::Policy::with_delay)): admitted,
+    /// and waiting for their slot.
     ///
     /// ```
     /// use slidegate::{Global, Policies, Policy, RateLimitLayer, store::MemoryStore};
     /// use std::time::Duration;
     ///
     /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
-    /// assert_eq!(RateLimitLayer::new(MemoryStore::new(), Global, policies).held(), 0);
+    /// assert_eq!(RateLimitLayer::new(MemoryStore::new(), Global, policies).delayed(), 0);
     /// ```
-    pub fn held(&self) -> usize {
+    pub fn delayed(&self) -> usize {
         self.shared.delayed.count()
     }
 

@@ -13,7 +13,7 @@ use http::{HeaderValue, Response};
 
 use crate::layer::Shared;
 use crate::layer::body::Leases;
-use crate::layer::hold::{self, Slot};
+use crate::layer::hold::{Delayed, Slot, Unpassed};
 use crate::layer::local::LocalChecks;
 use crate::layer::reject::{Reply, reject};
 use crate::layer::roles::{HeaderSource, Refund, Roles};
@@ -23,9 +23,8 @@ use crate::policy::plan::Plan;
 use crate::policy::{Algorithm, Count};
 use crate::response::headers::{RateHeaders, closest_to_denying};
 use crate::response::problem::Denial;
-use crate::store::{Check, CheckOutcome, Decision, Store, StoreError, index_of_min};
+use crate::store::{Check, CheckOutcome, Decision, Decisions, Store, StoreError, index_of_min};
 use crate::throttle::STORE_FAILURES;
-use tokio::time::Instant;
 
 /// Where a request goes once it is decided.
 pub(crate) enum Next {
@@ -35,16 +34,9 @@ pub(crate) enum Next {
     Call(Option<RateHeaders>, Option<Box<Refund>>, Option<Leases>),
     /// Back to the client with the limiter's answer.
     Answer(Response<Bytes>),
-    /// Held this long, then checked again (see [`hold`](super::hold)),
-    /// with its place among the held requests the first time. Only a
+    /// Admitted once it has waited (see [`hold`](super::hold)). Only a
     /// request's continuation sees it.
-    Delay(Duration, Option<Slot>),
-    /// Denied by a policy that blocks, whose delay spared the client the
-    /// block, but not held after all (no place, another policy's denial):
-    /// sent again with no delays, for the store to block it (or admit it,
-    /// should room have freed meanwhile). Only a request's continuation
-    /// sees it.
-    Recheck,
+    Delay(Box<Delayed>),
 }
 
 impl Next {
@@ -62,8 +54,6 @@ pub(crate) struct Sent {
     pub(crate) at: SentAt,
     /// Whether a store failure answers `503`.
     pub(crate) fail_closed: bool,
-    /// Since when the request has been held, if it has.
-    pub(crate) held: Option<Instant>,
 }
 
 /// When a request's checks went to the store: on the deny cache's clock
@@ -91,7 +81,6 @@ pub(crate) fn outcome(
         roles,
         at: sent_at,
         fail_closed,
-        held,
     } = sent;
     let (checks, roles) = (&checks[..], roles.as_deref());
     let took = sent_at.timer.elapsed();
@@ -119,32 +108,6 @@ pub(crate) fn outcome(
                 .filter(|_| admitted)
                 .and_then(Roles::local)
                 .and_then(|local| shared.local.record(local));
-            if !admitted
-                && let Some((wait, slot)) = hold::wait(
-                    shared,
-                    plan,
-                    parts,
-                    &decided[..enforced],
-                    &decisions[..enforced],
-                    *held,
-                )
-            {
-                return Next::Delay(wait, slot);
-            }
-            let spared = |(check, decision): (&Check, &Decision)| {
-                check.block_micros > 0
-                    && check.delay_micros > 0
-                    && decision.retry_after.is_some()
-                    && decision.blocked_for.is_none()
-            };
-            if !admitted
-                && decided[..enforced]
-                    .iter()
-                    .zip(&decisions[..enforced])
-                    .any(spared)
-            {
-                return Next::Recheck;
-            }
             let ietf_policy =
                 ietf_policy(plan, tier, checks, roles).filter(|_| decided.len() == checks.len());
             settle(
@@ -172,15 +135,6 @@ pub(crate) fn outcome(
             Next::Answer(reject(shared, parts, Reply::StoreUnavailable(&error)))
         }
         Err(error) => {
-            if held.is_some() {
-                // Over the limit when it came: it passes only in a place
-                // the store grants, never because the store failed.
-                report_all(checks, Outcome::FailedClosed, took);
-                if let Some(held_back) = STORE_FAILURES.admit() {
-                    tracing::warn!(%error, held_back, "rate-limit store unavailable; a held request is refused");
-                }
-                return Next::Answer(reject(shared, parts, Reply::StoreUnavailable(&error)));
-            }
             if let Some(next) = roles.and_then(|roles| fall_back(shared, parts, roles, took)) {
                 if let Some(held_back) = STORE_FAILURES.admit() {
                     tracing::warn!(%error, held_back, "rate-limit store unavailable; enforcing local limits");
@@ -251,6 +205,24 @@ fn settle(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Next {
         return Next::Call(None, None, None);
     }
     if decisions[..enforced].iter().all(|d| d.admitted) {
+        // Admitted once it has waited, in a place of the layer's.
+        let wait = decisions[..enforced]
+            .iter()
+            .filter_map(|d| d.delayed_for)
+            .max()
+            .filter(|wait| !wait.is_zero());
+        let slot = match wait {
+            Some(wait) => match Slot::take(
+                &shared.delayed,
+                options.max_delayed,
+                options.max_delayed_bytes,
+                parts,
+            ) {
+                Some(slot) => Some((wait, slot)),
+                None => return unheld(shared, parts, store, checks, decisions, enforced, wait),
+            },
+            None => None,
+        };
         let admitted = if deny_clock.is_some() {
             Outcome::Admitted
         } else {
@@ -283,9 +255,19 @@ fn settle(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Next {
         }
         let reported = closest_to_denying(decisions);
         trace_decision(&checks[reported].policy, outcome, took);
+        // The headers are read once the request has waited.
+        let shifted: Option<Decisions> = wait.map(|wait| {
+            decisions
+                .iter()
+                .map(|d| Decision {
+                    reset: d.reset.saturating_sub(wait),
+                    ..*d
+                })
+                .collect()
+        });
         let headers = RateHeaders::new(
             checks,
-            decisions,
+            shifted.as_deref().unwrap_or(decisions),
             reported,
             None,
             ietf_policy,
@@ -307,7 +289,14 @@ fn settle(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Next {
         // The local counts give units back when the store's are sent back.
         let refund = refund.map(|refund| refund.with_local(local_refund));
         let leases = Leases::of(store, checks, decisions);
-        return Next::Call(Some(headers), refund, leases);
+        let call = Next::Call(Some(headers), refund, leases);
+        return match slot {
+            Some((wait, slot)) => {
+                let unpassed = Unpassed::of(store, checks, decisions);
+                Next::Delay(Delayed::new(wait, call, slot, unpassed))
+            }
+            None => call,
+        };
     }
     let (checks, decisions) = (&checks[..enforced], &decisions[..enforced]);
     for (check, decision) in checks.iter().zip(decisions) {
@@ -335,6 +324,54 @@ fn settle(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Next {
             checks,
             decisions,
             denied,
+            body: None,
+        }),
+    ))
+}
+
+/// Answers `429` to a request the store admitted after `wait` but the
+/// layer has no room to hold: its units are given back (its leases
+/// released), unless a policy of its blocks, where they stay counted, so
+/// that a flood that fills the layer still reaches its block.
+fn unheld(
+    shared: &Shared,
+    parts: &Parts,
+    store: &Arc<dyn Store>,
+    checks: &[Check],
+    decisions: &[Decision],
+    enforced: usize,
+    wait: Duration,
+) -> Next {
+    drop(Leases::of(store, checks, decisions));
+    let unpassed = Unpassed::of(store, checks, decisions);
+    if checks[..enforced]
+        .iter()
+        .any(|check| check.block_micros > 0)
+    {
+        unpassed.keep();
+    }
+    let (checks, decisions) = (&checks[..enforced], &decisions[..enforced]);
+    let denials: Decisions = decisions
+        .iter()
+        .map(|d| Decision {
+            admitted: false,
+            retry_after: Some(wait),
+            delayed_for: None,
+            recorded_at: None,
+            ..*d
+        })
+        .collect();
+    for check in checks {
+        metrics::decided(&check.policy, Outcome::Denied);
+    }
+    trace_decision(&checks[0].policy, Outcome::Denied, None);
+    Next::Answer(reject(
+        shared,
+        parts,
+        Reply::Limited(Denial {
+            checks,
+            decisions: &denials,
+            denied: 0,
             body: None,
         }),
     ))

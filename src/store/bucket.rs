@@ -31,6 +31,10 @@ pub(super) struct TokenBucket {
     limit: u32,
 }
 
+/// The largest debt a held request may start from (see
+/// [`TokenBucket::fits_at`]).
+const HOLD_PRODUCT: u64 = 1 << 52;
+
 /// `n / d` rounded up.
 fn ceil_div(n: u64, d: u64) -> u64 {
     n.div_ceil(d)
@@ -88,14 +92,29 @@ impl TokenBucket {
         self.debt + u64::from(check.cost) * self.window <= Self::full(check, self.window)
     }
 
-    /// Records `cost` units; returns the time a refund names: when they
-    /// would be repaid were they the first of the debt (rounded down).
-    /// They are repaid no later than that, whatever is refunded ahead of
-    /// them meanwhile, so a refund that counts from it never gives back a
-    /// unit already repaid, nor another request's.
-    pub(super) fn record(&mut self, cost: u32) -> u64 {
-        self.debt += u64::from(cost) * self.window;
-        self.at + u64::from(cost) * self.window / u64::from(self.limit.max(1))
+    /// Whether a request held until `pass` fits then, after
+    /// [`place`](Self::place): the debt only falls as time passes, but a
+    /// request held so long (by another policy) that the debt it would
+    /// start from passes 2^52 is not held, as the script's doubles would
+    /// no longer be exact.
+    pub(super) fn fits_at(&self, check: &Check, pass: u64) -> bool {
+        let gap = pass.saturating_sub(self.at);
+        u64::from(check.cost) * self.window <= Self::full(check, self.window)
+            && gap <= HOLD_PRODUCT / u64::from(self.limit.max(1))
+    }
+
+    /// Records `cost` units, taken at `pass` (now, or when a held request
+    /// passes: the bucket refills nothing for the time it waits); returns
+    /// the time a refund names: when they would be repaid were they the
+    /// first of the debt (rounded down). They are repaid no later than
+    /// that, whatever is refunded ahead of them meanwhile, so a refund
+    /// that counts from it never gives back a unit already repaid, nor
+    /// another request's.
+    pub(super) fn record(&mut self, cost: u32, pass: u64) -> u64 {
+        let limit = u64::from(self.limit.max(1));
+        let start = self.at.max(pass);
+        self.debt = self.debt.max((start - self.at) * limit) + u64::from(cost) * self.window;
+        start + u64::from(cost) * self.window / limit
     }
 
     /// Gives back what `cost` units named by `repaid_by` (see
@@ -146,6 +165,7 @@ impl TokenBucket {
             retry_after: (!admitted && !self.fits(check))
                 .then(|| Duration::from_micros(self.wait(now, check, u64::from(check.cost)))),
             recorded_at: None,
+            delayed_for: None,
             blocked_for: None,
         }
     }
@@ -172,7 +192,7 @@ mod tests {
         bucket.place(now, check);
         let fits = bucket.fits(check);
         if fits {
-            bucket.record(check.cost);
+            bucket.record(check.cost, now);
         }
         bucket.decision(now, check, fits)
     }

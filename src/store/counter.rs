@@ -51,6 +51,8 @@ pub(super) struct SlidingCounter {
     at_us: u64,
     /// The latest time a unit was counted at, in µs.
     counted_us: u64,
+    /// Units of requests held for their delay into the next window.
+    ahead: u64,
 }
 
 /// Counts re-placed under a new window length.
@@ -124,10 +126,12 @@ impl SlidingCounter {
         }
         if self.id + 1 == id {
             self.previous = self.current;
+            self.current = std::mem::take(&mut self.ahead);
+        } else if self.id + 2 == id {
+            self.previous = std::mem::take(&mut self.ahead);
             self.current = 0;
         } else if self.id != id {
-            self.previous = 0;
-            self.current = 0;
+            (self.previous, self.current, self.ahead) = (0, 0, 0);
         }
         self.id = id;
         self.window_ms = window_ms;
@@ -136,7 +140,9 @@ impl SlidingCounter {
 
     /// Re-places the counts, as of `at_us` under the old window, in
     /// `window_ms` windows: the current count at the latest time a unit
-    /// was counted, the previous one at the end of its window.
+    /// was counted, the previous one at the end of its window, and units
+    /// held into the next window in the window of `at_us` (never
+    /// forgotten early; at worst counted a little long).
     fn rewindow(&mut self, window_ms: u64) {
         let old = self.window_ms;
         let now_ms = self.at_us / 1000;
@@ -146,6 +152,8 @@ impl SlidingCounter {
         } else if old_id > self.id + 1 {
             (self.previous, self.current) = (0, 0);
         }
+        let ahead = if old_id > self.id + 2 { 0 } else { self.ahead };
+        self.ahead = 0;
         let old_id = old_id.max(self.id);
         let counted_ms = self.counted_us / 1000;
         let mut replaced = Replaced {
@@ -158,6 +166,7 @@ impl SlidingCounter {
             (old_id * old).saturating_sub(1).min(counted_ms),
             window_ms,
         );
+        replaced.place(ahead, now_ms, window_ms);
         self.id = replaced.id;
         self.current = replaced.current;
         self.previous = replaced.previous;
@@ -169,16 +178,53 @@ impl SlidingCounter {
             + i128::from(self.current + extra) * i128::from(at.window)
     }
 
-    /// Whether `cost` more units fit, after [`roll`](Self::roll).
+    /// Whether `cost` more units fit, after [`roll`](Self::roll): the
+    /// estimate, and with units held into the next window, their sum
+    /// with the current count (so the next window still fits them).
     pub(super) fn fits(&self, limit: u32, cost: u32) -> bool {
         let at = Position::new(self.at_us, self.window_ms);
         self.weighted(at, u64::from(cost)) <= i128::from(limit) * i128::from(at.window)
+            && self.ahead_fits(limit, cost)
     }
 
-    /// Returns the time it was counted at.
-    pub(super) fn record(&mut self, cost: u32) -> u64 {
-        self.current += u64::from(cost);
+    fn ahead_fits(&self, limit: u32, cost: u32) -> bool {
+        self.ahead == 0 || self.current + u64::from(cost) + self.ahead <= u64::from(limit)
+    }
+
+    /// Whether `cost` more units fit at `pass_us`, in the current window or
+    /// the next (a delay holds a request no further), after
+    /// [`roll`](Self::roll).
+    pub(super) fn fits_at(&self, limit: u32, cost: u32, pass_us: u64) -> bool {
+        let at_ms = self.at_us.max(pass_us) / 1000;
+        let w = self.window_ms;
+        let id = at_ms / w;
+        let elapsed = i128::from(at_ms - id * w);
+        let (w, limit, cost) = (i128::from(w), i128::from(limit), i128::from(cost));
+        let (previous, current, ahead) = (
+            i128::from(self.previous),
+            i128::from(self.current),
+            i128::from(self.ahead),
+        );
+        if id == self.id {
+            previous * (w - elapsed) + (current + cost) * w <= limit * w
+                && (ahead == 0 || current + cost + ahead <= limit)
+        } else if id == self.id + 1 {
+            current * (w - elapsed) + (ahead + cost) * w <= limit * w
+        } else {
+            false
+        }
+    }
+
+    /// Records `cost` units at `pass_us` (now, or when a held request
+    /// passes: in the next window, they are held there); returns the time
+    /// they were counted at.
+    pub(super) fn record(&mut self, cost: u32, pass_us: u64) -> u64 {
         self.counted_us = self.at_us;
+        if pass_us / 1000 / self.window_ms > self.id {
+            self.ahead += u64::from(cost);
+            return pass_us;
+        }
+        self.current += u64::from(cost);
         self.at_us
     }
 
@@ -188,7 +234,9 @@ impl SlidingCounter {
     pub(super) fn refund(&mut self, at_us: u64, cost: u32) -> bool {
         let bucket = at_us / 1000 / self.window_ms;
         let cost = u64::from(cost);
-        let count = if bucket == self.id {
+        let count = if bucket == self.id + 1 {
+            &mut self.ahead
+        } else if bucket == self.id {
             &mut self.current
         } else if bucket + 1 == self.id {
             &mut self.previous
@@ -204,19 +252,21 @@ impl SlidingCounter {
 
     /// Whether the counts can no longer matter at `now_us`.
     pub(super) fn is_idle(&self, now_us: u64) -> bool {
+        let windows = if self.ahead > 0 { 3 } else { 2 };
         self.window_ms == 0
-            || Position::new(now_us.max(self.at_us), self.window_ms).id >= self.id + 2
+            || Position::new(now_us.max(self.at_us), self.window_ms).id >= self.id + windows
     }
 
     /// The first millisecond at which `cost` units fit, if nothing more is
     /// admitted meanwhile.
-    fn fits_at(&self, at: Position, limit: u32, cost: u32) -> u64 {
+    fn first_fit_ms(&self, at: Position, limit: u32, cost: u32) -> u64 {
         let (limit, cost, w) = (i128::from(limit), i128::from(cost), i128::from(at.window));
         let (previous, current) = (i128::from(self.previous), i128::from(self.current));
         // In this window the estimate falls as the previous window slides
         // out: the smallest e' with previous·(W − e') ≤ room·W.
+        let ahead = i128::from(self.ahead);
         let room = limit - current - cost;
-        if room >= 0 {
+        if room >= 0 && room >= ahead {
             if previous * (w - i128::from(at.elapsed)) <= room * w {
                 return at.now_ms;
             }
@@ -225,12 +275,17 @@ impl SlidingCounter {
                 return at.id * at.window + elapsed as u64;
             }
         }
-        // In the next window, the current count becomes the previous one.
+        // In the next window, the current count becomes the previous one,
+        // beside what is held into it.
         let next = (at.id + 1) * at.window;
+        let next_room = limit - ahead - cost;
+        if ahead > 0 && next_room < 0 {
+            return next + at.window;
+        }
         if current == 0 {
             return next;
         }
-        let elapsed = (w - (limit - cost) * w / current).max(0);
+        let elapsed = (w - next_room * w / current).max(0);
         if elapsed < w {
             next + elapsed as u64
         } else {
@@ -243,14 +298,19 @@ impl SlidingCounter {
     pub(super) fn decision(&self, now_us: u64, limit: u32, cost: u32, admitted: bool) -> Decision {
         let at = Position::new(self.at_us, self.window_ms);
         let room = i128::from(limit) * i128::from(at.window) - self.weighted(at, 0);
-        let remaining = floor_div(room, i128::from(at.window)).min(i128::from(limit)) as u32;
+        let mut remaining = floor_div(room, i128::from(at.window)).min(i128::from(limit)) as u32;
+        if self.ahead > 0 {
+            let left = u64::from(limit).saturating_sub(self.current + self.ahead);
+            remaining = remaining.min(u32::try_from(left).unwrap_or(u32::MAX));
+        }
         let reset = if remaining >= limit {
             0
         } else {
-            micros_until(self.fits_at(at, limit, remaining + 1), now_us)
+            micros_until(self.first_fit_ms(at, limit, remaining + 1), now_us)
         };
-        let retry_after = (!admitted && !self.fits(limit, cost))
-            .then(|| Duration::from_micros(micros_until(self.fits_at(at, limit, cost), now_us)));
+        let retry_after = (!admitted && !self.fits(limit, cost)).then(|| {
+            Duration::from_micros(micros_until(self.first_fit_ms(at, limit, cost), now_us))
+        });
         Decision {
             admitted,
             limit,
@@ -258,6 +318,7 @@ impl SlidingCounter {
             reset: Duration::from_micros(reset),
             retry_after,
             recorded_at: None,
+            delayed_for: None,
             blocked_for: None,
         }
     }
@@ -273,6 +334,8 @@ pub(super) struct FixedWindow {
     at_us: u64,
     /// The latest time a unit was counted at, in µs.
     counted_us: u64,
+    /// Units of requests held for their delay into the next window.
+    ahead: u64,
 }
 
 impl FixedWindow {
@@ -292,11 +355,16 @@ impl FixedWindow {
         let rewindowed = self.window_us != 0 && self.window_us != window_us;
         if rewindowed {
             // Under a new window length the count stays in the window that
-            // holds the latest time a unit was counted at, if that is now's.
+            // holds the latest time a unit was counted at, if that is now's;
+            // units held into the next window count in now's.
             let old_id = self.at_us / self.window_us;
             if old_id > self.id || self.counted_us / window_us < id {
                 self.count = 0;
             }
+            if old_id > self.id + 1 {
+                self.ahead = 0;
+            }
+            self.count += std::mem::take(&mut self.ahead);
             self.id = id;
         }
         let carried = stepped_back && self.id > id;
@@ -304,8 +372,10 @@ impl FixedWindow {
             self.id = id;
             self.counted_us = self.at_us;
         }
-        if id != self.id {
-            self.count = 0;
+        if self.id + 1 == id {
+            self.count = std::mem::take(&mut self.ahead);
+        } else if id != self.id {
+            (self.count, self.ahead) = (0, 0);
         }
         self.id = id;
         self.window_us = window_us;
@@ -316,30 +386,68 @@ impl FixedWindow {
         self.count + u64::from(cost) <= u64::from(limit)
     }
 
-    /// Returns the time it was counted at.
-    pub(super) fn record(&mut self, cost: u32) -> u64 {
-        self.count += u64::from(cost);
+    /// Whether `cost` more units fit at `pass_us`, in this window or the
+    /// next (a delay holds a request no further), after [`roll`](Self::roll).
+    pub(super) fn fits_at(&self, limit: u32, cost: u32, pass_us: u64) -> bool {
+        let id = self.at_us.max(pass_us) / self.window_us;
+        let count = if id == self.id {
+            self.count
+        } else if id == self.id + 1 {
+            self.ahead
+        } else {
+            return false;
+        };
+        count + u64::from(cost) <= u64::from(limit)
+    }
+
+    /// Records `cost` units at `pass_us` (now, or when a held request
+    /// passes: in the next window, they are held there); returns the time
+    /// they were counted at.
+    pub(super) fn record(&mut self, cost: u32, pass_us: u64) -> u64 {
         self.counted_us = self.at_us;
+        if pass_us / self.window_us > self.id {
+            self.ahead += u64::from(cost);
+            return pass_us;
+        }
+        self.count += u64::from(cost);
         self.at_us
     }
 
     /// Takes back `cost` units counted at `at_us`, after
-    /// [`roll`](Self::roll), if that was in the current window and it
-    /// holds any. Returns whether it did.
+    /// [`roll`](Self::roll), if that was in the current window (or held
+    /// into the next) and it holds any. Returns whether it did.
     pub(super) fn refund(&mut self, at_us: u64, cost: u32) -> bool {
-        if at_us / self.window_us != self.id || self.count == 0 {
+        let id = at_us / self.window_us;
+        let count = if id == self.id + 1 {
+            &mut self.ahead
+        } else if id == self.id {
+            &mut self.count
+        } else {
+            return false;
+        };
+        if *count == 0 {
             return false;
         }
-        self.count = self.count.saturating_sub(u64::from(cost));
+        *count = count.saturating_sub(u64::from(cost));
         true
     }
 
     pub(super) fn is_idle(&self, now_us: u64) -> bool {
-        self.window_us == 0 || now_us.max(self.at_us) / self.window_us != self.id
+        if self.window_us == 0 {
+            return true;
+        }
+        let id = now_us.max(self.at_us) / self.window_us;
+        id != self.id && (self.ahead == 0 || id > self.id + 1)
     }
 
     pub(super) fn decision(&self, now_us: u64, limit: u32, cost: u32, admitted: bool) -> Decision {
         let ends_in = Duration::from_micros((self.id + 1) * self.window_us - now_us);
+        // What is held into the next window may leave no room there.
+        let fits_in = if self.ahead > 0 && self.ahead + u64::from(cost) > u64::from(limit) {
+            ends_in + Duration::from_micros(self.window_us)
+        } else {
+            ends_in
+        };
         Decision {
             admitted,
             limit,
@@ -349,8 +457,9 @@ impl FixedWindow {
             } else {
                 Duration::ZERO
             },
-            retry_after: (!admitted && !self.fits(limit, cost)).then_some(ends_in),
+            retry_after: (!admitted && !self.fits(limit, cost)).then_some(fits_in),
             recorded_at: None,
+            delayed_for: None,
             blocked_for: None,
         }
     }
@@ -373,7 +482,7 @@ mod tests {
     fn sliding_counter_weights_the_previous_window() {
         // 10 units in window 1; at 25% into window 2 they weigh 7.5.
         let mut counter = counter_at(W_US);
-        counter.record(10);
+        counter.record(10, 0);
         let now = 2 * W_US + W_US / 4;
         counter.roll(now, W_MS);
         assert!(counter.fits(10, 2));
@@ -395,7 +504,7 @@ mod tests {
         // previous one and decays enough.
         let now = 5 * W_US + W_US / 2;
         let mut counter = counter_at(now);
-        counter.record(10);
+        counter.record(10, 0);
         let decision = counter.decision(now, 10, 4, false);
         assert_eq!(decision.remaining, 0);
         // In window 6, 10·(W − e)/W ≤ 6 from e = 0.4·W.
@@ -414,7 +523,7 @@ mod tests {
     #[test]
     fn sliding_counter_forgets_after_two_windows() {
         let mut counter = counter_at(0);
-        counter.record(5);
+        counter.record(5, 0);
         assert!(!counter.is_idle(W_US));
         assert!(counter.is_idle(2 * W_US));
         counter.roll(3 * W_US, W_MS);
@@ -425,7 +534,7 @@ mod tests {
     fn fixed_window_empties_at_the_boundary() {
         let mut window = FixedWindow::default();
         window.roll(W_US - 10, W_US);
-        window.record(3);
+        window.record(3, 0);
         let decision = window.decision(W_US - 10, 3, 1, false);
         assert_eq!(decision.retry_after, Some(Duration::from_micros(10)));
         assert_eq!(decision.reset, Duration::from_micros(10));

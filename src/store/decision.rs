@@ -24,8 +24,16 @@ pub struct Decision {
     pub reset: Duration,
     /// When this policy cannot fit the request: the time until enough
     /// capacity frees for its cost, exact to the microsecond. `None` when it
-    /// fits.
+    /// fits, and for an admitted request.
     pub retry_after: Option<Duration>,
+    /// When the request was admitted after a delay (see
+    /// [`Policy::with_delay`](crate::Policy::with_delay)): how long it
+    /// waits before it passes. Its units are recorded at the time it
+    /// passes, under every policy of the request, so nothing admitted
+    /// meanwhile takes its place; a client that goes away meanwhile gives
+    /// them back with a [refund](crate::store::Store::refund). `None` for
+    /// a request that passes now, and for a denied one.
+    pub delayed_for: Option<Duration>,
     /// When an admitted request's units were recorded, since the Unix
     /// epoch on the store's clock: what [`Store::refund`](crate::store::Store::refund)
     /// is given to take exactly those units back. `None` when nothing was
@@ -59,9 +67,26 @@ impl Decision {
             remaining,
             reset,
             retry_after: None,
+            delayed_for: None,
             recorded_at: None,
             blocked_for: None,
         }
+    }
+
+    /// This admission, after a wait of `wait`: for stores of your own that
+    /// hold requests for a policy's delay.
+    ///
+    /// ```
+    /// use slidegate::store::Decision;
+    /// use std::time::Duration;
+    ///
+    /// let wait = Duration::from_millis(120);
+    /// let decision = Decision::admitted(10, 0, Duration::from_secs(1)).delayed_for(wait);
+    /// assert_eq!(decision.delayed_for, Some(wait));
+    /// ```
+    pub fn delayed_for(mut self, wait: Duration) -> Self {
+        self.delayed_for = Some(wait);
+        self
     }
 
     /// This decision, with its units recorded at `at` (since the Unix
@@ -105,6 +130,7 @@ impl Decision {
             remaining,
             reset,
             retry_after,
+            delayed_for: None,
             recorded_at: None,
             blocked_for: None,
         }

@@ -84,6 +84,7 @@ impl Leases {
             reset: if held == 0 { Duration::ZERO } else { RETRY },
             retry_after: (!admitted && !self.fits(check)).then_some(RETRY),
             recorded_at: None,
+            delayed_for: None,
             blocked_for: None,
         }
     }

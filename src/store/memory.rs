@@ -138,7 +138,7 @@ impl Counts {
         let window = check.window_micros();
         match self {
             Self::Log(log) => {
-                let window = log.prepare(now, window);
+                let window = log.prepare(now, window, check.delay_micros);
                 (window.fits(check.limit, check.cost), Placed::Log(window))
             }
             Self::Counter(counter) => {
@@ -187,16 +187,33 @@ impl Counts {
         }
     }
 
-    fn record(&mut self, now: u64, check: &Check, placed: &mut Placed) -> Option<u64> {
+    /// Whether the request fits at `pass`, later than now, after
+    /// [`prepare`](Self::prepare) (see [`Spent::held_until`]).
+    fn fits_at(&self, check: &Check, pass: u64, fits_now: bool) -> bool {
+        let (limit, cost) = (check.limit, check.cost);
+        match self {
+            // The window only loses units as time passes.
+            Self::Log(_) => cost <= limit,
+            Self::Counter(counter) => counter.fits_at(limit, cost, pass),
+            Self::Fixed(fixed) => fixed.fits_at(limit, cost, pass),
+            Self::Bucket(bucket) => bucket.fits_at(check, pass),
+            // A lease is taken now, for a request that fits it now.
+            Self::Leases(_) => fits_now,
+        }
+    }
+
+    /// Records the request, passing at `pass` (now, or later for a held
+    /// request); a lease is taken at `now`.
+    fn record(&mut self, now: u64, pass: u64, check: &Check, placed: &mut Placed) -> Option<u64> {
         let cost = check.cost;
         match self {
             Self::Log(log) => match placed {
-                Placed::Log(window) => log.record(now, cost, window),
+                Placed::Log(window) => log.record(pass, cost, window),
                 _ => unreachable!("a log is prepared with its window"),
             },
-            Self::Counter(counter) => Some(counter.record(cost)),
-            Self::Fixed(fixed) => Some(fixed.record(cost)),
-            Self::Bucket(bucket) => Some(bucket.record(cost)),
+            Self::Counter(counter) => Some(counter.record(cost, pass)),
+            Self::Fixed(fixed) => Some(fixed.record(cost, pass)),
+            Self::Bucket(bucket) => Some(bucket.record(cost, pass)),
             Self::Leases(leases) => Some(leases.record(now, check.lease)),
         }
     }
@@ -288,10 +305,40 @@ impl Spent {
         self.counts.unroll(prepared.placed);
     }
 
-    /// Records `cost` and returns the time it was recorded at (none for a
-    /// log given a cost of 0).
-    fn record(&mut self, now: u64, check: &Check, prepared: &mut Prepared) -> Option<u64> {
-        self.counts.record(now, check, &mut prepared.placed)
+    /// Records `cost`, for a request that passes at `pass` (`now`, or
+    /// later for a held one), and returns the time it was recorded at
+    /// (none for a log given a cost of 0).
+    fn record(
+        &mut self,
+        now: u64,
+        pass: u64,
+        check: &Check,
+        prepared: &mut Prepared,
+    ) -> Option<u64> {
+        self.counts.record(now, pass, check, &mut prepared.placed)
+    }
+
+    /// When a request that does not fit now would fit within the delay of
+    /// `check`'s policy, and no block holds it: the time its policy fits
+    /// it, after [`prepare`](Self::prepare). `None` when it must be denied.
+    fn held_until(&self, now: u64, check: &Check, prepared: &Prepared) -> Option<u64> {
+        if prepared.fits {
+            return (!self.is_blocked(now, check)).then_some(now);
+        }
+        if check.delay_micros == 0 || self.is_blocked(now, check) {
+            return None;
+        }
+        let retry = self
+            .counts
+            .decision(now, check, false, &prepared.placed)
+            .retry_after
+            .map_or(0, duration_micros);
+        (retry <= check.delay_micros).then_some(now + retry)
+    }
+
+    /// Whether the request fits at `pass` (see [`held_until`](Self::held_until)).
+    fn fits_at(&self, check: &Check, pass: u64, prepared: &Prepared) -> bool {
+        self.counts.fits_at(check, pass, prepared.fits)
     }
 
     /// Takes back `cost` units recorded at `at`, after
@@ -300,9 +347,19 @@ impl Spent {
         self.counts.refund(at, check)
     }
 
-    /// The decision of a request recorded at `at`.
-    fn recorded(&self, now: u64, check: &Check, at: Option<u64>, prepared: &Prepared) -> Decision {
-        let decision = self.decision(now, check, true, prepared);
+    /// The decision of a request recorded at `at`, passing at `pass`.
+    fn recorded(
+        &self,
+        now: u64,
+        pass: u64,
+        check: &Check,
+        at: Option<u64>,
+        prepared: &Prepared,
+    ) -> Decision {
+        let mut decision = self.decision(now, check, true, prepared);
+        if pass > now {
+            decision = decision.delayed_for(Duration::from_micros(pass - now));
+        }
         match at {
             Some(at) => decision.recorded_at(Duration::from_micros(at)),
             None => decision,
@@ -533,18 +590,26 @@ impl MemoryStore {
         let mut shard = lock(&inner.shards[self.shard_of(hash)]);
         if let Some(mut spent) = shard.pairs.get_mut(&PairOf { hash, check }) {
             let (fits, mut prepared) = spent.prepare(now, check);
-            if !fits {
-                return spent.denied(now, check, prepared);
-            }
-            let at = spent.record(now, check, &mut prepared);
-            return spent.recorded(now, check, at, &prepared);
+            let pass = if fits {
+                now
+            } else {
+                match spent
+                    .held_until(now, check, &prepared)
+                    .filter(|&pass| spent.fits_at(check, pass, &prepared))
+                {
+                    Some(pass) => pass,
+                    None => return spent.denied(now, check, prepared),
+                }
+            };
+            let at = spent.record(now, pass, check, &mut prepared);
+            return spent.recorded(now, pass, check, at, &prepared);
         }
         let (mut spent, mut prepared) = Spent::fresh(now, check);
         if !prepared.fits {
             return spent.decision(now, check, false, &prepared);
         }
-        let at = spent.record(now, check, &mut prepared);
-        let decision = spent.recorded(now, check, at, &prepared);
+        let at = spent.record(now, now, check, &mut prepared);
+        let decision = spent.recorded(now, now, check, at, &prepared);
         shard.insert(hash, check, spent, now);
         decision
     }
@@ -584,6 +649,38 @@ impl MemoryStore {
                 }
             };
         }
+        // A request that does not fit now may be held until every policy
+        // fits it, each within its delay (see `Spent::held_until`).
+        let pass = if all_fit {
+            Some(now)
+        } else {
+            let mut pass = Some(now);
+            for (index, (check, &hash)) in checks.iter().zip(&hashes).enumerate() {
+                let pairs = &mut guards[guard_of(hash)].pairs;
+                let until = match (pairs.peek_mut(&PairOf { hash, check }), &found[index]) {
+                    (Some(spent), Some(prepared)) => spent.held_until(now, check, prepared),
+                    // A new pair fits whatever it can ever fit now.
+                    _ => (check.cost <= check.burst).then_some(now),
+                };
+                pass = pass.zip(until).map(|(pass, until)| pass.max(until));
+            }
+            pass.filter(|&pass| {
+                checks
+                    .iter()
+                    .zip(&hashes)
+                    .enumerate()
+                    .all(|(index, (check, &hash))| {
+                        let pairs = &mut guards[guard_of(hash)].pairs;
+                        match (pairs.peek_mut(&PairOf { hash, check }), &found[index]) {
+                            (Some(spent), Some(prepared)) => spent.fits_at(check, pass, prepared),
+                            _ => {
+                                let (spent, prepared) = Spent::fresh(now, check);
+                                spent.fits_at(check, pass, &prepared)
+                            }
+                        }
+                    })
+            })
+        };
         let mut decisions: Vec<Option<Decision>> = vec![None; checks.len()];
         // Tracked pairs first: a new pair taken in below may push one out,
         // and its decision must not be lost with it.
@@ -594,11 +691,12 @@ impl MemoryStore {
                 .filter(|_| tracked[index])
             {
                 let mut prepared = found[index].expect("a tracked pair is prepared");
-                decisions[index] = Some(if all_fit {
-                    let at = spent.record(now, check, &mut prepared);
-                    spent.recorded(now, check, at, &prepared)
-                } else {
-                    spent.denied(now, check, prepared)
+                decisions[index] = Some(match pass {
+                    Some(pass) => {
+                        let at = spent.record(now, pass, check, &mut prepared);
+                        spent.recorded(now, pass, check, at, &prepared)
+                    }
+                    None => spent.denied(now, check, prepared),
                 });
             }
         }
@@ -607,9 +705,9 @@ impl MemoryStore {
                 continue;
             }
             let (mut spent, mut prepared) = Spent::fresh(now, check);
-            if all_fit {
-                let at = spent.record(now, check, &mut prepared);
-                decisions[index] = Some(spent.recorded(now, check, at, &prepared));
+            if let Some(pass) = pass {
+                let at = spent.record(now, pass, check, &mut prepared);
+                decisions[index] = Some(spent.recorded(now, pass, check, at, &prepared));
                 guards[guard_of(hash)].insert(hash, check, spent, now);
             } else {
                 decisions[index] = Some(spent.decision(now, check, false, &prepared));

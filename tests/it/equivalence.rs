@@ -45,18 +45,29 @@ fn step() -> impl Strategy<Value = Step> {
 /// window, tier 1 with another (as a tier with a window of its own).
 fn policies(mask: u8, cost: u32, tier: u8) -> Vec<Policy> {
     let ms = |usual: u64, other: u64| Duration::from_millis(if tier == 0 { usual } else { other });
+    let delay = Duration::from_millis;
+    // All but "long" hold a request that fits within their delay (some
+    // beyond a window, into the next one).
     let all = [
-        Policy::new("short", 4, ms(1500, 2500)),
+        Policy::new("short", 4, ms(1500, 2500)).with_delay(delay(800)),
         Policy::new("long", 9, ms(10_000, 4_000)),
-        Policy::new("counter", 7, ms(2000, 3000)).with_algorithm(Algorithm::SlidingCounter),
-        Policy::new("fixed", 5, ms(1200, 1800)).with_algorithm(Algorithm::FixedWindow),
+        Policy::new("counter", 7, ms(2000, 3000))
+            .with_algorithm(Algorithm::SlidingCounter)
+            .with_delay(delay(2500)),
+        Policy::new("fixed", 5, ms(1200, 1800))
+            .with_algorithm(Algorithm::FixedWindow)
+            .with_delay(delay(1000)),
         // 3 per window in a bucket of 5; its debt re-measured when a tier
         // changes the window.
         Policy::new("bucket", 3, ms(1000, 1700))
             .with_algorithm(Algorithm::TokenBucket)
-            .with_burst(5),
-        // Denied once, blocked for 700 ms.
-        Policy::new("blocking", 4, ms(900, 1300)).with_block(Duration::from_millis(700)),
+            .with_burst(5)
+            .with_delay(delay(600)),
+        // Denied once, blocked for 700 ms; a request the delay holds is
+        // not denied.
+        Policy::new("blocking", 4, ms(900, 1300))
+            .with_block(Duration::from_millis(700))
+            .with_delay(delay(200)),
     ];
     all.into_iter()
         .enumerate()
@@ -749,6 +760,90 @@ fn counters_agree_when_the_clock_steps_back_around_peeks_and_denials() {
                 (runtime.block_on(memory.check(&checks)).unwrap(), runtime.block_on(redis.check(&checks)).unwrap())
             };
             prop_assert_eq!(from_memory, from_redis, "at {:?}", (by_us, peek, both, cost));
+        }
+    });
+}
+
+/// Requests held for their delay pass only in the slots the stores
+/// granted them, and those slots never exceed the limit: in any sliding
+/// window for a log, in any fixed window, and within the burst plus the
+/// rate for a bucket, whatever arrives meanwhile and whoever leaves
+/// before passing. Both stores grant the same slots.
+#[test]
+fn held_requests_pass_within_the_limit() {
+    let server = RedisServer::start();
+    let runtime = runtime();
+    let pool = server.pool(2);
+    let case = AtomicU64::new(0);
+    let window = Duration::from_secs(1);
+    let policies = [
+        Policy::new("log", 3, window).with_delay(Duration::from_millis(1500)),
+        Policy::new("fixed", 3, window)
+            .with_algorithm(Algorithm::FixedWindow)
+            .with_delay(Duration::from_millis(900)),
+        Policy::new("bucket", 3, window)
+            .with_algorithm(Algorithm::TokenBucket)
+            .with_burst(2)
+            .with_delay(Duration::from_millis(1200)),
+    ];
+    let arrivals = prop::collection::vec((0u64..400, 1u32..=2, prop::bool::weighted(0.2)), 1..60);
+    proptest!(cases(24), |(steps in arrivals)| {
+        let prefix = format!("held{}", case.fetch_add(1, Ordering::Relaxed));
+        let (clock, memory, redis) = twin_stores(&pool, prefix);
+        for policy in &policies {
+            // (pass time, cost) of every request that passes.
+            let mut passes: Vec<(u64, u32)> = Vec::new();
+            for &(advance_ms, cost, leaves) in &steps {
+                clock.advance(Duration::from_millis(advance_ms));
+                let now = clock.now_micros();
+                let check = [Check::new(&policy.clone().with_cost(cost), Key::new("c")).unwrap()];
+                let from_memory = runtime.block_on(memory.check(&check)).unwrap();
+                let from_redis = runtime.block_on(redis.check(&check)).unwrap();
+                prop_assert_eq!(&from_memory, &from_redis);
+                let decision = from_memory[0];
+                if !decision.admitted {
+                    continue;
+                }
+                let wait = decision.delayed_for.unwrap_or_default();
+                if leaves && !wait.is_zero() {
+                    // Gone before its slot: its units go back.
+                    let at = [decision.recorded_at.unwrap()];
+                    runtime.block_on(memory.refund(&check, &at)).unwrap();
+                    runtime.block_on(redis.refund(&check, &at)).unwrap();
+                    continue;
+                }
+                prop_assert!(wait <= policy.delay().unwrap());
+                passes.push((now + wait.as_micros() as u64, cost));
+            }
+            passes.sort_unstable();
+            let w = window.as_micros() as u64;
+            for (i, &(end, _)) in passes.iter().enumerate() {
+                let units: u32 = match policy.algorithm() {
+                    Algorithm::SlidingLog => passes[..=i]
+                        .iter()
+                        .filter(|(t, _)| *t + w > end)
+                        .map(|(_, c)| c)
+                        .sum(),
+                    Algorithm::FixedWindow => passes
+                        .iter()
+                        .filter(|(t, _)| t / w == end / w)
+                        .map(|(_, c)| c)
+                        .sum(),
+                    _ => 0,
+                };
+                prop_assert!(units <= 3, "{:?}: {} units in the window ending at {}", policy.algorithm(), units, end);
+                if policy.algorithm() == Algorithm::TokenBucket {
+                    // Units passing in [start, end] fit the burst plus what
+                    // refills in between (3 a second).
+                    for j in 0..=i {
+                        let start = passes[j].0;
+                        let units: u64 = passes[j..=i].iter().map(|(_, c)| u64::from(*c)).sum();
+                        let refilled = (end - start) * 3 / w;
+                        prop_assert!(units <= 2 + refilled, "{} units in [{}, {}]", units, start, end);
+                    }
+                }
+            }
+            clock.advance(Duration::from_secs(10));
         }
     });
 }

@@ -161,18 +161,18 @@ async fn a_client_that_goes_away_frees_its_place(tested: StoreUnderTest) {
     held(&layer, 0).await;
     // The place is free: this one is held, and admitted once it fits.
     assert_eq!(send(&app, request()).await.status, StatusCode::OK);
-    assert_eq!(layer.held(), 0);
+    assert_eq!(layer.delayed(), 0);
 }
 on_both_stores!(a_client_that_goes_away_frees_its_place);
 
 /// Waits (at most five seconds) until `layer` holds `count` requests.
 async fn held(layer: &RateLimitLayer, count: usize) {
     let started = Instant::now();
-    while layer.held() != count {
+    while layer.delayed() != count {
         assert!(
             started.elapsed() < Duration::from_secs(5),
             "{} held, not {count}",
-            layer.held()
+            layer.delayed()
         );
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
@@ -226,7 +226,7 @@ async fn one_client_holds_only_what_its_limit_can_grant(tested: StoreUnderTest) 
         "5 at once, 5 held then admitted: {statuses:?}"
     );
     assert_eq!(other.await.unwrap(), StatusCode::OK, "held, then admitted");
-    assert_eq!(layer.held(), 0);
+    assert_eq!(layer.delayed(), 0);
 }
 on_both_stores!(one_client_holds_only_what_its_limit_can_grant);
 
@@ -266,41 +266,64 @@ async fn held_heads_are_bounded_in_bytes(tested: StoreUnderTest) {
 }
 on_both_stores!(held_heads_are_bounded_in_bytes);
 
-/// A held request passes only in a place the store grants: when the
-/// store stalls as it is checked again, it is refused (503), even where
-/// the policy fails open, instead of passing with everyone held.
+/// A held request is decided once, when it comes: the store records it
+/// in the slot it will pass in, and it passes then without asking again.
+/// So a store that stalls while requests are held lets none through
+/// beyond what it granted them, even where the policy fails open.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_held_request_never_fails_open() {
+async fn a_store_that_stalls_while_requests_are_held_lets_no_more_through() {
     let server = crate::support::RedisServer::start();
     let store = slidegate::store::RedisStore::builder(server.pool(4))
         .timeout(Duration::from_millis(50))
         .build()
         .unwrap();
-    let policy = Policy::new("stalled", 2, Duration::from_millis(600))
+    let window = Duration::from_millis(600);
+    let policy = Policy::new("stalled", 2, window)
         .with_delay(Duration::from_secs(1))
         .with_fail_mode(slidegate::policy::FailMode::Open);
     let layer = RateLimitLayer::new(store, Global, Policies::single(policy).unwrap());
-    let app = app(layer.clone(), Entries::default());
+    let entries = Entries::default();
+    let app = app(layer.clone(), entries.clone());
     for _ in 0..2 {
         assert_eq!(send(&app, request()).await.status, StatusCode::OK);
     }
-    let waiting: Vec<_> = (0..2)
+    let first = entries.lock().unwrap()[0];
+    let waiting: Vec<_> = (0..6)
         .map(|_| {
             let app = app.clone();
             tokio::spawn(async move { send(&app, request()).await.status })
         })
         .collect();
-    held(&layer, 2).await;
-    // Writes stall until well after the held requests' retry time.
+    // Two fit within the delay (once the first two leave the window);
+    // the other four are denied at once.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while layer.delayed() != 2 || waiting.iter().filter(|t| t.is_finished()).count() != 4 {
+        assert!(Instant::now() < deadline, "delayed {}", layer.delayed());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Writes stall until well after the held requests' slot.
     assert_eq!(
         server.cli(&["client", "pause", "2000", "write"]).trim(),
         "OK"
     );
+    let mut statuses = Vec::new();
     for task in waiting {
-        assert_eq!(task.await.unwrap(), StatusCode::SERVICE_UNAVAILABLE);
+        statuses.push(task.await.unwrap());
     }
-    // A request that was never held still fails open.
-    assert_eq!(send(&app, request()).await.status, StatusCode::OK);
+    let passed = statuses.iter().filter(|s| **s == StatusCode::OK).count();
+    let denied = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::TOO_MANY_REQUESTS)
+        .count();
+    assert_eq!((passed, denied), (2, 4), "{statuses:?}");
+    let entries = entries.lock().unwrap().clone();
+    assert_eq!(entries.len(), 4);
+    for held in &entries[2..] {
+        assert!(
+            held.duration_since(first) >= window - Duration::from_millis(20),
+            "a held request passed before its slot"
+        );
+    }
 }
 
 /// With both a delay and a block, a request the delay can hold is held,
@@ -337,10 +360,11 @@ async fn a_request_the_delay_holds_starts_no_block(tested: StoreUnderTest) {
 }
 on_both_stores!(a_request_the_delay_holds_starts_no_block);
 
-/// A request a delay could hold but the layer does not (the client's
-/// held requests are at their bound) still starts the block: a flood on
-/// a bucket with a delay and a block ends blocked, not merely denied.
-async fn a_request_the_layer_does_not_hold_starts_the_block(tested: StoreUnderTest) {
+/// A flood on a bucket with a delay and a block: the store admits the
+/// burst, holds what the delay can fit, and blocks the first request
+/// beyond the delay; the client then stays blocked long after the bucket
+/// refilled.
+async fn a_flood_beyond_the_delay_starts_the_block(tested: StoreUnderTest) {
     let clock = tested.clock.clone().expect("a fake clock");
     let policy = Policy::new("flood", 10, Duration::from_secs(1))
         .with_algorithm(slidegate::policy::Algorithm::TokenBucket)
@@ -358,9 +382,9 @@ async fn a_request_the_layer_does_not_hold_starts_the_block(tested: StoreUnderTe
     for task in flood {
         admitted += usize::from(task.await.unwrap() == StatusCode::OK);
     }
-    // The store's clock stands still: the burst of 10, and no more.
-    assert_eq!(admitted, 10);
-    // Long after the bucket refilled, the client is still blocked.
+    // The store's clock stands still: the burst of 10, and the 2 units
+    // the bucket refills within the delay, in the slots it granted them.
+    assert_eq!(admitted, 12);
     clock.advance(Duration::from_secs(2));
     let reply = send(&app, request()).await;
     assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
@@ -368,32 +392,60 @@ async fn a_request_the_layer_does_not_hold_starts_the_block(tested: StoreUnderTe
     assert!((55..=60).contains(&wait), "blocked: {wait}");
     let _redis = tested.redis;
 }
-on_both_stores!(
-    a_request_the_layer_does_not_hold_starts_the_block,
-    fake_clock
-);
+on_both_stores!(a_flood_beyond_the_delay_starts_the_block, fake_clock);
 
-/// A request the store denied without a block (its delay could hold it)
-/// but that the layer does not hold is sent again with no delays; should
-/// the store fail then, the request is refused (503), never let through
-/// by the policy's fail open: the store denied it a moment before.
-#[tokio::test]
-async fn a_request_checked_again_for_its_block_never_fails_open() {
-    use crate::support::down_store::FlakyStore;
-    let policy = Policy::new("spared", 10, Duration::from_secs(1))
-        .with_algorithm(slidegate::policy::Algorithm::TokenBucket)
-        .with_burst(1)
-        .with_delay(Duration::from_millis(500))
-        .with_block(Duration::from_secs(60))
-        .with_fail_mode(slidegate::policy::FailMode::Open);
-    // The third call (the check again) fails.
-    let store = FlakyStore::new(slidegate::store::MemoryStore::new(), |call| call == 2);
-    let layer =
-        RateLimitLayer::new(store, Global, Policies::single(policy).unwrap()).max_delayed(0);
-    let app = app(layer, Entries::default());
+/// A request the store would hold but the layer has no room for is
+/// answered `429`. Under a policy that blocks, its units stay counted,
+/// so a flood that fills the layer still reaches its block; under one
+/// that does not, they are given back.
+async fn a_request_the_layer_has_no_room_for_is_denied(tested: StoreUnderTest) {
+    let clock = tested.clock.clone().expect("a fake clock");
+    let bucket = |name: &str| {
+        Policy::new(name, 10, Duration::from_secs(1))
+            .with_algorithm(slidegate::policy::Algorithm::TokenBucket)
+            .with_burst(1)
+            .with_delay(Duration::from_millis(500))
+    };
+    let policies = Policies::builder()
+        .route("/", bucket("blocks").with_block(Duration::from_secs(60)))
+        .route("/other", bucket("spares"))
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::new(tested.store, Global, policies).max_delayed(0);
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route("/other", get(|| async { "ok" }))
+        .route_layer(layer);
     assert_eq!(send(&app, request()).await.status, StatusCode::OK);
-    assert_eq!(
-        send(&app, request()).await.status,
-        StatusCode::SERVICE_UNAVAILABLE
-    );
+    // Each refusal keeps its 100 ms: the sixth is beyond the delay.
+    let mut waits = Vec::new();
+    for _ in 0..6 {
+        let reply = send(&app, request()).await;
+        assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+        waits.push(reply.header("retry-after").unwrap().to_owned());
+    }
+    assert_eq!(waits.last().map(String::as_str), Some("60"), "{waits:?}");
+    assert!(waits[..5].iter().all(|w| w == "1"), "{waits:?}");
+    // Without a block, the units go back: however many are refused, the
+    // bucket refills as if they never came.
+    let other = || Request::get("/other").body(Body::empty()).unwrap();
+    assert_eq!(send(&app, other()).await.status, StatusCode::OK);
+    for _ in 0..10 {
+        let reply = send(&app, other()).await;
+        assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(reply.header("retry-after"), Some("1"));
+    }
+    clock.advance(Duration::from_millis(100));
+    // Refunds go back on a task of their own: once they are in, the one
+    // unit refilled is there (a refused probe gives its own back too).
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while send(&app, other()).await.status != StatusCode::OK {
+        assert!(
+            Instant::now() < deadline,
+            "the refused units stayed counted"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let _redis = tested.redis;
 }
+on_both_stores!(a_request_the_layer_has_no_room_for_is_denied, fake_clock);

@@ -35,7 +35,9 @@ pub(super) fn decisions(args: &[PolicyArgs], values: &[i64]) -> Result<Decisions
                 limit: burst,
                 remaining: u32::try_from(v[1]).unwrap_or(0),
                 reset: micros(v[2]),
-                retry_after: (v[3] >= 0).then(|| micros(v[3])),
+                // An admitted request's retry time is its wait.
+                retry_after: (!admitted && v[3] >= 0).then(|| micros(v[3])),
+                delayed_for: (admitted && v[3] >= 0).then(|| micros(v[3])),
                 recorded_at: (admitted && v[4] >= 0).then(|| micros(v[4])),
                 blocked_for: (!admitted && v[4] >= 0).then(|| micros(v[4])),
             }
