@@ -132,7 +132,8 @@ async fn six_hundred_held_requests_never_pass_the_limit(tested: StoreUnderTest) 
 on_both_stores!(six_hundred_held_requests_never_pass_the_limit);
 
 /// With room for one held request, a second is denied; once the client
-/// of the first goes away, its place is free again.
+/// of the first goes away, its place is free again, and its units are
+/// given back.
 async fn a_client_that_goes_away_frees_its_place(tested: StoreUnderTest) {
     let policy =
         Policy::new("one", 1, Duration::from_millis(400)).with_delay(Duration::from_secs(1));
@@ -159,6 +160,25 @@ async fn a_client_that_goes_away_frees_its_place(tested: StoreUnderTest) {
     first.abort();
     let _ = first.await;
     held(&layer, 0).await;
+    // Its units are back (on a task of their own): the window holds the
+    // first request alone, which leaves within its 400 ms, where the
+    // units held for the slot after it would have left 400 ms later.
+    let key = slidegate::key::Key::parse("global").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let now = layer.peek("one", &key, None).await.unwrap();
+        if now
+            .retry_after
+            .is_some_and(|wait| wait <= Duration::from_millis(400))
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the units stayed counted: {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     // The place is free: this one is held, and admitted once it fits.
     assert_eq!(send(&app, request()).await.status, StatusCode::OK);
     assert_eq!(layer.delayed(), 0);
