@@ -180,6 +180,8 @@ end
 -- two spans past the newest record.
 
 local LOG_VERSION = 2
+-- The longest delay a policy may have (policy validation holds it), µs.
+local MAX_DELAY = 60000000
 local LOG_HEADER = '>BBBBI8I8I2I8I2I8I8I8I8I8I8I8'
 local LOG_HEADER_SIZE = 88
 -- Version 1 numbered pages in 4 bytes; such a log is read, and rewritten
@@ -606,9 +608,10 @@ function log.prepare(s)
     log_read(s)
   end
   log_prune(s)
-  -- Records of requests held for their delay lie ahead of `now`; only
-  -- a newest record beyond those is a clock that stepped back.
-  if s.sum > 0 and s.newest - now > s.window + s.delay then
+  -- Records of requests held for a delay (of any policy of theirs) lie
+  -- ahead of `now`, by at most MAX_DELAY; only a newest record beyond
+  -- those is a clock that stepped back.
+  if s.sum > 0 and s.newest - now > s.window + MAX_DELAY then
     log_gather(s)
   end
   if s.sum > 0 and s.window > s.span then
@@ -1228,9 +1231,11 @@ end
 
 ------------------------------------------------------------- token bucket
 --
--- GCRA in one key: a 24-byte string of three u64 (big-endian): `t`, the
--- time (µs) the bucket was last placed at; `d`, its debt at `t`; and `w`,
--- the window (µs) the debt is measured in. Time is scaled by the limit
+-- GCRA in one key: a 32-byte string of four u64 (big-endian): `t`, the
+-- time (µs) the bucket was last placed at; `d`, its debt at `t`; `w`,
+-- the window (µs) the debt is measured in; and `h`, the latest time a
+-- request held for its delay passes at (a 24-byte string, from before
+-- held requests were recorded, has none). Time is scaled by the limit
 -- L: a unit costs W scaled µs (W the window) and each µs refills L of
 -- them, so the debt is units × W whatever the limit, and a tier with a
 -- limit of its own reads the same debt. A request of cost c fits when
@@ -1238,7 +1243,8 @@ end
 -- every sum here is exact in Lua's doubles.
 
 local bucket = {}
-local BUCKET = '>I8I8I8'
+local BUCKET = '>I8I8I8I8'
+local BUCKET_V1 = '>I8I8I8'
 
 -- `n / d` rounded up, for n >= 0 and d > 0.
 local function ceil_div(n, d)
@@ -1256,16 +1262,20 @@ function bucket.prepare(s)
     stored = entry.stored
   else
     local packed = redis.call('GET', s.key)
-    if packed then
-      local t, d, w = struct.unpack(BUCKET, packed)
-      stored = { t, d, w }
+    if packed and #packed >= 32 then
+      local t, d, w, h = struct.unpack(BUCKET, packed)
+      stored = { t, d, w, h }
+    elseif packed then
+      local t, d, w = struct.unpack(BUCKET_V1, packed)
+      stored = { t, d, w, 0 }
     end
   end
   s.stored = stored
   s.full = s.burst * s.window
   local t, d = now, 0
+  s.h = 0
   if stored ~= nil then
-    t, d = stored[1], stored[2]
+    t, d, s.h = stored[1], stored[2], stored[4]
     if stored[3] ~= s.window then
       -- Measured under another window: the same units, rounded up, and
       -- never more than this bucket holds.
@@ -1291,8 +1301,8 @@ end
 
 local function bucket_write(s)
   local ms = idiv(s.at - now + ceil_div(s.d, s.limit), 1000) + 1
-  redis.call('SET', s.key, struct.pack(BUCKET, s.at, s.d, s.window), 'PX', int(ms + expiry_grace_ms))
-  s.stored = { s.at, s.d, s.window }
+  redis.call('SET', s.key, struct.pack(BUCKET, s.at, s.d, s.window, s.h), 'PX', int(ms + expiry_grace_ms))
+  s.stored = { s.at, s.d, s.window, s.h }
 end
 
 -- The time a refund names is when the request's units would be repaid
@@ -1307,6 +1317,9 @@ function bucket.record(s)
   local start = math.max(s.at, s.pass)
   s.d = math.max(s.d, (start - s.at) * s.limit) + s.cost * s.window
   s.recorded = start + idiv(s.cost * s.window, s.limit)
+  if s.pass > now then
+    s.h = math.max(s.h, s.pass)
+  end
   bucket_write(s)
 end
 
@@ -1322,8 +1335,15 @@ end
 -- Gives back what `cost` units named by `repaid_by` may still owe: the
 -- debt ahead of that time, at most the cost, and nothing once that time
 -- has passed (the bucket refilled them already).
+--
+-- While a held request has yet to pass, nothing: it passes at a time
+-- fixed when it was recorded, and debt taken back from ahead of it would
+-- let a new request take a slot beside it.
 function bucket.refund(s, repaid_by, cost)
   local unrepaid = math.min((repaid_by - s.at) * s.limit, cost * s.window, s.d)
+  if s.h > s.at then
+    unrepaid = 0
+  end
   if unrepaid <= 0 then
     bucket.save(s)
     return
@@ -1416,9 +1436,10 @@ local function lease_keep(s)
   end
 end
 
--- A lease is taken now, for a request that fits it now.
+-- A request under a concurrency limit is never held: its lease would
+-- be taken now, and its time would run while the request waits.
 function lease.fits_at(s, time)
-  return s.fits
+  return false
 end
 
 function lease.record(s)

@@ -29,6 +29,8 @@ pub(super) struct TokenBucket {
     window: u64,
     /// The limit it refills at, as of the last decision (for idleness).
     limit: u32,
+    /// The latest time a request held for its delay passes at, in µs.
+    held_until: u64,
 }
 
 /// The largest debt a held request may start from (see
@@ -80,6 +82,7 @@ impl TokenBucket {
             debt,
             window,
             limit: check.limit.max(1),
+            held_until: self.held_until,
         };
         rewindowed || stepped_back
     }
@@ -110,7 +113,10 @@ impl TokenBucket {
     /// that, whatever is refunded ahead of them meanwhile, so a refund
     /// that counts from it never gives back a unit already repaid, nor
     /// another request's.
-    pub(super) fn record(&mut self, cost: u32, pass: u64) -> u64 {
+    pub(super) fn record(&mut self, cost: u32, pass: u64, held: bool) -> u64 {
+        if held {
+            self.held_until = self.held_until.max(pass);
+        }
         let limit = u64::from(self.limit.max(1));
         let start = self.at.max(pass);
         self.debt = self.debt.max((start - self.at) * limit) + u64::from(cost) * self.window;
@@ -123,7 +129,14 @@ impl TokenBucket {
     /// more than the request's own cost or the debt, and nothing once
     /// that time has passed. A refund long after the request gives back
     /// nothing, as the bucket already refilled those units.
+    ///
+    /// While a held request has yet to pass, nothing: it passes at a time
+    /// fixed when it was recorded, and debt taken back from ahead of it
+    /// would let a new request take a slot beside it.
     pub(super) fn refund(&mut self, repaid_by: u64, cost: u32) -> bool {
+        if self.held_until > self.at {
+            return false;
+        }
         let ahead = repaid_by
             .saturating_sub(self.at)
             .saturating_mul(u64::from(self.limit.max(1)));
@@ -192,7 +205,7 @@ mod tests {
         bucket.place(now, check);
         let fits = bucket.fits(check);
         if fits {
-            bucket.record(check.cost, now);
+            bucket.record(check.cost, now, false);
         }
         bucket.decision(now, check, fits)
     }

@@ -138,7 +138,7 @@ impl Counts {
         let window = check.window_micros();
         match self {
             Self::Log(log) => {
-                let window = log.prepare(now, window, check.delay_micros);
+                let window = log.prepare(now, window);
                 (window.fits(check.limit, check.cost), Placed::Log(window))
             }
             Self::Counter(counter) => {
@@ -189,7 +189,7 @@ impl Counts {
 
     /// Whether the request fits at `pass`, later than now, after
     /// [`prepare`](Self::prepare) (see [`Spent::held_until`]).
-    fn fits_at(&self, check: &Check, pass: u64, fits_now: bool) -> bool {
+    fn fits_at(&self, check: &Check, pass: u64) -> bool {
         let (limit, cost) = (check.limit, check.cost);
         match self {
             // The window only loses units as time passes.
@@ -197,8 +197,9 @@ impl Counts {
             Self::Counter(counter) => counter.fits_at(limit, cost, pass),
             Self::Fixed(fixed) => fixed.fits_at(limit, cost, pass),
             Self::Bucket(bucket) => bucket.fits_at(check, pass),
-            // A lease is taken now, for a request that fits it now.
-            Self::Leases(_) => fits_now,
+            // Never held: its lease would be taken now, and its time would
+            // run while the request waits.
+            Self::Leases(_) => false,
         }
     }
 
@@ -213,7 +214,7 @@ impl Counts {
             },
             Self::Counter(counter) => Some(counter.record(cost, pass)),
             Self::Fixed(fixed) => Some(fixed.record(cost, pass)),
-            Self::Bucket(bucket) => Some(bucket.record(cost, pass)),
+            Self::Bucket(bucket) => Some(bucket.record(cost, pass, pass > now)),
             Self::Leases(leases) => Some(leases.record(now, check.lease)),
         }
     }
@@ -337,8 +338,8 @@ impl Spent {
     }
 
     /// Whether the request fits at `pass` (see [`held_until`](Self::held_until)).
-    fn fits_at(&self, check: &Check, pass: u64, prepared: &Prepared) -> bool {
-        self.counts.fits_at(check, pass, prepared.fits)
+    fn fits_at(&self, check: &Check, pass: u64) -> bool {
+        self.counts.fits_at(check, pass)
     }
 
     /// Takes back `cost` units recorded at `at`, after
@@ -595,7 +596,7 @@ impl MemoryStore {
             } else {
                 match spent
                     .held_until(now, check, &prepared)
-                    .filter(|&pass| spent.fits_at(check, pass, &prepared))
+                    .filter(|&pass| spent.fits_at(check, pass))
                 {
                     Some(pass) => pass,
                     None => return spent.denied(now, check, prepared),
@@ -672,11 +673,8 @@ impl MemoryStore {
                     .all(|(index, (check, &hash))| {
                         let pairs = &mut guards[guard_of(hash)].pairs;
                         match (pairs.peek_mut(&PairOf { hash, check }), &found[index]) {
-                            (Some(spent), Some(prepared)) => spent.fits_at(check, pass, prepared),
-                            _ => {
-                                let (spent, prepared) = Spent::fresh(now, check);
-                                spent.fits_at(check, pass, &prepared)
-                            }
+                            (Some(spent), Some(_)) => spent.fits_at(check, pass),
+                            _ => Spent::fresh(now, check).0.fits_at(check, pass),
                         }
                     })
             })

@@ -19,10 +19,12 @@
 //!   each see every request their window covers.
 //! * A log left empty starts afresh (no span, no newest time).
 //! * If the clock has stepped back by more than the check's window and
-//!   delay since the newest record, the live count is gathered into one
-//!   record at `now`: kept, and gone within a span of the new time.
-//!   (Records of requests held for their delay lie ahead of `now`, by at
-//!   most the delay.)
+//!   the longest delay a policy may have ([`MAX_DELAY`]) since the newest
+//!   record, the live count is gathered into one record at `now`: kept,
+//!   and gone within a span of the new time. (Records of requests held
+//!   for a delay lie ahead of `now`, by at most that.)
+//!
+//! [`MAX_DELAY`]: crate::policy::MAX_DELAY
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -399,12 +401,16 @@ impl Log {
         }
     }
 
-    /// Brings the log up to `now` for a check of `window_micros` (and of
-    /// `delay_micros`, how far ahead held requests are recorded), and
+    /// Brings the log up to `now` for a check of `window_micros`, and
     /// finds that window.
-    pub(super) fn prepare(&mut self, now: u64, window_micros: u64, delay_micros: u64) -> Window {
+    pub(super) fn prepare(&mut self, now: u64, window_micros: u64) -> Window {
         self.prune(now);
-        if self.sum > 0 && self.newest.saturating_sub(now) > window_micros + delay_micros {
+        // Records of requests held for a delay (of any policy of theirs)
+        // lie ahead of `now` by at most the longest delay a policy may
+        // have; only a newest record beyond those is a clock that stepped
+        // back.
+        let ahead = crate::policy::MAX_DELAY.as_micros() as u64;
+        if self.sum > 0 && self.newest.saturating_sub(now) > window_micros + ahead {
             self.gather(now);
         }
         if self.sum > 0 && window_micros > self.span {
@@ -570,7 +576,7 @@ mod tests {
     const W: u64 = 1_000_000;
 
     fn admit(log: &mut Log, now: u64, window: u64, cost: u32) -> u64 {
-        let mut found = log.prepare(now, window, 0);
+        let mut found = log.prepare(now, window);
         log.record(now, cost, &mut found).expect("recorded")
     }
 
@@ -578,13 +584,13 @@ mod tests {
     fn entry_leaves_exactly_one_window_later() {
         let mut log = Log::default();
         admit(&mut log, 0, W, 1);
-        let window = log.prepare(W - 1, W, 0);
+        let window = log.prepare(W - 1, W);
         assert!(!window.fits(1, 1));
         assert_eq!(
             log.decision(W - 1, 1, 1, false, &window).retry_after,
             Some(Duration::from_micros(1))
         );
-        assert!(log.prepare(W, W, 0).fits(1, 1));
+        assert!(log.prepare(W, W).fits(1, 1));
         assert!(log.is_idle(W));
     }
 
@@ -596,12 +602,12 @@ mod tests {
         // Same microsecond: recorded one later, so each is its own.
         let twin = admit(&mut log, 100, W, 2);
         assert_eq!(twin, at + 1);
-        log.prepare(200, W, 0);
+        log.prepare(200, W);
         log.refund(at, 2);
         log.refund(at, 2);
-        assert_eq!(log.prepare(200, W, 0).count, 3);
+        assert_eq!(log.prepare(200, W).count, 3);
         // Once it has left the window there is nothing to take back.
-        log.prepare(W + 50, W, 0);
+        log.prepare(W + 50, W);
         log.refund(0, 1);
         assert_eq!(log.sum, 2);
     }
@@ -613,7 +619,7 @@ mod tests {
             admit(&mut log, at, W, 3);
         }
         // 9 of 10 used; a cost of 5 needs 4 freed: the first two entries.
-        let window = log.prepare(300, W, 0);
+        let window = log.prepare(300, W);
         assert!(!window.fits(10, 5));
         let decision = log.decision(300, 10, 5, false, &window);
         assert_eq!(decision.remaining, 1);
@@ -633,13 +639,13 @@ mod tests {
         let now = count * 10;
         // Refund every third request: a third fewer count.
         for &at in times.iter().step_by(3) {
-            log.prepare(now, W, 0);
+            log.prepare(now, W);
             log.refund(at, 1);
         }
         let live = count - count.div_ceil(3);
-        assert_eq!(log.prepare(now, W, 0).count, live);
+        assert_eq!(log.prepare(now, W).count, live);
         // A shorter window counts its share.
-        let short = log.prepare(now, 1000, 0);
+        let short = log.prepare(now, 1000);
         let in_short: u64 = times
             .iter()
             .enumerate()
@@ -647,7 +653,7 @@ mod tests {
             .count() as u64;
         assert_eq!(short.count, in_short);
         // Pruning half of it keeps the rest.
-        log.prepare(W + count * 5, W, 0);
+        log.prepare(W + count * 5, W);
         let kept = times
             .iter()
             .enumerate()

@@ -426,9 +426,13 @@ async fn a_request_the_layer_has_no_room_for_is_denied(tested: StoreUnderTest) {
             .with_burst(1)
             .with_delay(Duration::from_millis(500))
     };
+    // A sliding log: a token bucket keeps the units of a request it holds
+    // (see `a_bucket_keeps_the_units_of_a_held_request_that_leaves`).
+    let spares =
+        Policy::new("spares", 1, Duration::from_millis(100)).with_delay(Duration::from_millis(500));
     let policies = Policies::builder()
         .route("/", bucket("blocks").with_block(Duration::from_secs(60)))
-        .route("/other", bucket("spares"))
+        .route("/other", spares)
         .build()
         .unwrap();
     let layer = RateLimitLayer::new(tested.store, Global, policies).max_delayed(0);
@@ -447,7 +451,7 @@ async fn a_request_the_layer_has_no_room_for_is_denied(tested: StoreUnderTest) {
     assert_eq!(waits.last().map(String::as_str), Some("60"), "{waits:?}");
     assert!(waits[..5].iter().all(|w| w == "1"), "{waits:?}");
     // Without a block, the units go back: however many are refused, the
-    // bucket refills as if they never came.
+    // window holds the first request only.
     let other = || Request::get("/other").body(Body::empty()).unwrap();
     assert_eq!(send(&app, other()).await.status, StatusCode::OK);
     for _ in 0..10 {
@@ -456,8 +460,9 @@ async fn a_request_the_layer_has_no_room_for_is_denied(tested: StoreUnderTest) {
         assert_eq!(reply.header("retry-after"), Some("1"));
     }
     clock.advance(Duration::from_millis(100));
-    // Refunds go back on a task of their own: once they are in, the one
-    // unit refilled is there (a refused probe gives its own back too).
+    // Refunds go back on a task of their own: once they are in, the
+    // first request has left the window, and nothing else is in it (a
+    // refused probe gives its own back too).
     let deadline = Instant::now() + Duration::from_secs(2);
     while send(&app, other()).await.status != StatusCode::OK {
         assert!(

@@ -188,3 +188,43 @@ on_both_stores!(
     a_refund_from_before_an_algorithm_change_keeps_the_new_counts,
     fake_clock
 );
+
+/// A token bucket keeps the units of a held request whose client leaves
+/// before it passes: held requests pass at times fixed when they were
+/// recorded, and debt taken back from ahead of them would let a new
+/// request take a slot beside the last of them.
+async fn a_bucket_keeps_the_units_of_a_held_request_that_leaves(tested: StoreUnderTest) {
+    let s = Subject::from(tested);
+    // 3 a second, in a bucket of 2, held up to 1.2 s.
+    let policy = Policy::new("held", 3, SEC)
+        .with_algorithm(Algorithm::TokenBucket)
+        .with_burst(2)
+        .with_delay(SEC * 6 / 5);
+    let check = [Check::new(&policy, Key::new("k")).unwrap()];
+    for _ in 0..2 {
+        assert_eq!(s.store.check(&check).await.unwrap()[0].delayed_for, None);
+    }
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let d = s.store.check(&check).await.unwrap()[0];
+        assert!(d.admitted && d.delayed_for.is_some(), "{d:?}");
+        held.push(d);
+    }
+    // The last passes at 1 s. The first one's client goes away.
+    assert_eq!(held[2].delayed_for, Some(SEC));
+    s.store
+        .refund(&check, &[held[0].recorded_at.unwrap()])
+        .await
+        .unwrap();
+    s.advance(SEC);
+    // At 1 s the last held request passes: a new one waits its turn.
+    let next = s.store.check(&check).await.unwrap()[0];
+    assert!(
+        next.delayed_for.is_some_and(|wait| wait >= SEC / 3),
+        "{next:?}"
+    );
+}
+on_both_stores!(
+    a_bucket_keeps_the_units_of_a_held_request_that_leaves,
+    fake_clock
+);

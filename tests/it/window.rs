@@ -738,3 +738,34 @@ async fn a_burst_lowered_below_the_debt_leaves_nothing(tested: StoreUnderTest) {
     assert_eq!(d.retry_after, Some(9 * SEC));
 }
 on_both_stores!(a_burst_lowered_below_the_debt_leaves_nothing, fake_clock);
+
+/// A log that fits a request now, held for another policy's delay,
+/// records it at the time it passes; a later check of that log alone
+/// must not take that record for a clock that stepped back and move it
+/// to now, which would let it leave the window before the request even
+/// passed.
+async fn a_record_held_for_another_policy_stays_where_it_passes(tested: StoreUnderTest) {
+    let s = Subject::from(tested);
+    let quick = Policy::new("quick", 1, SEC);
+    let slow = Policy::new("slow", 1, 6 * SEC).with_delay(5 * SEC);
+    assert!(s.check(&[&quick, &slow], "k").await[0].admitted);
+    s.advance(SEC * 3 / 2);
+    let held = s.check(&[&quick, &slow], "k").await;
+    assert!(held[0].admitted);
+    assert_eq!(held[0].delayed_for, Some(SEC * 9 / 2), "passes at 6 s");
+    s.advance(SEC / 2);
+    assert!(
+        !s.one(&quick, "k").await.admitted,
+        "2 s: the record at 6 s counts"
+    );
+    s.advance(SEC * 21 / 5);
+    let late = s.one(&quick, "k").await;
+    assert!(
+        !late.admitted,
+        "6.2 s: the held request passed at 6 s: {late:?}"
+    );
+}
+on_both_stores!(
+    a_record_held_for_another_policy_stays_where_it_passes,
+    fake_clock
+);
