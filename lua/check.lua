@@ -986,9 +986,10 @@ local function counter_write(s)
   expire(s.key, (s.id + windows) * s.w - idiv(now, 1000) + 1)
 end
 
--- A request held for its delay into the next window is counted there.
-function counter.record(s)
-  if idiv(idiv(s.pass, 1000), s.w) > s.id then
+-- Counts a counter's or fixed window's request: in the current window,
+-- or, held for its delay into the next (`ahead`), there.
+local function count_request(s, ahead)
+  if ahead then
     s.n = s.n + s.cost
     s.recorded = s.pass
   else
@@ -996,6 +997,10 @@ function counter.record(s)
     s.recorded = s.at
   end
   s.t = string.format('%d', s.at)
+end
+
+function counter.record(s)
+  count_request(s, idiv(idiv(s.pass, 1000), s.w) > s.id)
   counter_write(s)
 end
 
@@ -1161,16 +1166,8 @@ local function fixed_write(s)
   expire(s.key, math.floor(ends_in / 1000) + 1)
 end
 
--- A request held for its delay into the next window is counted there.
 function fixed.record(s)
-  if idiv(s.pass, s.window) > s.id then
-    s.n = s.n + s.cost
-    s.recorded = s.pass
-  else
-    s.c = s.c + s.cost
-    s.recorded = s.at
-  end
-  s.t = string.format('%d', s.at)
+  count_request(s, idiv(s.pass, s.window) > s.id)
   fixed_write(s)
 end
 
