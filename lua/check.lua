@@ -955,6 +955,10 @@ function counter.prepare(s)
   local c, p = tonumber(stored[2]) or 0, tonumber(stored[3]) or 0
   local n = tonumber(stored[6]) or 0
   local old = tonumber(stored[5])
+  if n > 0 and stored_id ~= nil and old ~= nil and old ~= w and now_ms < (stored_id + 2) * old then
+    s.held_elsewhere = (stored_id + 2) * old * 1000
+    return false
+  end
   if stored_id ~= nil and old ~= nil and old ~= w then
     local t_ms = idiv(tonumber(s.t) or s.at, 1000)
     stored_id, c, p = counter_rewindow(stored_id, c, p, n, old, w, now_ms, t_ms)
@@ -1129,6 +1133,10 @@ function fixed.prepare(s)
   local stored_id = tonumber(stored[1])
   local c, n = tonumber(stored[2]) or 0, tonumber(stored[5]) or 0
   local old = tonumber(stored[4])
+  if n > 0 and stored_id ~= nil and old ~= nil and old ~= s.window and s.at < (stored_id + 2) * old then
+    s.held_elsewhere = (stored_id + 2) * old
+    return false
+  end
   if stored_id ~= nil and old ~= nil and old ~= s.window then
     -- Left under another window length: the count stays in the new window
     -- holding the latest time a unit was counted at, if that is now's;
@@ -1269,6 +1277,10 @@ function bucket.prepare(s)
   end
   s.stored = stored
   s.full = s.burst * s.window
+  if stored ~= nil and stored[3] ~= s.window and stored[4] > now then
+    s.held_elsewhere = stored[4]
+    return false
+  end
   local t, d = now, 0
   s.h = 0
   if stored ~= nil then
@@ -1557,6 +1569,31 @@ local function prepare(keys, argv, k, a)
   return s, k
 end
 
+-- A counter, fixed window or bucket that holds units of requests held
+-- for their delay, counted now under another window length (a tier with
+-- a window of its own, or a reload): the new length could not keep those
+-- units counted until their requests pass, so the key decides nothing
+-- and is left as it is: every request is denied, until `held_elsewhere`
+-- (µs), when the last of them has passed. Its `prepare` sets it, and
+-- returns false.
+local function retry_of(s)
+  if s.held_elsewhere ~= nil then
+    return s.held_elsewhere - now
+  end
+  return s.algorithm.retry(s)
+end
+
+local function report_of(s)
+  if s.held_elsewhere ~= nil then
+    return 0, s.held_elsewhere - now
+  end
+  return s.algorithm.report(s)
+end
+
+local function fits_at(s, time)
+  return s.held_elsewhere == nil and s.algorithm.fits_at(s, time)
+end
+
 -- Blocks the client of `s`, denied by its own count, for the policy's
 -- block time from now.
 local function block(s)
@@ -1594,7 +1631,7 @@ local function decide(keys, argv, first_key, first_arg, policies, peek, held_onl
     local s = state[i]
     retry[i] = -1
     if not all_fit and not s.fits then
-      retry[i] = s.algorithm.retry(s)
+      retry[i] = retry_of(s)
       if s.blocked ~= nil or s.delay == 0 or retry[i] > s.delay then
         holdable = false
       elseif now + retry[i] > pass then
@@ -1606,7 +1643,7 @@ local function decide(keys, argv, first_key, first_arg, policies, peek, held_onl
   end
   if holdable then
     for i = 1, policies do
-      if not state[i].algorithm.fits_at(state[i], pass) then
+      if not fits_at(state[i], pass) then
         holdable = false
       end
     end
@@ -1647,7 +1684,7 @@ local function decide(keys, argv, first_key, first_arg, policies, peek, held_onl
       s.algorithm.save(s)
     end
     s.algorithm.remember(s)
-    local remaining, reset = s.algorithm.report(s)
+    local remaining, reset = report_of(s)
     if s.blocked ~= nil then
       remaining = 0
     end
@@ -1685,7 +1722,9 @@ local function refund(keys, argv)
   for a = 3, #argv, ARGS + 1 do
     local s
     s, k = prepare(keys, argv, k, a)
-    s.algorithm.refund(s, tonumber(argv[a + ARGS]), s.cost)
+    if s.held_elsewhere == nil then
+      s.algorithm.refund(s, tonumber(argv[a + ARGS]), s.cost)
+    end
     s.algorithm.remember(s)
   end
   write_logs()

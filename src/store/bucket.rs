@@ -87,6 +87,15 @@ impl TokenBucket {
         rewindowed || stepped_back
     }
 
+    /// When the bucket holds requests held for their delay and is now
+    /// measured under another window, which would clamp the debt they
+    /// added: until when (µs) it decides nothing (see
+    /// `Placed::HeldElsewhere` in `memory.rs`).
+    pub(super) fn held_elsewhere(&self, now: u64, check: &Check) -> Option<u64> {
+        (self.window != 0 && self.window != check.window_micros() && self.held_until > now)
+            .then_some(self.held_until)
+    }
+
     fn full(check: &Check, window: u64) -> u64 {
         u64::from(check.burst) * window
     }

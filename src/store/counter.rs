@@ -21,6 +21,17 @@ fn floor_div(a: i128, b: i128) -> i128 {
     if a <= 0 { 0 } else { a / b }
 }
 
+/// The time counts last counted at `counted_us` are placed at for a
+/// decision at `now_us`: no earlier than that, unless the clock stepped
+/// back by more than `window_us` since.
+fn placed_at(counted_us: u64, now_us: u64, window_us: u64) -> u64 {
+    if counted_us.saturating_sub(now_us) > window_us {
+        now_us
+    } else {
+        counted_us.max(now_us)
+    }
+}
+
 /// Microseconds from `now_us` to the millisecond `at_ms`, at least zero.
 fn micros_until(at_ms: u64, now_us: u64) -> u64 {
     (at_ms * 1000).saturating_sub(now_us)
@@ -109,11 +120,7 @@ impl SlidingCounter {
     /// even when it counts nothing.
     pub(super) fn roll(&mut self, now_us: u64, window_ms: u64) -> bool {
         let stepped_back = self.counted_us.saturating_sub(now_us) > window_ms * 1000;
-        self.at_us = if stepped_back {
-            now_us
-        } else {
-            self.counted_us.max(now_us)
-        };
+        self.at_us = placed_at(self.counted_us, now_us, window_ms * 1000);
         let rewindowed = self.window_ms != 0 && self.window_ms != window_ms;
         if rewindowed {
             self.rewindow(window_ms);
@@ -136,6 +143,17 @@ impl SlidingCounter {
         self.id = id;
         self.window_ms = window_ms;
         rewindowed || carried
+    }
+
+    /// When the counts hold units of requests held into the next window
+    /// and are now counted under another window length, which could not
+    /// keep those units until their requests pass: until when (µs) they
+    /// decide nothing (see `Placed::HeldElsewhere` in `memory.rs`).
+    pub(super) fn held_elsewhere(&self, now_us: u64, window_ms: u64) -> Option<u64> {
+        let until_ms = (self.id + 2) * self.window_ms;
+        let at_ms = placed_at(self.counted_us, now_us, window_ms * 1000) / 1000;
+        (self.ahead > 0 && self.window_ms != 0 && self.window_ms != window_ms && at_ms < until_ms)
+            .then_some(until_ms * 1000)
     }
 
     /// Re-places the counts, as of `at_us` under the old window, in
@@ -346,11 +364,7 @@ impl FixedWindow {
     /// had to move (as [`SlidingCounter::roll`]).
     pub(super) fn roll(&mut self, now_us: u64, window_us: u64) -> bool {
         let stepped_back = self.counted_us.saturating_sub(now_us) > window_us;
-        self.at_us = if stepped_back {
-            now_us
-        } else {
-            self.counted_us.max(now_us)
-        };
+        self.at_us = placed_at(self.counted_us, now_us, window_us);
         let id = self.at_us / window_us;
         let rewindowed = self.window_us != 0 && self.window_us != window_us;
         if rewindowed {
@@ -380,6 +394,16 @@ impl FixedWindow {
         self.id = id;
         self.window_us = window_us;
         rewindowed || carried
+    }
+
+    /// As [`SlidingCounter::held_elsewhere`].
+    pub(super) fn held_elsewhere(&self, now_us: u64, window_us: u64) -> Option<u64> {
+        let until = (self.id + 2) * self.window_us;
+        (self.ahead > 0
+            && self.window_us != 0
+            && self.window_us != window_us
+            && placed_at(self.counted_us, now_us, window_us) < until)
+            .then_some(until)
     }
 
     pub(super) fn fits(&self, limit: u32, cost: u32) -> bool {

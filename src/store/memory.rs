@@ -136,6 +136,15 @@ impl Counts {
     /// fits; see [`Spent::prepare`].
     fn prepare(&mut self, now: u64, check: &Check) -> (bool, Placed) {
         let window = check.window_micros();
+        let held_elsewhere = match self {
+            Self::Counter(counter) => counter.held_elsewhere(now, window / 1000),
+            Self::Fixed(fixed) => fixed.held_elsewhere(now, window),
+            Self::Bucket(bucket) => bucket.held_elsewhere(now, check),
+            Self::Log(_) | Self::Leases(_) => None,
+        };
+        if let Some(until) = held_elsewhere {
+            return (false, Placed::HeldElsewhere(until));
+        }
         match self {
             Self::Log(log) => {
                 let window = log.prepare(now, window);
@@ -239,6 +248,10 @@ impl Counts {
     fn decision(&self, now: u64, check: &Check, admitted: bool, placed: &Placed) -> Decision {
         let (limit, cost) = (check.limit, check.cost);
         match (self, placed) {
+            (_, &Placed::HeldElsewhere(until)) => {
+                let wait = Duration::from_micros(until.saturating_sub(now));
+                Decision::denied(check.burst, 0, wait, Some(wait))
+            }
             (Self::Log(log), Placed::Log(window)) => {
                 log.decision(now, limit, cost, admitted, window)
             }
@@ -338,8 +351,8 @@ impl Spent {
     }
 
     /// Whether the request fits at `pass` (see [`held_until`](Self::held_until)).
-    fn fits_at(&self, check: &Check, pass: u64) -> bool {
-        self.counts.fits_at(check, pass)
+    fn fits_at(&self, check: &Check, pass: u64, prepared: &Prepared) -> bool {
+        !matches!(prepared.placed, Placed::HeldElsewhere(_)) && self.counts.fits_at(check, pass)
     }
 
     /// Takes back `cost` units recorded at `at`, after
@@ -421,6 +434,12 @@ struct Prepared {
 #[derive(Debug, Clone, Copy)]
 enum Placed {
     Kept,
+    /// Counts that hold units of requests held for their delay, counted
+    /// now under another window length, which could not keep those units
+    /// until their requests pass: left as they are, they decide nothing
+    /// and every request is denied until this time (µs), when the last
+    /// of those requests has passed. The Redis script does the same.
+    HeldElsewhere(u64),
     Log(Window),
     Counter(SlidingCounter),
     Fixed(FixedWindow),
@@ -596,7 +615,7 @@ impl MemoryStore {
             } else {
                 match spent
                     .held_until(now, check, &prepared)
-                    .filter(|&pass| spent.fits_at(check, pass))
+                    .filter(|&pass| spent.fits_at(check, pass, &prepared))
                 {
                     Some(pass) => pass,
                     None => return spent.denied(now, check, prepared),
@@ -673,8 +692,11 @@ impl MemoryStore {
                     .all(|(index, (check, &hash))| {
                         let pairs = &mut guards[guard_of(hash)].pairs;
                         match (pairs.peek_mut(&PairOf { hash, check }), &found[index]) {
-                            (Some(spent), Some(_)) => spent.fits_at(check, pass),
-                            _ => Spent::fresh(now, check).0.fits_at(check, pass),
+                            (Some(spent), Some(prepared)) => spent.fits_at(check, pass, prepared),
+                            _ => {
+                                let (spent, prepared) = Spent::fresh(now, check);
+                                spent.fits_at(check, pass, &prepared)
+                            }
                         }
                     })
             })
@@ -764,7 +786,9 @@ impl MemoryStore {
                     continue;
                 }
                 let (_, prepared) = spent.prepare(now, check);
-                if !spent.refund(duration_micros(*at), check) {
+                // Counts held elsewhere are left as they are.
+                let held_elsewhere = matches!(prepared.placed, Placed::HeldElsewhere(_));
+                if held_elsewhere || !spent.refund(duration_micros(*at), check) {
                     spent.unroll(prepared);
                 }
             }

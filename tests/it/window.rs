@@ -769,3 +769,61 @@ on_both_stores!(
     a_record_held_for_another_policy_stays_where_it_passes,
     fake_clock
 );
+
+/// A key that holds units of a request held into its next window, then
+/// counted under another window length (a tier with a window of its own,
+/// or a reload), could not keep those units until the request passes: it
+/// denies every request until the window the held one passes in has
+/// ended, rather than forget them.
+async fn held_units_survive_a_change_of_window_length(tested: StoreUnderTest) {
+    let s = Subject::from(tested);
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingCounter] {
+        let name = format!("{algorithm:?}");
+        let long = Policy::new(name.clone(), 2, 10 * SEC)
+            .with_algorithm(algorithm)
+            .with_delay(20 * SEC);
+        let short = Policy::new(name, 1, SEC).with_algorithm(algorithm);
+        for _ in 0..2 {
+            assert!(s.one(&long, "k").await.admitted);
+        }
+        s.advance(SEC);
+        let held = s.one(&long, "k").await;
+        let wait = held.delayed_for.expect("held into the next window");
+        s.advance(SEC / 2);
+        let meanwhile = s.one(&short, "k").await;
+        assert!(!meanwhile.admitted, "{algorithm:?}: {meanwhile:?}");
+        // When the held request passes, the shorter window still counts it.
+        s.advance(wait - SEC / 2);
+        let beside = s.one(&short, "k").await;
+        assert!(!beside.admitted, "{algorithm:?}: {beside:?}");
+        s.advance(60 * SEC);
+    }
+}
+on_both_stores!(held_units_survive_a_change_of_window_length, fake_clock);
+
+/// The same for a token bucket: re-measured under another window, its
+/// debt would be clamped to the burst and forget what held requests
+/// added; it denies until the last of them has passed.
+async fn a_bucket_holding_requests_keeps_them_across_a_change_of_window(tested: StoreUnderTest) {
+    let s = Subject::from(tested);
+    let bucket = |limit: u32, window: Duration| {
+        Policy::new("bucket", limit, window)
+            .with_algorithm(Algorithm::TokenBucket)
+            .with_burst(1)
+            .with_delay(5 * SEC)
+    };
+    let (second, two_seconds) = (bucket(1, SEC), bucket(2, 2 * SEC));
+    assert!(s.one(&second, "k").await.admitted);
+    for expected in [SEC, 2 * SEC] {
+        assert_eq!(s.one(&second, "k").await.delayed_for, Some(expected));
+    }
+    s.advance(SEC / 2);
+    // The same rate, another window: nothing passes beside the held two.
+    let d = s.one(&two_seconds, "k").await;
+    assert!(!d.admitted, "{d:?}");
+    assert_eq!(d.retry_after, Some(SEC * 3 / 2));
+}
+on_both_stores!(
+    a_bucket_holding_requests_keeps_them_across_a_change_of_window,
+    fake_clock
+);
