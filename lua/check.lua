@@ -1139,15 +1139,13 @@ function fixed.prepare(s)
   end
   if stored_id ~= nil and old ~= nil and old ~= s.window then
     -- Left under another window length: the count stays in the new window
-    -- holding the latest time a unit was counted at, if that is now's;
-    -- units held into the next window count in now's.
+    -- holding the latest time a unit was counted at, if that is now's.
+    -- Units held into the next window have passed, and their window
+    -- ended, by now (see `held_elsewhere` above).
     if idiv(s.at, old) > stored_id or idiv(tonumber(s.t) or s.at, s.window) < s.id then
       c = 0
     end
-    if idiv(s.at, old) > stored_id + 1 then
-      n = 0
-    end
-    stored_id, c, n = s.id, c + n, 0
+    stored_id, n = s.id, 0
     s.rewindowed = true
   end
   if carried and stored_id ~= nil and stored_id > s.id then

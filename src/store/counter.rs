@@ -369,16 +369,14 @@ impl FixedWindow {
         let rewindowed = self.window_us != 0 && self.window_us != window_us;
         if rewindowed {
             // Under a new window length the count stays in the window that
-            // holds the latest time a unit was counted at, if that is now's;
-            // units held into the next window count in now's.
+            // holds the latest time a unit was counted at, if that is now's.
+            // Units held into the next window have passed, and their
+            // window ended, by now (see `held_elsewhere`).
             let old_id = self.at_us / self.window_us;
             if old_id > self.id || self.counted_us / window_us < id {
                 self.count = 0;
             }
-            if old_id > self.id + 1 {
-                self.ahead = 0;
-            }
-            self.count += std::mem::take(&mut self.ahead);
+            self.ahead = 0;
             self.id = id;
         }
         let carried = stepped_back && self.id > id;
