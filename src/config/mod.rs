@@ -38,7 +38,7 @@ use toml::Spanned;
 use crate::key::JwtClaim;
 use crate::key::{Global, Header, KeyExtractor, PeerIp, digest};
 use crate::layer::RateLimitLayer;
-use crate::layer::credentials::CredentialFailures;
+use crate::layer::credential_failures::CredentialFailures;
 use crate::layer::deny_cache::{DEFAULT_CAPACITY as DEFAULT_DENY_CACHE, DenyCache};
 use crate::limits::Overrides;
 use crate::policy::{FailMode, Policies, Policy, Route, TierLimits};

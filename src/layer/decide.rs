@@ -21,9 +21,9 @@ use http::{Request, Response};
 
 use crate::key::{Confirming, Identity, KeyRejection, confirmed};
 use crate::layer::Shared;
-use crate::layer::credentials::Refusal;
+use crate::layer::credential_failures::Refusal;
+use crate::layer::delay::Delayed;
 use crate::layer::deny_cache::Denied;
-use crate::layer::hold::Delayed;
 use crate::layer::outcome::{self, Next, Sent, SentAt, trace_decision};
 use crate::layer::reject::{Reply, reject};
 use crate::layer::roles::{self, Roles};

@@ -10,23 +10,23 @@
 
 mod background;
 mod body;
-mod claims;
-pub(crate) mod credentials;
+pub(crate) mod credential_failures;
 mod decide;
+mod delay;
 pub(crate) mod deny_cache;
 mod future;
-mod hold;
 mod inspect;
-mod local;
+mod local_fallback;
 mod outcome;
+mod policy_names;
 mod reject;
 mod roles;
 mod service;
 
 pub use body::ResponseBody;
-pub use claims::PolicyConflict;
 pub use future::ResponseFuture;
 pub use inspect::LimitError;
+pub use policy_names::PolicyConflict;
 pub use service::RateLimit;
 
 use std::sync::Arc;
@@ -46,9 +46,9 @@ use crate::response::headers::{HeaderStyle, ResetFormat};
 use crate::response::rejection::{OnRejection, Rejection};
 use crate::store::{Check, Store};
 use crate::tier::TierLookup;
-pub use credentials::CredentialFailures;
+pub use credential_failures::CredentialFailures;
 pub use deny_cache::DenyCache;
-use local::LocalLimits;
+use local_fallback::LocalLimits;
 
 /// How long a [`LimitLookup`]'s answer is kept unless set.
 const DEFAULT_LIMIT_TTL: Duration = Duration::from_secs(60);
@@ -82,8 +82,8 @@ impl Default for Options {
             insert_identity: false,
             shadow: false,
             local_share: 1,
-            max_delayed: hold::DEFAULT_MAX_DELAYED,
-            max_delayed_bytes: hold::DEFAULT_MAX_DELAYED_BYTES,
+            max_delayed: delay::DEFAULT_MAX_DELAYED,
+            max_delayed_bytes: delay::DEFAULT_MAX_DELAYED_BYTES,
         }
     }
 }
@@ -106,7 +106,7 @@ pub(crate) struct Shared {
     /// The clients' own limits, when the layer looks them up.
     pub(crate) client_limits: Option<Arc<ClientLimits>>,
     /// The requests held now instead of denied, in every clone.
-    pub(crate) delayed: Arc<hold::Holding>,
+    pub(crate) delayed: Arc<delay::DelayedRequests>,
     /// The namespace of every store key the layer writes, if set.
     pub(crate) namespace: Option<Arc<str>>,
     pub(crate) options: Options,
@@ -150,7 +150,7 @@ impl PoliciesHandle {
     /// another layer on the same store and namespace has a policy of one
     /// of these names that counts otherwise: the two would share counts.
     pub fn replace(&self, policies: Policies) -> Result<(), PolicyConflict> {
-        claims::may_replace(&self.0, &policies)?;
+        policy_names::may_replace(&self.0, &policies)?;
         self.0.store(Arc::new(policies));
         Ok(())
     }
@@ -701,7 +701,7 @@ impl<S> Layer<S> for RateLimitLayer {
         let shared = &self.shared;
         if let Some(state) = shared.store.state()
             && let Err(conflict) =
-                claims::register(&state, shared.namespace.as_ref(), &shared.policies)
+                policy_names::register(&state, shared.namespace.as_ref(), &shared.policies)
         {
             panic!("slidegate: {conflict}");
         }

@@ -13,8 +13,8 @@ use http::{HeaderValue, Response};
 
 use crate::layer::Shared;
 use crate::layer::body::Leases;
-use crate::layer::hold::{Delayed, Slot, Unpassed};
-use crate::layer::local::LocalChecks;
+use crate::layer::delay::{Delayed, Slot, Unpassed};
+use crate::layer::local_fallback::LocalChecks;
 use crate::layer::reject::{Reply, reject};
 use crate::layer::roles::{HeaderSource, Refund, Roles};
 use crate::metrics::{self, Outcome, Timer};
@@ -419,7 +419,7 @@ fn fall_back(
 
 /// Denies a request the local counts refuse within a window of the
 /// store's last failure, before the store is asked (see
-/// [`LocalLimits`](super::local::LocalLimits)); `None` to ask the store.
+/// [`LocalLimits`](super::local_fallback::LocalLimits)); `None` to ask the store.
 pub(crate) fn refused_locally(shared: &Shared, parts: &Parts, roles: &Roles) -> Option<Next> {
     let local = roles.local()?;
     let decisions = shared.local.refuses(local)?;

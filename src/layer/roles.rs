@@ -12,7 +12,7 @@ use smallvec::SmallVec;
 use crate::layer::Options;
 use crate::layer::background::in_background;
 use crate::layer::body::released_unless_decided;
-use crate::layer::local::LocalChecks;
+use crate::layer::local_fallback::LocalChecks;
 use crate::policy::cost::Checks;
 use crate::policy::plan::Plan;
 use crate::policy::{Algorithm, Count, FailMode};

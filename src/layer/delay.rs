@@ -1,4 +1,4 @@
-//! Holding a request instead of denying it ([`Policy::with_delay`]).
+//! Delaying a request instead of denying it ([`Policy::with_delay`]).
 //!
 //! The store decides a request once: one that fits every policy within
 //! its delay is admitted at the time it fits, its units recorded at that
@@ -39,12 +39,12 @@ pub(crate) const DEFAULT_MAX_DELAYED_BYTES: usize = 64 << 20;
 
 /// The requests a layer (with its clones) holds now.
 #[derive(Debug, Default)]
-pub(crate) struct Holding {
+pub(crate) struct DelayedRequests {
     count: AtomicUsize,
     bytes: AtomicUsize,
 }
 
-impl Holding {
+impl DelayedRequests {
     /// How many requests are held now.
     pub(crate) fn count(&self) -> usize {
         self.count.load(Ordering::Acquire)
@@ -55,7 +55,7 @@ impl Holding {
 /// or its client went away).
 #[derive(Debug)]
 pub(crate) struct Slot {
-    holding: Arc<Holding>,
+    delayed: Arc<DelayedRequests>,
     bytes: usize,
 }
 
@@ -63,23 +63,23 @@ impl Slot {
     /// A place for the request whose head is `parts`, if the layer has
     /// room for it: at most `max` requests and `max_bytes` of heads.
     pub(crate) fn take(
-        holding: &Arc<Holding>,
+        delayed: &Arc<DelayedRequests>,
         max: usize,
         max_bytes: usize,
         parts: &Parts,
     ) -> Option<Self> {
         let bytes = head_bytes(parts);
-        if holding.count.fetch_add(1, Ordering::AcqRel) >= max {
-            holding.count.fetch_sub(1, Ordering::AcqRel);
+        if delayed.count.fetch_add(1, Ordering::AcqRel) >= max {
+            delayed.count.fetch_sub(1, Ordering::AcqRel);
             return None;
         }
-        if holding.bytes.fetch_add(bytes, Ordering::AcqRel) + bytes > max_bytes {
-            holding.bytes.fetch_sub(bytes, Ordering::AcqRel);
-            holding.count.fetch_sub(1, Ordering::AcqRel);
+        if delayed.bytes.fetch_add(bytes, Ordering::AcqRel) + bytes > max_bytes {
+            delayed.bytes.fetch_sub(bytes, Ordering::AcqRel);
+            delayed.count.fetch_sub(1, Ordering::AcqRel);
             return None;
         }
         Some(Self {
-            holding: holding.clone(),
+            delayed: delayed.clone(),
             bytes,
         })
     }
@@ -87,8 +87,8 @@ impl Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.holding.bytes.fetch_sub(self.bytes, Ordering::AcqRel);
-        self.holding.count.fetch_sub(1, Ordering::AcqRel);
+        self.delayed.bytes.fetch_sub(self.bytes, Ordering::AcqRel);
+        self.delayed.count.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
