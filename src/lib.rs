@@ -71,6 +71,7 @@ mod metrics;
 pub mod policy;
 pub mod rejection;
 mod response;
+mod soon;
 pub mod store;
 mod throttle;
 mod tier;

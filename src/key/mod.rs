@@ -30,7 +30,7 @@ pub use header::Header;
 #[cfg(feature = "jwt")]
 pub use jwt::{JwtClaim, JwtClaimBuilder, JwtError};
 pub use lookup::{ApiKeyFuture, ApiKeyLookup, ApiKeyStatus};
-pub(crate) use lookup::{Confirming, Otherwise, Unconfirmed, confirmed};
+pub(crate) use lookup::{Otherwise, Unconfirmed, confirmed};
 pub use peer_ip::{ForwardedHeader, PeerIp};
 
 use std::borrow::Cow;

@@ -1,15 +1,17 @@
-//! One request's decision, read top to bottom.
+//! One request's decision, read top to bottom: what is known now (the
+//! plan, an exemption, the client, its costs and limits), the store asked,
+//! and its answer turned into a call or an answer (see
+//! [`outcome`](super::outcome)).
 //!
-//! [`decide`] works out at once, without allocating, whatever needs no
-//! waiting: the plan, an exemption, a blocked address, the client, the
-//! costs, and, on a store in process or from the deny cache, the verdict.
-//! A request that must wait (an API-key or tier lookup, a store across
-//! the network) goes on in [`Wait::start`], one `async` continuation
-//! through the same steps. Both read the one [`Plan`] chosen at the start
-//! with the costs computed under it, so a reload of the policies never
-//! changes a request midway.
+//! [`decide`] goes as far as it can without waiting and without
+//! allocating: on a store in process, or from the deny cache, that is to
+//! the end. At the first step that must wait (an API-key, tier or limit
+//! lookup, a store across the network, a delay), the rest of the decision
+//! is one boxed `async` block from that step on, through the same
+//! functions. Both read the one [`Plan`] chosen at the start, with the
+//! costs computed under it, so a reload of the policies never changes a
+//! request midway.
 
-use std::cmp::Reverse;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -19,268 +21,195 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{Request, Response};
 
-use crate::key::{Confirming, Identity, KeyRejection, confirmed};
-use crate::layer::Shared;
-use crate::layer::credential_failures::Refusal;
-use crate::layer::delay::Delayed;
-use crate::layer::deny_cache::Denied;
-use crate::layer::outcome::{self, Next, Sent, SentAt, trace_decision};
-use crate::layer::reject::{Reply, reject};
-use crate::layer::roles::{self, Roles};
+use crate::key::{Identity, confirmed};
+use crate::layer::batch::{self, Batch, Modes};
+use crate::layer::credential_failures::{blocked, refusal_of, refused};
+use crate::layer::outcome::{Next, cached_denial, outcome, refused_locally};
+use crate::layer::reject::reject;
+use crate::layer::settings::Shared;
 use crate::limits::Found;
 use crate::metrics::{self, Outcome, Timer};
 use crate::policy::cost::{self, Costs};
 use crate::policy::plan::Plan;
 use crate::policy::{Cost, FailMode, Policies};
-use crate::response::problem::Denial;
-use crate::store::{Check, CheckFuture, CheckOutcome, index_of_min};
+use crate::rejection::Rejection;
+use crate::soon::Soon;
+use crate::store::{CheckFuture, CheckOutcome};
 use crate::throttle::TIER_LOOKUP_TIMEOUTS;
 use crate::tier::TierFuture;
-
-/// A request's decision: known now, or once it has waited.
-pub(crate) enum Decided {
-    Now(Next),
-    /// The rest of the decision, which took the request head.
-    Later(Continuation),
-}
 
 /// The rest of a waiting request's decision, with the request head back.
 pub(crate) type Continuation = Pin<Box<dyn Future<Output = (Parts, Next)> + Send + 'static>>;
 
 /// Decides the request whose head is `parts` as far as it can without
-/// waiting; a request that must wait takes its head into the
-/// continuation. An admitted client's [`Identity`] goes into `parts` when
-/// the layer hands it on.
-pub(crate) fn decide(shared: &Arc<Shared>, parts: &mut Parts) -> Decided {
+/// waiting; `Err` is the rest of the decision of a request that must
+/// wait, which took its head. An admitted client's [`Identity`] goes into
+/// `parts` when the layer hands it on.
+pub(crate) fn decide(shared: &Arc<Shared>, parts: &mut Parts) -> Result<Next, Continuation> {
     let policies = shared.policies.load();
     let plan = plan_for(&policies, parts);
-    if plan.policies().is_empty() {
-        return Decided::Now(Next::PASS);
-    }
-    if shared.exempt.as_ref().is_some_and(|exempt| exempt(parts)) {
-        for policy in plan.policies() {
-            metrics::decided(policy.shared_name(), Outcome::Exempt);
-        }
-        return Decided::Now(Next::PASS);
+    if plan.policies().is_empty() || is_exempt(shared, plan, parts) {
+        return Ok(Next::PASS);
     }
     // The count of this address's refused credentials, before verifying any.
     let refusal = refusal_of(shared, parts);
     if let Some(denied) = refusal.as_ref().and_then(|check| blocked(shared, check)) {
-        return Decided::Now(Next::Answer(cached_denial(shared, parts, &denied)));
+        return Ok(Next::Answer(cached_denial(shared, parts, &denied)));
     }
     let identity = match shared.keys.extract(parts) {
         Ok(Some(identity)) => identity,
-        Ok(None) => return Decided::Now(Next::Answer(unidentified(shared, parts))),
+        Ok(None) => return Ok(Next::Answer(unidentified(shared, parts))),
         Err(rejection) => {
             return match refused(shared, parts, refusal, rejection) {
-                Refused::Now(response) => Decided::Now(Next::Answer(response)),
-                Refused::Counting(counting) => {
-                    Wait::new(shared, plan, None, Step::Refusing(counting)).start(parts)
+                Ok(answer) => Ok(Next::Answer(answer)),
+                Err(counting) => {
+                    let shared = shared.clone();
+                    Err(later(parts, |parts| async move {
+                        let answer = counting.answer(&shared, &parts).await;
+                        (parts, Next::Answer(answer))
+                    }))
                 }
             };
         }
     };
     let costs = costs_of(shared, plan, parts);
+    let timeout = shared.settings.lookup_timeout;
     if identity.unconfirmed.is_some() {
-        let confirm = confirmed(identity, shared.options.lookup_timeout);
-        let step = Step::Confirming(confirm, refusal);
-        return Wait::new(shared, plan, costs, step).start(parts);
+        let confirm = confirmed(identity, timeout);
+        let rest = Rest::new(shared, plan, costs);
+        return Err(later(parts, |mut parts| async move {
+            let next = match confirm.await {
+                Ok(Some(identity)) => rest.after_identity(&mut parts, identity).await,
+                Ok(None) => Next::Answer(unidentified(&rest.shared, &parts)),
+                Err(rejection) => {
+                    Next::Answer(match refused(&rest.shared, &parts, refusal, rejection) {
+                        Ok(answer) => answer,
+                        Err(counting) => counting.answer(&rest.shared, &parts).await,
+                    })
+                }
+            };
+            (parts, next)
+        }));
     }
     if let Some(lookup) = tier_lookup(shared, parts, &identity) {
-        let step = Step::LookingUp(identity, lookup);
-        return Wait::new(shared, plan, costs, step).start(parts);
+        let rest = Rest::new(shared, plan, costs);
+        return Err(later(parts, |mut parts| async move {
+            let identity = with_tier(identity, lookup.await);
+            let next = rest.after_tier(&mut parts, identity).await;
+            (parts, next)
+        }));
     }
-    let own = match own_limits(shared, plan, &identity) {
-        Own::Known(own) => own,
-        Own::Later(lookup) => {
-            let step = Step::LookingUpLimits(identity, lookup);
-            return Wait::new(shared, plan, costs, step).start(parts);
+    let own = match own_limits(shared, plan, &identity).into_now() {
+        Ok(own) => own,
+        Err(lookup) => {
+            let rest = Rest::new(shared, plan, costs);
+            return Err(later(parts, |mut parts| async move {
+                let own = lookup.await;
+                let next = rest.after_limits(&mut parts, identity, own).await;
+                (parts, next)
+            }));
         }
     };
-    match send(shared, parts, plan, &identity, costs.as_ref(), own.as_ref()) {
-        Sending::Now(Next::Delay(delayed)) => {
-            let step = Step::Holding(identity, delayed);
-            Wait::new(shared, plan, costs, step).start(parts)
-        }
-        Sending::Now(next) => Decided::Now(hand_on(shared, parts, identity, next)),
-        Sending::Later(sent, check) => {
-            let step = Step::Checking(identity, own, sent, check);
-            Wait::new(shared, plan, costs, step).start(parts)
-        }
-    }
-}
-
-/// A client's own limits under a plan: known now (`None` when the layer
-/// looks none up), or being looked up.
-enum Own {
-    Known(Option<Found>),
-    Later(OwnFuture),
-}
-
-type OwnFuture = Pin<Box<dyn Future<Output = Found> + Send + 'static>>;
-
-/// The own limits of `identity` under `plan`, when the layer looks them up.
-fn own_limits(shared: &Shared, plan: &Plan, identity: &Identity) -> Own {
-    let Some(limits) = &shared.client_limits else {
-        return Own::Known(None);
+    let (batch, answer) = match send(shared, parts, plan, &identity, costs.as_ref(), own.as_ref()) {
+        Ok(sent) => sent,
+        Err(next) => return Ok(hand_on(shared, parts, identity, next)),
     };
-    let policies = plan.policies();
-    match limits.known(&identity.key, policies, shared.options.lookup_timeout) {
-        Some(found) => Own::Known(Some(found)),
-        None => Own::Later(Box::pin(limits.look_up(
-            &identity.key,
-            policies,
-            shared.options.lookup_timeout,
-        ))),
+    let answer = match answer.into_ready() {
+        Ok(answer) => answer,
+        Err(answer) => {
+            let rest = Rest::new(shared, plan, costs);
+            return Err(later(parts, |mut parts| async move {
+                let next = rest
+                    .answered(&mut parts, identity, &batch, answer.await)
+                    .await;
+                (parts, next)
+            }));
+        }
+    };
+    let tier = identity.tier.as_deref();
+    match outcome(shared, parts, plan, tier, &batch, answer).into_now() {
+        Ok(next) => Ok(hand_on(shared, parts, identity, next)),
+        Err(delayed) => {
+            let shared = shared.clone();
+            Err(later(parts, |mut parts| async move {
+                let next = hand_on(&shared, &mut parts, identity, delayed.await);
+                (parts, next)
+            }))
+        }
     }
 }
 
-/// [`own_limits`], waited for.
-async fn own_limits_now(shared: &Shared, plan: &Plan, identity: &Identity) -> Option<Found> {
-    match own_limits(shared, plan, identity) {
-        Own::Known(own) => own,
-        Own::Later(lookup) => Some(lookup.await),
-    }
+/// The rest of the decision, `rest`, which takes the request head from
+/// `parts` (leaving an empty one) and gives it back with the decision.
+fn later<F>(parts: &mut Parts, rest: impl FnOnce(Parts) -> F) -> Continuation
+where
+    F: Future<Output = (Parts, Next)> + Send + 'static,
+{
+    let head = std::mem::replace(parts, Request::new(()).into_parts().0);
+    Box::pin(rest(head))
 }
 
-/// Where a waiting request's decision stands.
-// Lives in the request's continuation, already on the heap: boxing the
-// larger variant would cost another allocation per store call.
-#[allow(clippy::large_enum_variant)]
-enum Pending {
-    /// Its checks are to be sent.
-    Send,
-    /// The store has them.
-    Sent(Sent, CheckFuture),
-}
-
-/// A request that waits before it is decided: what it waits for, and the
-/// plan and costs it was decided under so far.
-pub(crate) struct Wait {
+/// What a waiting request is decided under: owned, as it outlives the
+/// call that began it.
+struct Rest {
     shared: Arc<Shared>,
     plan: Arc<Plan>,
     costs: Option<Costs>,
-    step: Step,
 }
 
-/// What a waiting request waits for.
-// Moved into the request's continuation, which is on the heap: boxing the
-// larger variant would cost another allocation per store call.
-#[allow(clippy::large_enum_variant)]
-enum Step {
-    /// The count of its refused credentials, to answer them.
-    Refusing(Box<Counting>),
-    /// An API-key lookup, to know who the client is; with the count of
-    /// the address's refusals, should the key be refused.
-    Confirming(Confirming, Option<Check>),
-    /// A tier lookup, to know the client's limits.
-    LookingUp(Identity, TierFuture),
-    /// A lookup of the client's own limits.
-    LookingUpLimits(Identity, OwnFuture),
-    /// The store's decision.
-    Checking(Identity, Option<Found>, Sent, CheckFuture),
-    /// The wait of a request admitted after its delay.
-    Holding(Identity, Box<Delayed>),
-}
-
-impl Wait {
-    fn new(shared: &Arc<Shared>, plan: &Arc<Plan>, costs: Option<Costs>, step: Step) -> Self {
+impl Rest {
+    fn new(shared: &Arc<Shared>, plan: &Arc<Plan>, costs: Option<Costs>) -> Self {
         Self {
             shared: shared.clone(),
             plan: plan.clone(),
             costs,
-            step,
         }
     }
 
-    /// The rest of the decision, which takes the request head from
-    /// `parts` (leaving an empty one): confirm the API key, look up the
-    /// tier, ask the store, and settle.
-    fn start(self, parts: &mut Parts) -> Decided {
-        let head = std::mem::replace(parts, Request::new(()).into_parts().0);
-        Decided::Later(Box::pin(self.run(head)))
+    /// The decision from a confirmed client on: its tier looked up if
+    /// need be, then [`after_tier`](Self::after_tier).
+    async fn after_identity(&self, parts: &mut Parts, identity: Identity) -> Next {
+        let identity = match tier_lookup(&self.shared, parts, &identity) {
+            Some(lookup) => with_tier(identity, lookup.await),
+            None => identity,
+        };
+        self.after_tier(parts, identity).await
     }
 
-    async fn run(self, mut parts: Parts) -> (Parts, Next) {
-        let Self {
-            shared,
-            plan,
-            costs,
-            step,
-        } = self;
-        let (identity, own, pending) = match step {
-            Step::Refusing(counting) => {
-                let answer = counting.answer(&shared, &parts).await;
-                return (parts, Next::Answer(answer));
-            }
-            Step::Confirming(confirm, refusal) => {
-                let identity = match confirm.await {
-                    Ok(Some(identity)) => identity,
-                    Ok(None) => {
-                        let answer = unidentified(&shared, &parts);
-                        return (parts, Next::Answer(answer));
-                    }
-                    Err(rejection) => {
-                        let answer = match refused(&shared, &parts, refusal, rejection) {
-                            Refused::Now(response) => response,
-                            Refused::Counting(counting) => counting.answer(&shared, &parts).await,
-                        };
-                        return (parts, Next::Answer(answer));
-                    }
-                };
-                let identity = match tier_lookup(&shared, &parts, &identity) {
-                    Some(lookup) => with_tier(identity, lookup.await),
-                    None => identity,
-                };
-                let own = own_limits_now(&shared, &plan, &identity).await;
-                (identity, own, Pending::Send)
-            }
-            Step::LookingUp(identity, lookup) => {
-                let identity = with_tier(identity, lookup.await);
-                let own = own_limits_now(&shared, &plan, &identity).await;
-                (identity, own, Pending::Send)
-            }
-            Step::LookingUpLimits(identity, lookup) => {
-                (identity, Some(lookup.await), Pending::Send)
-            }
-            Step::Checking(identity, own, sent, check) => {
-                (identity, own, Pending::Sent(sent, check))
-            }
-            Step::Holding(identity, delayed) => {
-                let next = delayed.pass().await;
-                let next = hand_on(&shared, &mut parts, identity, next);
-                return (parts, next);
-            }
-        };
+    /// The decision from a client of a known tier on: its own limits
+    /// looked up if the layer does, then [`after_limits`](Self::after_limits).
+    async fn after_tier(&self, parts: &mut Parts, identity: Identity) -> Next {
+        let own = own_limits(&self.shared, &self.plan, &identity).await;
+        self.after_limits(parts, identity, own).await
+    }
+
+    /// The decision from a client of known limits on: the store asked,
+    /// then [`answered`](Self::answered).
+    async fn after_limits(
+        &self,
+        parts: &mut Parts,
+        identity: Identity,
+        own: Option<Found>,
+    ) -> Next {
+        let (shared, plan, costs) = (&*self.shared, &*self.plan, self.costs.as_ref());
+        match send(shared, parts, plan, &identity, costs, own.as_ref()) {
+            Ok((batch, answer)) => self.answered(parts, identity, &batch, answer.await).await,
+            Err(next) => hand_on(shared, parts, identity, next),
+        }
+    }
+
+    /// The store's `answer` to `batch`, turned into the request's way on,
+    /// waited for when the store delayed it.
+    async fn answered(
+        &self,
+        parts: &mut Parts,
+        identity: Identity,
+        batch: &Batch,
+        answer: CheckOutcome,
+    ) -> Next {
         let tier = identity.tier.as_deref();
-        let next = match pending {
-            Pending::Send => {
-                match send(
-                    &shared,
-                    &parts,
-                    &plan,
-                    &identity,
-                    costs.as_ref(),
-                    own.as_ref(),
-                ) {
-                    Sending::Now(next) => next,
-                    Sending::Later(sent, check) => {
-                        let answer = check.await;
-                        outcome::outcome(&shared, &parts, &plan, tier, &sent, answer)
-                    }
-                }
-            }
-            Pending::Sent(sent, check) => {
-                let answer = check.await;
-                outcome::outcome(&shared, &parts, &plan, tier, &sent, answer)
-            }
-        };
-        let next = match next {
-            Next::Delay(delayed) => delayed.pass().await,
-            next => next,
-        };
-        let next = hand_on(&shared, &mut parts, identity, next);
-        (parts, next)
+        let next = outcome(&self.shared, parts, &self.plan, tier, batch, answer).await;
+        hand_on(&self.shared, parts, identity, next)
     }
 }
 
@@ -295,7 +224,7 @@ fn with_tier(mut identity: Identity, tier: Option<Arc<str>>) -> Identity {
 /// `next`, after giving an admitted client's identity to the inner
 /// service when the layer does.
 fn hand_on(shared: &Shared, parts: &mut Parts, identity: Identity, next: Next) -> Next {
-    if shared.options.insert_identity && matches!(next, Next::Call(..)) {
+    if shared.settings.insert_identity && matches!(next, Next::Call(..)) {
         parts.extensions.insert(identity);
     }
     next
@@ -312,6 +241,17 @@ fn plan_for<'a>(policies: &'a Policies, parts: &Parts) -> &'a Arc<Plan> {
     policies.plan_in(&parts.method, parts.uri.path(), true)
 }
 
+/// Whether the layer leaves the request alone (counted as exempt).
+fn is_exempt(shared: &Shared, plan: &Plan, parts: &Parts) -> bool {
+    if !shared.exempt.as_ref().is_some_and(|exempt| exempt(parts)) {
+        return false;
+    }
+    for policy in plan.policies() {
+        metrics::decided(policy.shared_name(), Outcome::Exempt);
+    }
+    true
+}
+
 /// The request's cost under each policy of `plan`, when the layer
 /// computes costs.
 fn costs_of(shared: &Shared, plan: &Plan, parts: &Parts) -> Option<Costs> {
@@ -324,24 +264,6 @@ fn costs_of(shared: &Shared, plan: &Plan, parts: &Parts) -> Option<Costs> {
     )
 }
 
-/// The count of this address's refused credentials, when the layer
-/// counts them and the request presents some.
-fn refusal_of(shared: &Shared, parts: &Parts) -> Option<Check> {
-    let failures = shared.credential_failures.as_ref()?;
-    let mut check = failures.check_for(parts, &*shared.keys)?;
-    shared.in_namespace(&mut check);
-    Some(check)
-}
-
-/// The cached denial of the address `check` counts refusals of, while it
-/// is blocked; never in shadow mode.
-fn blocked<'a>(shared: &Shared, check: &'a Check) -> Option<Denied<'a>> {
-    let failures = shared.credential_failures.as_ref()?;
-    (!shared.options.shadow)
-        .then(|| failures.blocked_now(check))
-        .flatten()
-}
-
 /// The answer to a request no extractor identified: `401` when the chain
 /// keys by credentials alone, `500` otherwise.
 fn unidentified(shared: &Shared, parts: &Parts) -> Response<Bytes> {
@@ -349,81 +271,10 @@ fn unidentified(shared: &Shared, parts: &Parts) -> Response<Bytes> {
     reject(
         shared,
         parts,
-        Reply::Unidentified {
+        Rejection::Unidentified {
             missing_credentials,
         },
     )
-}
-
-/// Refused credentials: answered `401` at once, or once the refusal is
-/// counted against the client's address.
-enum Refused {
-    Now(Response<Bytes>),
-    Counting(Box<Counting>),
-}
-
-/// A refusal of credentials the store is counting.
-struct Counting {
-    refusal: Refusal,
-    rejection: KeyRejection,
-    check: CheckFuture,
-}
-
-impl Counting {
-    async fn answer(self, shared: &Shared, parts: &Parts) -> Response<Bytes> {
-        let outcome = self.check.await;
-        refusal_answer(shared, parts, &self.refusal, &self.rejection, outcome)
-    }
-}
-
-/// Answers refused credentials `401`, after counting the refusal against
-/// the client's address (`check`) when the layer counts them: `429` once
-/// the address is past its limit.
-fn refused(
-    shared: &Shared,
-    parts: &Parts,
-    check: Option<Check>,
-    rejection: KeyRejection,
-) -> Refused {
-    tracing::debug!(reason = rejection.reason(), "credentials refused");
-    let Some((failures, check)) = shared.credential_failures.as_ref().zip(check) else {
-        return Refused::Now(reject(shared, parts, Reply::InvalidCredentials(&rejection)));
-    };
-    let refusal = failures.refusal(check);
-    match shared
-        .store
-        .check(std::slice::from_ref(&refusal.check))
-        .into_ready()
-    {
-        Ok(outcome) => Refused::Now(refusal_answer(shared, parts, &refusal, &rejection, outcome)),
-        Err(check) => Refused::Counting(Box::new(Counting {
-            refusal,
-            rejection,
-            check,
-        })),
-    }
-}
-
-fn refusal_answer(
-    shared: &Shared,
-    parts: &Parts,
-    refusal: &Refusal,
-    rejection: &KeyRejection,
-    outcome: CheckOutcome,
-) -> Response<Bytes> {
-    match refusal.past_limit(outcome, shared.options.shadow) {
-        Some(decision) => reject(
-            shared,
-            parts,
-            Reply::Limited(Denial {
-                checks: std::slice::from_ref(&refusal.check),
-                decisions: &[decision],
-                denied: 0,
-                body: None,
-            }),
-        ),
-        None => reject(shared, parts, Reply::InvalidCredentials(rejection)),
-    }
 }
 
 /// The lookup of `identity`'s tier, when the layer has a lookup and the
@@ -432,7 +283,7 @@ fn tier_lookup(shared: &Shared, parts: &Parts, identity: &Identity) -> Option<Ti
     match &shared.tier_lookup {
         Some(lookup) if identity.tier.is_none() => Some(with_timeout(
             lookup.lookup(parts, identity),
-            shared.options.lookup_timeout,
+            shared.settings.lookup_timeout,
         )),
         _ => None,
     }
@@ -456,19 +307,29 @@ fn with_timeout(lookup: TierFuture, timeout: Duration) -> TierFuture {
     })
 }
 
-/// The request's checks, sent: decided at once, or when the store answers.
-// Moved once, from `send` to its caller, and never stored: boxing the
-// larger variant would cost an allocation per store call.
-#[allow(clippy::large_enum_variant)]
-enum Sending {
-    Now(Next),
-    Later(Sent, CheckFuture),
+/// The own limits of `identity` under `plan`, when the layer looks them
+/// up (`None` when it does not): known now when a fresh answer is kept.
+fn own_limits(shared: &Shared, plan: &Plan, identity: &Identity) -> Soon<Option<Found>> {
+    let Some(limits) = &shared.client_limits else {
+        return Soon::now(None);
+    };
+    let (policies, timeout) = (plan.policies(), shared.settings.lookup_timeout);
+    match limits.known(&identity.key, policies, timeout) {
+        Some(found) => Soon::now(Some(found)),
+        None => {
+            let lookup = limits.look_up(&identity.key, policies, timeout);
+            Soon::later(async move { Some(lookup.await) })
+        }
+    }
 }
 
 /// Builds the checks of `identity` under `plan` (at its `own` limits) and
-/// sends them: the answer is known at once for a cost above the limit, an
-/// exempt request, a denial the deny cache knows, or a store that decides
-/// in process.
+/// sends them; `Err` holds the answer when it is known without the store:
+/// a cost above the limit, a request every policy exempts, a denial the
+/// local counts or the deny cache know.
+// Returned once to its caller and never stored: boxing the answer would
+// cost an allocation per denied request.
+#[allow(clippy::result_large_err)]
 fn send(
     shared: &Shared,
     parts: &Parts,
@@ -476,65 +337,59 @@ fn send(
     identity: &Identity,
     costs: Option<&Costs>,
     own: Option<&Found>,
-) -> Sending {
+) -> Result<(Batch, CheckFuture), Next> {
     let tier = identity.tier.as_deref();
     let mut checks = match cost::checks(plan, &identity.key, tier, costs, own) {
         Ok(checks) => checks,
         Err(denied) => {
-            return Sending::Now(Next::Answer(reject(
-                shared,
-                parts,
-                Reply::CostAboveLimit(&denied),
-            )));
+            let rejection = Rejection::CostAboveLimit(&denied);
+            return Err(Next::Answer(reject(shared, parts, rejection)));
         }
     };
     if checks.is_empty() {
         // Every policy of the request exempts it.
-        return Sending::Now(Next::PASS);
+        return Err(Next::PASS);
     }
     if shared.namespace.is_some() {
         for check in &mut checks {
             shared.in_namespace(check);
         }
     }
-    let roles = Roles::assign(plan, &mut checks, shared.options);
-    let enforced = roles
+    let modes = Modes::assign(plan, &mut checks, shared.settings);
+    let enforced = modes
         .as_ref()
-        .map_or(checks.len(), |roles| roles.shadow_from);
-    if let Some(next) = roles
+        .map_or(checks.len(), |modes| modes.shadow_from);
+    if let Some(next) = modes
         .as_deref()
-        .and_then(|roles| outcome::refused_locally(shared, parts, roles))
+        .and_then(Modes::local)
+        .and_then(|local| refused_locally(shared, parts, local))
     {
-        return Sending::Now(next);
+        return Err(next);
     }
     let mut deny_clock = 0;
     if let Some(cache) = &shared.deny_cache {
         if let Some(denied) = cache.lookup(&checks[..enforced]) {
-            return Sending::Now(Next::Answer(cached_denial(shared, parts, &denied)));
+            return Err(Next::Answer(cached_denial(shared, parts, &denied)));
         }
         deny_clock = cache.now();
     }
-    let sent = Sent {
+    let batch = Batch {
         fail_closed: fails_closed(shared, plan, costs),
         checks,
-        roles,
-        at: SentAt {
-            deny_clock,
-            timer: Timer::start(),
-        },
+        modes,
+        deny_clock,
+        timer: Timer::start(),
     };
-    match roles::check(&shared.store, &sent.checks, enforced).into_ready() {
-        Ok(answer) => Sending::Now(outcome::outcome(shared, parts, plan, tier, &sent, answer)),
-        Err(check) => Sending::Later(sent, check),
-    }
+    let answer = batch::check(&shared.store, &batch.checks, enforced);
+    Ok((batch, answer))
 }
 
 /// Whether a policy that counts the request fails closed: policies a
 /// computed cost exempts, and shadow policies, do not decide how the
 /// request fails.
 fn fails_closed(shared: &Shared, plan: &Plan, costs: Option<&Costs>) -> bool {
-    let default = shared.options.fail_mode;
-    if shared.options.shadow {
+    let default = shared.settings.fail_mode;
+    if shared.settings.shadow {
         return false;
     }
     let Some(costs) = costs else {
@@ -545,23 +400,4 @@ fn fails_closed(shared: &Shared, plan: &Plan, costs: Option<&Costs>) -> bool {
             && !policy.is_shadow()
             && policy.fail_mode().unwrap_or(default) == FailMode::Closed
     })
-}
-
-/// A `429` from the deny cache, for checks it knows to be denied.
-fn cached_denial(shared: &Shared, parts: &Parts, denied: &Denied<'_>) -> Response<Bytes> {
-    for check in denied.checks.iter() {
-        metrics::decided(&check.policy, Outcome::DenyCache);
-    }
-    let index = index_of_min(&denied.decisions, |d| Reverse(d.retry_after));
-    trace_decision(&denied.checks[index].policy, Outcome::DenyCache, None);
-    reject(
-        shared,
-        parts,
-        Reply::Limited(Denial {
-            checks: &denied.checks,
-            decisions: &denied.decisions,
-            denied: index,
-            body: Some(&denied.bodies[index]),
-        }),
-    )
 }

@@ -22,14 +22,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use http::request::Parts;
-use smallvec::SmallVec;
 
-use crate::layer::background::in_background;
-use crate::layer::outcome::Next;
+use crate::layer::owed::{Recorded, report_refund};
 use crate::policy::Algorithm;
-use crate::policy::cost::Checks;
-use crate::store::{Check, Decision, Store, StoreError};
-use crate::throttle::REFUND_FAILURES;
+use crate::store::{Check, Decision, Store};
 
 /// Requests a layer holds at once unless set.
 pub(crate) const DEFAULT_MAX_DELAYED: usize = 10_000;
@@ -93,33 +89,33 @@ impl Drop for Slot {
 }
 
 /// An admitted request that passes once it has waited: what it goes on
-/// with then, its place, and the units it gives back if it never passes.
-pub(crate) struct Delayed {
-    pub(crate) wait: Duration,
-    /// [`Next::Call`], for the inner service.
-    pub(crate) then: Next,
+/// with then (`T`, the call of the inner service), its place, and the
+/// units it gives back if it never passes.
+pub(crate) struct Delayed<T> {
+    wait: Duration,
+    then: T,
     _slot: Slot,
     unpassed: Unpassed,
 }
 
-impl Delayed {
-    pub(crate) fn new(wait: Duration, then: Next, slot: Slot, unpassed: Unpassed) -> Box<Self> {
-        Box::new(Self {
+impl<T> Delayed<T> {
+    pub(crate) fn new(wait: Duration, then: T, slot: Slot, unpassed: Unpassed) -> Self {
+        Self {
             wait,
             then,
             _slot: slot,
             unpassed,
-        })
+        }
     }
 
     /// Waits, then gives what the request goes on with; dropped before
     /// then, the request gives its units back.
-    pub(crate) async fn pass(self: Box<Self>) -> Next {
+    pub(crate) async fn pass(self) -> T {
         tokio::time::sleep(self.wait).await;
         let Self {
             then, mut unpassed, ..
-        } = *self;
-        unpassed.checks.clear();
+        } = self;
+        unpassed.0.keep();
         then
     }
 }
@@ -127,53 +123,31 @@ impl Delayed {
 /// The units a held request gives back unless it passes: every policy's
 /// but a lease's (its response body releases a lease, as for every
 /// admitted request).
-pub(crate) struct Unpassed {
-    store: Arc<dyn Store>,
-    checks: Checks,
-    recorded_at: SmallVec<[Duration; 2]>,
-}
+pub(crate) struct Unpassed(Recorded);
 
 impl Unpassed {
     pub(crate) fn of(store: &Arc<dyn Store>, checks: &[Check], decisions: &[Decision]) -> Self {
-        let mut unpassed = Self {
-            store: store.clone(),
-            checks: Checks::new(),
-            recorded_at: SmallVec::new(),
-        };
+        let mut recorded = Recorded::new(store);
         for (check, decision) in checks.iter().zip(decisions) {
             if let (Some(at), false) = (
                 decision.recorded_at,
                 check.algorithm == Algorithm::Concurrency,
             ) {
-                unpassed.checks.push(check.clone());
-                unpassed.recorded_at.push(at);
+                recorded.push(check, at);
             }
         }
-        unpassed
+        Self(recorded)
     }
 
     /// Keeps the units counted: nothing is given back.
     pub(crate) fn keep(mut self) {
-        self.checks.clear();
+        self.0.keep();
     }
 }
 
 impl Drop for Unpassed {
     fn drop(&mut self) {
-        if self.checks.is_empty() {
-            return;
-        }
-        let _ = in_background(self.store.refund(&self.checks, &self.recorded_at), report);
-    }
-}
-
-/// Warns of a give-back that failed: the units stay counted until they
-/// leave the window.
-fn report(outcome: Result<(), StoreError>) {
-    if let Err(error) = outcome
-        && let Some(held_back) = REFUND_FAILURES.admit()
-    {
-        tracing::warn!(%error, held_back, "rate-limit refund of a held request failed; the units stay counted");
+        self.0.give_back(report_refund);
     }
 }
 

@@ -10,10 +10,10 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use crate::layer::body::{Leases, ResponseBody};
+use crate::layer::body::ResponseBody;
 use crate::layer::decide::Continuation;
 use crate::layer::outcome::Next;
-use crate::layer::roles::Refund;
+use crate::layer::owed::Owed;
 use crate::response::grpc::response_failed;
 use crate::response::headers::RateHeaders;
 
@@ -48,10 +48,9 @@ pin_project! {
             #[pin]
             future: S::Future,
             headers: Option<RateHeaders>,
-            // Units to take back if the response should not count.
-            refund: Option<Box<Refund>>,
-            // Concurrency leases, which the response body takes over.
-            leases: Option<Leases>,
+            // What the request owes the store, which the response body
+            // takes over.
+            owed: Option<Owed>,
         },
         // The limiter's answer, until it is taken.
         Answered {
@@ -69,18 +68,14 @@ where
     pub(crate) fn decided(next: Next, call: impl FnOnce() -> S::Future) -> Self {
         Self {
             state: match next {
-                Next::Call(headers, refund, leases) => State::Calling {
+                Next::Call(headers, owed) => State::Calling {
                     future: call(),
                     headers,
-                    refund,
-                    leases,
+                    owed,
                 },
                 Next::Answer(response) => State::Answered {
                     response: Some(response),
                 },
-                Next::Delay(..) => {
-                    unreachable!("a delayed request waits in its continuation")
-                }
             },
         }
     }
@@ -124,36 +119,27 @@ where
                 StateProj::Calling {
                     future,
                     headers,
-                    refund,
-                    leases,
+                    owed,
                 } => {
                     let result = ready!(future.poll(cx));
-                    // A gRPC call whose status is in its trailers is
-                    // settled by its body, when they come.
-                    let mut unsettled = None;
-                    if let Some(refund) = refund.take() {
+                    let mut owed = owed.take();
+                    if let Some(owed) = owed.as_mut().filter(|owed| owed.awaits_status()) {
+                        // A gRPC call whose status is in its trailers is
+                        // settled by its body, when they come.
                         let failed = result.as_ref().map_or(Some(true), |response| {
                             response_failed(response.status(), response.headers())
                         });
-                        match failed {
-                            Some(failed) => {
-                                // Units given back show in the headers.
-                                if let Some(refunded) = refund.settle(failed) {
-                                    *headers = Some(refunded);
-                                }
-                            }
-                            None => unsettled = Some(refund),
+                        // Units given back show in the headers.
+                        if let Some(refunded) = failed.and_then(|failed| owed.on_status(failed)) {
+                            *headers = Some(refunded);
                         }
                     }
-                    // A failed call drops its leases here.
+                    // A failed call pays what it owes here.
                     let mut response = result?;
                     if let Some(headers) = headers.take() {
                         headers.write(response.headers_mut());
                     }
-                    let leases = leases.take();
-                    return Poll::Ready(Ok(
-                        response.map(|body| ResponseBody::inner(body, leases, unsettled))
-                    ));
+                    return Poll::Ready(Ok(response.map(|body| ResponseBody::inner(body, owed))));
                 }
                 StateProj::Answered { response } => {
                     let response = response.take().expect("polled after completion");

@@ -37,7 +37,7 @@ impl RateLimitLayer {
         let own = match &self.shared.client_limits {
             Some(limits) => {
                 let policies = std::slice::from_ref(policy);
-                let timeout = self.shared.options.lookup_timeout;
+                let timeout = self.shared.settings.lookup_timeout;
                 match limits.known(key, policies, timeout) {
                     Some(found) => found[0],
                     None => limits.look_up(key, policies, timeout).await[0],

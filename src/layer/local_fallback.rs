@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 
-use crate::layer::roles::Refund;
+use crate::layer::owed::Owed;
 use crate::policy::cost::Checks;
 use crate::policy::{Algorithm, Count, FailMode};
 use crate::store::{Check, Decisions, MemoryStore, Store};
@@ -131,7 +131,7 @@ impl LocalLimits {
     /// policy on its own (a count at its local limit stays there). For
     /// policies that count some responses only, the units to take back
     /// here too when the store's are.
-    pub(crate) fn record(&self, local: &LocalChecks) -> Option<Box<Refund>> {
+    pub(crate) fn record(&self, local: &LocalChecks) -> Option<Owed> {
         let store = self.store();
         let (mut checks, mut decisions) = (Checks::new(), Decisions::new());
         let mut counts = SmallVec::<[Count; 2]>::new();
@@ -150,7 +150,7 @@ impl LocalLimits {
                 counts.push(count);
             }
         }
-        Refund::of(store, &checks, &decisions, &counts, || None)
+        Owed::of(store, &checks, &decisions, Some(&counts), None, || None)
     }
 }
 

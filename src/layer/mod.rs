@@ -3,12 +3,13 @@
 //! requests: a [`DenyCache`] of denied clients and the
 //! [`CredentialFailures`] of client addresses.
 
-// One request's decision reads top to bottom in `decide`: what is known at
-// once, and one continuation for requests that wait; the store's answer
-// becomes a call or an answer in `outcome`, and every answer the limiter
-// writes goes through `reject`.
+// One request, in the order it meets them: `service` (the call), `decide`
+// (what is known now, the store asked), `outcome` (its answer into a call
+// or an answer), `future` and `body` (the inner service's response, and
+// what the request owes the store when it ends: `owed`).
 
 mod background;
+mod batch;
 mod body;
 pub(crate) mod credential_failures;
 mod decide;
@@ -18,10 +19,11 @@ mod future;
 mod inspect;
 mod local_fallback;
 mod outcome;
+mod owed;
 mod policy_names;
 mod reject;
-mod roles;
 mod service;
+mod settings;
 
 pub use body::ResponseBody;
 pub use future::ResponseFuture;
@@ -43,85 +45,13 @@ use crate::key::KeyExtractor;
 use crate::limits::{ClientLimits, LimitLookup};
 use crate::policy::{FailMode, Policies, RequestCost};
 use crate::response::headers::{HeaderStyle, ResetFormat};
-use crate::response::rejection::{OnRejection, Rejection};
-use crate::store::{Check, Store};
+use crate::response::rejection::Rejection;
+use crate::store::Store;
 use crate::tier::TierLookup;
 pub use credential_failures::CredentialFailures;
 pub use deny_cache::DenyCache;
-use local_fallback::LocalLimits;
-
-/// How long a [`LimitLookup`]'s answer is kept unless set.
-const DEFAULT_LIMIT_TTL: Duration = Duration::from_secs(60);
-
-/// Settings the response future needs; small and `Copy`.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Options {
-    pub(crate) fail_mode: FailMode,
-    pub(crate) header_style: HeaderStyle,
-    pub(crate) reset_format: ResetFormat,
-    pub(crate) lookup_timeout: Duration,
-    /// Whether admitted requests carry the client's `Identity` extension.
-    pub(crate) insert_identity: bool,
-    /// Whether every policy is in shadow mode.
-    pub(crate) shadow: bool,
-    /// The number of instances a local limit is shared by.
-    pub(crate) local_share: u32,
-    /// The most requests held at once instead of denied.
-    pub(crate) max_delayed: usize,
-    /// The most bytes of request heads held at once.
-    pub(crate) max_delayed_bytes: usize,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Self {
-            fail_mode: FailMode::default(),
-            header_style: HeaderStyle::default(),
-            reset_format: ResetFormat::default(),
-            lookup_timeout: Duration::from_millis(100),
-            insert_identity: false,
-            shadow: false,
-            local_share: 1,
-            max_delayed: delay::DEFAULT_MAX_DELAYED,
-            max_delayed_bytes: delay::DEFAULT_MAX_DELAYED_BYTES,
-        }
-    }
-}
-
-/// Everything a [`RateLimit`] service shares with its clones.
-#[derive(Clone)]
-pub(crate) struct Shared {
-    pub(crate) store: Arc<dyn Store>,
-    pub(crate) keys: Arc<dyn KeyExtractor>,
-    /// The policies in force, replaceable while the layer serves.
-    pub(crate) policies: Arc<ArcSwap<Policies>>,
-    pub(crate) tier_lookup: Option<Arc<dyn TierLookup>>,
-    pub(crate) deny_cache: Option<DenyCache>,
-    pub(crate) on_rejection: Option<OnRejection>,
-    pub(crate) exempt: Option<Exempt>,
-    pub(crate) credential_failures: Option<CredentialFailures>,
-    pub(crate) request_cost: Option<Arc<dyn RequestCost>>,
-    /// The counts of policies that fall back to a local limit.
-    pub(crate) local: Arc<LocalLimits>,
-    /// The clients' own limits, when the layer looks them up.
-    pub(crate) client_limits: Option<Arc<ClientLimits>>,
-    /// The requests held now instead of denied, in every clone.
-    pub(crate) delayed: Arc<delay::DelayedRequests>,
-    /// The namespace of every store key the layer writes, if set.
-    pub(crate) namespace: Option<Arc<str>>,
-    pub(crate) options: Options,
-}
-
-impl Shared {
-    /// `check` in the layer's namespace.
-    pub(crate) fn in_namespace(&self, check: &mut Check) {
-        check.namespace.clone_from(&self.namespace);
-    }
-}
-
-/// Says which requests the limiter leaves alone; set with
-/// [`RateLimitLayer::exempt`].
-pub(crate) type Exempt = Arc<dyn Fn(&Parts) -> bool + Send + Sync>;
+pub(crate) use settings::Shared;
+use settings::{DEFAULT_LIMIT_TTL, Settings};
 
 /// Replaces a layer's policies while it serves; see
 /// [`RateLimitLayer::policies_handle`].
@@ -181,7 +111,7 @@ impl std::fmt::Debug for RateLimitLayer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RateLimitLayer")
             .field("policies", &**self.shared.policies.load())
-            .field("options", &self.shared.options)
+            .field("settings", &self.shared.settings)
             .finish_non_exhaustive()
     }
 }
@@ -212,13 +142,13 @@ impl RateLimitLayer {
                 client_limits: None,
                 delayed: Arc::default(),
                 namespace: None,
-                options: Options::default(),
+                settings: Settings::default(),
             }),
         }
     }
 
-    fn options_mut(&mut self) -> &mut Options {
-        &mut Arc::make_mut(&mut self.shared).options
+    fn settings_mut(&mut self) -> &mut Settings {
+        &mut Arc::make_mut(&mut self.shared).settings
     }
 
     /// The fail mode of policies that set none (default [`FailMode::Open`]).
@@ -232,7 +162,7 @@ impl RateLimitLayer {
     /// ```
     #[must_use]
     pub fn fail_mode(mut self, fail_mode: FailMode) -> Self {
-        self.options_mut().fail_mode = fail_mode;
+        self.settings_mut().fail_mode = fail_mode;
         self
     }
 
@@ -247,7 +177,7 @@ impl RateLimitLayer {
     /// ```
     #[must_use]
     pub fn header_style(mut self, style: HeaderStyle) -> Self {
-        self.options_mut().header_style = style;
+        self.settings_mut().header_format.style = style;
         self
     }
 
@@ -272,7 +202,7 @@ impl RateLimitLayer {
     /// ```
     #[must_use]
     pub fn tier_lookup_timeout(mut self, timeout: Duration) -> Self {
-        self.options_mut().lookup_timeout = timeout;
+        self.settings_mut().lookup_timeout = timeout;
         self
     }
 
@@ -334,7 +264,7 @@ impl RateLimitLayer {
     /// ```
     #[must_use]
     pub fn max_delayed(mut self, max: usize) -> Self {
-        self.options_mut().max_delayed = max;
+        self.settings_mut().max_delayed = max;
         self
     }
 
@@ -355,7 +285,7 @@ impl RateLimitLayer {
     /// ```
     #[must_use]
     pub fn max_delayed_bytes(mut self, max: usize) -> Self {
-        self.options_mut().max_delayed_bytes = max;
+        self.settings_mut().max_delayed_bytes = max;
         self
     }
 
@@ -624,7 +554,7 @@ impl RateLimitLayer {
     /// ```
     #[must_use]
     pub fn insert_identity(mut self, insert: bool) -> Self {
-        self.options_mut().insert_identity = insert;
+        self.settings_mut().insert_identity = insert;
         self
     }
 
@@ -643,7 +573,7 @@ impl RateLimitLayer {
     /// ```
     #[must_use]
     pub fn shadow(mut self, shadow: bool) -> Self {
-        self.options_mut().shadow = shadow;
+        self.settings_mut().shadow = shadow;
         self
     }
 
@@ -665,7 +595,7 @@ impl RateLimitLayer {
     /// ```
     #[must_use]
     pub fn local_share(mut self, instances: u32) -> Self {
-        self.options_mut().local_share = instances.max(1);
+        self.settings_mut().local_share = instances.max(1);
         self
     }
 
@@ -680,7 +610,7 @@ impl RateLimitLayer {
     /// ```
     #[must_use]
     pub fn reset_format(mut self, format: ResetFormat) -> Self {
-        self.options_mut().reset_format = format;
+        self.settings_mut().header_format.reset = format;
         self
     }
 }

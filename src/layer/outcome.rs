@@ -5,87 +5,59 @@
 
 use std::cmp::Reverse;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderValue, Response};
 
 use crate::layer::Shared;
-use crate::layer::body::Leases;
+use crate::layer::batch::{Batch, Modes};
 use crate::layer::delay::{Delayed, Slot, Unpassed};
+use crate::layer::deny_cache::Denied;
 use crate::layer::local_fallback::LocalChecks;
-use crate::layer::reject::{Reply, reject};
-use crate::layer::roles::{HeaderSource, Refund, Roles};
-use crate::metrics::{self, Outcome, Timer};
-use crate::policy::cost::Checks;
+use crate::layer::owed::{HeaderSource, Owed};
+use crate::layer::reject::reject;
+use crate::metrics::{self, Outcome};
 use crate::policy::plan::Plan;
 use crate::policy::{Algorithm, Count};
+use crate::rejection::Rejection;
 use crate::response::headers::{RateHeaders, closest_to_denying};
-use crate::response::problem::Denial;
+use crate::response::limited::Limited;
+use crate::soon::Soon;
 use crate::store::{Check, CheckOutcome, Decision, Decisions, Store, StoreError, index_of_min};
 use crate::throttle::STORE_FAILURES;
 
 /// Where a request goes once it is decided.
 pub(crate) enum Next {
-    /// On to the inner service, with these rate-limit headers, the units
-    /// to refund if its response should not count, and the concurrency
-    /// leases its response body holds.
-    Call(Option<RateHeaders>, Option<Box<Refund>>, Option<Leases>),
+    /// On to the inner service, with these rate-limit headers and what
+    /// it owes the store once its response says how it went.
+    Call(Option<RateHeaders>, Option<Owed>),
     /// Back to the client with the limiter's answer.
     Answer(Response<Bytes>),
-    /// Admitted once it has waited (see [`hold`](super::hold)). Only a
-    /// request's continuation sees it.
-    Delay(Box<Delayed>),
 }
 
 impl Next {
     /// On to the inner service untouched.
-    pub(crate) const PASS: Self = Self::Call(None, None, None);
+    pub(crate) const PASS: Self = Self::Call(None, None);
 }
 
-/// What goes from sending a request's checks to its outcome.
-pub(crate) struct Sent {
-    /// The checks, enforced ones first (see [`Roles`]).
-    pub(crate) checks: Checks,
-    /// What the checks do beyond counting, when any does.
-    pub(crate) roles: Option<Box<Roles>>,
-    /// When the checks went to the store.
-    pub(crate) at: SentAt,
-    /// Whether a store failure answers `503`.
-    pub(crate) fail_closed: bool,
-}
-
-/// When a request's checks went to the store: on the deny cache's clock
-/// (0 without one), and timed for the metrics and the `rate_limit` span.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct SentAt {
-    pub(crate) deny_clock: u64,
-    pub(crate) timer: Timer,
-}
-
-/// Where the store's answer to `sent` leads, for a client of `tier` under
-/// `plan`: the inner service with the rate-limit headers, a `429`, or,
-/// when the store failed, the fail mode. Shadow checks (see [`Roles`])
-/// never deny.
+/// Where the store's answer to `batch` leads, for a client of `tier` under
+/// `plan`: the inner service with the rate-limit headers (once it has
+/// waited, for a request the store delayed), a `429`, or, when the store
+/// failed, the fail mode. Shadow checks (see [`Modes`]) never deny.
 pub(crate) fn outcome(
     shared: &Shared,
     parts: &Parts,
     plan: &Plan,
     tier: Option<&str>,
-    sent: &Sent,
+    batch: &Batch,
     outcome: CheckOutcome,
-) -> Next {
-    let Sent {
-        checks,
-        roles,
-        at: sent_at,
-        fail_closed,
-    } = sent;
-    let (checks, roles) = (&checks[..], roles.as_deref());
-    let took = sent_at.timer.elapsed();
+) -> Soon<Next> {
+    let (checks, modes) = (&batch.checks[..], batch.modes.as_deref());
+    let took = batch.timer.elapsed();
     metrics::store_answered(took, &outcome);
-    let enforced = roles.map_or(checks.len(), |roles| roles.shadow_from);
+    let enforced = batch.enforced();
     let decisions = outcome.and_then(|decisions| {
         // Without the shadow checks' decisions when the enforced ones deny.
         let partial = enforced > 0 && decisions.len() == enforced;
@@ -104,13 +76,13 @@ pub(crate) fn outcome(
             let decided = &checks[..decisions.len()];
             let enforced = enforced.min(decisions.len());
             let admitted = decisions[..enforced].iter().all(|d| d.admitted);
-            let local_refund = roles
+            let local = modes
                 .filter(|_| admitted)
-                .and_then(Roles::local)
+                .and_then(Modes::local)
                 .and_then(|local| shared.local.record(local));
             let ietf_policy =
-                ietf_policy(plan, tier, checks, roles).filter(|_| decided.len() == checks.len());
-            settle(
+                ietf_policy(plan, tier, checks, modes).filter(|_| decided.len() == checks.len());
+            decided_by(
                 shared,
                 parts,
                 Answered {
@@ -118,24 +90,25 @@ pub(crate) fn outcome(
                     checks: decided,
                     decisions: &decisions,
                     enforced,
-                    counts: roles.map(Roles::counts),
+                    counts: modes.map(Modes::counts),
                     ietf_policy,
-                    deny_clock: Some(sent_at.deny_clock),
+                    deny_clock: Some(batch.deny_clock),
                     took,
-                    local_refund,
+                    local,
                 },
             )
         }
         // `held_back`: failures since the last line, which were not logged.
-        Err(error) if *fail_closed => {
+        Err(error) if batch.fail_closed => {
             report_all(checks, Outcome::FailedClosed, took);
             if let Some(held_back) = STORE_FAILURES.admit() {
                 tracing::error!(%error, held_back, "rate-limit store unavailable; failing closed");
             }
-            Next::Answer(reject(shared, parts, Reply::StoreUnavailable(&error)))
+            let rejection = Rejection::StoreUnavailable(&error);
+            Soon::now(Next::Answer(reject(shared, parts, rejection)))
         }
         Err(error) => {
-            if let Some(next) = roles.and_then(|roles| fall_back(shared, parts, roles, took)) {
+            if let Some(next) = modes.and_then(|modes| fall_back(shared, parts, modes, took)) {
                 if let Some(held_back) = STORE_FAILURES.admit() {
                     tracing::warn!(%error, held_back, "rate-limit store unavailable; enforcing local limits");
                 }
@@ -145,7 +118,7 @@ pub(crate) fn outcome(
             if let Some(held_back) = STORE_FAILURES.admit() {
                 tracing::warn!(%error, held_back, "rate-limit store unavailable; failing open");
             }
-            Next::PASS
+            Soon::now(Next::PASS)
         }
     }
 }
@@ -157,9 +130,9 @@ pub(crate) fn ietf_policy<'a>(
     plan: &'a Plan,
     tier: Option<&str>,
     checks: &[Check],
-    roles: Option<&Roles>,
+    modes: Option<&Modes>,
 ) -> Option<&'a HeaderValue> {
-    let in_order = roles.is_none_or(|roles| !roles.reordered(checks.len()));
+    let in_order = modes.is_none_or(|modes| !modes.reordered(checks.len()));
     (checks.len() == plan.policies().len() && in_order)
         .then(|| plan.tier(tier).ietf_policy.as_ref())
         .flatten()
@@ -180,15 +153,15 @@ struct Answered<'a> {
     /// local limit's decisions.
     deny_clock: Option<u64>,
     took: Option<Duration>,
-    /// The units the local counts recorded of the store's admission, to
-    /// take back with the store's.
-    local_refund: Option<Box<Refund>>,
+    /// What the local counts recorded of the store's admission, to take
+    /// back with the store's units.
+    local: Option<Owed>,
 }
 
 /// Admits or denies a request by the decisions `answered` holds: a shadow
 /// check's denial is traced and lets the request pass. A store's denial is
 /// remembered in the deny cache.
-fn settle(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Next {
+fn decided_by(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Soon<Next> {
     let Answered {
         store,
         checks,
@@ -198,106 +171,112 @@ fn settle(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Next {
         ietf_policy,
         deny_clock,
         took,
-        local_refund,
+        ..
     } = answered;
-    let options = shared.options;
     if decisions.is_empty() {
-        return Next::Call(None, None, None);
+        return Soon::now(Next::PASS);
     }
-    if decisions[..enforced].iter().all(|d| d.admitted) {
-        // Admitted once it has waited, in a place of the layer's.
-        let wait = decisions[..enforced]
-            .iter()
-            .filter_map(|d| d.delayed_for)
-            .max()
-            .filter(|wait| !wait.is_zero());
-        let slot = match wait {
-            Some(wait) => match Slot::take(
-                &shared.delayed,
-                options.max_delayed,
-                options.max_delayed_bytes,
-                parts,
-            ) {
-                Some(slot) => Some((wait, slot)),
-                None => return unheld(shared, parts, store, checks, decisions, enforced, wait),
-            },
-            None => None,
-        };
-        let admitted = if deny_clock.is_some() {
-            Outcome::Admitted
+    if !decisions[..enforced].iter().all(|d| d.admitted) {
+        return Soon::now(denied_by(shared, parts, &answered));
+    }
+    let settings = shared.settings;
+    // Admitted once it has waited, in a place of the layer's.
+    let wait = decisions[..enforced]
+        .iter()
+        .filter_map(|d| d.delayed_for)
+        .max()
+        .filter(|wait| !wait.is_zero());
+    let slot = match wait {
+        Some(wait) => match Slot::take(
+            &shared.delayed,
+            settings.max_delayed,
+            settings.max_delayed_bytes,
+            parts,
+        ) {
+            Some(slot) => Some((wait, slot)),
+            None => {
+                let answer = unheld(shared, parts, store, checks, decisions, enforced, wait);
+                return Soon::now(answer);
+            }
+        },
+        None => None,
+    };
+    let admitted = if deny_clock.is_some() {
+        Outcome::Admitted
+    } else {
+        Outcome::Local
+    };
+    let mut outcome = admitted;
+    // Without metrics, only shadow checks need a look.
+    let from = if cfg!(feature = "metrics") {
+        0
+    } else {
+        enforced
+    };
+    for (check, decision) in checks.iter().zip(decisions).skip(from) {
+        if decision.admitted {
+            metrics::decided(&check.policy, admitted);
+            metrics::near_limit(check, decision);
         } else {
-            Outcome::Local
-        };
-        let mut outcome = admitted;
-        // Without metrics, only shadow checks need a look.
-        let from = if cfg!(feature = "metrics") {
-            0
-        } else {
-            enforced
-        };
-        for (check, decision) in checks.iter().zip(decisions).skip(from) {
-            if decision.admitted {
-                metrics::decided(&check.policy, admitted);
-                metrics::near_limit(check, decision);
-            } else {
-                // A shadow check (the enforced ones all admitted), of a
-                // batch that would have been denied; counted against the
-                // policies that did not fit, as a denial is.
-                outcome = Outcome::ShadowDenied;
-                if decision.retry_after.is_some() {
-                    metrics::decided(&check.policy, Outcome::ShadowDenied);
-                    tracing::debug!(
-                        policy = &*check.policy,
-                        "shadow policy would have denied the request"
-                    );
-                }
+            // A shadow check (the enforced ones all admitted), of a
+            // batch that would have been denied; counted against the
+            // policies that did not fit, as a denial is.
+            outcome = Outcome::ShadowDenied;
+            if decision.retry_after.is_some() {
+                metrics::decided(&check.policy, Outcome::ShadowDenied);
+                tracing::debug!(
+                    policy = &*check.policy,
+                    "shadow policy would have denied the request"
+                );
             }
         }
-        let reported = closest_to_denying(decisions);
-        trace_decision(&checks[reported].policy, outcome, took);
-        // The headers are read once the request has waited.
-        let shifted: Option<Decisions> = wait.map(|wait| {
-            decisions
-                .iter()
-                .map(|d| Decision {
-                    reset: d.reset.saturating_sub(wait),
-                    ..*d
-                })
-                .collect()
-        });
-        let headers = RateHeaders::new(
-            checks,
-            shifted.as_deref().unwrap_or(decisions),
-            reported,
-            None,
-            ietf_policy,
-            options.header_style,
-            options.reset_format,
-        );
-        let refund = counts.and_then(|counts| {
-            Refund::of(store, checks, decisions, counts, || {
-                (!headers.is_empty()).then(|| HeaderSource {
-                    checks: checks.iter().cloned().collect(),
-                    decisions: decisions.iter().copied().collect(),
-                    decided: std::time::Instant::now(),
-                    ietf_policy: ietf_policy.cloned(),
-                    style: options.header_style,
-                    reset_format: options.reset_format,
-                })
-            })
-        });
-        // The local counts give units back when the store's are sent back.
-        let refund = refund.map(|refund| refund.with_local(local_refund));
-        let leases = Leases::of(store, checks, decisions);
-        let call = Next::Call(Some(headers), refund, leases);
-        return match slot {
-            Some((wait, slot)) => {
-                let unpassed = Unpassed::of(store, checks, decisions);
-                Next::Delay(Delayed::new(wait, call, slot, unpassed))
-            }
-            None => call,
-        };
     }
+    let reported = closest_to_denying(decisions);
+    trace_decision(&checks[reported].policy, outcome, took);
+    // The headers are read once the request has waited.
+    let shifted: Option<Decisions> = wait.map(|wait| {
+        decisions
+            .iter()
+            .map(|d| Decision {
+                reset: d.reset.saturating_sub(wait),
+                ..*d
+            })
+            .collect()
+    });
+    let format = settings.header_format;
+    let shown = shifted.as_deref().unwrap_or(decisions);
+    let headers = RateHeaders::admitted(checks, shown, ietf_policy, format);
+    let owed = Owed::of(store, checks, decisions, counts, answered.local, || {
+        (!headers.is_empty()).then(|| HeaderSource {
+            checks: checks.iter().cloned().collect(),
+            decisions: decisions.iter().copied().collect(),
+            decided: Instant::now(),
+            ietf_policy: ietf_policy.cloned(),
+            format,
+        })
+    });
+    let call = Next::Call(Some(headers), owed);
+    match slot {
+        Some((wait, slot)) => {
+            let unpassed = Unpassed::of(store, checks, decisions);
+            Soon::later(Delayed::new(wait, call, slot, unpassed).pass())
+        }
+        None => Soon::now(call),
+    }
+}
+
+/// A `429` for the decisions `answered` holds, some enforced one of which
+/// denies. A store's denial is remembered in the deny cache.
+fn denied_by(shared: &Shared, parts: &Parts, answered: &Answered<'_>) -> Next {
+    let &Answered {
+        checks,
+        decisions,
+        enforced,
+        counts,
+        deny_clock,
+        took,
+        ..
+    } = answered;
     let (checks, decisions) = (&checks[..enforced], &decisions[..enforced]);
     for (check, decision) in checks.iter().zip(decisions) {
         if decision.retry_after.is_some() {
@@ -317,16 +296,8 @@ fn settle(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Next {
     // The policy that frees last is the one the client waits for.
     let denied = index_of_min(decisions, |d| Reverse(d.retry_after));
     trace_decision(&checks[denied].policy, Outcome::Denied, took);
-    Next::Answer(reject(
-        shared,
-        parts,
-        Reply::Limited(Denial {
-            checks,
-            decisions,
-            denied,
-            body: None,
-        }),
-    ))
+    let limited = Limited::new(checks, decisions, denied, None);
+    Next::Answer(reject(shared, parts, Rejection::Limited(&limited)))
 }
 
 /// Answers `429` to a request the store admitted after `wait` but the
@@ -342,7 +313,8 @@ fn unheld(
     enforced: usize,
     wait: Duration,
 ) -> Next {
-    drop(Leases::of(store, checks, decisions));
+    // Its leases go at once.
+    drop(Owed::of(store, checks, decisions, None, None, || None));
     let unpassed = Unpassed::of(store, checks, decisions);
     if checks[..enforced]
         .iter()
@@ -365,16 +337,8 @@ fn unheld(
         metrics::decided(&check.policy, Outcome::Denied);
     }
     trace_decision(&checks[0].policy, Outcome::Denied, None);
-    Next::Answer(reject(
-        shared,
-        parts,
-        Reply::Limited(Denial {
-            checks,
-            decisions: &denials,
-            denied: 0,
-            body: None,
-        }),
-    ))
+    let limited = Limited::new(checks, &denials, 0, None);
+    Next::Answer(reject(shared, parts, Rejection::Limited(&limited)))
 }
 
 /// Counts `outcome` for every check of a request, and traces it.
@@ -409,43 +373,67 @@ pub(crate) fn trace_decision(policy: &str, outcome: Outcome, took: Option<Durati
 fn fall_back(
     shared: &Shared,
     parts: &Parts,
-    roles: &Roles,
+    modes: &Modes,
     took: Option<Duration>,
-) -> Option<Next> {
-    let local = roles.local()?;
+) -> Option<Soon<Next>> {
+    let local = modes.local()?;
     let decisions = shared.local.decide(local)?;
-    Some(settle_locally(shared, parts, local, &decisions, took))
+    Some(decided_by(
+        shared,
+        parts,
+        locally(shared, local, &decisions, took),
+    ))
 }
 
 /// Denies a request the local counts refuse within a window of the
 /// store's last failure, before the store is asked (see
-/// [`LocalLimits`](super::local_fallback::LocalLimits)); `None` to ask the store.
-pub(crate) fn refused_locally(shared: &Shared, parts: &Parts, roles: &Roles) -> Option<Next> {
-    let local = roles.local()?;
+/// [`LocalLimits`](super::local_fallback::LocalLimits)); `None` to ask
+/// the store.
+pub(crate) fn refused_locally(shared: &Shared, parts: &Parts, local: &LocalChecks) -> Option<Next> {
     let decisions = shared.local.refuses(local)?;
-    Some(settle_locally(shared, parts, local, &decisions, None))
-}
-
-fn settle_locally(
-    shared: &Shared,
-    parts: &Parts,
-    local: &LocalChecks,
-    decisions: &[Decision],
-    took: Option<Duration>,
-) -> Next {
-    settle(
+    Some(denied_by(
         shared,
         parts,
-        Answered {
-            store: shared.local.store(),
-            checks: &local.checks,
-            decisions,
-            enforced: local.checks.len(),
-            counts: Some(&local.counts),
-            ietf_policy: None,
-            deny_clock: None,
-            took,
-            local_refund: None,
-        },
-    )
+        &locally(shared, local, &decisions, None),
+    ))
+}
+
+/// The local counts' `decisions` on `local`.
+fn locally<'a>(
+    shared: &'a Shared,
+    local: &'a LocalChecks,
+    decisions: &'a [Decision],
+    took: Option<Duration>,
+) -> Answered<'a> {
+    Answered {
+        store: shared.local.store(),
+        checks: &local.checks,
+        decisions,
+        enforced: local.checks.len(),
+        counts: Some(&local.counts),
+        ietf_policy: None,
+        deny_clock: None,
+        took,
+        local: None,
+    }
+}
+
+/// A `429` from the deny cache, for checks it knows to be denied.
+pub(crate) fn cached_denial(
+    shared: &Shared,
+    parts: &Parts,
+    denied: &Denied<'_>,
+) -> Response<Bytes> {
+    for check in denied.checks.iter() {
+        metrics::decided(&check.policy, Outcome::DenyCache);
+    }
+    let index = index_of_min(&denied.decisions, |d| Reverse(d.retry_after));
+    trace_decision(&denied.checks[index].policy, Outcome::DenyCache, None);
+    let limited = Limited::new(
+        &denied.checks,
+        &denied.decisions,
+        index,
+        Some(&denied.bodies[index]),
+    );
+    reject(shared, parts, Rejection::Limited(&limited))
 }

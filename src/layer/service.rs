@@ -9,7 +9,7 @@ use tower_service::Service;
 
 use crate::key::KeyExtractor;
 use crate::layer::body::ResponseBody;
-use crate::layer::decide::{Decided, decide};
+use crate::layer::decide::decide;
 use crate::layer::future::ResponseFuture;
 use crate::layer::{RateLimitLayer, Shared};
 use crate::policy::Policies;
@@ -87,10 +87,10 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let (mut parts, body) = request.into_parts();
         match decide(&self.shared, &mut parts) {
-            Decided::Now(next) => {
+            Ok(next) => {
                 ResponseFuture::decided(next, || self.inner.call(Request::from_parts(parts, body)))
             }
-            Decided::Later(decision) => {
+            Err(decision) => {
                 // The clone may not be ready; the service that is ready
                 // goes with this request (see tower-http's note on cloning
                 // inner services).

@@ -105,7 +105,7 @@ impl Plan {
     /// Whether a request's checks need more than counting under the
     /// layer's default fail mode: a shadow policy, one that counts some
     /// responses only, or one that falls back to a local limit.
-    pub(crate) fn has_roles(&self, default: FailMode) -> bool {
+    pub(crate) fn has_modes(&self, default: FailMode) -> bool {
         self.special || self.local || (self.defaulted && default == FailMode::Local)
     }
 

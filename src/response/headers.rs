@@ -177,6 +177,14 @@ fn state_value(
     HeaderValue::try_from(text).ok()
 }
 
+/// How the rate-limit headers of an answer are written: which fields,
+/// and how a reset is given.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct HeaderFormat {
+    pub(crate) style: HeaderStyle,
+    pub(crate) reset: ResetFormat,
+}
+
 impl RateHeaders {
     /// The headers for a request whose checks got `decisions`: the
     /// `X-RateLimit-*` trio from the decision at `reported`, the IETF fields
@@ -189,13 +197,12 @@ impl RateHeaders {
         reported: usize,
         retry_after: Option<u64>,
         policy: Option<&HeaderValue>,
-        style: HeaderStyle,
-        reset_format: ResetFormat,
+        format: HeaderFormat,
     ) -> Self {
         let mut fields = Self::default();
-        if style.x_ratelimit() {
+        if format.style.x_ratelimit() {
             let decision = &decisions[reported];
-            let reset = match reset_format {
+            let reset = match format.reset {
                 ResetFormat::DeltaSeconds => ceil_seconds(decision.reset),
                 ResetFormat::UnixSeconds => {
                     let now = SystemTime::now()
@@ -206,7 +213,7 @@ impl RateHeaders {
             };
             fields.x_ratelimit = Some([decision.limit.into(), decision.remaining.into(), reset]);
         }
-        if style.ietf() {
+        if format.style.ietf() {
             let policy = policy.cloned().or_else(|| {
                 policy_value(checks.iter().map(|c| {
                     let quota = quota(c.algorithm, c.limit, c.window, c.burst);
@@ -219,6 +226,18 @@ impl RateHeaders {
             }
         }
         fields
+    }
+
+    /// The headers of an admitted request: the `X-RateLimit-*` trio from
+    /// the decision [closest to denying](closest_to_denying).
+    pub(crate) fn admitted(
+        checks: &[Check],
+        decisions: &[Decision],
+        policy: Option<&HeaderValue>,
+        format: HeaderFormat,
+    ) -> Self {
+        let reported = closest_to_denying(decisions);
+        Self::new(checks, decisions, reported, None, policy, format)
     }
 
     /// Whether no field is sent ([`HeaderStyle::None`]).

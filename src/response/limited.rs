@@ -3,24 +3,44 @@
 use std::time::Duration;
 
 use crate::key::Key;
+use crate::response::problem::{TooManyBody, retry_after_seconds};
 use crate::store::{Check, Decision};
 
-/// A denied request, as a rejection hook sees it
-/// ([`Rejection::Limited`](crate::Rejection::Limited)): the policy that
-/// denied it (the one the client waits for longest) and when to retry.
+/// A denied request ([`Rejection::Limited`](crate::Rejection::Limited)):
+/// the policy that denied it (the one the client waits for longest) and
+/// when to retry. The limiter's own `429` is written from it too, with
+/// the rate-limit headers of every policy of the request.
 #[derive(Debug)]
 pub struct Limited<'a> {
+    pub(crate) checks: &'a [Check],
+    pub(crate) decisions: &'a [Decision],
+    /// The index of the check that denied.
+    pub(crate) denied: usize,
+    /// The `429` body, when one is kept ready (the deny cache's).
+    pub(crate) body: Option<&'a TooManyBody>,
     check: &'a Check,
     decision: &'a Decision,
-    retry_after_seconds: u64,
+    pub(crate) retry_after_seconds: u64,
 }
 
 impl<'a> Limited<'a> {
-    pub(crate) fn new(check: &'a Check, decision: &'a Decision, retry_after_seconds: u64) -> Self {
+    /// The request whose `checks` got `decisions`, denied by the one at
+    /// `denied`.
+    pub(crate) fn new(
+        checks: &'a [Check],
+        decisions: &'a [Decision],
+        denied: usize,
+        body: Option<&'a TooManyBody>,
+    ) -> Self {
+        let decision = &decisions[denied];
         Self {
-            check,
+            checks,
+            decisions,
+            denied,
+            body,
+            check: &checks[denied],
             decision,
-            retry_after_seconds,
+            retry_after_seconds: retry_after_seconds(decision),
         }
     }
 

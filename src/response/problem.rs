@@ -9,7 +9,8 @@ use http::header::{CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use serde_json::json;
 
-use super::headers::{HeaderStyle, RateHeaders, ResetFormat, ceil_seconds, number_value};
+use super::headers::{HeaderFormat, RateHeaders, ceil_seconds, number_value};
+use super::limited::Limited;
 use super::rejection::CostAboveLimit;
 use crate::key::KeyRejection;
 use crate::policy::Algorithm;
@@ -114,57 +115,36 @@ pub(crate) fn retry_after_seconds(decision: &Decision) -> u64 {
     ceil_seconds(decision.retry_after.unwrap_or_default()).max(1)
 }
 
-/// A denied batch: the decision at `denied` is the one the client waits
-/// for, and `body` its `429` body when one is kept (the deny cache's).
-pub(crate) struct Denial<'a> {
-    pub(crate) checks: &'a [Check],
-    pub(crate) decisions: &'a [Decision],
-    pub(crate) denied: usize,
-    pub(crate) body: Option<&'a TooManyBody>,
-}
-
-/// How the rate-limit headers of an answer are written.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct HeaderFormat {
-    pub(crate) style: HeaderStyle,
-    pub(crate) reset: ResetFormat,
-}
-
-/// `Retry-After` (`retry_after` seconds) and the rate-limit headers of a
-/// `429` for `denial`, into `headers`.
+/// `Retry-After` and the rate-limit headers of a `429` for `limited`,
+/// into `headers`.
 pub(crate) fn limited_headers(
-    denial: &Denial<'_>,
-    retry_after: u64,
+    limited: &Limited<'_>,
     format: HeaderFormat,
     headers: &mut HeaderMap,
 ) {
+    let retry_after = limited.retry_after_seconds;
     headers.insert(RETRY_AFTER, number_value(retry_after));
     RateHeaders::new(
-        denial.checks,
-        denial.decisions,
-        denial.denied,
+        limited.checks,
+        limited.decisions,
+        limited.denied,
         Some(retry_after),
         None,
-        format.style,
-        format.reset,
+        format,
     )
     .write(headers);
 }
 
-/// `429 Too Many Requests` for `denial`, whose limits (the client's
+/// `429 Too Many Requests` for `limited`, whose limits (the client's
 /// tier's, if it has one) the body reports.
-pub(crate) fn too_many_requests(
-    denial: &Denial<'_>,
-    retry_after: u64,
-    format: HeaderFormat,
-) -> Response<Bytes> {
-    let retry_value = number_value(retry_after);
-    let body = match denial.body {
+pub(crate) fn too_many_requests(limited: &Limited<'_>, format: HeaderFormat) -> Response<Bytes> {
+    let retry_value = number_value(limited.retry_after_seconds);
+    let body = match limited.body {
         Some(template) => template.render(&retry_value),
-        None => TooManyBody::new(&denial.checks[denial.denied]).render(&retry_value),
+        None => TooManyBody::new(&limited.checks[limited.denied]).render(&retry_value),
     };
     let mut response = problem_body(StatusCode::TOO_MANY_REQUESTS, body);
-    limited_headers(denial, retry_after, format, response.headers_mut());
+    limited_headers(limited, format, response.headers_mut());
     response
 }
 

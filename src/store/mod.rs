@@ -39,6 +39,7 @@ use std::time::Duration;
 use crate::clock::duration_micros;
 use crate::key::Key;
 use crate::policy::{Algorithm, Limits, Policy, PolicyError};
+use crate::soon::Soon;
 
 /// What a [`Store`] decided for a batch: one [`Decision`] per check.
 pub type CheckOutcome = Result<Decisions, StoreError>;
@@ -59,32 +60,22 @@ pub type CheckOutcome = Result<Decisions, StoreError>;
 /// assert!(later.into_ready().is_err(), "a boxed future is never taken as ready");
 /// ```
 #[must_use = "a store decides nothing until its future is polled"]
-pub struct CheckFuture<T = Decisions>(Answer<T>);
-
-type Boxed<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'static>>;
-
-enum Answer<T> {
-    Ready(Option<Result<T, StoreError>>),
-    Later(Boxed<T>),
-}
+pub struct CheckFuture<T = Decisions>(Soon<Result<T, StoreError>>);
 
 impl<T> CheckFuture<T> {
     /// An answer known at once.
     pub fn ready(outcome: Result<T, StoreError>) -> Self {
-        Self(Answer::Ready(Some(outcome)))
+        Self(Soon::now(outcome))
     }
 
     /// An answer that comes later, from `future`.
     pub fn new(future: impl Future<Output = Result<T, StoreError>> + Send + 'static) -> Self {
-        Self(Answer::Later(Box::pin(future)))
+        Self(Soon::later(future))
     }
 
     /// The answer if it was known at once, or the future back.
     pub fn into_ready(self) -> Result<Result<T, StoreError>, Self> {
-        match self.0 {
-            Answer::Ready(Some(outcome)) => Ok(outcome),
-            answer => Err(Self(answer)),
-        }
+        self.0.into_now().map_err(Self)
     }
 }
 
@@ -92,26 +83,13 @@ impl<T> Future for CheckFuture<T> {
     type Output = Result<T, StoreError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match &mut self.0 {
-            Answer::Ready(outcome) => {
-                Poll::Ready(outcome.take().expect("CheckFuture polled after completion"))
-            }
-            Answer::Later(future) => future.as_mut().poll(cx),
-        }
+        Pin::new(&mut self.0).poll(cx)
     }
 }
 
-// The boxed future is pinned on the heap, so the answer moves freely.
-impl<T> Unpin for CheckFuture<T> {}
-
 impl<T> fmt::Debug for CheckFuture<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = match &self.0 {
-            Answer::Ready(Some(_)) => "ready",
-            Answer::Ready(None) => "taken",
-            Answer::Later(_) => "later",
-        };
-        f.debug_tuple("CheckFuture").field(&state).finish()
+        f.debug_tuple("CheckFuture").field(&self.0).finish()
     }
 }
 

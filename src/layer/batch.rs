@@ -1,0 +1,251 @@
+//! A request's checks as one batch to the store: put in order under the
+//! plan (enforced checks first, shadow ones after), then sent, shadow
+//! checks apart; and the leases of checks the answer leaves undecided,
+//! released.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use smallvec::SmallVec;
+
+use crate::layer::local_fallback::LocalChecks;
+use crate::layer::owed::{Recorded, report_release};
+use crate::layer::settings::Settings;
+use crate::metrics::Timer;
+use crate::policy::cost::Checks;
+use crate::policy::plan::Plan;
+use crate::policy::{Algorithm, Count, FailMode};
+use crate::store::{Check, CheckFuture, Decisions, Store, StoreError};
+
+/// A request's checks, as sent to the store.
+pub(crate) struct Batch {
+    /// The checks, enforced ones first (see [`Modes`]).
+    pub(crate) checks: Checks,
+    /// What the checks do beyond counting, when any does.
+    pub(crate) modes: Option<Box<Modes>>,
+    /// When the checks went to the store: on the deny cache's clock (0
+    /// without one), and timed for the metrics and the `rate_limit` span.
+    pub(crate) deny_clock: u64,
+    pub(crate) timer: Timer,
+    /// Whether a store failure answers `503`.
+    pub(crate) fail_closed: bool,
+}
+
+impl Batch {
+    /// How many checks are enforced: the shadow ones come after.
+    pub(crate) fn enforced(&self) -> usize {
+        self.modes
+            .as_ref()
+            .map_or(self.checks.len(), |modes| modes.shadow_from)
+    }
+}
+
+/// What a request's checks do beyond counting, in the order they are
+/// sent: enforced checks first, shadow checks after. Shadow checks decide
+/// without denying; a check may count some responses only (its units come
+/// back by the response's status), or fall back to a local limit while
+/// the store is down.
+#[derive(Debug)]
+pub(crate) struct Modes {
+    /// The index of the first shadow check.
+    pub(crate) shadow_from: usize,
+    /// What each check counts.
+    counts: SmallVec<[Count; 2]>,
+    /// The enforced checks that fall back to a local limit, at their share
+    /// of it; `None` when no check does.
+    local: Option<LocalChecks>,
+}
+
+impl Modes {
+    /// The modes of `checks`, built from `plan`, which it puts in order;
+    /// `None` when every check only counts (the common case).
+    #[inline]
+    pub(crate) fn assign(
+        plan: &Plan,
+        checks: &mut Checks,
+        settings: Settings,
+    ) -> Option<Box<Self>> {
+        if !settings.shadow && !plan.has_modes(settings.fail_mode) {
+            return None;
+        }
+        Some(Self::build(plan, checks, settings))
+    }
+
+    fn build(plan: &Plan, checks: &mut Checks, settings: Settings) -> Box<Self> {
+        let shadow = |check: &Check| {
+            settings.shadow
+                || plan
+                    .policy_of(check)
+                    .is_some_and(|policy| policy.is_shadow())
+        };
+        // Stable: enforced checks keep their order, and so do shadow ones.
+        checks.sort_by_key(shadow);
+        let shadow_from = checks.iter().position(shadow).unwrap_or(checks.len());
+        let policies = || checks.iter().map(|check| plan.policy_of(check));
+        let counts: SmallVec<[Count; 2]> = policies()
+            .map(|policy| policy.map_or(Count::All, |policy| policy.count()))
+            .collect();
+        let fail_modes: SmallVec<[FailMode; 2]> = policies()
+            .map(|policy| {
+                policy
+                    .and_then(|policy| policy.fail_mode())
+                    .unwrap_or(settings.fail_mode)
+            })
+            .collect();
+        let local = LocalChecks::of(
+            &checks[..shadow_from],
+            &fail_modes,
+            &counts,
+            settings.local_share,
+        );
+        Box::new(Self {
+            shadow_from,
+            counts,
+            local: (!local.is_empty()).then_some(local),
+        })
+    }
+
+    /// Whether the checks are ordered otherwise than the plan's policies.
+    pub(crate) fn reordered(&self, checks: usize) -> bool {
+        self.shadow_from > 0 && self.shadow_from < checks
+    }
+
+    /// The enforced checks that fall back to a local limit, at their
+    /// share of it (see [`LocalChecks::of`]), if any does.
+    pub(crate) fn local(&self) -> Option<&LocalChecks> {
+        self.local.as_ref()
+    }
+
+    /// What each check counts.
+    pub(crate) fn counts(&self) -> &[Count] {
+        &self.counts
+    }
+}
+
+/// Sends `checks` to `store`, enforced ones first: the shadow checks (from
+/// `shadow_from`) are sent once the enforced ones admit the request, as a
+/// batch of their own. In one batch with the enforced checks a shadow
+/// denial would deny the request, and a denied request counts nowhere.
+/// The answer holds the enforced checks' decisions alone when they deny,
+/// or when the shadow batch fails.
+///
+/// The leases of concurrency checks the answer leaves undecided (a call
+/// that failed, a request dropped meanwhile) are released by their ids.
+#[inline]
+pub(crate) fn check(store: &Arc<dyn Store>, checks: &[Check], shadow_from: usize) -> CheckFuture {
+    let answer = if shadow_from == 0 || shadow_from >= checks.len() {
+        store.check(checks)
+    } else {
+        check_apart(store, checks, shadow_from)
+    };
+    released_unless_decided(store, checks, answer)
+}
+
+fn check_apart(store: &Arc<dyn Store>, checks: &[Check], shadow_from: usize) -> CheckFuture {
+    let (enforced, shadow) = checks.split_at(shadow_from);
+    let decided = match store.check(enforced).into_ready() {
+        Ok(Ok(decisions)) => decisions,
+        Ok(Err(error)) => return CheckFuture::ready(Err(error)),
+        Err(later) => {
+            let store = store.clone();
+            let shadow: Checks = shadow.iter().cloned().collect();
+            return CheckFuture::new(async move {
+                let decisions = later.await?;
+                Ok(with_shadow(&*store, decisions, &shadow).await)
+            });
+        }
+    };
+    if !decided.iter().all(|decision| decision.admitted) {
+        return CheckFuture::ready(Ok(decided));
+    }
+    match store.check(shadow).into_ready() {
+        Ok(outcome) => CheckFuture::ready(Ok(join(decided, outcome))),
+        Err(later) => CheckFuture::new(async move { Ok(join(decided, later.await)) }),
+    }
+}
+
+/// The enforced checks' decisions, and the shadow checks' after them if
+/// the enforced ones admit the request.
+async fn with_shadow(store: &dyn Store, decided: Decisions, shadow: &[Check]) -> Decisions {
+    if !decided.iter().all(|decision| decision.admitted) {
+        return decided;
+    }
+    join(decided, store.check(shadow).await)
+}
+
+fn join(mut decided: Decisions, shadow: Result<Decisions, StoreError>) -> Decisions {
+    match shadow {
+        Ok(shadow) => decided.extend(shadow),
+        Err(error) => tracing::debug!(%error, "shadow policies undecided"),
+    }
+    decided
+}
+
+/// The leases of `checks` that the store may have taken, released unless
+/// `answer` decides them: a call that failed or timed out (the store may
+/// still run it, and take them), or a request dropped while its check was
+/// in flight, releases them by the ids the checks carry; so does an
+/// answer that leaves a check undecided (a shadow batch that failed). A
+/// decided check's lease is the response's to release (see
+/// [`Owed`](super::owed::Owed)), and a denied one took nothing. Checks
+/// without a lease cost nothing.
+fn released_unless_decided(
+    store: &Arc<dyn Store>,
+    checks: &[Check],
+    answer: CheckFuture,
+) -> CheckFuture {
+    let Some(first) = checks
+        .iter()
+        .position(|check| check.algorithm == Algorithm::Concurrency)
+    else {
+        return answer;
+    };
+    let in_flight = |decided: usize| InFlight {
+        store: store.clone(),
+        checks: checks[first.max(decided)..].iter().cloned().collect(),
+    };
+    match answer.into_ready() {
+        // Known at once: only what it leaves undecided is released (a
+        // store in process decides everything, and nothing is copied).
+        Ok(outcome) => {
+            let decided = outcome.as_ref().map_or(0, |decisions| decisions.len());
+            if decided < checks.len() {
+                drop(in_flight(decided));
+            }
+            CheckFuture::ready(outcome)
+        }
+        Err(later) => {
+            let mut in_flight = in_flight(0);
+            CheckFuture::new(async move {
+                let outcome = later.await;
+                if let Ok(decisions) = &outcome {
+                    let decided = decisions.len().saturating_sub(first);
+                    in_flight
+                        .checks
+                        .drain(..decided.min(in_flight.checks.len()));
+                }
+                outcome
+            })
+        }
+    }
+}
+
+/// Checks the store may hold leases of, not (yet) decided, from the first
+/// with a lease on; their leases are released when dropped.
+struct InFlight {
+    store: Arc<dyn Store>,
+    checks: Checks,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut leases = Recorded::new(&self.store);
+        for check in &self.checks {
+            if check.algorithm == Algorithm::Concurrency {
+                // A lease is released by its check's id; the time is not read.
+                leases.push(check, Duration::ZERO);
+            }
+        }
+        leases.give_back(report_release);
+    }
+}

@@ -1,0 +1,301 @@
+//! [`Owed`]: what an admitted request owes the store once its response
+//! says how the call went and its body ends. Units of policies that count
+//! some responses only ([`Count`]) come back when the response should not
+//! count; concurrency leases are released when the body ends (or is
+//! dropped). Neither is waited for: a store across the network is told on
+//! a task of its own.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::HeaderValue;
+use smallvec::SmallVec;
+
+use crate::layer::background::in_background;
+use crate::policy::cost::Checks;
+use crate::policy::{Algorithm, Count};
+use crate::response::headers::{HeaderFormat, RateHeaders};
+use crate::store::{Check, Decision, Decisions, Store, StoreError};
+use crate::throttle::{REFUND_FAILURES, RELEASE_FAILURES};
+
+/// Units a store recorded for some of a request's checks, each at its
+/// time ([`Decision::recorded_at`]); the store takes them back by these.
+pub(crate) struct Recorded {
+    store: Arc<dyn Store>,
+    checks: Checks,
+    at: SmallVec<[Duration; 2]>,
+}
+
+impl Recorded {
+    pub(crate) fn new(store: &Arc<dyn Store>) -> Self {
+        Self {
+            store: store.clone(),
+            checks: Checks::new(),
+            at: SmallVec::new(),
+        }
+    }
+
+    pub(crate) fn push(&mut self, check: &Check, at: Duration) {
+        self.checks.push(check.clone());
+        self.at.push(at);
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.checks.is_empty()
+    }
+
+    /// Forgets the units: they stay counted.
+    pub(crate) fn keep(&mut self) {
+        self.checks.clear();
+        self.at.clear();
+    }
+
+    /// Gives the units back (a lease is released by its check's id),
+    /// without waiting; `report` is told how it went. Returns whether it
+    /// has failed already.
+    pub(crate) fn give_back(&mut self, report: fn(Result<(), StoreError>)) -> bool {
+        if self.checks.is_empty() {
+            return false;
+        }
+        let answer = self.store.refund(&self.checks, &self.at);
+        self.keep();
+        in_background(answer, report)
+    }
+}
+
+/// What an admitted request owes the store: refunds that wait for the
+/// response's status, and leases that wait for its body's end.
+pub(crate) struct Owed(Box<Debts>);
+
+struct Debts {
+    /// Units given back if the response should not count them.
+    refunds: Recorded,
+    /// What each of `refunds` counts, and where it is among the request's
+    /// checks (its place in the headers).
+    counts: SmallVec<[(Count, usize); 2]>,
+    /// Released when the body ends or is dropped.
+    leases: Recorded,
+    /// The same units in the local counts (see
+    /// [`LocalLimits`](super::local_fallback::LocalLimits)), given back with these.
+    local: Option<Owed>,
+    /// What the headers were written from; `None` when none are sent.
+    headers: Option<HeaderSource>,
+}
+
+/// What a request's rate-limit headers are written from, to write them
+/// again with refunded units.
+pub(crate) struct HeaderSource {
+    pub(crate) checks: Checks,
+    pub(crate) decisions: Decisions,
+    /// When the store decided: the resets count down from then.
+    pub(crate) decided: Instant,
+    pub(crate) ietf_policy: Option<HeaderValue>,
+    pub(crate) format: HeaderFormat,
+}
+
+impl Owed {
+    /// What an admitted request owes `store` for `checks` and their
+    /// `decisions`: each lease, and when `counts` says some checks count
+    /// some responses only, their units; with what `local` owes the local
+    /// counts. `None` when it owes nothing. `headers` says what the
+    /// headers are written from, when they are and units may come back.
+    pub(crate) fn of(
+        store: &Arc<dyn Store>,
+        checks: &[Check],
+        decisions: &[Decision],
+        counts: Option<&[Count]>,
+        local: Option<Self>,
+        headers: impl FnOnce() -> Option<HeaderSource>,
+    ) -> Option<Self> {
+        let mut debts: Option<Box<Debts>> = None;
+        let new = || {
+            Box::new(Debts {
+                refunds: Recorded::new(store),
+                counts: SmallVec::new(),
+                leases: Recorded::new(store),
+                local: None,
+                headers: None,
+            })
+        };
+        for (position, (check, decision)) in checks.iter().zip(decisions).enumerate() {
+            let Some(at) = decision.recorded_at else {
+                continue;
+            };
+            let count = counts.map_or(Count::All, |counts| counts[position]);
+            if check.algorithm == Algorithm::Concurrency {
+                // A lease goes back when the body ends, whatever it says.
+                debts.get_or_insert_with(new).leases.push(check, at);
+            } else if count != Count::All {
+                let debts = debts.get_or_insert_with(new);
+                debts.refunds.push(check, at);
+                debts.counts.push((count, position));
+            }
+        }
+        if local.is_some() {
+            debts.get_or_insert_with(new).local = local;
+        }
+        let mut debts = debts?;
+        if !debts.refunds.is_empty() {
+            debts.headers = headers();
+        }
+        Some(Self(debts))
+    }
+
+    /// Whether some units wait for the response's status.
+    pub(crate) fn awaits_status(&self) -> bool {
+        !self.0.refunds.is_empty() || self.0.local.as_ref().is_some_and(Self::awaits_status)
+    }
+
+    /// Gives back the units a response that `failed` (or succeeded) does
+    /// not count, once: the headers that say so, if any came back. The
+    /// leases stay until the body ends.
+    pub(crate) fn on_status(&mut self, failed: bool) -> Option<RateHeaders> {
+        let debts = &mut *self.0;
+        if let Some(local) = &mut debts.local {
+            let _ = local.on_status(failed);
+        }
+        let mut refunded = SmallVec::<[usize; 2]>::new();
+        let mut back = Recorded::new(&debts.refunds.store);
+        for ((check, &at), &(count, position)) in debts
+            .refunds
+            .checks
+            .iter()
+            .zip(&debts.refunds.at)
+            .zip(&debts.counts)
+        {
+            if !count.counts(failed) {
+                back.push(check, at);
+                refunded.push(position);
+            }
+        }
+        // Settled: what is not given back now stays counted.
+        debts.refunds.keep();
+        debts.counts.clear();
+        // A refund already known to have failed leaves the units counted,
+        // and the headers as they were.
+        if back.is_empty() || back.give_back(report_refund) {
+            return None;
+        }
+        debts
+            .headers
+            .take()
+            .map(|headers| headers.refunded(&refunded))
+    }
+}
+
+impl Drop for Owed {
+    fn drop(&mut self) {
+        self.0.leases.give_back(report_release);
+    }
+}
+
+impl HeaderSource {
+    /// The headers, with the units of the checks at `refunded` given back,
+    /// and every reset as of now.
+    fn refunded(mut self, refunded: &[usize]) -> RateHeaders {
+        let since = self.decided.elapsed();
+        for decision in self.decisions.iter_mut() {
+            decision.reset = decision.reset.saturating_sub(since);
+        }
+        for &index in refunded {
+            let decision = &mut self.decisions[index];
+            let cost = self.checks[index].cost;
+            decision.remaining = decision.remaining.saturating_add(cost).min(decision.limit);
+            if decision.remaining == decision.limit {
+                decision.reset = Duration::ZERO;
+            }
+        }
+        RateHeaders::admitted(
+            &self.checks,
+            &self.decisions,
+            self.ietf_policy.as_ref(),
+            self.format,
+        )
+    }
+}
+
+/// Warns of a refund that failed: its units stay counted until they leave
+/// the window, so the client is held to the limit a little longer.
+pub(crate) fn report_refund(outcome: Result<(), StoreError>) {
+    if let Err(error) = outcome
+        && let Some(held_back) = REFUND_FAILURES.admit()
+    {
+        tracing::warn!(%error, held_back, "rate-limit refund failed; the units stay counted");
+    }
+}
+
+/// Warns of a release that failed: the lease stays until it expires.
+pub(crate) fn report_release(outcome: Result<(), StoreError>) {
+    if let Err(error) = outcome
+        && let Some(held_back) = RELEASE_FAILURES.admit()
+    {
+        tracing::warn!(%error, held_back, "concurrency lease release failed; it expires with its lease time");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use http::HeaderMap;
+
+    use super::*;
+    use crate::Policy;
+    use crate::key::Key;
+    use crate::response::headers::{HeaderStyle, ResetFormat};
+
+    #[test]
+    fn refunded_units_come_back_in_the_headers_of_their_own_check() {
+        let minute = Duration::from_secs(60);
+        let key = Key::new("client");
+        let checks: Checks = [
+            Check::new(&Policy::new("all", 10, minute), key.clone()).unwrap(),
+            Check::new(&Policy::new("failures", 3, minute), key.clone()).unwrap(),
+            Check::new(&Policy::new("hourly", 100, minute * 60), key).unwrap(),
+        ]
+        .into_iter()
+        .collect();
+        let decisions: Decisions = [
+            Decision::admitted(10, 5, Duration::from_secs(30)),
+            Decision::admitted(3, 1, Duration::from_secs(50)),
+            Decision::admitted(100, 2, Duration::from_secs(3000)),
+        ]
+        .into();
+        let source = |decisions: &Decisions| HeaderSource {
+            checks: checks.clone(),
+            decisions: decisions.clone(),
+            decided: Instant::now(),
+            ietf_policy: None,
+            format: HeaderFormat {
+                style: HeaderStyle::Both,
+                reset: ResetFormat::DeltaSeconds,
+            },
+        };
+        let written = |headers: RateHeaders| {
+            let mut map = HeaderMap::new();
+            headers.write(&mut map);
+            let text = |name: &str| map[name].to_str().unwrap().to_owned();
+            (
+                text("x-ratelimit-remaining"),
+                text("x-ratelimit-reset"),
+                text("ratelimit"),
+            )
+        };
+
+        // The second check's unit comes back: it no longer reports.
+        let (remaining, reset, state) = written(source(&decisions).refunded(&[1]));
+        assert_eq!((remaining.as_str(), reset.as_str()), ("2", "3000"));
+        assert_eq!(
+            state,
+            "\"all\";r=5;t=30, \"failures\";r=2;t=50, \"hourly\";r=2;t=3000"
+        );
+
+        // Given back to a full count, nothing is counted: a reset of 0.
+        let mut full = decisions.clone();
+        full[1].remaining = 2;
+        full[2].remaining = 50;
+        let (remaining, reset, state) = written(source(&full).refunded(&[1]));
+        assert_eq!((remaining.as_str(), reset.as_str()), ("3", "0"));
+        assert!(state.contains("\"failures\";r=3;t=0"), "{state}");
+    }
+}
