@@ -67,6 +67,7 @@ pub mod headers;
 pub mod key;
 pub mod layer;
 pub mod limits;
+pub mod lookup;
 mod metrics;
 pub mod policy;
 pub mod rejection;
@@ -74,7 +75,6 @@ mod response;
 mod soon;
 pub mod store;
 mod throttle;
-mod tier;
 
 #[cfg(feature = "jwt")]
 pub use key::JwtClaim;

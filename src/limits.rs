@@ -1,4 +1,4 @@
-//! Per-client limits: [`LimitLookup`] finds a client's own limit under a
+//! Per-client limits: a [`Lookup`] finds a client's own limit under a
 //! policy (from a database, say), and [`Overrides`] is a static table of
 //! them (the configuration file's `[overrides]`). A limit found overrides
 //! the tier's; a token bucket without a burst of its own takes it as its
@@ -6,7 +6,6 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,58 +14,14 @@ use smallvec::SmallVec;
 use tokio::time::Instant;
 
 use crate::key::Key;
+use crate::lookup::{LIMIT_TIMED_OUT, Lookup, LookupFuture, within};
 use crate::policy::Policy;
-use crate::throttle::{LIMIT_LOOKUP_INVALID, LIMIT_LOOKUP_TIMEOUTS};
+use crate::throttle::LIMIT_LOOKUP_INVALID;
 
-/// The future a [`LimitLookup`] returns: the client's own limit, or `None`
-/// for the tier's.
-pub type LimitFuture = Pin<Box<dyn Future<Output = Option<u32>> + Send + 'static>>;
-
-/// Finds a client's own limit under a policy.
-///
-/// The layer asks once per client and policy, waits at most its lookup
-/// timeout (100 ms by default, see
-/// [`RateLimitLayer::tier_lookup_timeout`](crate::RateLimitLayer::tier_lookup_timeout)),
-/// and keeps the answer for a while
-/// ([`RateLimitLayer::limit_lookup_ttl`](crate::RateLimitLayer::limit_lookup_ttl),
-/// 60 s by default), so most requests do not wait at all. Past its time,
-/// an answer is still served while it is refreshed in the background: a
-/// slow lookup never lifts a client's own limit to the tier's. A lookup
-/// that fails should answer `None`: the tier's limit applies. One that
-/// times out for a client with no earlier answer gives it the tier's
-/// limit, and is asked again a second later. A limit of 0 is taken as
-/// `None`, and a limit the policy cannot count exactly (see
-/// [`Policy::validate_own_limit`]) is an error, traced, and the tier's
-/// limit applies. Any `Fn(&Key, &Policy) -> Future<Output
-/// = Option<u32>>` is a lookup:
-///
-/// ```
-/// use slidegate::{Global, Policies, Policy, RateLimitLayer, key::Key, store::MemoryStore};
-/// use std::time::Duration;
-///
-/// // Pretend the contracts live in a database.
-/// let lookup = |key: &Key, policy: &Policy| {
-///     let enterprise = key.as_str() == "jwt:acme" && policy.name() == "api";
-///     async move { enterprise.then_some(10_000) }
-/// };
-/// let policies = Policies::single(Policy::new("api", 100, Duration::from_secs(60)))?;
-/// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).limit_lookup(lookup);
-/// # Ok::<(), slidegate::policy::PolicyError>(())
-/// ```
-pub trait LimitLookup: Send + Sync + 'static {
-    /// Starts looking up the limit of the client `key` under `policy`.
-    fn limit(&self, key: &Key, policy: &Policy) -> LimitFuture;
-}
-
-impl<F, Fut> LimitLookup for F
-where
-    F: Fn(&Key, &Policy) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Option<u32>> + Send + 'static,
-{
-    fn limit(&self, key: &Key, policy: &Policy) -> LimitFuture {
-        Box::pin(self(key, policy))
-    }
-}
+/// Finds a client's own limit under a policy: a [`Lookup`] of the client's
+/// key and the policy. Set with
+/// [`RateLimitLayer::limit_lookup`](crate::RateLimitLayer::limit_lookup).
+pub(crate) type LimitLookup = dyn for<'a> Lookup<(&'a Key, &'a Policy), Answer = Option<u32>>;
 
 /// A static table of per-client limits: `(client, policy) → limit`.
 ///
@@ -119,8 +74,10 @@ impl Overrides {
     }
 }
 
-impl LimitLookup for Overrides {
-    fn limit(&self, key: &Key, policy: &Policy) -> LimitFuture {
+impl<'a> Lookup<(&'a Key, &'a Policy)> for Overrides {
+    type Answer = Option<u32>;
+
+    fn lookup(&self, (key, policy): (&'a Key, &'a Policy)) -> LookupFuture<Option<u32>> {
         let limit = self.get(key, policy.name());
         Box::pin(std::future::ready(limit))
     }
@@ -130,7 +87,7 @@ impl LimitLookup for Overrides {
 /// plan (`None`: the tier's).
 pub(crate) type Found = SmallVec<[Option<u32>; 2]>;
 
-/// A layer's [`LimitLookup`] with the answers it keeps.
+/// A layer's limit lookup with the answers it keeps.
 ///
 /// An answer is fresh for the layer's TTL. Past it, the answer is still
 /// served while a refresh runs in the background, so a slow lookup never
@@ -139,7 +96,7 @@ pub(crate) type Found = SmallVec<[Option<u32>; 2]>;
 /// the lookup timeout; one that timed out is given the tier's limits and
 /// asked again only after [`FAILED_LOOKUP_KEPT`].
 pub(crate) struct ClientLimits {
-    lookup: Arc<dyn LimitLookup>,
+    lookup: Arc<LimitLookup>,
     /// Answers per (policy, client).
     cache: Cache<(Arc<str>, Key), Answer>,
     ttl: Duration,
@@ -167,7 +124,7 @@ const CACHED_ANSWERS: usize = 100_000;
 pub(crate) const FAILED_LOOKUP_KEPT: Duration = Duration::from_secs(1);
 
 impl ClientLimits {
-    pub(crate) fn new(lookup: Arc<dyn LimitLookup>, ttl: Duration) -> Self {
+    pub(crate) fn new(lookup: Arc<LimitLookup>, ttl: Duration) -> Self {
         Self {
             lookup,
             cache: Cache::new(CACHED_ANSWERS),
@@ -222,12 +179,12 @@ impl ClientLimits {
             ..stale
         };
         self.cache.insert(pair.clone(), refreshing);
-        let lookup = self.lookup.limit(key, policy);
+        let lookup = self.lookup.lookup((key, &**policy));
         let limits = self.clone();
         let policy = policy.clone();
         runtime.spawn(async move {
             // A refresh that times out keeps the stale answer.
-            if let Ok(answer) = tokio::time::timeout(timeout, lookup).await {
+            if let Some(answer) = within(lookup, timeout, &LIMIT_TIMED_OUT).await {
                 let limit = limits.accepted(&policy, answer);
                 limits.keep(pair, limit, limits.ttl);
             }
@@ -274,27 +231,21 @@ impl ClientLimits {
             .iter()
             .map(|policy| {
                 let pair = (policy.shared_name().clone(), key.clone());
-                (pair, policy.clone(), self.lookup.limit(key, policy))
+                let lookup = self.lookup.lookup((key, &**policy));
+                (pair, policy.clone(), lookup)
             })
             .collect();
         let limits = self.clone();
         async move {
             let mut found = Found::new();
             for (pair, policy, lookup) in lookups {
-                match tokio::time::timeout(timeout, lookup).await {
-                    Ok(answer) => {
+                match within(lookup, timeout, &LIMIT_TIMED_OUT).await {
+                    Some(answer) => {
                         let limit = limits.accepted(&policy, answer);
                         limits.keep(pair, limit, limits.ttl);
                         found.push(limit);
                     }
-                    Err(_) => {
-                        if let Some(held_back) = LIMIT_LOOKUP_TIMEOUTS.admit() {
-                            tracing::warn!(
-                                ?timeout,
-                                held_back,
-                                "limit lookup timed out; the last answer or the tier's limits apply"
-                            );
-                        }
+                    None => {
                         let kept = limits.cache.get(&pair).map(|answer| answer.limit);
                         match kept {
                             Some(limit) => found.push(still_countable(&policy, limit)),

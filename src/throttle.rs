@@ -25,15 +25,6 @@ pub(crate) static STORE_FAILURES: Throttle = Throttle::new();
 /// up without connect info, which would otherwise log once per request.
 pub(crate) static MISSING_PEER_ADDRESS: Throttle = Throttle::new();
 
-/// API key lookups that took longer than the layer waits.
-pub(crate) static API_KEY_LOOKUP_TIMEOUTS: Throttle = Throttle::new();
-
-/// Tier lookups that took longer than the layer waits.
-pub(crate) static TIER_LOOKUP_TIMEOUTS: Throttle = Throttle::new();
-
-/// Limit lookups that took longer than the layer waits.
-pub(crate) static LIMIT_LOOKUP_TIMEOUTS: Throttle = Throttle::new();
-
 /// Limit lookups that answered a limit the policy cannot count.
 pub(crate) static LIMIT_LOOKUP_INVALID: Throttle = Throttle::new();
 

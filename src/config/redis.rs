@@ -104,6 +104,22 @@ pub struct RedisTls {
     pub client: Option<(Vec<u8>, Vec<u8>)>,
 }
 
+#[cfg(feature = "redis")]
+impl RedisTls {
+    /// These files as redis-rs takes them.
+    pub(super) fn certificates(&self) -> deadpool_redis::redis::TlsCertificates {
+        deadpool_redis::redis::TlsCertificates {
+            client_tls: self.client.as_ref().map(|(cert, key)| {
+                deadpool_redis::redis::ClientTlsConfig {
+                    client_cert: cert.clone(),
+                    client_key: key.clone(),
+                }
+            }),
+            root_cert: self.ca.clone(),
+        }
+    }
+}
+
 /// Shows which parts are set, never a key.
 impl fmt::Debug for RedisTls {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -223,67 +239,6 @@ impl RedisSettings {
     /// ```
     pub fn redacted_seeds(&self) -> Vec<String> {
         self.seeds().iter().map(|seed| redacted(seed)).collect()
-    }
-
-    /// A store on a new pool for these settings.
-    ///
-    /// ```
-    /// use slidegate::config::RedisSettings;
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// // Pools connect lazily: building one needs no server.
-    /// let store = RedisSettings::default().with_url("redis://127.0.0.1:6379/").store().unwrap();
-    /// assert!(RedisSettings::default().store().is_err(), "no URL");
-    /// # }
-    /// ```
-    #[cfg(feature = "redis")]
-    pub fn store(&self) -> Result<crate::store::RedisStore, RedisSettingsError> {
-        let pool = super::redis_pool::pool(self)?;
-        let mut store = crate::store::RedisStore::builder(pool).timeout(self.timeout);
-        if let Some(prefix) = &self.prefix {
-            store = store.prefix(prefix.clone());
-        }
-        Ok(store.build()?)
-    }
-
-    /// The [`store`](Self::store), behind a [`CircuitBreaker`](crate::store::CircuitBreaker)
-    /// when [`breaker`](Self::breaker) is set.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// use slidegate::store::Store;
-    /// use slidegate::config::Config;
-    ///
-    /// let config = Config::from_toml_str(
-    ///     "[redis]\nurl = \"redis://127.0.0.1:6379/\"\nbreaker = { failures = 5, cooldown = \"2s\" }\n",
-    /// )
-    /// .unwrap();
-    /// let store = config.redis().unwrap().guarded_store().unwrap();
-    /// assert!(store.is_remote());
-    /// # }
-    /// ```
-    #[cfg(feature = "redis")]
-    pub fn guarded_store(
-        &self,
-    ) -> Result<std::sync::Arc<dyn crate::store::Store>, RedisSettingsError> {
-        Ok(self.guard(self.store()?))
-    }
-
-    /// `store` behind a [`CircuitBreaker`](crate::store::CircuitBreaker) when
-    /// [`breaker`](Self::breaker) is set.
-    #[cfg(feature = "redis")]
-    pub fn guard(
-        &self,
-        store: crate::store::RedisStore,
-    ) -> std::sync::Arc<dyn crate::store::Store> {
-        match self.breaker {
-            Some(settings) => {
-                std::sync::Arc::new(crate::store::CircuitBreaker::new(store, settings))
-            }
-            None => std::sync::Arc::new(store),
-        }
     }
 }
 
@@ -567,10 +522,9 @@ fn tls_files(tls: Spanned<RawTls>, source: &str, base: &Path) -> Result<RedisTls
         client,
     };
     #[cfg(feature = "redis")]
-    if let Err(e) = deadpool_redis::redis::Client::build_with_tls(
-        "rediss://localhost/",
-        super::redis_pool::certificates(&files),
-    ) {
+    if let Err(e) =
+        deadpool_redis::redis::Client::build_with_tls("rediss://localhost/", files.certificates())
+    {
         return Err(ConfigError::at(source, offset, "redis.tls", e.to_string()));
     }
     Ok(files)

@@ -9,17 +9,77 @@
 use deadpool_redis::redis::cluster::ClusterClientBuilder;
 use deadpool_redis::redis::sentinel::{SentinelClientBuilder, SentinelServerType};
 use deadpool_redis::redis::{
-    AsyncConnectionConfig, Client, ClientTlsConfig, ConnectionAddr, ConnectionInfo,
-    IntoConnectionInfo, TlsCertificates, TlsMode,
+    AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo,
+    TlsCertificates, TlsMode,
 };
 use deadpool_redis::{Pool, Runtime};
 
 use super::redis::{RedisSettings, RedisSettingsError, RedisTls, redacted};
 use crate::store::{ClusterClientPool, ClusterManager, RedisPool, SentinelManager, SentinelPool};
 
+impl RedisSettings {
+    /// A store on a new pool for these settings.
+    ///
+    /// ```
+    /// use slidegate::config::RedisSettings;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// // Pools connect lazily: building one needs no server.
+    /// let store = RedisSettings::default().with_url("redis://127.0.0.1:6379/").store().unwrap();
+    /// assert!(RedisSettings::default().store().is_err(), "no URL");
+    /// # }
+    /// ```
+    pub fn store(&self) -> Result<crate::store::RedisStore, RedisSettingsError> {
+        let pool = pool(self)?;
+        let mut store = crate::store::RedisStore::builder(pool).timeout(self.timeout);
+        if let Some(prefix) = &self.prefix {
+            store = store.prefix(prefix.clone());
+        }
+        Ok(store.build()?)
+    }
+
+    /// The [`store`](Self::store), behind a [`CircuitBreaker`](crate::store::CircuitBreaker)
+    /// when [`breaker`](Self::breaker) is set.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use slidegate::store::Store;
+    /// use slidegate::config::Config;
+    ///
+    /// let config = Config::from_toml_str(
+    ///     "[redis]\nurl = \"redis://127.0.0.1:6379/\"\nbreaker = { failures = 5, cooldown = \"2s\" }\n",
+    /// )
+    /// .unwrap();
+    /// let store = config.redis().unwrap().guarded_store().unwrap();
+    /// assert!(store.is_remote());
+    /// # }
+    /// ```
+    pub fn guarded_store(
+        &self,
+    ) -> Result<std::sync::Arc<dyn crate::store::Store>, RedisSettingsError> {
+        Ok(self.guard(self.store()?))
+    }
+
+    /// `store` behind a [`CircuitBreaker`](crate::store::CircuitBreaker) when
+    /// [`breaker`](Self::breaker) is set.
+    pub fn guard(
+        &self,
+        store: crate::store::RedisStore,
+    ) -> std::sync::Arc<dyn crate::store::Store> {
+        match self.breaker {
+            Some(settings) => {
+                std::sync::Arc::new(crate::store::CircuitBreaker::new(store, settings))
+            }
+            None => std::sync::Arc::new(store),
+        }
+    }
+}
+
 /// A new pool for `settings`; connections are opened on first use.
-pub(super) fn pool(settings: &RedisSettings) -> Result<RedisPool, RedisSettingsError> {
-    let certificates = settings.tls.as_ref().map(certificates);
+fn pool(settings: &RedisSettings) -> Result<RedisPool, RedisSettingsError> {
+    let certificates = settings.tls.as_ref().map(RedisTls::certificates);
     let any_tls = settings
         .seeds()
         .iter()
@@ -48,17 +108,6 @@ pub(super) fn pool(settings: &RedisSettings) -> Result<RedisPool, RedisSettingsE
         cluster(settings, &seeds, certificates)
     } else {
         standalone(settings, first, certificates)
-    }
-}
-
-/// `tls` as redis-rs takes it.
-pub(super) fn certificates(tls: &RedisTls) -> TlsCertificates {
-    TlsCertificates {
-        client_tls: tls.client.as_ref().map(|(cert, key)| ClientTlsConfig {
-            client_cert: cert.clone(),
-            client_key: key.clone(),
-        }),
-        root_cert: tls.ca.clone(),
     }
 }
 

@@ -8,9 +8,11 @@ use std::sync::{Arc, Mutex};
 use http::request::Parts;
 use http::{HeaderName, HeaderValue};
 
+use crate::lookup::Lookup;
+
 use super::{
-    ApiKeyLookup, Extracted, Identity, Key, KeyExtractor, KeyRejection, Otherwise, Unconfirmed,
-    digest, hex_of, sanitized,
+    ApiKeyLookup, ApiKeyStatus, Extracted, Identity, Key, KeyExtractor, KeyRejection, Otherwise,
+    Unconfirmed, digest, hex_of, sanitized,
 };
 
 /// The label of API keys in store keys.
@@ -62,7 +64,7 @@ pub struct Header {
     /// holds a raw API key after construction.
     known: Arc<HashMap<[u8; 16], Option<Arc<str>>>>,
     /// Where keys outside the table are looked up, if anywhere.
-    lookup: Option<Arc<dyn ApiKeyLookup>>,
+    lookup: Option<Arc<ApiKeyLookup>>,
 }
 
 impl fmt::Debug for Header {
@@ -202,12 +204,36 @@ impl Header {
     }
 
     /// Asks `lookup` about API keys that are not in the table (keys kept
-    /// in a database, say): a key it says is [`Known`](crate::key::ApiKeyStatus::Known)
-    /// is the client, with the tier it names; an unknown one is treated as
-    /// any unknown key (the next extractor decides, or `401` with
-    /// [`reject_unknown`](Header::reject_unknown)). See [`ApiKeyLookup`].
+    /// in a database, say), given the header's raw value: a key it says is
+    /// [`Known`](crate::key::ApiKeyStatus::Known) is the client, with the
+    /// tier it names; an unknown one is treated as any unknown key (the
+    /// next extractor decides, or `401` with
+    /// [`reject_unknown`](Header::reject_unknown)).
+    ///
+    /// The layer waits for it at most its
+    /// [lookup timeout](crate::RateLimitLayer::lookup_timeout) (100 ms by
+    /// default); a lookup that times out counts as
+    /// [`Unknown`](crate::key::ApiKeyStatus::Unknown), so the next extractor
+    /// decides and nothing is admitted unlimited. It runs for every request
+    /// with a key outside the table: cache its answers, known and unknown
+    /// alike, or a client sending random keys sends your database a query
+    /// each. Any `Fn(&[u8]) -> impl Future<Output = ApiKeyStatus>` is a
+    /// lookup (see [`Lookup`]):
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use slidegate::{Header, key::ApiKeyStatus};
+    ///
+    /// let api_keys = Header::new(http::HeaderName::from_static("x-api-key")).lookup(|key: &[u8]| {
+    ///     // Pretend the keys live in a database.
+    ///     let exists = key.starts_with(b"sk_live_");
+    ///     async move {
+    ///         if exists { ApiKeyStatus::Known(Some(Arc::from("pro"))) } else { ApiKeyStatus::Unknown }
+    ///     }
+    /// });
+    /// ```
     #[must_use]
-    pub fn lookup(mut self, lookup: impl ApiKeyLookup) -> Self {
+    pub fn lookup(mut self, lookup: impl for<'a> Lookup<&'a [u8], Answer = ApiKeyStatus>) -> Self {
         self.lookup = Some(Arc::new(lookup));
         self
     }

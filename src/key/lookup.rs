@@ -1,5 +1,5 @@
-//! [`ApiKeyLookup`]: API keys that live in a database, confirmed
-//! asynchronously before they count as a client.
+//! API keys that live in a database, confirmed asynchronously by a
+//! [`Lookup`] before they count as a client.
 
 use std::fmt;
 use std::future::Future;
@@ -8,9 +8,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use super::{Extracted, Identity, KeyRejection};
-use crate::throttle::API_KEY_LOOKUP_TIMEOUTS;
+use crate::lookup::{API_KEY_TIMED_OUT, Lookup, LookupFuture, within};
 
-/// What an [`ApiKeyLookup`] says of a key.
+/// What an API key's lookup ([`Header::lookup`](crate::Header::lookup))
+/// says of a key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ApiKeyStatus {
@@ -21,55 +22,17 @@ pub enum ApiKeyStatus {
     Unknown,
 }
 
-/// The future an [`ApiKeyLookup`] returns.
-pub type ApiKeyFuture = Pin<Box<dyn Future<Output = ApiKeyStatus> + Send + 'static>>;
-
 /// Says whether an API key that is not in a [`Header`](crate::Header)'s
-/// table exists (in a database, say), and its tier. Set with
-/// [`Header::lookup`](crate::Header::lookup).
-///
-/// The layer waits for it at most its lookup timeout (100 ms by default,
-/// [`RateLimitLayer::tier_lookup_timeout`](crate::RateLimitLayer::tier_lookup_timeout));
-/// a lookup that times out counts as [`ApiKeyStatus::Unknown`], so the
-/// next extractor decides and nothing is admitted unlimited. It runs for
-/// every request with a key outside the table: cache its answers, known
-/// and unknown alike, or a client sending random keys sends your database
-/// a query each. Any `Fn(&[u8]) -> impl Future<Output = ApiKeyStatus>` is
-/// a lookup:
-///
-/// ```
-/// use std::sync::Arc;
-/// use slidegate::{Header, key::ApiKeyStatus};
-///
-/// let api_keys = Header::new(http::HeaderName::from_static("x-api-key")).lookup(|key: &[u8]| {
-///     // Pretend the keys live in a database.
-///     let exists = key.starts_with(b"sk_live_");
-///     async move {
-///         if exists { ApiKeyStatus::Known(Some(Arc::from("pro"))) } else { ApiKeyStatus::Unknown }
-///     }
-/// });
-/// ```
-pub trait ApiKeyLookup: Send + Sync + 'static {
-    /// Starts looking up `api_key`, the header's raw value.
-    fn lookup(&self, api_key: &[u8]) -> ApiKeyFuture;
-}
-
-impl<F, Fut> ApiKeyLookup for F
-where
-    F: Fn(&[u8]) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = ApiKeyStatus> + Send + 'static,
-{
-    fn lookup(&self, api_key: &[u8]) -> ApiKeyFuture {
-        Box::pin(self(api_key))
-    }
-}
+/// table exists (in a database, say), and its tier: a [`Lookup`] of the
+/// header's raw value. Set with [`Header::lookup`](crate::Header::lookup).
+pub(crate) type ApiKeyLookup = dyn for<'a> Lookup<&'a [u8], Answer = ApiKeyStatus>;
 
 /// An API key outside the table, waiting for its lookup, and what the
 /// request is should the key be unknown.
 pub(crate) struct Unconfirmed {
     /// Behind a lock only so that an [`Identity`] is `Sync`, as request
     /// extensions must be; it is never contended.
-    pub(crate) lookup: Mutex<ApiKeyFuture>,
+    pub(crate) lookup: Mutex<LookupFuture<ApiKeyStatus>>,
     pub(crate) otherwise: Otherwise,
 }
 
@@ -150,21 +113,11 @@ pub(crate) fn confirmed(mut identity: Identity, timeout: Duration) -> Confirming
             };
             let Unconfirmed { lookup, otherwise } = *unconfirmed;
             let lookup = lookup.into_inner().unwrap_or_else(PoisonError::into_inner);
-            match tokio::time::timeout(timeout, lookup).await {
-                Ok(ApiKeyStatus::Known(tier)) => {
-                    identity.tier = tier;
-                    return Ok(Some(identity));
-                }
-                Ok(ApiKeyStatus::Unknown) => {}
-                Err(_) => {
-                    if let Some(held_back) = API_KEY_LOOKUP_TIMEOUTS.admit() {
-                        tracing::warn!(
-                            ?timeout,
-                            held_back,
-                            "API key lookup timed out; the key counts as unknown"
-                        );
-                    }
-                }
+            if let Some(ApiKeyStatus::Known(tier)) =
+                within(lookup, timeout, &API_KEY_TIMED_OUT).await
+            {
+                identity.tier = tier;
+                return Ok(Some(identity));
             }
             match otherwise.unknown()? {
                 Some(next) => identity = next,

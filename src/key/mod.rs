@@ -25,12 +25,11 @@ pub(crate) mod jwt;
 mod lookup;
 mod peer_ip;
 
-pub use crate::tier::{TierFuture, TierLookup};
 pub use header::Header;
 #[cfg(feature = "jwt")]
 pub use jwt::{JwtClaim, JwtClaimBuilder, JwtError};
-pub use lookup::{ApiKeyFuture, ApiKeyLookup, ApiKeyStatus};
-pub(crate) use lookup::{Otherwise, Unconfirmed, confirmed};
+pub use lookup::ApiKeyStatus;
+pub(crate) use lookup::{ApiKeyLookup, Otherwise, Unconfirmed, confirmed};
 pub use peer_ip::{ForwardedHeader, PeerIp};
 
 use std::borrow::Cow;

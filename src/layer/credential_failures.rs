@@ -5,18 +5,15 @@
 use std::fmt;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::Response;
+use std::sync::Arc;
+
 use http::request::Parts;
 
-use crate::key::{KeyExtractor, KeyRejection, PeerIp};
+use crate::RateLimitLayer;
+use crate::key::{KeyExtractor, PeerIp};
 use crate::layer::deny_cache::{Denied, DenyCache};
-use crate::layer::reject::reject;
-use crate::layer::settings::Shared;
 use crate::policy::{CREDENTIAL_FAILURES, Policy};
-use crate::rejection::Rejection;
-use crate::response::limited::Limited;
-use crate::store::{Check, CheckFuture, CheckOutcome, Decision};
+use crate::store::Check;
 
 /// Addresses a layer remembers as blocked, at most.
 const BLOCKED_CAPACITY: usize = 10_000;
@@ -121,139 +118,21 @@ impl CredentialFailures {
         self.blocked.lookup(std::slice::from_ref(check))
     }
 
-    /// A refusal to count against the address of `check`, sent now.
-    fn refusal(&self, check: Check) -> Refusal {
-        Refusal {
-            blocked: self.blocked.clone(),
-            sent_at: self.blocked.now(),
-            check,
-        }
+    /// The addresses known to be blocked.
+    pub(super) fn blocked_addresses(&self) -> &DenyCache {
+        &self.blocked
     }
 }
 
-/// A refusal of credentials, counted against the client's address.
-struct Refusal {
-    blocked: DenyCache,
-    check: Check,
-    sent_at: u64,
-}
-
-impl Refusal {
-    /// The store's decision on the refusal when it puts the address past
-    /// its limit (a `429`), remembering the address as blocked while its
-    /// refusals fill the window; `None` while the address is within it (a
-    /// `401`). A store that cannot count does not change the answer: the
-    /// credentials were refused all the same. Under `shadow`, counted and
-    /// decided but never `429`.
-    fn past_limit(&self, outcome: CheckOutcome, shadow: bool) -> Option<Decision> {
-        let decision = outcome.ok()?.first().copied()?;
-        let checks = std::slice::from_ref(&self.check);
-        if shadow {
-            if !decision.admitted {
-                tracing::debug!("shadow mode: refused credentials past their limit");
-            }
-            return None;
-        }
-        if decision.admitted {
-            if decision.remaining == 0 {
-                // No refusal fits until the oldest leaves the window.
-                let blocked =
-                    Decision::denied(decision.limit, 0, decision.reset, Some(decision.reset));
-                self.blocked
-                    .remember(checks, std::slice::from_ref(&blocked), self.sent_at, |_| {
-                        true
-                    });
-            }
-            return None;
-        }
-        self.blocked.remember(
-            checks,
-            std::slice::from_ref(&decision),
-            self.sent_at,
-            |_| true,
-        );
-        Some(decision)
-    }
-}
-
-/// The count of this address's refused credentials, when the layer
-/// counts them and the request presents some.
-pub(crate) fn refusal_of(shared: &Shared, parts: &Parts) -> Option<Check> {
-    let failures = shared.credential_failures.as_ref()?;
-    let mut check = failures.check_for(parts, &*shared.keys)?;
-    shared.in_namespace(&mut check);
-    Some(check)
-}
-
-/// The cached denial of the address `check` counts refusals of, while it
-/// is blocked; never in shadow mode.
-pub(crate) fn blocked<'a>(shared: &Shared, check: &'a Check) -> Option<Denied<'a>> {
-    let failures = shared.credential_failures.as_ref()?;
-    (!shared.settings.shadow)
-        .then(|| failures.blocked_now(check))
-        .flatten()
-}
-
-/// Answers refused credentials `401`, after counting the refusal against
-/// the client's address (`check`) when the layer counts them: `429` once
-/// the address is past its limit. `Err` holds the refusal while the store
-/// counts it.
-pub(crate) fn refused(
-    shared: &Shared,
-    parts: &Parts,
-    check: Option<Check>,
-    rejection: KeyRejection,
-) -> Result<Response<Bytes>, Box<Counting>> {
-    tracing::debug!(reason = rejection.reason(), "credentials refused");
-    let Some((failures, check)) = shared.credential_failures.as_ref().zip(check) else {
-        let refused = Rejection::InvalidCredentials(&rejection);
-        return Ok(reject(shared, parts, refused));
-    };
-    let refusal = failures.refusal(check);
-    match shared
-        .store
-        .check(std::slice::from_ref(&refusal.check))
-        .into_ready()
-    {
-        Ok(outcome) => Ok(refusal.answer(shared, parts, &rejection, outcome)),
-        Err(count) => Err(Box::new(Counting {
-            refusal,
-            rejection,
-            count,
-        })),
-    }
-}
-
-/// A refusal of credentials the store is counting.
-pub(crate) struct Counting {
-    refusal: Refusal,
-    rejection: KeyRejection,
-    count: CheckFuture,
-}
-
-impl Counting {
-    /// The answer, once the store has counted the refusal.
-    pub(crate) async fn answer(self, shared: &Shared, parts: &Parts) -> Response<Bytes> {
-        let outcome = self.count.await;
-        self.refusal.answer(shared, parts, &self.rejection, outcome)
-    }
-}
-
-impl Refusal {
-    /// `429` when the store's `outcome` puts the address past its limit,
-    /// `401` otherwise.
-    fn answer(
-        &self,
-        shared: &Shared,
-        parts: &Parts,
-        rejection: &KeyRejection,
-        outcome: CheckOutcome,
-    ) -> Response<Bytes> {
-        let Some(decision) = self.past_limit(outcome, shared.settings.shadow) else {
-            return reject(shared, parts, Rejection::InvalidCredentials(rejection));
-        };
-        let decisions = [decision];
-        let limited = Limited::new(std::slice::from_ref(&self.check), &decisions, 0, None);
-        reject(shared, parts, Rejection::Limited(&limited))
+impl RateLimitLayer {
+    /// Counts refused credentials per client address and, past the limit,
+    /// answers `429` to that address's credentialed requests without
+    /// verifying them; see [`CredentialFailures`]. Off unless set here (the
+    /// configuration file turns it on by default, with its trusted
+    /// proxies).
+    #[must_use]
+    pub fn credential_failures(mut self, failures: CredentialFailures) -> Self {
+        Arc::make_mut(&mut self.shared).credential_failures = Some(failures);
+        self
     }
 }

@@ -15,7 +15,6 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::request::Parts;
@@ -23,20 +22,19 @@ use http::{Request, Response};
 
 use crate::key::{Identity, confirmed};
 use crate::layer::batch::{self, Batch, Modes};
-use crate::layer::credential_failures::{blocked, refusal_of, refused};
 use crate::layer::outcome::{Next, cached_denial, outcome, refused_locally};
+use crate::layer::refused::{blocked, refusal_of, refused};
 use crate::layer::reject::reject;
 use crate::layer::settings::Shared;
 use crate::limits::Found;
+use crate::lookup::{TIER_TIMED_OUT, within};
 use crate::metrics::{self, Outcome, Timer};
 use crate::policy::cost::{self, Costs};
 use crate::policy::plan::Plan;
 use crate::policy::{Cost, FailMode, Policies};
 use crate::rejection::Rejection;
 use crate::soon::Soon;
-use crate::store::{CheckFuture, CheckOutcome};
-use crate::throttle::TIER_LOOKUP_TIMEOUTS;
-use crate::tier::TierFuture;
+use crate::store::CheckFuture;
 
 /// The rest of a waiting request's decision, with the request head back.
 pub(crate) type Continuation = Pin<Box<dyn Future<Output = (Parts, Next)> + Send + 'static>>;
@@ -110,24 +108,20 @@ pub(crate) fn decide(shared: &Arc<Shared>, parts: &mut Parts) -> Result<Next, Co
             }));
         }
     };
-    let (batch, answer) = match send(shared, parts, plan, &identity, costs.as_ref(), own.as_ref()) {
-        Ok(sent) => sent,
-        Err(next) => return Ok(hand_on(shared, parts, identity, next)),
-    };
-    let answer = match answer.into_ready() {
-        Ok(answer) => answer,
-        Err(answer) => {
+    let next = match send(shared, parts, plan, &identity, costs.as_ref(), own.as_ref()) {
+        Ok(next) => next,
+        Err((batch, answer)) => {
             let rest = Rest::new(shared, plan, costs);
             return Err(later(parts, |mut parts| async move {
-                let next = rest
-                    .answered(&mut parts, identity, &batch, answer.await)
-                    .await;
+                let tier = identity.tier.as_deref();
+                let (shared, plan) = (&*rest.shared, &*rest.plan);
+                let next = outcome(shared, &parts, plan, tier, &batch, answer.await).await;
+                let next = hand_on(shared, &mut parts, identity, next);
                 (parts, next)
             }));
         }
     };
-    let tier = identity.tier.as_deref();
-    match outcome(shared, parts, plan, tier, &batch, answer).into_now() {
+    match next.into_now() {
         Ok(next) => Ok(hand_on(shared, parts, identity, next)),
         Err(delayed) => {
             let shared = shared.clone();
@@ -184,7 +178,7 @@ impl Rest {
     }
 
     /// The decision from a client of known limits on: the store asked,
-    /// then [`answered`](Self::answered).
+    /// and its answer turned into the request's way on.
     async fn after_limits(
         &self,
         parts: &mut Parts,
@@ -192,24 +186,14 @@ impl Rest {
         own: Option<Found>,
     ) -> Next {
         let (shared, plan, costs) = (&*self.shared, &*self.plan, self.costs.as_ref());
-        match send(shared, parts, plan, &identity, costs, own.as_ref()) {
-            Ok((batch, answer)) => self.answered(parts, identity, &batch, answer.await).await,
-            Err(next) => hand_on(shared, parts, identity, next),
-        }
-    }
-
-    /// The store's `answer` to `batch`, turned into the request's way on,
-    /// waited for when the store delayed it.
-    async fn answered(
-        &self,
-        parts: &mut Parts,
-        identity: Identity,
-        batch: &Batch,
-        answer: CheckOutcome,
-    ) -> Next {
-        let tier = identity.tier.as_deref();
-        let next = outcome(&self.shared, parts, &self.plan, tier, batch, answer).await;
-        hand_on(&self.shared, parts, identity, next)
+        let next = match send(shared, parts, plan, &identity, costs, own.as_ref()) {
+            Ok(next) => next.await,
+            Err((batch, answer)) => {
+                let tier = identity.tier.as_deref();
+                outcome(shared, parts, plan, tier, &batch, answer.await).await
+            }
+        };
+        hand_on(shared, parts, identity, next)
     }
 }
 
@@ -278,33 +262,19 @@ fn unidentified(shared: &Shared, parts: &Parts) -> Response<Bytes> {
 }
 
 /// The lookup of `identity`'s tier, when the layer has a lookup and the
-/// identity names no tier.
-fn tier_lookup(shared: &Shared, parts: &Parts, identity: &Identity) -> Option<TierFuture> {
-    match &shared.tier_lookup {
-        Some(lookup) if identity.tier.is_none() => Some(with_timeout(
-            lookup.lookup(parts, identity),
-            shared.settings.lookup_timeout,
-        )),
-        _ => None,
-    }
-}
-
-/// Bounds a tier lookup: past `timeout` the base limits apply.
-fn with_timeout(lookup: TierFuture, timeout: Duration) -> TierFuture {
-    Box::pin(async move {
-        tokio::time::timeout(timeout, lookup)
-            .await
-            .unwrap_or_else(|_| {
-                if let Some(held_back) = TIER_LOOKUP_TIMEOUTS.admit() {
-                    tracing::warn!(
-                        ?timeout,
-                        held_back,
-                        "tier lookup timed out; base limits apply"
-                    );
-                }
-                None
-            })
-    })
+/// identity names no tier; past the lookup timeout, the base limits apply.
+fn tier_lookup(
+    shared: &Shared,
+    parts: &Parts,
+    identity: &Identity,
+) -> Option<impl Future<Output = Option<Arc<str>>> + Send + 'static> {
+    let lookup = shared
+        .tier_lookup
+        .as_ref()
+        .filter(|_| identity.tier.is_none())?;
+    let asked = lookup.lookup((parts, identity));
+    let timeout = shared.settings.lookup_timeout;
+    Some(async move { within(asked, timeout, &TIER_TIMED_OUT).await.flatten() })
 }
 
 /// The own limits of `identity` under `plan`, when the layer looks them
@@ -324,11 +294,12 @@ fn own_limits(shared: &Shared, plan: &Plan, identity: &Identity) -> Soon<Option<
 }
 
 /// Builds the checks of `identity` under `plan` (at its `own` limits) and
-/// sends them; `Err` holds the answer when it is known without the store:
-/// a cost above the limit, a request every policy exempts, a denial the
-/// local counts or the deny cache know.
-// Returned once to its caller and never stored: boxing the answer would
-// cost an allocation per denied request.
+/// sends them: the request's way on, when it is known without waiting (a
+/// cost above the limit, a request every policy exempts, a denial the
+/// local counts or the deny cache know, a store in process); `Err` holds
+/// the batch, sent, and the store's answer to come.
+// Returned once to its caller, and large only when the request waits for
+// the network anyway; a request decided at once moves no batch.
 #[allow(clippy::result_large_err)]
 fn send(
     shared: &Shared,
@@ -337,18 +308,18 @@ fn send(
     identity: &Identity,
     costs: Option<&Costs>,
     own: Option<&Found>,
-) -> Result<(Batch, CheckFuture), Next> {
+) -> Result<Soon<Next>, (Batch, CheckFuture)> {
     let tier = identity.tier.as_deref();
     let mut checks = match cost::checks(plan, &identity.key, tier, costs, own) {
         Ok(checks) => checks,
         Err(denied) => {
             let rejection = Rejection::CostAboveLimit(&denied);
-            return Err(Next::Answer(reject(shared, parts, rejection)));
+            return Ok(Soon::now(Next::Answer(reject(shared, parts, rejection))));
         }
     };
     if checks.is_empty() {
         // Every policy of the request exempts it.
-        return Err(Next::PASS);
+        return Ok(Soon::now(Next::PASS));
     }
     if shared.namespace.is_some() {
         for check in &mut checks {
@@ -364,12 +335,14 @@ fn send(
         .and_then(Modes::local)
         .and_then(|local| refused_locally(shared, parts, local))
     {
-        return Err(next);
+        return Ok(Soon::now(next));
     }
     let mut deny_clock = 0;
     if let Some(cache) = &shared.deny_cache {
         if let Some(denied) = cache.lookup(&checks[..enforced]) {
-            return Err(Next::Answer(cached_denial(shared, parts, &denied)));
+            return Ok(Soon::now(Next::Answer(cached_denial(
+                shared, parts, &denied,
+            ))));
         }
         deny_clock = cache.now();
     }
@@ -380,8 +353,10 @@ fn send(
         deny_clock,
         timer: Timer::start(),
     };
-    let answer = batch::check(&shared.store, &batch.checks, enforced);
-    Ok((batch, answer))
+    match batch::check(&shared.store, &batch.checks, enforced).into_ready() {
+        Ok(answer) => Ok(outcome(shared, parts, plan, tier, &batch, answer)),
+        Err(answer) => Err((batch, answer)),
+    }
 }
 
 /// Whether a policy that counts the request fails closed: policies a

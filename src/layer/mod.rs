@@ -21,6 +21,7 @@ mod local_fallback;
 mod outcome;
 mod owed;
 mod policy_names;
+mod refused;
 mod reject;
 mod service;
 mod settings;
@@ -28,7 +29,7 @@ mod settings;
 pub use body::ResponseBody;
 pub use future::ResponseFuture;
 pub use inspect::LimitError;
-pub use policy_names::PolicyConflict;
+pub use policy_names::{PoliciesHandle, PolicyConflict};
 pub use service::RateLimit;
 
 use std::sync::Arc;
@@ -37,54 +38,19 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use tower_layer::Layer;
 
-use bytes::Bytes;
-use http::Response;
 use http::request::Parts;
 
 use crate::key::KeyExtractor;
-use crate::limits::{ClientLimits, LimitLookup};
-use crate::policy::{FailMode, Policies, RequestCost};
-use crate::response::headers::{HeaderStyle, ResetFormat};
-use crate::response::rejection::Rejection;
+use crate::key::{Identity, Key};
+use crate::limits::ClientLimits;
+use crate::lookup::Lookup;
+use crate::policy::Policy;
+use crate::policy::{Policies, RequestCost};
 use crate::store::Store;
-use crate::tier::TierLookup;
 pub use credential_failures::CredentialFailures;
 pub use deny_cache::DenyCache;
 pub(crate) use settings::Shared;
 use settings::{DEFAULT_LIMIT_TTL, Settings};
-
-/// Replaces a layer's policies while it serves; see
-/// [`RateLimitLayer::policies_handle`].
-#[derive(Clone)]
-pub struct PoliciesHandle(Arc<ArcSwap<Policies>>);
-
-impl std::fmt::Debug for PoliciesHandle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("PoliciesHandle")
-            .field(&**self.0.load())
-            .finish()
-    }
-}
-
-impl PoliciesHandle {
-    /// The policies in force.
-    pub fn current(&self) -> Arc<Policies> {
-        self.0.load_full()
-    }
-
-    /// Puts `policies` in force for every request from now on.
-    ///
-    /// # Errors
-    ///
-    /// [`PolicyConflict`], leaving the policies in force as they are, if
-    /// another layer on the same store and namespace has a policy of one
-    /// of these names that counts otherwise: the two would share counts.
-    pub fn replace(&self, policies: Policies) -> Result<(), PolicyConflict> {
-        policy_names::may_replace(&self.0, &policies)?;
-        self.0.store(Arc::new(policies));
-        Ok(())
-    }
-}
 
 /// Applies sliding-window rate limiting to a service.
 ///
@@ -147,78 +113,84 @@ impl RateLimitLayer {
         }
     }
 
-    fn settings_mut(&mut self) -> &mut Settings {
-        &mut Arc::make_mut(&mut self.shared).settings
-    }
-
-    /// The fail mode of policies that set none (default [`FailMode::Open`]).
-    ///
-    /// ```
-    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, policy::FailMode, store::MemoryStore};
-    /// use std::time::Duration;
-    ///
-    /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
-    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).fail_mode(FailMode::Closed);
-    /// ```
-    #[must_use]
-    pub fn fail_mode(mut self, fail_mode: FailMode) -> Self {
-        self.settings_mut().fail_mode = fail_mode;
-        self
-    }
-
-    /// Which rate-limit headers to send (default [`HeaderStyle::XRateLimit`]).
-    ///
-    /// ```
-    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, headers::HeaderStyle, store::MemoryStore};
-    /// use std::time::Duration;
-    ///
-    /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
-    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).header_style(HeaderStyle::None);
-    /// ```
-    #[must_use]
-    pub fn header_style(mut self, style: HeaderStyle) -> Self {
-        self.settings_mut().header_format.style = style;
-        self
-    }
-
     /// Looks up the tier of clients whose key extractor named none (an API
-    /// key's plan in a database, say); see [`TierLookup`].
+    /// key's plan in a database, say), from the request head and the
+    /// client's [`Identity`].
+    ///
+    /// The layer asks only for identities without a tier, and waits at
+    /// most its [lookup timeout](Self::lookup_timeout); a lookup that fails
+    /// or times out should answer `None`, so the base limits apply. It
+    /// runs on every such request, so real deployments cache (the layer
+    /// does not). Any `Fn(&Parts, &Identity) -> impl Future<Output =
+    /// Option<Arc<str>>>` is a lookup (see [`Lookup`]):
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use http::request::Parts;
+    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, key::Identity, store::MemoryStore};
+    ///
+    /// // Pretend the plans live in a database keyed by the limiter's key.
+    /// let lookup = |_parts: &Parts, identity: &Identity| {
+    ///     let key = identity.key.clone();
+    ///     async move { (key.as_str() == "global").then(|| Arc::<str>::from("pro")) }
+    /// };
+    /// let policies = Policies::single(Policy::new("api", 10, std::time::Duration::from_secs(1)))?;
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).tier_lookup(lookup);
+    /// # Ok::<(), slidegate::policy::PolicyError>(())
+    /// ```
     #[must_use]
-    pub fn tier_lookup(mut self, lookup: impl TierLookup) -> Self {
+    pub fn tier_lookup(
+        mut self,
+        lookup: impl for<'a> Lookup<(&'a Parts, &'a Identity), Answer = Option<Arc<str>>>,
+    ) -> Self {
         Arc::make_mut(&mut self.shared).tier_lookup = Some(Arc::new(lookup));
         self
     }
 
-    /// How long to wait for the [`TierLookup`] (default 100 ms); past it,
-    /// the request gets the base limits and a warning is traced.
+    /// Looks up each client's own limit under each policy (from a
+    /// database, say), replacing its tier's: a limit of `Some(n)`, or
+    /// `None` for the tier's.
+    ///
+    /// The layer asks once per client and policy, waits at most its
+    /// [lookup timeout](Self::lookup_timeout), and keeps the answer for a
+    /// while ([`limit_lookup_ttl`](Self::limit_lookup_ttl), 60 s by
+    /// default), so most requests do not wait at all. Past its time, an
+    /// answer is still served while it is refreshed in the background: a
+    /// slow lookup never lifts a client's own limit to the tier's. A lookup
+    /// that fails should answer `None`: the tier's limit applies. One that
+    /// times out for a client with no earlier answer gives it the tier's
+    /// limit, and is asked again a second later. A limit of 0 is taken as
+    /// `None`, and a limit the policy cannot count exactly (see
+    /// [`Policy::validate_own_limit`](crate::Policy::validate_own_limit)) is
+    /// an error, traced, and the tier's limit applies. Any `Fn(&Key,
+    /// &Policy) -> impl Future<Output = Option<u32>>` is a lookup (see
+    /// [`Lookup`]), and so is a table of [`Overrides`](crate::limits::Overrides):
     ///
     /// ```
-    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, store::MemoryStore};
+    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, key::Key, store::MemoryStore};
     /// use std::time::Duration;
     ///
-    /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
-    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies)
-    ///     .tier_lookup_timeout(Duration::from_millis(20));
+    /// // Pretend the contracts live in a database.
+    /// let lookup = |key: &Key, policy: &Policy| {
+    ///     let enterprise = key.as_str() == "jwt:acme" && policy.name() == "api";
+    ///     async move { enterprise.then_some(10_000) }
+    /// };
+    /// let policies = Policies::single(Policy::new("api", 100, Duration::from_secs(60)))?;
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).limit_lookup(lookup);
+    /// # Ok::<(), slidegate::policy::PolicyError>(())
     /// ```
     #[must_use]
-    pub fn tier_lookup_timeout(mut self, timeout: Duration) -> Self {
-        self.settings_mut().lookup_timeout = timeout;
-        self
-    }
-
-    /// Looks up each client's own limit under each policy (see
-    /// [`LimitLookup`]), replacing its tier's; answers are kept for 60 s
-    /// (see [`limit_lookup_ttl`](Self::limit_lookup_ttl)), and each lookup
-    /// is bounded by the [lookup timeout](Self::tier_lookup_timeout).
-    #[must_use]
-    pub fn limit_lookup(mut self, lookup: impl LimitLookup) -> Self {
+    pub fn limit_lookup(
+        mut self,
+        lookup: impl for<'a> Lookup<(&'a Key, &'a Policy), Answer = Option<u32>>,
+    ) -> Self {
         let ttl = DEFAULT_LIMIT_TTL;
         Arc::make_mut(&mut self.shared).client_limits =
             Some(Arc::new(ClientLimits::new(Arc::new(lookup), ttl)));
         self
     }
 
-    /// How long an answer of the [`LimitLookup`] is fresh (default 60 s):
+    /// How long an answer of the [limit lookup](Self::limit_lookup) is fresh (default 60 s):
     /// a client's new limit takes effect within it (and the time of one
     /// refresh). Past it, the answer is still served while a refresh runs
     /// in the background, so a slow lookup never lifts a client's own
@@ -242,181 +214,27 @@ impl RateLimitLayer {
         self
     }
 
-    /// The most requests this layer holds at once instead of denying them
-    /// (policies with [`with_delay`](crate::Policy::with_delay)); default
-    /// 10,000. Past it, a request the store would hold is answered `429`
-    /// (its units given back, unless a policy of its blocks: see
-    /// [`Policy::with_block`](crate::Policy::with_block)). A client holds
-    /// at most what its own limit grants within the delay (the store
-    /// records no request beyond it: a policy of 10 a second with a delay
-    /// of 500 ms holds 5 requests of cost 1), so one client cannot fill
-    /// the layer's places.
+    /// Computes each request's cost per policy from its head (see
+    /// [`RequestCost`]) instead of the policies' fixed costs. A cost the
+    /// client writes is the client's to choose: clamp it.
     ///
     /// ```
     /// use slidegate::{Global, Policies, Policy, RateLimitLayer, store::MemoryStore};
     /// use std::time::Duration;
     ///
-    /// let policies = Policies::single(
-    ///     Policy::new("all", 10, Duration::from_secs(1)).with_delay(Duration::from_millis(200)),
-    /// )
-    /// .unwrap();
-    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).max_delayed(1_000);
+    /// let policies = Policies::single(Policy::new("rows", 10_000, Duration::from_secs(60))).unwrap();
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).request_cost(
+    ///     |parts: &http::request::Parts, _: &Policy| {
+    ///         // No header: the policy's own cost. At least 1, at most 1,000.
+    ///         let rows: u32 = parts.headers.get("x-rows")?.to_str().ok()?.parse().ok()?;
+    ///         Some(rows.clamp(1, 1_000))
+    ///     },
+    /// );
     /// ```
     #[must_use]
-    pub fn max_delayed(mut self, max: usize) -> Self {
-        self.settings_mut().max_delayed = max;
+    pub fn request_cost(mut self, cost: impl RequestCost) -> Self {
+        Arc::make_mut(&mut self.shared).request_cost = Some(Arc::new(cost));
         self
-    }
-
-    /// The most bytes of request heads (URI and header fields) this layer
-    /// holds at once in held requests; default 64 MiB. Past it, a request
-    /// the store would hold is answered `429`, as past
-    /// [`max_delayed`](Self::max_delayed).
-    ///
-    /// ```
-    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, store::MemoryStore};
-    /// use std::time::Duration;
-    ///
-    /// let policies = Policies::single(
-    ///     Policy::new("all", 10, Duration::from_secs(1)).with_delay(Duration::from_millis(200)),
-    /// )
-    /// .unwrap();
-    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).max_delayed_bytes(8 << 20);
-    /// ```
-    #[must_use]
-    pub fn max_delayed_bytes(mut self, max: usize) -> Self {
-        self.settings_mut().max_delayed_bytes = max;
-        self
-    }
-
-    /// How many requests this layer (with its clones) is delaying now
-    /// (see [`Policy::with_delay`](crate::Policy::with_delay)): admitted,
-    /// and waiting for their slot.
-    ///
-    /// ```
-    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, store::MemoryStore};
-    /// use std::time::Duration;
-    ///
-    /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
-    /// assert_eq!(RateLimitLayer::new(MemoryStore::new(), Global, policies).delayed(), 0);
-    /// ```
-    pub fn delayed(&self) -> usize {
-        self.shared.delayed.count()
-    }
-
-    /// Answers denied clients from `cache` until their retry time, without
-    /// a store round trip (see [`DenyCache`]).
-    #[must_use]
-    pub fn deny_cache(mut self, cache: DenyCache) -> Self {
-        Arc::make_mut(&mut self.shared).deny_cache = Some(cache);
-        self
-    }
-
-    /// Sends every request to the store, denied clients included.
-    ///
-    /// ```
-    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, store::MemoryStore};
-    /// use std::time::Duration;
-    ///
-    /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
-    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).without_deny_cache();
-    /// ```
-    #[must_use]
-    pub fn without_deny_cache(mut self) -> Self {
-        Arc::make_mut(&mut self.shared).deny_cache = None;
-        self
-    }
-
-    /// Answers the limiter's rejections with `respond` where it returns a
-    /// response, and with the limiter's own answers where it returns
-    /// `None`: `application/problem+json`, or for a gRPC call
-    /// (`content-type: application/grpc`) the gRPC status of
-    /// [`Rejection::to_grpc`]. `respond` sees a typed [`Rejection`] (over a
-    /// limit, invalid credentials, an unidentified client, a cost above the
-    /// limit, the store unavailable) and the request's head (method, URI,
-    /// headers), to answer each client in its own terms. Its answer keeps
-    /// its status, headers and body, and gets the headers of the limiter's
-    /// own answer that it does not set itself (`Retry-After`, the
-    /// rate-limit headers, `WWW-Authenticate`): set one to send another
-    /// value. With axum, [`on_rejection_into_response`] takes a hook that
-    /// answers `impl IntoResponse`.
-    ///
-    /// ```
-    /// use bytes::Bytes;
-    /// use http::{Response, StatusCode, header::{ACCEPT, CONTENT_TYPE}};
-    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, Rejection, store::MemoryStore};
-    /// use std::time::Duration;
-    ///
-    /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
-    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).on_rejection(|rejection, request| {
-    ///     let Rejection::Limited(limited) = rejection else {
-    ///         return None; // the limiter's own answer
-    ///     };
-    ///     let accept = request.headers.get(ACCEPT)?.to_str().ok()?;
-    ///     if !accept.contains("text/plain") {
-    ///         return None;
-    ///     }
-    ///     let text = format!("slow down: try again in {} s\n", limited.retry_after().as_secs());
-    ///     let response = Response::builder()
-    ///         .status(StatusCode::TOO_MANY_REQUESTS)
-    ///         .header(CONTENT_TYPE, "text/plain; charset=utf-8")
-    ///         .body(Bytes::from(text))
-    ///         .unwrap();
-    ///     Some(response)
-    /// });
-    /// ```
-    ///
-    /// [`on_rejection_into_response`]: Self::on_rejection_into_response
-    #[must_use]
-    pub fn on_rejection(
-        mut self,
-        respond: impl Fn(&Rejection<'_>, &Parts) -> Option<Response<Bytes>> + Send + Sync + 'static,
-    ) -> Self {
-        Arc::make_mut(&mut self.shared).on_rejection = Some(Arc::new(respond));
-        self
-    }
-
-    /// [`on_rejection`](Self::on_rejection) with a hook that answers as an
-    /// axum handler does, with anything that implements
-    /// [`IntoResponse`](axum::response::IntoResponse): `Html`, `Json`, a
-    /// `(StatusCode, ...)` tuple, `Redirect`. The answer's body must be
-    /// complete at once, as those are: a body that streams is not waited
-    /// for, and the limiter answers itself (with a warning in the log).
-    ///
-    /// An HTML page for browsers, the limiter's JSON for everyone else:
-    ///
-    /// ```
-    /// use axum::{http::{StatusCode, header::ACCEPT}, response::Html};
-    /// use slidegate::{PeerIp, Policies, Policy, RateLimitLayer, Rejection, store::MemoryStore};
-    /// use std::time::Duration;
-    ///
-    /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
-    /// let layer = RateLimitLayer::new(MemoryStore::new(), PeerIp::new(), policies)
-    ///     .on_rejection_into_response(|rejection, request| {
-    ///         let Rejection::Limited(limited) = rejection else {
-    ///             return None;
-    ///         };
-    ///         let accept = request.headers.get(ACCEPT)?.to_str().ok()?;
-    ///         accept.contains("text/html").then(|| {
-    ///             let wait = limited.retry_after().as_secs();
-    ///             let page = format!("<h1>Slow down</h1><p>Try again in {wait} seconds.</p>");
-    ///             (StatusCode::TOO_MANY_REQUESTS, Html(page))
-    ///         })
-    ///     });
-    /// ```
-    #[cfg(feature = "axum")]
-    #[must_use]
-    pub fn on_rejection_into_response<R>(
-        self,
-        respond: impl Fn(&Rejection<'_>, &Parts) -> Option<R> + Send + Sync + 'static,
-    ) -> Self
-    where
-        R: axum::response::IntoResponse,
-    {
-        self.on_rejection(move |rejection, request| {
-            let response = respond(rejection, request)?.into_response();
-            crate::response::axum_response::complete(response)
-        })
     }
 
     /// Leaves the requests `exempt` says yes to alone: they go to the inner
@@ -445,28 +263,6 @@ impl RateLimitLayer {
             None => Arc::new(exempt),
         });
         self
-    }
-
-    /// A handle that replaces this layer's policies while it serves (a
-    /// configuration reloaded at runtime), shared by every service the
-    /// layer wraps, clones included. Requests read the policies without a
-    /// lock; a request already past its policy selection finishes under
-    /// the policies it started with. Counts are kept by policy name: a
-    /// policy that keeps its name keeps its clients' counts, under its new
-    /// limit and window.
-    ///
-    /// ```
-    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, store::MemoryStore};
-    /// use std::time::Duration;
-    ///
-    /// let minute = |limit| Policies::single(Policy::new("all", limit, Duration::from_secs(60))).unwrap();
-    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, minute(10));
-    /// let handle = layer.policies_handle();
-    /// handle.replace(minute(20)).unwrap();
-    /// assert_eq!(handle.current().iter().next().unwrap().limit(), 20);
-    /// ```
-    pub fn policies_handle(&self) -> PoliciesHandle {
-        PoliciesHandle(self.shared.policies.clone())
     }
 
     /// Keeps this layer's counts under `namespace` in the store: every key
@@ -501,117 +297,42 @@ impl RateLimitLayer {
         self
     }
 
-    /// Counts refused credentials per client address and, past the limit,
-    /// answers `429` to that address's credentialed requests without
-    /// verifying them; see [`CredentialFailures`]. Off unless set here (the
-    /// configuration file turns it on by default, with its trusted
-    /// proxies).
+    /// Answers denied clients from `cache` until their retry time, without
+    /// a store round trip (see [`DenyCache`]).
     #[must_use]
-    pub fn credential_failures(mut self, failures: CredentialFailures) -> Self {
-        Arc::make_mut(&mut self.shared).credential_failures = Some(failures);
+    pub fn deny_cache(mut self, cache: DenyCache) -> Self {
+        Arc::make_mut(&mut self.shared).deny_cache = Some(cache);
         self
     }
 
-    /// Computes each request's cost per policy from its head (see
-    /// [`RequestCost`]) instead of the policies' fixed costs. A cost the
-    /// client writes is the client's to choose: clamp it.
-    ///
-    /// ```
-    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, store::MemoryStore};
-    /// use std::time::Duration;
-    ///
-    /// let policies = Policies::single(Policy::new("rows", 10_000, Duration::from_secs(60))).unwrap();
-    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).request_cost(
-    ///     |parts: &http::request::Parts, _: &Policy| {
-    ///         // No header: the policy's own cost. At least 1, at most 1,000.
-    ///         let rows: u32 = parts.headers.get("x-rows")?.to_str().ok()?.parse().ok()?;
-    ///         Some(rows.clamp(1, 1_000))
-    ///     },
-    /// );
-    /// ```
-    #[must_use]
-    pub fn request_cost(mut self, cost: impl RequestCost) -> Self {
-        Arc::make_mut(&mut self.shared).request_cost = Some(Arc::new(cost));
-        self
-    }
-
-    /// Hands each admitted request's client to the inner service as an
-    /// [`Identity`](crate::key::Identity) request extension (its key and tier), for handlers that
-    /// log, bill or personalise by it. Off by default: the extension costs
-    /// an allocation per request that no handler may read.
-    ///
-    /// ```
-    /// use axum::{Extension, Router, routing::get};
-    /// use slidegate::{PeerIp, Policies, Policy, RateLimitLayer, key::Identity, store::MemoryStore};
-    /// use std::time::Duration;
-    ///
-    /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
-    /// let app: Router = Router::new()
-    ///     .route("/whoami", get(|Extension(identity): Extension<Identity>| async move {
-    ///         identity.tier.as_deref().unwrap_or("none").to_owned()
-    ///     }))
-    ///     .route_layer(RateLimitLayer::new(MemoryStore::new(), PeerIp::new(), policies).insert_identity(true));
-    /// ```
-    #[must_use]
-    pub fn insert_identity(mut self, insert: bool) -> Self {
-        self.settings_mut().insert_identity = insert;
-        self
-    }
-
-    /// Puts every policy in shadow mode (see [`Policy::with_shadow`](crate::Policy::with_shadow)):
-    /// requests are counted and decided as usual and get their rate-limit
-    /// headers, but none is denied; denials are traced at debug level
-    /// instead. Refused credentials are still answered `401`, never `429`,
-    /// and a store failure always fails open.
+    /// Sends every request to the store, denied clients included.
     ///
     /// ```
     /// use slidegate::{Global, Policies, Policy, RateLimitLayer, store::MemoryStore};
     /// use std::time::Duration;
     ///
     /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
-    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).shadow(true);
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).without_deny_cache();
     /// ```
     #[must_use]
-    pub fn shadow(mut self, shadow: bool) -> Self {
-        self.settings_mut().shadow = shadow;
+    pub fn without_deny_cache(mut self) -> Self {
+        Arc::make_mut(&mut self.shared).deny_cache = None;
         self
     }
 
-    /// The number of instances that share the store (default 1): while
-    /// the store is unavailable, a policy that fails to a local limit
-    /// ([`FailMode::Local`]) allows each instance its limit divided by
-    /// this, rounded down, and at least one unit, so that together they
-    /// stay within the limit.
+    /// How many requests this layer (with its clones) is delaying now
+    /// (see [`Policy::with_delay`](crate::Policy::with_delay)): admitted,
+    /// and waiting for their slot.
     ///
     /// ```
-    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, policy::FailMode, store::MemoryStore};
-    /// use std::time::Duration;
-    ///
-    /// let policies = Policies::single(Policy::new("all", 100, Duration::from_secs(60))).unwrap();
-    /// // Four instances: 25 a minute each while Redis is down.
-    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies)
-    ///     .fail_mode(FailMode::Local)
-    ///     .local_share(4);
-    /// ```
-    #[must_use]
-    pub fn local_share(mut self, instances: u32) -> Self {
-        self.settings_mut().local_share = instances.max(1);
-        self
-    }
-
-    /// How `X-RateLimit-Reset` is written (default seconds from now).
-    ///
-    /// ```
-    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, headers::ResetFormat, store::MemoryStore};
+    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, store::MemoryStore};
     /// use std::time::Duration;
     ///
     /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
-    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).reset_format(ResetFormat::UnixSeconds);
+    /// assert_eq!(RateLimitLayer::new(MemoryStore::new(), Global, policies).delayed(), 0);
     /// ```
-    #[must_use]
-    pub fn reset_format(mut self, format: ResetFormat) -> Self {
-        self.settings_mut().header_format.reset = format;
-        self
+    pub fn delayed(&self) -> usize {
+        self.shared.delayed.count()
     }
 }
 

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use arc_swap::ArcSwap;
 
+use crate::RateLimitLayer;
 use crate::policy::{Policies, Policy};
 use crate::store::StateId;
 
@@ -147,4 +148,61 @@ fn conflict_with(ours: &Policies, theirs: &Weak<ArcSwap<Policies>>) -> Option<Po
             theirs: theirs.describe(),
         })
     })
+}
+
+/// Replaces a layer's policies while it serves; see
+/// [`RateLimitLayer::policies_handle`].
+#[derive(Clone)]
+pub struct PoliciesHandle(Arc<ArcSwap<Policies>>);
+
+impl std::fmt::Debug for PoliciesHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("PoliciesHandle")
+            .field(&**self.0.load())
+            .finish()
+    }
+}
+
+impl PoliciesHandle {
+    /// The policies in force.
+    pub fn current(&self) -> Arc<Policies> {
+        self.0.load_full()
+    }
+
+    /// Puts `policies` in force for every request from now on.
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyConflict`], leaving the policies in force as they are, if
+    /// another layer on the same store and namespace has a policy of one
+    /// of these names that counts otherwise: the two would share counts.
+    pub fn replace(&self, policies: Policies) -> Result<(), PolicyConflict> {
+        may_replace(&self.0, &policies)?;
+        self.0.store(Arc::new(policies));
+        Ok(())
+    }
+}
+
+impl RateLimitLayer {
+    /// A handle that replaces this layer's policies while it serves (a
+    /// configuration reloaded at runtime), shared by every service the
+    /// layer wraps, clones included. Requests read the policies without a
+    /// lock; a request already past its policy selection finishes under
+    /// the policies it started with. Counts are kept by policy name: a
+    /// policy that keeps its name keeps its clients' counts, under its new
+    /// limit and window.
+    ///
+    /// ```
+    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, store::MemoryStore};
+    /// use std::time::Duration;
+    ///
+    /// let minute = |limit| Policies::single(Policy::new("all", limit, Duration::from_secs(60))).unwrap();
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, minute(10));
+    /// let handle = layer.policies_handle();
+    /// handle.replace(minute(20)).unwrap();
+    /// assert_eq!(handle.current().iter().next().unwrap().limit(), 20);
+    /// ```
+    pub fn policies_handle(&self) -> PoliciesHandle {
+        PoliciesHandle(self.shared.policies.clone())
+    }
 }

@@ -2,16 +2,113 @@
 //! rejection hook's answer (or a gRPC status), completed with the headers
 //! of the limiter's own, or the limiter's own.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use http::header::CONTENT_TYPE;
 use http::request::Parts;
 use http::{HeaderMap, Method, Response};
 
+use crate::RateLimitLayer;
 use crate::layer::Shared;
 use crate::response::grpc::is_grpc_content_type;
 use crate::response::headers::HeaderFormat;
-use crate::response::problem;
 use crate::response::rejection::{Rejection, fill_missing};
+use crate::response::{limited, problem};
+
+impl RateLimitLayer {
+    /// Answers the limiter's rejections with `respond` where it returns a
+    /// response, and with the limiter's own answers where it returns
+    /// `None`: `application/problem+json`, or for a gRPC call
+    /// (`content-type: application/grpc`) the gRPC status of
+    /// [`Rejection::to_grpc`]. `respond` sees a typed [`Rejection`] (over a
+    /// limit, invalid credentials, an unidentified client, a cost above the
+    /// limit, the store unavailable) and the request's head (method, URI,
+    /// headers), to answer each client in its own terms. Its answer keeps
+    /// its status, headers and body, and gets the headers of the limiter's
+    /// own answer that it does not set itself (`Retry-After`, the
+    /// rate-limit headers, `WWW-Authenticate`): set one to send another
+    /// value. With axum, [`on_rejection_into_response`] takes a hook that
+    /// answers `impl IntoResponse`.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use http::{Response, StatusCode, header::{ACCEPT, CONTENT_TYPE}};
+    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, Rejection, store::MemoryStore};
+    /// use std::time::Duration;
+    ///
+    /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).on_rejection(|rejection, request| {
+    ///     let Rejection::Limited(limited) = rejection else {
+    ///         return None; // the limiter's own answer
+    ///     };
+    ///     let accept = request.headers.get(ACCEPT)?.to_str().ok()?;
+    ///     if !accept.contains("text/plain") {
+    ///         return None;
+    ///     }
+    ///     let text = format!("slow down: try again in {} s\n", limited.retry_after().as_secs());
+    ///     let response = Response::builder()
+    ///         .status(StatusCode::TOO_MANY_REQUESTS)
+    ///         .header(CONTENT_TYPE, "text/plain; charset=utf-8")
+    ///         .body(Bytes::from(text))
+    ///         .unwrap();
+    ///     Some(response)
+    /// });
+    /// ```
+    ///
+    /// [`on_rejection_into_response`]: Self::on_rejection_into_response
+    #[must_use]
+    pub fn on_rejection(
+        mut self,
+        respond: impl Fn(&Rejection<'_>, &Parts) -> Option<Response<Bytes>> + Send + Sync + 'static,
+    ) -> Self {
+        Arc::make_mut(&mut self.shared).on_rejection = Some(Arc::new(respond));
+        self
+    }
+
+    /// [`on_rejection`](Self::on_rejection) with a hook that answers as an
+    /// axum handler does, with anything that implements
+    /// [`IntoResponse`](axum::response::IntoResponse): `Html`, `Json`, a
+    /// `(StatusCode, ...)` tuple, `Redirect`. The answer's body must be
+    /// complete at once, as those are: a body that streams is not waited
+    /// for, and the limiter answers itself (with a warning in the log).
+    ///
+    /// An HTML page for browsers, the limiter's JSON for everyone else:
+    ///
+    /// ```
+    /// use axum::{http::{StatusCode, header::ACCEPT}, response::Html};
+    /// use slidegate::{PeerIp, Policies, Policy, RateLimitLayer, Rejection, store::MemoryStore};
+    /// use std::time::Duration;
+    ///
+    /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), PeerIp::new(), policies)
+    ///     .on_rejection_into_response(|rejection, request| {
+    ///         let Rejection::Limited(limited) = rejection else {
+    ///             return None;
+    ///         };
+    ///         let accept = request.headers.get(ACCEPT)?.to_str().ok()?;
+    ///         accept.contains("text/html").then(|| {
+    ///             let wait = limited.retry_after().as_secs();
+    ///             let page = format!("<h1>Slow down</h1><p>Try again in {wait} seconds.</p>");
+    ///             (StatusCode::TOO_MANY_REQUESTS, Html(page))
+    ///         })
+    ///     });
+    /// ```
+    #[cfg(feature = "axum")]
+    #[must_use]
+    pub fn on_rejection_into_response<R>(
+        self,
+        respond: impl Fn(&Rejection<'_>, &Parts) -> Option<R> + Send + Sync + 'static,
+    ) -> Self
+    where
+        R: axum::response::IntoResponse,
+    {
+        self.on_rejection(move |rejection, request| {
+            let response = respond(rejection, request)?.into_response();
+            crate::response::axum_response::complete(response)
+        })
+    }
+}
 
 /// The answer to `rejection` for the request whose head is `parts`: the
 /// layer's hook's, or for a gRPC call the gRPC status, with each header of
@@ -30,7 +127,7 @@ pub(crate) fn reject(shared: &Shared, parts: &Parts, rejection: Rejection<'_>) -
     if let Rejection::Limited(limited) = rejection {
         // The headers alone: the body is never rendered.
         let mut headers = HeaderMap::new();
-        problem::limited_headers(limited, format, &mut headers);
+        limited::limited_headers(limited, format, &mut headers);
         fill_missing(&mut custom, &headers);
     } else {
         fill_missing(&mut custom, own_answer(&rejection, format).headers());
@@ -41,13 +138,18 @@ pub(crate) fn reject(shared: &Shared, parts: &Parts, rejection: Rejection<'_>) -
 /// The limiter's own answer to `rejection`.
 fn own_answer(rejection: &Rejection<'_>, format: HeaderFormat) -> Response<Bytes> {
     match *rejection {
-        Rejection::Limited(limited) => problem::too_many_requests(limited, format),
+        Rejection::Limited(limited) => limited::too_many_requests(limited, format),
         Rejection::InvalidCredentials(refused) => problem::invalid_credentials(refused),
         Rejection::Unidentified {
             missing_credentials: true,
         } => problem::missing_credentials(),
         Rejection::Unidentified { .. } => problem::client_unidentified(),
-        Rejection::CostAboveLimit(denied) => problem::cost_above_limit(denied),
+        Rejection::CostAboveLimit(denied) => problem::cost_above_limit(
+            denied.policy(),
+            denied.cost(),
+            denied.limit(),
+            denied.window(),
+        ),
         Rejection::StoreUnavailable(_) => problem::limiter_unavailable(),
     }
 }

@@ -7,20 +7,27 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use http::request::Parts;
 
-use crate::key::KeyExtractor;
+use crate::RateLimitLayer;
+use crate::key::{Identity, KeyExtractor};
 use crate::layer::credential_failures::CredentialFailures;
 use crate::layer::delay::DelayedRequests;
 use crate::layer::deny_cache::DenyCache;
 use crate::layer::local_fallback::LocalLimits;
 use crate::limits::ClientLimits;
+use crate::lookup::Lookup;
 use crate::policy::{FailMode, Policies, RequestCost};
-use crate::response::headers::HeaderFormat;
+use crate::response::headers::{HeaderFormat, HeaderStyle, ResetFormat};
 use crate::response::rejection::OnRejection;
 use crate::store::{Check, Store};
-use crate::tier::TierLookup;
 
-/// How long a [`LimitLookup`](crate::limits::LimitLookup)'s answer is kept unless set.
+/// How long a limit lookup's answer is kept unless set.
 pub(crate) const DEFAULT_LIMIT_TTL: Duration = Duration::from_secs(60);
+
+/// Finds the tier of a client whose key extractor named none: a
+/// [`Lookup`] of the request head and the client's identity. Set with
+/// [`RateLimitLayer::tier_lookup`](crate::RateLimitLayer::tier_lookup).
+pub(crate) type TierLookup =
+    dyn for<'a> Lookup<(&'a Parts, &'a Identity), Answer = Option<Arc<str>>>;
 
 /// The layer's settings a request reads; small and `Copy`.
 #[derive(Debug, Clone, Copy)]
@@ -62,7 +69,7 @@ pub(crate) struct Shared {
     pub(crate) keys: Arc<dyn KeyExtractor>,
     /// The policies in force, replaceable while the layer serves.
     pub(crate) policies: Arc<ArcSwap<Policies>>,
-    pub(crate) tier_lookup: Option<Arc<dyn TierLookup>>,
+    pub(crate) tier_lookup: Option<Arc<TierLookup>>,
     pub(crate) deny_cache: Option<DenyCache>,
     pub(crate) on_rejection: Option<OnRejection>,
     pub(crate) exempt: Option<Exempt>,
@@ -89,3 +96,186 @@ impl Shared {
 /// Says which requests the limiter leaves alone; set with
 /// [`RateLimitLayer::exempt`].
 pub(crate) type Exempt = Arc<dyn Fn(&Parts) -> bool + Send + Sync>;
+
+impl RateLimitLayer {
+    fn settings_mut(&mut self) -> &mut Settings {
+        &mut Arc::make_mut(&mut self.shared).settings
+    }
+
+    /// The fail mode of policies that set none (default [`FailMode::Open`]).
+    ///
+    /// ```
+    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, policy::FailMode, store::MemoryStore};
+    /// use std::time::Duration;
+    ///
+    /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).fail_mode(FailMode::Closed);
+    /// ```
+    #[must_use]
+    pub fn fail_mode(mut self, fail_mode: FailMode) -> Self {
+        self.settings_mut().fail_mode = fail_mode;
+        self
+    }
+
+    /// Which rate-limit headers to send (default [`HeaderStyle::XRateLimit`]).
+    ///
+    /// ```
+    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, headers::HeaderStyle, store::MemoryStore};
+    /// use std::time::Duration;
+    ///
+    /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).header_style(HeaderStyle::None);
+    /// ```
+    #[must_use]
+    pub fn header_style(mut self, style: HeaderStyle) -> Self {
+        self.settings_mut().header_format.style = style;
+        self
+    }
+
+    /// How `X-RateLimit-Reset` is written (default seconds from now).
+    ///
+    /// ```
+    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, headers::ResetFormat, store::MemoryStore};
+    /// use std::time::Duration;
+    ///
+    /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).reset_format(ResetFormat::UnixSeconds);
+    /// ```
+    #[must_use]
+    pub fn reset_format(mut self, format: ResetFormat) -> Self {
+        self.settings_mut().header_format.reset = format;
+        self
+    }
+
+    /// How long to wait for a lookup (default 100 ms): a client's tier
+    /// ([`tier_lookup`](Self::tier_lookup)), an API key outside its table
+    /// ([`Header::lookup`](crate::Header::lookup)) or a client's own limit
+    /// ([`limit_lookup`](Self::limit_lookup)). Past it, the request goes on
+    /// as each says (the base limits, an unknown key, the tier's limit),
+    /// and a warning is traced.
+    ///
+    /// ```
+    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, store::MemoryStore};
+    /// use std::time::Duration;
+    ///
+    /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies)
+    ///     .lookup_timeout(Duration::from_millis(20));
+    /// ```
+    #[must_use]
+    pub fn lookup_timeout(mut self, timeout: Duration) -> Self {
+        self.settings_mut().lookup_timeout = timeout;
+        self
+    }
+
+    /// Hands each admitted request's client to the inner service as an
+    /// [`Identity`] request extension (its key and tier), for handlers that
+    /// log, bill or personalise by it. Off by default: the extension costs
+    /// an allocation per request that no handler may read.
+    ///
+    /// ```
+    /// use axum::{Extension, Router, routing::get};
+    /// use slidegate::{PeerIp, Policies, Policy, RateLimitLayer, key::Identity, store::MemoryStore};
+    /// use std::time::Duration;
+    ///
+    /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
+    /// let app: Router = Router::new()
+    ///     .route("/whoami", get(|Extension(identity): Extension<Identity>| async move {
+    ///         identity.tier.as_deref().unwrap_or("none").to_owned()
+    ///     }))
+    ///     .route_layer(RateLimitLayer::new(MemoryStore::new(), PeerIp::new(), policies).insert_identity(true));
+    /// ```
+    #[must_use]
+    pub fn insert_identity(mut self, insert: bool) -> Self {
+        self.settings_mut().insert_identity = insert;
+        self
+    }
+
+    /// Puts every policy in shadow mode (see [`Policy::with_shadow`](crate::Policy::with_shadow)):
+    /// requests are counted and decided as usual and get their rate-limit
+    /// headers, but none is denied; denials are traced at debug level
+    /// instead. Refused credentials are still answered `401`, never `429`,
+    /// and a store failure always fails open.
+    ///
+    /// ```
+    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, store::MemoryStore};
+    /// use std::time::Duration;
+    ///
+    /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).shadow(true);
+    /// ```
+    #[must_use]
+    pub fn shadow(mut self, shadow: bool) -> Self {
+        self.settings_mut().shadow = shadow;
+        self
+    }
+
+    /// The number of instances that share the store (default 1): while
+    /// the store is unavailable, a policy that fails to a local limit
+    /// ([`FailMode::Local`]) allows each instance its limit divided by
+    /// this, rounded down, and at least one unit, so that together they
+    /// stay within the limit.
+    ///
+    /// ```
+    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, policy::FailMode, store::MemoryStore};
+    /// use std::time::Duration;
+    ///
+    /// let policies = Policies::single(Policy::new("all", 100, Duration::from_secs(60))).unwrap();
+    /// // Four instances: 25 a minute each while Redis is down.
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies)
+    ///     .fail_mode(FailMode::Local)
+    ///     .local_share(4);
+    /// ```
+    #[must_use]
+    pub fn local_share(mut self, instances: u32) -> Self {
+        self.settings_mut().local_share = instances.max(1);
+        self
+    }
+
+    /// The most requests this layer holds at once instead of denying them
+    /// (policies with [`with_delay`](crate::Policy::with_delay)); default
+    /// 10,000. Past it, a request the store would hold is answered `429`
+    /// (its units given back, unless a policy of its blocks: see
+    /// [`Policy::with_block`](crate::Policy::with_block)). A client holds
+    /// at most what its own limit grants within the delay (the store
+    /// records no request beyond it: a policy of 10 a second with a delay
+    /// of 500 ms holds 5 requests of cost 1), so one client cannot fill
+    /// the layer's places.
+    ///
+    /// ```
+    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, store::MemoryStore};
+    /// use std::time::Duration;
+    ///
+    /// let policies = Policies::single(
+    ///     Policy::new("all", 10, Duration::from_secs(1)).with_delay(Duration::from_millis(200)),
+    /// )
+    /// .unwrap();
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).max_delayed(1_000);
+    /// ```
+    #[must_use]
+    pub fn max_delayed(mut self, max: usize) -> Self {
+        self.settings_mut().max_delayed = max;
+        self
+    }
+
+    /// The most bytes of request heads (URI and header fields) this layer
+    /// holds at once in held requests; default 64 MiB. Past it, a request
+    /// the store would hold is answered `429`, as past
+    /// [`max_delayed`](Self::max_delayed).
+    ///
+    /// ```
+    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, store::MemoryStore};
+    /// use std::time::Duration;
+    ///
+    /// let policies = Policies::single(
+    ///     Policy::new("all", 10, Duration::from_secs(1)).with_delay(Duration::from_millis(200)),
+    /// )
+    /// .unwrap();
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).max_delayed_bytes(8 << 20);
+    /// ```
+    #[must_use]
+    pub fn max_delayed_bytes(mut self, max: usize) -> Self {
+        self.settings_mut().max_delayed_bytes = max;
+        self
+    }
+}

@@ -408,7 +408,7 @@ impl Policy {
     }
 
     /// Whether `limit` may be a client's own limit under this policy (an
-    /// override, or a [`LimitLookup`](crate::limits::LimitLookup)'s
+    /// override, or a [limit lookup](crate::RateLimitLayer::limit_lookup)'s
     /// answer): the limits it makes with the policy and with each of its
     /// tiers pass the same validation as the policy's own, but for the
     /// cost (a cost above a client's own limit is refused per request).
@@ -437,7 +437,7 @@ impl Policy {
     }
 
     /// The limits in force for a client of `tier` whose own limit (from a
-    /// [`LimitLookup`](crate::limits::LimitLookup)) is `own`: it replaces
+    /// [limit lookup](crate::RateLimitLayer::limit_lookup)) is `own`: it replaces
     /// the tier's limit, and a token bucket's burst too unless the policy
     /// or tier sets one.
     pub(crate) fn limits_with(&self, tier: Option<&str>, own: Option<u32>) -> Limits {

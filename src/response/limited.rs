@@ -2,8 +2,13 @@
 
 use std::time::Duration;
 
+use bytes::Bytes;
+use http::header::RETRY_AFTER;
+use http::{HeaderMap, Response, StatusCode};
+
 use crate::key::Key;
-use crate::response::problem::{TooManyBody, retry_after_seconds};
+use crate::response::headers::{HeaderFormat, RateHeaders, number_value};
+use crate::response::problem::{TooManyBody, problem_body, retry_after_seconds};
 use crate::store::{Check, Decision};
 
 /// A denied request ([`Rejection::Limited`](crate::Rejection::Limited)):
@@ -88,4 +93,37 @@ impl<'a> Limited<'a> {
             .filter(|retry| !retry.is_zero())
             .unwrap_or_else(|| self.retry_after())
     }
+}
+
+/// `Retry-After` and the rate-limit headers of a `429` for `limited`,
+/// into `headers`.
+pub(crate) fn limited_headers(
+    limited: &Limited<'_>,
+    format: HeaderFormat,
+    headers: &mut HeaderMap,
+) {
+    let retry_after = limited.retry_after_seconds;
+    headers.insert(RETRY_AFTER, number_value(retry_after));
+    RateHeaders::new(
+        limited.checks,
+        limited.decisions,
+        limited.denied,
+        Some(retry_after),
+        None,
+        format,
+    )
+    .write(headers);
+}
+
+/// `429 Too Many Requests` for `limited`, whose limits (the client's
+/// tier's, if it has one) the body reports.
+pub(crate) fn too_many_requests(limited: &Limited<'_>, format: HeaderFormat) -> Response<Bytes> {
+    let retry_value = number_value(limited.retry_after_seconds);
+    let body = match limited.body {
+        Some(template) => template.render(&retry_value),
+        None => TooManyBody::new(&limited.checks[limited.denied]).render(&retry_value),
+    };
+    let mut response = problem_body(StatusCode::TOO_MANY_REQUESTS, body);
+    limited_headers(limited, format, response.headers_mut());
+    response
 }

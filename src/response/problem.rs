@@ -9,9 +9,7 @@ use http::header::{CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use serde_json::json;
 
-use super::headers::{HeaderFormat, RateHeaders, ceil_seconds, number_value};
-use super::limited::Limited;
-use super::rejection::CostAboveLimit;
+use super::headers::ceil_seconds;
 use crate::key::KeyRejection;
 use crate::policy::Algorithm;
 use crate::store::{Check, Decision};
@@ -41,7 +39,7 @@ fn problem(
     problem_body(status, body)
 }
 
-fn problem_body(status: StatusCode, body: String) -> Response<Bytes> {
+pub(super) fn problem_body(status: StatusCode, body: String) -> Response<Bytes> {
     let mut response = Response::new(Bytes::from(body));
     *response.status_mut() = status;
     // Room for the content type, Retry-After and every rate-limit header.
@@ -90,7 +88,7 @@ impl TooManyBody {
         }
     }
 
-    fn render(&self, retry_after: &HeaderValue) -> String {
+    pub(super) fn render(&self, retry_after: &HeaderValue) -> String {
         let retry = retry_after.to_str().unwrap_or("0");
         let mut body =
             String::with_capacity(self.head.len() + self.middle.len() + 2 * retry.len() + 1);
@@ -115,63 +113,29 @@ pub(crate) fn retry_after_seconds(decision: &Decision) -> u64 {
     ceil_seconds(decision.retry_after.unwrap_or_default()).max(1)
 }
 
-/// `Retry-After` and the rate-limit headers of a `429` for `limited`,
-/// into `headers`.
-pub(crate) fn limited_headers(
-    limited: &Limited<'_>,
-    format: HeaderFormat,
-    headers: &mut HeaderMap,
-) {
-    let retry_after = limited.retry_after_seconds;
-    headers.insert(RETRY_AFTER, number_value(retry_after));
-    RateHeaders::new(
-        limited.checks,
-        limited.decisions,
-        limited.denied,
-        Some(retry_after),
-        None,
-        format,
-    )
-    .write(headers);
-}
-
-/// `429 Too Many Requests` for `limited`, whose limits (the client's
-/// tier's, if it has one) the body reports.
-pub(crate) fn too_many_requests(limited: &Limited<'_>, format: HeaderFormat) -> Response<Bytes> {
-    let retry_value = number_value(limited.retry_after_seconds);
-    let body = match limited.body {
-        Some(template) => template.render(&retry_value),
-        None => TooManyBody::new(&limited.checks[limited.denied]).render(&retry_value),
-    };
-    let mut response = problem_body(StatusCode::TOO_MANY_REQUESTS, body);
-    limited_headers(limited, format, response.headers_mut());
-    response
-}
-
 /// `422 Unprocessable Content`: the request costs more under a policy than
 /// the client may spend in a whole window, so it can never be admitted.
 /// No `Retry-After`: waiting would not help.
-pub(crate) fn cost_above_limit(denied: &CostAboveLimit) -> Response<Bytes> {
-    let CostAboveLimit {
-        policy,
-        cost,
-        limit,
-        window,
-    } = denied;
+pub(crate) fn cost_above_limit(
+    policy: &str,
+    cost: u32,
+    limit: u32,
+    window: Duration,
+) -> Response<Bytes> {
     let detail = format!(
         "this request costs {cost} units under policy `{policy}`, which allows {limit} per {}; \
          it can never be admitted, so retrying will not help",
-        humantime::format_duration(*window)
+        humantime::format_duration(window)
     );
     problem(
         StatusCode::UNPROCESSABLE_ENTITY,
         "Request Cost Above Limit",
         &detail,
         &[
-            ("policy", json!(&**policy)),
+            ("policy", json!(policy)),
             ("cost", json!(cost)),
             ("limit", json!(limit)),
-            ("window_seconds", seconds_value(*window)),
+            ("window_seconds", seconds_value(window)),
         ],
     )
 }

@@ -19,8 +19,9 @@ use serde_json::{Value, json};
 use slidegate::config::Config;
 use slidegate::{
     Header, JwtClaim, KeyExtractor, PeerIp, Policies, Policy, RateLimitLayer, Rejection,
-    key::{ApiKeyLookup, ApiKeyStatus, Identity, Key},
+    key::{ApiKeyStatus, Identity, Key},
     layer::CredentialFailures,
+    lookup::Lookup,
     store::{FakeClock, MemoryStore, RedisStore, Store},
 };
 
@@ -614,7 +615,7 @@ fn whoami_app(layer: RateLimitLayer) -> Router {
 }
 
 /// Keys starting `db-` exist, `db-pro` of tier `pro`; counts its calls.
-fn database(calls: Arc<AtomicUsize>) -> impl ApiKeyLookup {
+fn database(calls: Arc<AtomicUsize>) -> impl for<'a> Lookup<&'a [u8], Answer = ApiKeyStatus> {
     move |key: &[u8]| {
         calls.fetch_add(1, Ordering::SeqCst);
         let status = match key {
@@ -725,7 +726,7 @@ async fn a_lookup_that_hangs_counts_the_key_as_unknown() {
     let policies = Policies::single(Policy::new("all", 3, MINUTE)).unwrap();
     let app = whoami_app(
         RateLimitLayer::new(MemoryStore::new(), keys, policies)
-            .tier_lookup_timeout(Duration::from_millis(20)),
+            .lookup_timeout(Duration::from_millis(20)),
     );
     let reply = send(
         &app,

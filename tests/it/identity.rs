@@ -697,7 +697,7 @@ async fn a_lookup_that_hangs_gives_the_base_limits_after_its_timeout() {
     let hangs = |_: &http::request::Parts, _: &Identity| std::future::pending::<Option<Arc<str>>>();
     let layer = RateLimitLayer::new(MemoryStore::new(), PeerIp::new(), tiered_policies())
         .tier_lookup(hangs)
-        .tier_lookup_timeout(Duration::from_millis(20));
+        .lookup_timeout(Duration::from_millis(20));
     let app = app_with(layer);
     let started = std::time::Instant::now();
     let reply = whoami(&app, &[]).await;

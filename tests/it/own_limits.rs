@@ -1,4 +1,4 @@
-//! A client's own limits ([`LimitLookup`], [`Overrides`]) and looking at
+//! A client's own limits (a limit lookup, [`Overrides`]) and looking at
 //! or resetting one client's count through the layer, on both stores.
 
 use std::sync::Arc;
@@ -87,7 +87,7 @@ async fn a_lookup_is_asked_once_per_client_and_bounded_in_time(tested: StoreUnde
     let policies = Policies::single(Policy::new("search", 5, MINUTE)).unwrap();
     let layer = RateLimitLayer::new(tested.store, clients(), policies)
         .limit_lookup(lookup)
-        .tier_lookup_timeout(Duration::from_millis(50));
+        .lookup_timeout(Duration::from_millis(50));
     let app = app(layer);
     assert_eq!(admitted(&app, "quick", 10).await, 3);
     assert_eq!(calls.load(Ordering::SeqCst), 1, "the answer is kept");
@@ -229,7 +229,7 @@ async fn a_slow_lookup_keeps_the_last_answer_and_failures_are_remembered() {
     let layer = RateLimitLayer::new(store, clients(), policies)
         .limit_lookup(lookup)
         .limit_lookup_ttl(MINUTE)
-        .tier_lookup_timeout(Duration::from_millis(50));
+        .lookup_timeout(Duration::from_millis(50));
     let app = app(layer);
     assert_eq!(admitted(&app, "alice", 10).await, 2, "her own limit");
     tokio::time::advance(2 * MINUTE).await;
