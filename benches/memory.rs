@@ -15,9 +15,10 @@ use std::time::Duration;
 
 use slidegate::{
     Policy,
+    clock::FakeClock,
     key::Key,
     policy::Algorithm,
-    store::{Check, FakeClock, MemoryStore, RedisStore, Store},
+    store::{Check, MemoryStore, RedisStore, Store},
 };
 use support::RedisServer;
 
@@ -45,8 +46,8 @@ fn redis_bytes_per_client(runtime: &tokio::runtime::Runtime, redis: &RedisServer
     println!("|---|---:|---:|---:|");
     let clock = FakeClock::new(1_700_000_000_000_000);
     let store = RedisStore::builder(redis.pool(2))
-        .clock(clock.clone())
-        .timeout(Duration::from_secs(5))
+        .with_clock(clock.clone())
+        .with_timeout(Duration::from_secs(5))
         .build()
         .unwrap();
     for (name, algorithm) in ALGORITHMS {
@@ -144,7 +145,7 @@ fn measure_memory_store(only: &str) {
             .map(|i| Key::new(format!("client-{i}")))
             .collect();
         let before = resident_bytes();
-        let store = MemoryStore::builder().max_keys(2 * CLIENTS).build();
+        let store = MemoryStore::builder().with_max_keys(2 * CLIENTS).build();
         for key in &keys {
             let answer = store
                 .check(&[Check::new(&policy, key.clone()).unwrap()])

@@ -37,8 +37,8 @@ async fn round(
     limit: u32,
 ) -> (usize, f64) {
     let store = RedisStore::builder(server.pool(8))
-        .prefix(prefix)
-        .timeout(Duration::from_secs(2))
+        .with_prefix(prefix)
+        .with_timeout(Duration::from_secs(2))
         .build()
         .unwrap();
     let policy =

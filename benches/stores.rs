@@ -51,7 +51,7 @@ fn memory_store(c: &mut Criterion) {
             b.iter(|| decide_now(&store, Check::new(&policy, hot.clone()).unwrap()));
         });
 
-        let many = MemoryStore::builder().max_keys(2_000_000).build();
+        let many = MemoryStore::builder().with_max_keys(2_000_000).build();
         let keys: Vec<Key> = (0..1_000_000)
             .map(|i| Key::new(format!("client-{i}")))
             .collect();

@@ -156,7 +156,7 @@ impl Args {
     fn peer_ip(&self) -> PeerIp {
         match self.scenario {
             Scenario::One => PeerIp::new(),
-            Scenario::Many => PeerIp::new().trust_proxies(["127.0.0.1/32".parse().unwrap()]),
+            Scenario::Many => PeerIp::new().with_trusted_proxies(["127.0.0.1/32".parse().unwrap()]),
         }
     }
 }
@@ -236,9 +236,9 @@ async fn app(args: &Args) -> Router {
 
 fn redis_store(args: &Args, batch: bool) -> RedisStore {
     RedisStore::builder(args.pool())
-        .connections(args.connections)
-        .batch(batch)
-        .timeout(Duration::from_millis(200))
+        .with_connections(args.connections)
+        .with_batch(batch)
+        .with_timeout(Duration::from_millis(200))
         .build()
         .unwrap()
 }

@@ -52,9 +52,9 @@ fn app(variant: &str) -> Router {
         "bare" => routes,
         "noop-layer" => routes.route_layer(tower::layer::util::Identity::new()),
         "memory" => routes.route_layer(layer(open)),
-        "no-headers" => routes.route_layer(layer(open).header_style(HeaderStyle::None)),
-        "identity" => routes.route_layer(layer(open).insert_identity(true)),
-        "denied" => routes.route_layer(layer(denied).deny_cache(DenyCache::new(1000))),
+        "no-headers" => routes.route_layer(layer(open).with_header_style(HeaderStyle::None)),
+        "identity" => routes.route_layer(layer(open).with_identity_extension(true)),
+        "denied" => routes.route_layer(layer(denied).with_deny_cache(DenyCache::new(1000))),
         "bucket" => routes.route_layer(layer(kind(
             open_log().with_algorithm(slidegate::policy::Algorithm::TokenBucket),
         ))),

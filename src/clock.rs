@@ -1,4 +1,5 @@
-//! Time sources for the in-memory store (and for deterministic tests).
+//! Time sources for the memory store, the Redis store's script (when set)
+//! and the deny cache, and for deterministic tests.
 //!
 //! Window logic never reads the system clock directly: it asks a [`Clock`]
 //! for the current time in microseconds since the Unix epoch. [`SystemClock`]
@@ -54,7 +55,7 @@ impl Clock for SystemClock {
 /// A clock that moves only when told to. Clones share the same time.
 ///
 /// ```
-/// use slidegate::store::{Clock, FakeClock};
+/// use slidegate::clock::{Clock, FakeClock};
 /// use std::time::Duration;
 ///
 /// let clock = FakeClock::new(1_000_000);

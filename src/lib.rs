@@ -48,7 +48,7 @@
 //! | `config` | the TOML configuration file (`config`); its `[jwt]` section needs `jwt` | no |
 //! | `tonic` | `PeerIp` reads the peer address a tonic server records (`TcpConnectInfo`) | no |
 //! | `metrics` | counters, a histogram and gauges through the `metrics` facade | no |
-//! | `test-util` | `store::FakeClock`, a clock tests move, for the memory store and `RedisStoreBuilder::clock` | no |
+//! | `test-util` | `clock::FakeClock`, a clock tests move, for the memory store and `RedisStoreBuilder::with_clock` | no |
 //!
 //! # Supported versions
 //!
@@ -60,7 +60,7 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod clock;
+pub mod clock;
 #[cfg(feature = "config")]
 pub mod config;
 pub mod headers;

@@ -20,7 +20,7 @@ use crate::throttle::LIMIT_LOOKUP_INVALID;
 
 /// Finds a client's own limit under a policy: a [`Lookup`] of the client's
 /// key and the policy. Set with
-/// [`RateLimitLayer::limit_lookup`](crate::RateLimitLayer::limit_lookup).
+/// [`RateLimitLayer::with_limit_lookup`](crate::RateLimitLayer::with_limit_lookup).
 pub(crate) type LimitLookup = dyn for<'a> Lookup<(&'a Key, &'a Policy), Answer = Option<u32>>;
 
 /// A static table of per-client limits: `(client, policy) → limit`.
@@ -32,7 +32,7 @@ pub(crate) type LimitLookup = dyn for<'a> Lookup<(&'a Key, &'a Policy), Answer =
 /// let overrides = Overrides::new().with(Key::parse("jwt:alice").unwrap(), "search", 50);
 /// assert_eq!(overrides.get(&Key::parse("jwt:alice").unwrap(), "search"), Some(50));
 /// let policies = Policies::single(Policy::new("search", 5, Duration::from_secs(60)))?;
-/// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).limit_lookup(overrides);
+/// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).with_limit_lookup(overrides);
 /// # Ok::<(), slidegate::policy::PolicyError>(())
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

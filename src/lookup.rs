@@ -3,18 +3,18 @@
 //!
 //! | question | answer | set with |
 //! |---|---|---|
-//! | `(&Parts, &Identity)`: a client's tier | `Option<Arc<str>>` | [`RateLimitLayer::tier_lookup`] |
-//! | `&[u8]`: an API key outside the table | [`ApiKeyStatus`] | [`Header::lookup`] |
-//! | `(&Key, &Policy)`: a client's own limit | `Option<u32>` | [`RateLimitLayer::limit_lookup`] |
+//! | `(&Parts, &Identity)`: a client's tier | `Option<Arc<str>>` | [`RateLimitLayer::with_tier_lookup`] |
+//! | `&[u8]`: an API key outside the table | [`ApiKeyStatus`] | [`Header::with_lookup`] |
+//! | `(&Key, &Policy)`: a client's own limit | `Option<u32>` | [`RateLimitLayer::with_limit_lookup`] |
 //!
 //! Any function of the question that returns a future of the answer is a
 //! lookup, so a closure will do; so does a type of yours (such as
 //! [`Overrides`]). The layer waits for each at most its
-//! [lookup timeout](crate::RateLimitLayer::lookup_timeout).
+//! [lookup timeout](crate::RateLimitLayer::with_lookup_timeout).
 //!
-//! [`RateLimitLayer::tier_lookup`]: crate::RateLimitLayer::tier_lookup
-//! [`RateLimitLayer::limit_lookup`]: crate::RateLimitLayer::limit_lookup
-//! [`Header::lookup`]: crate::Header::lookup
+//! [`RateLimitLayer::with_tier_lookup`]: crate::RateLimitLayer::with_tier_lookup
+//! [`RateLimitLayer::with_limit_lookup`]: crate::RateLimitLayer::with_limit_lookup
+//! [`Header::with_lookup`]: crate::Header::with_lookup
 //! [`ApiKeyStatus`]: crate::key::ApiKeyStatus
 //! [`Overrides`]: crate::limits::Overrides
 

@@ -16,10 +16,8 @@ use http::header::CONTENT_TYPE;
 use http::{Request, Response};
 use http_body_util::Full;
 use slidegate::{
-    PeerIp, Policies, Policy, RateLimitLayer,
-    headers::HeaderStyle,
-    policy::Algorithm,
-    store::{FakeClock, MemoryStore},
+    PeerIp, Policies, Policy, RateLimitLayer, clock::FakeClock, headers::HeaderStyle,
+    policy::Algorithm, store::MemoryStore,
 };
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 use tower::{Layer, Service, ServiceExt, service_fn};
@@ -86,7 +84,7 @@ async fn extra_allocations(
 }
 
 fn layer(clock: &FakeClock, algorithm: Algorithm) -> RateLimitLayer {
-    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let store = MemoryStore::builder().with_clock(clock.clone()).build();
     let policy = Policy::new("api", 100, Duration::from_secs(1)).with_algorithm(algorithm);
     RateLimitLayer::new(store, PeerIp::new(), Policies::single(policy).unwrap())
 }
@@ -110,11 +108,11 @@ async fn an_admitted_request_allocates_nothing_of_the_layers_own() {
     }
     // Without rate-limit headers, nothing either.
     let clock = FakeClock::new(1_700_000_000_000_000);
-    let quiet = layer(&clock, Algorithm::SlidingLog).header_style(HeaderStyle::None);
+    let quiet = layer(&clock, Algorithm::SlidingLog).with_header_style(HeaderStyle::None);
     assert_eq!(extra_allocations(quiet, 400, step, &clock).await, 0);
     // The count sees what the layer does allocate: the `Identity`
     // extension, when asked for, is one box per request.
     let clock = FakeClock::new(1_700_000_000_000_000);
-    let identity = layer(&clock, Algorithm::SlidingLog).insert_identity(true);
+    let identity = layer(&clock, Algorithm::SlidingLog).with_identity_extension(true);
     assert_eq!(extra_allocations(identity, 400, step, &clock).await, 1);
 }

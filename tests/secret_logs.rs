@@ -87,8 +87,8 @@ fn secrets_never_reach_the_logs() {
             let store = RedisStore::new(redis.pool(2));
             drop(redis);
             let jwt = JwtClaim::builder()
-                .secret(SECRET)
-                .algorithms(["HS256"])
+                .with_secret(SECRET)
+                .with_algorithms(["HS256"])
                 .build()
                 .unwrap();
             let api_keys = Header::new(http::HeaderName::from_static("x-api-key"))

@@ -79,7 +79,7 @@ where
 /// A `RedisStore` on `pool`, with a timeout no benchmark reaches.
 pub(crate) fn store_on(pool: Pool) -> RedisStore {
     RedisStore::builder(pool)
-        .timeout(Duration::from_secs(1))
+        .with_timeout(Duration::from_secs(1))
         .build()
         .unwrap()
 }

@@ -119,7 +119,7 @@ fn app(layer: RateLimitLayer, metrics: PrometheusHandle, admin_token: Option<&st
         slow_route,
     ] = LIMITED_ROUTES;
     // `/api/whoami` shows the client the limiter resolved.
-    let layer = layer.insert_identity(true);
+    let layer = layer.with_identity_extension(true);
     let app = Router::new()
         .route(videos_route, get(videos))
         .route(search_route, get(search))

@@ -79,7 +79,7 @@ pub(super) fn jwt_claim(
                 "must not be empty",
             ));
         }
-        builder = builder.secret(secret.get_ref());
+        builder = builder.with_secret(secret.get_ref());
     }
     if let Some(pem) = &raw.public_key_pem {
         let offset = pem.span().start;
@@ -100,7 +100,7 @@ pub(super) fn jwt_claim(
                 format!("`{}`: {e}", path.display()),
             )
         })?;
-        builder = builder.public_key_pem(&bytes);
+        builder = builder.with_public_key_pem(&bytes);
     }
     let mut keyed_algorithms = Vec::new();
     for (index, key) in keyed.into_iter().enumerate() {
@@ -133,21 +133,21 @@ pub(super) fn jwt_claim(
         algorithm(name)
             .map_err(|e| ConfigError::at(source, names_offset, "jwt.algorithms", e.to_string()))?;
     }
-    builder = builder.algorithms(&names);
+    builder = builder.with_algorithms(&names);
     if let Some(claim) = raw.key_claim {
-        builder = builder.key_claim(claim.into_inner());
+        builder = builder.with_key_claim(claim.into_inner());
     }
     if let Some(claim) = raw.tier_claim {
-        builder = builder.tier_claim(claim);
+        builder = builder.with_tier_claim(claim);
     }
     if let Some(leeway) = raw.leeway {
-        builder = builder.leeway(leeway.get_ref().0);
+        builder = builder.with_leeway(leeway.get_ref().0);
     }
     if let Some(issuer) = raw.issuer {
-        builder = builder.issuers(issuer.into_vec());
+        builder = builder.with_issuers(issuer.into_vec());
     }
     if let Some(audience) = raw.audience {
-        builder = builder.audiences(audience.into_vec());
+        builder = builder.with_audiences(audience.into_vec());
     }
     builder.build().map_err(|e| {
         let key = match e {

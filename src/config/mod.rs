@@ -281,12 +281,12 @@ impl Config {
         }
         let trusts_proxies = !limiter.trusted_proxies.is_empty();
         let mut peer_ip = PeerIp::new()
-            .trust_proxies(limiter.trusted_proxies.into_iter().map(|c| c.0))
-            .forwarded_header(match limiter.forwarded_header {
+            .with_trusted_proxies(limiter.trusted_proxies.into_iter().map(|c| c.0))
+            .with_forwarded_header(match limiter.forwarded_header {
                 ForwardedHeaderName::XForwardedFor => crate::key::ForwardedHeader::XForwardedFor,
                 ForwardedHeaderName::Forwarded => crate::key::ForwardedHeader::Forwarded,
             })
-            .ipv6_prefix(ipv6_prefix);
+            .with_ipv6_prefix(ipv6_prefix);
         if let Some(header) = &limiter.client_ip_header {
             let refuse = |message: &str| {
                 ConfigError::at(
@@ -304,7 +304,7 @@ impl Config {
                      `limiter.trusted_proxies`",
                 ));
             }
-            peer_ip = peer_ip.client_ip_header(name);
+            peer_ip = peer_ip.with_client_ip_header(name);
         }
 
         if let Some(namespace) = &limiter.namespace
@@ -399,7 +399,7 @@ impl Config {
     pub fn memory_store(&self) -> MemoryStore {
         let builder = MemoryStore::builder();
         match self.max_keys {
-            Some(max_keys) => builder.max_keys(max_keys).build(),
+            Some(max_keys) => builder.with_max_keys(max_keys).build(),
             None => builder.build(),
         }
     }
@@ -465,11 +465,11 @@ impl Config {
     /// `store`.
     pub fn layer(&self, store: impl Store) -> RateLimitLayer {
         let mut layer = RateLimitLayer::new(store, self.key_extractor(), self.policies.clone())
-            .fail_mode(self.fail_mode)
-            .local_share(self.local_share)
-            .shadow(self.shadow)
-            .header_style(self.header_style)
-            .reset_format(self.reset_format);
+            .with_fail_mode(self.fail_mode)
+            .with_local_share(self.local_share)
+            .with_shadow(self.shadow)
+            .with_header_style(self.header_style)
+            .with_reset_format(self.reset_format);
         if !self.exempt.is_empty() || !self.exempt_api_keys.is_empty() {
             let (networks, keys) = (self.exempt.clone(), self.exempt_api_keys.clone());
             let (addresses, header) = (self.peer_ip.clone(), self.api_key_header.clone());
@@ -489,21 +489,21 @@ impl Config {
             });
         }
         if let RawCredentialFailures::On { limit, window } = self.credential_failures {
-            layer = layer.credential_failures(
-                CredentialFailures::new(limit, window).peer_ip(self.peer_ip.clone()),
+            layer = layer.with_credential_failures(
+                CredentialFailures::new(limit, window).with_peer_ip(self.peer_ip.clone()),
             );
         }
         if !self.overrides.is_empty() {
-            layer = layer.limit_lookup(self.overrides.clone());
+            layer = layer.with_limit_lookup(self.overrides.clone());
         }
         if let Some(max) = self.max_delayed {
-            layer = layer.max_delayed(max);
+            layer = layer.with_max_delayed(max);
         }
         if let Some(namespace) = &self.namespace {
-            layer = layer.namespace(namespace);
+            layer = layer.with_namespace(namespace);
         }
         match self.deny_cache {
-            Some(true) => layer.deny_cache(DenyCache::new(DEFAULT_DENY_CACHE)),
+            Some(true) => layer.with_deny_cache(DenyCache::new(DEFAULT_DENY_CACHE)),
             Some(false) => layer.without_deny_cache(),
             None => layer,
         }
@@ -729,16 +729,16 @@ fn policy_from(
         let raw = raw.get_ref();
         let mut limits = TierLimits::new();
         if let Some(limit) = &raw.limit {
-            limits = limits.limit(*limit.get_ref());
+            limits = limits.with_limit(*limit.get_ref());
         }
         if let Some(window) = &raw.window {
-            limits = limits.window(window.get_ref().0);
+            limits = limits.with_window(window.get_ref().0);
         }
         if let Some(cost) = &raw.cost {
-            limits = limits.cost(*cost.get_ref());
+            limits = limits.with_cost(*cost.get_ref());
         }
         if let Some(burst) = &raw.burst {
-            limits = limits.burst(*burst.get_ref());
+            limits = limits.with_burst(*burst.get_ref());
         }
         let with_tier = policy.clone().with_tier(tier.as_str(), limits);
         Policies::single(with_tier.clone()).map_err(|error| {

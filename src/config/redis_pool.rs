@@ -32,9 +32,9 @@ impl RedisSettings {
     /// ```
     pub fn store(&self) -> Result<crate::store::RedisStore, RedisSettingsError> {
         let pool = pool(self)?;
-        let mut store = crate::store::RedisStore::builder(pool).timeout(self.timeout);
+        let mut store = crate::store::RedisStore::builder(pool).with_timeout(self.timeout);
         if let Some(prefix) = &self.prefix {
-            store = store.prefix(prefix.clone());
+            store = store.with_prefix(prefix.clone());
         }
         Ok(store.build()?)
     }

@@ -211,7 +211,7 @@ impl Header {
     /// [`reject_unknown`](Header::reject_unknown)).
     ///
     /// The layer waits for it at most its
-    /// [lookup timeout](crate::RateLimitLayer::lookup_timeout) (100 ms by
+    /// [lookup timeout](crate::RateLimitLayer::with_lookup_timeout) (100 ms by
     /// default); a lookup that times out counts as
     /// [`Unknown`](crate::key::ApiKeyStatus::Unknown), so the next extractor
     /// decides and nothing is admitted unlimited. It runs for every request
@@ -224,7 +224,7 @@ impl Header {
     /// use std::sync::Arc;
     /// use slidegate::{Header, key::ApiKeyStatus};
     ///
-    /// let api_keys = Header::new(http::HeaderName::from_static("x-api-key")).lookup(|key: &[u8]| {
+    /// let api_keys = Header::new(http::HeaderName::from_static("x-api-key")).with_lookup(|key: &[u8]| {
     ///     // Pretend the keys live in a database.
     ///     let exists = key.starts_with(b"sk_live_");
     ///     async move {
@@ -233,7 +233,10 @@ impl Header {
     /// });
     /// ```
     #[must_use]
-    pub fn lookup(mut self, lookup: impl for<'a> Lookup<&'a [u8], Answer = ApiKeyStatus>) -> Self {
+    pub fn with_lookup(
+        mut self,
+        lookup: impl for<'a> Lookup<&'a [u8], Answer = ApiKeyStatus>,
+    ) -> Self {
         self.lookup = Some(Arc::new(lookup));
         self
     }
@@ -260,7 +263,7 @@ impl Header {
         match self.trust {
             Trust::KnownOnly {
                 reject_unknown: true,
-            } => Err(KeyRejection::new("unknown_api_key", detail).challenge(self.challenge())),
+            } => Err(KeyRejection::new("unknown_api_key", detail).with_challenge(self.challenge())),
             _ => Ok(None),
         }
     }
@@ -271,7 +274,7 @@ impl Header {
             "unknown_api_key",
             format!("the {} is not a known API key", self.name),
         )
-        .challenge(self.challenge())
+        .with_challenge(self.challenge())
     }
 
     /// `WWW-Authenticate` for a refused API key: which header to send it in.

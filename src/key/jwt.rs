@@ -74,9 +74,9 @@ fn family_name(algorithm: Algorithm) -> &'static str {
 /// use slidegate::{JwtClaim, KeyExtractor};
 ///
 /// let jwt = JwtClaim::builder()
-///     .secret(b"change-me")
-///     .algorithms(["HS256"])
-///     .tier_claim("tier")
+///     .with_secret(b"change-me")
+///     .with_algorithms(["HS256"])
+///     .with_tier_claim("tier")
 ///     .build()?;
 /// let (parts, _) = http::Request::new(()).into_parts();
 /// // No token: the next extractor decides.
@@ -284,7 +284,7 @@ impl super::KeyExtractor for JwtClaim {
             self.identity(&claims).map(Some)
         };
         verified().map_err(|rejection| {
-            rejection.challenge(HeaderValue::from_static("Bearer error=\"invalid_token\""))
+            rejection.with_challenge(HeaderValue::from_static("Bearer error=\"invalid_token\""))
         })
     }
 
@@ -458,7 +458,7 @@ impl fmt::Debug for JwtClaimBuilder {
 
 impl JwtClaimBuilder {
     /// Verifies HS256/384/512 tokens with this shared secret.
-    pub fn secret(mut self, secret: impl AsRef<[u8]>) -> Self {
+    pub fn with_secret(mut self, secret: impl AsRef<[u8]>) -> Self {
         self.keys
             .push((None, DecodingKey::from_secret(secret.as_ref())));
         self
@@ -475,7 +475,7 @@ impl JwtClaimBuilder {
     /// let jwt = JwtClaim::builder()
     ///     .secret_for_kid("2026-10", "old secret")
     ///     .secret_for_kid("2026-11", "new secret")
-    ///     .algorithms(["HS256"])
+    ///     .with_algorithms(["HS256"])
     ///     .build()?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -493,14 +493,14 @@ impl JwtClaimBuilder {
     ///
     /// let pem = std::fs::read("tests/fixtures/rsa_public.pem")?;
     /// let jwt = JwtClaim::builder()
-    ///     .public_key_pem(&pem)
-    ///     .algorithms(["RS256"])
+    ///     .with_public_key_pem(&pem)
+    ///     .with_algorithms(["RS256"])
     ///     .build()?;
-    /// let refused = JwtClaim::builder().public_key_pem(b"not a key").algorithms(["RS256"]);
+    /// let refused = JwtClaim::builder().with_public_key_pem(b"not a key").with_algorithms(["RS256"]);
     /// assert!(refused.build().is_err());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn public_key_pem(self, pem: &[u8]) -> Self {
+    pub fn with_public_key_pem(self, pem: &[u8]) -> Self {
         self.with_key(None, public_key(pem))
     }
 
@@ -528,10 +528,10 @@ impl JwtClaimBuilder {
     /// ```
     /// use slidegate::{JwtClaim, key::JwtError};
     ///
-    /// let refused = JwtClaim::builder().secret(b"s").algorithms(["none"]).build();
+    /// let refused = JwtClaim::builder().with_secret(b"s").with_algorithms(["none"]).build();
     /// assert_eq!(refused.unwrap_err(), JwtError::UnknownAlgorithm("none".into()));
     /// ```
-    pub fn algorithms<T: AsRef<str>>(mut self, names: impl IntoIterator<Item = T>) -> Self {
+    pub fn with_algorithms<T: AsRef<str>>(mut self, names: impl IntoIterator<Item = T>) -> Self {
         self.algorithms.clear();
         for name in names {
             match algorithm(name.as_ref()) {
@@ -545,27 +545,27 @@ impl JwtClaimBuilder {
     }
 
     /// The claim that identifies the client (default `sub`).
-    pub fn key_claim(mut self, claim: impl Into<String>) -> Self {
+    pub fn with_key_claim(mut self, claim: impl Into<String>) -> Self {
         self.key_claim = Some(claim.into());
         self
     }
 
     /// The claim that names the client's tier (default: none).
-    pub fn tier_claim(mut self, claim: impl Into<String>) -> Self {
+    pub fn with_tier_claim(mut self, claim: impl Into<String>) -> Self {
         self.tier_claim = Some(claim.into());
         self
     }
 
     /// Clock skew allowed when checking `exp` and `nbf` (default 5 s,
     /// whole seconds).
-    pub fn leeway(mut self, leeway: Duration) -> Self {
+    pub fn with_leeway(mut self, leeway: Duration) -> Self {
         self.leeway = Some(leeway);
         self
     }
 
     /// Accepts only tokens whose `iss` is one of `issuers`; the claim
     /// becomes required.
-    pub fn issuers<T: Into<String>>(mut self, issuers: impl IntoIterator<Item = T>) -> Self {
+    pub fn with_issuers<T: Into<String>>(mut self, issuers: impl IntoIterator<Item = T>) -> Self {
         self.issuers = issuers.into_iter().map(Into::into).collect();
         self
     }
@@ -573,7 +573,10 @@ impl JwtClaimBuilder {
     /// Accepts only tokens whose `aud` includes one of `audiences`; the
     /// claim becomes required. Without it, tokens carrying an `aud` are
     /// accepted whatever it says.
-    pub fn audiences<T: Into<String>>(mut self, audiences: impl IntoIterator<Item = T>) -> Self {
+    pub fn with_audiences<T: Into<String>>(
+        mut self,
+        audiences: impl IntoIterator<Item = T>,
+    ) -> Self {
         self.audiences = audiences.into_iter().map(Into::into).collect();
         self
     }

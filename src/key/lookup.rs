@@ -10,7 +10,7 @@ use std::time::Duration;
 use super::{Extracted, Identity, KeyRejection};
 use crate::lookup::{API_KEY_TIMED_OUT, Lookup, LookupFuture, within};
 
-/// What an API key's lookup ([`Header::lookup`](crate::Header::lookup))
+/// What an API key's lookup ([`Header::with_lookup`](crate::Header::with_lookup))
 /// says of a key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -24,7 +24,7 @@ pub enum ApiKeyStatus {
 
 /// Says whether an API key that is not in a [`Header`](crate::Header)'s
 /// table exists (in a database, say), and its tier: a [`Lookup`] of the
-/// header's raw value. Set with [`Header::lookup`](crate::Header::lookup).
+/// header's raw value. Set with [`Header::with_lookup`](crate::Header::with_lookup).
 pub(crate) type ApiKeyLookup = dyn for<'a> Lookup<&'a [u8], Answer = ApiKeyStatus>;
 
 /// An API key outside the table, waiting for its lookup, and what the

@@ -306,11 +306,11 @@ impl KeyRejection {
     /// use slidegate::key::KeyRejection;
     ///
     /// let rejection = KeyRejection::new("expired", "the token expired")
-    ///     .challenge(HeaderValue::from_static("Bearer error=\"invalid_token\""));
+    ///     .with_challenge(HeaderValue::from_static("Bearer error=\"invalid_token\""));
     /// assert!(rejection.www_authenticate().is_some());
     /// ```
     #[must_use]
-    pub fn challenge(mut self, challenge: HeaderValue) -> Self {
+    pub fn with_challenge(mut self, challenge: HeaderValue) -> Self {
         self.challenge = Some(challenge);
         self
     }
@@ -565,7 +565,7 @@ mod tests {
     #[tokio::test]
     async fn a_copy_of_an_identity_awaiting_its_lookup_never_confirms() {
         let exists = |_: &[u8]| async { ApiKeyStatus::Known(None) };
-        let header = Header::new(http::HeaderName::from_static("x-api-key")).lookup(exists);
+        let header = Header::new(http::HeaderName::from_static("x-api-key")).with_lookup(exists);
         let (parts, _) = http::Request::builder()
             .header("x-api-key", "db-key")
             .body(())

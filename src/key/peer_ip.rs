@@ -52,7 +52,7 @@ pub enum ForwardedHeader {
 /// use slidegate::{KeyExtractor, PeerIp};
 /// use std::net::SocketAddr;
 ///
-/// let peer_ip = PeerIp::new().trust_proxies(["10.0.0.0/8".parse().unwrap()]);
+/// let peer_ip = PeerIp::new().with_trusted_proxies(["10.0.0.0/8".parse().unwrap()]);
 /// let mut request = http::Request::builder()
 ///     .header("x-forwarded-for", "6.6.6.6, 203.0.113.9, 10.0.0.7")
 ///     .body(())
@@ -95,10 +95,10 @@ impl PeerIp {
     /// ```
     /// use slidegate::PeerIp;
     ///
-    /// let peer_ip = PeerIp::new().trust_proxies(["10.0.0.0/8".parse().unwrap(), "fd00::/8".parse().unwrap()]);
+    /// let peer_ip = PeerIp::new().with_trusted_proxies(["10.0.0.0/8".parse().unwrap(), "fd00::/8".parse().unwrap()]);
     /// ```
     #[must_use]
-    pub fn trust_proxies(mut self, ranges: impl IntoIterator<Item = IpNet>) -> Self {
+    pub fn with_trusted_proxies(mut self, ranges: impl IntoIterator<Item = IpNet>) -> Self {
         self.trusted.extend(ranges);
         self
     }
@@ -109,10 +109,10 @@ impl PeerIp {
     /// ```
     /// use slidegate::{PeerIp, key::ForwardedHeader};
     ///
-    /// let peer_ip = PeerIp::new().forwarded_header(ForwardedHeader::Forwarded);
+    /// let peer_ip = PeerIp::new().with_forwarded_header(ForwardedHeader::Forwarded);
     /// ```
     #[must_use]
-    pub fn forwarded_header(mut self, header: ForwardedHeader) -> Self {
+    pub fn with_forwarded_header(mut self, header: ForwardedHeader) -> Self {
         self.header = header;
         self
     }
@@ -132,8 +132,8 @@ impl PeerIp {
     /// use std::net::SocketAddr;
     ///
     /// let behind_cloudflare = PeerIp::new()
-    ///     .trust_proxies(["173.245.48.0/20".parse().unwrap()])
-    ///     .client_ip_header(HeaderName::from_static("cf-connecting-ip"));
+    ///     .with_trusted_proxies(["173.245.48.0/20".parse().unwrap()])
+    ///     .with_client_ip_header(HeaderName::from_static("cf-connecting-ip"));
     /// let mut request = http::Request::get("/").header("cf-connecting-ip", "203.0.113.9").body(()).unwrap();
     /// request.extensions_mut().insert("173.245.48.7:443".parse::<SocketAddr>().unwrap());
     /// let (parts, ()) = request.into_parts();
@@ -141,7 +141,7 @@ impl PeerIp {
     /// assert_eq!(identity.key.as_str(), "ip:203.0.113.9");
     /// ```
     #[must_use]
-    pub fn client_ip_header(mut self, name: HeaderName) -> Self {
+    pub fn with_client_ip_header(mut self, name: HeaderName) -> Self {
         self.client_header = Some(name);
         self
     }
@@ -151,10 +151,10 @@ impl PeerIp {
     /// ```
     /// use slidegate::PeerIp;
     ///
-    /// let peer_ip = PeerIp::new().ipv6_prefix(56);
+    /// let peer_ip = PeerIp::new().with_ipv6_prefix(56);
     /// ```
     #[must_use]
-    pub fn ipv6_prefix(mut self, bits: u8) -> Self {
+    pub fn with_ipv6_prefix(mut self, bits: u8) -> Self {
         self.ipv6_prefix = bits.min(128);
         self
     }
@@ -164,10 +164,10 @@ impl PeerIp {
     /// ```
     /// use slidegate::PeerIp;
     ///
-    /// let peer_ip = PeerIp::new().ipv4_prefix(24);
+    /// let peer_ip = PeerIp::new().with_ipv4_prefix(24);
     /// ```
     #[must_use]
-    pub fn ipv4_prefix(mut self, bits: u8) -> Self {
+    pub fn with_ipv4_prefix(mut self, bits: u8) -> Self {
         self.ipv4_prefix = bits.min(32);
         self
     }
@@ -249,7 +249,7 @@ impl PeerIp {
     /// use slidegate::PeerIp;
     /// use std::net::SocketAddr;
     ///
-    /// let proxies = PeerIp::new().trust_proxies(["10.0.0.0/8".parse().unwrap()]);
+    /// let proxies = PeerIp::new().with_trusted_proxies(["10.0.0.0/8".parse().unwrap()]);
     /// let mut request = http::Request::get("/").header("x-forwarded-for", "203.0.113.9").body(()).unwrap();
     /// request.extensions_mut().insert(ConnectInfo(SocketAddr::from(([10, 0, 0, 1], 5000))));
     /// let (parts, ()) = request.into_parts();
@@ -259,7 +259,7 @@ impl PeerIp {
     /// let mut request = http::Request::get("/").header("forwarded", "for=unknown").body(()).unwrap();
     /// request.extensions_mut().insert(ConnectInfo(SocketAddr::from(([10, 0, 0, 1], 5000))));
     /// let (parts, ()) = request.into_parts();
-    /// let proxies = proxies.forwarded_header(slidegate::key::ForwardedHeader::Forwarded);
+    /// let proxies = proxies.with_forwarded_header(slidegate::key::ForwardedHeader::Forwarded);
     /// assert_eq!(proxies.client(&parts), None);
     /// ```
     pub fn client(&self, parts: &Parts) -> Option<IpAddr> {
@@ -448,11 +448,11 @@ mod tests {
     }
 
     fn behind_proxy() -> PeerIp {
-        PeerIp::new().trust_proxies(["10.0.0.0/8".parse().unwrap()])
+        PeerIp::new().with_trusted_proxies(["10.0.0.0/8".parse().unwrap()])
     }
 
     fn behind_cloudflare() -> PeerIp {
-        behind_proxy().client_ip_header(HeaderName::from_static("cf-connecting-ip"))
+        behind_proxy().with_client_ip_header(HeaderName::from_static("cf-connecting-ip"))
     }
 
     #[cfg(feature = "tonic")]
@@ -587,7 +587,7 @@ mod tests {
         let forwarded: &[(&str, &[u8])] = &[("forwarded", b"for=\xff\xfe, for=203.0.113.9")];
         assert_eq!(
             key(
-                &behind_proxy().forwarded_header(ForwardedHeader::Forwarded),
+                &behind_proxy().with_forwarded_header(ForwardedHeader::Forwarded),
                 "10.0.0.1:1",
                 forwarded
             )
@@ -721,7 +721,7 @@ mod tests {
             "forwarded",
             b"for=192.0.2.1, for=\"[2001:db8:cafe::17]:4711\";proto=https",
         )];
-        let forwarded = behind_proxy().forwarded_header(ForwardedHeader::Forwarded);
+        let forwarded = behind_proxy().with_forwarded_header(ForwardedHeader::Forwarded);
         assert_eq!(
             key(&forwarded, "10.0.0.1:1", headers).unwrap(),
             "ip:2001:db8:cafe::/64"
@@ -738,7 +738,7 @@ mod tests {
         let b = key(&PeerIp::new(), "[2001:db8:1:2:bbbb::2]:1", &[]).unwrap();
         assert_eq!(a, "ip:2001:db8:1:2::/64");
         assert_eq!(a, b);
-        let exact = PeerIp::new().ipv6_prefix(128);
+        let exact = PeerIp::new().with_ipv6_prefix(128);
         assert_eq!(
             key(&exact, "[2001:db8::1]:1", &[]).unwrap(),
             "ip:2001:db8::1"
@@ -747,7 +747,7 @@ mod tests {
             key(&PeerIp::new(), "[::ffff:192.0.2.7]:1", &[]).unwrap(),
             "ip:192.0.2.7"
         );
-        let v4_group = PeerIp::new().ipv4_prefix(24);
+        let v4_group = PeerIp::new().with_ipv4_prefix(24);
         assert_eq!(
             key(&v4_group, "192.0.2.7:1", &[]).unwrap(),
             "ip:192.0.2.0/24"

@@ -46,13 +46,13 @@ const BLOCKED_CAPACITY: usize = 10_000;
 /// };
 /// use std::time::Duration;
 ///
-/// let proxies = PeerIp::new().trust_proxies(["10.0.0.0/8".parse().unwrap()]);
+/// let proxies = PeerIp::new().with_trusted_proxies(["10.0.0.0/8".parse().unwrap()]);
 /// let api_keys = Header::new(http::HeaderName::from_static("x-api-key"))
 ///     .keys(["key-of-acme"])
 ///     .reject_unknown();
 /// let policies = Policies::single(Policy::new("api", 100, Duration::from_secs(60))).unwrap();
-/// let layer = RateLimitLayer::new(MemoryStore::new(), api_keys, policies).credential_failures(
-///     CredentialFailures::new(10, Duration::from_secs(60)).peer_ip(proxies),
+/// let layer = RateLimitLayer::new(MemoryStore::new(), api_keys, policies).with_credential_failures(
+///     CredentialFailures::new(10, Duration::from_secs(60)).with_peer_ip(proxies),
 /// );
 /// ```
 #[derive(Clone)]
@@ -89,7 +89,7 @@ impl CredentialFailures {
     /// Resolves client addresses with `peer_ip` (default: the TCP peer,
     /// no proxy trusted).
     #[must_use]
-    pub fn peer_ip(mut self, peer_ip: PeerIp) -> Self {
+    pub fn with_peer_ip(mut self, peer_ip: PeerIp) -> Self {
         self.peer_ip = peer_ip;
         self
     }
@@ -98,7 +98,7 @@ impl CredentialFailures {
     /// [`DenyCache::with_clock`] in tests) rather than a cache of 10,000
     /// on the system clock.
     #[must_use]
-    pub fn blocked(mut self, blocked: DenyCache) -> Self {
+    pub fn with_blocked(mut self, blocked: DenyCache) -> Self {
         self.blocked = blocked;
         self
     }
@@ -131,7 +131,7 @@ impl RateLimitLayer {
     /// configuration file turns it on by default, with its trusted
     /// proxies).
     #[must_use]
-    pub fn credential_failures(mut self, failures: CredentialFailures) -> Self {
+    pub fn with_credential_failures(mut self, failures: CredentialFailures) -> Self {
         Arc::make_mut(&mut self.shared).credential_failures = Some(failures);
         self
     }

@@ -19,7 +19,7 @@ pub(crate) const DEFAULT_CAPACITY: usize = 10_000;
 
 /// What a store said when it denied a client under one policy.
 #[derive(Debug, Clone)]
-struct Denial {
+struct Entry {
     /// Until when (µs) the request cannot fit: a lower bound on the store's
     /// own retry time, since it counts from before the request was sent.
     until: u64,
@@ -66,7 +66,7 @@ pub(crate) struct Denied<'a> {
 ///
 /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
 /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies)
-///     .deny_cache(DenyCache::new(50_000));
+///     .with_deny_cache(DenyCache::new(50_000));
 /// ```
 #[derive(Clone)]
 pub struct DenyCache {
@@ -76,7 +76,7 @@ pub struct DenyCache {
 struct Inner {
     /// Denials by their check's scope (namespace, policy, client), so that
     /// layers sharing a cache keep their denials apart.
-    entries: Cache<Scope, Denial>,
+    entries: Cache<Scope, Entry>,
     clock: Box<dyn Clock>,
 }
 
@@ -96,7 +96,7 @@ impl DenyCache {
     }
 
     /// A cache of at most `capacity` denials, reading time from `clock` (a
-    /// [`FakeClock`](crate::store::FakeClock) in tests).
+    /// [`FakeClock`](crate::clock::FakeClock) in tests).
     pub fn with_clock(capacity: usize, clock: impl Clock) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -203,7 +203,7 @@ impl DenyCache {
             let Some(stands) = stands else {
                 continue;
             };
-            let denial = Denial {
+            let denial = Entry {
                 until: sent_at.saturating_add(duration_micros(stands)),
                 reset_at: sent_at.saturating_add(duration_micros(decision.reset)),
                 remaining: decision.remaining,

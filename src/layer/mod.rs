@@ -88,7 +88,7 @@ impl RateLimitLayer {
     ///
     /// When the store [`is_remote`](Store::is_remote) (Redis), the layer
     /// keeps a [`DenyCache`] of 10,000 entries; see
-    /// [`deny_cache`](Self::deny_cache).
+    /// [`deny_cache`](Self::with_deny_cache).
     pub fn new(store: impl Store, key_extractor: impl KeyExtractor, policies: Policies) -> Self {
         let deny_cache = store
             .is_remote()
@@ -118,7 +118,7 @@ impl RateLimitLayer {
     /// client's [`Identity`].
     ///
     /// The layer asks only for identities without a tier, and waits at
-    /// most its [lookup timeout](Self::lookup_timeout); a lookup that fails
+    /// most its [lookup timeout](Self::with_lookup_timeout); a lookup that fails
     /// or times out should answer `None`, so the base limits apply. It
     /// runs on every such request, so real deployments cache (the layer
     /// does not). Any `Fn(&Parts, &Identity) -> impl Future<Output =
@@ -135,11 +135,11 @@ impl RateLimitLayer {
     ///     async move { (key.as_str() == "global").then(|| Arc::<str>::from("pro")) }
     /// };
     /// let policies = Policies::single(Policy::new("api", 10, std::time::Duration::from_secs(1)))?;
-    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).tier_lookup(lookup);
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).with_tier_lookup(lookup);
     /// # Ok::<(), slidegate::policy::PolicyError>(())
     /// ```
     #[must_use]
-    pub fn tier_lookup(
+    pub fn with_tier_lookup(
         mut self,
         lookup: impl for<'a> Lookup<(&'a Parts, &'a Identity), Answer = Option<Arc<str>>>,
     ) -> Self {
@@ -152,8 +152,8 @@ impl RateLimitLayer {
     /// `None` for the tier's.
     ///
     /// The layer asks once per client and policy, waits at most its
-    /// [lookup timeout](Self::lookup_timeout), and keeps the answer for a
-    /// while ([`limit_lookup_ttl`](Self::limit_lookup_ttl), 60 s by
+    /// [lookup timeout](Self::with_lookup_timeout), and keeps the answer for a
+    /// while ([`limit_lookup_ttl`](Self::with_limit_lookup_ttl), 60 s by
     /// default), so most requests do not wait at all. Past its time, an
     /// answer is still served while it is refreshed in the background: a
     /// slow lookup never lifts a client's own limit to the tier's. A lookup
@@ -176,11 +176,11 @@ impl RateLimitLayer {
     ///     async move { enterprise.then_some(10_000) }
     /// };
     /// let policies = Policies::single(Policy::new("api", 100, Duration::from_secs(60)))?;
-    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).limit_lookup(lookup);
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).with_limit_lookup(lookup);
     /// # Ok::<(), slidegate::policy::PolicyError>(())
     /// ```
     #[must_use]
-    pub fn limit_lookup(
+    pub fn with_limit_lookup(
         mut self,
         lookup: impl for<'a> Lookup<(&'a Key, &'a Policy), Answer = Option<u32>>,
     ) -> Self {
@@ -190,7 +190,7 @@ impl RateLimitLayer {
         self
     }
 
-    /// How long an answer of the [limit lookup](Self::limit_lookup) is fresh (default 60 s):
+    /// How long an answer of the [limit lookup](Self::with_limit_lookup) is fresh (default 60 s):
     /// a client's new limit takes effect within it (and the time of one
     /// refresh). Past it, the answer is still served while a refresh runs
     /// in the background, so a slow lookup never lifts a client's own
@@ -202,11 +202,11 @@ impl RateLimitLayer {
     ///
     /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
     /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies)
-    ///     .limit_lookup(Overrides::new())
-    ///     .limit_lookup_ttl(Duration::from_secs(5));
+    ///     .with_limit_lookup(Overrides::new())
+    ///     .with_limit_lookup_ttl(Duration::from_secs(5));
     /// ```
     #[must_use]
-    pub fn limit_lookup_ttl(mut self, ttl: Duration) -> Self {
+    pub fn with_limit_lookup_ttl(mut self, ttl: Duration) -> Self {
         let shared = Arc::make_mut(&mut self.shared);
         if let Some(limits) = &shared.client_limits {
             shared.client_limits = Some(Arc::new(limits.with_ttl(ttl)));
@@ -223,7 +223,7 @@ impl RateLimitLayer {
     /// use std::time::Duration;
     ///
     /// let policies = Policies::single(Policy::new("rows", 10_000, Duration::from_secs(60))).unwrap();
-    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).request_cost(
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).with_request_cost(
     ///     |parts: &http::request::Parts, _: &Policy| {
     ///         // No header: the policy's own cost. At least 1, at most 1,000.
     ///         let rows: u32 = parts.headers.get("x-rows")?.to_str().ok()?.parse().ok()?;
@@ -232,7 +232,7 @@ impl RateLimitLayer {
     /// );
     /// ```
     #[must_use]
-    pub fn request_cost(mut self, cost: impl RequestCost) -> Self {
+    pub fn with_request_cost(mut self, cost: impl RequestCost) -> Self {
         Arc::make_mut(&mut self.shared).request_cost = Some(Arc::new(cost));
         self
     }
@@ -280,15 +280,15 @@ impl RateLimitLayer {
     ///
     /// let store = MemoryStore::new();
     /// let minute = |limit| Policies::single(Policy::new("api", limit, Duration::from_secs(60))).unwrap();
-    /// let public = RateLimitLayer::new(store.clone(), PeerIp::new(), minute(100)).namespace("public");
-    /// let admin = RateLimitLayer::new(store, PeerIp::new(), minute(10)).namespace("admin");
+    /// let public = RateLimitLayer::new(store.clone(), PeerIp::new(), minute(100)).with_namespace("public");
+    /// let admin = RateLimitLayer::new(store, PeerIp::new(), minute(10)).with_namespace("admin");
     /// ```
     ///
     /// # Panics
     ///
     /// If `namespace` is not 1 to 64 ASCII letters, digits, `-` and `_`.
     #[must_use]
-    pub fn namespace(mut self, namespace: &str) -> Self {
+    pub fn with_namespace(mut self, namespace: &str) -> Self {
         assert!(
             crate::policy::is_valid_name(namespace),
             "slidegate: namespace `{namespace}` must be 1-64 ASCII letters, digits, `-` or `_`"
@@ -300,7 +300,7 @@ impl RateLimitLayer {
     /// Answers denied clients from `cache` until their retry time, without
     /// a store round trip (see [`DenyCache`]).
     #[must_use]
-    pub fn deny_cache(mut self, cache: DenyCache) -> Self {
+    pub fn with_deny_cache(mut self, cache: DenyCache) -> Self {
         Arc::make_mut(&mut self.shared).deny_cache = Some(cache);
         self
     }
@@ -346,7 +346,7 @@ impl<S> Layer<S> for RateLimitLayer {
     /// If another layer of the process on the same store (and namespace)
     /// has a policy of one of this layer's names that counts otherwise:
     /// the two would share counts under two limits. Give one layer a
-    /// [`namespace`](RateLimitLayer::namespace), or the policies distinct
+    /// [`namespace`](RateLimitLayer::with_namespace), or the policies distinct
     /// names.
     fn layer(&self, inner: S) -> Self::Service {
         let shared = &self.shared;

@@ -38,7 +38,7 @@ use crate::store::StateId;
 #[error(
     "policy `{policy}` counts as {theirs} in another layer on this store, and would count as \
      {ours} here: the two would share counts; give one layer a namespace \
-     (RateLimitLayer::namespace, config `limiter.namespace`) or the policies distinct names"
+     (RateLimitLayer::with_namespace, config `limiter.namespace`) or the policies distinct names"
 )]
 pub struct PolicyConflict {
     policy: String,

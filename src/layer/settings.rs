@@ -25,7 +25,7 @@ pub(crate) const DEFAULT_LIMIT_TTL: Duration = Duration::from_secs(60);
 
 /// Finds the tier of a client whose key extractor named none: a
 /// [`Lookup`] of the request head and the client's identity. Set with
-/// [`RateLimitLayer::tier_lookup`](crate::RateLimitLayer::tier_lookup).
+/// [`RateLimitLayer::with_tier_lookup`](crate::RateLimitLayer::with_tier_lookup).
 pub(crate) type TierLookup =
     dyn for<'a> Lookup<(&'a Parts, &'a Identity), Answer = Option<Arc<str>>>;
 
@@ -109,10 +109,10 @@ impl RateLimitLayer {
     /// use std::time::Duration;
     ///
     /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
-    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).fail_mode(FailMode::Closed);
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).with_fail_mode(FailMode::Closed);
     /// ```
     #[must_use]
-    pub fn fail_mode(mut self, fail_mode: FailMode) -> Self {
+    pub fn with_fail_mode(mut self, fail_mode: FailMode) -> Self {
         self.settings_mut().fail_mode = fail_mode;
         self
     }
@@ -124,10 +124,10 @@ impl RateLimitLayer {
     /// use std::time::Duration;
     ///
     /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
-    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).header_style(HeaderStyle::None);
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).with_header_style(HeaderStyle::None);
     /// ```
     #[must_use]
-    pub fn header_style(mut self, style: HeaderStyle) -> Self {
+    pub fn with_header_style(mut self, style: HeaderStyle) -> Self {
         self.settings_mut().header_format.style = style;
         self
     }
@@ -139,18 +139,18 @@ impl RateLimitLayer {
     /// use std::time::Duration;
     ///
     /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
-    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).reset_format(ResetFormat::UnixSeconds);
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).with_reset_format(ResetFormat::UnixSeconds);
     /// ```
     #[must_use]
-    pub fn reset_format(mut self, format: ResetFormat) -> Self {
+    pub fn with_reset_format(mut self, format: ResetFormat) -> Self {
         self.settings_mut().header_format.reset = format;
         self
     }
 
     /// How long to wait for a lookup (default 100 ms): a client's tier
-    /// ([`tier_lookup`](Self::tier_lookup)), an API key outside its table
-    /// ([`Header::lookup`](crate::Header::lookup)) or a client's own limit
-    /// ([`limit_lookup`](Self::limit_lookup)). Past it, the request goes on
+    /// ([`tier_lookup`](Self::with_tier_lookup)), an API key outside its table
+    /// ([`Header::with_lookup`](crate::Header::with_lookup)) or a client's own limit
+    /// ([`limit_lookup`](Self::with_limit_lookup)). Past it, the request goes on
     /// as each says (the base limits, an unknown key, the tier's limit),
     /// and a warning is traced.
     ///
@@ -160,10 +160,10 @@ impl RateLimitLayer {
     ///
     /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
     /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies)
-    ///     .lookup_timeout(Duration::from_millis(20));
+    ///     .with_lookup_timeout(Duration::from_millis(20));
     /// ```
     #[must_use]
-    pub fn lookup_timeout(mut self, timeout: Duration) -> Self {
+    pub fn with_lookup_timeout(mut self, timeout: Duration) -> Self {
         self.settings_mut().lookup_timeout = timeout;
         self
     }
@@ -183,10 +183,10 @@ impl RateLimitLayer {
     ///     .route("/whoami", get(|Extension(identity): Extension<Identity>| async move {
     ///         identity.tier.as_deref().unwrap_or("none").to_owned()
     ///     }))
-    ///     .route_layer(RateLimitLayer::new(MemoryStore::new(), PeerIp::new(), policies).insert_identity(true));
+    ///     .route_layer(RateLimitLayer::new(MemoryStore::new(), PeerIp::new(), policies).with_identity_extension(true));
     /// ```
     #[must_use]
-    pub fn insert_identity(mut self, insert: bool) -> Self {
+    pub fn with_identity_extension(mut self, insert: bool) -> Self {
         self.settings_mut().insert_identity = insert;
         self
     }
@@ -202,10 +202,10 @@ impl RateLimitLayer {
     /// use std::time::Duration;
     ///
     /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
-    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).shadow(true);
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).with_shadow(true);
     /// ```
     #[must_use]
-    pub fn shadow(mut self, shadow: bool) -> Self {
+    pub fn with_shadow(mut self, shadow: bool) -> Self {
         self.settings_mut().shadow = shadow;
         self
     }
@@ -223,11 +223,11 @@ impl RateLimitLayer {
     /// let policies = Policies::single(Policy::new("all", 100, Duration::from_secs(60))).unwrap();
     /// // Four instances: 25 a minute each while Redis is down.
     /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies)
-    ///     .fail_mode(FailMode::Local)
-    ///     .local_share(4);
+    ///     .with_fail_mode(FailMode::Local)
+    ///     .with_local_share(4);
     /// ```
     #[must_use]
-    pub fn local_share(mut self, instances: u32) -> Self {
+    pub fn with_local_share(mut self, instances: u32) -> Self {
         self.settings_mut().local_share = instances.max(1);
         self
     }
@@ -250,10 +250,10 @@ impl RateLimitLayer {
     ///     Policy::new("all", 10, Duration::from_secs(1)).with_delay(Duration::from_millis(200)),
     /// )
     /// .unwrap();
-    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).max_delayed(1_000);
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).with_max_delayed(1_000);
     /// ```
     #[must_use]
-    pub fn max_delayed(mut self, max: usize) -> Self {
+    pub fn with_max_delayed(mut self, max: usize) -> Self {
         self.settings_mut().max_delayed = max;
         self
     }
@@ -261,7 +261,7 @@ impl RateLimitLayer {
     /// The most bytes of request heads (URI and header fields) this layer
     /// holds at once in held requests; default 64 MiB. Past it, a request
     /// the store would hold is answered `429`, as past
-    /// [`max_delayed`](Self::max_delayed).
+    /// [`max_delayed`](Self::with_max_delayed).
     ///
     /// ```
     /// use slidegate::{Global, Policies, Policy, RateLimitLayer, store::MemoryStore};
@@ -271,10 +271,10 @@ impl RateLimitLayer {
     ///     Policy::new("all", 10, Duration::from_secs(1)).with_delay(Duration::from_millis(200)),
     /// )
     /// .unwrap();
-    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).max_delayed_bytes(8 << 20);
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).with_max_delayed_bytes(8 << 20);
     /// ```
     #[must_use]
-    pub fn max_delayed_bytes(mut self, max: usize) -> Self {
+    pub fn with_max_delayed_bytes(mut self, max: usize) -> Self {
         self.settings_mut().max_delayed_bytes = max;
         self
     }

@@ -64,8 +64,8 @@ impl HeldLookup {
             }
         };
         RateLimitLayer::new(MemoryStore::new(), Global, policies)
-            .request_cost(cost)
-            .tier_lookup(move |_: &http::request::Parts, _: &Identity| {
+            .with_request_cost(cost)
+            .with_tier_lookup(move |_: &http::request::Parts, _: &Identity| {
                 let lookup = lookup.clone();
                 async move {
                     lookup.started.notify_one();

@@ -48,7 +48,7 @@ impl From<Option<u32>> for Cost {
 
 /// Computes what a request costs under a policy from its head: a GraphQL
 /// query's weight, a batch's size, an export's row count. Set with
-/// [`RateLimitLayer::request_cost`](crate::RateLimitLayer::request_cost).
+/// [`RateLimitLayer::with_request_cost`](crate::RateLimitLayer::with_request_cost).
 ///
 /// [`Cost::Policy`] (or `None`) keeps the policy's own cost (its tier's,
 /// if the client has one); [`Cost::Units`] (or `Some(n)`) spends `n` units,

@@ -82,7 +82,7 @@ pub enum FailMode {
     Closed,
     /// Enforce the policy in this process instead, on an in-memory store, at
     /// its limit divided by the number of instances
-    /// ([`RateLimitLayer::local_share`](crate::RateLimitLayer::local_share)),
+    /// ([`RateLimitLayer::with_local_share`](crate::RateLimitLayer::with_local_share)),
     /// until the store answers again.
     Local,
 }
@@ -130,7 +130,7 @@ impl Count {
 /// use slidegate::policy::TierLimits;
 /// use std::time::Duration;
 ///
-/// let pro = TierLimits::new().limit(50).window(Duration::from_secs(60));
+/// let pro = TierLimits::new().with_limit(50).with_window(Duration::from_secs(60));
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TierLimits {
@@ -148,28 +148,28 @@ impl TierLimits {
 
     /// Overrides the limit.
     #[must_use]
-    pub fn limit(mut self, limit: u32) -> Self {
+    pub fn with_limit(mut self, limit: u32) -> Self {
         self.limit = Some(limit);
         self
     }
 
     /// Overrides the window.
     #[must_use]
-    pub fn window(mut self, window: Duration) -> Self {
+    pub fn with_window(mut self, window: Duration) -> Self {
         self.window = Some(window);
         self
     }
 
     /// Overrides the cost of one request.
     #[must_use]
-    pub fn cost(mut self, cost: u32) -> Self {
+    pub fn with_cost(mut self, cost: u32) -> Self {
         self.cost = Some(cost);
         self
     }
 
     /// Overrides the bucket size of a [`Algorithm::TokenBucket`] policy.
     #[must_use]
-    pub fn burst(mut self, burst: u32) -> Self {
+    pub fn with_burst(mut self, burst: u32) -> Self {
         self.burst = Some(burst);
         self
     }
@@ -347,7 +347,7 @@ impl Policy {
     /// use std::time::Duration;
     ///
     /// let search = Policy::new("search", 5, Duration::from_secs(60))
-    ///     .with_tier("pro", TierLimits::new().limit(50));
+    ///     .with_tier("pro", TierLimits::new().with_limit(50));
     /// assert_eq!(search.limits_for(Some("pro")).limit, 50);
     /// assert_eq!(search.limits_for(Some("gold")).limit, 5);
     /// assert_eq!(search.limits_for(None).limit, 5);
@@ -408,7 +408,7 @@ impl Policy {
     }
 
     /// Whether `limit` may be a client's own limit under this policy (an
-    /// override, or a [limit lookup](crate::RateLimitLayer::limit_lookup)'s
+    /// override, or a [limit lookup](crate::RateLimitLayer::with_limit_lookup)'s
     /// answer): the limits it makes with the policy and with each of its
     /// tiers pass the same validation as the policy's own, but for the
     /// cost (a cost above a client's own limit is refused per request).
@@ -437,7 +437,7 @@ impl Policy {
     }
 
     /// The limits in force for a client of `tier` whose own limit (from a
-    /// [limit lookup](crate::RateLimitLayer::limit_lookup)) is `own`: it replaces
+    /// [limit lookup](crate::RateLimitLayer::with_limit_lookup)) is `own`: it replaces
     /// the tier's limit, and a token bucket's burst too unless the policy
     /// or tier sets one.
     pub(crate) fn limits_with(&self, tier: Option<&str>, own: Option<u32>) -> Limits {
@@ -923,7 +923,7 @@ mod tests {
     fn tier_overrides_are_validated_too() {
         let bad_tier = minute("p", 10)
             .with_cost(2)
-            .with_tier("free", TierLimits::new().limit(1));
+            .with_tier("free", TierLimits::new().with_limit(1));
         assert_eq!(
             Policies::single(bad_tier).unwrap_err(),
             PolicyError::CostAboveLimit {
@@ -933,8 +933,8 @@ mod tests {
             }
         );
         let replaced = minute("p", 10)
-            .with_tier("pro", TierLimits::new().limit(1))
-            .with_tier("pro", TierLimits::new().limit(20).cost(4));
+            .with_tier("pro", TierLimits::new().with_limit(1))
+            .with_tier("pro", TierLimits::new().with_limit(20).with_cost(4));
         let pro = replaced.limits_for(Some("pro"));
         assert_eq!(
             (pro.limit, pro.cost, pro.window),

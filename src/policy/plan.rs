@@ -129,8 +129,8 @@ mod tests {
         let search = Policy::new("search", 5, Duration::from_secs(60)).with_tier(
             "pro",
             TierLimits::new()
-                .limit(50)
-                .window(Duration::from_millis(1500)),
+                .with_limit(50)
+                .with_window(Duration::from_millis(1500)),
         );
         let daily =
             Policy::new("daily", 1000, Duration::from_secs(86_400)).with_fail_mode(FailMode::Open);

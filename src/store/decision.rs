@@ -81,10 +81,10 @@ impl Decision {
     /// use std::time::Duration;
     ///
     /// let wait = Duration::from_millis(120);
-    /// let decision = Decision::admitted(10, 0, Duration::from_secs(1)).delayed_for(wait);
+    /// let decision = Decision::admitted(10, 0, Duration::from_secs(1)).with_delayed_for(wait);
     /// assert_eq!(decision.delayed_for, Some(wait));
     /// ```
-    pub fn delayed_for(mut self, wait: Duration) -> Self {
+    pub fn with_delayed_for(mut self, wait: Duration) -> Self {
         self.delayed_for = Some(wait);
         self
     }
@@ -98,10 +98,10 @@ impl Decision {
     /// use std::time::Duration;
     ///
     /// let at = Duration::from_secs(1_800_000_000);
-    /// let decision = Decision::admitted(10, 9, Duration::from_secs(60)).recorded_at(at);
+    /// let decision = Decision::admitted(10, 9, Duration::from_secs(60)).with_recorded_at(at);
     /// assert_eq!(decision.recorded_at, Some(at));
     /// ```
-    pub fn recorded_at(mut self, at: Duration) -> Self {
+    pub fn with_recorded_at(mut self, at: Duration) -> Self {
         self.recorded_at = Some(at);
         self
     }
@@ -144,10 +144,10 @@ impl Decision {
     /// use std::time::Duration;
     ///
     /// let left = Duration::from_secs(600);
-    /// let decision = Decision::denied(10, 0, left, Some(left)).blocked_for(left);
+    /// let decision = Decision::denied(10, 0, left, Some(left)).with_blocked_for(left);
     /// assert_eq!(decision.blocked_for, Some(left));
     /// ```
-    pub fn blocked_for(mut self, left: Duration) -> Self {
+    pub fn with_blocked_for(mut self, left: Duration) -> Self {
         self.blocked_for = Some(left);
         self
     }

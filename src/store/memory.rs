@@ -372,10 +372,10 @@ impl Spent {
     ) -> Decision {
         let mut decision = self.decision(now, check, true, prepared);
         if pass > now {
-            decision = decision.delayed_for(Duration::from_micros(pass - now));
+            decision = decision.with_delayed_for(Duration::from_micros(pass - now));
         }
         match at {
-            Some(at) => decision.recorded_at(Duration::from_micros(at)),
+            Some(at) => decision.with_recorded_at(Duration::from_micros(at)),
             None => decision,
         }
     }
@@ -862,15 +862,15 @@ impl Default for MemoryStoreBuilder {
 }
 
 impl MemoryStoreBuilder {
-    /// Reads time from `clock` (a [`FakeClock`](crate::store::FakeClock) in tests).
+    /// Reads time from `clock` (a [`FakeClock`](crate::clock::FakeClock) in tests).
     ///
     /// ```
-    /// use slidegate::store::{FakeClock, MemoryStore};
+    /// use slidegate::{clock::FakeClock, store::MemoryStore};
     ///
     /// let clock = FakeClock::new(0);
-    /// let store = MemoryStore::builder().clock(clock.clone()).build();
+    /// let store = MemoryStore::builder().with_clock(clock.clone()).build();
     /// ```
-    pub fn clock(mut self, clock: impl Clock) -> Self {
+    pub fn with_clock(mut self, clock: impl Clock) -> Self {
         self.clock = Box::new(clock);
         self
     }
@@ -884,9 +884,9 @@ impl MemoryStoreBuilder {
     /// ```
     /// use slidegate::store::MemoryStore;
     ///
-    /// let store = MemoryStore::builder().max_keys(10_000).build();
+    /// let store = MemoryStore::builder().with_max_keys(10_000).build();
     /// ```
-    pub fn max_keys(mut self, max_keys: usize) -> Self {
+    pub fn with_max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys.max(1);
         self
     }

@@ -16,9 +16,6 @@ mod memory;
 mod redis;
 mod sliding_log;
 
-#[cfg(any(test, feature = "test-util"))]
-pub use crate::clock::FakeClock;
-pub use crate::clock::{Clock, SystemClock};
 pub use breaker::{BreakerSettings, BreakerState, CircuitBreaker};
 pub(crate) use decision::index_of_min;
 pub use decision::{Decision, Decisions, DecisionsIter};
@@ -142,7 +139,7 @@ impl Check {
     /// use slidegate::{Policy, key::Key, policy::TierLimits, store::Check};
     /// use std::time::Duration;
     ///
-    /// let search = Policy::new("search", 5, Duration::from_secs(60)).with_tier("pro", TierLimits::new().limit(50));
+    /// let search = Policy::new("search", 5, Duration::from_secs(60)).with_tier("pro", TierLimits::new().with_limit(50));
     /// assert_eq!(Check::for_tier(&search, Key::new("a"), Some("pro"))?.limit(), 50);
     /// assert_eq!(Check::for_tier(&search, Key::new("a"), Some("gold"))?.limit(), 5);
     /// # Ok::<(), slidegate::policy::PolicyError>(())
@@ -208,7 +205,7 @@ impl Check {
     }
 
     /// The namespace of the layer that checks
-    /// ([`RateLimitLayer::namespace`](crate::RateLimitLayer::namespace)),
+    /// ([`RateLimitLayer::with_namespace`](crate::RateLimitLayer::with_namespace)),
     /// if it has one; part of the store key, so a store keeps the counts
     /// of one policy name in two namespaces apart.
     pub fn namespace(&self) -> Option<&Arc<str>> {
@@ -347,7 +344,7 @@ pub trait Store: Send + Sync + 'static {
     /// The state this store shares with its clones, when it can name it:
     /// layers on one state may not give one policy name in one namespace
     /// two meanings (see
-    /// [`RateLimitLayer::namespace`](crate::RateLimitLayer::namespace)).
+    /// [`RateLimitLayer::with_namespace`](crate::RateLimitLayer::with_namespace)).
     /// `None` (the default) for a store that does not say.
     fn state(&self) -> Option<StateId> {
         None

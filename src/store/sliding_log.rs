@@ -295,7 +295,7 @@ impl Log {
     }
 
     /// The live record at or after `position`, if any.
-    fn settle(&self, (page, index): Position) -> Option<Position> {
+    fn live_from(&self, (page, index): Position) -> Option<Position> {
         let mut index = index;
         if page != self.tail_page {
             if index < self.page(page).records.len() {
@@ -353,7 +353,7 @@ impl Log {
         if self.sum == 0 || self.oldest + self.span > now {
             return;
         }
-        match self.settle(self.seek(now as i64 - self.span as i64)) {
+        match self.live_from(self.seek(now as i64 - self.span as i64)) {
             None => *self = Self::default(),
             Some(head) => {
                 self.head = head;
@@ -424,7 +424,7 @@ impl Log {
             oldest: self.oldest,
         };
         if self.sum > 0 && window_micros < self.span && self.oldest + window_micros <= now {
-            match self.settle(self.seek(now as i64 - window_micros as i64)) {
+            match self.live_from(self.seek(now as i64 - window_micros as i64)) {
                 None => window.count = 0,
                 Some(first) => {
                     window.first = first;
@@ -498,7 +498,7 @@ impl Log {
         if self.sum == 0 || at < self.oldest || at > self.newest {
             return;
         }
-        let Some((page, index)) = self.settle(self.seek(at as i64 - 1)) else {
+        let Some((page, index)) = self.live_from(self.seek(at as i64 - 1)) else {
             return;
         };
         let found = &self.page(page);
@@ -522,7 +522,7 @@ impl Log {
         if self.sum == 0 {
             *self = Self::default();
         } else if self.head == (page, index) {
-            self.head = self.settle(self.head).expect("a live record");
+            self.head = self.live_from(self.head).expect("a live record");
             self.oldest = self.time_at(self.head);
         }
     }

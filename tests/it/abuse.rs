@@ -19,10 +19,11 @@ use serde_json::{Value, json};
 use slidegate::config::Config;
 use slidegate::{
     Header, JwtClaim, KeyExtractor, PeerIp, Policies, Policy, RateLimitLayer, Rejection,
+    clock::FakeClock,
     key::{ApiKeyStatus, Identity, Key},
     layer::CredentialFailures,
     lookup::Lookup,
-    store::{FakeClock, MemoryStore, RedisStore, Store},
+    store::{MemoryStore, RedisStore, Store},
 };
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -105,7 +106,7 @@ on_both_stores!(head_on_a_get_route_is_counted_as_the_get);
 #[tokio::test]
 async fn a_non_ascii_forwarding_element_does_not_key_the_client_as_its_proxy() {
     let policies = Policies::single(Policy::new("all", 2, MINUTE)).unwrap();
-    let keys = PeerIp::new().trust_proxies(["10.0.0.0/8".parse().unwrap()]);
+    let keys = PeerIp::new().with_trusted_proxies(["10.0.0.0/8".parse().unwrap()]);
     let app = root_app(RateLimitLayer::new(MemoryStore::new(), keys, policies));
     // Two clients behind one proxy, each with a junk byte of its own in
     // front of the address the proxy appended.
@@ -146,10 +147,10 @@ fn hs256(claims: &Value) -> String {
 #[tokio::test]
 async fn validly_signed_tokens_with_wrong_typed_claims_are_refused() {
     let jwt = JwtClaim::builder()
-        .secret(SECRET)
-        .algorithms(["HS256"])
-        .issuers(["https://auth.example"])
-        .audiences(["video-api"])
+        .with_secret(SECRET)
+        .with_algorithms(["HS256"])
+        .with_issuers(["https://auth.example"])
+        .with_audiences(["video-api"])
         .build()
         .unwrap();
     let policies = Policies::single(Policy::new("all", 100, MINUTE)).unwrap();
@@ -194,8 +195,8 @@ async fn validly_signed_tokens_with_wrong_typed_claims_are_refused() {
 #[tokio::test]
 async fn a_refused_algorithm_is_not_echoed_nor_the_allowed_ones_listed() {
     let jwt = JwtClaim::builder()
-        .secret(SECRET)
-        .algorithms(["HS256"])
+        .with_secret(SECRET)
+        .with_algorithms(["HS256"])
         .build()
         .unwrap();
     let policies = Policies::single(Policy::new("all", 100, MINUTE)).unwrap();
@@ -239,7 +240,7 @@ async fn a_client_derived_cost_of_zero_is_never_free(tested: StoreUnderTest) {
     };
     let app = root_app(
         RateLimitLayer::new(store, PeerIp::new(), policies)
-            .request_cost(rows)
+            .with_request_cost(rows)
             .without_deny_cache(),
     );
     let zeros = statuses(&app, 6, |_| {
@@ -432,8 +433,8 @@ async fn no_closure_or_header_can_spend_another_sources_bucket() {
 async fn a_flood_of_new_keys_never_fails_open_nor_forgets_an_active_client() {
     let clock = FakeClock::new(1_700_000_000_000_000);
     let store = MemoryStore::builder()
-        .clock(clock.clone())
-        .max_keys(64)
+        .with_clock(clock.clone())
+        .with_max_keys(64)
         .build();
     let policies = Policies::single(Policy::new("all", 5, MINUTE)).unwrap();
     let app = root_app(RateLimitLayer::new(store.clone(), PeerIp::new(), policies));
@@ -517,8 +518,8 @@ async fn a_flood_of_forged_tokens_is_limited_before_verification(tested: StoreUn
     let verified = Arc::new(AtomicUsize::new(0));
     let jwt = CountingJwt {
         jwt: JwtClaim::builder()
-            .public_key_pem(&fixture("rsa_public.pem"))
-            .algorithms(["RS256"])
+            .with_public_key_pem(&fixture("rsa_public.pem"))
+            .with_algorithms(["RS256"])
             .build()
             .unwrap(),
         verified: verified.clone(),
@@ -526,7 +527,7 @@ async fn a_flood_of_forged_tokens_is_limited_before_verification(tested: StoreUn
     let policies = Policies::single(Policy::new("all", 1000, MINUTE)).unwrap();
     let app = root_app(
         RateLimitLayer::new(store, jwt.or(PeerIp::new()), policies)
-            .credential_failures(CredentialFailures::new(10, MINUTE)),
+            .with_credential_failures(CredentialFailures::new(10, MINUTE)),
     );
     // Well-formed tokens signed with another key: bad signatures.
     let forged = rs256("rsa_other_private.pem", "alice");
@@ -611,7 +612,7 @@ fn whoami_app(layer: RateLimitLayer) -> Router {
                     .to_string()
             }),
         )
-        .route_layer(layer.insert_identity(true))
+        .route_layer(layer.with_identity_extension(true))
 }
 
 /// Keys starting `db-` exist, `db-pro` of tier `pro`; counts its calls.
@@ -633,7 +634,9 @@ fn database(calls: Arc<AtomicUsize>) -> impl for<'a> Lookup<&'a [u8], Answer = A
 async fn an_async_lookup_confirms_keys_outside_the_table(tested: StoreUnderTest) {
     let store = tested.store;
     let calls = Arc::new(AtomicUsize::new(0));
-    let keys = api_keys().lookup(database(calls.clone())).or(PeerIp::new());
+    let keys = api_keys()
+        .with_lookup(database(calls.clone()))
+        .or(PeerIp::new());
     let policies = Policies::single(Policy::new("all", 3, MINUTE)).unwrap();
     let app = whoami_app(RateLimitLayer::new(store, keys, policies).without_deny_cache());
     let get = |key: &'static [u8]| request("GET", "/", "192.0.2.80:1", &[("x-api-key", key)]);
@@ -671,7 +674,7 @@ async fn an_unknown_key_falls_through_the_whole_chain_or_is_refused() {
     let calls = Arc::new(AtomicUsize::new(0));
     let other = Header::new(HeaderName::from_static("x-other-key")).keys(["other-known"]);
     let keys = api_keys()
-        .lookup(database(calls.clone()))
+        .with_lookup(database(calls.clone()))
         .or(other)
         .or(PeerIp::new());
     let policies = Policies::single(Policy::new("all", 3, MINUTE)).unwrap();
@@ -698,13 +701,13 @@ async fn an_unknown_key_falls_through_the_whole_chain_or_is_refused() {
     // With reject_unknown, the database's "no" is a 401, and it counts as
     // a refused credential.
     let refusing = api_keys()
-        .lookup(database(calls))
+        .with_lookup(database(calls))
         .reject_unknown()
         .or(PeerIp::new());
     let policies = Policies::single(Policy::new("all", 100, MINUTE)).unwrap();
     let app = whoami_app(
         RateLimitLayer::new(MemoryStore::new(), refusing, policies)
-            .credential_failures(CredentialFailures::new(2, MINUTE)),
+            .with_credential_failures(CredentialFailures::new(2, MINUTE)),
     );
     let codes = statuses(&app, 4, |_| {
         request("GET", "/", "192.0.2.83:1", &[("x-api-key", b"nope")])
@@ -722,11 +725,11 @@ async fn an_unknown_key_falls_through_the_whole_chain_or_is_refused() {
 #[tokio::test]
 async fn a_lookup_that_hangs_counts_the_key_as_unknown() {
     let hangs = |_: &[u8]| std::future::pending::<ApiKeyStatus>();
-    let keys = api_keys().lookup(hangs).or(PeerIp::new());
+    let keys = api_keys().with_lookup(hangs).or(PeerIp::new());
     let policies = Policies::single(Policy::new("all", 3, MINUTE)).unwrap();
     let app = whoami_app(
         RateLimitLayer::new(MemoryStore::new(), keys, policies)
-            .lookup_timeout(Duration::from_millis(20)),
+            .with_lookup_timeout(Duration::from_millis(20)),
     );
     let reply = send(
         &app,
@@ -746,7 +749,7 @@ async fn a_lookup_that_hangs_counts_the_key_as_unknown() {
 async fn exempt_clients_are_never_limited_and_leave_no_key() {
     let server = RedisServer::start();
     let store = RedisStore::builder(server.pool(2))
-        .timeout(Duration::from_secs(5))
+        .with_timeout(Duration::from_secs(5))
         .build()
         .unwrap();
     let config = Config::from_toml_str(

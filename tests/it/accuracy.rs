@@ -22,9 +22,10 @@ use std::time::Duration;
 use crate::support::trace::{Class, trace};
 use slidegate::{
     Policy,
+    clock::FakeClock,
     key::Key,
     policy::Algorithm,
-    store::{Check, Decision, FakeClock, MemoryStore, Store},
+    store::{Check, Decision, MemoryStore, Store},
 };
 
 const SEED: u64 = 2026;
@@ -105,7 +106,7 @@ struct Replay {
 impl Replay {
     fn new(clock: &FakeClock, algorithm: Algorithm, limit: u32) -> Self {
         Self {
-            store: MemoryStore::builder().clock(clock.clone()).build(),
+            store: MemoryStore::builder().with_clock(clock.clone()).build(),
             policy: Policy::new("study", limit, WINDOW).with_algorithm(algorithm),
         }
     }

@@ -24,8 +24,8 @@ const TRIALS: usize = 5;
 fn redis_store(server: &RedisServer, connections: usize) -> RedisStore {
     // A generous timeout: this test is about exactness, not latency.
     RedisStore::builder(server.pool(16))
-        .connections(connections)
-        .timeout(Duration::from_secs(10))
+        .with_connections(connections)
+        .with_timeout(Duration::from_secs(10))
         .build()
         .unwrap()
 }

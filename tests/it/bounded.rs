@@ -16,8 +16,9 @@ use crate::support::RedisServer;
 use slidegate::deadpool_redis::redis::{self, Value};
 use slidegate::{
     Policy,
+    clock::{Clock, FakeClock},
     key::Key,
-    store::{Check, Clock, Decision, FakeClock, RedisStore, Store},
+    store::{Check, Decision, RedisStore, Store},
 };
 
 use crate::support::stores::START;
@@ -26,8 +27,8 @@ const BOUND: Duration = Duration::from_millis(10);
 
 fn store_on(server: &RedisServer, clock: &FakeClock) -> RedisStore {
     RedisStore::builder(server.pool(2))
-        .clock(clock.clone())
-        .timeout(Duration::from_secs(30))
+        .with_clock(clock.clone())
+        .with_timeout(Duration::from_secs(30))
         .build()
         .unwrap()
 }

@@ -9,9 +9,10 @@ use std::time::Duration;
 use crate::support::RedisCluster;
 use slidegate::{
     Policy,
+    clock::FakeClock,
     key::Key,
     policy::Algorithm,
-    store::{Check, Decisions, FakeClock, RedisStore, Store, StoreError},
+    store::{Check, Decisions, RedisStore, Store, StoreError},
 };
 
 use crate::support::stores::START;
@@ -19,8 +20,8 @@ const MINUTE: Duration = Duration::from_secs(60);
 
 fn store(cluster: &RedisCluster, clock: &FakeClock) -> RedisStore {
     RedisStore::builder(cluster.pool(4))
-        .clock(clock.clone())
-        .timeout(Duration::from_secs(5))
+        .with_clock(clock.clone())
+        .with_timeout(Duration::from_secs(5))
         .build()
         .unwrap()
 }
@@ -92,11 +93,11 @@ async fn concurrent_checks_through_two_cluster_pools_admit_exactly_the_limit() {
     let cluster = RedisCluster::start();
     let stores = [
         RedisStore::builder(cluster.pool(8))
-            .timeout(Duration::from_secs(5))
+            .with_timeout(Duration::from_secs(5))
             .build()
             .unwrap(),
         RedisStore::builder(cluster.pool(8))
-            .timeout(Duration::from_secs(5))
+            .with_timeout(Duration::from_secs(5))
             .build()
             .unwrap(),
     ];

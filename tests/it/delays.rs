@@ -137,8 +137,8 @@ on_both_stores!(six_hundred_held_requests_never_pass_the_limit);
 async fn a_client_that_goes_away_frees_its_place(tested: StoreUnderTest) {
     let policy =
         Policy::new("one", 1, Duration::from_millis(400)).with_delay(Duration::from_secs(1));
-    let layer =
-        RateLimitLayer::new(tested.store, Global, Policies::single(policy).unwrap()).max_delayed(1);
+    let layer = RateLimitLayer::new(tested.store, Global, Policies::single(policy).unwrap())
+        .with_max_delayed(1);
     let app = app(layer.clone(), Entries::default());
     assert_eq!(send(&app, request()).await.status, StatusCode::OK);
     let first = tokio::spawn({
@@ -216,7 +216,7 @@ fn request_from(client: &str) -> Request<Body> {
 async fn one_client_holds_only_what_its_limit_can_grant(tested: StoreUnderTest) {
     let policy = Policy::new("fair", 5, Duration::from_secs(1)).with_delay(Duration::from_secs(1));
     let layer = RateLimitLayer::new(tested.store, clients(), Policies::single(policy).unwrap())
-        .max_delayed(20);
+        .with_max_delayed(20);
     let app = app(layer.clone(), Entries::default());
     let flood: Vec<_> = (0..45)
         .map(|_| {
@@ -256,7 +256,7 @@ async fn held_heads_are_bounded_in_bytes(tested: StoreUnderTest) {
     let policy =
         Policy::new("heavy", 1, Duration::from_millis(500)).with_delay(Duration::from_secs(1));
     let layer = RateLimitLayer::new(tested.store, clients(), Policies::single(policy).unwrap())
-        .max_delayed_bytes(10 * 1024);
+        .with_max_delayed_bytes(10 * 1024);
     let app = app(layer.clone(), Entries::default());
     let heavy = |client: &str| {
         Request::get("/")
@@ -294,7 +294,7 @@ on_both_stores!(held_heads_are_bounded_in_bytes);
 async fn a_store_that_stalls_while_requests_are_held_lets_no_more_through() {
     let server = crate::support::RedisServer::start();
     let store = slidegate::store::RedisStore::builder(server.pool(4))
-        .timeout(Duration::from_millis(50))
+        .with_timeout(Duration::from_millis(50))
         .build()
         .unwrap();
     let window = Duration::from_millis(600);
@@ -435,7 +435,7 @@ async fn a_request_the_layer_has_no_room_for_is_denied(tested: StoreUnderTest) {
         .route("/other", spares)
         .build()
         .unwrap();
-    let layer = RateLimitLayer::new(tested.store, Global, policies).max_delayed(0);
+    let layer = RateLimitLayer::new(tested.store, Global, policies).with_max_delayed(0);
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
         .route("/other", get(|| async { "ok" }))

@@ -11,9 +11,7 @@ use axum::body::Body;
 use axum::routing::get;
 use http::{Request, StatusCode};
 use slidegate::{
-    Global, Policies, Policy, RateLimitLayer,
-    layer::DenyCache,
-    store::{FakeClock, RedisStore},
+    Global, Policies, Policy, RateLimitLayer, clock::FakeClock, layer::DenyCache, store::RedisStore,
 };
 
 use crate::support::stores::START;
@@ -42,8 +40,8 @@ fn script_calls(redis: &RedisServer) -> u64 {
 /// A Redis store on `redis`, on `clock`.
 fn store_on(redis: &RedisServer, clock: &FakeClock) -> RedisStore {
     RedisStore::builder(redis.pool(4))
-        .clock(clock.clone())
-        .timeout(Duration::from_secs(5))
+        .with_clock(clock.clone())
+        .with_timeout(Duration::from_secs(5))
         .build()
         .unwrap()
 }
@@ -53,7 +51,7 @@ fn app(redis: &RedisServer, clock: &FakeClock, cache: bool) -> Router {
     let policies = Policies::single(Policy::new("flood", 5, WINDOW)).unwrap();
     let layer = RateLimitLayer::new(store, Global, policies);
     let layer = if cache {
-        layer.deny_cache(DenyCache::with_clock(1000, clock.clone()))
+        layer.with_deny_cache(DenyCache::with_clock(1000, clock.clone()))
     } else {
         layer.without_deny_cache()
     };
@@ -155,7 +153,7 @@ async fn a_block_under_count_failures_is_cached_while_it_lasts() {
         .with_count(slidegate::policy::Count::Failures)
         .with_block(Duration::from_secs(60));
     let layer = RateLimitLayer::new(store, Global, Policies::single(policy).unwrap())
-        .deny_cache(DenyCache::with_clock(1000, clock.clone()));
+        .with_deny_cache(DenyCache::with_clock(1000, clock.clone()));
     let app = failing_app(layer);
     for _ in 0..3 {
         assert_eq!(get_status(&app).await, StatusCode::UNAUTHORIZED);
@@ -191,7 +189,7 @@ async fn a_reload_without_block_lifts_blocks(tested: StoreUnderTest) {
     let second = Duration::from_secs(1);
     let blocking = Policy::new("lifted", 2, second).with_block(Duration::from_secs(600));
     let layer = RateLimitLayer::new(tested.store, Global, Policies::single(blocking).unwrap())
-        .deny_cache(DenyCache::with_clock(1000, clock.clone()));
+        .with_deny_cache(DenyCache::with_clock(1000, clock.clone()));
     let handle = layer.policies_handle();
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
@@ -225,8 +223,8 @@ async fn one_cache_keeps_namespaces_apart() {
     let layer = |namespace: &str| {
         let policies = Policies::single(Policy::new("api", 1, WINDOW)).unwrap();
         RateLimitLayer::new(store.clone(), Global, policies)
-            .namespace(namespace)
-            .deny_cache(cache.clone())
+            .with_namespace(namespace)
+            .with_deny_cache(cache.clone())
     };
     let admin = Router::new()
         .route("/", get(|| async { "ok" }))

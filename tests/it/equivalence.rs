@@ -10,9 +10,10 @@ use proptest::prelude::*;
 use slidegate::deadpool_redis::Pool;
 use slidegate::{
     Policy,
+    clock::{Clock, FakeClock},
     key::Key,
     policy::Algorithm,
-    store::{Check, Clock, FakeClock, MemoryStore, RedisStore, Store},
+    store::{Check, MemoryStore, RedisStore, Store},
 };
 
 #[derive(Debug, Clone)]
@@ -104,11 +105,11 @@ fn runtime() -> tokio::runtime::Runtime {
 /// clock, which starts aligned to no window, with a sub-millisecond part.
 fn twin_stores(pool: &Pool, prefix: String) -> (FakeClock, MemoryStore, RedisStore) {
     let clock = FakeClock::new(1_700_000_000_123_457);
-    let memory = MemoryStore::builder().clock(clock.clone()).build();
+    let memory = MemoryStore::builder().with_clock(clock.clone()).build();
     let redis = RedisStore::builder(pool.clone())
-        .prefix(prefix)
-        .clock(clock.clone())
-        .timeout(Duration::from_secs(5))
+        .with_prefix(prefix)
+        .with_clock(clock.clone())
+        .with_timeout(Duration::from_secs(5))
         .build()
         .unwrap();
     (clock, memory, redis)

@@ -124,7 +124,7 @@ async fn refunds_never_let_more_than_the_limit_in_at_once() {
     const LIMIT: usize = 10;
     let server = RedisServer::start();
     let store = RedisStore::builder(server.pool(8))
-        .timeout(Duration::from_secs(2))
+        .with_timeout(Duration::from_secs(2))
         .build()
         .unwrap();
     let running = Arc::new(AtomicUsize::new(0));
@@ -187,7 +187,7 @@ fn shadow_app(store: impl Store, layer_shadow: bool) -> Router {
     Router::new()
         .route("/search", get(|| async { "results" }))
         .route("/shadowed", get(|| async { "results" }))
-        .route_layer(RateLimitLayer::new(store, OneClient, policies).shadow(layer_shadow))
+        .route_layer(RateLimitLayer::new(store, OneClient, policies).with_shadow(layer_shadow))
 }
 
 async fn shadow_policies_never_deny(tested: StoreUnderTest) {
@@ -246,7 +246,7 @@ fn local_app(store: impl Store, share: u32) -> Router {
     Router::new()
         .route("/local", get(|| async { "local" }))
         .route("/open", get(|| async { "open" }))
-        .route_layer(RateLimitLayer::new(store, OneClient, policies).local_share(share))
+        .route_layer(RateLimitLayer::new(store, OneClient, policies).with_local_share(share))
 }
 
 #[tokio::test]
@@ -278,7 +278,7 @@ async fn a_store_down_falls_back_to_a_share_of_the_limit() {
 async fn a_killed_redis_is_replaced_by_the_local_limit_until_it_returns() {
     let mut server = RedisServer::start();
     let store = RedisStore::builder(server.pool(4))
-        .timeout(Duration::from_millis(200))
+        .with_timeout(Duration::from_millis(200))
         .build()
         .unwrap();
     let app = local_app(store, 1);
@@ -383,7 +383,7 @@ async fn a_local_limit_scales_the_cost_with_the_limit() {
     .unwrap();
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
-        .route_layer(RateLimitLayer::new(DownStore, OneClient, policies).local_share(4));
+        .route_layer(RateLimitLayer::new(DownStore, OneClient, policies).with_local_share(4));
     let mut statuses = Vec::new();
     for _ in 0..5 {
         let request = Request::get("/").body(Body::empty()).unwrap();
@@ -414,7 +414,7 @@ async fn an_open_breaker_answers_without_waiting_for_a_frozen_redis() {
     const TIMEOUT: Duration = Duration::from_millis(100);
     let server = RedisServer::start();
     let store = RedisStore::builder(server.pool(4))
-        .timeout(TIMEOUT)
+        .with_timeout(TIMEOUT)
         .build()
         .unwrap();
     let breaker = CircuitBreaker::new(store, BreakerSettings::new(5, Duration::from_secs(3600)));
@@ -557,7 +557,7 @@ async fn closes_within(breaker: &CircuitBreaker<RedisStore>, within: Duration) -
 /// failing open, on Redis behind a breaker that opens on one failure.
 fn breaker_app(server: &RedisServer, cooldown: Duration) -> (Router, CircuitBreaker<RedisStore>) {
     let store = RedisStore::builder(server.pool(4))
-        .timeout(Duration::from_millis(50))
+        .with_timeout(Duration::from_millis(50))
         .build()
         .unwrap();
     let breaker = CircuitBreaker::new(store, BreakerSettings::new(1, cooldown));

@@ -33,7 +33,7 @@ struct Fixture {
 fn fixture() -> Fixture {
     let server = RedisServer::start();
     let store = RedisStore::builder(server.pool(8))
-        .timeout(TIMEOUT)
+        .with_timeout(TIMEOUT)
         .build()
         .unwrap();
     let policies = Policies::builder()
@@ -393,7 +393,7 @@ async fn the_pool_follows_a_failover_that_demotes_the_old_primary() {
         .create_pool(Some(slidegate::deadpool_redis::Runtime::Tokio1))
         .unwrap();
     let store = RedisStore::builder(pool)
-        .timeout(Duration::from_secs(2))
+        .with_timeout(Duration::from_secs(2))
         .build()
         .unwrap();
     let policy = Policy::new("failover", 1_000_000, Duration::from_secs(60));
@@ -447,7 +447,10 @@ async fn a_connection_that_falls_silent_is_replaced() {
     let pool = config
         .create_pool(Some(slidegate::deadpool_redis::Runtime::Tokio1))
         .unwrap();
-    let store = RedisStore::builder(pool).timeout(TIMEOUT).build().unwrap();
+    let store = RedisStore::builder(pool)
+        .with_timeout(TIMEOUT)
+        .build()
+        .unwrap();
     let policy = Policy::new("silent", 1_000_000, Duration::from_secs(60));
     let check = [Check::new(&policy, Key::new("c")).unwrap()];
     assert!(store.check(&check).await.unwrap()[0].admitted);
@@ -502,7 +505,7 @@ async fn a_full_redis_refuses_new_counts_instead_of_growing_past_its_limit() {
     let server =
         RedisServer::start_with(&["--maxmemory", "3mb", "--maxmemory-policy", "noeviction"]);
     let store = RedisStore::builder(server.pool(4))
-        .timeout(Duration::from_secs(5))
+        .with_timeout(Duration::from_secs(5))
         .build()
         .unwrap();
     let policy = Policy::new("oom", 100, Duration::from_secs(3600));
@@ -541,7 +544,7 @@ async fn a_lease_whose_check_timed_out_is_released() {
     for fail_mode in [FailMode::Open, FailMode::Closed] {
         let server = RedisServer::start();
         let store = RedisStore::builder(server.pool(4))
-            .timeout(Duration::from_millis(50))
+            .with_timeout(Duration::from_millis(50))
             .build()
             .unwrap();
         let policy = Policy::concurrency("exports", 1)

@@ -17,11 +17,12 @@ use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use slidegate::{
     Global, Header, KeyExtractor, PeerIp, Policies, Policy, RateLimit, RateLimitLayer, Rejection,
+    clock::FakeClock,
     headers::{HeaderStyle, ResetFormat},
     key::Identity,
     layer::DenyCache,
     policy::{Cost, FailMode, TierLimits},
-    store::{FakeClock, MemoryStore, RedisStore},
+    store::{MemoryStore, RedisStore},
 };
 use tower::{ServiceExt, service_fn};
 
@@ -71,7 +72,7 @@ fn routes() -> Router {
 }
 
 fn memory_app(clock: &FakeClock) -> Router {
-    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let store = MemoryStore::builder().with_clock(clock.clone()).build();
     routes().route_layer(RateLimitLayer::new(store, PeerIp::new(), demo_policies()))
 }
 
@@ -155,7 +156,7 @@ fn grpc_style_layer(store: MemoryStore, cache: Option<DenyCache>) -> RateLimitLa
         },
     );
     match cache {
-        Some(cache) => layer.deny_cache(cache),
+        Some(cache) => layer.with_deny_cache(cache),
         None => layer,
     }
 }
@@ -163,7 +164,7 @@ fn grpc_style_layer(store: MemoryStore, cache: Option<DenyCache>) -> RateLimitLa
 #[tokio::test]
 async fn a_custom_429_keeps_its_status_and_headers_and_gets_the_limiters_it_lacks() {
     let clock = FakeClock::new(START);
-    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let store = MemoryStore::builder().with_clock(clock.clone()).build();
     let cache = DenyCache::with_clock(100, clock.clone());
     for cache in [None, Some(cache)] {
         let app = routes().route_layer(grpc_style_layer(store.clone(), cache.clone()));
@@ -228,7 +229,7 @@ async fn the_rejection_hook_sees_every_kind_and_may_leave_any_to_the_limiter() {
     };
     let down = routes().route_layer(
         RateLimitLayer::new(DownStore, Global, demo_policies())
-            .fail_mode(FailMode::Closed)
+            .with_fail_mode(FailMode::Closed)
             .on_rejection(hook),
     );
     let unavailable = send(&down, get_from("/search", "192.0.2.1:1")).await;
@@ -242,10 +243,10 @@ async fn the_rejection_hook_sees_every_kind_and_may_leave_any_to_the_limiter() {
 
     let clock = FakeClock::new(START);
     let policies = Policies::single(Policy::new("rows", 10, MINUTE)).unwrap();
-    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let store = MemoryStore::builder().with_clock(clock.clone()).build();
     let costed = routes().route_layer(
         RateLimitLayer::new(store, PeerIp::new(), policies)
-            .request_cost(rows_cost)
+            .with_request_cost(rows_cost)
             .on_rejection(hook),
     );
     let mut too_big = get_from("/search", "192.0.2.1:1");
@@ -273,7 +274,7 @@ async fn the_rejection_hook_sees_every_kind_and_may_leave_any_to_the_limiter() {
 #[tokio::test]
 async fn an_axum_hook_answers_by_the_request_and_the_limiter_fills_in() {
     let clock = FakeClock::new(START);
-    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let store = MemoryStore::builder().with_clock(clock.clone()).build();
     let layer = RateLimitLayer::new(store, PeerIp::new(), demo_policies())
         .on_rejection_into_response(|rejection, request| {
             let Rejection::Limited(limited) = rejection else {
@@ -363,20 +364,20 @@ fn rows_app(clock: &FakeClock) -> Router {
     let policies = Policies::builder()
         .route(
             "GET /search",
-            Policy::new("rows", 10, MINUTE).with_tier("pro", TierLimits::new().limit(50)),
+            Policy::new("rows", 10, MINUTE).with_tier("pro", TierLimits::new().with_limit(50)),
         )
         .every_route(Policy::new("calls", 100, MINUTE))
         .build()
         .unwrap();
-    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let store = MemoryStore::builder().with_clock(clock.clone()).build();
     let plan = |parts: &http::request::Parts, _: &Identity| {
         let pro = parts.headers.contains_key("x-plan");
         async move { pro.then(|| Arc::<str>::from("pro")) }
     };
     routes().route_layer(
         RateLimitLayer::new(store, PeerIp::new(), policies)
-            .request_cost(rows_cost)
-            .tier_lookup(plan),
+            .with_request_cost(rows_cost)
+            .with_tier_lookup(plan),
     )
 }
 
@@ -463,7 +464,7 @@ async fn per_request_costs_are_spent_and_a_cost_above_the_limit_is_a_clear_422()
 #[tokio::test]
 async fn route_layer_never_turns_404_into_429() {
     let clock = FakeClock::new(START);
-    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let store = MemoryStore::builder().with_clock(clock.clone()).build();
     let policies = Policies::builder()
         .default_policy(Policy::new("default", 1, MINUTE))
         .build()
@@ -487,7 +488,7 @@ async fn route_layer_never_turns_404_into_429() {
 #[tokio::test]
 async fn router_layer_matches_route_patterns() {
     let clock = FakeClock::new(START);
-    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let store = MemoryStore::builder().with_clock(clock.clone()).build();
     let app = routes().layer(RateLimitLayer::new(store, PeerIp::new(), demo_policies()));
     // Two different ids share the `/items/{id}` policy.
     assert_eq!(
@@ -513,9 +514,9 @@ async fn router_layer_matches_route_patterns() {
 #[tokio::test]
 async fn clients_are_counted_apart_and_identity_reaches_the_handler() {
     let clock = FakeClock::new(START);
-    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let store = MemoryStore::builder().with_clock(clock.clone()).build();
     let policies = Policies::single(Policy::new("all", 1, MINUTE)).unwrap();
-    let layer = RateLimitLayer::new(store, PeerIp::new(), policies).insert_identity(true);
+    let layer = RateLimitLayer::new(store, PeerIp::new(), policies).with_identity_extension(true);
     let app = routes().route_layer(layer);
     let alice = send(&app, get_from("/whoami", "192.0.2.1:1")).await;
     assert_eq!(alice.body, "ip:192.0.2.1");
@@ -543,7 +544,8 @@ async fn identity_reaches_the_handler_only_when_asked_for() {
         "none"
     );
     let asked = routes().route_layer(
-        RateLimitLayer::new(MemoryStore::new(), PeerIp::new(), policies()).insert_identity(true),
+        RateLimitLayer::new(MemoryStore::new(), PeerIp::new(), policies())
+            .with_identity_extension(true),
     );
     assert_eq!(
         send(&asked, get_from("/whoami", "192.0.2.1:1")).await.body,
@@ -554,11 +556,11 @@ async fn identity_reaches_the_handler_only_when_asked_for() {
 #[tokio::test]
 async fn spoofed_forwarded_for_does_not_change_the_key() {
     let clock = FakeClock::new(START);
-    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let store = MemoryStore::builder().with_clock(clock.clone()).build();
     let policies = Policies::single(Policy::new("all", 1, MINUTE)).unwrap();
-    let keys = PeerIp::new().trust_proxies(["10.0.0.0/8".parse().unwrap()]);
-    let app =
-        routes().route_layer(RateLimitLayer::new(store, keys, policies).insert_identity(true));
+    let keys = PeerIp::new().with_trusted_proxies(["10.0.0.0/8".parse().unwrap()]);
+    let app = routes()
+        .route_layer(RateLimitLayer::new(store, keys, policies).with_identity_extension(true));
     let spoof = |xff: &str, peer: &str| {
         let mut r = get_from("/whoami", peer);
         r.headers_mut()
@@ -584,11 +586,11 @@ async fn spoofed_forwarded_for_does_not_change_the_key() {
 #[tokio::test]
 async fn hostile_header_values_get_short_hashed_keys() {
     let clock = FakeClock::new(START);
-    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let store = MemoryStore::builder().with_clock(clock.clone()).build();
     let policies = Policies::single(Policy::new("all", 5, MINUTE)).unwrap();
     let keys = Header::trusted(http::HeaderName::from_static("x-api-key")).or(Global);
-    let app =
-        routes().route_layer(RateLimitLayer::new(store, keys, policies).insert_identity(true));
+    let app = routes()
+        .route_layer(RateLimitLayer::new(store, keys, policies).with_identity_extension(true));
     let values: [&[u8]; 4] = [
         b"\xff\xfe\x80binary",
         b"{slot}",
@@ -637,11 +639,11 @@ async fn header_style_none_and_unix_reset() {
     let policies = Policies::single(Policy::new("all", 1, MINUTE)).unwrap();
     let none = routes().route_layer(
         RateLimitLayer::new(
-            MemoryStore::builder().clock(clock.clone()).build(),
+            MemoryStore::builder().with_clock(clock.clone()).build(),
             Global,
             policies.clone(),
         )
-        .header_style(HeaderStyle::None),
+        .with_header_style(HeaderStyle::None),
     );
     let ok = send(&none, get_from("/free", "192.0.2.1:1")).await;
     assert_eq!(ok.header("x-ratelimit-limit"), None);
@@ -652,7 +654,7 @@ async fn header_style_none_and_unix_reset() {
 
     let unix = routes().route_layer(
         RateLimitLayer::new(MemoryStore::new(), Global, policies)
-            .reset_format(ResetFormat::UnixSeconds),
+            .with_reset_format(ResetFormat::UnixSeconds),
     );
     let reply = send(&unix, get_from("/free", "192.0.2.1:1")).await;
     let reset: u64 = reply.header("x-ratelimit-reset").unwrap().parse().unwrap();
@@ -687,7 +689,7 @@ async fn fail_modes_decide_when_the_store_is_down() {
     );
 
     let all_closed = routes().route_layer(
-        RateLimitLayer::new(DownStore, Global, demo_policies()).fail_mode(FailMode::Closed),
+        RateLimitLayer::new(DownStore, Global, demo_policies()).with_fail_mode(FailMode::Closed),
     );
     let search = send(&all_closed, get_from("/search", "192.0.2.1:1")).await;
     assert_eq!(search.status, StatusCode::SERVICE_UNAVAILABLE);
@@ -702,7 +704,7 @@ async fn fail_modes_decide_when_the_store_is_down() {
         .build()
         .unwrap();
     let costed = routes()
-        .route_layer(RateLimitLayer::new(DownStore, Global, policies).request_cost(rows_cost));
+        .route_layer(RateLimitLayer::new(DownStore, Global, policies).with_request_cost(rows_cost));
     for (rows, status) in [
         ("exempt", StatusCode::OK),
         ("0", StatusCode::SERVICE_UNAVAILABLE),
@@ -831,7 +833,7 @@ fn patterns_axum_would_refuse_are_refused_when_the_policies_are_built() {
 async fn every_redis_key_written_has_a_ttl_within_two_windows() {
     let server = crate::support::RedisServer::start();
     let store = RedisStore::builder(server.pool(4))
-        .timeout(Duration::from_secs(5))
+        .with_timeout(Duration::from_secs(5))
         .build()
         .unwrap();
     let policies = Policies::builder()

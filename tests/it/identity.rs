@@ -67,10 +67,10 @@ fn b64(value: &Value) -> String {
 /// test RSA key, a `tier` claim, issuer and audience unchecked.
 fn jwt() -> JwtClaim {
     JwtClaim::builder()
-        .secret(SECRET)
-        .public_key_pem(&fixture("rsa_public.pem"))
-        .algorithms(["HS256", "RS256"])
-        .tier_claim("tier")
+        .with_secret(SECRET)
+        .with_public_key_pem(&fixture("rsa_public.pem"))
+        .with_algorithms(["HS256", "RS256"])
+        .with_tier_claim("tier")
         .build()
         .unwrap()
 }
@@ -87,8 +87,8 @@ fn tiered_policies() -> Policies {
         .route(
             "GET /search",
             Policy::new("search", 5, MINUTE)
-                .with_tier("pro", TierLimits::new().limit(50))
-                .with_tier("team", TierLimits::new().limit(100).cost(4)),
+                .with_tier("pro", TierLimits::new().with_limit(50))
+                .with_tier("team", TierLimits::new().with_limit(100).with_cost(4)),
         )
         .route("GET /whoami", Policy::new("whoami", 1000, MINUTE))
         .build()
@@ -109,7 +109,7 @@ fn app_with(layer: RateLimitLayer) -> Router {
                     .to_string()
             }),
         )
-        .route_layer(layer.insert_identity(true))
+        .route_layer(layer.with_identity_extension(true))
 }
 
 /// A GET from 192.0.2.7 with `headers`.
@@ -150,13 +150,13 @@ async fn admitted(app: &Router, headers: &[(&str, &str)], attempts: usize) -> us
 #[tokio::test]
 async fn valid_tokens_of_every_key_type_identify_the_subject() {
     let ec = JwtClaim::builder()
-        .public_key_pem(&fixture("ec_public.pem"))
-        .algorithms(["ES256"])
+        .with_public_key_pem(&fixture("ec_public.pem"))
+        .with_algorithms(["ES256"])
         .build()
         .unwrap();
     let ed = JwtClaim::builder()
-        .public_key_pem(&fixture("ed_public.pem"))
-        .algorithms(["EdDSA"])
+        .with_public_key_pem(&fixture("ed_public.pem"))
+        .with_algorithms(["EdDSA"])
         .build()
         .unwrap();
     let ec_token = sign(
@@ -422,9 +422,9 @@ async fn leeway_accepts_a_token_just_expired() {
     let reply = whoami(&app, &[("authorization", &bearer(&just_expired))]).await;
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
     let strict = JwtClaim::builder()
-        .secret(SECRET)
-        .algorithms(["HS256"])
-        .leeway(Duration::ZERO)
+        .with_secret(SECRET)
+        .with_algorithms(["HS256"])
+        .with_leeway(Duration::ZERO)
         .build()
         .unwrap();
     let app = app_with(RateLimitLayer::new(
@@ -439,10 +439,10 @@ async fn leeway_accepts_a_token_just_expired() {
 #[tokio::test]
 async fn issuer_and_audience_are_checked_when_configured() {
     let keys = JwtClaim::builder()
-        .secret(SECRET)
-        .algorithms(["HS256"])
-        .issuers(["https://auth.example"])
-        .audiences(["video-api"])
+        .with_secret(SECRET)
+        .with_algorithms(["HS256"])
+        .with_issuers(["https://auth.example"])
+        .with_audiences(["video-api"])
         .build()
         .unwrap();
     let app = app(MemoryStore::new(), keys);
@@ -511,8 +511,8 @@ async fn an_algorithm_that_does_not_fit_the_key_is_refused() {
     // ES384 is allowed but the only EC key is P-256: a P-384 token cannot
     // be checked against it.
     let keys = JwtClaim::builder()
-        .public_key_pem(&fixture("ec_public.pem"))
-        .algorithms(["ES256", "ES384"])
+        .with_public_key_pem(&fixture("ec_public.pem"))
+        .with_algorithms(["ES256", "ES384"])
         .build()
         .unwrap();
     let app = app(MemoryStore::new(), keys);
@@ -536,8 +536,8 @@ async fn hs_rs_confusion_is_refused_when_only_rsa_is_configured() {
     // The classic attack: the server holds an RSA public key; the attacker
     // HMAC-signs with that public key's PEM as the secret.
     let keys = JwtClaim::builder()
-        .public_key_pem(&fixture("rsa_public.pem"))
-        .algorithms(["RS256"])
+        .with_public_key_pem(&fixture("rsa_public.pem"))
+        .with_algorithms(["RS256"])
         .build()
         .unwrap();
     let app = app(MemoryStore::new(), keys);
@@ -557,16 +557,16 @@ async fn hs_rs_confusion_is_refused_when_only_rsa_is_configured() {
 #[test]
 fn building_refuses_an_allowed_algorithm_without_a_key() {
     let error = JwtClaim::builder()
-        .public_key_pem(&fixture("rsa_public.pem"))
-        .algorithms(["RS256", "HS256"])
+        .with_public_key_pem(&fixture("rsa_public.pem"))
+        .with_algorithms(["RS256", "HS256"])
         .build()
         .unwrap_err();
     assert!(error.to_string().contains("HS256"), "{error}");
-    assert!(JwtClaim::builder().secret(SECRET).build().is_err());
+    assert!(JwtClaim::builder().with_secret(SECRET).build().is_err());
     assert!(
         JwtClaim::builder()
-            .public_key_pem(&fixture("rsa_private.pem"))
-            .algorithms(["RS256"])
+            .with_public_key_pem(&fixture("rsa_private.pem"))
+            .with_algorithms(["RS256"])
             .build()
             .is_err(),
         "a private key is not a verification key"
@@ -677,7 +677,7 @@ async fn an_async_lookup_names_tiers_the_extractor_did_not() {
         jwt().or(PeerIp::new()),
         tiered_policies(),
     )
-    .tier_lookup(lookup);
+    .with_tier_lookup(lookup);
     let app = app_with(layer);
     let reply = whoami(&app, &[]).await.json();
     assert_eq!(reply["tier"], "pro");
@@ -696,8 +696,8 @@ async fn an_async_lookup_names_tiers_the_extractor_did_not() {
 async fn a_lookup_that_hangs_gives_the_base_limits_after_its_timeout() {
     let hangs = |_: &http::request::Parts, _: &Identity| std::future::pending::<Option<Arc<str>>>();
     let layer = RateLimitLayer::new(MemoryStore::new(), PeerIp::new(), tiered_policies())
-        .tier_lookup(hangs)
-        .lookup_timeout(Duration::from_millis(20));
+        .with_tier_lookup(hangs)
+        .with_lookup_timeout(Duration::from_millis(20));
     let app = app_with(layer);
     let started = std::time::Instant::now();
     let reply = whoami(&app, &[]).await;
@@ -719,7 +719,8 @@ fn ietf_app(style: HeaderStyle) -> Router {
     Router::new()
         .route("/search", get(|| async { "results" }))
         .route_layer(
-            RateLimitLayer::new(MemoryStore::new(), PeerIp::new(), policies).header_style(style),
+            RateLimitLayer::new(MemoryStore::new(), PeerIp::new(), policies)
+                .with_header_style(style),
         )
 }
 

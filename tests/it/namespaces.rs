@@ -48,8 +48,9 @@ async fn admitted(app: &Router, count: usize) -> usize {
 }
 
 async fn count_apart_in_namespaces(store: impl Store + Clone) {
-    let public = app(RateLimitLayer::new(store.clone(), PeerIp::new(), api(5)).namespace("public"));
-    let admin = app(RateLimitLayer::new(store, PeerIp::new(), api(2)).namespace("admin"));
+    let public =
+        app(RateLimitLayer::new(store.clone(), PeerIp::new(), api(5)).with_namespace("public"));
+    let admin = app(RateLimitLayer::new(store, PeerIp::new(), api(2)).with_namespace("admin"));
     assert_eq!(admitted(&admin, 4).await, 2, "the admin limit");
     assert_eq!(
         admitted(&public, 7).await,
@@ -105,7 +106,7 @@ fn a_second_layer_giving_a_name_another_limit_is_refused_while_the_first_lives()
     assert!(
         message.contains("policy `api` counts as 100 per 1m (SlidingLog) in another layer")
             && message.contains("would count as 10 per 1m (SlidingLog) here")
-            && message.contains("RateLimitLayer::namespace"),
+            && message.contains("RateLimitLayer::with_namespace"),
         "{message}"
     );
 
@@ -115,7 +116,7 @@ fn a_second_layer_giving_a_name_another_limit_is_refused_while_the_first_lives()
         PeerIp::new(),
         api(10),
     ));
-    let _apart = app(clash.clone().namespace("admin"));
+    let _apart = app(clash.clone().with_namespace("admin"));
 
     // Once the first layer is gone, nothing shares the name.
     drop(first);
@@ -143,7 +144,7 @@ fn a_reload_that_would_mix_two_limits_is_refused_and_changes_nothing() {
 #[test]
 fn a_bad_namespace_is_refused_with_its_rules() {
     let layer = RateLimitLayer::new(MemoryStore::new(), PeerIp::new(), api(1));
-    let refused = catch_unwind(AssertUnwindSafe(|| layer.namespace("a:b")))
+    let refused = catch_unwind(AssertUnwindSafe(|| layer.with_namespace("a:b")))
         .expect_err("a colon would blur the key's parts");
     let message = refused.downcast_ref::<String>().unwrap();
     assert!(message.contains("namespace `a:b` must be"), "{message}");

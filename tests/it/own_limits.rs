@@ -55,7 +55,7 @@ async fn admitted(app: &Router, client: &str, most: usize) -> usize {
 async fn an_override_gives_one_client_its_own_limit(tested: StoreUnderTest) {
     let policies = Policies::single(Policy::new("search", 5, MINUTE)).unwrap();
     let overrides = Overrides::new().with(key("alice"), "search", 50);
-    let layer = RateLimitLayer::new(tested.store, clients(), policies).limit_lookup(overrides);
+    let layer = RateLimitLayer::new(tested.store, clients(), policies).with_limit_lookup(overrides);
     let app = app(layer);
     let first = send(&app, request("alice")).await;
     assert_eq!(first.header("x-ratelimit-limit"), Some("50"));
@@ -86,8 +86,8 @@ async fn a_lookup_is_asked_once_per_client_and_bounded_in_time(tested: StoreUnde
     };
     let policies = Policies::single(Policy::new("search", 5, MINUTE)).unwrap();
     let layer = RateLimitLayer::new(tested.store, clients(), policies)
-        .limit_lookup(lookup)
-        .lookup_timeout(Duration::from_millis(50));
+        .with_limit_lookup(lookup)
+        .with_lookup_timeout(Duration::from_millis(50));
     let app = app(layer);
     assert_eq!(admitted(&app, "quick", 10).await, 3);
     assert_eq!(calls.load(Ordering::SeqCst), 1, "the answer is kept");
@@ -111,7 +111,7 @@ on_both_stores!(a_lookup_is_asked_once_per_client_and_bounded_in_time);
 async fn an_own_limit_below_the_cost_is_said_at_once(tested: StoreUnderTest) {
     let policies = Policies::single(Policy::new("search", 10, MINUTE).with_cost(4)).unwrap();
     let overrides = Overrides::new().with(key("tiny"), "search", 3);
-    let layer = RateLimitLayer::new(tested.store, clients(), policies).limit_lookup(overrides);
+    let layer = RateLimitLayer::new(tested.store, clients(), policies).with_limit_lookup(overrides);
     let app = app(layer);
     let reply = send(&app, request("tiny")).await;
     assert_eq!(reply.status, StatusCode::UNPROCESSABLE_ENTITY);
@@ -142,7 +142,7 @@ async fn an_uncountable_own_limit_is_a_lookup_error(tested: StoreUnderTest) {
         .route("GET /counter", counter)
         .build()
         .unwrap();
-    let layer = RateLimitLayer::new(tested.store, clients(), policies).limit_lookup(lookup);
+    let layer = RateLimitLayer::new(tested.store, clients(), policies).with_limit_lookup(lookup);
     let app = Router::new()
         .route("/bucket", get(|| async { "bucket" }))
         .route("/counter", get(|| async { "counter" }))
@@ -227,9 +227,9 @@ async fn a_slow_lookup_keeps_the_last_answer_and_failures_are_remembered() {
     let policies = Policies::single(Policy::new("search", 100, Duration::from_secs(3600))).unwrap();
     let store = slidegate::store::MemoryStore::new();
     let layer = RateLimitLayer::new(store, clients(), policies)
-        .limit_lookup(lookup)
-        .limit_lookup_ttl(MINUTE)
-        .lookup_timeout(Duration::from_millis(50));
+        .with_limit_lookup(lookup)
+        .with_limit_lookup_ttl(MINUTE)
+        .with_lookup_timeout(Duration::from_millis(50));
     let app = app(layer);
     assert_eq!(admitted(&app, "alice", 10).await, 2, "her own limit");
     tokio::time::advance(2 * MINUTE).await;

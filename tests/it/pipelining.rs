@@ -21,7 +21,7 @@ fn clients(server: &RedisServer) -> usize {
 fn patient_store(server: &RedisServer) -> Arc<RedisStore> {
     Arc::new(
         RedisStore::builder(server.pool(4))
-            .timeout(Duration::from_secs(5))
+            .with_timeout(Duration::from_secs(5))
             .build()
             .unwrap(),
     )
@@ -50,9 +50,9 @@ async fn checks_in_flight_share_the_connections_the_store_holds() {
         server.cli(&["flushall"]);
         let store = Arc::new(
             RedisStore::builder(server.pool(16))
-                .connections(held)
-                .batch(batch)
-                .timeout(Duration::from_secs(5))
+                .with_connections(held)
+                .with_batch(batch)
+                .with_timeout(Duration::from_secs(5))
                 .build()
                 .unwrap(),
         );
@@ -134,7 +134,7 @@ async fn a_check_timing_out_in_a_pipeline_leaves_the_checks_behind_it_their_answ
     let server = RedisServer::start_with(&["--enable-debug-command", "local"]);
     let store = Arc::new(
         RedisStore::builder(server.pool(4))
-            .timeout(TIMEOUT)
+            .with_timeout(TIMEOUT)
             .build()
             .unwrap(),
     );
@@ -280,7 +280,7 @@ async fn a_batch_refused_functions_is_decided_check_by_check() {
     let pool = server.pool_refusing_functions();
     let store = Arc::new(
         RedisStore::builder(pool)
-            .timeout(Duration::from_secs(5))
+            .with_timeout(Duration::from_secs(5))
             .build()
             .unwrap(),
     );

@@ -318,7 +318,7 @@ async fn a_full_redis_keeps_limiting_the_clients_it_already_holds() {
     let server =
         RedisServer::start_with(&["--maxmemory", "3mb", "--maxmemory-policy", "noeviction"]);
     let store = RedisStore::builder(server.pool(4))
-        .timeout(Duration::from_secs(2))
+        .with_timeout(Duration::from_secs(2))
         .build()
         .unwrap();
     let policy = Policy::new("full", 5, Duration::from_secs(600));
@@ -399,7 +399,7 @@ async fn a_full_redis_keeps_limiting_the_clients_it_already_holds() {
 async fn a_full_redis_denies_from_any_state_that_denies() {
     let server = RedisServer::start_with(&["--maxmemory-policy", "noeviction"]);
     let store = RedisStore::builder(server.pool(4))
-        .timeout(Duration::from_secs(2))
+        .with_timeout(Duration::from_secs(2))
         .build()
         .unwrap();
     let login =

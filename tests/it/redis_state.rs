@@ -7,16 +7,17 @@ use std::time::Duration;
 use crate::support::RedisServer;
 use slidegate::{
     Policy,
+    clock::FakeClock,
     key::Key,
-    store::{Check, FakeClock, RedisStore, Store},
+    store::{Check, RedisStore, Store},
 };
 
 use crate::support::stores::START;
 
 fn store_on(server: &RedisServer, clock: &FakeClock) -> RedisStore {
     RedisStore::builder(server.pool(2))
-        .clock(clock.clone())
-        .timeout(Duration::from_secs(5))
+        .with_clock(clock.clone())
+        .with_timeout(Duration::from_secs(5))
         .build()
         .unwrap()
 }
@@ -193,8 +194,8 @@ async fn a_redis_that_refuses_functions_still_decides_exactly() {
 
     let pool = server.pool_refusing_functions();
     let store = RedisStore::builder(pool)
-        .clock(clock.clone())
-        .timeout(Duration::from_secs(5))
+        .with_clock(clock.clone())
+        .with_timeout(Duration::from_secs(5))
         .build()
         .unwrap();
     spend(&store, &clock, &policy, "without", 3).await;

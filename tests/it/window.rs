@@ -9,9 +9,10 @@ use crate::support::stores::START;
 use crate::support::stores::StoreUnderTest;
 use slidegate::{
     Policy,
+    clock::FakeClock,
     key::Key,
     policy::Algorithm,
-    store::{Check, Decision, Decisions, FakeClock, MemoryStore, Store, StoreError},
+    store::{Check, Decision, Decisions, MemoryStore, Store, StoreError},
 };
 
 const SEC: Duration = Duration::from_secs(1);
@@ -328,8 +329,8 @@ on_both_stores!(mixed_algorithms_are_all_or_nothing, fake_clock);
 fn memory_with_handle(max_keys: usize) -> (Subject, MemoryStore) {
     let clock = FakeClock::new(START);
     let store = MemoryStore::builder()
-        .clock(clock.clone())
-        .max_keys(max_keys)
+        .with_clock(clock.clone())
+        .with_max_keys(max_keys)
         .build();
     let subject = Subject {
         store: Arc::new(store.clone()),
@@ -726,7 +727,7 @@ async fn a_burst_lowered_below_the_debt_leaves_nothing(tested: StoreUnderTest) {
     let s = Subject::from(tested);
     let policy = Policy::new("lowered", 10, 10 * SEC)
         .with_algorithm(Algorithm::TokenBucket)
-        .with_tier("small", TierLimits::new().burst(2));
+        .with_tier("small", TierLimits::new().with_burst(2));
     let spend = Check::new(&policy, Key::new("k")).unwrap().with_cost(10);
     assert!(s.store.check(&[spend]).await.unwrap()[0].admitted);
     let small = Check::for_tier(&policy, Key::new("k"), Some("small")).unwrap();

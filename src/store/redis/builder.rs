@@ -67,11 +67,11 @@ impl RedisStoreBuilder {
     ///
     /// ```no_run
     /// # fn demo(pool: slidegate::deadpool_redis::Pool) -> Result<(), slidegate::store::PrefixError> {
-    /// let store = slidegate::store::RedisStore::builder(pool).prefix("shop").build()?;
+    /// let store = slidegate::store::RedisStore::builder(pool).with_prefix("shop").build()?;
     /// # Ok(())
     /// # }
     /// ```
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
         self
     }
@@ -84,10 +84,10 @@ impl RedisStoreBuilder {
     ///
     /// ```no_run
     /// # fn demo(pool: slidegate::deadpool_redis::Pool) {
-    /// let store = slidegate::store::RedisStore::builder(pool).connections(2).build().unwrap();
+    /// let store = slidegate::store::RedisStore::builder(pool).with_connections(2).build().unwrap();
     /// # }
     /// ```
-    pub fn connections(mut self, connections: usize) -> Self {
+    pub fn with_connections(mut self, connections: usize) -> Self {
         self.connections = connections;
         self
     }
@@ -102,10 +102,10 @@ impl RedisStoreBuilder {
     ///
     /// ```no_run
     /// # fn demo(pool: slidegate::deadpool_redis::Pool) {
-    /// let store = slidegate::store::RedisStore::builder(pool).batch(false).build().unwrap();
+    /// let store = slidegate::store::RedisStore::builder(pool).with_batch(false).build().unwrap();
     /// # }
     /// ```
-    pub fn batch(mut self, batch: bool) -> Self {
+    pub fn with_batch(mut self, batch: bool) -> Self {
         self.batch = batch;
         self
     }
@@ -126,10 +126,10 @@ impl RedisStoreBuilder {
     /// # fn demo(pool: slidegate::deadpool_redis::Pool) {
     /// use std::time::Duration;
     ///
-    /// let store = slidegate::store::RedisStore::builder(pool).timeout(Duration::from_millis(20)).build().unwrap();
+    /// let store = slidegate::store::RedisStore::builder(pool).with_timeout(Duration::from_millis(20)).build().unwrap();
     /// # }
     /// ```
-    pub fn timeout(mut self, timeout: Duration) -> Self {
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
     }
@@ -144,12 +144,12 @@ impl RedisStoreBuilder {
     ///
     /// ```no_run
     /// # fn demo(pool: slidegate::deadpool_redis::Pool) {
-    /// let clock = slidegate::store::FakeClock::new(1_000_000);
-    /// let store = slidegate::store::RedisStore::builder(pool).clock(clock.clone()).build().unwrap();
+    /// let clock = slidegate::clock::FakeClock::new(1_000_000);
+    /// let store = slidegate::store::RedisStore::builder(pool).with_clock(clock.clone()).build().unwrap();
     /// # }
     /// ```
     #[cfg(feature = "test-util")]
-    pub fn clock(mut self, clock: impl Clock) -> Self {
+    pub fn with_clock(mut self, clock: impl Clock) -> Self {
         self.clock = Some(Box::new(clock));
         self
     }
@@ -158,7 +158,7 @@ impl RedisStoreBuilder {
     ///
     /// # Errors
     ///
-    /// If the [`prefix`](Self::prefix) holds `{` or `}`.
+    /// If the [`prefix`](Self::with_prefix) holds `{` or `}`.
     pub fn build(self) -> Result<RedisStore, PrefixError> {
         if self.prefix.contains(['{', '}']) {
             return Err(PrefixError {
@@ -198,11 +198,16 @@ mod tests {
                 .unwrap()
         };
         let error = RedisStore::builder(pool())
-            .prefix("shop{1}")
-            .timeout(Duration::from_millis(5))
+            .with_prefix("shop{1}")
+            .with_timeout(Duration::from_millis(5))
             .build()
             .unwrap_err();
         assert!(error.to_string().contains("shop{1}"), "{error}");
-        assert!(RedisStore::builder(pool()).prefix("shop").build().is_ok());
+        assert!(
+            RedisStore::builder(pool())
+                .with_prefix("shop")
+                .build()
+                .is_ok()
+        );
     }
 }

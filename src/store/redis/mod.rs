@@ -46,6 +46,19 @@ const DEFAULT_CONNECTIONS: usize = 1;
 /// single script holds Redis, and every other client of it, for long.
 const MAX_BATCH_POLICIES: usize = 32;
 
+/// `$body` with `$lanes` bound to the lanes of `$connections`, whatever
+/// their kind of pool.
+macro_rules! on_lanes {
+    ($connections:expr, $lanes:ident => $body:expr) => {
+        match $connections {
+            Connections::Standalone($lanes) => $body,
+            Connections::Cluster($lanes) => $body,
+            Connections::ClusterClient($lanes) => $body,
+            Connections::Sentinel($lanes) => $body,
+        }
+    };
+}
+
 /// The pool a [`RedisStore`] runs on: one Redis server (or a primary
 /// behind a proxy), or a Redis Cluster.
 ///
@@ -118,7 +131,7 @@ impl fmt::Debug for RedisPool {
 struct Inner {
     pool: RedisPool,
     connections: Connections,
-    /// Checks waiting to be sent together; see [`RedisStoreBuilder::batch`].
+    /// Checks waiting to be sent together; see [`RedisStoreBuilder::with_batch`].
     queue: Option<Queue>,
     script: Script,
     library: Library,
@@ -143,7 +156,7 @@ struct Inner {
 /// time its counts stop mattering.
 ///
 /// The store holds a few of the pool's connections (one by default, see
-/// [`RedisStoreBuilder::connections`]) and shares them between concurrent
+/// [`RedisStoreBuilder::with_connections`]) and shares them between concurrent
 /// checks: deadpool-redis's connections are multiplexed, so checks in
 /// flight together are pipelined, written to Redis together and answered
 /// in one read, and no check pays the pool's health check.
@@ -165,8 +178,8 @@ struct Inner {
 ///     .create_pool(Some(Runtime::Tokio1))
 ///     .unwrap();
 /// let store = RedisStore::builder(pool)
-///     .prefix("myapp")
-///     .timeout(Duration::from_millis(30))
+///     .with_prefix("myapp")
+///     .with_timeout(Duration::from_millis(30))
 ///     .build()
 ///     .expect("a prefix without braces");
 /// ```
@@ -253,13 +266,8 @@ impl RedisStore {
     pub async fn connect(&self, within: Duration) -> Result<(), StoreError> {
         let deadline = tokio::time::Instant::now() + within;
         let inner = &self.inner;
-        match &inner.connections {
-            Connections::Standalone(lanes) => ping_all(lanes, deadline).await,
-            Connections::Cluster(lanes) => ping_all(lanes, deadline).await,
-            Connections::ClusterClient(lanes) => ping_all(lanes, deadline).await,
-            Connections::Sentinel(lanes) => ping_all(lanes, deadline).await,
-        }
-        .map_err(|failed| failed_within(failed, within))?;
+        on_lanes!(&inner.connections, lanes => ping_all(lanes, deadline).await)
+            .map_err(|failed| failed_within(failed, within))?;
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         if self.expires_lazily(left).await? == Some(false) {
             tracing::warn!(
@@ -313,7 +321,7 @@ async fn lazy_expiry<S: Source>(
     // fails to parse and costs the lane its connection.
     let reply =
         tokio::time::timeout_at(deadline, get.query_async::<Value>(&mut ticket.connection)).await;
-    let setting = match settle(lanes, &ticket, reply) {
+    let setting = match call_ended(lanes, &ticket, reply) {
         Ok(Value::Array(pair)) => pair.into_iter().nth(1),
         Ok(Value::Map(pairs)) => pairs.into_iter().next().map(|(_, value)| value),
         Ok(_) => None,
@@ -350,7 +358,7 @@ async fn ping_all<S: Source>(
             cmd("PING").query_async::<()>(&mut ticket.connection),
         )
         .await;
-        settle(lanes, &ticket, reply)?;
+        call_ended(lanes, &ticket, reply)?;
     }
     Ok(())
 }
@@ -398,13 +406,8 @@ impl Inner {
         call: &Call,
         deadline: tokio::time::Instant,
     ) -> Result<Vec<i64>, StoreError> {
-        match &self.connections {
-            Connections::Standalone(lanes) => self.call(lanes, call, deadline).await,
-            Connections::Cluster(lanes) => self.call(lanes, call, deadline).await,
-            Connections::ClusterClient(lanes) => self.call(lanes, call, deadline).await,
-            Connections::Sentinel(lanes) => self.call(lanes, call, deadline).await,
-        }
-        .map_err(|failed| self.store_error(failed))
+        on_lanes!(&self.connections, lanes => self.call(lanes, call, deadline).await)
+            .map_err(|failed| self.store_error(failed))
     }
 
     /// Runs the script on a lane's connection by `deadline`.
@@ -420,7 +423,7 @@ impl Inner {
         let mut ticket = ticket(lanes, deadline).await?;
         let reply =
             tokio::time::timeout_at(deadline, self.decide(&mut ticket.connection, call)).await;
-        settle(lanes, &ticket, reply)
+        call_ended(lanes, &ticket, reply)
     }
 
     fn store_error(&self, failed: Failed) -> StoreError {
@@ -501,12 +504,8 @@ impl Inner {
     async fn send_batch(self: Arc<Self>, queued: Vec<Queued>) -> Vec<Queued> {
         let mut deferred = Vec::new();
         let deadline = tokio::time::Instant::now() + self.timeout;
-        let replies = match &self.connections {
-            Connections::Standalone(lanes) => self.call_batch(lanes, &queued, deadline).await,
-            Connections::Cluster(lanes) => self.call_batch(lanes, &queued, deadline).await,
-            Connections::ClusterClient(lanes) => self.call_batch(lanes, &queued, deadline).await,
-            Connections::Sentinel(lanes) => self.call_batch(lanes, &queued, deadline).await,
-        };
+        let replies =
+            on_lanes!(&self.connections, lanes => self.call_batch(lanes, &queued, deadline).await);
         match replies {
             Ok(replies) if replies.len() == queued.len() => {
                 for (Queued { call, answer }, reply) in queued.into_iter().zip(replies) {
@@ -586,7 +585,7 @@ impl Inner {
             }
         };
         let reply = tokio::time::timeout_at(deadline, exchange).await;
-        settle(lanes, &ticket, reply)
+        call_ended(lanes, &ticket, reply)
     }
 
     /// `FCALL`, loading the library first where it is missing; `EVALSHA`
@@ -683,7 +682,7 @@ async fn ticket<S: Source>(
 /// included) keeps its connection; a timeout keeps it unless the lane has
 /// long been silent; any other failure closes it (see
 /// [`worth_keeping_after`]).
-fn settle<S: Source, T>(
+fn call_ended<S: Source, T>(
     lanes: &Lanes<S>,
     ticket: &lanes::Ticket<S::Shared>,
     reply: Result<RedisResult<T>, tokio::time::error::Elapsed>,
@@ -799,10 +798,7 @@ impl Store for RedisStore {
     }
 
     fn peek(&self, checks: &[Check]) -> CheckFuture {
-        let call = Call::new(self, checks, Op::Peek);
-        let inner = self.inner.clone();
-        CheckFuture::new(async move {
-            let deadline = tokio::time::Instant::now() + inner.timeout;
+        self.ask(checks, Op::Peek, |inner, call, deadline| async move {
             inner.run(call, deadline).await
         })
     }
@@ -812,46 +808,64 @@ impl Store for RedisStore {
             return CheckFuture::ready(Err(unpaired));
         }
         let recorded = recorded_at.iter().map(|&at| duration_micros(at)).collect();
-        let call = Call::new(self, checks, Op::Refund(recorded));
-        let inner = self.inner.clone();
-        CheckFuture::new(async move {
-            let deadline = tokio::time::Instant::now() + inner.timeout;
-            inner.values(&call, deadline).await.map(drop)
-        })
+        self.ask(
+            checks,
+            Op::Refund(recorded),
+            |inner, call, deadline| async move { inner.values(&call, deadline).await.map(drop) },
+        )
     }
 
     fn reset(&self, checks: &[Check]) -> CheckFuture<()> {
-        let call = Call::new(self, checks, Op::Reset);
-        let inner = self.inner.clone();
-        CheckFuture::new(async move {
-            let deadline = tokio::time::Instant::now() + inner.timeout;
+        self.ask(checks, Op::Reset, |inner, call, deadline| async move {
             inner.values(&call, deadline).await.map(drop)
         })
     }
 
     fn check(&self, checks: &[Check]) -> CheckFuture {
-        let call = Call::new(self, checks, Op::Check);
-        let inner = self.inner.clone();
-        CheckFuture::new(async move {
-            let timeout = inner.timeout;
-            let deadline = tokio::time::Instant::now() + timeout;
-            let Some(queue) = inner.queue.as_ref().filter(|_| !inner.library.refused()) else {
-                return inner.run(call, deadline).await;
-            };
-            // Queued when first polled: in a runtime, in the order the
-            // requests got there.
-            let (answer, first) = queue.push(call);
-            if first {
-                tokio::spawn(inner.clone().flush());
-            }
-            match tokio::time::timeout_at(deadline, answer).await {
-                Ok(Ok(Verdict::Decided(outcome))) => outcome,
-                Ok(Ok(Verdict::Alone(call))) => inner.run(call, deadline).await,
-                Ok(Err(_)) => Err(StoreError::Internal(
-                    "a batched check lost its answer".to_owned(),
-                )),
-                Err(_) => Err(StoreError::Timeout(timeout)),
-            }
+        self.ask(checks, Op::Check, |inner, call, deadline| async move {
+            inner.check(call, deadline).await
         })
+    }
+}
+
+impl RedisStore {
+    /// `op` on `checks`, which `run` sends and reads within the store's
+    /// timeout.
+    fn ask<T, F>(
+        &self,
+        checks: &[Check],
+        op: Op,
+        run: impl FnOnce(Arc<Inner>, Call, tokio::time::Instant) -> F,
+    ) -> CheckFuture<T>
+    where
+        F: Future<Output = Result<T, StoreError>> + Send + 'static,
+    {
+        let call = Call::new(self, checks, op);
+        let deadline = tokio::time::Instant::now() + self.inner.timeout;
+        CheckFuture::new(run(self.inner.clone(), call, deadline))
+    }
+}
+
+impl Inner {
+    /// The decisions on `call`, batched with other requests' calls when
+    /// the store batches.
+    async fn check(self: Arc<Self>, call: Call, deadline: tokio::time::Instant) -> CheckOutcome {
+        let Some(queue) = self.queue.as_ref().filter(|_| !self.library.refused()) else {
+            return self.run(call, deadline).await;
+        };
+        // Queued when first polled: in a runtime, in the order the
+        // requests got there.
+        let (answer, first) = queue.push(call);
+        if first {
+            tokio::spawn(self.clone().flush());
+        }
+        match tokio::time::timeout_at(deadline, answer).await {
+            Ok(Ok(Verdict::Decided(outcome))) => outcome,
+            Ok(Ok(Verdict::Alone(call))) => self.run(call, deadline).await,
+            Ok(Err(_)) => Err(StoreError::Internal(
+                "a batched check lost its answer".to_owned(),
+            )),
+            Err(_) => Err(StoreError::Timeout(self.timeout)),
+        }
     }
 }

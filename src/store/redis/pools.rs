@@ -40,7 +40,7 @@ pub type SentinelPool = managed::Pool<SentinelManager>;
 ///     .build()
 ///     .unwrap();
 /// let pool = ClusterClientPool::builder(ClusterManager::new(client)).max_size(4).build().unwrap();
-/// let store = RedisStore::builder(pool).timeout(Duration::from_millis(100)).build().unwrap();
+/// let store = RedisStore::builder(pool).with_timeout(Duration::from_millis(100)).build().unwrap();
 /// ```
 pub struct ClusterManager {
     client: ClusterClient,
@@ -95,7 +95,7 @@ impl managed::Manager for ClusterManager {
 ///
 /// Connections have no response timeout of their own: the store's timeout
 /// is the one that counts (see
-/// [`RedisStoreBuilder::timeout`](crate::store::RedisStoreBuilder::timeout)).
+/// [`RedisStoreBuilder::with_timeout`](crate::store::RedisStoreBuilder::with_timeout)).
 ///
 /// ```no_run
 /// use slidegate::deadpool_redis::redis::sentinel::{SentinelClientBuilder, SentinelServerType};

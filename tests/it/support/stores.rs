@@ -5,7 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use slidegate::store::{FakeClock, MemoryStore, RedisStore, Store};
+use slidegate::clock::FakeClock;
+use slidegate::store::{MemoryStore, RedisStore, Store};
 
 use super::RedisServer;
 
@@ -25,7 +26,7 @@ impl StoreUnderTest {
     pub fn memory(fake_clock: bool) -> Self {
         let clock = fake_clock.then(|| FakeClock::new(START));
         let store = match &clock {
-            Some(clock) => MemoryStore::builder().clock(clock.clone()).build(),
+            Some(clock) => MemoryStore::builder().with_clock(clock.clone()).build(),
             None => MemoryStore::new(),
         };
         Self {
@@ -40,9 +41,9 @@ impl StoreUnderTest {
     pub fn redis(fake_clock: bool) -> Self {
         let server = RedisServer::start();
         let clock = fake_clock.then(|| FakeClock::new(START));
-        let mut builder = RedisStore::builder(server.pool(4)).timeout(Duration::from_secs(5));
+        let mut builder = RedisStore::builder(server.pool(4)).with_timeout(Duration::from_secs(5));
         if let Some(clock) = &clock {
-            builder = builder.clock(clock.clone());
+            builder = builder.with_clock(clock.clone());
         }
         Self {
             store: Arc::new(builder.build().expect("the default prefix")),
