@@ -72,7 +72,6 @@ mod metrics;
 pub mod policy;
 pub mod rejection;
 mod response;
-mod soon;
 pub mod store;
 mod throttle;
 

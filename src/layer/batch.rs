@@ -31,15 +31,6 @@ pub(crate) struct Batch {
     pub(crate) fail_closed: bool,
 }
 
-impl Batch {
-    /// How many checks are enforced: the shadow ones come after.
-    pub(crate) fn enforced(&self) -> usize {
-        self.modes
-            .as_ref()
-            .map_or(self.checks.len(), |modes| modes.shadow_from)
-    }
-}
-
 /// What a request's checks do beyond counting, in the order they are
 /// sent: enforced checks first, shadow checks after. Shadow checks decide
 /// without denying; a check may count some responses only (its units come

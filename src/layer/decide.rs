@@ -13,7 +13,6 @@
 //! request midway.
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -22,7 +21,8 @@ use http::{Request, Response};
 
 use crate::key::{Identity, confirmed};
 use crate::layer::batch::{self, Batch, Modes};
-use crate::layer::outcome::{Next, cached_denial, outcome, refused_locally};
+use crate::layer::future::{Continuation, Next};
+use crate::layer::outcome::{cached_denial, outcome, refused_locally};
 use crate::layer::refused::{blocked, refusal_of, refused};
 use crate::layer::reject::reject;
 use crate::layer::settings::Shared;
@@ -33,11 +33,8 @@ use crate::policy::cost::{self, Costs};
 use crate::policy::plan::Plan;
 use crate::policy::{Cost, FailMode, Policies};
 use crate::rejection::Rejection;
-use crate::soon::Soon;
 use crate::store::CheckFuture;
-
-/// The rest of a waiting request's decision, with the request head back.
-pub(crate) type Continuation = Pin<Box<dyn Future<Output = (Parts, Next)> + Send + 'static>>;
+use crate::store::Soon;
 
 /// Decides the request whose head is `parts` as far as it can without
 /// waiting; `Err` is the rest of the decision of a request that must
@@ -50,7 +47,10 @@ pub(crate) fn decide(shared: &Arc<Shared>, parts: &mut Parts) -> Result<Next, Co
         return Ok(Next::PASS);
     }
     // The count of this address's refused credentials, before verifying any.
-    let refusal = refusal_of(shared, parts);
+    let refusal = shared
+        .credential_failures
+        .as_ref()
+        .and_then(|failures| refusal_of(shared, failures, parts));
     if let Some(denied) = refusal.as_ref().and_then(|check| blocked(shared, check)) {
         return Ok(Next::Answer(cached_denial(shared, parts, &denied)));
     }
@@ -97,12 +97,13 @@ pub(crate) fn decide(shared: &Arc<Shared>, parts: &mut Parts) -> Result<Next, Co
             (parts, next)
         }));
     }
-    let own = match own_limits(shared, plan, &identity).into_now() {
-        Ok(own) => own,
-        Err(lookup) => {
+    let own = match own_limits(shared, plan, &identity).map(Soon::into_ready) {
+        None => None,
+        Some(Ok(found)) => Some(found),
+        Some(Err(lookup)) => {
             let rest = Rest::new(shared, plan, costs);
             return Err(later(parts, |mut parts| async move {
-                let own = lookup.await;
+                let own = Some(lookup.await);
                 let next = rest.after_limits(&mut parts, identity, own).await;
                 (parts, next)
             }));
@@ -121,7 +122,7 @@ pub(crate) fn decide(shared: &Arc<Shared>, parts: &mut Parts) -> Result<Next, Co
             }));
         }
     };
-    match next.into_now() {
+    match next.into_ready() {
         Ok(next) => Ok(hand_on(shared, parts, identity, next)),
         Err(delayed) => {
             let shared = shared.clone();
@@ -173,7 +174,10 @@ impl Rest {
     /// The decision from a client of a known tier on: its own limits
     /// looked up if the layer does, then [`after_limits`](Self::after_limits).
     async fn after_tier(&self, parts: &mut Parts, identity: Identity) -> Next {
-        let own = own_limits(&self.shared, &self.plan, &identity).await;
+        let own = match own_limits(&self.shared, &self.plan, &identity) {
+            Some(lookup) => Some(lookup.await),
+            None => None,
+        };
         self.after_limits(parts, identity, own).await
     }
 
@@ -278,19 +282,14 @@ fn tier_lookup(
 }
 
 /// The own limits of `identity` under `plan`, when the layer looks them
-/// up (`None` when it does not): known now when a fresh answer is kept.
-fn own_limits(shared: &Shared, plan: &Plan, identity: &Identity) -> Soon<Option<Found>> {
-    let Some(limits) = &shared.client_limits else {
-        return Soon::now(None);
-    };
+/// up: known now when a fresh answer is kept.
+fn own_limits(shared: &Shared, plan: &Plan, identity: &Identity) -> Option<Soon<Found>> {
+    let limits = shared.client_limits.as_ref()?;
     let (policies, timeout) = (plan.policies(), shared.settings.lookup_timeout);
-    match limits.known(&identity.key, policies, timeout) {
-        Some(found) => Soon::now(Some(found)),
-        None => {
-            let lookup = limits.look_up(&identity.key, policies, timeout);
-            Soon::later(async move { Some(lookup.await) })
-        }
-    }
+    Some(match limits.known(&identity.key, policies, timeout) {
+        Some(found) => Soon::ready(found),
+        None => Soon::new(limits.look_up(&identity.key, policies, timeout)),
+    })
 }
 
 /// Builds the checks of `identity` under `plan` (at its `own` limits) and
@@ -314,12 +313,12 @@ fn send(
         Ok(checks) => checks,
         Err(denied) => {
             let rejection = Rejection::CostAboveLimit(&denied);
-            return Ok(Soon::now(Next::Answer(reject(shared, parts, rejection))));
+            return Ok(Soon::ready(Next::Answer(reject(shared, parts, rejection))));
         }
     };
     if checks.is_empty() {
         // Every policy of the request exempts it.
-        return Ok(Soon::now(Next::PASS));
+        return Ok(Soon::ready(Next::PASS));
     }
     if shared.namespace.is_some() {
         for check in &mut checks {
@@ -335,12 +334,12 @@ fn send(
         .and_then(Modes::local)
         .and_then(|local| refused_locally(shared, parts, local))
     {
-        return Ok(Soon::now(next));
+        return Ok(Soon::ready(next));
     }
     let mut deny_clock = 0;
     if let Some(cache) = &shared.deny_cache {
         if let Some(denied) = cache.lookup(&checks[..enforced]) {
-            return Ok(Soon::now(Next::Answer(cached_denial(
+            return Ok(Soon::ready(Next::Answer(cached_denial(
                 shared, parts, &denied,
             ))));
         }

@@ -23,9 +23,9 @@ use std::time::Duration;
 
 use http::request::Parts;
 
-use crate::layer::owed::{Recorded, report_refund};
+use crate::layer::owed::{Owed, Recorded, report_refund};
 use crate::policy::Algorithm;
-use crate::store::{Check, Decision, Store};
+use crate::store::{Check, Decision, Decisions, Store};
 
 /// Requests a layer holds at once unless set.
 pub(crate) const DEFAULT_MAX_DELAYED: usize = 10_000;
@@ -149,6 +149,36 @@ impl Drop for Unpassed {
     fn drop(&mut self) {
         self.0.give_back(report_refund);
     }
+}
+
+/// The denials of a request the store admitted after `wait` but the
+/// layer has no room to hold (`checks` and their `decisions`, the enforced
+/// ones): its units are given back (its leases released), unless a policy
+/// of its blocks, where they stay counted, so that a flood that fills the
+/// layer still reaches its block. Each denial's retry time is the wait.
+pub(crate) fn unheld(
+    store: &Arc<dyn Store>,
+    checks: &[Check],
+    decisions: &[Decision],
+    wait: Duration,
+) -> Decisions {
+    // Its leases go at once.
+    drop(Owed::of(store, checks, decisions, None, None, || None));
+    let unpassed = Unpassed::of(store, checks, decisions);
+    if checks.iter().any(|check| check.block_micros > 0) {
+        unpassed.keep();
+    }
+    let denials: Decisions = decisions
+        .iter()
+        .map(|d| Decision {
+            admitted: false,
+            retry_after: Some(wait),
+            delayed_for: None,
+            recorded_at: None,
+            ..*d
+        })
+        .collect();
+    denials
 }
 
 /// The bytes a held request's head keeps: its URI and header fields.

@@ -6,16 +6,32 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
+use http::request::Parts;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use crate::layer::body::ResponseBody;
-use crate::layer::decide::Continuation;
-use crate::layer::outcome::Next;
 use crate::layer::owed::Owed;
 use crate::response::grpc::response_failed;
 use crate::response::headers::RateHeaders;
+
+/// Where a request goes once it is decided.
+pub(crate) enum Next {
+    /// On to the inner service, with these rate-limit headers and what
+    /// it owes the store once its response says how it went.
+    Call(Option<RateHeaders>, Option<Owed>),
+    /// Back to the client with the limiter's answer.
+    Answer(Response<Bytes>),
+}
+
+impl Next {
+    /// On to the inner service untouched.
+    pub(crate) const PASS: Self = Self::Call(None, None);
+}
+
+/// The rest of a waiting request's decision, with the request head back.
+pub(crate) type Continuation = Pin<Box<dyn Future<Output = (Parts, Next)> + Send + 'static>>;
 
 pin_project! {
     /// The response future of [`RateLimit`](crate::RateLimit).

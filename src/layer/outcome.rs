@@ -13,8 +13,9 @@ use http::{HeaderValue, Response};
 
 use crate::layer::Shared;
 use crate::layer::batch::{Batch, Modes};
-use crate::layer::delay::{Delayed, Slot, Unpassed};
+use crate::layer::delay::{Delayed, Slot, Unpassed, unheld};
 use crate::layer::deny_cache::Denied;
+use crate::layer::future::Next;
 use crate::layer::local_fallback::LocalChecks;
 use crate::layer::owed::{HeaderSource, Owed};
 use crate::layer::reject::reject;
@@ -24,23 +25,9 @@ use crate::policy::{Algorithm, Count};
 use crate::rejection::Rejection;
 use crate::response::headers::{RateHeaders, closest_to_denying};
 use crate::response::limited::Limited;
-use crate::soon::Soon;
+use crate::store::Soon;
 use crate::store::{Check, CheckOutcome, Decision, Decisions, Store, StoreError, index_of_min};
 use crate::throttle::STORE_FAILURES;
-
-/// Where a request goes once it is decided.
-pub(crate) enum Next {
-    /// On to the inner service, with these rate-limit headers and what
-    /// it owes the store once its response says how it went.
-    Call(Option<RateHeaders>, Option<Owed>),
-    /// Back to the client with the limiter's answer.
-    Answer(Response<Bytes>),
-}
-
-impl Next {
-    /// On to the inner service untouched.
-    pub(crate) const PASS: Self = Self::Call(None, None);
-}
 
 /// Where the store's answer to `batch` leads, for a client of `tier` under
 /// `plan`: the inner service with the rate-limit headers (once it has
@@ -57,7 +44,7 @@ pub(crate) fn outcome(
     let (checks, modes) = (&batch.checks[..], batch.modes.as_deref());
     let took = batch.timer.elapsed();
     metrics::store_answered(took, &outcome);
-    let enforced = batch.enforced();
+    let enforced = modes.map_or(checks.len(), |modes| modes.shadow_from);
     let decisions = outcome.and_then(|decisions| {
         // Without the shadow checks' decisions when the enforced ones deny.
         let partial = enforced > 0 && decisions.len() == enforced;
@@ -100,12 +87,12 @@ pub(crate) fn outcome(
         }
         // `held_back`: failures since the last line, which were not logged.
         Err(error) if batch.fail_closed => {
-            report_all(checks, Outcome::FailedClosed, took);
+            decided_all(checks, Outcome::FailedClosed, took);
             if let Some(held_back) = STORE_FAILURES.admit() {
                 tracing::error!(%error, held_back, "rate-limit store unavailable; failing closed");
             }
             let rejection = Rejection::StoreUnavailable(&error);
-            Soon::now(Next::Answer(reject(shared, parts, rejection)))
+            Soon::ready(Next::Answer(reject(shared, parts, rejection)))
         }
         Err(error) => {
             if let Some(next) = modes.and_then(|modes| fall_back(shared, parts, modes, took)) {
@@ -114,11 +101,11 @@ pub(crate) fn outcome(
                 }
                 return next;
             }
-            report_all(checks, Outcome::FailedOpen, took);
+            decided_all(checks, Outcome::FailedOpen, took);
             if let Some(held_back) = STORE_FAILURES.admit() {
                 tracing::warn!(%error, held_back, "rate-limit store unavailable; failing open");
             }
-            Soon::now(Next::PASS)
+            Soon::ready(Next::PASS)
         }
     }
 }
@@ -174,10 +161,10 @@ fn decided_by(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Soon<Ne
         ..
     } = answered;
     if decisions.is_empty() {
-        return Soon::now(Next::PASS);
+        return Soon::ready(Next::PASS);
     }
     if !decisions[..enforced].iter().all(|d| d.admitted) {
-        return Soon::now(denied_by(shared, parts, &answered));
+        return Soon::ready(denied_by(shared, parts, &answered));
     }
     let settings = shared.settings;
     // Admitted once it has waited, in a place of the layer's.
@@ -195,8 +182,15 @@ fn decided_by(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Soon<Ne
         ) {
             Some(slot) => Some((wait, slot)),
             None => {
-                let answer = unheld(shared, parts, store, checks, decisions, enforced, wait);
-                return Soon::now(answer);
+                let (checks, decisions) = (&checks[..enforced], &decisions[..enforced]);
+                let denials = unheld(store, checks, decisions, wait);
+                for check in checks {
+                    metrics::decided(&check.policy, Outcome::Denied);
+                }
+                trace_decision(&checks[0].policy, Outcome::Denied, None);
+                let limited = Limited::new(checks, &denials, 0, None);
+                let answer = reject(shared, parts, Rejection::Limited(&limited));
+                return Soon::ready(Next::Answer(answer));
             }
         },
         None => None,
@@ -244,8 +238,11 @@ fn decided_by(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Soon<Ne
             .collect()
     });
     let format = settings.header_format;
-    let shown = shifted.as_deref().unwrap_or(decisions);
-    let headers = RateHeaders::admitted(checks, shown, ietf_policy, format);
+    let (shown, reported) = match &shifted {
+        Some(shifted) => (&shifted[..], closest_to_denying(shifted)),
+        None => (decisions, reported),
+    };
+    let headers = RateHeaders::admitted(checks, shown, reported, ietf_policy, format);
     let owed = Owed::of(store, checks, decisions, counts, answered.local, || {
         (!headers.is_empty()).then(|| HeaderSource {
             checks: checks.iter().cloned().collect(),
@@ -259,9 +256,9 @@ fn decided_by(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Soon<Ne
     match slot {
         Some((wait, slot)) => {
             let unpassed = Unpassed::of(store, checks, decisions);
-            Soon::later(Delayed::new(wait, call, slot, unpassed).pass())
+            Soon::new(Delayed::new(wait, call, slot, unpassed).pass())
         }
-        None => Soon::now(call),
+        None => Soon::ready(call),
     }
 }
 
@@ -300,49 +297,8 @@ fn denied_by(shared: &Shared, parts: &Parts, answered: &Answered<'_>) -> Next {
     Next::Answer(reject(shared, parts, Rejection::Limited(&limited)))
 }
 
-/// Answers `429` to a request the store admitted after `wait` but the
-/// layer has no room to hold: its units are given back (its leases
-/// released), unless a policy of its blocks, where they stay counted, so
-/// that a flood that fills the layer still reaches its block.
-fn unheld(
-    shared: &Shared,
-    parts: &Parts,
-    store: &Arc<dyn Store>,
-    checks: &[Check],
-    decisions: &[Decision],
-    enforced: usize,
-    wait: Duration,
-) -> Next {
-    // Its leases go at once.
-    drop(Owed::of(store, checks, decisions, None, None, || None));
-    let unpassed = Unpassed::of(store, checks, decisions);
-    if checks[..enforced]
-        .iter()
-        .any(|check| check.block_micros > 0)
-    {
-        unpassed.keep();
-    }
-    let (checks, decisions) = (&checks[..enforced], &decisions[..enforced]);
-    let denials: Decisions = decisions
-        .iter()
-        .map(|d| Decision {
-            admitted: false,
-            retry_after: Some(wait),
-            delayed_for: None,
-            recorded_at: None,
-            ..*d
-        })
-        .collect();
-    for check in checks {
-        metrics::decided(&check.policy, Outcome::Denied);
-    }
-    trace_decision(&checks[0].policy, Outcome::Denied, None);
-    let limited = Limited::new(checks, &denials, 0, None);
-    Next::Answer(reject(shared, parts, Rejection::Limited(&limited)))
-}
-
 /// Counts `outcome` for every check of a request, and traces it.
-fn report_all(checks: &[Check], outcome: Outcome, took: Option<Duration>) {
+fn decided_all(checks: &[Check], outcome: Outcome, took: Option<Duration>) {
     for check in checks {
         metrics::decided(&check.policy, outcome);
     }

@@ -14,7 +14,7 @@ use smallvec::SmallVec;
 use crate::layer::background::in_background;
 use crate::policy::cost::Checks;
 use crate::policy::{Algorithm, Count};
-use crate::response::headers::{HeaderFormat, RateHeaders};
+use crate::response::headers::{HeaderFormat, RateHeaders, closest_to_denying};
 use crate::store::{Check, Decision, Decisions, Store, StoreError};
 use crate::throttle::{REFUND_FAILURES, RELEASE_FAILURES};
 
@@ -205,9 +205,11 @@ impl HeaderSource {
                 decision.reset = Duration::ZERO;
             }
         }
+        let reported = closest_to_denying(&self.decisions);
         RateHeaders::admitted(
             &self.checks,
             &self.decisions,
+            reported,
             self.ietf_policy.as_ref(),
             self.format,
         )

@@ -2,13 +2,13 @@
 //! address has had too many refused (see [`CredentialFailures`]), counted
 //! in the store before the answer.
 //!
-//! [`CredentialFailures`]: super::credential_failures::CredentialFailures
 
 use bytes::Bytes;
 use http::Response;
 use http::request::Parts;
 
 use crate::key::KeyRejection;
+use crate::layer::credential_failures::CredentialFailures;
 use crate::layer::deny_cache::{Denied, DenyCache};
 use crate::layer::reject::reject;
 use crate::layer::settings::Shared;
@@ -61,10 +61,13 @@ impl Refusal {
     }
 }
 
-/// The count of this address's refused credentials, when the layer
-/// counts them and the request presents some.
-pub(crate) fn refusal_of(shared: &Shared, parts: &Parts) -> Option<Check> {
-    let failures = shared.credential_failures.as_ref()?;
+/// The count of this address's refused credentials under `failures`,
+/// when the request presents some.
+pub(crate) fn refusal_of(
+    shared: &Shared,
+    failures: &CredentialFailures,
+    parts: &Parts,
+) -> Option<Check> {
     let mut check = failures.check_for(parts, &*shared.keys)?;
     shared.in_namespace(&mut check);
     Some(check)

@@ -229,14 +229,15 @@ impl RateHeaders {
     }
 
     /// The headers of an admitted request: the `X-RateLimit-*` trio from
-    /// the decision [closest to denying](closest_to_denying).
+    /// the decision at `reported`, the one [closest to
+    /// denying](closest_to_denying).
     pub(crate) fn admitted(
         checks: &[Check],
         decisions: &[Decision],
+        reported: usize,
         policy: Option<&HeaderValue>,
         format: HeaderFormat,
     ) -> Self {
-        let reported = closest_to_denying(decisions);
         Self::new(checks, decisions, reported, None, policy, format)
     }
 

@@ -36,15 +36,18 @@ use std::time::Duration;
 use crate::clock::duration_micros;
 use crate::key::Key;
 use crate::policy::{Algorithm, Limits, Policy, PolicyError};
-use crate::soon::Soon;
 
 /// What a [`Store`] decided for a batch: one [`Decision`] per check.
 pub type CheckOutcome = Result<Decisions, StoreError>;
 
-/// The future a [`Store`] returns: either an answer already known, as from
-/// [`MemoryStore`], which costs no allocation and lets the layer go on
-/// without a second poll, or a boxed future, as from a network store.
-/// A check's answer is its [`Decisions`]; a refund's, `()`.
+/// The future a [`Store`] returns: an answer already known, as from
+/// [`MemoryStore`], or a boxed future, as from a network store (see
+/// [`Soon`]). A check's answer is its [`Decisions`]; a refund's, `()`.
+pub type CheckFuture<T = Decisions> = Soon<Result<T, StoreError>>;
+
+/// A value known now, which costs no allocation and lets the caller go on
+/// without a second poll, or a boxed future of it. A [`Store`]'s answer
+/// is one ([`CheckFuture`]).
 ///
 /// ```
 /// use slidegate::store::{CheckFuture, Decisions, StoreError};
@@ -56,37 +59,59 @@ pub type CheckOutcome = Result<Decisions, StoreError>;
 /// let later: CheckFuture = CheckFuture::new(async { Err(StoreError::Timeout(Duration::from_millis(50))) });
 /// assert!(later.into_ready().is_err(), "a boxed future is never taken as ready");
 /// ```
-#[must_use = "a store decides nothing until its future is polled"]
-pub struct CheckFuture<T = Decisions>(Soon<Result<T, StoreError>>);
+///
+#[must_use = "nothing happens until the future is polled"]
+pub struct Soon<T>(Value<T>);
 
-impl<T> CheckFuture<T> {
-    /// An answer known at once.
-    pub fn ready(outcome: Result<T, StoreError>) -> Self {
-        Self(Soon::now(outcome))
+enum Value<T> {
+    /// Known now; `None` once taken by a poll.
+    Now(Option<T>),
+    /// Known when the future ends.
+    Later(Pin<Box<dyn Future<Output = T> + Send + 'static>>),
+}
+
+impl<T> Soon<T> {
+    /// `value`, known now.
+    pub fn ready(value: T) -> Self {
+        Self(Value::Now(Some(value)))
     }
 
-    /// An answer that comes later, from `future`.
-    pub fn new(future: impl Future<Output = Result<T, StoreError>> + Send + 'static) -> Self {
-        Self(Soon::later(future))
+    /// The value `future` gives, later.
+    pub fn new(future: impl Future<Output = T> + Send + 'static) -> Self {
+        Self(Value::Later(Box::pin(future)))
     }
 
-    /// The answer if it was known at once, or the future back.
-    pub fn into_ready(self) -> Result<Result<T, StoreError>, Self> {
-        self.0.into_now().map_err(Self)
+    /// The value if it was known at once, or this back to wait for.
+    pub fn into_ready(self) -> Result<T, Self> {
+        match self.0 {
+            Value::Now(Some(value)) => Ok(value),
+            value => Err(Self(value)),
+        }
     }
 }
 
-impl<T> Future for CheckFuture<T> {
-    type Output = Result<T, StoreError>;
+impl<T> Future for Soon<T> {
+    type Output = T;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Pin::new(&mut self.0).poll(cx)
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        match &mut self.0 {
+            Value::Now(value) => Poll::Ready(value.take().expect("polled after completion")),
+            Value::Later(future) => future.as_mut().poll(cx),
+        }
     }
 }
 
-impl<T> fmt::Debug for CheckFuture<T> {
+// The future is pinned on the heap, so the value moves freely.
+impl<T> Unpin for Soon<T> {}
+
+impl<T> fmt::Debug for Soon<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("CheckFuture").field(&self.0).finish()
+        let state = match &self.0 {
+            Value::Now(Some(_)) => "ready",
+            Value::Now(None) => "taken",
+            Value::Later(_) => "later",
+        };
+        f.debug_tuple("Soon").field(&state).finish()
     }
 }
 

@@ -12,7 +12,8 @@ use crate::RateLimitLayer;
 use crate::key::{Global, Key, PeerIp};
 use crate::layer::batch::{Batch, Modes};
 use crate::layer::decide::decide;
-use crate::layer::outcome::{Next, outcome};
+use crate::layer::future::Next;
+use crate::layer::outcome::outcome;
 use crate::metrics::Timer;
 use crate::policy::cost::Checks;
 use crate::policy::{Cost, Policies, Policy};
@@ -122,7 +123,7 @@ fn answered(layer: &RateLimitLayer, fail_closed: bool, answer: CheckOutcome) -> 
         fail_closed,
     };
     let parts = head(Method::GET, "/");
-    match outcome(&layer.shared, &parts, plan, None, &batch, answer).into_now() {
+    match outcome(&layer.shared, &parts, plan, None, &batch, answer).into_ready() {
         Ok(next) => next,
         Err(_) => panic!("the request waits"),
     }
@@ -217,7 +218,7 @@ fn a_delayed_admission_is_known_once_it_has_waited() {
         &batch,
         Ok([delayed].into()),
     );
-    let Err(waiting) = later.into_now() else {
+    let Err(waiting) = later.into_ready() else {
         panic!("a delayed request went on at once");
     };
     assert_eq!(layer.delayed(), 1, "it holds a place while it waits");
