@@ -14,7 +14,7 @@ use smallvec::SmallVec;
 use tokio::time::Instant;
 
 use crate::key::Key;
-use crate::lookup::{LIMIT_TIMED_OUT, Lookup, LookupFuture, within};
+use crate::lookup::{LIMIT_REFRESH_TIMED_OUT, LIMIT_TIMED_OUT, Lookup, LookupFuture, within};
 use crate::policy::Policy;
 use crate::throttle::LIMIT_LOOKUP_INVALID;
 
@@ -184,7 +184,7 @@ impl ClientLimits {
         let policy = policy.clone();
         runtime.spawn(async move {
             // A refresh that times out keeps the stale answer.
-            if let Some(answer) = within(lookup, timeout, &LIMIT_TIMED_OUT).await {
+            if let Some(answer) = within(lookup, timeout, &LIMIT_REFRESH_TIMED_OUT).await {
                 let limit = limits.accepted(&policy, answer);
                 limits.keep(pair, limit, limits.ttl);
             }

@@ -109,6 +109,10 @@ pub(crate) static API_KEY_TIMED_OUT: TimedOut =
 pub(crate) static LIMIT_TIMED_OUT: TimedOut =
     TimedOut::warning("limit lookup timed out; the last answer or the tier's limits apply");
 
+/// Refreshes of a kept limit past the layer's wait.
+pub(crate) static LIMIT_REFRESH_TIMED_OUT: TimedOut =
+    TimedOut::warning("limit lookup refresh timed out; the kept answer stays in force");
+
 /// The answer of `lookup` if it comes within `timeout`; `None` past it,
 /// warned of as `timed_out` says.
 pub(crate) async fn within<A>(

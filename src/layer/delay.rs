@@ -152,23 +152,29 @@ impl Drop for Unpassed {
 }
 
 /// The denials of a request the store admitted after `wait` but the
-/// layer has no room to hold (`checks` and their `decisions`, the enforced
-/// ones): its units are given back (its leases released), unless a policy
-/// of its blocks, where they stay counted, so that a flood that fills the
-/// layer still reaches its block. Each denial's retry time is the wait.
+/// layer has no room to hold, one per enforced check (the first
+/// `enforced` of `checks`, with their `decisions`), each to retry after
+/// the wait. Its units are given back and its leases released, shadow
+/// checks' included, unless an enforced policy of its blocks: then they
+/// stay counted, so that a flood that fills the layer still reaches its
+/// block.
 pub(crate) fn unheld(
     store: &Arc<dyn Store>,
     checks: &[Check],
     decisions: &[Decision],
+    enforced: usize,
     wait: Duration,
 ) -> Decisions {
     // Its leases go at once.
     drop(Owed::of(store, checks, decisions, None, None, || None));
     let unpassed = Unpassed::of(store, checks, decisions);
-    if checks.iter().any(|check| check.block_micros > 0) {
+    if checks[..enforced]
+        .iter()
+        .any(|check| check.block_micros > 0)
+    {
         unpassed.keep();
     }
-    let denials: Decisions = decisions
+    decisions[..enforced]
         .iter()
         .map(|d| Decision {
             admitted: false,
@@ -177,8 +183,7 @@ pub(crate) fn unheld(
             recorded_at: None,
             ..*d
         })
-        .collect();
-    denials
+        .collect()
 }
 
 /// The bytes a held request's head keeps: its URI and header fields.

@@ -88,7 +88,7 @@ impl RateLimitLayer {
     ///
     /// When the store [`is_remote`](Store::is_remote) (Redis), the layer
     /// keeps a [`DenyCache`] of 10,000 entries; see
-    /// [`deny_cache`](Self::with_deny_cache).
+    /// [`with_deny_cache`](Self::with_deny_cache).
     pub fn new(store: impl Store, key_extractor: impl KeyExtractor, policies: Policies) -> Self {
         let deny_cache = store
             .is_remote()
@@ -153,7 +153,7 @@ impl RateLimitLayer {
     ///
     /// The layer asks once per client and policy, waits at most its
     /// [lookup timeout](Self::with_lookup_timeout), and keeps the answer for a
-    /// while ([`limit_lookup_ttl`](Self::with_limit_lookup_ttl), 60 s by
+    /// while ([`with_limit_lookup_ttl`](Self::with_limit_lookup_ttl), 60 s by
     /// default), so most requests do not wait at all. Past its time, an
     /// answer is still served while it is refreshed in the background: a
     /// slow lookup never lifts a client's own limit to the tier's. A lookup
@@ -346,7 +346,7 @@ impl<S> Layer<S> for RateLimitLayer {
     /// If another layer of the process on the same store (and namespace)
     /// has a policy of one of this layer's names that counts otherwise:
     /// the two would share counts under two limits. Give one layer a
-    /// [`namespace`](RateLimitLayer::with_namespace), or the policies distinct
+    /// [namespace](RateLimitLayer::with_namespace), or the policies distinct
     /// names.
     fn layer(&self, inner: S) -> Self::Service {
         let shared = &self.shared;

@@ -182,8 +182,8 @@ fn decided_by(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Soon<Ne
         ) {
             Some(slot) => Some((wait, slot)),
             None => {
-                let (checks, decisions) = (&checks[..enforced], &decisions[..enforced]);
-                let denials = unheld(store, checks, decisions, wait);
+                let denials = unheld(store, checks, decisions, enforced, wait);
+                let checks = &checks[..enforced];
                 for check in checks {
                     metrics::decided(&check.policy, Outcome::Denied);
                 }
@@ -238,10 +238,7 @@ fn decided_by(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Soon<Ne
             .collect()
     });
     let format = settings.header_format;
-    let (shown, reported) = match &shifted {
-        Some(shifted) => (&shifted[..], closest_to_denying(shifted)),
-        None => (decisions, reported),
-    };
+    let shown = shifted.as_deref().unwrap_or(decisions);
     let headers = RateHeaders::admitted(checks, shown, reported, ietf_policy, format);
     let owed = Owed::of(store, checks, decisions, counts, answered.local, || {
         (!headers.is_empty()).then(|| HeaderSource {

@@ -131,11 +131,11 @@ impl Owed {
                 debts.counts.push((count, position));
             }
         }
-        if local.is_some() {
-            debts.get_or_insert_with(new).local = local;
-        }
         let mut debts = debts?;
         if !debts.refunds.is_empty() {
+            // The local counts give their units back with the store's, and
+            // keep them when the store keeps its own.
+            debts.local = local;
             debts.headers = headers();
         }
         Some(Self(debts))

@@ -148,9 +148,9 @@ impl RateLimitLayer {
     }
 
     /// How long to wait for a lookup (default 100 ms): a client's tier
-    /// ([`tier_lookup`](Self::with_tier_lookup)), an API key outside its table
+    /// ([`with_tier_lookup`](Self::with_tier_lookup)), an API key outside its table
     /// ([`Header::with_lookup`](crate::Header::with_lookup)) or a client's own limit
-    /// ([`limit_lookup`](Self::with_limit_lookup)). Past it, the request goes on
+    /// ([`with_limit_lookup`](Self::with_limit_lookup)). Past it, the request goes on
     /// as each says (the base limits, an unknown key, the tier's limit),
     /// and a warning is traced.
     ///
@@ -261,7 +261,7 @@ impl RateLimitLayer {
     /// The most bytes of request heads (URI and header fields) this layer
     /// holds at once in held requests; default 64 MiB. Past it, a request
     /// the store would hold is answered `429`, as past
-    /// [`max_delayed`](Self::with_max_delayed).
+    /// [`with_max_delayed`](Self::with_max_delayed).
     ///
     /// ```
     /// use slidegate::{Global, Policies, Policy, RateLimitLayer, store::MemoryStore};

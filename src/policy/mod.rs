@@ -37,7 +37,7 @@ pub enum Algorithm {
     FixedWindow,
     /// A token bucket (GCRA, one timestamp per client): a steady rate of
     /// `limit` units per `window`, with a bucket of
-    /// [`burst`](Policy::with_burst) units (default: the limit) that a
+    /// [burst](Policy::with_burst) units (default: the limit) that a
     /// client may spend at once. Exact for its model; `burst × window in
     /// µs` must stay below 2^52 so the arithmetic is exact in Redis.
     /// Decisions report the burst as their limit.

@@ -474,3 +474,47 @@ async fn a_request_the_layer_has_no_room_for_is_denied(tested: StoreUnderTest) {
     let _redis = tested.redis;
 }
 on_both_stores!(a_request_the_layer_has_no_room_for_is_denied, fake_clock);
+
+async fn a_request_the_layer_has_no_room_for_gives_back_its_shadow_units(tested: StoreUnderTest) {
+    let spares =
+        Policy::new("spares", 1, Duration::from_millis(100)).with_delay(Duration::from_millis(500));
+    let watch = Policy::new("watch", 100, Duration::from_secs(60)).with_shadow(true);
+    let policies = Policies::builder()
+        .route("/", spares)
+        .route("/", watch)
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::new(tested.store, Global, policies).with_max_delayed(0);
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route_layer(layer.clone());
+    assert_eq!(send(&app, request()).await.status, StatusCode::OK);
+    // The store would hold each of these, and counts them under the shadow
+    // policy too; the layer has no room, so each gives every unit back.
+    for _ in 0..5 {
+        assert_eq!(
+            send(&app, request()).await.status,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+    }
+    let key = slidegate::key::Key::parse("global").unwrap();
+    // Refunds go back on a task of their own.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let watched = layer.peek("watch", &key, None).await.unwrap();
+        if watched.remaining == 99 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the shadow policy kept the units of refused requests: {} left",
+            watched.remaining
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let _redis = tested.redis;
+}
+on_both_stores!(
+    a_request_the_layer_has_no_room_for_gives_back_its_shadow_units,
+    fake_clock
+);

@@ -158,7 +158,7 @@ impl RedisStoreBuilder {
     ///
     /// # Errors
     ///
-    /// If the [`prefix`](Self::with_prefix) holds `{` or `}`.
+    /// If the [prefix](Self::with_prefix) holds `{` or `}`.
     pub fn build(self) -> Result<RedisStore, PrefixError> {
         if self.prefix.contains(['{', '}']) {
             return Err(PrefixError {

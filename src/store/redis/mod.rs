@@ -830,19 +830,22 @@ impl Store for RedisStore {
 
 impl RedisStore {
     /// `op` on `checks`, which `run` sends and reads within the store's
-    /// timeout.
+    /// timeout, counted from the first poll.
     fn ask<T, F>(
         &self,
         checks: &[Check],
         op: Op,
-        run: impl FnOnce(Arc<Inner>, Call, tokio::time::Instant) -> F,
+        run: impl FnOnce(Arc<Inner>, Call, tokio::time::Instant) -> F + Send + 'static,
     ) -> CheckFuture<T>
     where
         F: Future<Output = Result<T, StoreError>> + Send + 'static,
     {
         let call = Call::new(self, checks, op);
-        let deadline = tokio::time::Instant::now() + self.inner.timeout;
-        CheckFuture::new(run(self.inner.clone(), call, deadline))
+        let inner = self.inner.clone();
+        CheckFuture::new(async move {
+            let deadline = tokio::time::Instant::now() + inner.timeout;
+            run(inner, call, deadline).await
+        })
     }
 }
 
