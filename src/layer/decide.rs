@@ -33,8 +33,7 @@ use crate::policy::cost::{self, Costs};
 use crate::policy::plan::Plan;
 use crate::policy::{Cost, FailMode, Policies};
 use crate::rejection::Rejection;
-use crate::store::CheckFuture;
-use crate::store::Soon;
+use crate::store::{CheckFuture, Soon};
 
 /// Decides the request whose head is `parts` as far as it can without
 /// waiting; `Err` is the rest of the decision of a request that must

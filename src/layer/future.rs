@@ -1,5 +1,6 @@
-//! [`ResponseFuture`]: a request deciding (only when it must wait), then
-//! calling the inner service or answered by the limiter.
+//! [`ResponseFuture`]: a request waiting for its decision (only when it
+//! must), then calling the inner service with where its decision sent it
+//! ([`Next`]), or answered by the limiter.
 
 use std::future::Future;
 use std::pin::Pin;
