@@ -189,6 +189,15 @@ impl<S: Source> Lanes<S> {
         if let Some(ticket) = self.share(lane) {
             return Ok(ticket);
         }
+        // Boxed: a lane is filled rarely, and opening a connection is a
+        // large future, whose size every call's future would carry (and
+        // copy at each move) otherwise.
+        Box::pin(self.fill(lane)).await
+    }
+
+    /// A ticket on `lane`, with a connection taken from the pool for it
+    /// unless another caller filled it meanwhile.
+    async fn fill(&self, lane: usize) -> Result<Ticket<S::Shared>, PoolError> {
         let _filling = self.lanes[lane].filling.lock().await;
         // Filled by the call that held the lock before this one?
         if let Some(ticket) = self.share(lane) {

@@ -570,7 +570,8 @@ impl Inner {
         let exchange = async {
             let reply = match replies(&fcall, connection).await {
                 Err(error) if Library::missing(&error) => {
-                    self.load(connection, &queued[0].call.keys[0]).await?;
+                    // Boxed: rare, and its future would make every batch's larger.
+                    Box::pin(self.load(connection, &queued[0].call.keys[0])).await?;
                     replies(&fcall, connection).await
                 }
                 reply => reply,
@@ -591,40 +592,65 @@ impl Inner {
     /// `FCALL`, loading the library first where it is missing; `EVALSHA`
     /// where Redis refuses functions.
     async fn decide<C: Routed>(&self, connection: &mut C, call: &Call) -> RedisResult<Vec<i64>> {
-        if !self.library.refused() {
-            let mut fcall = cmd("FCALL");
-            fcall
-                .arg(&self.library.function)
-                .arg(call.keys.len())
-                .arg(&call.keys)
-                .arg(self.time())
-                .arg(Arguments(call));
-            let reply = match fcall.query_async(connection).await {
-                Err(error) if Library::missing(&error) => {
-                    match self.load(connection, &call.keys[0]).await {
-                        Ok(()) => fcall.query_async(connection).await,
-                        Err(error) if Library::refuses(&error) => Err(error),
-                        Err(error) => return Err(error),
-                    }
-                }
-                reply => reply,
-            };
-            match reply {
-                Err(error) if Library::out_of_memory(&error) => {
-                    // A client already tracked is still decided.
-                    let mut held = cmd("FCALL");
-                    held.arg(&self.library.held_function)
-                        .arg(call.keys.len())
-                        .arg(&call.keys)
-                        .arg(self.time())
-                        .arg(Arguments(call));
-                    return held.query_async(connection).await;
-                }
-                Err(error) if Library::refuses(&error) => {}
-                reply => return reply,
-            }
-            self.library.refuse();
+        if self.library.refused() {
+            return Box::pin(self.evalsha(connection, call)).await;
         }
+        let fcall = self.fcall(&self.library.function, call);
+        match fcall.query_async(connection).await {
+            // Boxed, as every path but the first answer: their futures
+            // would make every call's larger, and it is copied at each move.
+            Err(error) => Box::pin(self.after_error(connection, call, fcall, error)).await,
+            reply => reply,
+        }
+    }
+
+    /// `FCALL` of `function` for `call`.
+    fn fcall(&self, function: &str, call: &Call) -> Cmd {
+        let mut fcall = cmd("FCALL");
+        fcall
+            .arg(function)
+            .arg(call.keys.len())
+            .arg(&call.keys)
+            .arg(self.time())
+            .arg(Arguments(call));
+        fcall
+    }
+
+    /// What follows an `FCALL` of `call` that failed with `error`: the
+    /// library loaded and the call sent again where it was missing; the
+    /// function that decides tracked clients alone where Redis is out of
+    /// memory; `EVALSHA` from now on where Redis refuses functions.
+    async fn after_error<C: Routed>(
+        &self,
+        connection: &mut C,
+        call: &Call,
+        fcall: Cmd,
+        error: RedisError,
+    ) -> RedisResult<Vec<i64>> {
+        let reply = if Library::missing(&error) {
+            match self.load(connection, &call.keys[0]).await {
+                Ok(()) => fcall.query_async(connection).await,
+                Err(error) if Library::refuses(&error) => Err(error),
+                Err(error) => return Err(error),
+            }
+        } else {
+            Err(error)
+        };
+        match reply {
+            Err(error) if Library::out_of_memory(&error) => {
+                // A client already tracked is still decided.
+                let held = self.fcall(&self.library.held_function, call);
+                return held.query_async(connection).await;
+            }
+            Err(error) if Library::refuses(&error) => {}
+            reply => return reply,
+        }
+        self.library.refuse();
+        self.evalsha(connection, call).await
+    }
+
+    /// The script by `EVALSHA`, where Redis refuses functions.
+    async fn evalsha<C: Routed>(&self, connection: &mut C, call: &Call) -> RedisResult<Vec<i64>> {
         let mut invocation = self.script.prepare_invoke();
         for key in &call.keys {
             invocation.key(key);
@@ -869,6 +895,38 @@ impl Inner {
                 "a batched check lost its answer".to_owned(),
             )),
             Err(_) => Err(StoreError::Timeout(self.timeout)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod future_sizes {
+    use super::*;
+
+    /// A call's future is moved by value several times on its way (into
+    /// its box, into a spawned task): kept small, each move is cheap. The
+    /// rare paths (opening a connection, loading the library, `EVALSHA`)
+    /// are boxed for this; together they made it over 10 KB.
+    #[tokio::test]
+    async fn the_futures_of_a_call_stay_small() {
+        let pool = deadpool_redis::Config::from_url("redis://127.0.0.1:1/")
+            .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+            .unwrap();
+        let store = RedisStore::builder(RedisPool::from(pool)).build().unwrap();
+        let policy = crate::Policy::new("p", 10, Duration::from_secs(1));
+        let checks = [Check::new(&policy, crate::key::Key::new("c")).unwrap()];
+        let deadline = tokio::time::Instant::now();
+        let call = || Call::new(&store, &checks, Op::Check);
+        let inner = &store.inner;
+        let sizes = [
+            (
+                "check",
+                std::mem::size_of_val(&inner.clone().check(call(), deadline)),
+            ),
+            ("flush", std::mem::size_of_val(&inner.clone().flush())),
+        ];
+        for (future, size) in sizes {
+            assert!(size <= 2048, "the future of `{future}` is {size} bytes");
         }
     }
 }
