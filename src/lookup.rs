@@ -33,17 +33,15 @@ pub type LookupFuture<A> = Pin<Box<dyn Future<Output = A> + Send + 'static>>;
 /// ```
 /// use slidegate::lookup::Lookup;
 ///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
 /// // A closure of the question is a lookup.
 /// let even = |n: &u32| {
 ///     let even = n % 2 == 0;
 ///     async move { even }
 /// };
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() {
-/// # let even = |n: &u32| { let even = n % 2 == 0; async move { even } };
 /// assert!(even.lookup(&4).await);
 /// # }
-/// # let _ = even;
 /// ```
 pub trait Lookup<Q>: Send + Sync + 'static {
     /// What the lookup answers.

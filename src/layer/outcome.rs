@@ -113,7 +113,7 @@ pub(crate) fn outcome(
 /// `RateLimit-Policy` as `plan` has it for `tier`, when every policy
 /// counts the request (`checks` holds one check per policy) in the plan's
 /// order.
-pub(crate) fn ietf_policy<'a>(
+fn ietf_policy<'a>(
     plan: &'a Plan,
     tier: Option<&str>,
     checks: &[Check],
@@ -306,7 +306,7 @@ fn decided_all(checks: &[Check], outcome: Outcome, took: Option<Duration>) {
 
 /// The debug-level `rate_limit` span of a decided request: the policy
 /// reported (or that denied), the outcome, and the store's time.
-pub(crate) fn trace_decision(policy: &str, outcome: Outcome, took: Option<Duration>) {
+fn trace_decision(policy: &str, outcome: Outcome, took: Option<Duration>) {
     // Checked first: a span costs a few hundred instructions even when no
     // one listens (tracing's `log` fallback).
     if !tracing::enabled!(tracing::Level::DEBUG) {

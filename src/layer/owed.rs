@@ -141,9 +141,11 @@ impl Owed {
         Some(Self(debts))
     }
 
-    /// Whether some units wait for the response's status.
+    /// Whether some units wait for the response's status (the local
+    /// counts' are attached only beside the store's, and settled with
+    /// them).
     pub(crate) fn awaits_status(&self) -> bool {
-        !self.0.refunds.is_empty() || self.0.local.as_ref().is_some_and(Self::awaits_status)
+        !self.0.refunds.is_empty()
     }
 
     /// Gives back the units a response that `failed` (or succeeded) does
