@@ -72,8 +72,14 @@ local expiry_grace_ms = 0
 -- fields, valid for the window they were computed with, or a log's state
 -- with what the call has yet to write (see `write_logs`). Each
 -- algorithm's `remember` fills it once a request's writes are done, so a
--- request that fails leaves nothing in it.
+-- request that fails leaves nothing in it. A log's entry is its state
+-- itself, which the next request of the key takes over (see `prepare`):
+-- one that fails before its writes leaves the log at most pruned to
+-- `now`, as any request of the call would.
 local known = {}
+-- The numbers of this call's arguments, each parsed once: a batch's
+-- requests mostly repeat their policies' limits, windows and costs.
+local numbers
 
 -- The work this call has done in logs' pages hashes: fields read or
 -- written, a page counting as PAGE_WORK (see BATCH_WORK).
@@ -198,14 +204,6 @@ local CLEAN_PAGES = 8
 
 local log = {}
 
--- What one request of a call leaves for the next of the same key: the
--- header's fields, and what the call has yet to write.
-local LOG_STATE = {
-  'exists', 'ow', 'cw', 'levels', 'tail_page', 'head_page', 'head_index', 'clean',
-  'tail_count', 'tail_base', 'tail_sum', 'sum', 'oldest', 'newest', 'expires', 'span',
-  'pages', 'tail', 'tail_view', 'rewrite', 'pending', 'ttl', 'new_store', 'found',
-}
-
 local function int(n)
   return string.format('%d', n)
 end
@@ -311,16 +309,18 @@ local function search_time(v, from, x)
 end
 
 -- The tail's record bytes: kept in Lua once this call rewrites the
--- string, else read from it.
+-- string, else read from it, followed by the records this call has
+-- appended and not yet written (`unwritten`, see `log_flush`).
 local function tail_bytes(s)
   if s.tail ~= nil then
     return s.tail
   end
-  if s.tail_count == 0 then
-    return ''
+  local written = s.tail_count * (s.ow + s.cw) - #s.unwritten
+  if written == 0 then
+    return s.unwritten
   end
   local first = s.header_size or LOG_HEADER_SIZE
-  return redis.call('GETRANGE', s.key, first, first + s.tail_count * (s.ow + s.cw) - 1)
+  return redis.call('GETRANGE', s.key, first, first + written - 1) .. s.unwritten
 end
 
 -- Page `n` as a view; sealed pages are cached for the rest of the call.
@@ -428,7 +428,17 @@ local function seek(s, x)
   if s.oldest > x then
     return s.head_page, s.head_index
   end
-  local lo, hi = s.head_page, s.tail_page
+  -- Pruning moves the head a few records at a time: the head's page, or
+  -- the next one, most often holds the position.
+  local head = page(s, s.head_page)
+  if s.head_page == s.tail_page or record_at(head, head.count - 1) > x then
+    return s.head_page, search_time(head, s.head_index, x)
+  end
+  local lo, hi = s.head_page + 1, s.tail_page
+  -- An empty tail's base is stale: it holds nothing earlier than x.
+  if lo == hi and s.tail_count == 0 or page(s, lo).base > x then
+    return s.head_page, head.count
+  end
   while lo < hi do
     local mid = lo + math.ceil((hi - lo) / 2)
     -- An empty tail's base is stale: it holds nothing earlier than x.
@@ -438,11 +448,7 @@ local function seek(s, x)
       hi = mid - 1
     end
   end
-  local from = 0
-  if lo == s.head_page then
-    from = s.head_index
-  end
-  return lo, search_time(page(s, lo), from, x)
+  return lo, search_time(page(s, lo), 0, x)
 end
 
 -- The live record at or after position (m, i), or nil if there is none.
@@ -498,6 +504,17 @@ local function find_units(s, m, i, need)
   return s.tail_page, search_total(v, i, target)
 end
 
+-- The cost of live records from the head up to position (m, i), at or
+-- after it: what leaves when the head moves there.
+local function sum_before(s, m, i)
+  local head = page(s, s.head_page)
+  local before = total_before(head, s.head_index)
+  if m == s.head_page then
+    return total_before(head, i) - before
+  end
+  return page_total(head) - before + tree_sum(s, s.head_page + 1, m - 1) + total_before(page(s, m), i)
+end
+
 local function time_at(s, m, i)
   return (record_at(page(s, m), i))
 end
@@ -515,7 +532,7 @@ local function log_clear(s)
   s.tail_page, s.clean, s.levels = 0, 0, 0
   s.head_page, s.head_index, s.tail_count, s.ow, s.cw = 0, 0, 0, 4, 0
   s.tail_base, s.tail_sum, s.sum, s.oldest, s.newest, s.span = 0, 0, 0, 0, 0, 0
-  s.tail, s.tail_view, s.found = '', nil, {}
+  s.tail, s.unwritten, s.tail_view, s.found = '', '', nil, nil
   s.rewrite, s.dirty = s.exists, true
 end
 
@@ -527,7 +544,7 @@ end
 
 -- Reads the header into `s`.
 local function log_read(s)
-  s.pages, s.found = {}, {}
+  s.pages, s.found, s.unwritten = {}, nil, ''
   local header = redis.call('GETRANGE', s.key, 0, LOG_HEADER_SIZE - 1)
   if header == '' then
     -- A new log; pages left by one whose string was evicted go first.
@@ -577,10 +594,10 @@ local function log_prune(s)
     log_clear(s)
     return
   end
+  s.sum = s.sum - sum_before(s, m, i)
   s.head_page, s.head_index = m, i
-  s.sum = sum_from(s, m, i)
   s.oldest = time_at(s, m, i)
-  s.dirty, s.found = true, {}
+  s.dirty, s.found = true, nil
 end
 
 -- The clock has stepped back by more than a window since the newest
@@ -596,15 +613,10 @@ local function log_gather(s)
   s.rewrite, s.dirty = true, true
 end
 
--- Brings a copy of what this call last left for the key (or the header)
--- up to `now`, and finds the window's count.
+-- Brings the log (as this call last left it, see `prepare`, or else its
+-- header) up to `now`, and finds the window's count.
 function log.prepare(s)
-  local left = known[s.key]
-  if left ~= nil then
-    for _, field in ipairs(LOG_STATE) do
-      s[field] = left[field]
-    end
-  else
+  if s.pages == nil then
     log_read(s)
   end
   log_prune(s)
@@ -692,7 +704,7 @@ local function log_seal(s)
   -- The hash may be new: its TTL is set with the string's.
   s.new_store = true
   s.tail_page, s.tail_count, s.tail_sum = n + 1, 0, 0
-  s.tail, s.tail_view, s.rewrite = '', nil, true
+  s.tail, s.unwritten, s.tail_view, s.rewrite = '', '', nil, true
   -- The tree covers every live page in O(levels) blocks.
   while s.tail_page - s.head_page > 2 ^ s.levels do
     local k = s.levels + 1
@@ -716,7 +728,7 @@ local function log_widen(s, ow, cw)
     parts[i + 1] = encode(s.tail_base, ow, cw, time, total)
   end
   s.ow, s.cw = ow, cw
-  s.tail, s.tail_view, s.rewrite = table.concat(parts), nil, true
+  s.tail, s.unwritten, s.tail_view, s.rewrite = table.concat(parts), '', nil, true
 end
 
 -- Appends a record at `time` of `cost` to the tail, sealing or widening
@@ -747,7 +759,7 @@ local function log_append(s, time, cost)
   if s.rewrite then
     s.tail = tail_bytes(s) .. record
   else
-    redis.call('APPEND', s.key, record)
+    s.unwritten = s.unwritten .. record
   end
   s.tail_count, s.tail_sum, s.tail_view = s.tail_count + 1, s.tail_sum + cost, nil
 end
@@ -779,7 +791,7 @@ function log.record(s)
     s.window_oldest = time
   end
   s.sum, s.in_window, s.newest = s.sum + s.cost, s.in_window + s.cost, time
-  s.recorded, s.dirty, s.found = time, true, {}
+  s.recorded, s.dirty, s.found = time, true, nil
   log_write(s)
 end
 
@@ -797,7 +809,7 @@ local function log_remove(s, m, i, cost)
   end
   local bytes = table.concat(parts)
   if m == s.tail_page then
-    s.tail, s.tail_view, s.rewrite = bytes, nil, true
+    s.tail, s.unwritten, s.tail_view, s.rewrite = bytes, '', nil, true
     s.tail_count, s.tail_sum = s.tail_count - 1, s.tail_sum - cost
   else
     local value = struct.pack(PAGE_HEADER, v.base, v.ow, v.cw) .. bytes
@@ -805,7 +817,7 @@ local function log_remove(s, m, i, cost)
     s.pages[m] = view(v.base, v.ow, v.cw, value, PAGE_HEADER_SIZE + 1)
     tree_add(s, m, -cost)
   end
-  s.sum, s.dirty, s.found = s.sum - cost, true, {}
+  s.sum, s.dirty, s.found = s.sum - cost, true, nil
   if s.sum == 0 then
     log_clear(s)
   elseif m == s.head_page and i == s.head_index then
@@ -841,10 +853,15 @@ function log.retry(s)
   end
   -- A flood of one client's requests in one call asks the same.
   local asked = int(s.first_page) .. ':' .. int(s.first_index) .. ':' .. int(need)
-  local time = s.found[asked]
+  local found = s.found
+  if found == nil then
+    found = {}
+    s.found = found
+  end
+  local time = found[asked]
   if time == nil then
     time = time_at(s, find_units(s, s.first_page, s.first_index, need))
-    s.found[asked] = time
+    found[asked] = time
   end
   return time + s.window - now
 end
@@ -883,6 +900,10 @@ local function log_flush(s)
     redis.call('SET', s.key, log_header(s) .. s.tail, 'KEEPTTL')
     s.rewrite, s.tail = false, nil
   else
+    if s.unwritten ~= '' then
+      redis.call('APPEND', s.key, s.unwritten)
+      s.unwritten = ''
+    end
     redis.call('SETRANGE', s.key, 0, log_header(s))
   end
   if s.ttl ~= nil then
@@ -1503,9 +1524,19 @@ local function write_logs()
   end
 end
 
+-- `numbers` parses an argument the first time it is asked for.
+local PARSED = {
+  __index = function(parsed, argument)
+    local number = tonumber(argument)
+    parsed[argument] = number
+    return number
+  end,
+}
+
 -- Sets `now` from a time argument: microseconds, or "" for Redis's TIME.
 local function set_now(time)
   known, work = {}, 0
+  numbers = setmetatable({}, PARSED)
   if time ~= '' then
     now = tonumber(time)
     expiry_grace_ms = 60000
@@ -1529,6 +1560,29 @@ local function key_count(argv, a)
   return count
 end
 
+-- A policy's state, sized for the fields `prepare` sets.
+local function new_state(algorithm, key)
+  return {
+    algorithm = algorithm, key = key, limit = 0, window = 0, cost = 0, id = 0, burst = 0,
+    block = 0, delay = 0,
+  }
+end
+
+-- A log's state, sized at once for every field it will hold (a field
+-- set to nil in a constructor is still given its slot).
+local function new_log(algorithm, key)
+  return {
+    algorithm = algorithm, key = key, limit = 0, window = 0, cost = 0, id = 0, burst = 0,
+    block = 0, delay = 0, store = nil, fits = nil, blocked = nil, block_key = nil, pass = nil,
+    recorded = nil, exists = nil, ow = nil, cw = nil, levels = nil, tail_page = nil,
+    head_page = nil, head_index = nil, clean = nil, tail_count = nil, tail_base = nil,
+    tail_sum = nil, sum = nil, oldest = nil, newest = nil, expires = nil, span = nil,
+    pages = nil, found = nil, unwritten = nil, tail = nil, tail_view = nil, rewrite = nil,
+    dirty = nil, header_size = nil, unlink_store = nil, in_window = nil, first_page = nil,
+    first_index = nil, window_oldest = nil, pending = nil, ttl = nil, new_store = nil,
+  }
+end
+
 -- The state of the policy whose arguments start at argv[a] and whose
 -- keys start at keys[k], brought up to `now` (reading only); and the
 -- index of the next key. `s.fits` says whether its own count fits the
@@ -1538,18 +1592,23 @@ local function prepare(keys, argv, k, a)
   if algorithm == nil then
     error('unknown algorithm ' .. tostring(argv[a]))
   end
-  local s = {
-    algorithm = algorithm,
-    key = keys[k],
-    limit = tonumber(argv[a + 1]),
-    window = tonumber(argv[a + 2]),
-    cost = tonumber(argv[a + 3]),
-    -- A lease's id is its cost argument, kept as sent.
-    id = argv[a + 3],
-    burst = tonumber(argv[a + 4]),
-    block = tonumber(argv[a + 5]),
-    delay = tonumber(argv[a + 6]),
-  }
+  local key = keys[k]
+  local s = known[key]
+  if algorithm == log and s ~= nil and s.algorithm == log then
+    -- The log as the call's last request of the key left it: what that
+    -- request alone was told is cleared.
+    s.blocked, s.block_key, s.recorded, s.window_oldest = nil, nil, nil, nil
+  else
+    s = (algorithm == log and new_log or new_state)(algorithm, key)
+  end
+  s.limit = numbers[argv[a + 1]]
+  s.window = numbers[argv[a + 2]]
+  s.cost = numbers[argv[a + 3]]
+  -- A lease's id is its cost argument, kept as sent.
+  s.id = argv[a + 3]
+  s.burst = numbers[argv[a + 4]]
+  s.block = numbers[argv[a + 5]]
+  s.delay = numbers[argv[a + 6]]
   k = k + 1
   if algorithm == log then
     s.store = keys[k]
