@@ -204,6 +204,10 @@ local CLEAN_PAGES = 8
 
 local log = {}
 
+-- A log's header that `log_common` read for a request it left to the
+-- general path, for `log_read` to take: the key and its bytes.
+local header_key, header_read
+
 local function int(n)
   return string.format('%d', n)
 end
@@ -545,7 +549,11 @@ end
 -- Reads the header into `s`.
 local function log_read(s)
   s.pages, s.found, s.unwritten = {}, nil, ''
-  local header = redis.call('GETRANGE', s.key, 0, LOG_HEADER_SIZE - 1)
+  local header = header_read
+  if header_key ~= s.key then
+    header = redis.call('GETRANGE', s.key, 0, LOG_HEADER_SIZE - 1)
+  end
+  header_key = nil
   if header == '' then
     -- A new log; pages left by one whose string was evicted go first.
     log_new(s)
@@ -884,6 +892,87 @@ function log.report(s)
     return remaining, 0
   end
   return remaining, s.window_oldest + s.window - now
+end
+
+-- The common case, decided on its own, as the general path would decide
+-- it but without its tables: a request of one sliding-log policy that
+-- neither blocks nor delays, admitted by a log whose live records all lie
+-- in its tail, which takes the record without being sealed or widened.
+-- Most requests of a client below its limit are this case. Returns the
+-- five integers of the admitted request, its record written; or nil,
+-- having written nothing, for any other case, which the general path
+-- then decides.
+local function log_common(keys, argv, k, a)
+  local key = keys[k]
+  if argv[a] ~= 'log' or argv[a + 5] ~= '0' or argv[a + 6] ~= '0' or known[key] ~= nil then
+    return nil
+  end
+  local header = redis.call('GETRANGE', key, 0, LOG_HEADER_SIZE - 1)
+  header_key, header_read = key, header
+  if string.byte(header, 1) ~= LOG_VERSION then
+    return nil
+  end
+  local _, ow, cw, levels, tail_page, head_page, head_index, clean, tail_count,
+    tail_base, tail_sum, sum, oldest, newest, expires, span = struct.unpack(LOG_HEADER, header)
+  local limit, window, cost = numbers[argv[a + 1]], numbers[argv[a + 2]], numbers[argv[a + 3]]
+  if tail_page ~= head_page or clean ~= head_page or sum == 0 or cost == 0
+    or newest - now > window + MAX_DELAY or window < span then
+    return nil
+  end
+  local size = ow + cw
+  if oldest <= now - span then
+    -- Pruned within the tail: from the record before the head (whose
+    -- running total is the head's total before it), to the last.
+    local from = head_index
+    if cw > 0 and from > 0 then
+      from = from - 1
+    end
+    local records = view(tail_base, ow, cw, redis.call(
+      'GETRANGE', key, LOG_HEADER_SIZE + from * size, LOG_HEADER_SIZE + tail_count * size - 1
+    ), 1)
+    local live = search_time(records, head_index - from, now - span)
+    if live == records.count then
+      return nil
+    end
+    sum = sum - (total_before(records, live) - total_before(records, head_index - from))
+    head_index, oldest = from + live, (record_at(records, live))
+  end
+  if window > span then
+    span = window
+  end
+  if sum + cost > limit then
+    return nil
+  end
+  local time = now
+  if newest >= time then
+    time = newest + 1
+  end
+  local width = offset_width(time - tail_base)
+  if width == nil or width > ow or (cw == 0 and cost ~= 1) or (cw > 0 and total_width(tail_sum + cost) > cw)
+    or (tail_count + 1) * size > PAGE_BYTES then
+    return nil
+  end
+  redis.call('APPEND', key, encode(tail_base, ow, cw, time, tail_sum + cost))
+  tail_count, tail_sum, sum, newest = tail_count + 1, tail_sum + cost, sum + cost, time
+  local ttl
+  if expires < newest + span then
+    expires = newest + 2 * span
+    ttl = math.floor((expires - now) / 1000) + 1 + expiry_grace_ms
+  end
+  redis.call('SETRANGE', key, 0, struct.pack(
+    LOG_HEADER, LOG_VERSION, ow, cw, levels, tail_page, head_page, head_index,
+    clean, tail_count, tail_base, tail_sum, sum, oldest, newest, expires, span
+  ))
+  if ttl ~= nil then
+    redis.call('PEXPIRE', key, ttl)
+    redis.call('PEXPIRE', keys[k + 1], ttl)
+  end
+  header_key = nil
+  local remaining = limit - sum
+  if remaining < 0 then
+    remaining = 0
+  end
+  return { 1, remaining, oldest + window - now, -1, time }
 end
 
 -- Writes a log's header (and its tail, if this call rewrote it) and its
@@ -1535,7 +1624,7 @@ local PARSED = {
 
 -- Sets `now` from a time argument: microseconds, or "" for Redis's TIME.
 local function set_now(time)
-  known, work = {}, 0
+  known, work, header_key = {}, 0, nil
   numbers = setmetatable({}, PARSED)
   if time ~= '' then
     now = tonumber(time)
@@ -1673,6 +1762,12 @@ end
 -- recorded at that time under every policy, so no request admitted
 -- meanwhile can take its place; its retry integer is then the wait.
 local function decide(keys, argv, first_key, first_arg, policies, peek, held_only)
+  if policies == 1 and not peek and not held_only then
+    local result = log_common(keys, argv, first_key, first_arg)
+    if result ~= nil then
+      return result, first_key + 2
+    end
+  end
   local state = {}
   local all_fit = true
   local next_key = first_key
