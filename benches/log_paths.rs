@@ -41,14 +41,15 @@ impl Variant {
         }
     }
 
-    /// A log policy's arguments: the previous script takes four, the
-    /// current one a burst (the limit, for a log), a block and a delay
-    /// (none) too.
+    /// A log policy's arguments and a request's cost: the previous script
+    /// takes four, the current one a burst (the limit, for a log), a block
+    /// and a delay (none) too, before the cost.
     fn policy(self, call: &mut redis::Cmd, window: u64, cost: u64) {
-        call.arg("log").arg(LIMIT).arg(window).arg(cost);
+        call.arg("log").arg(LIMIT).arg(window);
         if self == Self::Current {
             call.arg(LIMIT).arg(0).arg(0);
         }
+        call.arg(cost);
     }
 
     /// The keys of `client`'s log.
@@ -118,9 +119,17 @@ impl Bench {
             call.arg(&keys);
         }
         call.arg(now);
-        for n in 0..requests {
-            call.arg(1);
-            variant.policy(&mut call, window, cost(n));
+        if variant == Variant::Current {
+            // The policy named once, then each request's place of it and cost.
+            call.arg(1).arg(("log", LIMIT, window, LIMIT, 0, 0));
+            for n in 0..requests {
+                call.arg((1, 1, cost(n)));
+            }
+        } else {
+            for n in 0..requests {
+                call.arg(1);
+                variant.policy(&mut call, window, cost(n));
+            }
         }
         let _: Value = call.query(&mut self.connection).unwrap();
     }

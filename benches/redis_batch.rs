@@ -65,10 +65,17 @@ fn run(connection: &mut Connection, batched: bool, seed: u64) {
             for &c in &clients {
                 call.arg(&keys(c));
             }
-            call.arg("");
+            // The policy named once, then per request its place and cost.
+            call.arg("").arg(1).arg((
+                "log",
+                1_000_000_000u32,
+                60_000_000u64,
+                1_000_000_000u32,
+                0u32,
+                0u32,
+            ));
             for _ in &clients {
-                call.arg((1, "log", 1_000_000_000u32, 60_000_000u64, 1u32))
-                    .arg((1_000_000_000u32, 0u32, 0u32));
+                call.arg((1, 1, 1));
             }
             let replies: Vec<Vec<i64>> = call.query(connection).unwrap();
             replies.concat()
@@ -80,10 +87,10 @@ fn run(connection: &mut Connection, batched: bool, seed: u64) {
                     "log",
                     1_000_000_000u32,
                     60_000_000u64,
-                    1u32,
                     1_000_000_000u32,
                     0u32,
                     0u32,
+                    1u32,
                 ));
             }
             let replies: Vec<Vec<i64>> = pipe.query(connection).unwrap();

@@ -125,18 +125,18 @@ fn run(
         let name = algorithm.strip_suffix("+block").unwrap_or(algorithm);
         // A lease's cost argument is its id, one per call.
         let cost = if name == "lease" { call } else { 1 };
-        let args = (now, name, limit, 1_000_000u64, cost);
+        let args = (now, name, limit, 1_000_000u64);
         // The current script also takes a burst (the limit), a block and a
-        // delay (none).
+        // delay (none), before the cost.
         let block = if algorithm.ends_with("+block") {
             500_000
         } else {
             0
         };
-        let extra: &[u32] = if variant == Variant::Previous {
+        let extra: &[u64] = if variant == Variant::Previous {
             &[]
         } else {
-            &[limit, block, 0]
+            &[u64::from(limit), block, 0]
         };
         let reply: Vec<i64> = match variant {
             Variant::PackedFcall => redis::cmd("FCALL")
@@ -145,6 +145,7 @@ fn run(
                 .arg(&keys)
                 .arg(args)
                 .arg(extra)
+                .arg(cost)
                 .query(connection)
                 .unwrap(),
             _ => {
@@ -157,7 +158,12 @@ fn run(
                 for key in &keys {
                     invocation.key(key);
                 }
-                invocation.arg(args).arg(extra).invoke(connection).unwrap()
+                invocation
+                    .arg(args)
+                    .arg(extra)
+                    .arg(cost)
+                    .invoke(connection)
+                    .unwrap()
             }
         };
         admitted += u64::from(reply[0] == 1);

@@ -14,11 +14,12 @@
 --   empty form is the only one production uses).
 -- ARGV, per policy (ARGS = 7 each, from ARGV[2]): algorithm ("log",
 --   "counter", "fixed", "bucket" or "lease"), limit, window in
---   microseconds (a lease's time for "lease"), cost (a lease's id for
---   "lease"), burst (a bucket's size; the limit otherwise), block in
---   microseconds (0: none) and delay in microseconds (0: none): a denial
---   the delay can hold (its retry time within it) is no denial for the
---   block, which only a request beyond the delay starts.
+--   microseconds (a lease's time for "lease"), burst (a bucket's size;
+--   the limit otherwise), block in microseconds (0: none), delay in
+--   microseconds (0: none), and the request's cost (a lease's id for
+--   "lease"). A denial the delay can hold (its retry time within it) is
+--   no denial for the block, which only a request beyond the delay
+--   starts. A batch call names each policy once (see `check_batch`).
 -- KEYS, taken in policy order:
 --   log:     a string holding the log's header and newest page, then a
 --            hash holding its other pages (see "sliding log" below).
@@ -77,9 +78,6 @@ local expiry_grace_ms = 0
 -- one that fails before its writes leaves the log at most pruned to
 -- `now`, as any request of the call would.
 local known = {}
--- The numbers of this call's arguments, each parsed once: a batch's
--- requests mostly repeat their policies' limits, windows and costs.
-local numbers
 
 -- The work this call has done in logs' pages hashes: fields read or
 -- written, a page counting as PAGE_WORK (see BATCH_WORK).
@@ -902,9 +900,9 @@ end
 -- five integers of the admitted request, its record written; or nil,
 -- having written nothing, for any other case, which the general path
 -- then decides.
-local function log_common(keys, argv, k, a)
+local function log_common(keys, k, policy, cost)
   local key = keys[k]
-  if argv[a] ~= 'log' or argv[a + 5] ~= '0' or argv[a + 6] ~= '0' or known[key] ~= nil then
+  if policy.algorithm ~= log or policy.block > 0 or policy.delay > 0 or known[key] ~= nil then
     return nil
   end
   local header = redis.call('GETRANGE', key, 0, LOG_HEADER_SIZE - 1)
@@ -914,7 +912,8 @@ local function log_common(keys, argv, k, a)
   end
   local _, ow, cw, levels, tail_page, head_page, head_index, clean, tail_count,
     tail_base, tail_sum, sum, oldest, newest, expires, span = struct.unpack(LOG_HEADER, header)
-  local limit, window, cost = numbers[argv[a + 1]], numbers[argv[a + 2]], numbers[argv[a + 3]]
+  local limit, window = policy.limit, policy.window
+  cost = tonumber(cost)
   if tail_page ~= head_page or clean ~= head_page or sum == 0 or cost == 0
     or newest - now > window + MAX_DELAY or window < span then
     return nil
@@ -1613,19 +1612,9 @@ local function write_logs()
   end
 end
 
--- `numbers` parses an argument the first time it is asked for.
-local PARSED = {
-  __index = function(parsed, argument)
-    local number = tonumber(argument)
-    parsed[argument] = number
-    return number
-  end,
-}
-
 -- Sets `now` from a time argument: microseconds, or "" for Redis's TIME.
 local function set_now(time)
   known, work, header_key = {}, 0, nil
-  numbers = setmetatable({}, PARSED)
   if time ~= '' then
     now = tonumber(time)
     expiry_grace_ms = 60000
@@ -1636,14 +1625,32 @@ local function set_now(time)
   end
 end
 
--- Arguments per policy: algorithm, limit, window, cost, burst, block, delay.
+-- Arguments per policy: algorithm, limit, window, burst, block, delay,
+-- and the request's cost.
 local ARGS = 7
 
--- The keys of the policy whose arguments start at argv[a]: two for a
--- log, one otherwise, and one more for a policy that blocks.
-local function key_count(argv, a)
-  local count = argv[a] == 'log' and 2 or 1
-  if argv[a + 5] ~= '0' then
+-- The policy described by the six arguments from argv[a], its numbers
+-- parsed.
+local function describe(argv, a)
+  local algorithm = algorithms[argv[a]]
+  if algorithm == nil then
+    error('unknown algorithm ' .. tostring(argv[a]))
+  end
+  return {
+    algorithm = algorithm,
+    limit = tonumber(argv[a + 1]),
+    window = tonumber(argv[a + 2]),
+    burst = tonumber(argv[a + 3]),
+    block = tonumber(argv[a + 4]),
+    delay = tonumber(argv[a + 5]),
+  }
+end
+
+-- The keys of `policy`: two for a log, one otherwise, and one more for a
+-- policy that blocks.
+local function key_count(policy)
+  local count = policy.algorithm == log and 2 or 1
+  if policy.block > 0 then
     count = count + 1
   end
   return count
@@ -1672,15 +1679,12 @@ local function new_log(algorithm, key)
   }
 end
 
--- The state of the policy whose arguments start at argv[a] and whose
--- keys start at keys[k], brought up to `now` (reading only); and the
--- index of the next key. `s.fits` says whether its own count fits the
--- request, `s.blocked` until when a denial blocks the client (µs).
-local function prepare(keys, argv, k, a)
-  local algorithm = algorithms[argv[a]]
-  if algorithm == nil then
-    error('unknown algorithm ' .. tostring(argv[a]))
-  end
+-- The state of `policy` for a request of `cost` (as sent), whose keys
+-- start at keys[k], brought up to `now` (reading only); and the index of
+-- the next key. `s.fits` says whether its own count fits the request,
+-- `s.blocked` until when a denial blocks the client (µs).
+local function prepare(keys, k, policy, cost)
+  local algorithm = policy.algorithm
   local key = keys[k]
   local s = known[key]
   if algorithm == log and s ~= nil and s.algorithm == log then
@@ -1690,14 +1694,11 @@ local function prepare(keys, argv, k, a)
   else
     s = (algorithm == log and new_log or new_state)(algorithm, key)
   end
-  s.limit = numbers[argv[a + 1]]
-  s.window = numbers[argv[a + 2]]
-  s.cost = numbers[argv[a + 3]]
+  s.limit, s.window, s.burst = policy.limit, policy.window, policy.burst
+  s.block, s.delay = policy.block, policy.delay
+  s.cost = tonumber(cost)
   -- A lease's id is its cost argument, kept as sent.
-  s.id = argv[a + 3]
-  s.burst = numbers[argv[a + 4]]
-  s.block = numbers[argv[a + 5]]
-  s.delay = numbers[argv[a + 6]]
+  s.id = cost
   k = k + 1
   if algorithm == log then
     s.store = keys[k]
@@ -1748,9 +1749,9 @@ local function block(s)
   s.blocked = until_time
 end
 
--- Decides one request's `policies` policies, whose keys start at
--- keys[first_key] and whose arguments start at argv[first_arg], at `now`;
--- a peek records nothing. Everything that reads comes first, so that a
+-- Decides one request of `count` policies (`policies[i]`, see
+-- `describe`, at cost `costs[i]` as sent), whose keys start at
+-- keys[first_key], at `now`; a peek records nothing. Everything that reads comes first, so that a
 -- request that fails has written nothing. With `held_only` (Redis is out
 -- of memory, see `NOT_HELD`), a request to admit whose state does not
 -- all exist yet raises NOT_HELD before writing anything. Returns the five
@@ -1761,9 +1762,9 @@ end
 -- every policy fits it (the latest of their retry times), with its units
 -- recorded at that time under every policy, so no request admitted
 -- meanwhile can take its place; its retry integer is then the wait.
-local function decide(keys, argv, first_key, first_arg, policies, peek, held_only)
-  if policies == 1 and not peek and not held_only then
-    local result = log_common(keys, argv, first_key, first_arg)
+local function decide(keys, first_key, count, policies, costs, peek, held_only)
+  if count == 1 and not peek and not held_only then
+    local result = log_common(keys, first_key, policies[1], costs[1])
     if result ~= nil then
       return result, first_key + 2
     end
@@ -1772,10 +1773,11 @@ local function decide(keys, argv, first_key, first_arg, policies, peek, held_onl
   local all_fit = true
   local next_key = first_key
 
-  for i = 1, policies do
-    state[i], next_key = prepare(keys, argv, next_key, first_arg + ARGS * (i - 1))
+  for i = 1, count do
+    state[i], next_key = prepare(keys, next_key, policies[i], costs[i])
     all_fit = all_fit and state[i].fits and state[i].blocked == nil
   end
+  policies = count
   local retry = {}
   local pass = now
   local holdable = not all_fit and not peek
@@ -1858,8 +1860,12 @@ end
 -- answers as the check would, and records nothing.
 local function check(keys, argv, peek, held_only)
   set_now(argv[1])
-  local first = peek and 3 or 2
-  local result = decide(keys, argv, 1, first, (#argv - first + 1) / ARGS, peek, held_only)
+  local policies, costs = {}, {}
+  for a = peek and 3 or 2, #argv, ARGS do
+    policies[#policies + 1] = describe(argv, a)
+    costs[#costs + 1] = argv[a + ARGS - 1]
+  end
+  local result = decide(keys, 1, #policies, policies, costs, peek, held_only)
   write_logs()
   return result
 end
@@ -1873,7 +1879,7 @@ local function refund(keys, argv)
   local k = 1
   for a = 3, #argv, ARGS + 1 do
     local s
-    s, k = prepare(keys, argv, k, a)
+    s, k = prepare(keys, k, describe(argv, a), argv[a + ARGS - 1])
     if s.held_elsewhere == nil then
       s.algorithm.refund(s, tonumber(argv[a + ARGS]), s.cost)
     end
@@ -1891,7 +1897,7 @@ local function reset(keys, argv)
   set_now(argv[1])
   local k = 1
   for a = 3, #argv, ARGS do
-    local count = key_count(argv, a)
+    local count = key_count(describe(argv, a))
     for j = k, k + count - 1 do
       redis.call('UNLINK', keys[j])
     end
@@ -1921,7 +1927,7 @@ local function refund_held(keys, argv)
     if redis.call('EXISTS', keys[k]) == 0 then
       return false
     end
-    k = k + key_count(argv, a)
+    k = k + key_count(describe(argv, a))
   end
   return true
 end
@@ -1942,20 +1948,35 @@ local BATCH_WORK = 200
 local DEFERRED = 'DEFERRED the call did its share of work: send this request again'
 
 -- Decides several requests, in order, each all-or-nothing on its own, at
--- one time. ARGV[1] is the time as for `check`; then, per request, its
--- number of policies and their arguments (ARGS each). KEYS are the
--- requests' keys in the same order. Returns one entry per request: its
--- integers as `check` returns them, or an error of its own, which leaves
--- the other requests' decisions standing and writes nothing of its own.
+-- one time. ARGV[1] is the time as for `check`; ARGV[2] the number of
+-- policies the call names, then each one's arguments as for `check`
+-- without the cost (ARGS - 1 each); then, per request, its number of
+-- policies, and per policy its place among those named (from 1) and the
+-- request's cost. KEYS are the requests' keys in the same order. Returns
+-- one entry per request: its integers as `check` returns them, or an
+-- error of its own, which leaves the other requests' decisions standing
+-- and writes nothing of its own.
 local function check_batch(keys, argv, held_only)
   set_now(argv[1])
+  local named = {}
+  local next_arg = 3
+  for i = 1, tonumber(argv[2]) do
+    named[i] = describe(argv, next_arg)
+    next_arg = next_arg + ARGS - 1
+  end
+  -- One request's policies and costs, refilled for each.
+  local policies, costs = {}, {}
   local replies = {}
-  local next_key, next_arg = 1, 2
+  local next_key = 1
   while next_arg <= #argv do
-    local policies = tonumber(argv[next_arg])
+    local count = tonumber(argv[next_arg])
+    for i = 1, count do
+      policies[i] = named[tonumber(argv[next_arg + 2 * i - 1])]
+      costs[i] = argv[next_arg + 2 * i]
+    end
     local ok, result, after = false, { err = DEFERRED }
     if #replies == 0 or work < BATCH_WORK then
-      ok, result, after = pcall(decide, keys, argv, next_key, next_arg + 1, policies, false, held_only)
+      ok, result, after = pcall(decide, keys, next_key, count, policies, costs, false, held_only)
     end
     if ok then
       replies[#replies + 1] = result
@@ -1963,11 +1984,11 @@ local function check_batch(keys, argv, held_only)
     else
       replies[#replies + 1] = redis.error_reply(error_message(result))
       -- Skip the failed request's keys.
-      for i = 0, policies - 1 do
-        next_key = next_key + key_count(argv, next_arg + 1 + ARGS * i)
+      for i = 1, count do
+        next_key = next_key + key_count(policies[i])
       end
     end
-    next_arg = next_arg + 1 + ARGS * policies
+    next_arg = next_arg + 1 + 2 * count
   end
   write_logs()
   return replies

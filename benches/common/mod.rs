@@ -130,11 +130,12 @@ pub(crate) fn raw_evalsha(
                 .arg("log")
                 .arg(NEVER)
                 .arg(1_000_000)
-                .arg(1)
-                // The burst (the limit, for a log), no block and no delay.
+                // The burst (the limit, for a log), no block, no delay, and
+                // the cost.
                 .arg(NEVER)
                 .arg(0)
                 .arg(0)
+                .arg(1)
                 .invoke_async(&mut connection)
                 .await
                 .unwrap();

@@ -11,15 +11,15 @@ use crate::store::Check;
 /// arguments in the script's order.
 pub(super) struct Call {
     pub(super) keys: Vec<String>,
-    /// Per policy, its arguments.
-    pub(super) args: Vec<PolicyArgs>,
+    /// Per policy, its arguments and the request's cost (for a lease, its
+    /// id: a lease costs 1).
+    pub(super) args: Vec<(PolicyArgs, u64)>,
     pub(super) op: Op,
 }
 
-/// One policy's arguments: algorithm, limit, window in µs, cost (for a
-/// lease, its id: a lease costs 1), burst, block in µs, and delay in µs
-/// (which a denial must pass to start a block).
-pub(super) type PolicyArgs = (&'static str, u32, u64, u64, u32, u64, u64);
+/// One policy's arguments: algorithm, limit, window in µs, burst, block
+/// in µs, and delay in µs (which a denial must pass to start a block).
+pub(super) type PolicyArgs = (&'static str, u32, u64, u32, u64, u64);
 
 /// What a call asks of the script.
 pub(super) enum Op {
@@ -31,7 +31,8 @@ pub(super) enum Op {
 }
 
 /// The script's arguments after the time: `peek` or `refund` if the call
-/// is one, then each policy's (with its recorded time, for a refund).
+/// is one, then each policy's and the cost (with its recorded time, for a
+/// refund).
 pub(super) struct Arguments<'a>(pub(super) &'a Call);
 
 impl ToRedisArgs for Arguments<'_> {
@@ -43,8 +44,9 @@ impl ToRedisArgs for Arguments<'_> {
             Op::Refund(_) => out.write_arg(b"refund"),
             Op::Reset => out.write_arg(b"reset"),
         }
-        for (index, args) in call.args.iter().enumerate() {
-            args.write_redis_args(out);
+        for (index, (policy, cost)) in call.args.iter().enumerate() {
+            policy.write_redis_args(out);
+            cost.write_redis_args(out);
             if let Op::Refund(recorded) = &call.op {
                 recorded[index].write_redis_args(out);
             }
@@ -91,18 +93,71 @@ impl Call {
                 call.keys.push(format!("{key}:x"));
             }
             call.args.push((
-                name,
-                check.limit,
-                check.window_micros(),
+                (
+                    name,
+                    check.limit,
+                    check.window_micros(),
+                    check.burst,
+                    block,
+                    check.delay_micros,
+                ),
                 match check.algorithm {
                     Algorithm::Concurrency => check.lease,
                     _ => u64::from(check.cost),
                 },
-                check.burst,
-                block,
-                check.delay_micros,
             ));
         }
         call
+    }
+}
+
+/// A batch call's arguments after the time: the policies its checks name,
+/// each once (a batch's checks mostly share them), then per check its
+/// number of policies and, per policy, its place among those named (from
+/// 1) and the cost.
+pub(super) struct BatchArguments<'a> {
+    named: Vec<&'a PolicyArgs>,
+    /// Per policy of every check, in order: its place in `named`.
+    places: Vec<usize>,
+    calls: Vec<&'a Call>,
+}
+
+impl<'a> BatchArguments<'a> {
+    pub(super) fn new(calls: impl Iterator<Item = &'a Call>) -> Self {
+        let mut arguments = Self {
+            named: Vec::new(),
+            places: Vec::new(),
+            calls: calls.collect(),
+        };
+        for call in &arguments.calls {
+            for (policy, _) in &call.args {
+                let place = match arguments.named.iter().position(|named| *named == policy) {
+                    Some(index) => index + 1,
+                    None => {
+                        arguments.named.push(policy);
+                        arguments.named.len()
+                    }
+                };
+                arguments.places.push(place);
+            }
+        }
+        arguments
+    }
+}
+
+impl ToRedisArgs for BatchArguments<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        self.named.len().write_redis_args(out);
+        for policy in &self.named {
+            policy.write_redis_args(out);
+        }
+        let mut places = self.places.iter();
+        for call in &self.calls {
+            call.args.len().write_redis_args(out);
+            for ((_, cost), place) in call.args.iter().zip(&mut places) {
+                place.write_redis_args(out);
+                cost.write_redis_args(out);
+            }
+        }
     }
 }

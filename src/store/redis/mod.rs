@@ -29,7 +29,7 @@ use deadpool_redis::redis::{
 use deadpool_redis::{Pool, cluster};
 
 use self::batch::{Queue, Queued, Verdict};
-use self::call::{Arguments, Call, Op};
+use self::call::{Arguments, BatchArguments, Call, Op};
 use self::lanes::{Lanes, Source};
 use self::library::Library;
 use self::reply::{batched_outcome, decisions, replies};
@@ -552,6 +552,7 @@ impl Inner {
     {
         let mut ticket = ticket(lanes, deadline).await?;
         let time = self.time();
+        let arguments = BatchArguments::new(queued.iter().map(|q| &q.call));
         let batch = |function: &str| {
             let mut fcall = cmd("FCALL");
             let keys: usize = queued.iter().map(|q| q.call.keys.len()).sum();
@@ -559,10 +560,7 @@ impl Inner {
             for q in queued {
                 fcall.arg(&q.call.keys);
             }
-            fcall.arg(&time);
-            for q in queued {
-                fcall.arg(q.call.args.len()).arg(&q.call.args);
-            }
+            fcall.arg(&time).arg(&arguments);
             fcall
         };
         let fcall = batch(&self.library.batch_function);

@@ -12,7 +12,10 @@ use crate::store::{CheckOutcome, Decision, Decisions, StoreError};
 
 /// The script's five integers per policy as decisions, for the policies
 /// of `args`.
-pub(super) fn decisions(args: &[PolicyArgs], values: &[i64]) -> Result<Decisions, StoreError> {
+pub(super) fn decisions(
+    args: &[(PolicyArgs, u64)],
+    values: &[i64],
+) -> Result<Decisions, StoreError> {
     if values.len() != args.len() * 5 {
         return Err(StoreError::Protocol(format!(
             "expected {} integers, got {}",
@@ -28,7 +31,7 @@ pub(super) fn decisions(args: &[PolicyArgs], values: &[i64]) -> Result<Decisions
         // its limit as a decision reports it (the limit otherwise).
         // The fifth is when an admitted request's units were recorded, or
         // how long a denied client's block lasts.
-        .map(|(&(_, _, _, _, burst, _, _), v)| {
+        .map(|(&((_, _, _, burst, _, _), _), v)| {
             let admitted = v[0] == 1;
             Decision {
                 admitted,
