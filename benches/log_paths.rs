@@ -89,7 +89,7 @@ impl Bench {
     ) -> Vec<i64> {
         let mut call = Self::single(variant, client, now);
         variant.policy(&mut call, window, cost);
-        call.query(&mut self.connection).unwrap()
+        common::integers(call.query(&mut self.connection).unwrap())
     }
 
     /// Peeks at `cost` for `client` at `now` under `window`.

@@ -14,7 +14,7 @@ mod common;
 mod support;
 
 use common::median;
-use slidegate::deadpool_redis::redis::{self, Connection};
+use slidegate::deadpool_redis::redis::{self, Connection, Value};
 use support::RedisServer;
 
 const PACKED: &str = include_str!("../lua/check.lua");
@@ -77,8 +77,8 @@ fn run(connection: &mut Connection, batched: bool, seed: u64) {
             for _ in &clients {
                 call.arg((1, 1, 1));
             }
-            let replies: Vec<Vec<i64>> = call.query(connection).unwrap();
-            replies.concat()
+            let replies: Vec<Value> = call.query(connection).unwrap();
+            replies.into_iter().flat_map(common::integers).collect()
         } else {
             let mut pipe = redis::pipe();
             for &c in &clients {
@@ -93,8 +93,8 @@ fn run(connection: &mut Connection, batched: bool, seed: u64) {
                     1u32,
                 ));
             }
-            let replies: Vec<Vec<i64>> = pipe.query(connection).unwrap();
-            replies.concat()
+            let replies: Vec<Value> = pipe.query(connection).unwrap();
+            replies.into_iter().flat_map(common::integers).collect()
         };
         assert_eq!(reply.len() as u64, BATCH * 5);
         assert!(reply.chunks(5).all(|decision| decision[0] == 1));

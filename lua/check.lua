@@ -46,7 +46,9 @@
 -- new length, never dropped early. (The sliding log has rules of its own
 -- for both; see "sliding log" below.)
 --
--- Returns, per policy, five integers: admitted (1 or 0, the same for every
+-- Returns, per policy, five integers, packed in one string (DECISION: 8
+-- bytes each, big-endian, signed), which the client reads far faster
+-- than as many integer replies: admitted (1 or 0, the same for every
 -- policy), remaining units, reset in microseconds, retry-after in
 -- microseconds (-1 when the policy fits the request; for a request
 -- admitted after a delay, the wait until it passes), and for an admitted
@@ -182,6 +184,9 @@ end
 -- Pages below the head are deleted a few at a time (CLEAN_PAGES per
 -- call), the pages of a log that has emptied included; both keys expire
 -- two spans past the newest record.
+
+-- One policy's five integers in a reply.
+local DECISION = '>i8i8i8i8i8'
 
 local LOG_VERSION = 2
 -- The longest delay a policy may have (policy validation holds it), µs.
@@ -971,7 +976,7 @@ local function log_common(keys, k, policy, cost)
   if remaining < 0 then
     remaining = 0
   end
-  return { 1, remaining, oldest + window - now, -1, time }
+  return struct.pack(DECISION, 1, remaining, oldest + window - now, -1, time)
 end
 
 -- Writes a log's header (and its tail, if this call rewrote it) and its
@@ -1754,8 +1759,8 @@ end
 -- keys[first_key], at `now`; a peek records nothing. Everything that reads comes first, so that a
 -- request that fails has written nothing. With `held_only` (Redis is out
 -- of memory, see `NOT_HELD`), a request to admit whose state does not
--- all exist yet raises NOT_HELD before writing anything. Returns the five
--- integers per policy, and the index of the next key.
+-- all exist yet raises NOT_HELD before writing anything. Returns the
+-- decisions, packed (see DECISION), and the index of the next key.
 --
 -- A request that some policies do not fit now, each within its delay,
 -- and that no block holds, is decided once: admitted at `pass`, the time
@@ -1828,7 +1833,7 @@ local function decide(keys, first_key, count, policies, costs, peek, held_only)
     end
   end
 
-  local result = {}
+  local decisions = {}
   for i = 1, policies do
     local s = state[i]
     if record then
@@ -1842,17 +1847,13 @@ local function decide(keys, first_key, count, policies, costs, peek, held_only)
     if s.blocked ~= nil then
       remaining = 0
     end
-    result[5 * i - 4] = admitted and 1 or 0
-    result[5 * i - 3] = remaining
-    result[5 * i - 2] = reset
-    result[5 * i - 1] = retry[i]
+    local last = s.recorded or -1
     if s.blocked ~= nil then
-      result[5 * i] = s.blocked - now
-    else
-      result[5 * i] = s.recorded or -1
+      last = s.blocked - now
     end
+    decisions[i] = struct.pack(DECISION, admitted and 1 or 0, remaining, reset, retry[i], last)
   end
-  return result, next_key
+  return table.concat(decisions), next_key
 end
 
 -- Decides one request: `keys` and `argv` as described at the top. A peek
@@ -1873,7 +1874,7 @@ end
 -- Refunds: ARGV[1] the time, ARGV[2] "refund", then per policy its
 -- arguments as for `check` and the time (µs) its units were recorded at.
 -- Each policy's units are taken back on their own (a lease is released).
--- Returns an empty list.
+-- Returns an empty string.
 local function refund(keys, argv)
   set_now(argv[1])
   local k = 1
@@ -1886,13 +1887,13 @@ local function refund(keys, argv)
     s.algorithm.remember(s)
   end
   write_logs()
-  return {}
+  return ''
 end
 
 -- Resets: ARGV[1] the time, ARGV[2] "reset", then per policy its
 -- arguments as for `check`: every key of the policy is deleted (a log's
 -- pages with its header: the hash of a long log is unlinked, which Redis
--- frees in the background). Returns an empty list.
+-- frees in the background). Returns an empty string.
 local function reset(keys, argv)
   set_now(argv[1])
   local k = 1
@@ -1903,7 +1904,7 @@ local function reset(keys, argv)
     end
     k = k + count
   end
-  return {}
+  return ''
 end
 
 -- Under `maxmemory` with nothing left to evict, Redis refuses the

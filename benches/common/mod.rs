@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use slidegate::deadpool_redis::Pool;
 use slidegate::deadpool_redis::redis::aio::MultiplexedConnection;
-use slidegate::deadpool_redis::redis::{Client, Script};
+use slidegate::deadpool_redis::redis::{Client, Script, Value};
 use slidegate::{
     Policy,
     key::Key,
@@ -39,6 +39,26 @@ pub(crate) fn library(source: &str, name: &str, functions: &[(&str, &str)]) -> S
 
 /// A limit no benchmark reaches: every decision admits and records.
 pub(crate) const NEVER: u32 = 1_000_000_000;
+
+/// A check's integers from the script's `reply`: packed in one string
+/// (8 bytes each, big-endian), as `lua/check.lua` answers, or a list of
+/// integers, as earlier versions did.
+pub(crate) fn integers(reply: Value) -> Vec<i64> {
+    match reply {
+        Value::BulkString(packed) => packed
+            .chunks_exact(8)
+            .map(|bytes| i64::from_be_bytes(bytes.try_into().expect("8 bytes")))
+            .collect(),
+        Value::Array(values) => values
+            .into_iter()
+            .map(|value| match value {
+                Value::Int(integer) => integer,
+                other => panic!("expected an integer, got {other:?}"),
+            })
+            .collect(),
+        other => panic!("expected a check's integers, got {other:?}"),
+    }
+}
 
 /// The runtime the Redis benchmarks' tasks run on: one worker, so that the
 /// client's side of the comparison has the same CPU in every variant.
@@ -123,7 +143,7 @@ pub(crate) fn raw_evalsha(
         let (mut connection, script) = (connection.clone(), script.clone());
         Box::pin(async move {
             let key = format!("raw:bench:{{task-{task}}}");
-            let reply: Vec<i64> = script
+            let reply: Value = script
                 .key(format!("{key}:l"))
                 .key(&key)
                 .arg("")

@@ -396,16 +396,16 @@ enum Failed {
 
 impl Inner {
     async fn run(&self, call: Call, deadline: tokio::time::Instant) -> CheckOutcome {
-        let values = self.values(&call, deadline).await?;
-        decisions(&call.args, &values)
+        let packed = self.packed(&call, deadline).await?;
+        decisions(&call.args, &packed)
     }
 
-    /// The script's integers for `call`.
-    async fn values(
+    /// The script's decisions for `call`, packed.
+    async fn packed(
         &self,
         call: &Call,
         deadline: tokio::time::Instant,
-    ) -> Result<Vec<i64>, StoreError> {
+    ) -> Result<Vec<u8>, StoreError> {
         on_lanes!(&self.connections, lanes => self.call(lanes, call, deadline).await)
             .map_err(|failed| self.store_error(failed))
     }
@@ -416,7 +416,7 @@ impl Inner {
         lanes: &Lanes<S>,
         call: &Call,
         deadline: tokio::time::Instant,
-    ) -> Result<Vec<i64>, Failed>
+    ) -> Result<Vec<u8>, Failed>
     where
         S::Shared: Routed,
     {
@@ -589,7 +589,7 @@ impl Inner {
 
     /// `FCALL`, loading the library first where it is missing; `EVALSHA`
     /// where Redis refuses functions.
-    async fn decide<C: Routed>(&self, connection: &mut C, call: &Call) -> RedisResult<Vec<i64>> {
+    async fn decide<C: Routed>(&self, connection: &mut C, call: &Call) -> RedisResult<Vec<u8>> {
         if self.library.refused() {
             return Box::pin(self.evalsha(connection, call)).await;
         }
@@ -624,7 +624,7 @@ impl Inner {
         call: &Call,
         fcall: Cmd,
         error: RedisError,
-    ) -> RedisResult<Vec<i64>> {
+    ) -> RedisResult<Vec<u8>> {
         let reply = if Library::missing(&error) {
             match self.load(connection, &call.keys[0]).await {
                 Ok(()) => fcall.query_async(connection).await,
@@ -648,7 +648,7 @@ impl Inner {
     }
 
     /// The script by `EVALSHA`, where Redis refuses functions.
-    async fn evalsha<C: Routed>(&self, connection: &mut C, call: &Call) -> RedisResult<Vec<i64>> {
+    async fn evalsha<C: Routed>(&self, connection: &mut C, call: &Call) -> RedisResult<Vec<u8>> {
         let mut invocation = self.script.prepare_invoke();
         for key in &call.keys {
             invocation.key(key);
@@ -835,13 +835,13 @@ impl Store for RedisStore {
         self.ask(
             checks,
             Op::Refund(recorded),
-            |inner, call, deadline| async move { inner.values(&call, deadline).await.map(drop) },
+            |inner, call, deadline| async move { inner.packed(&call, deadline).await.map(drop) },
         )
     }
 
     fn reset(&self, checks: &[Check]) -> CheckFuture<()> {
         self.ask(checks, Op::Reset, |inner, call, deadline| async move {
-            inner.values(&call, deadline).await.map(drop)
+            inner.packed(&call, deadline).await.map(drop)
         })
     }
 

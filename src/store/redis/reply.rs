@@ -1,6 +1,6 @@
-//! Reading the script's replies: the four integers per policy as
-//! decisions, and a batch call's replies, one per request, each with its
-//! own error.
+//! Reading the script's replies: the five integers per policy, packed
+//! in one string, as decisions, and a batch call's replies, one per
+//! request, each with its own error.
 
 use std::time::Duration;
 
@@ -10,23 +10,34 @@ use deadpool_redis::redis::{Cmd, ErrorKind, RedisError, RedisResult, Value};
 use super::call::{Call, PolicyArgs};
 use crate::store::{CheckOutcome, Decision, Decisions, StoreError};
 
-/// The script's five integers per policy as decisions, for the policies
-/// of `args`.
+/// The bytes of one policy's five integers (`DECISION` in
+/// `lua/check.lua`): 8 each, big-endian, signed.
+const DECISION_BYTES: usize = 5 * 8;
+
+/// The script's five integers per policy, `packed`, as decisions, for the
+/// policies of `args`.
 pub(super) fn decisions(
     args: &[(PolicyArgs, u64)],
-    values: &[i64],
+    packed: &[u8],
 ) -> Result<Decisions, StoreError> {
-    if values.len() != args.len() * 5 {
+    if packed.len() != args.len() * DECISION_BYTES {
         return Err(StoreError::Protocol(format!(
-            "expected {} integers, got {}",
-            args.len() * 5,
-            values.len()
+            "expected {} bytes of decisions, got {}",
+            args.len() * DECISION_BYTES,
+            packed.len()
         )));
     }
     let micros = |v: i64| Duration::from_micros(u64::try_from(v).unwrap_or(0));
+    let integers = |bytes: &[u8]| -> [i64; 5] {
+        std::array::from_fn(|i| {
+            let mut integer = [0; 8];
+            integer.copy_from_slice(&bytes[8 * i..8 * i + 8]);
+            i64::from_be_bytes(integer)
+        })
+    };
     Ok(args
         .iter()
-        .zip(values.chunks_exact(5))
+        .zip(packed.chunks_exact(DECISION_BYTES).map(integers))
         // A token bucket's burst is the units a client may spend at once:
         // its limit as a decision reports it (the limit otherwise).
         // The fifth is when an admitted request's units were recorded, or
@@ -69,18 +80,7 @@ pub(super) async fn replies(
 /// One request's answer within a batch's reply.
 pub(super) fn batched_outcome(call: &Call, reply: Value) -> CheckOutcome {
     match reply {
-        Value::Array(values) => {
-            let values = values
-                .into_iter()
-                .map(|value| match value {
-                    Value::Int(n) => Ok(n),
-                    other => Err(StoreError::Protocol(format!(
-                        "expected an integer, got {other:?}"
-                    ))),
-                })
-                .collect::<Result<Vec<i64>, _>>()?;
-            decisions(&call.args, &values)
-        }
+        Value::BulkString(packed) => decisions(&call.args, &packed),
         Value::ServerError(error) => Err(super::store_error_of(RedisError::from(error))),
         other => Err(StoreError::Protocol(format!(
             "expected a request's integers, got {other:?}"
