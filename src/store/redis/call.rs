@@ -63,34 +63,34 @@ impl Call {
             op,
         };
         for check in checks {
-            let key = store.base_key(check);
+            let key = |suffix| store.key_of(check, suffix);
             let name = match check.algorithm {
                 Algorithm::SlidingLog => {
                     // The header and newest page; the other pages.
-                    call.keys.push(format!("{key}:l"));
-                    call.keys.push(format!("{key}:p"));
+                    call.keys.push(key(":l"));
+                    call.keys.push(key(":p"));
                     "log"
                 }
                 Algorithm::SlidingCounter => {
-                    call.keys.push(format!("{key}:c"));
+                    call.keys.push(key(":c"));
                     "counter"
                 }
                 Algorithm::FixedWindow => {
-                    call.keys.push(format!("{key}:f"));
+                    call.keys.push(key(":f"));
                     "fixed"
                 }
                 Algorithm::TokenBucket => {
-                    call.keys.push(format!("{key}:b"));
+                    call.keys.push(key(":b"));
                     "bucket"
                 }
                 Algorithm::Concurrency => {
-                    call.keys.push(format!("{key}:n"));
+                    call.keys.push(key(":n"));
                     "lease"
                 }
             };
             let block = check.block_micros;
             if block > 0 {
-                call.keys.push(format!("{key}:x"));
+                call.keys.push(key(":x"));
             }
             call.args.push((
                 (
@@ -142,6 +142,11 @@ impl<'a> BatchArguments<'a> {
             }
         }
         arguments
+    }
+
+    /// How many arguments these are.
+    pub(super) fn len(&self) -> usize {
+        1 + 6 * self.named.len() + self.calls.len() + 2 * self.places.len()
     }
 }
 

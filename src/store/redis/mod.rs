@@ -46,6 +46,10 @@ const DEFAULT_CONNECTIONS: usize = 1;
 /// single script holds Redis, and every other client of it, for long.
 const MAX_BATCH_POLICIES: usize = 32;
 
+/// Room for one numeric argument of a command, in bytes (`u64::MAX` has
+/// 20 digits).
+const ARGUMENT_BYTES: usize = 20;
+
 /// `$body` with `$lanes` bound to the lanes of `$connections`, whatever
 /// their kind of pool.
 macro_rules! on_lanes {
@@ -233,11 +237,34 @@ impl RedisStore {
     /// # }
     /// ```
     pub fn base_key(&self, check: &Check) -> String {
+        self.key_of(check, "")
+    }
+
+    /// The base key of `check` followed by `suffix`, built in one
+    /// allocation of its length.
+    pub(super) fn key_of(&self, check: &Check, suffix: &str) -> String {
         let prefix = &self.inner.prefix;
-        match &check.namespace {
-            Some(namespace) => format!("{prefix}:{namespace}:{}:{{{}}}", check.policy, check.key),
-            None => format!("{prefix}:{}:{{{}}}", check.policy, check.key),
+        let namespace = check.namespace.as_deref();
+        let (policy, client) = (&*check.policy, check.key.as_str());
+        let length = prefix.len()
+            + namespace.map_or(0, |namespace| namespace.len() + 1)
+            + policy.len()
+            + client.len()
+            + suffix.len()
+            + 4;
+        let mut key = String::with_capacity(length);
+        key.push_str(prefix);
+        key.push(':');
+        if let Some(namespace) = namespace {
+            key.push_str(namespace);
+            key.push(':');
         }
+        key.push_str(policy);
+        key.push_str(":{");
+        key.push_str(client);
+        key.push('}');
+        key.push_str(suffix);
+        key
     }
 
     /// Opens the store's connections now rather than on the first check,
@@ -553,10 +580,19 @@ impl Inner {
         let mut ticket = ticket(lanes, deadline).await?;
         let time = self.time();
         let arguments = BatchArguments::new(queued.iter().map(|q| &q.call));
+        let keys: usize = queued.iter().map(|q| q.call.keys.len()).sum();
+        let key_bytes: usize = queued
+            .iter()
+            .flat_map(|q| &q.call.keys)
+            .map(String::len)
+            .sum();
         let batch = |function: &str| {
-            let mut fcall = cmd("FCALL");
-            let keys: usize = queued.iter().map(|q| q.call.keys.len()).sum();
-            fcall.arg(function).arg(keys);
+            // Sized at once: a batch's command has hundreds of arguments.
+            let mut fcall = Cmd::with_capacity(
+                4 + keys + arguments.len(),
+                function.len() + key_bytes + ARGUMENT_BYTES * (4 + arguments.len()),
+            );
+            fcall.arg("FCALL").arg(function).arg(keys);
             for q in queued {
                 fcall.arg(&q.call.keys);
             }
@@ -604,8 +640,15 @@ impl Inner {
 
     /// `FCALL` of `function` for `call`.
     fn fcall(&self, function: &str, call: &Call) -> Cmd {
-        let mut fcall = cmd("FCALL");
+        // At most eight arguments per policy: seven, and a refund's time.
+        let arguments = 5 + 8 * call.args.len();
+        let key_bytes: usize = call.keys.iter().map(String::len).sum();
+        let mut fcall = Cmd::with_capacity(
+            call.keys.len() + arguments,
+            function.len() + key_bytes + ARGUMENT_BYTES * arguments,
+        );
         fcall
+            .arg("FCALL")
             .arg(function)
             .arg(call.keys.len())
             .arg(&call.keys)
