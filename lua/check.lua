@@ -76,9 +76,8 @@ local expiry_grace_ms = 0
 -- with what the call has yet to write (see `write_logs`). Each
 -- algorithm's `remember` fills it once a request's writes are done, so a
 -- request that fails leaves nothing in it. A log's entry is its state
--- itself, which the next request of the key takes over (see `prepare`):
--- one that fails before its writes leaves the log at most pruned to
--- `now`, as any request of the call would.
+-- itself, which the next request of the key takes over (see `prepare`),
+-- on a copy when preparing it changes it.
 local known = {}
 
 -- The work this call has done in logs' pages hashes: fields read or
@@ -624,6 +623,14 @@ local function log_gather(s)
   s.rewrite, s.dirty = true, true
 end
 
+-- Whether `log.prepare` changes the log state `s` of this call for a
+-- request under `window`: records to prune, a clock step back to gather,
+-- or a longer span.
+local function log_changes(s, window)
+  return s.sum > 0
+    and (s.oldest <= now - s.span or s.newest - now > window + MAX_DELAY or window > s.span)
+end
+
 -- Brings the log (as this call last left it, see `prepare`, or else its
 -- header) up to `now`, and finds the window's count.
 function log.prepare(s)
@@ -784,6 +791,7 @@ end
 
 function log.record(s)
   if s.cost == 0 then
+    log_write(s)
     return
   end
   local time = s.pass
@@ -1693,8 +1701,17 @@ local function prepare(keys, k, policy, cost)
   local key = keys[k]
   local s = known[key]
   if algorithm == log and s ~= nil and s.algorithm == log then
-    -- The log as the call's last request of the key left it: what that
-    -- request alone was told is cleared.
+    -- The log as the call's last request of the key left it, taken over;
+    -- a copy if preparing it will change it, so that a request that
+    -- fails leaves the call's state as it was.
+    if log_changes(s, policy.window) then
+      local copy = {}
+      for field, value in pairs(s) do
+        copy[field] = value
+      end
+      s = copy
+    end
+    -- What that request alone was told is cleared.
     s.blocked, s.block_key, s.recorded, s.window_oldest = nil, nil, nil, nil
   else
     s = (algorithm == log and new_log or new_state)(algorithm, key)

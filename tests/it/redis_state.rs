@@ -325,6 +325,72 @@ async fn a_failing_request_writes_nothing_alone_or_in_a_batch() {
     }
 }
 
+/// A request that fails inside a batch leaves a log that an earlier
+/// request of the batch wrote as that request left it: the failing
+/// request's own policy (a tier's shorter window, on the same key) would
+/// gather the log, whose clock stepped back, and its second policy's key
+/// holds another type. The log ends byte for byte as its twin, given the
+/// earlier request alone.
+#[tokio::test(flavor = "current_thread")]
+async fn a_failing_request_leaves_the_log_its_batch_shares_as_it_was() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new(START);
+    let store = std::sync::Arc::new(store_on(&server, &clock));
+    let long = Policy::new("shared", 10_000, Duration::from_secs(100));
+    let short = Policy::new("shared", 10_000, Duration::from_secs(1));
+    let counter = Policy::new("broken", 5, Duration::from_secs(10))
+        .with_algorithm(slidegate::policy::Algorithm::SlidingCounter);
+    // Three pages of records, copied whole to the twin.
+    spend(&store, &clock, &long, "k", 600).await;
+    let check = |policy: &Policy, client: &str| Check::new(policy, Key::new(client)).unwrap();
+    let base = store.base_key(&check(&long, "k"));
+    let twin = store.base_key(&check(&long, "twin"));
+    for suffix in [":l", ":p"] {
+        server.cli(&[
+            "copy",
+            &format!("{base}{suffix}"),
+            &format!("{twin}{suffix}"),
+        ]);
+    }
+    let broken = check(&counter, "k");
+    server.cli(&[
+        "set",
+        &format!("{}:c", store.base_key(&broken)),
+        "not a hash",
+    ]);
+    // 70 s before the newest record: more than the short window and the
+    // longest delay, less than the long window and it.
+    clock.set(START + 600_000 - 70_000_000);
+
+    let batch = [vec![check(&long, "k")], vec![check(&short, "k"), broken]].map(|checks| {
+        let store = store.clone();
+        tokio::spawn(async move { store.check(&checks).await })
+    });
+    let [first, failing] = batch;
+    assert!(first.await.unwrap().unwrap()[0].admitted);
+    assert!(failing.await.unwrap().is_err());
+    assert!(store.check(&[check(&long, "twin")]).await.unwrap()[0].admitted);
+
+    let mut connection = slidegate::deadpool_redis::redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let mut state = |base: &str| -> (Vec<u8>, std::collections::BTreeMap<Vec<u8>, Vec<u8>>) {
+        let header: Vec<u8> = slidegate::deadpool_redis::redis::cmd("GET")
+            .arg(format!("{base}:l"))
+            .query(&mut connection)
+            .unwrap();
+        let pages = slidegate::deadpool_redis::redis::cmd("HGETALL")
+            .arg(format!("{base}:p"))
+            .query(&mut connection)
+            .unwrap();
+        (header, pages)
+    };
+    let (log, pages) = state(&base);
+    assert!(!pages.is_empty(), "the log has pages");
+    assert_eq!((log, pages), state(&twin));
+}
+
 /// Under an `allkeys-*` policy Redis may evict a log's pages apart from
 /// its newest page, or the other way round: either way the client starts
 /// afresh (as when a whole log is evicted), never with sums of pages that
