@@ -905,18 +905,40 @@ function log.report(s)
   return remaining, s.window_oldest + s.window - now
 end
 
+-- `log_common` for a log an earlier request of this call has prepared
+-- (`s`, see `known`), which this one admits without changing it first
+-- (nothing to prune, no clock step back, the same span) under a window
+-- as long as its span: recorded as the general path records it.
+local function log_again(s, policy, cost)
+  local window = policy.window
+  cost = tonumber(cost)
+  if s.algorithm ~= log or cost == 0 or s.sum == 0 or window ~= s.span
+    or log_changes(s, window) or s.sum + cost > policy.limit then
+    return nil
+  end
+  s.limit, s.window, s.cost, s.pass = policy.limit, window, cost, now
+  s.in_window, s.window_oldest = s.sum, s.oldest
+  log.record(s)
+  log.remember(s)
+  local remaining, reset = log.report(s)
+  return struct.pack(DECISION, 1, remaining, reset, -1, s.recorded)
+end
+
 -- The common case, decided on its own, as the general path would decide
 -- it but without its tables: a request of one sliding-log policy that
 -- neither blocks nor delays, admitted by a log whose live records all lie
--- in its tail, which takes the record without being sealed or widened.
--- Most requests of a client below its limit are this case. Returns the
--- five integers of the admitted request, its record written; or nil,
--- having written nothing, for any other case, which the general path
--- then decides.
+-- in its tail, which takes the record without being sealed or widened
+-- (or by a log this call has prepared already, see `log_again`). Most
+-- requests of a client below its limit are this case. Returns the five
+-- integers of the admitted request, its record written; or nil, having
+-- written nothing, for any other case, which the general path then
+-- decides.
 local function log_common(keys, k, policy, cost)
   local key = keys[k]
-  if policy.algorithm ~= log or policy.block > 0 or policy.delay > 0 or known[key] ~= nil then
+  if policy.algorithm ~= log or policy.block > 0 or policy.delay > 0 then
     return nil
+  elseif known[key] ~= nil then
+    return log_again(known[key], policy, cost)
   end
   local header = redis.call('GETRANGE', key, 0, LOG_HEADER_SIZE - 1)
   header_key, header_read = key, header

@@ -321,6 +321,44 @@ fn a_batch_decides_as_its_requests_one_after_the_other() {
     });
 }
 
+/// In one batch call, requests of one client under a policy's window and
+/// under a tier's shorter one (one log) each count their own window, as
+/// the memory store does one after the other.
+#[test]
+fn a_batch_counts_each_window_of_a_shared_log_on_its_own() {
+    let server = RedisServer::start();
+    let runtime = runtime();
+    let (clock, memory, redis) = twin_stores(&server.pool(2), "windows".into());
+    let redis = std::sync::Arc::new(redis);
+    let long = Policy::new("shared", 50, Duration::from_secs(10));
+    let short = Policy::new("shared", 50, Duration::from_secs(2));
+    let check = |policy: &Policy| vec![Check::new(policy, Key::new("client")).unwrap()];
+    // A request a second for six seconds: the short window sees the last two.
+    for _ in 0..6 {
+        let from_memory = runtime.block_on(memory.check(&check(&long))).unwrap();
+        let from_redis = runtime.block_on(redis.check(&check(&long))).unwrap();
+        assert_eq!(from_memory, from_redis);
+        clock.advance(Duration::from_secs(1));
+    }
+    let batch = [check(&long), check(&short), check(&long), check(&short)];
+    let from_memory: Vec<_> = batch
+        .iter()
+        .map(|checks| runtime.block_on(memory.check(checks)).unwrap())
+        .collect();
+    let from_redis: Vec<_> = runtime.block_on(async {
+        let tasks = batch.map(|checks| {
+            let redis = redis.clone();
+            tokio::spawn(async move { redis.check(&checks).await })
+        });
+        let mut decisions = Vec::new();
+        for task in tasks {
+            decisions.push(task.await.unwrap().unwrap());
+        }
+        decisions
+    });
+    assert_eq!(from_memory, from_redis);
+}
+
 /// A step of a trace that exercises every shape of the packed log: big
 /// and small costs (each cost width), long windows (wide offsets), jumps
 /// past an offset's range (rebasing), bursts (growing) and lulls
