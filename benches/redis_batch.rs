@@ -43,6 +43,12 @@ fn redis_cpu(connection: &mut Connection) -> f64 {
         .sum()
 }
 
+/// The policy of every check, as the script takes it: a sliding log of a
+/// limit never reached over a minute (its burst the limit), no block and
+/// no delay.
+const POLICY: (&str, u32, u64, u32, u32, u32) =
+    ("log", 1_000_000_000, 60_000_000, 1_000_000_000, 0, 0);
+
 /// The keys of client `client`'s sliding log.
 fn keys(client: u64) -> [String; 2] {
     let base = format!("bench:{{client-{client}}}");
@@ -66,14 +72,7 @@ fn run(connection: &mut Connection, batched: bool, seed: u64) {
                 call.arg(&keys(c));
             }
             // The policy named once, then per request its place and cost.
-            call.arg("").arg(1).arg((
-                "log",
-                1_000_000_000u32,
-                60_000_000u64,
-                1_000_000_000u32,
-                0u32,
-                0u32,
-            ));
+            call.arg("").arg(1).arg(POLICY);
             for _ in &clients {
                 call.arg((1, 1, 1));
             }
@@ -82,16 +81,13 @@ fn run(connection: &mut Connection, batched: bool, seed: u64) {
         } else {
             let mut pipe = redis::pipe();
             for &c in &clients {
-                pipe.cmd("FCALL").arg("one").arg(2).arg(&keys(c)).arg((
-                    "",
-                    "log",
-                    1_000_000_000u32,
-                    60_000_000u64,
-                    1_000_000_000u32,
-                    0u32,
-                    0u32,
-                    1u32,
-                ));
+                pipe.cmd("FCALL")
+                    .arg("one")
+                    .arg(2)
+                    .arg(&keys(c))
+                    .arg("")
+                    .arg(POLICY)
+                    .arg(1);
             }
             let replies: Vec<Value> = pipe.query(connection).unwrap();
             replies.into_iter().flat_map(common::integers).collect()
