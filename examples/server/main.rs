@@ -8,6 +8,8 @@
 //! ```
 
 mod admin;
+mod complete;
+mod echo;
 mod store;
 
 use std::io::IsTerminal;
@@ -101,12 +103,14 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// The routes behind the limiter.
-const LIMITED_ROUTES: [&str; 5] = [
+const LIMITED_ROUTES: [&str; 7] = [
     "/api/videos",
     "/api/search",
     "/api/login",
     "/api/whoami",
     "/api/slow",
+    "/api/complete",
+    "/ws/echo",
 ];
 
 /// The server's routes; the admin routes only with an admin token.
@@ -117,6 +121,8 @@ fn app(layer: RateLimitLayer, metrics: PrometheusHandle, admin_token: Option<&st
         login_route,
         whoami_route,
         slow_route,
+        complete_route,
+        echo_route,
     ] = LIMITED_ROUTES;
     // `/api/whoami` shows the client the limiter resolved.
     let layer = layer.with_identity_extension(true);
@@ -126,6 +132,8 @@ fn app(layer: RateLimitLayer, metrics: PrometheusHandle, admin_token: Option<&st
         .route(login_route, post(login))
         .route(whoami_route, get(whoami))
         .route(slow_route, get(slow))
+        .route(complete_route, post(complete::complete))
+        .route(echo_route, get(echo::echo))
         // Only matched routes are limited: an unknown path stays 404.
         .route_layer(layer.clone())
         .route("/health", get(|| async { "ok" }))

@@ -134,6 +134,20 @@ struct Response {
     body: String,
 }
 
+/// A chunked body's content (`Transfer-Encoding: chunked`, no trailers).
+fn dechunked(mut body: &str) -> String {
+    let mut content = String::new();
+    loop {
+        let (size, rest) = body.split_once("\r\n").expect("a chunk's size line");
+        let size = usize::from_str_radix(size.trim(), 16).expect("a chunk size in hex");
+        if size == 0 {
+            return content;
+        }
+        content.push_str(&rest[..size]);
+        body = &rest[size + 2..];
+    }
+}
+
 impl Response {
     fn parse(raw: &str) -> Self {
         let (head, body) = raw.split_once("\r\n\r\n").expect("a complete response");
@@ -146,14 +160,22 @@ impl Response {
             .unwrap()
             .parse()
             .unwrap();
-        let headers = lines
+        let headers: Vec<(String, String)> = lines
             .filter_map(|l| l.split_once(':'))
             .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
             .collect();
+        let chunked = headers
+            .iter()
+            .any(|(name, value)| name == "transfer-encoding" && value == "chunked");
+        let body = if chunked {
+            dechunked(body)
+        } else {
+            body.to_owned()
+        };
         Self {
             status,
             headers,
-            body: body.to_owned(),
+            body,
         }
     }
 
@@ -673,6 +695,55 @@ fn slow_requests_are_limited_in_flight() {
     // All ended: their places are free again.
     assert_eq!(server.get("/api/slow?ms=0").status, 200);
     assert_eq!(server.get("/api/slow?ms=0").status, 200);
+}
+
+/// `POST /api/complete?tokens=N` streams `{"tokens":N}` and reports N in
+/// `x-usage-tokens`; N must be a whole number from 1 to 100,000.
+#[test]
+fn completions_report_their_tokens() {
+    let server = ExampleServer::start(&[], &[]);
+    let reply = server.request("POST", "/api/complete?tokens=42", &[]);
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.header("x-usage-tokens"), Some("42"));
+    assert_eq!(
+        reply.header("transfer-encoding"),
+        Some("chunked"),
+        "streamed"
+    );
+    assert_eq!(reply.json(), serde_json::json!({ "tokens": 42 }));
+    let most = server.request("POST", "/api/complete?tokens=100000", &[]);
+    assert_eq!(most.json()["tokens"], 100_000);
+    for asked in ["0", "100001", "-1", "1.5", "many", ""] {
+        let reply = server.request("POST", &format!("/api/complete?tokens={asked}"), &[]);
+        assert_eq!(reply.status, 400, "tokens={asked}");
+        assert!(reply.json()["error"].is_string(), "tokens={asked}");
+    }
+    assert_eq!(server.request("POST", "/api/complete", &[]).status, 400);
+}
+
+/// `GET /ws/echo` upgrades to a WebSocket that sends every message back.
+#[tokio::test]
+async fn the_websocket_echoes() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+
+    let server = ExampleServer::start(&[], &[]);
+    let url = format!("ws://127.0.0.1:{}/ws/echo", server.port);
+    let (mut socket, response) = tokio_tungstenite::connect_async(url).await.unwrap();
+    assert_eq!(response.status(), 101);
+    for text in ["hello", "again"] {
+        socket.send(Message::text(text)).await.unwrap();
+        let echoed = tokio::time::timeout(Duration::from_secs(10), socket.next())
+            .await
+            .expect("an echo within ten seconds")
+            .expect("the socket open")
+            .unwrap();
+        assert_eq!(echoed, Message::text(text));
+    }
+    socket.send(Message::binary(vec![0, 1, 2])).await.unwrap();
+    let echoed = socket.next().await.unwrap().unwrap();
+    assert_eq!(echoed, Message::binary(vec![0, 1, 2]));
+    socket.close(None).await.unwrap();
 }
 
 /// A config with `[admin] token` and a search limit of 5, keyed by IP.

@@ -1,0 +1,54 @@
+//! `POST /api/complete?tokens=N`: a stand-in for an LLM completion, whose
+//! cost (the tokens generated) is known only once it has answered.
+
+use std::convert::Infallible;
+
+use axum::body::{Body, Bytes};
+use axum::extract::Query;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+/// The header that reports the tokens a completion used.
+pub(crate) const USAGE_HEADER: &str = "x-usage-tokens";
+
+/// The most tokens one completion may ask for.
+const MOST_TOKENS: u32 = 100_000;
+
+#[derive(serde::Deserialize)]
+pub(crate) struct CompleteQuery {
+    tokens: Option<String>,
+}
+
+/// `200` with `x-usage-tokens: N`, streaming the JSON `{"tokens":N}` in
+/// three chunks; `400` unless `tokens` is a whole number from 1 to
+/// 100,000.
+pub(crate) async fn complete(Query(query): Query<CompleteQuery>) -> Response {
+    let tokens = query
+        .tokens
+        .as_deref()
+        .and_then(|tokens| tokens.parse::<u32>().ok())
+        .filter(|tokens| (1..=MOST_TOKENS).contains(tokens));
+    let Some(tokens) = tokens else {
+        let error = format!("tokens must be a whole number from 1 to {MOST_TOKENS}");
+        return (
+            StatusCode::BAD_REQUEST,
+            axum::Json(json!({ "error": error })),
+        )
+            .into_response();
+    };
+    let chunks = [
+        Bytes::from_static(b"{\"tokens\":"),
+        Bytes::from(tokens.to_string()),
+        Bytes::from_static(b"}"),
+    ];
+    let body = Body::from_stream(futures_util::stream::iter(chunks.map(Ok::<_, Infallible>)));
+    let mut response = Response::new(body);
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert(USAGE_HEADER, HeaderValue::from(tokens));
+    response
+}
