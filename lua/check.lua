@@ -666,11 +666,19 @@ function log.prepare(s)
   return s.in_window + s.cost <= s.limit
 end
 
+-- When a log whose newest record is at `newest` expires, two spans past
+-- it, and the TTL in milliseconds that gives its keys.
+local function log_expiry(newest, span)
+  local expires = newest + 2 * span
+  return expires, math.floor((expires - now) / 1000) + 1 + expiry_grace_ms
+end
+
 -- Sets `expires` two spans past the newest record and returns the TTL in
 -- milliseconds to set on both keys.
 local function log_extend(s)
-  s.expires = s.newest + 2 * s.span
-  return math.floor((s.expires - now) / 1000) + 1 + expiry_grace_ms
+  local ttl
+  s.expires, ttl = log_expiry(s.newest, s.span)
+  return ttl
 end
 
 -- Deletes a few of the pages the head has left behind, with the tree's
@@ -894,15 +902,21 @@ function log.remember(s)
   known[s.key] = s
 end
 
-function log.report(s)
-  local remaining = s.limit - s.in_window
+-- The units left under `limit` with `in_window` counted in `window`,
+-- the oldest of them at `oldest`, and when the window resets (µs).
+local function log_report(limit, in_window, oldest, window)
+  local remaining = limit - in_window
   if remaining < 0 then
     remaining = 0
   end
-  if s.in_window == 0 then
+  if in_window == 0 then
     return remaining, 0
   end
-  return remaining, s.window_oldest + s.window - now
+  return remaining, oldest + window - now
+end
+
+function log.report(s)
+  return log_report(s.limit, s.in_window, s.window_oldest, s.window)
 end
 
 -- `log_common` for a log an earlier request of this call has prepared
@@ -990,8 +1004,7 @@ local function log_common(keys, k, policy, cost)
   tail_count, tail_sum, sum, newest = tail_count + 1, tail_sum + cost, sum + cost, time
   local ttl
   if expires < newest + span then
-    expires = newest + 2 * span
-    ttl = math.floor((expires - now) / 1000) + 1 + expiry_grace_ms
+    expires, ttl = log_expiry(newest, span)
   end
   redis.call('SETRANGE', key, 0, struct.pack(
     LOG_HEADER, LOG_VERSION, ow, cw, levels, tail_page, head_page, head_index,
@@ -1002,11 +1015,8 @@ local function log_common(keys, k, policy, cost)
     redis.call('PEXPIRE', keys[k + 1], ttl)
   end
   header_key = nil
-  local remaining = limit - sum
-  if remaining < 0 then
-    remaining = 0
-  end
-  return struct.pack(DECISION, 1, remaining, oldest + window - now, -1, time)
+  local remaining, reset = log_report(limit, sum, oldest, window)
+  return struct.pack(DECISION, 1, remaining, reset, -1, time)
 end
 
 -- Writes a log's header (and its tail, if this call rewrote it) and its

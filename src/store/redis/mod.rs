@@ -580,19 +580,12 @@ impl Inner {
         let mut ticket = ticket(lanes, deadline).await?;
         let time = self.time();
         let arguments = BatchArguments::new(queued.iter().map(|q| &q.call));
-        let keys: usize = queued.iter().map(|q| q.call.keys.len()).sum();
-        let key_bytes: usize = queued
-            .iter()
-            .flat_map(|q| &q.call.keys)
-            .map(String::len)
-            .sum();
         let batch = |function: &str| {
-            // Sized at once: a batch's command has hundreds of arguments.
-            let mut fcall = Cmd::with_capacity(
-                4 + keys + arguments.len(),
-                function.len() + key_bytes + ARGUMENT_BYTES * (4 + arguments.len()),
+            let mut fcall = sized_fcall(
+                function,
+                queued.iter().flat_map(|q| &q.call.keys),
+                arguments.len(),
             );
-            fcall.arg("FCALL").arg(function).arg(keys);
             for q in queued {
                 fcall.arg(&q.call.keys);
             }
@@ -640,20 +633,10 @@ impl Inner {
 
     /// `FCALL` of `function` for `call`.
     fn fcall(&self, function: &str, call: &Call) -> Cmd {
-        // At most eight arguments per policy: seven, and a refund's time.
-        let arguments = 5 + 8 * call.args.len();
-        let key_bytes: usize = call.keys.iter().map(String::len).sum();
-        let mut fcall = Cmd::with_capacity(
-            call.keys.len() + arguments,
-            function.len() + key_bytes + ARGUMENT_BYTES * arguments,
-        );
-        fcall
-            .arg("FCALL")
-            .arg(function)
-            .arg(call.keys.len())
-            .arg(&call.keys)
-            .arg(self.time())
-            .arg(Arguments(call));
+        // At most eight arguments per policy (seven, and a refund's time),
+        // and `peek`, `refund` or `reset`.
+        let mut fcall = sized_fcall(function, &call.keys, 1 + 8 * call.args.len());
+        fcall.arg(&call.keys).arg(self.time()).arg(Arguments(call));
         fcall
     }
 
@@ -724,6 +707,25 @@ impl Inner {
             .as_ref()
             .map_or_else(String::new, |clock| clock.now_micros().to_string())
     }
+}
+
+/// `FCALL function numkeys`, its buffers sized at once for `keys`, the
+/// time and at most `arguments` numeric arguments after it, which the
+/// caller adds.
+fn sized_fcall<'a>(
+    function: &str,
+    keys: impl IntoIterator<Item = &'a String>,
+    arguments: usize,
+) -> Cmd {
+    let (count, bytes) = keys
+        .into_iter()
+        .fold((0, 0), |(count, bytes), key| (count + 1, bytes + key.len()));
+    let mut fcall = Cmd::with_capacity(
+        4 + count + arguments,
+        function.len() + bytes + ARGUMENT_BYTES * (4 + arguments),
+    );
+    fcall.arg("FCALL").arg(function).arg(count);
+    fcall
 }
 
 /// A lane's connection by `deadline`.
