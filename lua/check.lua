@@ -13,8 +13,10 @@
 -- ARGV[1]: the time in microseconds, or "" to read the server's TIME (the
 --   empty form is the only one production uses).
 -- ARGV, per policy (ARGS = 7 each, from ARGV[2]): algorithm ("log",
---   "counter", "fixed", "bucket" or "lease"), limit, window in
---   microseconds (a lease's time for "lease"), burst (a bucket's size;
+--   "counter", "fixed", "bucket", "lease", or a calendar period: "day",
+--   "week", "month" or "year"), limit, window in microseconds (a lease's
+--   time for "lease"; for a calendar, its offset from UTC in µs, east
+--   positive), burst (a bucket's size;
 --   the limit otherwise), block in microseconds (0: none), delay in
 --   microseconds (0: none), and the request's cost (a lease's id for
 --   "lease"). A denial the delay can hold (its retry time within it) is
@@ -32,6 +34,7 @@
 --            window length `l` in µs, and `n` as for a counter.
 --   bucket:  a 24-byte string (see "token bucket" below).
 --   lease:   a sorted set of leases (see "leases" below).
+--   day, week, month, year: a 16-byte string (see "calendar" below).
 --   then, for a policy that blocks, a string holding the time (µs) until
 --   which the client is blocked: set when the policy's own count denies
 --   a request, and read before it, so that every request meanwhile is
@@ -1639,13 +1642,136 @@ function lease.report(s)
   return remaining, LEASE_RETRY
 end
 
+----------------------------------------------------------------- calendar
+--
+-- A count per calendar period, at a fixed offset from UTC: a 16-byte
+-- string of two u64 (big-endian), the end (µs) of the period the count
+-- is in, and the count. A decision places the count at the period that
+-- holds `now`: a count whose period has ended starts again at 0; one
+-- whose period has not (the clock stepped back into an earlier period,
+-- or the policy now counts shorter periods) is kept, in the period of
+-- `now`. Dates are proleptic Gregorian; weeks start on Monday.
+
+local calendar = {}
+local QUOTA = '>I8I8'
+local DAY = 86400000000
+
+-- Days since 1970-01-01 of the 1st of month `m` of year `y`.
+local function days_from_civil(y, m)
+  if m <= 2 then
+    y = y - 1
+  end
+  local era = idiv(y, 400)
+  local yoe = y - era * 400
+  local mp = m + 9
+  if m > 2 then
+    mp = m - 3
+  end
+  local doy = idiv(153 * mp + 2, 5)
+  local doe = yoe * 365 + idiv(yoe, 4) - idiv(yoe, 100) + doy
+  return era * 146097 + doe - 719468
+end
+
+-- The year and month of day `z` (days since 1970-01-01).
+local function civil_from_days(z)
+  z = z + 719468
+  local era = idiv(z, 146097)
+  local doe = z - era * 146097
+  local yoe = idiv(doe - idiv(doe, 1460) + idiv(doe, 36524) - idiv(doe, 146096), 365)
+  local doy = doe - (365 * yoe + idiv(yoe, 4) - idiv(yoe, 100))
+  local mp = idiv(5 * doy + 2, 153)
+  local y, m = yoe + era * 400, mp + 3
+  if mp >= 10 then
+    y, m = y + 1, mp - 9
+  end
+  return y, m
+end
+
+-- The end (µs) of the period of `s` that holds `t`: the next boundary.
+local function period_end(s, t)
+  local offset = s.window
+  local day = idiv(math.max(0, t + offset), DAY)
+  local next_day
+  if s.period == 'day' then
+    next_day = day + 1
+  elseif s.period == 'week' then
+    -- Day 0 was a Thursday: week w starts on day 7w - 3, a Monday.
+    next_day = (idiv(day + 3, 7) + 1) * 7 - 3
+  else
+    local y, m = civil_from_days(day)
+    if s.period == 'year' or m == 12 then
+      y, m = y + 1, 1
+    else
+      m = m + 1
+    end
+    next_day = days_from_civil(y, m)
+  end
+  return next_day * DAY - offset
+end
+
+function calendar.prepare(s)
+  local stored = redis.call('GET', s.key)
+  local ends, count = 0, 0
+  if stored and #stored == 16 then
+    ends, count = struct.unpack(QUOTA, stored)
+  end
+  if ends <= now then
+    count = 0
+  end
+  s.ends, s.count = period_end(s, now), count
+  return count + s.cost <= s.limit
+end
+
+local function calendar_write(s)
+  redis.call('SET', s.key, struct.pack(QUOTA, s.ends, s.count),
+    'PX', int(idiv(s.ends - now, 1000) + 1 + expiry_grace_ms))
+end
+
+-- A calendar quota takes no delay.
+function calendar.fits_at(s, time)
+  return false
+end
+
+function calendar.record(s)
+  s.count, s.recorded = s.count + s.cost, now
+  calendar_write(s)
+end
+
+-- Takes back `cost` units counted at `at`, if that was in the count's
+-- period.
+function calendar.refund(s, at, cost)
+  if s.count > 0 and period_end(s, at) == s.ends then
+    s.count = math.max(0, s.count - cost)
+    calendar_write(s)
+  end
+end
+
+function calendar.save(s) end
+
+function calendar.retry(s)
+  return s.ends - now
+end
+
+function calendar.remember(s) end
+
+function calendar.report(s)
+  local remaining = math.max(0, s.limit - s.count)
+  if s.count == 0 then
+    return remaining, 0
+  end
+  return remaining, s.ends - now
+end
+
 ---------------------------------------------------------------- the batch
 
 -- The error of a request that Redis, out of memory, cannot admit without
 -- new state (see "Under `maxmemory`" below).
 local NOT_HELD = 'OOM a new client is not tracked while Redis is out of memory'
 
-local algorithms = { log = log, counter = counter, fixed = fixed, bucket = bucket, lease = lease }
+local algorithms = {
+  log = log, counter = counter, fixed = fixed, bucket = bucket, lease = lease,
+  day = calendar, week = calendar, month = calendar, year = calendar,
+}
 
 -- Writes the headers (and rewritten tails and TTLs) of the logs this
 -- call changed, once each.
@@ -1683,6 +1809,7 @@ local function describe(argv, a)
   end
   return {
     algorithm = algorithm,
+    period = argv[a],
     limit = tonumber(argv[a + 1]),
     window = tonumber(argv[a + 2]),
     burst = tonumber(argv[a + 3]),
@@ -1705,7 +1832,7 @@ end
 local function new_state(algorithm, key)
   return {
     algorithm = algorithm, key = key, limit = 0, window = 0, cost = 0, id = 0, burst = 0,
-    block = 0, delay = 0,
+    block = 0, delay = 0, period = nil,
   }
 end
 
@@ -1749,7 +1876,7 @@ local function prepare(keys, k, policy, cost)
     s = (algorithm == log and new_log or new_state)(algorithm, key)
   end
   s.limit, s.window, s.burst = policy.limit, policy.window, policy.burst
-  s.block, s.delay = policy.block, policy.delay
+  s.block, s.delay, s.period = policy.block, policy.delay, policy.period
   s.cost = tonumber(cost)
   -- A lease's id is its cost argument, kept as sent.
   s.id = cost

@@ -29,6 +29,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::HeaderName;
 use ipnet::IpNet;
@@ -41,7 +42,7 @@ use crate::layer::RateLimitLayer;
 use crate::layer::credential_failures::CredentialFailures;
 use crate::layer::deny_cache::{DEFAULT_CAPACITY as DEFAULT_DENY_CACHE, DenyCache};
 use crate::limits::Overrides;
-use crate::policy::{FailMode, Policies, Policy, Route, TierLimits};
+use crate::policy::{Calendar, FailMode, Period, Policies, Policy, Route, TierLimits};
 use crate::response::headers::{HeaderStyle, ResetFormat};
 use crate::store::{MemoryStore, Store};
 
@@ -614,8 +615,10 @@ fn offset_of<T>(value: Option<&Spanned<T>>) -> Option<usize> {
     value.map(|value| value.span().start)
 }
 
-/// A policy's kind from its table: a rate (`limit` per `window`) or a
-/// concurrency limit (`concurrency`, with an optional `lease`).
+/// A policy's kind from its table: a rate (`limit` per `window`), a
+/// concurrency limit (`concurrency`, with an optional `lease`), or a
+/// calendar quota (`limit` per `calendar` period, at an optional
+/// `utc_offset`).
 fn kind_of(
     name: &str,
     body: &RawPolicyBody,
@@ -626,6 +629,16 @@ fn kind_of(
     let refuse = |offset: usize, key: &str, message: &str| {
         ConfigError::at(source, offset, format!("{prefix}.{key}"), message)
     };
+    if let Some(period) = &body.calendar {
+        return calendar_of(name, period, body, refuse);
+    }
+    if let Some(offset) = &body.utc_offset {
+        return Err(refuse(
+            offset.span().start,
+            "utc_offset",
+            "applies only to a `calendar` quota",
+        ));
+    }
     match (&body.concurrency, &body.limit, &body.window) {
         (Some(in_flight), None, None) => {
             if body.algorithm.is_some() {
@@ -667,6 +680,87 @@ fn kind_of(
             "missing: give `window` with `limit`",
         )),
     }
+}
+
+/// A calendar quota's policy from its table: `limit` per `period`, at
+/// its `utc_offset`; `refuse` words an error.
+fn calendar_of(
+    name: &str,
+    period: &Spanned<String>,
+    body: &RawPolicyBody,
+    refuse: impl Fn(usize, &str, &str) -> ConfigError,
+) -> Result<Policy, ConfigError> {
+    let in_place = [
+        ("window", offset_of(body.window.as_ref())),
+        ("algorithm", body.algorithm.map(|_| period_offset(body))),
+        ("concurrency", offset_of(body.concurrency.as_ref())),
+        ("lease", offset_of(body.lease.as_ref())),
+    ];
+    if let Some((key, Some(offset))) = in_place.into_iter().find(|(_, offset)| offset.is_some()) {
+        return Err(refuse(
+            offset,
+            key,
+            "does not go with `calendar`, which replaces it",
+        ));
+    }
+    let Some(period) = Period::from_name(period.get_ref()) else {
+        return Err(refuse(
+            period.span().start,
+            "calendar",
+            "must be day, week, month or year",
+        ));
+    };
+    let Some(limit) = &body.limit else {
+        return Err(refuse(
+            period_offset(body),
+            "limit",
+            "missing: give `limit` with `calendar`",
+        ));
+    };
+    let mut calendar = Calendar::new(period);
+    if let Some(offset) = &body.utc_offset {
+        calendar = utc_offset(calendar, offset.get_ref()).ok_or_else(|| {
+            refuse(
+                offset.span().start,
+                "utc_offset",
+                "must be \"+HH:MM\" or \"-HH:MM\", under 24 hours",
+            )
+        })?;
+    }
+    Ok(Policy::calendar(name, *limit.get_ref(), calendar))
+}
+
+/// Where a policy's `calendar` is written.
+fn period_offset(body: &RawPolicyBody) -> usize {
+    body.calendar
+        .as_ref()
+        .map_or(0, |period| period.span().start)
+}
+
+/// `calendar` at the offset `text` says: `+HH:MM` or `-HH:MM` (`Z` for
+/// UTC), hours 0 to 23 and minutes 0 to 59.
+fn utc_offset(calendar: Calendar, text: &str) -> Option<Calendar> {
+    if text == "Z" {
+        return Some(calendar);
+    }
+    let (east, rest) = match text.as_bytes().first()? {
+        b'+' => (true, &text[1..]),
+        b'-' => (false, &text[1..]),
+        _ => return None,
+    };
+    let (hours, minutes) = rest.split_once(':')?;
+    let two_digits = |part: &str, below: u64| {
+        (part.len() == 2 && part.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| part.parse::<u64>().ok())
+            .flatten()
+            .filter(|&value| value < below)
+    };
+    let offset = Duration::from_secs(two_digits(hours, 24)? * 3600 + two_digits(minutes, 60)? * 60);
+    Some(if east {
+        calendar.east_of_utc(offset)
+    } else {
+        calendar.west_of_utc(offset)
+    })
 }
 
 fn policy_from(
@@ -711,6 +805,8 @@ fn policy_from(
             "block" => offset_of(body.block.as_ref()),
             "delay" => offset_of(body.delay.as_ref()),
             "concurrency" => offset_of(body.concurrency.as_ref()),
+            "calendar" => offset_of(body.calendar.as_ref()),
+            "utc_offset" => offset_of(body.utc_offset.as_ref()),
             "name" => Some(name_offset),
             _ => None,
         }

@@ -277,6 +277,8 @@ pub(super) struct RawPolicy {
     pub(super) burst: Option<Spanned<u32>>,
     pub(super) block: Option<Spanned<HumanDuration>>,
     pub(super) delay: Option<Spanned<HumanDuration>>,
+    pub(super) calendar: Option<Spanned<String>>,
+    pub(super) utc_offset: Option<Spanned<String>>,
 }
 
 /// A tier's overrides in `tiers = { pro = { limit = 50 } }`.
@@ -306,6 +308,8 @@ impl RawPolicy {
             burst: self.burst,
             block: self.block,
             delay: self.delay,
+            calendar: self.calendar,
+            utc_offset: self.utc_offset,
         };
         (self.name, self.route, body)
     }
@@ -327,4 +331,6 @@ pub(super) struct RawPolicyBody {
     pub(super) burst: Option<Spanned<u32>>,
     pub(super) block: Option<Spanned<HumanDuration>>,
     pub(super) delay: Option<Spanned<HumanDuration>>,
+    pub(super) calendar: Option<Spanned<String>>,
+    pub(super) utc_offset: Option<Spanned<String>>,
 }

@@ -6,11 +6,13 @@
 //! set of a layer, each policy on a [`Route`] or on every route; a
 //! [`RequestCost`] computes a request's [`Cost`] from its head.
 
+mod calendar;
 pub(crate) mod cost;
 pub(crate) mod plan;
 mod route;
 mod table;
 
+pub use calendar::{Calendar, Period};
 pub use cost::{Cost, RequestCost};
 pub use route::Route;
 pub use table::{Policies, PoliciesBuilder};
@@ -47,6 +49,9 @@ pub enum Algorithm {
     /// until its response body ends or is dropped, and a lease expires
     /// after the policy's window, its lease time.
     Concurrency,
+    /// A count per calendar period (see [`Policy::calendar`]): exact,
+    /// one number per client, starting again at each boundary.
+    Calendar(Calendar),
 }
 
 /// The largest `limit × window in ms` of a [`Algorithm::SlidingCounter`]
@@ -259,6 +264,25 @@ impl Policy {
         Self::new(name, in_flight, DEFAULT_LEASE).with_algorithm(Algorithm::Concurrency)
     }
 
+    /// A policy named `name` allowing `limit` units per calendar period
+    /// ([`Algorithm::Calendar`]): "10,000 calls a month, from the 1st".
+    /// The count starts again at each boundary of `calendar`'s periods,
+    /// and a denied request waits for the next one. Its window, as shown
+    /// in `429` bodies, is the period's nominal length. A calendar quota
+    /// takes no delay, and its tiers no window of their own.
+    ///
+    /// ```
+    /// use slidegate::Policy;
+    /// use slidegate::policy::{Algorithm, Calendar, Period};
+    ///
+    /// let monthly = Policy::calendar("monthly", 10_000, Calendar::new(Period::Month));
+    /// assert_eq!(monthly.algorithm(), Algorithm::Calendar(Calendar::new(Period::Month)));
+    /// ```
+    pub fn calendar(name: impl Into<Arc<str>>, limit: u32, calendar: Calendar) -> Self {
+        Self::new(name, limit, calendar.nominal_window())
+            .with_algorithm(Algorithm::Calendar(calendar))
+    }
+
     /// Sets how long a [`concurrency`](Self::concurrency) lease lasts at
     /// most (default 30 s): longer than your slowest response, since a
     /// request that outlives its lease no longer counts.
@@ -376,6 +400,9 @@ impl Policy {
     pub(crate) fn describe(&self) -> String {
         match self.algorithm {
             Algorithm::Concurrency => format!("{} in flight (Concurrency)", self.limit),
+            Algorithm::Calendar(calendar) => {
+                format!("{} per {} (Calendar)", self.limit, calendar.period().name())
+            }
             algorithm => format!(
                 "{} per {} ({algorithm:?})",
                 self.limit,
@@ -456,7 +483,8 @@ impl Policy {
         limits
     }
 
-    /// Sets the counting algorithm.
+    /// Sets the counting algorithm. A [`Algorithm::Calendar`] sets the
+    /// window to its period's nominal length, as [`calendar`](Self::calendar) does.
     ///
     /// ```
     /// use slidegate::{Policy, policy::Algorithm};
@@ -468,6 +496,9 @@ impl Policy {
     #[must_use]
     pub fn with_algorithm(mut self, algorithm: Algorithm) -> Self {
         self.algorithm = algorithm;
+        if let Algorithm::Calendar(calendar) = algorithm {
+            self.window = calendar.nominal_window();
+        }
         self
     }
 
@@ -615,6 +646,19 @@ impl Policy {
             && (self.delay.is_some() || self.block.is_some())
         {
             return Err(PolicyError::ConcurrencyWithDelayOrBlock { name: name() });
+        }
+        if let Algorithm::Calendar(calendar) = self.algorithm {
+            if !calendar.is_valid() {
+                return Err(PolicyError::InvalidUtcOffset { name: name() });
+            }
+            if self.delay.is_some() {
+                return Err(PolicyError::CalendarWithDelay { name: name() });
+            }
+            if let Some((tier, _)) = self.tiers.iter().find(|(_, tier)| tier.window.is_some()) {
+                return Err(PolicyError::CalendarWithWindow {
+                    name: format!("{} (tier `{tier}`)", self.name),
+                });
+            }
         }
         validate_limits(name(), self.limits_for(None), self.algorithm)?;
         for (tier, _) in &self.tiers {
@@ -806,6 +850,27 @@ pub enum PolicyError {
         /// The policy.
         name: String,
     },
+    /// A calendar's offset from UTC is a day or more, or not whole
+    /// minutes.
+    #[error("policy `{name}`: utc_offset must be under 24 hours, in whole minutes")]
+    InvalidUtcOffset {
+        /// The policy.
+        name: String,
+    },
+    /// A calendar quota with a delay: its requests wait for the next
+    /// period, past any delay.
+    #[error("policy `{name}`: a calendar quota takes no delay")]
+    CalendarWithDelay {
+        /// The policy.
+        name: String,
+    },
+    /// A tier of a calendar quota with a window of its own: its periods
+    /// are the calendar's.
+    #[error("policy `{name}`: a calendar quota's tiers take no window")]
+    CalendarWithWindow {
+        /// The policy.
+        name: String,
+    },
     /// The route is not `"METHOD /pattern"` or `"/pattern"`.
     #[error("route `{route}` must be \"METHOD /pattern\" or \"/pattern\"")]
     InvalidRoute {
@@ -851,6 +916,8 @@ impl PolicyError {
             Self::InvalidBlock { .. } => "block",
             Self::DelayTooLong { .. } => "delay",
             Self::ConcurrencyWithDelayOrBlock { .. } => "concurrency",
+            Self::InvalidUtcOffset { .. } => "utc_offset",
+            Self::CalendarWithDelay { .. } | Self::CalendarWithWindow { .. } => "calendar",
             Self::InvalidRoute { .. } | Self::InvalidPattern { .. } => "route",
         }
     }

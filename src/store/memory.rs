@@ -12,6 +12,7 @@ use quick_cache::{Equivalent, OptionsBuilder, UnitWeighter};
 use super::bucket::TokenBucket;
 use super::counter::{FixedWindow, SlidingCounter};
 use super::leases::Leases;
+use super::quota::Quota;
 use super::sliding_log::{Log, Window};
 use super::{Check, CheckFuture, Decisions, StateId, Store, unpaired_refund};
 use crate::clock::{Clock, SystemClock, duration_micros};
@@ -108,6 +109,7 @@ enum Counts {
     Fixed(FixedWindow),
     Bucket(TokenBucket),
     Leases(Leases),
+    Quota(Quota),
 }
 
 impl Counts {
@@ -118,6 +120,7 @@ impl Counts {
             Algorithm::FixedWindow => Self::Fixed(FixedWindow::default()),
             Algorithm::TokenBucket => Self::Bucket(TokenBucket::default()),
             Algorithm::Concurrency => Self::Leases(Leases::default()),
+            Algorithm::Calendar(_) => Self::Quota(Quota::default()),
         }
     }
 
@@ -129,6 +132,7 @@ impl Counts {
                 | (Self::Fixed(_), Algorithm::FixedWindow)
                 | (Self::Bucket(_), Algorithm::TokenBucket)
                 | (Self::Leases(_), Algorithm::Concurrency)
+                | (Self::Quota(_), Algorithm::Calendar(_))
         )
     }
 
@@ -140,7 +144,7 @@ impl Counts {
             Self::Counter(counter) => counter.held_elsewhere(now, window / 1000),
             Self::Fixed(fixed) => fixed.held_elsewhere(now, window),
             Self::Bucket(bucket) => bucket.held_elsewhere(now, check),
-            Self::Log(_) | Self::Leases(_) => None,
+            Self::Log(_) | Self::Leases(_) | Self::Quota(_) => None,
         };
         if let Some(until) = held_elsewhere {
             return (false, Placed::HeldElsewhere(until));
@@ -184,6 +188,14 @@ impl Counts {
                 leases.prepare(now, check);
                 (leases.fits(check), Placed::Kept)
             }
+            Self::Quota(quota) => {
+                let before = *quota;
+                if let Algorithm::Calendar(calendar) = check.algorithm {
+                    quota.place(now, calendar);
+                }
+                // The Redis script writes a count only when it changes.
+                (quota.fits(check.limit, check.cost), Placed::Quota(before))
+            }
         }
     }
 
@@ -192,6 +204,7 @@ impl Counts {
             (Self::Counter(counter), Placed::Counter(before)) => *counter = before,
             (Self::Fixed(fixed), Placed::Fixed(before)) => *fixed = before,
             (Self::Bucket(bucket), Placed::Bucket(before)) => *bucket = before,
+            (Self::Quota(quota), Placed::Quota(before)) => *quota = before,
             _ => {}
         }
     }
@@ -207,8 +220,8 @@ impl Counts {
             Self::Fixed(fixed) => fixed.fits_at(limit, cost, pass),
             Self::Bucket(bucket) => bucket.fits_at(check, pass),
             // Never held: its lease would be taken now, and its time would
-            // run while the request waits.
-            Self::Leases(_) => false,
+            // run while the request waits; a calendar quota takes no delay.
+            Self::Leases(_) | Self::Quota(_) => false,
         }
     }
 
@@ -225,6 +238,7 @@ impl Counts {
             Self::Fixed(fixed) => Some(fixed.record(cost, pass)),
             Self::Bucket(bucket) => Some(bucket.record(cost, pass, pass > now)),
             Self::Leases(leases) => Some(leases.record(now, check.lease)),
+            Self::Quota(quota) => Some(quota.record(cost, now)),
         }
     }
 
@@ -242,6 +256,10 @@ impl Counts {
                 leases.release(check.lease);
                 true
             }
+            Self::Quota(quota) => match check.algorithm {
+                Algorithm::Calendar(calendar) => quota.refund(at, cost, calendar),
+                _ => false,
+            },
         }
     }
 
@@ -260,6 +278,7 @@ impl Counts {
             (Self::Fixed(fixed), _) => fixed.decision(now, limit, cost, admitted),
             (Self::Bucket(bucket), _) => bucket.decision(now, check, admitted),
             (Self::Leases(leases), _) => leases.decision(check, admitted),
+            (Self::Quota(quota), _) => quota.decision(now, limit, cost, admitted),
         }
     }
 
@@ -270,6 +289,7 @@ impl Counts {
             Self::Fixed(fixed) => fixed.is_idle(now),
             Self::Bucket(bucket) => bucket.is_idle(now),
             Self::Leases(leases) => leases.is_idle(now),
+            Self::Quota(quota) => quota.is_idle(now),
         }
     }
 }
@@ -444,6 +464,7 @@ enum Placed {
     Counter(SlidingCounter),
     Fixed(FixedWindow),
     Bucket(TokenBucket),
+    Quota(Quota),
 }
 
 type Pairs = Cache<Pair, Spent, UnitWeighter, CarriedHash>;

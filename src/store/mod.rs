@@ -12,6 +12,7 @@ mod counter;
 mod decision;
 mod leases;
 mod memory;
+mod quota;
 #[cfg(feature = "redis")]
 mod redis;
 mod sliding_log;

@@ -1061,3 +1061,65 @@ async fn a_namespace_from_the_file_keeps_two_layers_apart() {
     assert_eq!(statuses(shop).await, [200, 429]);
     assert_eq!(statuses(blog).await, [200, 200]);
 }
+
+const QUOTA: &str = "[[policy]]\nname = \"monthly\"\nlimit = 10000\ncalendar = \"month\"\n";
+
+#[test]
+fn calendar_quotas_parse() {
+    use slidegate::policy::{Algorithm, Calendar, Period};
+    use std::time::Duration;
+
+    let config = Config::from_toml_str(&format!("{QUOTA}utc_offset = \"-05:30\"\n")).unwrap();
+    let policy = config.policies().iter().next().unwrap();
+    let expected = Calendar::new(Period::Month).west_of_utc(Duration::from_secs(5 * 3600 + 1800));
+    assert_eq!(policy.algorithm(), Algorithm::Calendar(expected));
+    assert_eq!(policy.limit(), 10_000);
+    for (offset, seconds) in [("+14:00", 50_400), ("Z", 0), ("+00:00", 0)] {
+        let config = Config::from_toml_str(&format!("{QUOTA}utc_offset = \"{offset}\"\n")).unwrap();
+        let policy = config.policies().iter().next().unwrap();
+        let Algorithm::Calendar(calendar) = policy.algorithm() else {
+            panic!("a calendar quota");
+        };
+        assert_eq!(calendar.utc_offset_seconds(), seconds, "{offset}");
+    }
+}
+
+#[test]
+fn bad_calendar_quotas_name_their_key() {
+    refused(
+        &QUOTA.replace("month", "fortnight"),
+        4,
+        "policy[0].calendar",
+    );
+    refused(&format!("{QUOTA}window = \"30d\"\n"), 5, "policy[0].window");
+    refused(
+        &format!("{QUOTA}algorithm = \"fixed_window\"\n"),
+        4,
+        "policy[0].algorithm",
+    );
+    refused(
+        &format!("{QUOTA}concurrency = 2\n"),
+        5,
+        "policy[0].concurrency",
+    );
+    refused(&QUOTA.replace("limit = 10000\n", ""), 3, "policy[0].limit");
+    for offset in ["+24:00", "+2:00", "02:00", "+02:60", "+02", "", "-00:0x"] {
+        let message = refused(
+            &format!("{QUOTA}utc_offset = \"{offset}\"\n"),
+            5,
+            "policy[0].utc_offset",
+        );
+        assert!(message.contains("+HH:MM"), "{message}");
+    }
+    refused(
+        &format!("{POLICY}utc_offset = \"+02:00\"\n"),
+        6,
+        "policy[0].utc_offset",
+    );
+    refused(&format!("{QUOTA}delay = \"1s\"\n"), 4, "policy[0].calendar");
+    refused(
+        &format!("{QUOTA}tiers = {{ pro = {{ window = \"1d\" }} }}\n"),
+        5,
+        "policy[0].tiers.pro.calendar",
+    );
+}

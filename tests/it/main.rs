@@ -13,6 +13,7 @@ mod accuracy;
 mod atomicity;
 mod bounded;
 mod buckets_blocks_resets;
+mod calendar;
 mod cluster;
 mod concurrency;
 mod config;

@@ -17,9 +17,10 @@ pub(super) struct Call {
     pub(super) op: Op,
 }
 
-/// One policy's arguments: algorithm, limit, window in µs, burst, block
-/// in µs, and delay in µs (which a denial must pass to start a block).
-pub(super) type PolicyArgs = (&'static str, u32, u64, u32, u64, u64);
+/// One policy's arguments: algorithm, limit, window in µs (a calendar's
+/// offset from UTC in µs, east), burst, block in µs, and delay in µs
+/// (which a denial must pass to start a block).
+pub(super) type PolicyArgs = (&'static str, u32, i64, u32, u64, u64);
 
 /// What a call asks of the script.
 pub(super) enum Op {
@@ -87,6 +88,17 @@ impl Call {
                     call.keys.push(key(":n"));
                     "lease"
                 }
+                Algorithm::Calendar(calendar) => {
+                    call.keys.push(key(":q"));
+                    calendar.period().name()
+                }
+            };
+            let window = match check.algorithm {
+                Algorithm::Calendar(calendar) => {
+                    i64::from(calendar.utc_offset_seconds()) * 1_000_000
+                }
+                // At most 366 days: far below i64::MAX µs.
+                _ => i64::try_from(check.window_micros()).unwrap_or(i64::MAX),
             };
             let block = check.block_micros;
             if block > 0 {
@@ -96,7 +108,7 @@ impl Call {
                 (
                     name,
                     check.limit,
-                    check.window_micros(),
+                    window,
                     check.burst,
                     block,
                     check.delay_micros,

@@ -1,0 +1,243 @@
+//! [`Calendar`]: quotas counted per calendar period (day, week, month,
+//! year) rather than per sliding window.
+
+use std::time::Duration;
+
+use time::{Date, Month, OffsetDateTime};
+
+/// The calendar period a [`Calendar`] quota counts in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Period {
+    /// From midnight to midnight.
+    Day,
+    /// From Monday 00:00 to the next Monday 00:00.
+    Week,
+    /// From the 1st at 00:00 to the next month's 1st (28 to 31 days).
+    Month,
+    /// From January 1st at 00:00 to the next (365 or 366 days).
+    Year,
+}
+
+impl Period {
+    /// The period's name in the config file and in the Redis script.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Day => "day",
+            Self::Week => "week",
+            Self::Month => "month",
+            Self::Year => "year",
+        }
+    }
+
+    /// The period named `name` (`day`, `week`, `month` or `year`).
+    pub(crate) fn from_name(name: &str) -> Option<Self> {
+        Some(match name {
+            "day" => Self::Day,
+            "week" => Self::Week,
+            "month" => Self::Month,
+            "year" => Self::Year,
+            _ => return None,
+        })
+    }
+}
+
+/// A quota per calendar period: a policy counts its units per day, week
+/// (from Monday), month or year, aligned to the period's boundaries at a
+/// fixed offset from UTC (UTC unless set), and the count starts again at
+/// each boundary. `X-RateLimit-Reset` and `Retry-After` count to the next
+/// boundary: months have 28 to 31 days and years 365 or 366, as the
+/// Gregorian calendar has them. The count is exact, and one number per
+/// client (see [`Policy::calendar`](crate::Policy::calendar)).
+///
+/// An offset is fixed: a period at `+02:00` runs from 00:00 at UTC+2,
+/// 22:00 UTC the day before, whatever the season (no daylight saving
+/// time).
+///
+/// ```
+/// use slidegate::policy::{Calendar, Period};
+/// use std::time::Duration;
+///
+/// // Months as they run in Berlin in summer: from 22:00 UTC on the last day before.
+/// let monthly = Calendar::new(Period::Month).east_of_utc(Duration::from_secs(2 * 3600));
+/// assert_eq!(monthly.utc_offset_seconds(), 7200);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Calendar {
+    period: Period,
+    /// Seconds east of UTC.
+    offset: i32,
+}
+
+/// The longest offset from UTC a calendar may have (exclusive): a day.
+const MAX_OFFSET_SECONDS: i32 = 86_400;
+
+impl Calendar {
+    /// Periods of `period`, in UTC.
+    pub fn new(period: Period) -> Self {
+        Self { period, offset: 0 }
+    }
+
+    /// The periods at `offset` ahead of UTC (`+HH:MM`): under a day, in
+    /// whole minutes, else the policy is refused.
+    #[must_use]
+    pub fn east_of_utc(mut self, offset: Duration) -> Self {
+        self.offset = offset_seconds(offset);
+        self
+    }
+
+    /// The periods at `offset` behind UTC (`-HH:MM`): under a day, in
+    /// whole minutes, else the policy is refused.
+    #[must_use]
+    pub fn west_of_utc(mut self, offset: Duration) -> Self {
+        self.offset = offset_seconds(offset).saturating_neg();
+        self
+    }
+
+    /// The period counted in.
+    pub fn period(&self) -> Period {
+        self.period
+    }
+
+    /// The offset from UTC, in seconds east (negative west).
+    pub fn utc_offset_seconds(&self) -> i32 {
+        self.offset
+    }
+
+    /// Whether the offset is one a policy may have: under a day, in whole
+    /// minutes.
+    pub(crate) fn is_valid(&self) -> bool {
+        self.offset.abs() < MAX_OFFSET_SECONDS && self.offset % 60 == 0
+    }
+
+    /// The period's length as a window is shown (in `429` bodies and the
+    /// IETF `RateLimit-Policy` field): a day, 7 days, and humantime's
+    /// month (30.44 days) and year (365.25 days).
+    pub(crate) fn nominal_window(&self) -> Duration {
+        Duration::from_secs(match self.period {
+            Period::Day => 86_400,
+            Period::Week => 7 * 86_400,
+            Period::Month => 2_630_016,
+            Period::Year => 31_557_600,
+        })
+    }
+
+    /// The end of the period that holds `now`, both in µs since the Unix
+    /// epoch: the next boundary after it.
+    pub(crate) fn period_end(&self, now_micros: u64) -> u64 {
+        let local_seconds = i64::try_from(now_micros / 1_000_000)
+            .unwrap_or(i64::MAX)
+            .saturating_add(i64::from(self.offset));
+        let today = OffsetDateTime::from_unix_timestamp(local_seconds)
+            .map_or(Date::MAX, OffsetDateTime::date);
+        let next = match self.period {
+            Period::Day => today.next_day(),
+            Period::Week => Some(today.next_occurrence(time::Weekday::Monday)),
+            Period::Month => match today.month() {
+                Month::December => Date::from_calendar_date(today.year() + 1, Month::January, 1),
+                month => Date::from_calendar_date(today.year(), month.next(), 1),
+            }
+            .ok(),
+            Period::Year => Date::from_calendar_date(today.year() + 1, Month::January, 1).ok(),
+        };
+        let Some(next) = next else {
+            return u64::MAX;
+        };
+        let boundary = next.midnight().assume_utc().unix_timestamp() - i64::from(self.offset);
+        u64::try_from(boundary).map_or(0, |seconds| seconds.saturating_mul(1_000_000))
+    }
+}
+
+/// `offset` in seconds; one that is no whole number of seconds, or past
+/// any valid offset, is kept as one no policy may have.
+fn offset_seconds(offset: Duration) -> i32 {
+    if offset.subsec_nanos() != 0 {
+        return i32::MAX;
+    }
+    i32::try_from(offset.as_secs()).unwrap_or(i32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// µs at `y-m-d hh:mm` UTC.
+    fn at(y: i32, m: u8, d: u8, hh: u8, mm: u8) -> u64 {
+        let date = Date::from_calendar_date(y, Month::try_from(m).unwrap(), d).unwrap();
+        let time = time::Time::from_hms(hh, mm, 0).unwrap();
+        let seconds = date.with_time(time).assume_utc().unix_timestamp();
+        u64::try_from(seconds).unwrap() * 1_000_000
+    }
+
+    #[test]
+    fn periods_end_at_their_boundaries() {
+        let utc = |period| Calendar::new(period);
+        // Leap years: February 29th rolls into March.
+        assert_eq!(
+            utc(Period::Month).period_end(at(2028, 2, 29, 23, 59)),
+            at(2028, 3, 1, 0, 0)
+        );
+        assert_eq!(
+            utc(Period::Month).period_end(at(2027, 2, 28, 12, 0)),
+            at(2027, 3, 1, 0, 0)
+        );
+        assert_eq!(
+            utc(Period::Month).period_end(at(2026, 12, 31, 23, 59)),
+            at(2027, 1, 1, 0, 0)
+        );
+        assert_eq!(
+            utc(Period::Year).period_end(at(2028, 6, 1, 0, 0)),
+            at(2029, 1, 1, 0, 0)
+        );
+        // A boundary starts the next period.
+        assert_eq!(
+            utc(Period::Day).period_end(at(2026, 11, 26, 0, 0)),
+            at(2026, 11, 27, 0, 0)
+        );
+        // Weeks start on Monday: 2026-11-26 is a Thursday; a Monday's
+        // week ends the next Monday.
+        assert_eq!(
+            utc(Period::Week).period_end(at(2026, 11, 26, 9, 0)),
+            at(2026, 11, 30, 0, 0)
+        );
+        assert_eq!(
+            utc(Period::Week).period_end(at(2026, 11, 30, 0, 0)),
+            at(2026, 12, 7, 0, 0)
+        );
+    }
+
+    #[test]
+    fn an_offset_moves_the_boundaries() {
+        let hours = |h: u64| Duration::from_secs(h * 3600);
+        let berlin = Calendar::new(Period::Month).east_of_utc(hours(2));
+        // 22:30 UTC on June 30th is already July in UTC+2.
+        assert_eq!(
+            berlin.period_end(at(2026, 6, 30, 22, 30)),
+            at(2026, 7, 31, 22, 0)
+        );
+        assert_eq!(
+            berlin.period_end(at(2026, 6, 30, 21, 30)),
+            at(2026, 6, 30, 22, 0)
+        );
+        let new_york = Calendar::new(Period::Day).west_of_utc(hours(5));
+        assert_eq!(
+            new_york.period_end(at(2026, 1, 1, 3, 0)),
+            at(2026, 1, 1, 5, 0)
+        );
+    }
+
+    #[test]
+    fn offsets_are_whole_minutes_under_a_day() {
+        let month = Calendar::new(Period::Month);
+        assert!(month.east_of_utc(Duration::from_secs(14 * 3600)).is_valid());
+        assert!(
+            month
+                .west_of_utc(Duration::from_secs(9 * 3600 + 1800))
+                .is_valid()
+        );
+        assert!(!month.east_of_utc(Duration::from_secs(86_400)).is_valid());
+        assert!(!month.east_of_utc(Duration::from_secs(90)).is_valid());
+        assert!(!month.east_of_utc(Duration::from_millis(60_001)).is_valid());
+        assert!(!month.west_of_utc(Duration::MAX).is_valid());
+    }
+}

@@ -1,0 +1,133 @@
+//! Calendar quotas as kept by [`MemoryStore`](super::MemoryStore), the
+//! in-process twin of their half of `lua/check.lua`: one count and the
+//! end of the period it is in.
+
+use std::time::Duration;
+
+use crate::policy::Calendar;
+use crate::store::Decision;
+
+/// A client's count in one calendar period.
+///
+/// A decision places the count at the period that holds `now`: a count
+/// whose period has ended starts again at 0. A clock that steps back into
+/// an earlier period keeps the count, and its period then ends at that
+/// earlier period's end: a count is never forgotten before the end of the
+/// period the clock reads.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Quota {
+    /// The end of the count's period (µs since the Unix epoch).
+    ends: u64,
+    count: u64,
+}
+
+impl Quota {
+    /// Places the count at the period of `calendar` that holds `now`.
+    pub(super) fn place(&mut self, now: u64, calendar: Calendar) {
+        if self.ends <= now {
+            self.count = 0;
+        }
+        self.ends = calendar.period_end(now);
+    }
+
+    pub(super) fn fits(&self, limit: u32, cost: u32) -> bool {
+        self.count + u64::from(cost) <= u64::from(limit)
+    }
+
+    /// Counts `cost` units at `now`; returns the time they were counted at.
+    pub(super) fn record(&mut self, cost: u32, now: u64) -> u64 {
+        self.count += u64::from(cost);
+        now
+    }
+
+    /// Takes back `cost` units counted at `at`, if that was in the
+    /// count's period and it holds any. Returns whether it did.
+    pub(super) fn refund(&mut self, at: u64, cost: u32, calendar: Calendar) -> bool {
+        if self.count == 0 || calendar.period_end(at) != self.ends {
+            return false;
+        }
+        self.count = self.count.saturating_sub(u64::from(cost));
+        true
+    }
+
+    pub(super) fn is_idle(&self, now: u64) -> bool {
+        self.count == 0 || self.ends <= now
+    }
+
+    pub(super) fn decision(&self, now: u64, limit: u32, cost: u32, admitted: bool) -> Decision {
+        let ends_in = Duration::from_micros(self.ends.saturating_sub(now));
+        Decision {
+            admitted,
+            limit,
+            remaining: u32::try_from(u64::from(limit).saturating_sub(self.count)).unwrap_or(0),
+            reset: if self.count > 0 {
+                ends_in
+            } else {
+                Duration::ZERO
+            },
+            retry_after: (!admitted && !self.fits(limit, cost)).then_some(ends_in),
+            recorded_at: None,
+            delayed_for: None,
+            blocked_for: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::Period;
+
+    const DAY: u64 = 86_400_000_000;
+
+    #[test]
+    fn the_count_starts_again_at_the_boundary() {
+        let daily = Calendar::new(Period::Day);
+        let mut quota = Quota::default();
+        let noon = 20_000 * DAY + DAY / 2;
+        quota.place(noon, daily);
+        quota.record(3, noon);
+        assert!(!quota.fits(3, 1));
+        let decision = quota.decision(noon, 3, 1, false);
+        assert_eq!(decision.retry_after, Some(Duration::from_micros(DAY / 2)));
+        assert_eq!(
+            (decision.remaining, decision.reset),
+            (0, Duration::from_micros(DAY / 2))
+        );
+
+        quota.place(noon + DAY / 2 - 1, daily);
+        assert!(!quota.fits(3, 1), "a µs before midnight");
+        quota.place(noon + DAY / 2, daily);
+        assert!(quota.fits(3, 3), "midnight");
+    }
+
+    #[test]
+    fn a_refund_takes_back_only_from_its_own_period() {
+        let daily = Calendar::new(Period::Day);
+        let mut quota = Quota::default();
+        let day = 20_000 * DAY;
+        quota.place(day + 5, daily);
+        let at = quota.record(2, day + 5);
+        quota.place(day + DAY + 5, daily);
+        assert!(!quota.refund(at, 2, daily), "yesterday's units are gone");
+        let today = quota.record(2, day + DAY + 5);
+        assert!(quota.refund(today, 5, daily));
+        assert!(quota.fits(2, 2), "never below zero");
+    }
+
+    #[test]
+    fn a_clock_stepped_back_keeps_the_count() {
+        let daily = Calendar::new(Period::Day);
+        let mut quota = Quota::default();
+        let tomorrow = 20_001 * DAY + 10;
+        quota.place(tomorrow, daily);
+        quota.record(2, tomorrow);
+        quota.place(tomorrow - DAY, daily);
+        assert!(!quota.fits(2, 1), "kept after the step back");
+        assert_eq!(
+            quota.ends,
+            20_001 * DAY,
+            "until the end of the day the clock reads"
+        );
+    }
+}
