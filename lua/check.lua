@@ -2047,18 +2047,50 @@ local function check(keys, argv, peek, held_only)
   return result
 end
 
--- Refunds: ARGV[1] the time, ARGV[2] "refund", then per policy its
--- arguments as for `check` and the time (µs) its units were recorded at.
--- Each policy's units are taken back on their own (a lease is released).
--- Returns an empty string.
+-- Counts `units` more at `now` under `s`, past the limit if need be:
+-- what a request settled after its response cost (see `refund`). A log,
+-- a fixed window and a calendar take at most the burst (their limit):
+-- a record of the whole limit already denies every request until it
+-- leaves, so more would change no decision. A sliding counter's current
+-- count goes no higher than twice its limit, and a bucket's debt no
+-- higher than 2^52, so that their arithmetic stays exact.
+local function charge(s, units)
+  local algorithm = s.algorithm
+  if algorithm == lease then
+    return
+  elseif algorithm == bucket then
+    units = math.min(units, 4294967295, idiv(math.max(0, HOLD_PRODUCT - s.d), s.window))
+  elseif algorithm == counter then
+    units = math.min(units, s.burst, 2 * s.limit - s.c)
+  else
+    units = math.min(units, s.burst)
+  end
+  if units > 0 then
+    s.cost, s.pass = units, now
+    algorithm.record(s)
+  end
+end
+
+-- Refunds and settlements: ARGV[1] the time, ARGV[2] "refund" or
+-- "settle", then per policy its arguments as for `check`, the time (µs)
+-- its units were recorded at, and for a settlement the units the request
+-- cost in the end. Each policy's units are taken back on their own (a
+-- lease is released); a settlement then counts its final units at `now`
+-- (see `charge`). Counts held elsewhere (see `retry_of`) are left as
+-- they are. Returns an empty string.
 local function refund(keys, argv)
   set_now(argv[1])
+  local settle = argv[2] == 'settle'
+  local stride = settle and ARGS + 2 or ARGS + 1
   local k = 1
-  for a = 3, #argv, ARGS + 1 do
+  for a = 3, #argv, stride do
     local s
     s, k = prepare(keys, k, describe(argv, a), argv[a + ARGS - 1])
     if s.held_elsewhere == nil then
       s.algorithm.refund(s, tonumber(argv[a + ARGS]), s.cost)
+      if settle then
+        charge(s, tonumber(argv[a + ARGS + 1]))
+      end
     end
     s.algorithm.remember(s)
   end
@@ -2096,11 +2128,12 @@ end
 -- its admitted requests, as it would anyway, and pruning shrinks it: it
 -- never holds more than its limit's records.
 
--- Whether the first key of each policy of a refund (its arguments as
--- `refund` takes them) exists.
+-- Whether the first key of each policy of a refund or settlement (its
+-- arguments as `refund` takes them) exists.
 local function refund_held(keys, argv)
   local k = 1
-  for a = 3, #argv, ARGS + 1 do
+  local stride = argv[2] == 'settle' and ARGS + 2 or ARGS + 1
+  for a = 3, #argv, stride do
     if redis.call('EXISTS', keys[k]) == 0 then
       return false
     end
@@ -2171,10 +2204,10 @@ local function check_batch(keys, argv, held_only)
   return replies
 end
 
--- One call: a check, or a peek, refund or reset as ARGV[2] says (for a
+-- One call: a check, or a peek, refund, settlement or reset as ARGV[2] says (for a
 -- check it is the first policy's algorithm).
 local function main(keys, argv)
-  if argv[2] == 'refund' then
+  if argv[2] == 'refund' or argv[2] == 'settle' then
     return refund(keys, argv)
   elseif argv[2] == 'reset' then
     return reset(keys, argv)
@@ -2187,7 +2220,7 @@ end
 -- state does (it has nothing to give back otherwise), and a reset, which
 -- only deletes, always runs.
 local function held_main(keys, argv)
-  if argv[2] == 'refund' then
+  if argv[2] == 'refund' or argv[2] == 'settle' then
     if not refund_held(keys, argv) then
       return redis.error_reply(NOT_HELD)
     end

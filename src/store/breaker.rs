@@ -391,6 +391,10 @@ impl<S: Store> Store for CircuitBreaker<S> {
         self.guarded(|store| store.refund(checks, recorded_at))
     }
 
+    fn settle(&self, checks: &[Check], recorded_at: &[Duration], costs: &[u64]) -> CheckFuture<()> {
+        self.guarded(|store| store.settle(checks, recorded_at, costs))
+    }
+
     fn reset(&self, checks: &[Check]) -> CheckFuture<()> {
         self.guarded(|store| store.reset(checks))
     }

@@ -100,6 +100,14 @@ impl TokenBucket {
         u64::from(check.burst) * window
     }
 
+    /// How many of `units` a settlement may add to the debt: as many as
+    /// keep it within 2^52 (and a request's cost within a `u32`), so the
+    /// arithmetic stays exact, as the Redis script has it.
+    pub(super) fn chargeable(&self, units: u64) -> u32 {
+        let room = HOLD_PRODUCT.saturating_sub(self.debt) / self.window.max(1);
+        u32::try_from(units.min(room)).unwrap_or(u32::MAX)
+    }
+
     pub(super) fn fits(&self, check: &Check) -> bool {
         self.debt + u64::from(check.cost) * self.window <= Self::full(check, self.window)
     }

@@ -199,6 +199,14 @@ impl SlidingCounter {
     /// Whether `cost` more units fit, after [`roll`](Self::roll): the
     /// estimate, and with units held into the next window, their sum
     /// with the current count (so the next window still fits them).
+    /// How many of `units` a settlement may count: at most the limit,
+    /// and no more than bring the current count to twice the limit, so
+    /// the arithmetic stays exact, as the Redis script has it.
+    pub(super) fn chargeable(&self, units: u64, limit: u32) -> u32 {
+        let room = (2 * u64::from(limit)).saturating_sub(self.current);
+        u32::try_from(units.min(room).min(u64::from(limit))).unwrap_or(u32::MAX)
+    }
+
     pub(super) fn fits(&self, limit: u32, cost: u32) -> bool {
         let at = Position::new(self.at_us, self.window_ms);
         self.weighted(at, u64::from(cost)) <= i128::from(limit) * i128::from(at.window)

@@ -14,7 +14,7 @@ use super::counter::{FixedWindow, SlidingCounter};
 use super::leases::Leases;
 use super::quota::Quota;
 use super::sliding_log::{Log, Window};
-use super::{Check, CheckFuture, Decisions, StateId, Store, unpaired_refund};
+use super::{Check, CheckFuture, Decisions, StateId, Store, unpaired_refund, unpaired_settlement};
 use crate::clock::{Clock, SystemClock, duration_micros};
 use crate::key::Key;
 use crate::policy::Algorithm;
@@ -261,6 +261,28 @@ impl Counts {
                 _ => false,
             },
         }
+    }
+
+    /// Counts `units` more at `now`, past the limit if need be, after
+    /// [`prepare`](Self::prepare): what a request settled after its
+    /// response cost (see [`Store::settle`]). As in the Redis script, a
+    /// log, a fixed window and a calendar count at most the burst (a
+    /// record of the whole limit already denies every request until it
+    /// leaves); a sliding counter and a bucket as their arithmetic allows.
+    /// Returns whether it counted any.
+    fn charge(&mut self, now: u64, check: &Check, units: u64, placed: &mut Placed) -> bool {
+        let units = match self {
+            Self::Leases(_) => return false,
+            Self::Bucket(bucket) => bucket.chargeable(units),
+            Self::Counter(counter) => counter.chargeable(units, check.limit),
+            _ => u32::try_from(units.min(u64::from(check.burst))).unwrap_or(u32::MAX),
+        };
+        if units == 0 {
+            return false;
+        }
+        let mut charged = check.clone();
+        charged.cost = units;
+        self.record(now, now, &charged, placed).is_some()
     }
 
     fn decision(&self, now: u64, check: &Check, admitted: bool, placed: &Placed) -> Decision {
@@ -795,26 +817,44 @@ impl MemoryStore {
         decisions
     }
 
-    /// Takes back each check's units, recorded at the time beside it.
-    fn refund_now(&self, checks: &[Check], recorded_at: &[Duration]) {
+    /// Takes back each check's units, recorded at the time beside it, and
+    /// for a settlement counts the units beside them in `costs` (see
+    /// [`Store::settle`]).
+    fn refund_now(&self, checks: &[Check], recorded_at: &[Duration], costs: Option<&[u64]>) {
         let now = self.inner.clock.now_micros();
-        for (check, at) in checks.iter().zip(recorded_at) {
+        for (index, (check, at)) in checks.iter().zip(recorded_at).enumerate() {
             let hash = self.hash_of(check);
             let mut shard = lock(&self.inner.shards[self.shard_of(hash)]);
-            if let Some(mut spent) = shard.pairs.peek_mut(&PairOf { hash, check }) {
-                // Units counted by another algorithm (the policy was
-                // reloaded as another since) are not in these counts: the
-                // refund takes nothing, and the new counts stay, as on
-                // Redis, where each algorithm has a key of its own.
-                if !spent.counts.is_of(check.algorithm) {
-                    continue;
+            let cost = costs.map(|costs| costs[index]);
+            let Some(mut spent) = shard.pairs.peek_mut(&PairOf { hash, check }) else {
+                // Nothing left to take back; a settlement's cost is still
+                // counted, on a new pair.
+                if let Some(cost) = cost {
+                    let (mut spent, mut prepared) = Spent::fresh(now, check);
+                    if spent.counts.charge(now, check, cost, &mut prepared.placed) {
+                        shard.insert(hash, check, spent, now);
+                    }
                 }
-                let (_, prepared) = spent.prepare(now, check);
-                // Counts held elsewhere are left as they are.
-                let held_elsewhere = matches!(prepared.placed, Placed::HeldElsewhere(_));
-                if held_elsewhere || !spent.refund(duration_micros(*at), check) {
-                    spent.unroll(prepared);
-                }
+                continue;
+            };
+            // Units counted by another algorithm (the policy was reloaded
+            // as another since) are not in these counts: the refund takes
+            // nothing, and the new counts stay, as on Redis, where each
+            // algorithm has a key of its own.
+            if !spent.counts.is_of(check.algorithm) {
+                continue;
+            }
+            let (_, mut prepared) = spent.prepare(now, check);
+            // Counts held elsewhere are left as they are.
+            if matches!(prepared.placed, Placed::HeldElsewhere(_)) {
+                spent.unroll(prepared);
+                continue;
+            }
+            let refunded = spent.refund(duration_micros(*at), check);
+            let charged = cost
+                .is_some_and(|cost| spent.counts.charge(now, check, cost, &mut prepared.placed));
+            if !refunded && !charged {
+                spent.unroll(prepared);
             }
         }
     }
@@ -854,7 +894,15 @@ impl Store for MemoryStore {
         if let Some(unpaired) = unpaired_refund(checks, recorded_at) {
             return CheckFuture::ready(Err(unpaired));
         }
-        self.refund_now(checks, recorded_at);
+        self.refund_now(checks, recorded_at, None);
+        CheckFuture::ready(Ok(()))
+    }
+
+    fn settle(&self, checks: &[Check], recorded_at: &[Duration], costs: &[u64]) -> CheckFuture<()> {
+        if let Some(unpaired) = unpaired_settlement(checks, recorded_at, costs) {
+            return CheckFuture::ready(Err(unpaired));
+        }
+        self.refund_now(checks, recorded_at, Some(costs));
         CheckFuture::ready(Ok(()))
     }
 

@@ -353,6 +353,22 @@ pub trait Store: Send + Sync + 'static {
         CheckFuture::ready(Err(StoreError::Unsupported("refund")))
     }
 
+    /// Replaces what each check's request reserved by what it cost in the
+    /// end, known only after its response (a policy
+    /// [settled after the response](crate::Policy::settled_after_response)):
+    /// the units of its cost recorded at the time beside it are taken
+    /// back as [`refund`](Self::refund) takes them, and the units beside
+    /// them in `costs` are counted now, past the limit if need be, so
+    /// the client is denied until enough leaves the window. Counting is
+    /// bounded: one record or number whatever the cost, and never more
+    /// than a whole limit's units where more would deny no longer (a
+    /// token bucket keeps the whole debt, up to its arithmetic's bound).
+    /// Each check's settlement stands on its own.
+    fn settle(&self, checks: &[Check], recorded_at: &[Duration], costs: &[u64]) -> CheckFuture<()> {
+        let _ = (checks, recorded_at, costs);
+        CheckFuture::ready(Err(StoreError::Unsupported("settle")))
+    }
+
     /// Forgets everything each check's client has spent under the check's
     /// policy, its block included: its next request starts afresh. Only
     /// the check's policy, client and algorithm matter.
@@ -428,6 +444,10 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         (**self).refund(checks, recorded_at)
     }
 
+    fn settle(&self, checks: &[Check], recorded_at: &[Duration], costs: &[u64]) -> CheckFuture<()> {
+        (**self).settle(checks, recorded_at, costs)
+    }
+
     fn reset(&self, checks: &[Check]) -> CheckFuture<()> {
         (**self).reset(checks)
     }
@@ -452,6 +472,23 @@ pub(crate) fn unpaired_refund(checks: &[Check], recorded_at: &[Duration]) -> Opt
     })
 }
 
+/// A settlement whose times and costs do not pair with its checks.
+pub(crate) fn unpaired_settlement(
+    checks: &[Check],
+    recorded_at: &[Duration],
+    costs: &[u64],
+) -> Option<StoreError> {
+    unpaired_refund(checks, recorded_at).or_else(|| {
+        (checks.len() != costs.len()).then(|| {
+            StoreError::Internal(format!(
+                "{} settled costs for {} checks",
+                costs.len(),
+                checks.len()
+            ))
+        })
+    })
+}
+
 /// Why a store could not decide.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -473,7 +510,7 @@ pub enum StoreError {
     /// A [`CircuitBreaker`] skipped the store after repeated failures.
     #[error("rate-limit store skipped: its circuit breaker is open")]
     CircuitOpen,
-    /// The store does not do this (`peek`, `refund` or `reset`).
+    /// The store does not do this (`peek`, `refund`, `settle` or `reset`).
     #[error("the rate-limit store cannot {0}")]
     Unsupported(&'static str),
     /// The store is out of memory and does not track this client yet (a

@@ -32,4 +32,5 @@ mod pipelining;
 mod production_redis;
 mod redis_state;
 mod refunds;
+mod settled;
 mod window;

@@ -28,12 +28,15 @@ pub(super) enum Op {
     Peek,
     /// Per policy, the time (µs) its units were recorded at.
     Refund(Vec<u64>),
+    /// Per policy, the time (µs) its reservation was recorded at, and
+    /// the units the request cost in the end.
+    Settle(Vec<(u64, u64)>),
     Reset,
 }
 
-/// The script's arguments after the time: `peek` or `refund` if the call
-/// is one, then each policy's and the cost (with its recorded time, for a
-/// refund).
+/// The script's arguments after the time: `peek`, `refund`, `settle` or
+/// `reset` if the call is one, then each policy's and the cost (with its
+/// recorded time, for a refund; and its final cost, for a settlement).
 pub(super) struct Arguments<'a>(pub(super) &'a Call);
 
 impl ToRedisArgs for Arguments<'_> {
@@ -43,13 +46,20 @@ impl ToRedisArgs for Arguments<'_> {
             Op::Check => {}
             Op::Peek => out.write_arg(b"peek"),
             Op::Refund(_) => out.write_arg(b"refund"),
+            Op::Settle(_) => out.write_arg(b"settle"),
             Op::Reset => out.write_arg(b"reset"),
         }
         for (index, (policy, cost)) in call.args.iter().enumerate() {
             policy.write_redis_args(out);
             cost.write_redis_args(out);
-            if let Op::Refund(recorded) = &call.op {
-                recorded[index].write_redis_args(out);
+            match &call.op {
+                Op::Refund(recorded) => recorded[index].write_redis_args(out),
+                Op::Settle(settled) => {
+                    let (recorded, cost) = settled[index];
+                    recorded.write_redis_args(out);
+                    cost.write_redis_args(out);
+                }
+                _ => {}
             }
         }
     }

@@ -33,7 +33,10 @@ use self::call::{Arguments, BatchArguments, Call, Op};
 use self::lanes::{Lanes, Source};
 use self::library::Library;
 use self::reply::{batched_outcome, decisions, replies};
-use super::{Check, CheckFuture, CheckOutcome, StateId, Store, StoreError, unpaired_refund};
+use super::{
+    Check, CheckFuture, CheckOutcome, StateId, Store, StoreError, unpaired_refund,
+    unpaired_settlement,
+};
 use crate::clock::{Clock, duration_micros};
 
 const CHECK_SCRIPT: &str = include_str!("../../../lua/check.lua");
@@ -880,6 +883,22 @@ impl Store for RedisStore {
         self.ask(
             checks,
             Op::Refund(recorded),
+            |inner, call, deadline| async move { inner.packed(&call, deadline).await.map(drop) },
+        )
+    }
+
+    fn settle(&self, checks: &[Check], recorded_at: &[Duration], costs: &[u64]) -> CheckFuture<()> {
+        if let Some(unpaired) = unpaired_settlement(checks, recorded_at, costs) {
+            return CheckFuture::ready(Err(unpaired));
+        }
+        let settled = recorded_at
+            .iter()
+            .zip(costs)
+            .map(|(&at, &cost)| (duration_micros(at), cost))
+            .collect();
+        self.ask(
+            checks,
+            Op::Settle(settled),
             |inner, call, deadline| async move { inner.packed(&call, deadline).await.map(drop) },
         )
     }
