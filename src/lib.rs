@@ -78,7 +78,7 @@ mod throttle;
 #[cfg(feature = "jwt")]
 pub use key::JwtClaim;
 pub use key::{Global, Header, KeyExtractor, PeerIp};
-pub use layer::{PoliciesHandle, RateLimit, RateLimitLayer, ResponseFuture};
+pub use layer::{PoliciesHandle, RateLimit, RateLimitLayer, ResponseFuture, Usage};
 pub use policy::{Policies, Policy};
 pub use rejection::Rejection;
 

@@ -31,6 +31,10 @@ pub(crate) static LIMIT_LOOKUP_INVALID: Throttle = Throttle::new();
 /// Refunds the store could not take.
 pub(crate) static REFUND_FAILURES: Throttle = Throttle::new();
 
+/// Settlements the store could not take, and usage headers that held no
+/// integer.
+pub(crate) static SETTLE_FAILURES: Throttle = Throttle::new();
+
 /// Concurrency leases the store could not release.
 pub(crate) static RELEASE_FAILURES: Throttle = Throttle::new();
 

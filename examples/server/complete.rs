@@ -22,7 +22,8 @@ pub(crate) struct CompleteQuery {
 
 /// `200` with `x-usage-tokens: N`, streaming the JSON `{"tokens":N}` in
 /// three chunks; `400` unless `tokens` is a whole number from 1 to
-/// 100,000.
+/// 100,000, with `x-usage-tokens: 0`, as nothing was generated (the
+/// `tokens` policy gives its reservation back).
 pub(crate) async fn complete(Query(query): Query<CompleteQuery>) -> Response {
     let tokens = query
         .tokens
@@ -33,6 +34,7 @@ pub(crate) async fn complete(Query(query): Query<CompleteQuery>) -> Response {
         let error = format!("tokens must be a whole number from 1 to {MOST_TOKENS}");
         return (
             StatusCode::BAD_REQUEST,
+            [(USAGE_HEADER, HeaderValue::from(0))],
             axum::Json(json!({ "error": error })),
         )
             .into_response();

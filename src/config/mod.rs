@@ -703,7 +703,10 @@ fn calendar_of(
             "does not go with `calendar`, which replaces it",
         ));
     }
-    let Some(period) = Period::from_name(period.get_ref()) else {
+    let named = [Period::Day, Period::Week, Period::Month, Period::Year]
+        .into_iter()
+        .find(|named| named.name() == period.get_ref());
+    let Some(period) = named else {
         return Err(refuse(
             period.span().start,
             "calendar",
@@ -763,6 +766,37 @@ fn utc_offset(calendar: Calendar, text: &str) -> Option<Calendar> {
     })
 }
 
+/// `policy`, settled after the response as `body` says: `settled = true`
+/// for the handle alone, `usage_header` for a header (or trailer) too.
+fn settled(
+    policy: Policy,
+    body: &RawPolicyBody,
+    prefix: &str,
+    source: &str,
+) -> Result<Policy, ConfigError> {
+    let refuse = |offset: usize, key: &str, message: &str| {
+        ConfigError::at(source, offset, format!("{prefix}.{key}"), message)
+    };
+    let settled = body.settled.as_ref().map(|settled| *settled.get_ref());
+    match (&body.usage_header, settled) {
+        (Some(_), Some(false)) => Err(refuse(
+            offset_of(body.settled.as_ref()).unwrap_or_default(),
+            "settled",
+            "is false, but `usage_header` settles the cost after the response",
+        )),
+        (Some(header), _) => match HeaderName::from_bytes(header.get_ref().as_bytes()) {
+            Ok(name) => Ok(policy.with_usage_header(name)),
+            Err(_) => Err(refuse(
+                header.span().start,
+                "usage_header",
+                "is not a valid header name",
+            )),
+        },
+        (None, Some(true)) => Ok(policy.settled_after_response()),
+        (None, _) => Ok(policy),
+    }
+}
+
 fn policy_from(
     name: &str,
     body: &RawPolicyBody,
@@ -795,6 +829,7 @@ fn policy_from(
     if let Some(delay) = &body.delay {
         policy = policy.with_delay(delay.get_ref().0);
     }
+    policy = settled(policy, body, prefix, source)?;
     Policies::single(policy.clone()).map_err(|error| {
         let key = error.field();
         let offset = match key {
@@ -807,6 +842,7 @@ fn policy_from(
             "concurrency" => offset_of(body.concurrency.as_ref()),
             "calendar" => offset_of(body.calendar.as_ref()),
             "utc_offset" => offset_of(body.utc_offset.as_ref()),
+            "settled" => offset_of(body.settled.as_ref()).or(offset_of(body.usage_header.as_ref())),
             "name" => Some(name_offset),
             _ => None,
         }

@@ -279,6 +279,8 @@ pub(super) struct RawPolicy {
     pub(super) delay: Option<Spanned<HumanDuration>>,
     pub(super) calendar: Option<Spanned<String>>,
     pub(super) utc_offset: Option<Spanned<String>>,
+    pub(super) settled: Option<Spanned<bool>>,
+    pub(super) usage_header: Option<Spanned<String>>,
 }
 
 /// A tier's overrides in `tiers = { pro = { limit = 50 } }`.
@@ -310,6 +312,8 @@ impl RawPolicy {
             delay: self.delay,
             calendar: self.calendar,
             utc_offset: self.utc_offset,
+            settled: self.settled,
+            usage_header: self.usage_header,
         };
         (self.name, self.route, body)
     }
@@ -333,4 +337,6 @@ pub(super) struct RawPolicyBody {
     pub(super) delay: Option<Spanned<HumanDuration>>,
     pub(super) calendar: Option<Spanned<String>>,
     pub(super) utc_offset: Option<Spanned<String>>,
+    pub(super) settled: Option<Spanned<bool>>,
+    pub(super) usage_header: Option<Spanned<String>>,
 }

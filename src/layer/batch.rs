@@ -14,7 +14,7 @@ use crate::layer::settings::Settings;
 use crate::metrics::Timer;
 use crate::policy::cost::Checks;
 use crate::policy::plan::Plan;
-use crate::policy::{Algorithm, Count, FailMode};
+use crate::policy::{Algorithm, Count, FailMode, Settlement};
 use crate::store::{Check, CheckFuture, Decisions, Store, StoreError};
 
 /// A request's checks, as sent to the store.
@@ -42,6 +42,9 @@ pub(crate) struct Modes {
     pub(crate) shadow_from: usize,
     /// What each check counts.
     counts: SmallVec<[Count; 2]>,
+    /// How each check's cost is settled after the response, when some
+    /// check's is.
+    settlements: Option<SmallVec<[Option<Settlement>; 2]>>,
     /// The enforced checks that fall back to a local limit, at their share
     /// of it; `None` when no check does.
     local: Option<LocalChecks>,
@@ -83,6 +86,9 @@ impl Modes {
                     .unwrap_or(settings.fail_mode)
             })
             .collect();
+        let settlements: SmallVec<[Option<Settlement>; 2]> = policies()
+            .map(|policy| policy.and_then(|policy| policy.settlement().cloned()))
+            .collect();
         let local = LocalChecks::of(
             &checks[..shadow_from],
             &fail_modes,
@@ -92,6 +98,10 @@ impl Modes {
         Box::new(Self {
             shadow_from,
             counts,
+            settlements: settlements
+                .iter()
+                .any(Option::is_some)
+                .then_some(settlements),
             local: (!local.is_empty()).then_some(local),
         })
     }
@@ -110,6 +120,12 @@ impl Modes {
     /// What each check counts.
     pub(crate) fn counts(&self) -> &[Count] {
         &self.counts
+    }
+
+    /// How each check's cost is settled after the response, when some
+    /// check's is.
+    pub(crate) fn settlements(&self) -> Option<&[Option<Settlement>]> {
+        self.settlements.as_deref()
     }
 }
 

@@ -22,7 +22,11 @@ pin_project! {
     /// dropped (the client went away, the connection broke). A gRPC call
     /// under a policy that counts failures or successes only
     /// ([`Count`](crate::policy::Count)) is settled here when its trailers
-    /// pass, and stays counted if they never do.
+    /// pass, and stays counted if they never do. A request under a policy
+    /// settled after the response
+    /// ([`Policy::settled_after_response`](crate::Policy::settled_after_response))
+    /// is settled when this body ends or is dropped, at the cost reported
+    /// by then (a usage trailer among them).
     pub struct ResponseBody<B> {
         #[pin]
         kind: Kind<B>,
@@ -96,6 +100,12 @@ where
         match self.project().kind.project() {
             KindProj::Inner { body, owed } => {
                 let frame = std::task::ready!(body.poll_frame(cx));
+                if let (Some(Ok(sent)), Some(owed)) = (&frame, owed.as_mut())
+                    && let Some(trailers) = sent.trailers_ref()
+                    && owed.reads_headers()
+                {
+                    owed.on_headers(trailers);
+                }
                 let awaiting = owed.as_mut().filter(|owed| owed.awaits_status());
                 match (&frame, awaiting) {
                     (Some(Ok(sent)), Some(owed)) => {

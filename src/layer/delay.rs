@@ -166,7 +166,14 @@ pub(crate) fn unheld(
     wait: Duration,
 ) -> Decisions {
     // Its leases go at once.
-    drop(Owed::of(store, checks, decisions, None, None, || None));
+    drop(Owed::of(
+        store,
+        checks,
+        decisions,
+        (None, None),
+        None,
+        || None,
+    ));
     let unpassed = Unpassed::of(store, checks, decisions);
     if checks[..enforced]
         .iter()

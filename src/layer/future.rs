@@ -29,6 +29,17 @@ pub(crate) enum Next {
 impl Next {
     /// On to the inner service untouched.
     pub(crate) const PASS: Self = Self::Call(None, None);
+
+    /// Puts in the request's extensions what its handler reports on: the
+    /// [`Usage`](crate::Usage) handle, when a policy settles its cost
+    /// after the response.
+    pub(crate) fn lend(&self, parts: &mut Parts) {
+        if let Self::Call(_, Some(owed)) = self
+            && let Some(usage) = owed.usage()
+        {
+            parts.extensions.insert(usage.clone());
+        }
+    }
 }
 
 /// The rest of a waiting request's decision, with the request head back.
@@ -121,7 +132,8 @@ where
         loop {
             match this.state.as_mut().project() {
                 StateProj::Deciding { decision, .. } => {
-                    let (parts, next) = ready!(decision.as_mut().poll(cx));
+                    let (mut parts, next) = ready!(decision.as_mut().poll(cx));
+                    next.lend(&mut parts);
                     let placeholder = State::Answered { response: None };
                     let StateOwned::Deciding {
                         mut inner, body, ..
@@ -153,6 +165,9 @@ where
                     }
                     // A failed call pays what it owes here.
                     let mut response = result?;
+                    if let Some(owed) = owed.as_mut() {
+                        owed.on_headers(response.headers());
+                    }
                     if let Some(headers) = headers.take() {
                         headers.write(response.headers_mut());
                     }

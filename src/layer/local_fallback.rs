@@ -150,7 +150,14 @@ impl LocalLimits {
                 counts.push(count);
             }
         }
-        Owed::of(store, &checks, &decisions, Some(&counts), None, || None)
+        Owed::of(
+            store,
+            &checks,
+            &decisions,
+            (Some(&counts), None),
+            None,
+            || None,
+        )
     }
 }
 

@@ -25,12 +25,14 @@ mod refused;
 mod reject;
 mod service;
 mod settings;
+mod usage;
 
 pub use body::ResponseBody;
 pub use future::ResponseFuture;
 pub use inspect::LimitError;
 pub use policy_names::{PoliciesHandle, PolicyConflict};
 pub use service::RateLimit;
+pub use usage::Usage;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -21,7 +21,7 @@ use crate::layer::owed::{HeaderSource, Owed};
 use crate::layer::reject::reject;
 use crate::metrics::{self, Outcome};
 use crate::policy::plan::Plan;
-use crate::policy::{Algorithm, Count};
+use crate::policy::{Algorithm, Count, Settlement};
 use crate::rejection::Rejection;
 use crate::response::headers::{RateHeaders, closest_to_denying};
 use crate::response::limited::Limited;
@@ -78,6 +78,7 @@ pub(crate) fn outcome(
                     decisions: &decisions,
                     enforced,
                     counts: modes.map(Modes::counts),
+                    settlements: modes.and_then(Modes::settlements),
                     ietf_policy,
                     deny_clock: Some(batch.deny_clock),
                     took,
@@ -135,6 +136,9 @@ struct Answered<'a> {
     enforced: usize,
     /// What each check counts, when some count some responses only.
     counts: Option<&'a [Count]>,
+    /// How each check's cost is settled, when some check's is after the
+    /// response.
+    settlements: Option<&'a [Option<Settlement>]>,
     ietf_policy: Option<&'a HeaderValue>,
     /// When the batch was sent, on the deny cache's clock; `None` for the
     /// local limit's decisions.
@@ -240,7 +244,8 @@ fn decided_by(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Soon<Ne
     let format = settings.header_format;
     let shown = shifted.as_deref().unwrap_or(decisions);
     let headers = RateHeaders::admitted(checks, shown, reported, ietf_policy, format);
-    let owed = Owed::of(store, checks, decisions, counts, answered.local, || {
+    let debts = (counts, answered.settlements);
+    let owed = Owed::of(store, checks, decisions, debts, answered.local, || {
         (!headers.is_empty()).then(|| HeaderSource {
             checks: checks.iter().cloned().collect(),
             decisions: decisions.iter().copied().collect(),
@@ -267,6 +272,7 @@ fn denied_by(shared: &Shared, parts: &Parts, answered: &Answered<'_>) -> Next {
         decisions,
         enforced,
         counts,
+        settlements,
         deny_clock,
         took,
         ..
@@ -279,10 +285,12 @@ fn denied_by(shared: &Shared, parts: &Parts, answered: &Answered<'_>) -> Next {
     }
     if let (Some(cache), Some(sent_at)) = (&shared.deny_cache, deny_clock) {
         // A refund may free a policy that counts some responses only
-        // before its denial's retry time, and a lease may end at any
-        // moment: those denials are cached only while a block holds them.
+        // before its denial's retry time, and so may a settlement below
+        // its reservation; a lease may end at any moment: those denials
+        // are cached only while a block holds them.
         let lasting = |index: usize| {
             counts.is_none_or(|counts| counts[index] == Count::All)
+                && settlements.is_none_or(|settled| settled[index].is_none())
                 && checks[index].algorithm != Algorithm::Concurrency
         };
         cache.remember(checks, decisions, sent_at, lasting);
@@ -364,6 +372,7 @@ fn locally<'a>(
         decisions,
         enforced: local.checks.len(),
         counts: Some(&local.counts),
+        settlements: None,
         ietf_policy: None,
         deny_clock: None,
         took,

@@ -2,21 +2,23 @@
 //! says how the call went and its body ends. Units of policies that count
 //! some responses only ([`Count`]) come back when the response should not
 //! count; concurrency leases are released when the body ends (or is
-//! dropped). Neither is waited for: a store across the network is told on
-//! a task of its own.
+//! dropped); reservations of policies settled after the response are
+//! replaced then by what the request reported it cost. None is waited
+//! for: a store across the network is told on a task of its own.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http::HeaderValue;
+use http::{HeaderMap, HeaderName, HeaderValue};
 use smallvec::SmallVec;
 
 use crate::layer::background::in_background;
+use crate::layer::usage::Usage;
 use crate::policy::cost::Checks;
-use crate::policy::{Algorithm, Count};
+use crate::policy::{Algorithm, Count, Settlement};
 use crate::response::headers::{HeaderFormat, RateHeaders, closest_to_denying};
 use crate::store::{Check, Decision, Decisions, Store, StoreError};
-use crate::throttle::{REFUND_FAILURES, RELEASE_FAILURES};
+use crate::throttle::{REFUND_FAILURES, RELEASE_FAILURES, SETTLE_FAILURES};
 
 /// Units a store recorded for some of a request's checks, each at its
 /// time ([`Decision::recorded_at`]); the store takes them back by these.
@@ -75,11 +77,80 @@ struct Debts {
     counts: SmallVec<[(Count, usize); 2]>,
     /// Released when the body ends or is dropped.
     leases: Recorded,
+    /// Replaced by what the request cost when the body ends or is
+    /// dropped.
+    settled: Option<Box<Settled>>,
     /// The same units in the local counts (see
     /// [`LocalLimits`](super::local_fallback::LocalLimits)), given back with these.
     local: Option<Owed>,
     /// What the headers were written from; `None` when none are sent.
     headers: Option<HeaderSource>,
+}
+
+/// Reservations of policies settled after the response (see
+/// [`Policy::settled_after_response`](crate::Policy::settled_after_response)),
+/// replaced when the response ends by what the request reported it cost:
+/// per reservation, the value of the header or trailer its policy names,
+/// else the [`Usage`] handle's. A reservation with neither stands.
+struct Settled {
+    reserved: Recorded,
+    /// Per reservation: the header or trailer its policy reads, and the
+    /// integer last found in it.
+    reported: SmallVec<[(Option<HeaderName>, Option<u64>); 2]>,
+    usage: Usage,
+}
+
+impl Settled {
+    /// Reads the integers of the usage headers among `headers` (a
+    /// response's head or its trailers).
+    fn read(&mut self, headers: &HeaderMap) {
+        for (name, reported) in &mut self.reported {
+            let Some(value) = name.as_ref().and_then(|name| headers.get(name)) else {
+                continue;
+            };
+            match value
+                .to_str()
+                .ok()
+                .and_then(|text| text.trim().parse().ok())
+            {
+                Some(units) => *reported = Some(units),
+                None => {
+                    if let Some(held_back) = SETTLE_FAILURES.admit() {
+                        tracing::warn!(
+                            header = name.as_ref().map(HeaderName::as_str),
+                            held_back,
+                            "usage header holds no integer; the request's reservation stands"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Replaces each reservation that has a reported cost by it.
+    fn settle(&mut self) {
+        let handle = self.usage.get();
+        let mut settled = Recorded::new(&self.reserved.store);
+        let mut costs = SmallVec::<[u64; 2]>::new();
+        for ((check, &at), (_, reported)) in self
+            .reserved
+            .checks
+            .iter()
+            .zip(&self.reserved.at)
+            .zip(&self.reported)
+        {
+            if let Some(cost) = reported.or(handle) {
+                settled.push(check, at);
+                costs.push(cost);
+            }
+        }
+        self.reserved.keep();
+        if settled.is_empty() {
+            return;
+        }
+        let answer = settled.store.settle(&settled.checks, &settled.at, &costs);
+        in_background(answer, report_settlement);
+    }
 }
 
 /// What a request's rate-limit headers are written from, to write them
@@ -95,15 +166,17 @@ pub(crate) struct HeaderSource {
 
 impl Owed {
     /// What an admitted request owes `store` for `checks` and their
-    /// `decisions`: each lease, and when `counts` says some checks count
-    /// some responses only, their units; with what `local` owes the local
-    /// counts. `None` when it owes nothing. `headers` says what the
-    /// headers are written from, when they are and units may come back.
+    /// `decisions`: each lease, when `counts` says some checks count some
+    /// responses only, their units, and when `settlements` says some are
+    /// settled after the response, their reservations; with what `local`
+    /// owes the local counts. `None` when it owes nothing. `headers` says
+    /// what the headers are written from, when they are and units may
+    /// come back.
     pub(crate) fn of(
         store: &Arc<dyn Store>,
         checks: &[Check],
         decisions: &[Decision],
-        counts: Option<&[Count]>,
+        (counts, settlements): (Option<&[Count]>, Option<&[Option<Settlement>]>),
         local: Option<Self>,
         headers: impl FnOnce() -> Option<HeaderSource>,
     ) -> Option<Self> {
@@ -113,6 +186,7 @@ impl Owed {
                 refunds: Recorded::new(store),
                 counts: SmallVec::new(),
                 leases: Recorded::new(store),
+                settled: None,
                 local: None,
                 headers: None,
             })
@@ -122,7 +196,21 @@ impl Owed {
                 continue;
             };
             let count = counts.map_or(Count::All, |counts| counts[position]);
-            if check.algorithm == Algorithm::Concurrency {
+            let settlement = settlements.and_then(|settlements| settlements[position].as_ref());
+            if let Some(settlement) = settlement {
+                let settled = debts
+                    .get_or_insert_with(new)
+                    .settled
+                    .get_or_insert_with(|| {
+                        Box::new(Settled {
+                            reserved: Recorded::new(store),
+                            reported: SmallVec::new(),
+                            usage: Usage::new(),
+                        })
+                    });
+                settled.reserved.push(check, at);
+                settled.reported.push((settlement.header.clone(), None));
+            } else if check.algorithm == Algorithm::Concurrency {
                 // A lease goes back when the body ends, whatever it says.
                 debts.get_or_insert_with(new).leases.push(check, at);
             } else if count != Count::All {
@@ -139,6 +227,29 @@ impl Owed {
             debts.headers = headers();
         }
         Some(Self(debts))
+    }
+
+    /// The handle the request's handler reports its cost on, when a
+    /// policy settles after the response.
+    pub(crate) fn usage(&self) -> Option<&Usage> {
+        Some(&self.0.settled.as_ref()?.usage)
+    }
+
+    /// Reads the costs that usage headers report, in the response's head
+    /// or trailers.
+    pub(crate) fn on_headers(&mut self, headers: &HeaderMap) {
+        if let Some(settled) = &mut self.0.settled {
+            settled.read(headers);
+        }
+    }
+
+    /// Whether some reservation waits for a usage header, which trailers
+    /// may bring.
+    pub(crate) fn reads_headers(&self) -> bool {
+        self.0
+            .settled
+            .as_ref()
+            .is_some_and(|settled| settled.reported.iter().any(|(name, _)| name.is_some()))
     }
 
     /// Whether some units wait for the response's status (the local
@@ -188,6 +299,9 @@ impl Owed {
 impl Drop for Owed {
     fn drop(&mut self) {
         self.0.leases.give_back(report_release);
+        if let Some(settled) = &mut self.0.settled {
+            settled.settle();
+        }
     }
 }
 
@@ -225,6 +339,16 @@ pub(crate) fn report_refund(outcome: Result<(), StoreError>) {
         && let Some(held_back) = REFUND_FAILURES.admit()
     {
         tracing::warn!(%error, held_back, "rate-limit refund failed; the units stay counted");
+    }
+}
+
+/// Warns of a settlement that failed: the reservation stays counted
+/// instead of the cost reported.
+pub(crate) fn report_settlement(outcome: Result<(), StoreError>) {
+    if let Err(error) = outcome
+        && let Some(held_back) = SETTLE_FAILURES.admit()
+    {
+        tracing::warn!(%error, held_back, "rate-limit settlement failed; the reservation stays counted");
     }
 }
 

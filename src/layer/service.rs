@@ -88,6 +88,7 @@ where
         let (mut parts, body) = request.into_parts();
         match decide(&self.shared, &mut parts) {
             Ok(next) => {
+                next.lend(&mut parts);
                 ResponseFuture::decided(next, || self.inner.call(Request::from_parts(parts, body)))
             }
             Err(decision) => {

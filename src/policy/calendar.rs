@@ -3,8 +3,6 @@
 
 use std::time::Duration;
 
-use time::{Date, Month, OffsetDateTime};
-
 /// The calendar period a [`Calendar`] quota counts in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -28,17 +26,6 @@ impl Period {
             Self::Month => "month",
             Self::Year => "year",
         }
-    }
-
-    /// The period named `name` (`day`, `week`, `month` or `year`).
-    pub(crate) fn from_name(name: &str) -> Option<Self> {
-        Some(match name {
-            "day" => Self::Day,
-            "week" => Self::Week,
-            "month" => Self::Month,
-            "year" => Self::Year,
-            _ => return None,
-        })
     }
 }
 
@@ -125,26 +112,57 @@ impl Calendar {
     /// The end of the period that holds `now`, both in µs since the Unix
     /// epoch: the next boundary after it.
     pub(crate) fn period_end(&self, now_micros: u64) -> u64 {
-        let local_seconds = i64::try_from(now_micros / 1_000_000)
-            .unwrap_or(i64::MAX)
-            .saturating_add(i64::from(self.offset));
-        let today = OffsetDateTime::from_unix_timestamp(local_seconds)
-            .map_or(Date::MAX, OffsetDateTime::date);
-        let next = match self.period {
-            Period::Day => today.next_day(),
-            Period::Week => Some(today.next_occurrence(time::Weekday::Monday)),
-            Period::Month => match today.month() {
-                Month::December => Date::from_calendar_date(today.year() + 1, Month::January, 1),
-                month => Date::from_calendar_date(today.year(), month.next(), 1),
-            }
-            .ok(),
-            Period::Year => Date::from_calendar_date(today.year() + 1, Month::January, 1).ok(),
+        let local = i64::try_from(now_micros / 1_000_000)
+            .unwrap_or(i64::MAX / 2)
+            .saturating_add(i64::from(self.offset))
+            .max(0);
+        let today = local / SECONDS_PER_DAY;
+        let next_day = match self.period {
+            Period::Day => today + 1,
+            // Day 0, 1970-01-01, was a Thursday: week w starts on day
+            // 7w - 3, a Monday.
+            Period::Week => ((today + 3) / 7 + 1) * 7 - 3,
+            Period::Month => match civil_from_days(today) {
+                (year, 12) => days_from_civil(year + 1, 1),
+                (year, month) => days_from_civil(year, month + 1),
+            },
+            Period::Year => days_from_civil(civil_from_days(today).0 + 1, 1),
         };
-        let Some(next) = next else {
-            return u64::MAX;
-        };
-        let boundary = next.midnight().assume_utc().unix_timestamp() - i64::from(self.offset);
+        let boundary = next_day * SECONDS_PER_DAY - i64::from(self.offset);
         u64::try_from(boundary).map_or(0, |seconds| seconds.saturating_mul(1_000_000))
+    }
+}
+
+const SECONDS_PER_DAY: i64 = 86_400;
+
+/// Days since 1970-01-01 of the 1st of `month` (1 to 12) of `year`, in the
+/// proleptic Gregorian calendar (Howard Hinnant's `days_from_civil`, for
+/// years from 0 on).
+fn days_from_civil(year: i64, month: i64) -> i64 {
+    let year = if month <= 2 { year - 1 } else { year };
+    let era = year / 400;
+    let year_of_era = year - era * 400;
+    let shifted_month = if month > 2 { month - 3 } else { month + 9 };
+    let day_of_year = (153 * shifted_month + 2) / 5;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    era * 146_097 + day_of_era - 719_468
+}
+
+/// The year and month (1 to 12) of day `days` since 1970-01-01, at or
+/// after it (Hinnant's `civil_from_days`).
+fn civil_from_days(days: i64) -> (i64, i64) {
+    let days = days + 719_468;
+    let era = days / 146_097;
+    let day_of_era = days - era * 146_097;
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let shifted_month = (5 * day_of_year + 2) / 153;
+    let year = year_of_era + era * 400;
+    if shifted_month >= 10 {
+        (year + 1, shifted_month - 9)
+    } else {
+        (year, shifted_month + 3)
     }
 }
 
@@ -159,6 +177,8 @@ fn offset_seconds(offset: Duration) -> i32 {
 
 #[cfg(test)]
 mod tests {
+    use time::{Date, Month, OffsetDateTime};
+
     use super::*;
 
     /// µs at `y-m-d hh:mm` UTC.
@@ -224,6 +244,46 @@ mod tests {
             new_york.period_end(at(2026, 1, 1, 3, 0)),
             at(2026, 1, 1, 5, 0)
         );
+    }
+
+    /// The next boundary as the `time` crate finds it.
+    fn next_boundary(calendar: &Calendar, now_micros: u64) -> u64 {
+        let local = (now_micros / 1_000_000) as i64 + i64::from(calendar.offset);
+        let today = OffsetDateTime::from_unix_timestamp(local).unwrap().date();
+        let next = match calendar.period {
+            Period::Day => today.next_day().unwrap(),
+            Period::Week => today.next_occurrence(time::Weekday::Monday),
+            Period::Month => match today.month() {
+                Month::December => Date::from_calendar_date(today.year() + 1, Month::January, 1),
+                month => Date::from_calendar_date(today.year(), month.next(), 1),
+            }
+            .unwrap(),
+            Period::Year => Date::from_calendar_date(today.year() + 1, Month::January, 1).unwrap(),
+        };
+        let seconds = next.midnight().assume_utc().unix_timestamp() - i64::from(calendar.offset);
+        u64::try_from(seconds).unwrap() * 1_000_000
+    }
+
+    #[test]
+    fn boundaries_agree_with_the_time_crate() {
+        // Every day from 1971 to 2400 at a few offsets and hours: leap
+        // years, centuries (2100 is no leap year, 2000 and 2400 are).
+        for day in (365_i64..157_000).step_by(7) {
+            for (hour, offset) in [(0, 0), (5, -330), (23, 840), (12, -720)] {
+                let now = (day * 86_400 + hour * 3600) as u64 * 1_000_000 + 999_999;
+                for period in [Period::Day, Period::Week, Period::Month, Period::Year] {
+                    let calendar = Calendar {
+                        period,
+                        offset: offset * 60,
+                    };
+                    assert_eq!(
+                        calendar.period_end(now),
+                        next_boundary(&calendar, now),
+                        "{calendar:?} at {now}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -20,6 +20,8 @@ pub use table::{Policies, PoliciesBuilder};
 use std::sync::Arc;
 use std::time::Duration;
 
+use http::HeaderName;
+
 /// The counting algorithm of a [`Policy`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -221,6 +223,15 @@ pub struct Policy {
     burst: Option<u32>,
     block: Option<Duration>,
     delay: Option<Duration>,
+    settlement: Option<Settlement>,
+}
+
+/// How a policy settled after the response learns a request's real cost
+/// (see [`Policy::settled_after_response`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Settlement {
+    /// The response header or trailer holding it, if the policy names one.
+    pub(crate) header: Option<HeaderName>,
 }
 
 impl Policy {
@@ -242,6 +253,7 @@ impl Policy {
             burst: None,
             block: None,
             delay: None,
+            settlement: None,
         }
     }
 
@@ -549,6 +561,81 @@ impl Policy {
         self
     }
 
+    /// Settles each request's cost after its response: the request
+    /// reserves its [cost](Self::with_cost), an estimate, when it is
+    /// admitted, and when its response ends (its body sent to the end,
+    /// or dropped) the cost it reports replaces the reservation: the
+    /// difference is given back, or charged past the limit, so a client
+    /// that spent more than it reserved is denied until enough leaves the
+    /// window. For LLM token budgets, say, where the tokens a response
+    /// generated are known only once it is done.
+    ///
+    /// The handler reports the cost on the [`Usage`](crate::Usage) handle
+    /// it finds in the request's extensions, at any time until the body
+    /// ends (at the end of a stream, say). A request that reports
+    /// nothing, or that fails in the service, keeps its reservation. A
+    /// client that goes away mid-stream is charged the last value
+    /// reported. A settled policy counts every response (it takes no
+    /// [`Count`]) and limits a rate (no concurrency).
+    ///
+    /// ```
+    /// use slidegate::Policy;
+    /// use std::time::Duration;
+    ///
+    /// // 1,000 tokens a minute, reserving 100 a request.
+    /// let tokens = Policy::new("tokens", 1_000, Duration::from_secs(60))
+    ///     .with_cost(100)
+    ///     .settled_after_response();
+    /// assert!(tokens.is_settled_after_response());
+    /// ```
+    #[must_use]
+    pub fn settled_after_response(mut self) -> Self {
+        self.settlement.get_or_insert(Settlement { header: None });
+        self
+    }
+
+    /// Settles each request's cost after its response (see
+    /// [`settled_after_response`](Self::settled_after_response)) from the
+    /// integer in the response header `header`, or in a trailer of that
+    /// name: for a proxy of an upstream that reports its usage. The
+    /// header wins over the [`Usage`](crate::Usage) handle; a value that
+    /// is not an integer is ignored (and traced), and the handle's value,
+    /// or else the reservation, stands.
+    ///
+    /// ```
+    /// use slidegate::Policy;
+    /// use http::HeaderName;
+    /// use std::time::Duration;
+    ///
+    /// let tokens = Policy::new("tokens", 1_000, Duration::from_secs(60))
+    ///     .with_cost(100)
+    ///     .with_usage_header(HeaderName::from_static("x-usage-tokens"));
+    /// assert_eq!(tokens.usage_header().map(|name| name.as_str()), Some("x-usage-tokens"));
+    /// ```
+    #[must_use]
+    pub fn with_usage_header(mut self, header: HeaderName) -> Self {
+        self.settlement = Some(Settlement {
+            header: Some(header),
+        });
+        self
+    }
+
+    /// Whether the policy settles its requests' costs after their
+    /// responses.
+    pub fn is_settled_after_response(&self) -> bool {
+        self.settlement.is_some()
+    }
+
+    /// The response header (or trailer) that reports a request's cost,
+    /// if the policy names one.
+    pub fn usage_header(&self) -> Option<&HeaderName> {
+        self.settlement.as_ref()?.header.as_ref()
+    }
+
+    pub(crate) fn settlement(&self) -> Option<&Settlement> {
+        self.settlement.as_ref()
+    }
+
     /// Puts the policy in shadow mode: it counts and decides as usual, and
     /// its headers are sent, but it never denies a request. Its denials
     /// are traced (and counted, with the `metrics` feature), to try a new
@@ -646,6 +733,11 @@ impl Policy {
             && (self.delay.is_some() || self.block.is_some())
         {
             return Err(PolicyError::ConcurrencyWithDelayOrBlock { name: name() });
+        }
+        if self.settlement.is_some()
+            && (self.algorithm == Algorithm::Concurrency || self.count != Count::All)
+        {
+            return Err(PolicyError::SettledWithoutRate { name: name() });
         }
         if let Algorithm::Calendar(calendar) = self.algorithm {
             if !calendar.is_valid() {
@@ -850,6 +942,15 @@ pub enum PolicyError {
         /// The policy.
         name: String,
     },
+    /// A policy settled after the response that limits concurrency, or
+    /// counts some responses only.
+    #[error(
+        "policy `{name}`: a cost settled after the response needs a rate limit that counts every response"
+    )]
+    SettledWithoutRate {
+        /// The policy.
+        name: String,
+    },
     /// A calendar's offset from UTC is a day or more, or not whole
     /// minutes.
     #[error("policy `{name}`: utc_offset must be under 24 hours, in whole minutes")]
@@ -917,6 +1018,7 @@ impl PolicyError {
             Self::DelayTooLong { .. } => "delay",
             Self::ConcurrencyWithDelayOrBlock { .. } => "concurrency",
             Self::InvalidUtcOffset { .. } => "utc_offset",
+            Self::SettledWithoutRate { .. } => "settled",
             Self::CalendarWithDelay { .. } | Self::CalendarWithWindow { .. } => "calendar",
             Self::InvalidRoute { .. } | Self::InvalidPattern { .. } => "route",
         }

@@ -25,7 +25,8 @@ pub(crate) struct Plan {
     defaulted: bool,
     /// Whether a policy falls back to a local limit itself.
     local: bool,
-    /// Whether a policy is in shadow mode or counts some responses only.
+    /// Whether a policy is in shadow mode, counts some responses only, or
+    /// settles its costs after the response.
     special: bool,
 }
 
@@ -80,7 +81,7 @@ impl Plan {
                 .any(|p| p.fail_mode == Some(FailMode::Local)),
             special: policies
                 .iter()
-                .any(|p| p.is_shadow() || p.count() != Count::All),
+                .any(|p| p.is_shadow() || p.count() != Count::All || p.settlement.is_some()),
             policies: policies.into(),
         }
     }

@@ -109,8 +109,9 @@ async fn offsets_and_weeks_move_the_boundaries(tested: StoreUnderTest) {
 on_both_stores!(offsets_and_weeks_move_the_boundaries, fake_clock);
 
 /// The periods' ends, as the two stores compute them (the memory store
-/// with the `time` crate, the Redis script with its own arithmetic),
-/// agree at random instants from 1971 to 2199, at random offsets.
+/// in Rust, checked against the `time` crate in its unit tests, and the
+/// Redis script in Lua), agree at random instants from 1971 to 2199, at
+/// random offsets.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn period_ends_agree_across_stores_at_random_instants() {
     let memory = Subject::from(StoreUnderTest::memory(true));

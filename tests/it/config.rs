@@ -1123,3 +1123,52 @@ fn bad_calendar_quotas_name_their_key() {
         "policy[0].tiers.pro.calendar",
     );
 }
+
+#[test]
+fn settled_policies_parse() {
+    let config =
+        Config::from_toml_str(&format!("{POLICY}usage_header = \"x-usage-tokens\"\n")).unwrap();
+    let policy = config.policies().iter().next().unwrap();
+    assert!(policy.is_settled_after_response());
+    assert_eq!(
+        policy.usage_header().map(|name| name.as_str()),
+        Some("x-usage-tokens")
+    );
+    let config = Config::from_toml_str(&format!("{POLICY}settled = true\n")).unwrap();
+    let policy = config.policies().iter().next().unwrap();
+    assert!(policy.is_settled_after_response());
+    assert_eq!(policy.usage_header(), None);
+    let config = Config::from_toml_str(&format!("{POLICY}settled = false\n")).unwrap();
+    assert!(
+        !config
+            .policies()
+            .iter()
+            .next()
+            .unwrap()
+            .is_settled_after_response()
+    );
+}
+
+#[test]
+fn bad_settled_policies_name_their_key() {
+    refused(
+        &format!("{POLICY}usage_header = \"x usage\"\n"),
+        6,
+        "policy[0].usage_header",
+    );
+    refused(
+        &format!("{POLICY}settled = false\nusage_header = \"x-usage\"\n"),
+        6,
+        "policy[0].settled",
+    );
+    refused(
+        &format!("{POLICY}settled = true\ncount = \"failures\"\n"),
+        6,
+        "policy[0].settled",
+    );
+    refused(
+        "[[policy]]\nname = \"slow\"\nconcurrency = 2\nusage_header = \"x-usage\"\n",
+        4,
+        "policy[0].settled",
+    );
+}

@@ -702,23 +702,38 @@ fn slow_requests_are_limited_in_flight() {
 #[test]
 fn completions_report_their_tokens() {
     let server = ExampleServer::start(&[], &[]);
+    // Refused completions generate nothing: their reservations come back.
+    for asked in [
+        "0", "100001", "-1", "1.5", "many", "", "0", "0", "0", "0", "0",
+    ] {
+        let reply = server.request("POST", &format!("/api/complete?tokens={asked}"), &[]);
+        assert_eq!(reply.status, 400, "tokens={asked}");
+        assert_eq!(reply.header("x-usage-tokens"), Some("0"));
+        assert!(reply.json()["error"].is_string(), "tokens={asked}");
+    }
+    assert_eq!(server.request("POST", "/api/complete", &[]).status, 400);
     let reply = server.request("POST", "/api/complete?tokens=42", &[]);
     assert_eq!(reply.status, 200);
     assert_eq!(reply.header("x-usage-tokens"), Some("42"));
+    assert_eq!(
+        reply.header("x-ratelimit-remaining"),
+        Some("900"),
+        "100 reserved"
+    );
     assert_eq!(
         reply.header("transfer-encoding"),
         Some("chunked"),
         "streamed"
     );
     assert_eq!(reply.json(), serde_json::json!({ "tokens": 42 }));
+    // The 42 tokens replaced the reservation.
     let most = server.request("POST", "/api/complete?tokens=100000", &[]);
+    assert_eq!(most.header("x-ratelimit-remaining"), Some("858"));
     assert_eq!(most.json()["tokens"], 100_000);
-    for asked in ["0", "100001", "-1", "1.5", "many", ""] {
-        let reply = server.request("POST", &format!("/api/complete?tokens={asked}"), &[]);
-        assert_eq!(reply.status, 400, "tokens={asked}");
-        assert!(reply.json()["error"].is_string(), "tokens={asked}");
-    }
-    assert_eq!(server.request("POST", "/api/complete", &[]).status, 400);
+    // Far past the 1,000 a minute: denied until it leaves the window.
+    let denied = server.request("POST", "/api/complete?tokens=1", &[]);
+    assert_eq!(denied.status, 429);
+    assert_eq!(denied.header("retry-after"), Some("60"));
 }
 
 /// `GET /ws/echo` upgrades to a WebSocket that sends every message back.

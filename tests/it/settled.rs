@@ -145,3 +145,188 @@ async fn concurrent_settlements_sum_exactly(tested: StoreUnderTest) {
     assert_eq!(u64::from(left), 1_000_000 - spent);
 }
 on_both_stores!(concurrent_settlements_sum_exactly, fake_clock);
+
+/// Through the layer: a route whose handler reports its tokens in a
+/// header, in a trailer, on the `Usage` handle as it streams, or not at
+/// all.
+mod through_the_layer {
+    use std::convert::Infallible;
+    use std::time::Duration;
+
+    use axum::body::{Body, Bytes};
+    use axum::extract::Query;
+    use axum::routing::post;
+    use axum::{Extension, Router};
+    use futures_util::stream;
+    use http::{HeaderMap, HeaderValue, Request, StatusCode};
+    use http_body::Frame;
+    use http_body_util::{BodyExt, StreamBody};
+    use tower::ServiceExt;
+
+    use super::*;
+    use crate::support::reply::send;
+    use slidegate::key::Extracted;
+    use slidegate::{KeyExtractor, Policies, RateLimitLayer, Usage};
+
+    /// Every request comes from the client `client`.
+    struct OneClient;
+
+    impl KeyExtractor for OneClient {
+        fn extract(&self, _parts: &http::request::Parts) -> Extracted {
+            Ok(Some(Key::new("client").into()))
+        }
+    }
+
+    #[derive(serde::Deserialize)]
+    struct Tokens {
+        tokens: String,
+    }
+
+    fn usage_headers(tokens: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert("x-usage-tokens", HeaderValue::from_str(tokens).unwrap());
+        headers
+    }
+
+    async fn in_header(Query(query): Query<Tokens>) -> (HeaderMap, &'static str) {
+        (usage_headers(&query.tokens), "done")
+    }
+
+    async fn in_trailer(Query(query): Query<Tokens>) -> Body {
+        let frames = [
+            Frame::data(Bytes::from_static(b"done")),
+            Frame::trailers(usage_headers(&query.tokens)),
+        ];
+        Body::new(StreamBody::new(stream::iter(
+            frames.map(Ok::<_, Infallible>),
+        )))
+    }
+
+    /// 100 tokens a chunk, reported as each is produced, for ten chunks.
+    async fn streamed(Extension(usage): Extension<Usage>) -> Body {
+        let chunks = stream::unfold(0, move |sent| {
+            let usage = usage.clone();
+            async move {
+                (sent < 10).then(|| {
+                    usage.add(100);
+                    (Ok::<_, Infallible>(Bytes::from_static(b"chunk ")), sent + 1)
+                })
+            }
+        });
+        Body::from_stream(chunks)
+    }
+
+    async fn silent() -> &'static str {
+        "done"
+    }
+
+    fn app(s: &Subject) -> Router {
+        let policy = tokens(Algorithm::SlidingLog)
+            .with_usage_header(http::HeaderName::from_static("x-usage-tokens"));
+        let layer = RateLimitLayer::new(
+            s.store.clone(),
+            OneClient,
+            Policies::single(policy).unwrap(),
+        );
+        Router::new()
+            .route("/header", post(in_header))
+            .route("/trailer", post(in_trailer))
+            .route("/stream", post(streamed))
+            .route("/silent", post(silent))
+            .route_layer(layer.without_deny_cache())
+    }
+
+    fn post_to(path: &str) -> Request<Body> {
+        Request::post(path).body(Body::empty()).unwrap()
+    }
+
+    /// Waits (at most five seconds) until `left` units are free: a
+    /// settlement runs on a task of its own.
+    async fn until_left(s: &Subject, left: u32) {
+        let policy = tokens(Algorithm::SlidingLog);
+        let started = std::time::Instant::now();
+        loop {
+            let now = s.check_only(&policy, "client").await;
+            if now == left {
+                return;
+            }
+            assert!(started.elapsed() < 5 * SEC, "{now} units left, not {left}");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// A header reporting 1,500 tokens of a 1,000 a minute: the client
+    /// is denied for a minute from then, to the second.
+    async fn a_usage_header_past_the_limit_denies_a_minute(tested: StoreUnderTest) {
+        let s = Subject::from(tested);
+        let app = app(&s);
+        let reply = send(&app, post_to("/header?tokens=1500")).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(
+            reply.header("x-ratelimit-remaining"),
+            Some("900"),
+            "reserved"
+        );
+        until_left(&s, 0).await;
+        let denied = send(&app, post_to("/header?tokens=1")).await;
+        assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(denied.header("retry-after"), Some("60"));
+        s.advance(MINUTE);
+        let reply = send(&app, post_to("/header?tokens=1")).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(reply.header("x-ratelimit-remaining"), Some("900"));
+    }
+    on_both_stores!(a_usage_header_past_the_limit_denies_a_minute, fake_clock);
+
+    /// A trailer reports the cost as the header would; a request that
+    /// reports nothing, or no integer, keeps its reservation.
+    async fn trailers_settle_and_silence_keeps_the_reservation(tested: StoreUnderTest) {
+        let s = Subject::from(tested);
+        let app = app(&s);
+        assert_eq!(
+            send(&app, post_to("/trailer?tokens=40")).await.status,
+            StatusCode::OK
+        );
+        until_left(&s, 960).await;
+        assert_eq!(send(&app, post_to("/silent")).await.status, StatusCode::OK);
+        until_left(&s, 860).await;
+        let reply = send(&app, post_to("/header?tokens=lots")).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        let reply = send(&app, post_to("/header?tokens=-5")).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        // Both reservations stand: settling them would have moved the count.
+        assert_eq!(
+            send(&app, post_to("/trailer?tokens=0")).await.status,
+            StatusCode::OK
+        );
+        until_left(&s, 660).await;
+    }
+    on_both_stores!(
+        trailers_settle_and_silence_keeps_the_reservation,
+        fake_clock
+    );
+
+    /// A client that reads two chunks of a stream and goes away is
+    /// charged the tokens reported by then.
+    async fn a_stream_dropped_midway_is_charged_what_it_reported(tested: StoreUnderTest) {
+        let s = Subject::from(tested);
+        let app = app(&s);
+        let response = app.clone().oneshot(post_to("/stream")).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let mut body = response.into_body();
+        for _ in 0..2 {
+            let frame = body.frame().await.expect("a chunk").unwrap();
+            assert!(frame.is_data());
+        }
+        drop(body);
+        until_left(&s, 800).await;
+        // One read to its end is charged its ten chunks.
+        let reply = send(&app, post_to("/stream")).await;
+        assert_eq!(reply.body.len(), 60);
+        until_left(&s, 0).await;
+    }
+    on_both_stores!(
+        a_stream_dropped_midway_is_charged_what_it_reported,
+        fake_clock
+    );
+}
