@@ -2115,6 +2115,31 @@ local function reset(keys, argv)
   return ''
 end
 
+-- Renewals: ARGV[1] the time, ARGV[2] "renew", then per policy its
+-- arguments as for `check` (a lease's id as its cost): each lease is kept
+-- a lease time from now, and taken again if it has expired meanwhile (an
+-- upgraded connection that outlived a store outage still holds it),
+-- unless it was released (a tombstone). Other policies are left as they
+-- are. Returns an empty string.
+local function renew(keys, argv)
+  set_now(argv[1])
+  local k = 1
+  for a = 3, #argv, ARGS do
+    local policy = describe(argv, a)
+    if policy.algorithm == lease then
+      local s = { key = keys[k], window = policy.window }
+      local id = argv[a + ARGS - 1]
+      local score = redis.call('ZSCORE', s.key, id)
+      if not score or tonumber(score) >= 0 then
+        redis.call('ZADD', s.key, int(now), id)
+        lease_keep(s)
+      end
+    end
+    k = k + key_count(policy)
+  end
+  return ''
+end
+
 -- Under `maxmemory` with nothing left to evict, Redis refuses the
 -- functions above before they start (they write), and every client would
 -- meet its policy's fail mode. Their `allow-oom` twins, tried after such a
@@ -2211,6 +2236,8 @@ local function main(keys, argv)
     return refund(keys, argv)
   elseif argv[2] == 'reset' then
     return reset(keys, argv)
+  elseif argv[2] == 'renew' then
+    return renew(keys, argv)
   end
   return check(keys, argv, argv[2] == 'peek')
 end
@@ -2218,13 +2245,13 @@ end
 -- `main` when Redis is out of memory (see `NOT_HELD`): a check admits
 -- only where its state exists, a refund runs only where every policy's
 -- state does (it has nothing to give back otherwise), and a reset, which
--- only deletes, always runs.
+-- only deletes, and a renewal, which rewrites a lease's time, always run.
 local function held_main(keys, argv)
   if argv[2] == 'refund' or argv[2] == 'settle' then
     if not refund_held(keys, argv) then
       return redis.error_reply(NOT_HELD)
     end
-  elseif argv[2] ~= 'reset' then
+  elseif argv[2] ~= 'reset' and argv[2] ~= 'renew' then
     local ok, result = pcall(check, keys, argv, argv[2] == 'peek', true)
     if ok then
       return result

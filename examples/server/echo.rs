@@ -1,11 +1,21 @@
 //! `GET /ws/echo`: a WebSocket that sends back every message it gets, for
 //! trying limits on upgraded connections.
 
+use axum::Extension;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::response::Response;
+use slidegate::layer::ConnectionLease;
 
-pub(crate) async fn echo(upgrade: WebSocketUpgrade) -> Response {
-    upgrade.on_upgrade(echo_until_closed)
+/// Upgrades to the echo. The connection keeps the request's concurrency
+/// lease (the `sockets` policy's) until it closes.
+pub(crate) async fn echo(
+    upgrade: WebSocketUpgrade,
+    lease: Option<Extension<ConnectionLease>>,
+) -> Response {
+    upgrade.on_upgrade(move |socket| async move {
+        let _held = lease;
+        echo_until_closed(socket).await;
+    })
 }
 
 /// Text and binary messages go back as they came, until the client closes

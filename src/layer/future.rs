@@ -30,14 +30,20 @@ impl Next {
     /// On to the inner service untouched.
     pub(crate) const PASS: Self = Self::Call(None, None);
 
-    /// Puts in the request's extensions what its handler reports on: the
-    /// [`Usage`](crate::Usage) handle, when a policy settles its cost
-    /// after the response.
+    /// Puts in the request's extensions what its handler reports on, or
+    /// keeps: the [`Usage`](crate::Usage) handle, when a policy settles
+    /// its cost after the response, and the
+    /// [`ConnectionLease`](crate::layer::ConnectionLease), when a request
+    /// that holds leases asks for an upgrade.
     pub(crate) fn lend(&self, parts: &mut Parts) {
-        if let Self::Call(_, Some(owed)) = self
-            && let Some(usage) = owed.usage()
-        {
+        let Self::Call(_, Some(owed)) = self else {
+            return;
+        };
+        if let Some(usage) = owed.usage() {
             parts.extensions.insert(usage.clone());
+        }
+        if let Some(lease) = owed.connection_lease() {
+            parts.extensions.insert(lease.clone());
         }
     }
 }
@@ -166,7 +172,7 @@ where
                     // A failed call pays what it owes here.
                     let mut response = result?;
                     if let Some(owed) = owed.as_mut() {
-                        owed.on_headers(response.headers());
+                        owed.on_head(response.status(), response.headers());
                     }
                     if let Some(headers) = headers.take() {
                         headers.write(response.headers_mut());

@@ -11,6 +11,7 @@
 mod background;
 mod batch;
 mod body;
+mod connection;
 pub(crate) mod credential_failures;
 mod decide;
 mod delay;
@@ -28,6 +29,7 @@ mod settings;
 mod usage;
 
 pub use body::ResponseBody;
+pub use connection::ConnectionLease;
 pub use future::ResponseFuture;
 pub use inspect::LimitError;
 pub use policy_names::{PoliciesHandle, PolicyConflict};

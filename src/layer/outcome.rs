@@ -245,7 +245,7 @@ fn decided_by(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Soon<Ne
     let shown = shifted.as_deref().unwrap_or(decisions);
     let headers = RateHeaders::admitted(checks, shown, reported, ietf_policy, format);
     let debts = (counts, answered.settlements);
-    let owed = Owed::of(store, checks, decisions, debts, answered.local, || {
+    let mut owed = Owed::of(store, checks, decisions, debts, answered.local, || {
         (!headers.is_empty()).then(|| HeaderSource {
             checks: checks.iter().cloned().collect(),
             decisions: decisions.iter().copied().collect(),
@@ -254,6 +254,9 @@ fn decided_by(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Soon<Ne
             format,
         })
     });
+    if let Some(owed) = &mut owed {
+        owed.for_upgrade(parts);
+    }
     let call = Next::Call(Some(headers), owed);
     match slot {
         Some((wait, slot)) => {

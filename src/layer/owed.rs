@@ -9,15 +9,17 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::request::Parts;
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use smallvec::SmallVec;
 
 use crate::layer::background::in_background;
+use crate::layer::connection::{ConnectionLease, Upgrade};
 use crate::layer::usage::Usage;
 use crate::policy::cost::Checks;
 use crate::policy::{Algorithm, Count, Settlement};
 use crate::response::headers::{HeaderFormat, RateHeaders, closest_to_denying};
-use crate::store::{Check, Decision, Decisions, Store, StoreError};
+use crate::store::{Check, CheckFuture, Decision, Decisions, Store, StoreError};
 use crate::throttle::{REFUND_FAILURES, RELEASE_FAILURES, SETTLE_FAILURES};
 
 /// Units a store recorded for some of a request's checks, each at its
@@ -44,6 +46,24 @@ impl Recorded {
 
     pub(crate) fn is_empty(&self) -> bool {
         self.checks.is_empty()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.checks.len()
+    }
+
+    /// The shortest window (a lease's time) among the checks.
+    pub(crate) fn shortest_window(&self) -> Duration {
+        self.checks
+            .iter()
+            .map(|check| check.window)
+            .min()
+            .unwrap_or_default()
+    }
+
+    /// Keeps the leases among the checks a lease time from now.
+    pub(crate) fn renew(&self) -> CheckFuture<()> {
+        self.store.renew(&self.checks)
     }
 
     /// Forgets the units: they stay counted.
@@ -75,8 +95,11 @@ struct Debts {
     /// What each of `refunds` counts, and where it is among the request's
     /// checks (its place in the headers).
     counts: SmallVec<[(Count, usize); 2]>,
-    /// Released when the body ends or is dropped.
+    /// Released when the body ends or is dropped, or held by the
+    /// connection the response upgrades.
     leases: Recorded,
+    /// The upgrade the request asks for, when it holds leases.
+    upgrade: Option<Upgrade>,
     /// Replaced by what the request cost when the body ends or is
     /// dropped.
     settled: Option<Box<Settled>>,
@@ -186,6 +209,7 @@ impl Owed {
                 refunds: Recorded::new(store),
                 counts: SmallVec::new(),
                 leases: Recorded::new(store),
+                upgrade: None,
                 settled: None,
                 local: None,
                 headers: None,
@@ -233,6 +257,33 @@ impl Owed {
     /// policy settles after the response.
     pub(crate) fn usage(&self) -> Option<&Usage> {
         Some(&self.0.settled.as_ref()?.usage)
+    }
+
+    /// Marks the request as asking for the upgrade `parts` asks for, if
+    /// any, when it holds leases: an upgraded connection holds them.
+    pub(crate) fn for_upgrade(&mut self, parts: &Parts) {
+        if !self.0.leases.is_empty() {
+            self.0.upgrade = Upgrade::of(parts);
+        }
+    }
+
+    /// The handle an upgraded connection holds its leases by, when the
+    /// request asks for an upgrade and holds leases.
+    pub(crate) fn connection_lease(&self) -> Option<&ConnectionLease> {
+        self.0.upgrade.as_ref().map(Upgrade::lease)
+    }
+
+    /// Reads the response's head: a response that upgrades the connection
+    /// hands the leases to it, and usage headers report costs.
+    pub(crate) fn on_head(&mut self, status: StatusCode, headers: &HeaderMap) {
+        let debts = &mut *self.0;
+        if let Some(upgrade) = debts.upgrade.take()
+            && upgrade.upgrades(status)
+        {
+            let none = Recorded::new(&debts.leases.store);
+            upgrade.hold(std::mem::replace(&mut debts.leases, none));
+        }
+        self.on_headers(headers);
     }
 
     /// Reads the costs that usage headers report, in the response's head

@@ -395,6 +395,10 @@ impl<S: Store> Store for CircuitBreaker<S> {
         self.guarded(|store| store.settle(checks, recorded_at, costs))
     }
 
+    fn renew(&self, checks: &[Check]) -> CheckFuture<()> {
+        self.guarded(|store| store.renew(checks))
+    }
+
     fn reset(&self, checks: &[Check]) -> CheckFuture<()> {
         self.guarded(|store| store.reset(checks))
     }

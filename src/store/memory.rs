@@ -861,6 +861,34 @@ impl MemoryStore {
 }
 
 impl MemoryStore {
+    /// Keeps each concurrency check's lease a lease time from now, taken
+    /// again if it expired meanwhile.
+    fn renew_now(&self, checks: &[Check]) {
+        let now = self.inner.clock.now_micros();
+        for check in checks {
+            if check.algorithm != Algorithm::Concurrency {
+                continue;
+            }
+            let hash = self.hash_of(check);
+            let mut shard = lock(&self.inner.shards[self.shard_of(hash)]);
+            match shard.pairs.peek_mut(&PairOf { hash, check }) {
+                Some(mut spent) => {
+                    if let Counts::Leases(leases) = &mut spent.counts {
+                        leases.prepare(now, check);
+                        leases.record(now, check.lease);
+                    }
+                }
+                None => {
+                    let (mut spent, _) = Spent::fresh(now, check);
+                    if let Counts::Leases(leases) = &mut spent.counts {
+                        leases.record(now, check.lease);
+                    }
+                    shard.insert(hash, check, spent, now);
+                }
+            }
+        }
+    }
+
     /// Forgets each check's pair.
     fn reset_now(&self, checks: &[Check]) {
         for check in checks {
@@ -903,6 +931,11 @@ impl Store for MemoryStore {
             return CheckFuture::ready(Err(unpaired));
         }
         self.refund_now(checks, recorded_at, Some(costs));
+        CheckFuture::ready(Ok(()))
+    }
+
+    fn renew(&self, checks: &[Check]) -> CheckFuture<()> {
+        self.renew_now(checks);
         CheckFuture::ready(Ok(()))
     }
 

@@ -369,6 +369,17 @@ pub trait Store: Send + Sync + 'static {
         CheckFuture::ready(Err(StoreError::Unsupported("settle")))
     }
 
+    /// Keeps each concurrency check's lease, named by its id, for another
+    /// lease time from now: an upgraded connection's leases (see
+    /// [`ConnectionLease`](crate::layer::ConnectionLease)) are renewed
+    /// while it lives. A lease that expired meanwhile is taken again (the
+    /// connection still lives, so it still counts), one released is not.
+    /// Checks of other algorithms are left as they are.
+    fn renew(&self, checks: &[Check]) -> CheckFuture<()> {
+        let _ = checks;
+        CheckFuture::ready(Err(StoreError::Unsupported("renew")))
+    }
+
     /// Forgets everything each check's client has spent under the check's
     /// policy, its block included: its next request starts afresh. Only
     /// the check's policy, client and algorithm matter.
@@ -448,6 +459,10 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         (**self).settle(checks, recorded_at, costs)
     }
 
+    fn renew(&self, checks: &[Check]) -> CheckFuture<()> {
+        (**self).renew(checks)
+    }
+
     fn reset(&self, checks: &[Check]) -> CheckFuture<()> {
         (**self).reset(checks)
     }
@@ -510,7 +525,8 @@ pub enum StoreError {
     /// A [`CircuitBreaker`] skipped the store after repeated failures.
     #[error("rate-limit store skipped: its circuit breaker is open")]
     CircuitOpen,
-    /// The store does not do this (`peek`, `refund`, `settle` or `reset`).
+    /// The store does not do this (`peek`, `refund`, `settle`, `renew` or
+    /// `reset`).
     #[error("the rate-limit store cannot {0}")]
     Unsupported(&'static str),
     /// The store is out of memory and does not track this client yet (a

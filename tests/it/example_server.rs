@@ -761,6 +761,45 @@ async fn the_websocket_echoes() {
     socket.close(None).await.unwrap();
 }
 
+/// The demo's `sockets` policy: a third WebSocket of a client is refused
+/// while two are open, and admitted once one of them closes.
+#[tokio::test]
+async fn a_third_websocket_waits_for_one_of_two_to_close() {
+    use futures_util::StreamExt;
+    use tokio_tungstenite::tungstenite::Error;
+
+    let server = ExampleServer::start(&[], &[]);
+    let url = format!("ws://127.0.0.1:{}/ws/echo", server.port);
+    let open = || tokio_tungstenite::connect_async(url.clone());
+    let (mut first, _) = open().await.unwrap();
+    let (_second, _) = open().await.unwrap();
+    match open().await {
+        Err(Error::Http(response)) => {
+            assert_eq!(response.status(), 429);
+            assert_eq!(response.headers()["x-ratelimit-limit"], "2");
+        }
+        other => panic!("a third socket was not refused: {other:?}"),
+    }
+    first.close(None).await.unwrap();
+    // The server's close, then the end of the stream.
+    while first.next().await.is_some() {}
+    let started = std::time::Instant::now();
+    loop {
+        match open().await {
+            Ok((third, response)) => {
+                assert_eq!(response.status(), 101);
+                drop(third);
+                break;
+            }
+            Err(error) => assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "still refused five seconds after a socket closed: {error}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// A config with `[admin] token` and a search limit of 5, keyed by IP.
 const ADMIN_CONFIG: &str = r#"
 [limiter]

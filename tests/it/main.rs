@@ -33,4 +33,5 @@ mod production_redis;
 mod redis_state;
 mod refunds;
 mod settled;
+mod upgrades;
 mod window;

@@ -32,10 +32,11 @@ pub(super) enum Op {
     /// the units the request cost in the end.
     Settle(Vec<(u64, u64)>),
     Reset,
+    Renew,
 }
 
-/// The script's arguments after the time: `peek`, `refund`, `settle` or
-/// `reset` if the call is one, then each policy's and the cost (with its
+/// The script's arguments after the time: `peek`, `refund`, `settle`,
+/// `reset` or `renew` if the call is one, then each policy's and the cost (with its
 /// recorded time, for a refund; and its final cost, for a settlement).
 pub(super) struct Arguments<'a>(pub(super) &'a Call);
 
@@ -48,6 +49,7 @@ impl ToRedisArgs for Arguments<'_> {
             Op::Refund(_) => out.write_arg(b"refund"),
             Op::Settle(_) => out.write_arg(b"settle"),
             Op::Reset => out.write_arg(b"reset"),
+            Op::Renew => out.write_arg(b"renew"),
         }
         for (index, (policy, cost)) in call.args.iter().enumerate() {
             policy.write_redis_args(out);

@@ -903,6 +903,12 @@ impl Store for RedisStore {
         )
     }
 
+    fn renew(&self, checks: &[Check]) -> CheckFuture<()> {
+        self.ask(checks, Op::Renew, |inner, call, deadline| async move {
+            inner.packed(&call, deadline).await.map(drop)
+        })
+    }
+
     fn reset(&self, checks: &[Check]) -> CheckFuture<()> {
         self.ask(checks, Op::Reset, |inner, call, deadline| async move {
             inner.packed(&call, deadline).await.map(drop)

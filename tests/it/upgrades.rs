@@ -1,0 +1,134 @@
+//! Concurrency limits on upgraded connections (WebSockets), served on a
+//! loopback port, on both stores: a connection holds its lease until it
+//! closes, renewed past its lease time; one whose handler does not keep
+//! the lease holds it for its lease time.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Extension;
+use axum::Router;
+use axum::extract::ws::{WebSocket, WebSocketUpgrade};
+use axum::response::Response;
+use axum::routing::get;
+use futures_util::StreamExt;
+use slidegate::layer::ConnectionLease;
+use slidegate::store::Store;
+use slidegate::{Global, Policies, Policy, RateLimitLayer};
+use tokio_tungstenite::tungstenite::Error;
+
+use crate::support::stores::StoreUnderTest;
+
+/// The lease time: the tests hold sockets for several of them.
+const LEASE: Duration = Duration::from_millis(300);
+
+/// Echoes until the client closes; `keep` says whether the connection
+/// keeps the request's lease.
+async fn serve(
+    upgrade: WebSocketUpgrade,
+    lease: Option<Extension<ConnectionLease>>,
+    keep: bool,
+) -> Response {
+    let lease = lease.filter(|_| keep);
+    upgrade.on_upgrade(move |socket: WebSocket| async move {
+        let _held = lease;
+        let mut socket = socket;
+        while let Some(Ok(_)) = socket.recv().await {}
+    })
+}
+
+/// Serves `/ws` (keeps its lease) and `/forgetful` (does not), each
+/// under a limit of two connections at once, on a loopback port.
+async fn server(store: Arc<dyn Store>) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let sockets = Policy::concurrency("sockets", 2).with_lease(LEASE);
+    let forgetful = Policy::concurrency("forgetful", 2).with_lease(LEASE);
+    let policies = Policies::builder()
+        .route("GET /ws", sockets)
+        .route("GET /forgetful", forgetful)
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::new(store, Global, policies).without_deny_cache();
+    let app = Router::new()
+        .route("/ws", get(|u, l| serve(u, l, true)))
+        .route("/forgetful", get(|u, l| serve(u, l, false)))
+        .route_layer(layer);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    (address, task)
+}
+
+type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+async fn open(address: SocketAddr, path: &str) -> Result<Socket, u16> {
+    match tokio_tungstenite::connect_async(format!("ws://{address}{path}")).await {
+        Ok((socket, _)) => Ok(socket),
+        Err(Error::Http(response)) => Err(response.status().as_u16()),
+        Err(error) => panic!("no answer from the server: {error}"),
+    }
+}
+
+/// Closes `socket` and waits for the server's side to end.
+async fn close(mut socket: Socket) {
+    socket.close(None).await.unwrap();
+    while socket.next().await.is_some() {}
+}
+
+/// Opens a socket on `path`, retrying while refused, for at most `within`.
+async fn open_within(address: SocketAddr, path: &str, within: Duration) -> (Socket, Duration) {
+    let started = Instant::now();
+    loop {
+        match open(address, path).await {
+            Ok(socket) => return (socket, started.elapsed()),
+            Err(status) => {
+                assert_eq!(status, 429);
+                assert!(started.elapsed() < within, "still refused after {within:?}");
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Two sockets held for four lease times keep their leases: a third is
+/// refused, and admitted once one of them closes.
+async fn open_sockets_keep_their_leases(tested: StoreUnderTest) {
+    let (address, server) = server(tested.store.clone()).await;
+    let first = open(address, "/ws").await.unwrap();
+    let _second = open(address, "/ws").await.unwrap();
+    assert_eq!(open(address, "/ws").await.err(), Some(429));
+    // Past the lease time, renewed: still two held.
+    tokio::time::sleep(4 * LEASE).await;
+    assert_eq!(
+        open(address, "/ws").await.err(),
+        Some(429),
+        "a lease ran out"
+    );
+    close(first).await;
+    let (_third, _) = open_within(address, "/ws", Duration::from_secs(5)).await;
+    assert_eq!(open(address, "/ws").await.err(), Some(429));
+    server.abort();
+}
+on_both_stores!(open_sockets_keep_their_leases);
+
+/// A handler that does not keep the lease: its sockets' leases stand for
+/// their lease time, closed or not, and no longer.
+async fn an_unkept_lease_runs_out_its_time(tested: StoreUnderTest) {
+    let (address, server) = server(tested.store.clone()).await;
+    let first = open(address, "/forgetful").await.unwrap();
+    let opened = Instant::now();
+    let second = open(address, "/forgetful").await.unwrap();
+    close(first).await;
+    close(second).await;
+    // Closed, but the layer cannot know: the leases run out their time.
+    if opened.elapsed() < LEASE / 2 {
+        assert_eq!(open(address, "/forgetful").await.err(), Some(429));
+    }
+    let (_third, _) = open_within(address, "/forgetful", Duration::from_secs(5)).await;
+    assert!(opened.elapsed() >= LEASE, "admitted before a lease time");
+    server.abort();
+}
+on_both_stores!(an_unkept_lease_runs_out_its_time);
