@@ -1646,11 +1646,13 @@ end
 --
 -- A count per calendar period, at a fixed offset from UTC: a 16-byte
 -- string of two u64 (big-endian), the end (µs) of the period the count
--- is in, and the count. A decision places the count at the period that
--- holds `now`: a count whose period has ended starts again at 0; one
--- whose period has not (the clock stepped back into an earlier period,
--- or the policy now counts shorter periods) is kept, in the period of
--- `now`. Dates are proleptic Gregorian; weeks start on Monday.
+-- is in, and the count. A count whose period has ended starts again at
+-- 0 in the period that holds `now`. One whose period has not is kept
+-- until the later of its end and the end of `now`'s period: a clock
+-- that steps back into an earlier period, or a policy that now counts
+-- shorter periods, never ends it early, and one that counts longer
+-- periods keeps it to their end. Dates are proleptic Gregorian; weeks
+-- start on Monday.
 
 local calendar = {}
 local QUOTA = '>I8I8'
@@ -1715,10 +1717,16 @@ function calendar.prepare(s)
   if stored and #stored == 16 then
     ends, count = struct.unpack(QUOTA, stored)
   end
+  local period = period_end(s, now)
   if ends <= now then
-    count = 0
+    ends, count = period, 0
+  elseif period > ends then
+    -- Kept into a longer period (the policy now counts longer ones):
+    -- written even if nothing is counted, so it is never dropped at the
+    -- old period's end.
+    ends, s.moved = period, true
   end
-  s.ends, s.count = period_end(s, now), count
+  s.ends, s.count = ends, count
   return count + s.cost <= s.limit
 end
 
@@ -1746,7 +1754,11 @@ function calendar.refund(s, at, cost)
   end
 end
 
-function calendar.save(s) end
+function calendar.save(s)
+  if s.moved then
+    calendar_write(s)
+  end
+end
 
 function calendar.retry(s)
   return s.ends - now
@@ -1832,7 +1844,7 @@ end
 local function new_state(algorithm, key)
   return {
     algorithm = algorithm, key = key, limit = 0, window = 0, cost = 0, id = 0, burst = 0,
-    block = 0, delay = 0, period = nil,
+    block = 0, delay = 0, period = nil, moved = nil,
   }
 end
 
@@ -2051,9 +2063,10 @@ end
 -- what a request settled after its response cost (see `refund`). A log,
 -- a fixed window and a calendar take at most the burst (their limit):
 -- a record of the whole limit already denies every request until it
--- leaves, so more would change no decision. A sliding counter's current
--- count goes no higher than twice its limit, and a bucket's debt no
--- higher than 2^52, so that their arithmetic stays exact.
+-- leaves, so more would change no decision. A sliding counter takes at
+-- most its limit, and its current count goes no higher than twice its
+-- limit; a bucket's debt no higher than 2^52: their arithmetic stays
+-- exact.
 local function charge(s, units)
   local algorithm = s.algorithm
   if algorithm == lease then

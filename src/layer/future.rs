@@ -40,6 +40,10 @@ impl Next {
             return;
         };
         if let Some(usage) = owed.usage() {
+            // An outer layer's handle gets the reports too.
+            if let Some(outer) = parts.extensions.get::<crate::Usage>() {
+                usage.report_to(outer.clone());
+            }
             parts.extensions.insert(usage.clone());
         }
         if let Some(lease) = owed.connection_lease() {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::request::Parts;
-use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use http::{HeaderMap, HeaderValue, StatusCode};
 use smallvec::SmallVec;
 
 use crate::layer::background::in_background;
@@ -20,7 +20,7 @@ use crate::policy::cost::Checks;
 use crate::policy::{Algorithm, Count, Settlement};
 use crate::response::headers::{HeaderFormat, RateHeaders, closest_to_denying};
 use crate::store::{Check, CheckFuture, Decision, Decisions, Store, StoreError};
-use crate::throttle::{REFUND_FAILURES, RELEASE_FAILURES, SETTLE_FAILURES};
+use crate::throttle::{REFUND_FAILURES, RELEASE_FAILURES};
 
 /// Units a store recorded for some of a request's checks, each at its
 /// time ([`Decision::recorded_at`]); the store takes them back by these.
@@ -30,6 +30,14 @@ pub(crate) struct Recorded {
     at: SmallVec<[Duration; 2]>,
 }
 
+impl std::fmt::Debug for Recorded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Recorded")
+            .field("checks", &self.checks.len())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Recorded {
     pub(crate) fn new(store: &Arc<dyn Store>) -> Self {
         Self {
@@ -37,6 +45,18 @@ impl Recorded {
             checks: Checks::new(),
             at: SmallVec::new(),
         }
+    }
+
+    pub(crate) fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    pub(crate) fn checks(&self) -> &[Check] {
+        &self.checks
+    }
+
+    pub(crate) fn times(&self) -> &[Duration] {
+        &self.at
     }
 
     pub(crate) fn push(&mut self, check: &Check, at: Duration) {
@@ -100,80 +120,14 @@ struct Debts {
     leases: Recorded,
     /// The upgrade the request asks for, when it holds leases.
     upgrade: Option<Upgrade>,
-    /// Replaced by what the request cost when the body ends or is
-    /// dropped.
-    settled: Option<Box<Settled>>,
+    /// Reservations replaced by what the request cost, once the body
+    /// ends or is dropped and the handler lets go of its handle.
+    settled: Option<Usage>,
     /// The same units in the local counts (see
     /// [`LocalLimits`](super::local_fallback::LocalLimits)), given back with these.
     local: Option<Owed>,
     /// What the headers were written from; `None` when none are sent.
     headers: Option<HeaderSource>,
-}
-
-/// Reservations of policies settled after the response (see
-/// [`Policy::settled_after_response`](crate::Policy::settled_after_response)),
-/// replaced when the response ends by what the request reported it cost:
-/// per reservation, the value of the header or trailer its policy names,
-/// else the [`Usage`] handle's. A reservation with neither stands.
-struct Settled {
-    reserved: Recorded,
-    /// Per reservation: the header or trailer its policy reads, and the
-    /// integer last found in it.
-    reported: SmallVec<[(Option<HeaderName>, Option<u64>); 2]>,
-    usage: Usage,
-}
-
-impl Settled {
-    /// Reads the integers of the usage headers among `headers` (a
-    /// response's head or its trailers).
-    fn read(&mut self, headers: &HeaderMap) {
-        for (name, reported) in &mut self.reported {
-            let Some(value) = name.as_ref().and_then(|name| headers.get(name)) else {
-                continue;
-            };
-            match value
-                .to_str()
-                .ok()
-                .and_then(|text| text.trim().parse().ok())
-            {
-                Some(units) => *reported = Some(units),
-                None => {
-                    if let Some(held_back) = SETTLE_FAILURES.admit() {
-                        tracing::warn!(
-                            header = name.as_ref().map(HeaderName::as_str),
-                            held_back,
-                            "usage header holds no integer; the request's reservation stands"
-                        );
-                    }
-                }
-            }
-        }
-    }
-
-    /// Replaces each reservation that has a reported cost by it.
-    fn settle(&mut self) {
-        let handle = self.usage.get();
-        let mut settled = Recorded::new(&self.reserved.store);
-        let mut costs = SmallVec::<[u64; 2]>::new();
-        for ((check, &at), (_, reported)) in self
-            .reserved
-            .checks
-            .iter()
-            .zip(&self.reserved.at)
-            .zip(&self.reported)
-        {
-            if let Some(cost) = reported.or(handle) {
-                settled.push(check, at);
-                costs.push(cost);
-            }
-        }
-        self.reserved.keep();
-        if settled.is_empty() {
-            return;
-        }
-        let answer = settled.store.settle(&settled.checks, &settled.at, &costs);
-        in_background(answer, report_settlement);
-    }
 }
 
 /// What a request's rate-limit headers are written from, to write them
@@ -222,18 +176,11 @@ impl Owed {
             let count = counts.map_or(Count::All, |counts| counts[position]);
             let settlement = settlements.and_then(|settlements| settlements[position].as_ref());
             if let Some(settlement) = settlement {
-                let settled = debts
+                debts
                     .get_or_insert_with(new)
                     .settled
-                    .get_or_insert_with(|| {
-                        Box::new(Settled {
-                            reserved: Recorded::new(store),
-                            reported: SmallVec::new(),
-                            usage: Usage::new(),
-                        })
-                    });
-                settled.reserved.push(check, at);
-                settled.reported.push((settlement.header.clone(), None));
+                    .get_or_insert_with(|| Usage::settling(store))
+                    .reserve(check, at, settlement);
             } else if check.algorithm == Algorithm::Concurrency {
                 // A lease goes back when the body ends, whatever it says.
                 debts.get_or_insert_with(new).leases.push(check, at);
@@ -256,7 +203,7 @@ impl Owed {
     /// The handle the request's handler reports its cost on, when a
     /// policy settles after the response.
     pub(crate) fn usage(&self) -> Option<&Usage> {
-        Some(&self.0.settled.as_ref()?.usage)
+        self.0.settled.as_ref()
     }
 
     /// Marks the request as asking for the upgrade `parts` asks for, if
@@ -289,18 +236,15 @@ impl Owed {
     /// Reads the costs that usage headers report, in the response's head
     /// or trailers.
     pub(crate) fn on_headers(&mut self, headers: &HeaderMap) {
-        if let Some(settled) = &mut self.0.settled {
-            settled.read(headers);
+        if let Some(usage) = &self.0.settled {
+            usage.read(headers);
         }
     }
 
     /// Whether some reservation waits for a usage header, which trailers
     /// may bring.
     pub(crate) fn reads_headers(&self) -> bool {
-        self.0
-            .settled
-            .as_ref()
-            .is_some_and(|settled| settled.reported.iter().any(|(name, _)| name.is_some()))
+        self.0.settled.as_ref().is_some_and(Usage::reads_headers)
     }
 
     /// Whether some units wait for the response's status (the local
@@ -350,9 +294,8 @@ impl Owed {
 impl Drop for Owed {
     fn drop(&mut self) {
         self.0.leases.give_back(report_release);
-        if let Some(settled) = &mut self.0.settled {
-            settled.settle();
-        }
+        // The settlement runs once the handler's handles are gone too.
+        self.0.settled = None;
     }
 }
 
@@ -390,16 +333,6 @@ pub(crate) fn report_refund(outcome: Result<(), StoreError>) {
         && let Some(held_back) = REFUND_FAILURES.admit()
     {
         tracing::warn!(%error, held_back, "rate-limit refund failed; the units stay counted");
-    }
-}
-
-/// Warns of a settlement that failed: the reservation stays counted
-/// instead of the cost reported.
-pub(crate) fn report_settlement(outcome: Result<(), StoreError>) {
-    if let Err(error) = outcome
-        && let Some(held_back) = SETTLE_FAILURES.admit()
-    {
-        tracing::warn!(%error, held_back, "rate-limit settlement failed; the reservation stays counted");
     }
 }
 

@@ -1,8 +1,19 @@
 //! [`Usage`]: where a handler reports what a request cost, for policies
-//! that settle their costs after the response.
+//! that settle their costs after the response, and the settlement that
+//! runs once the response and the handler are done with it.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderName};
+use smallvec::SmallVec;
+
+use crate::layer::background::in_background;
+use crate::layer::owed::Recorded;
+use crate::policy::Settlement;
+use crate::store::{Check, Store, StoreError};
+use crate::throttle::SETTLE_FAILURES;
 
 /// No value reported yet.
 const UNSET: u64 = u64::MAX;
@@ -12,9 +23,14 @@ const UNSET: u64 = u64::MAX;
 /// ([`Policy::settled_after_response`](crate::Policy::settled_after_response)).
 ///
 /// The layer puts one in the request's extensions when such a policy
-/// admitted the request; the handler (or its response stream) reports
-/// the cost on it until the response body ends, and the last value
-/// reported replaces the request's reservation. Clones share the value.
+/// admitted the request (a request the store failed open on has none, so
+/// take it as an `Option`). The handler, or its response stream, reports
+/// the cost on it, and the request is settled at the last value reported
+/// once its response body has ended (or was dropped) and every clone of
+/// the handle is gone: a task that goes on generating after the client
+/// left is charged what it reports until it lets go. A stream that goes
+/// away before its end is charged what it reported by then, so report as
+/// you go ([`add`](Self::add)) rather than once at the end.
 ///
 /// ```
 /// use axum::{Extension, routing::post, Router};
@@ -31,18 +47,39 @@ const UNSET: u64 = u64::MAX;
 /// let app: Router = Router::new().route("/complete", post(complete));
 /// ```
 #[derive(Debug, Clone)]
-pub struct Usage(Arc<AtomicU64>);
+pub struct Usage(Arc<Shared>);
+
+#[derive(Debug)]
+struct Shared {
+    units: AtomicU64,
+    /// The reservations to settle, for a handle the layer made.
+    settled: Mutex<Option<Settled>>,
+    /// The handle of an outer layer that settles too: reports go to both.
+    outer: OnceLock<Usage>,
+}
 
 impl Usage {
-    /// A handle with nothing reported. The layer makes one per request
-    /// it puts in; one made here serves to try a handler with.
+    /// A handle with nothing reported, and nothing to settle: the layer
+    /// makes the ones it puts in requests. One made here serves to try a
+    /// handler with.
     pub fn new() -> Self {
-        Self(Arc::new(AtomicU64::new(UNSET)))
+        Self::with(None)
+    }
+
+    fn with(settled: Option<Settled>) -> Self {
+        Self(Arc::new(Shared {
+            units: AtomicU64::new(UNSET),
+            settled: Mutex::new(settled),
+            outer: OnceLock::new(),
+        }))
     }
 
     /// Reports that the request cost `units` in all.
     pub fn set(&self, units: u64) {
-        self.0.store(units.min(UNSET - 1), Ordering::Relaxed);
+        self.0.units.store(units.min(UNSET - 1), Ordering::Relaxed);
+        if let Some(outer) = self.0.outer.get() {
+            outer.set(units);
+        }
     }
 
     /// Reports `units` more than reported so far (from none, 0): for a
@@ -50,10 +87,14 @@ impl Usage {
     pub fn add(&self, units: u64) {
         let _ = self
             .0
+            .units
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| {
                 let before = if now == UNSET { 0 } else { now };
                 Some(before.saturating_add(units).min(UNSET - 1))
             });
+        if let Some(outer) = self.0.outer.get() {
+            outer.add(units);
+        }
     }
 
     /// The cost reported so far, if any.
@@ -68,13 +109,167 @@ impl Usage {
     /// assert_eq!(usage.get(), Some(5));
     /// ```
     pub fn get(&self) -> Option<u64> {
-        let units = self.0.load(Ordering::Relaxed);
+        let units = self.0.units.load(Ordering::Relaxed);
         (units != UNSET).then_some(units)
+    }
+
+    /// A handle that settles reservations on `store` (see [`reserve`](Self::reserve)).
+    pub(crate) fn settling(store: &Arc<dyn Store>) -> Self {
+        Self::with(Some(Settled {
+            reserved: Recorded::new(store),
+            reported: SmallVec::new(),
+        }))
+    }
+
+    /// Adds the reservation of `check`, recorded at `at`, to settle as
+    /// `settlement` says.
+    pub(crate) fn reserve(&self, check: &Check, at: Duration, settlement: &Settlement) {
+        if let Some(settled) = self.settled().as_mut() {
+            settled.reserved.push(check, at);
+            settled.reported.push((settlement.header.clone(), None));
+        }
+    }
+
+    /// Sends what is reported here to `outer` too: an outer layer's
+    /// handle, which the request's extensions held before this one.
+    pub(crate) fn report_to(&self, outer: Usage) {
+        let _ = self.0.outer.set(outer);
+    }
+
+    /// Reads the integers of the usage headers among `headers` (a
+    /// response's head or its trailers).
+    pub(crate) fn read(&self, headers: &HeaderMap) {
+        if let Some(settled) = self.settled().as_mut() {
+            settled.read(headers);
+        }
+    }
+
+    /// Whether some reservation waits for a usage header.
+    pub(crate) fn reads_headers(&self) -> bool {
+        self.settled()
+            .as_ref()
+            .is_some_and(|settled| settled.reported.iter().any(|(name, _)| name.is_some()))
+    }
+
+    fn settled(&self) -> MutexGuard<'_, Option<Settled>> {
+        // A panic while holding the lock leaves the values as they were.
+        self.0
+            .settled
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 }
 
 impl Default for Usage {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let settled = self
+            .settled
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(mut settled) = settled {
+            let units = *self.units.get_mut();
+            settled.settle((units != UNSET).then_some(units));
+        }
+    }
+}
+
+/// Reservations of policies settled after the response, replaced by what
+/// the request reported it cost: per reservation, the value of the header
+/// or trailer its policy names, else the handle's. A reservation with
+/// neither stands.
+#[derive(Debug)]
+struct Settled {
+    reserved: Recorded,
+    /// Per reservation: the header or trailer its policy reads, and the
+    /// integer last found in it.
+    reported: SmallVec<[(Option<HeaderName>, Option<u64>); 2]>,
+}
+
+impl Settled {
+    fn read(&mut self, headers: &HeaderMap) {
+        for (name, reported) in &mut self.reported {
+            let Some(value) = name.as_ref().and_then(|name| headers.get(name)) else {
+                continue;
+            };
+            match units_in(value.as_bytes()) {
+                Some(units) => *reported = Some(units),
+                None => {
+                    if let Some(held_back) = SETTLE_FAILURES.admit() {
+                        tracing::warn!(
+                            header = name.as_ref().map(HeaderName::as_str),
+                            held_back,
+                            "usage header holds no whole number; the handle's value, or else the reservation, stands"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Replaces each reservation that has a reported cost by it, `handle`
+    /// the handle's last value.
+    fn settle(&mut self, handle: Option<u64>) {
+        let mut settled = Recorded::new(self.reserved.store());
+        let mut costs = SmallVec::<[u64; 2]>::new();
+        let reserved = self.reserved.checks().iter().zip(self.reserved.times());
+        for ((check, &at), (_, reported)) in reserved.zip(&self.reported) {
+            if let Some(cost) = reported.or(handle) {
+                settled.push(check, at);
+                costs.push(cost);
+            }
+        }
+        self.reserved.keep();
+        if settled.is_empty() {
+            return;
+        }
+        let answer = settled
+            .store()
+            .settle(settled.checks(), settled.times(), &costs);
+        in_background(answer, report_settlement);
+    }
+}
+
+/// The whole number `value` holds (ASCII digits, spaces around them):
+/// past `u64::MAX`, that.
+fn units_in(value: &[u8]) -> Option<u64> {
+    let digits = value.trim_ascii();
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(digits.iter().fold(0_u64, |units, digit| {
+        units
+            .saturating_mul(10)
+            .saturating_add(u64::from(digit - b'0'))
+    }))
+}
+
+/// Warns of a settlement that failed: the reservation stays counted
+/// instead of the cost reported.
+fn report_settlement(outcome: Result<(), StoreError>) {
+    if let Err(error) = outcome
+        && let Some(held_back) = SETTLE_FAILURES.admit()
+    {
+        tracing::warn!(%error, held_back, "rate-limit settlement failed; the reservation stays counted");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_headers_hold_whole_numbers() {
+        assert_eq!(units_in(b" 42 "), Some(42));
+        assert_eq!(units_in(b"99999999999999999999999"), Some(u64::MAX));
+        for bad in [&b""[..], b"-5", b"1e6", b"12.0", b"lots", b"\xff"] {
+            assert_eq!(units_in(bad), None, "{bad:?}");
+        }
     }
 }

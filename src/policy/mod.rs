@@ -571,12 +571,30 @@ impl Policy {
     /// generated are known only once it is done.
     ///
     /// The handler reports the cost on the [`Usage`](crate::Usage) handle
-    /// it finds in the request's extensions, at any time until the body
-    /// ends (at the end of a stream, say). A request that reports
-    /// nothing, or that fails in the service, keeps its reservation. A
-    /// client that goes away mid-stream is charged the last value
-    /// reported. A settled policy counts every response (it takes no
-    /// [`Count`]) and limits a rate (no concurrency).
+    /// it finds in the request's extensions (a stream as it goes); the
+    /// request is settled at the last value reported once its body has
+    /// ended or was dropped and the handler has let go of the handle. A
+    /// request that reports nothing keeps its reservation, so a client
+    /// that goes away mid-stream is charged what was reported by then,
+    /// else the reservation.
+    ///
+    /// An overdraft counts as the policy's algorithm counts units: a
+    /// sliding log holds it until it leaves the window, a fixed window or
+    /// a calendar quota until the window or period ends (a single charge
+    /// counts at most the limit, which already denies every request that
+    /// long), a sliding counter counts at most the limit of it in its
+    /// current window, and a token bucket keeps the whole debt, repaid at
+    /// the policy's rate. So per window a client can spend at most the
+    /// limit plus what its requests admitted meanwhile spend past their
+    /// reservations: reserve what a request may cost, pair the policy
+    /// with a [concurrency limit](Self::concurrency), or use a token
+    /// bucket to carry debts over.
+    ///
+    /// A settled policy counts every response (it takes no [`Count`]) and
+    /// limits a rate (no concurrency). While the store is down and the
+    /// policy falls back to its local limit
+    /// ([`FailMode::Local`]), requests are counted locally at their
+    /// reservations.
     ///
     /// ```
     /// use slidegate::Policy;
@@ -598,9 +616,11 @@ impl Policy {
     /// [`settled_after_response`](Self::settled_after_response)) from the
     /// integer in the response header `header`, or in a trailer of that
     /// name: for a proxy of an upstream that reports its usage. The
-    /// header wins over the [`Usage`](crate::Usage) handle; a value that
-    /// is not an integer is ignored (and traced), and the handle's value,
-    /// or else the reservation, stands.
+    /// header wins over the [`Usage`](crate::Usage) handle. Its value is
+    /// ASCII digits (a number past `u64::MAX` counts as that); any other
+    /// is ignored (and traced), and the handle's value, or else the
+    /// reservation, stands. A trailer comes only at the body's end: a
+    /// client that goes away before keeps the reservation.
     ///
     /// ```
     /// use slidegate::Policy;

@@ -190,11 +190,17 @@ impl Counts {
             }
             Self::Quota(quota) => {
                 let before = *quota;
-                if let Algorithm::Calendar(calendar) = check.algorithm {
-                    quota.place(now, calendar);
-                }
+                let moved = match check.algorithm {
+                    Algorithm::Calendar(calendar) => quota.place(now, calendar),
+                    _ => false,
+                };
                 // The Redis script writes a count only when it changes.
-                (quota.fits(check.limit, check.cost), Placed::Quota(before))
+                let placed = if moved {
+                    Placed::Kept
+                } else {
+                    Placed::Quota(before)
+                };
+                (quota.fits(check.limit, check.cost), placed)
             }
         }
     }

@@ -360,10 +360,13 @@ pub trait Store: Send + Sync + 'static {
     /// back as [`refund`](Self::refund) takes them, and the units beside
     /// them in `costs` are counted now, past the limit if need be, so
     /// the client is denied until enough leaves the window. Counting is
-    /// bounded: one record or number whatever the cost, and never more
-    /// than a whole limit's units where more would deny no longer (a
-    /// token bucket keeps the whole debt, up to its arithmetic's bound).
-    /// Each check's settlement stands on its own.
+    /// bounded: one record or number whatever the cost. A sliding log, a
+    /// fixed window and a calendar count at most the limit (a record of
+    /// the whole limit already denies every request until it leaves); a
+    /// sliding counter at most the limit, and no more than twice the
+    /// limit in its current window; a token bucket keeps the whole debt,
+    /// up to 2^52 units × µs of window. Each check's settlement stands on
+    /// its own.
     fn settle(&self, checks: &[Check], recorded_at: &[Duration], costs: &[u64]) -> CheckFuture<()> {
         let _ = (checks, recorded_at, costs);
         CheckFuture::ready(Err(StoreError::Unsupported("settle")))

@@ -9,11 +9,11 @@ use crate::store::Decision;
 
 /// A client's count in one calendar period.
 ///
-/// A decision places the count at the period that holds `now`: a count
-/// whose period has ended starts again at 0. A clock that steps back into
-/// an earlier period keeps the count, and its period then ends at that
-/// earlier period's end: a count is never forgotten before the end of the
-/// period the clock reads.
+/// A count whose period has ended starts again at 0 in the period that
+/// holds `now`. One whose period has not is kept until the later of its
+/// end and the end of `now`'s period: a clock that steps back into an
+/// earlier period, or a policy that now counts shorter periods, never ends
+/// it early, and one that counts longer periods keeps it to their end.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(super) struct Quota {
     /// The end of the count's period (µs since the Unix epoch).
@@ -22,12 +22,20 @@ pub(super) struct Quota {
 }
 
 impl Quota {
-    /// Places the count at the period of `calendar` that holds `now`.
-    pub(super) fn place(&mut self, now: u64, calendar: Calendar) {
+    /// Places the count at the period of `calendar` that holds `now`;
+    /// returns whether a kept count moved to a later end, which the Redis
+    /// script writes even when it counts nothing.
+    pub(super) fn place(&mut self, now: u64, calendar: Calendar) -> bool {
+        let period = calendar.period_end(now);
         if self.ends <= now {
-            self.count = 0;
+            (self.ends, self.count) = (period, 0);
+            false
+        } else if period > self.ends {
+            self.ends = period;
+            true
+        } else {
+            false
         }
-        self.ends = calendar.period_end(now);
     }
 
     pub(super) fn fits(&self, limit: u32, cost: u32) -> bool {

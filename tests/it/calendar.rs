@@ -182,3 +182,47 @@ async fn a_refund_gives_back_only_to_its_own_period(tested: StoreUnderTest) {
     assert_eq!(d.remaining, 0);
 }
 on_both_stores!(a_refund_gives_back_only_to_its_own_period, fake_clock);
+
+/// A clock that steps back into the day before never ends a day's count
+/// early: a request admitted then is counted with it, to its own end.
+async fn a_clock_stepped_back_never_ends_a_count_early(tested: StoreUnderTest) {
+    let s = Subject::from(tested);
+    let daily = Policy::calendar("daily", 3, Calendar::new(Period::Day));
+    // 2027-01-01T00:00:05Z.
+    s.clock.set(at(NEW_YEARS_EVE_LAST_SECOND + 6));
+    assert!(s.one(&daily, "erin").await.admitted);
+    assert!(s.one(&daily, "erin").await.admitted);
+    // Stepped back to 2026-12-31T23:59:58Z.
+    s.clock.set(at(NEW_YEARS_EVE_LAST_SECOND - 1));
+    let d = s.one(&daily, "erin").await;
+    assert!(d.admitted);
+    assert_eq!(d.reset, DAY + 2 * SEC, "to the end of January 1st");
+    s.advance(2 * SEC);
+    assert!(
+        !s.one(&daily, "erin").await.admitted,
+        "January 1st: three spent"
+    );
+}
+on_both_stores!(a_clock_stepped_back_never_ends_a_count_early, fake_clock);
+
+/// A day's count, reloaded as a month's while the client is denied, is
+/// kept to the month's end.
+async fn a_count_reloaded_into_longer_periods_lasts_to_their_end(tested: StoreUnderTest) {
+    let s = Subject::from(tested);
+    // 2028-02-10T00:00:00Z.
+    s.clock.set(at(LEAP_DAY_LAST_SECOND - 19 * 86_400 - 86_399));
+    let daily = Policy::calendar("quota", 1, Calendar::new(Period::Day));
+    let monthly = Policy::calendar("quota", 1, Calendar::new(Period::Month));
+    assert!(s.one(&daily, "frank").await.admitted);
+    s.advance(SEC);
+    let d = s.one(&monthly, "frank").await;
+    assert!(!d.admitted);
+    assert_eq!(d.retry_after, Some(20 * DAY - SEC), "to March 1st");
+    // Past the day's end, still February: still spent.
+    s.advance(DAY);
+    assert!(!s.one(&monthly, "frank").await.admitted);
+}
+on_both_stores!(
+    a_count_reloaded_into_longer_periods_lasts_to_their_end,
+    fake_clock
+);

@@ -636,9 +636,9 @@ impl Inner {
 
     /// `FCALL` of `function` for `call`.
     fn fcall(&self, function: &str, call: &Call) -> Cmd {
-        // At most eight arguments per policy (seven, and a refund's time),
-        // and `peek`, `refund` or `reset`.
-        let mut fcall = sized_fcall(function, &call.keys, 1 + 8 * call.args.len());
+        // At most nine arguments per policy (seven, and a settlement's
+        // time and cost), and the operation (`peek`, `refund`, ...).
+        let mut fcall = sized_fcall(function, &call.keys, 1 + 9 * call.args.len());
         fcall.arg(&call.keys).arg(self.time()).arg(Arguments(call));
         fcall
     }
