@@ -16,7 +16,9 @@
 //! client, answered by the deny cache), and the other kinds of limit at
 //! the same rate: `bucket` (a token bucket), `concurrency` (a lease per
 //! request, released as its body ends), `blocking` (a sliding log whose
-//! denials block) and `delay` (a sliding log that may hold requests).
+//! denials block), `delay` (a sliding log that may hold requests),
+//! `settled` (a sliding log whose cost each response reports in a header,
+//! settled as its body ends) and `calendar` (a monthly quota).
 //!
 //! Requests come from 256 client addresses in turn, each allowed 4,000 an
 //! hour: every request of a run (300,000 by default) is admitted, and the
@@ -41,6 +43,8 @@ const CLIENTS: u32 = 256;
 
 fn app(variant: &str) -> Router {
     let routes = Router::new().route("/", get(|| async { "hello" }));
+    let reporting =
+        Router::new().route("/", get(|| async { ([("x-usage-tokens", "1")], "hello") }));
     let open = Policies::single(Policy::new("bench", 4_000, Duration::from_secs(3600)))
         .expect("a valid policy");
     let denied = Policies::single(Policy::new("bench", 1, Duration::from_secs(3600)))
@@ -65,9 +69,17 @@ fn app(variant: &str) -> Router {
         "delay" => routes.route_layer(layer(kind(
             open_log().with_delay(Duration::from_millis(500)),
         ))),
+        "settled" => reporting.route_layer(layer(kind(
+            open_log().with_usage_header(http::HeaderName::from_static("x-usage-tokens")),
+        ))),
+        "calendar" => routes.route_layer(layer(kind(Policy::calendar(
+            "bench",
+            4_000,
+            slidegate::policy::Calendar::new(slidegate::policy::Period::Month),
+        )))),
         other => panic!(
             "unknown variant `{other}`: bare, noop-layer, memory, no-headers, identity, denied, \
-             bucket, concurrency, blocking or delay"
+             bucket, concurrency, blocking, delay, settled or calendar"
         ),
     }
 }

@@ -124,18 +124,26 @@ mod tests {
     }
 
     #[test]
-    fn a_clock_stepped_back_keeps_the_count() {
+    fn a_clock_stepped_back_keeps_the_count_to_its_end() {
         let daily = Calendar::new(Period::Day);
         let mut quota = Quota::default();
         let tomorrow = 20_001 * DAY + 10;
         quota.place(tomorrow, daily);
         quota.record(2, tomorrow);
-        quota.place(tomorrow - DAY, daily);
+        assert!(!quota.place(tomorrow - 20, daily));
         assert!(!quota.fits(2, 1), "kept after the step back");
-        assert_eq!(
-            quota.ends,
-            20_001 * DAY,
-            "until the end of the day the clock reads"
-        );
+        assert_eq!(quota.ends, 20_002 * DAY, "to the end of its own day");
+    }
+
+    #[test]
+    fn a_longer_period_keeps_the_count_to_its_end() {
+        let mut quota = Quota::default();
+        let day = 20_000 * DAY + 10;
+        quota.place(day, Calendar::new(Period::Day));
+        quota.record(2, day);
+        assert!(quota.place(day, Calendar::new(Period::Year)), "moved");
+        assert!(!quota.fits(2, 1));
+        quota.place(day + DAY, Calendar::new(Period::Year));
+        assert!(!quota.fits(2, 1), "kept past the day's end");
     }
 }
