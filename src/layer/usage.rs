@@ -213,14 +213,18 @@ impl Settled {
         }
     }
 
-    /// Replaces each reservation that has a reported cost by it, `handle`
-    /// the handle's last value.
+    /// Replaces each reservation that has a reported cost other than its
+    /// own by it, `handle` the handle's last value.
     fn settle(&mut self, handle: Option<u64>) {
         let mut settled = Recorded::new(self.reserved.store());
         let mut costs = SmallVec::<[u64; 2]>::new();
         let reserved = self.reserved.checks().iter().zip(self.reserved.times());
         for ((check, &at), (_, reported)) in reserved.zip(&self.reported) {
-            if let Some(cost) = reported.or(handle) {
+            // A cost equal to the reservation changes nothing: no call.
+            if let Some(cost) = reported
+                .or(handle)
+                .filter(|&cost| cost != u64::from(check.cost))
+            {
                 settled.push(check, at);
                 costs.push(cost);
             }

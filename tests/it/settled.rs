@@ -221,8 +221,11 @@ mod through_the_layer {
     }
 
     fn app(s: &Subject) -> Router {
-        let policy = tokens(Algorithm::SlidingLog)
-            .with_usage_header(http::HeaderName::from_static("x-usage-tokens"));
+        app_of(s, tokens(Algorithm::SlidingLog))
+    }
+
+    fn app_of(s: &Subject, policy: Policy) -> Router {
+        let policy = policy.with_usage_header(http::HeaderName::from_static("x-usage-tokens"));
         let layer = RateLimitLayer::new(
             s.store.clone(),
             OneClient,
@@ -327,6 +330,42 @@ mod through_the_layer {
     }
     on_both_stores!(
         a_stream_dropped_midway_is_charged_what_it_reported,
+        fake_clock
+    );
+
+    /// 600 requests at once through the layer, each reporting its own
+    /// cost in a header: the count is exactly the sum of those costs.
+    async fn six_hundred_responses_settle_to_the_sum_they_report(tested: StoreUnderTest) {
+        let s = Subject::from(tested);
+        let policy = Policy::new("tokens", 1_000_000, MINUTE).with_cost(100);
+        let app = app_of(&s, policy.clone());
+        let mut rng = ChaCha8Rng::seed_from_u64(601);
+        let costs: Vec<u64> = (0..600).map(|_| rng.gen_range(0..=2_000)).collect();
+        let tasks: Vec<_> = costs
+            .iter()
+            .map(|cost| {
+                let app = app.clone();
+                let request = post_to(&format!("/header?tokens={cost}"));
+                tokio::spawn(async move { send(&app, request).await.status })
+            })
+            .collect();
+        for task in tasks {
+            assert_eq!(task.await.unwrap(), StatusCode::OK);
+        }
+        let spent: u64 = costs.iter().sum();
+        let expected = u32::try_from(1_000_000 - spent).unwrap();
+        let started = std::time::Instant::now();
+        loop {
+            let left = s.check_only(&policy, "client").await;
+            if left == expected {
+                break;
+            }
+            assert!(started.elapsed() < 5 * SEC, "{left} left, not {expected}");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    on_both_stores!(
+        six_hundred_responses_settle_to_the_sum_they_report,
         fake_clock
     );
 }
