@@ -7,10 +7,19 @@ use crate::store::{CheckFuture, StoreError};
 /// for a store in process, on a task of its own otherwise; `report` is
 /// given the outcome. Returns whether the call has failed already (a
 /// store that answered at once, or no runtime to finish it on).
-pub(crate) fn in_background(answer: CheckFuture<()>, report: fn(Result<(), StoreError>)) -> bool {
+///
+/// The current runtime runs it, or else `runtime`: for a call made where
+/// the last owner of what it settles lets go, which may be a thread of no
+/// runtime.
+pub(crate) fn in_background_on(
+    runtime: Option<&tokio::runtime::Handle>,
+    answer: CheckFuture<()>,
+    report: fn(Result<(), StoreError>),
+) -> bool {
+    let current = tokio::runtime::Handle::try_current().ok();
     let outcome = match answer.into_ready() {
         Ok(outcome) => outcome,
-        Err(later) => match tokio::runtime::Handle::try_current() {
+        Err(later) => match current.as_ref().or(runtime).ok_or(()) {
             Ok(runtime) => {
                 runtime.spawn(async move { report(later.await) });
                 return false;

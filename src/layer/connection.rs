@@ -1,7 +1,7 @@
 //! [`ConnectionLease`]: concurrency leases held by an upgraded connection
 //! (a WebSocket, a `CONNECT` tunnel) until it closes.
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
 use http::StatusCode;
@@ -52,6 +52,11 @@ pub struct ConnectionLease(Arc<Held>);
 /// response, then released when the last handle is dropped.
 struct Held {
     leases: Mutex<Option<Recorded>>,
+    /// The handle of an outer layer's leases, kept while this one is.
+    outer: OnceLock<ConnectionLease>,
+    /// The runtime the leases were handed over on, to release them on
+    /// when the last handle is dropped on a thread of none.
+    runtime: OnceLock<tokio::runtime::Handle>,
 }
 
 impl std::fmt::Debug for ConnectionLease {
@@ -73,7 +78,7 @@ impl Held {
 impl Drop for Held {
     fn drop(&mut self) {
         if let Some(mut leases) = self.leases().take() {
-            leases.give_back(report_release);
+            leases.give_back_on(self.runtime.get(), report_release);
         }
     }
 }
@@ -82,7 +87,16 @@ impl ConnectionLease {
     fn new() -> Self {
         Self(Arc::new(Held {
             leases: Mutex::new(None),
+            outer: OnceLock::new(),
+            runtime: OnceLock::new(),
         }))
+    }
+
+    /// Keeps `outer`, an outer layer's handle the request's extensions
+    /// held before this one, as long as this one is kept: the connection
+    /// holds both layers' leases.
+    pub(crate) fn hold_outer(&self, outer: ConnectionLease) {
+        let _ = self.0.outer.set(outer);
     }
 }
 
@@ -123,23 +137,26 @@ impl Upgrade {
             leases.keep();
             return;
         }
-        let every = leases.shortest_window() / 3;
+        let lease_time = leases.shortest_window();
         *held.leases() = Some(leases);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(renew(
-                Arc::downgrade(&held),
-                every.max(Duration::from_millis(1)),
-            ));
+            let _ = held.runtime.set(runtime.clone());
+            runtime.spawn(renew(Arc::downgrade(&held), lease_time));
         }
     }
 }
 
-/// Renews the leases `held` every `every`, until the connection drops
-/// them. Each renewal keeps them alive until it is answered, so that their
-/// release comes after it.
-async fn renew(held: Weak<Held>, every: Duration) {
+/// Renews the leases `held` at once (the handshake may have taken part of
+/// their time), then every third of `lease_time`, and a tenth of it after
+/// a renewal that failed, until the connection drops them. Each renewal
+/// keeps them alive until it is answered, so that their release comes
+/// after it.
+async fn renew(held: Weak<Held>, lease_time: Duration) {
+    let floor = Duration::from_millis(1);
+    let (every, after_failure) = ((lease_time / 3).max(floor), (lease_time / 10).max(floor));
+    let mut wait = Duration::ZERO;
     loop {
-        tokio::time::sleep(every).await;
+        tokio::time::sleep(wait).await;
         let Some(held) = held.upgrade() else {
             return;
         };
@@ -147,10 +164,12 @@ async fn renew(held: Weak<Held>, every: Duration) {
             Some(leases) => leases.renew(),
             None => return,
         };
-        if let Err(error) = answer.await
-            && let Some(held_back) = RELEASE_FAILURES.admit()
-        {
-            tracing::warn!(%error, held_back, "concurrency lease renewal failed; it expires with its lease time unless renewed");
+        wait = every;
+        if let Err(error) = answer.await {
+            wait = after_failure;
+            if let Some(held_back) = RELEASE_FAILURES.admit() {
+                tracing::warn!(%error, held_back, "concurrency lease renewal failed; retried, and the lease expires with its lease time unless renewed");
+            }
         }
     }
 }

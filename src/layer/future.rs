@@ -47,6 +47,10 @@ impl Next {
             parts.extensions.insert(usage.clone());
         }
         if let Some(lease) = owed.connection_lease() {
+            // An outer layer's handle is kept with this one.
+            if let Some(outer) = parts.extensions.get::<crate::layer::ConnectionLease>() {
+                lease.hold_outer(outer.clone());
+            }
             parts.extensions.insert(lease.clone());
         }
     }

@@ -13,7 +13,7 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use smallvec::SmallVec;
 
-use crate::layer::background::in_background;
+use crate::layer::background::in_background_on;
 use crate::layer::connection::{ConnectionLease, Upgrade};
 use crate::layer::usage::Usage;
 use crate::policy::cost::Checks;
@@ -96,12 +96,22 @@ impl Recorded {
     /// without waiting; `report` is told how it went. Returns whether it
     /// has failed already.
     pub(crate) fn give_back(&mut self, report: fn(Result<(), StoreError>)) -> bool {
+        self.give_back_on(None, report)
+    }
+
+    /// [`give_back`](Self::give_back), on `runtime` when the current
+    /// thread has none.
+    pub(crate) fn give_back_on(
+        &mut self,
+        runtime: Option<&tokio::runtime::Handle>,
+        report: fn(Result<(), StoreError>),
+    ) -> bool {
         if self.checks.is_empty() {
             return false;
         }
         let answer = self.store.refund(&self.checks, &self.at);
         self.keep();
-        in_background(answer, report)
+        in_background_on(runtime, answer, report)
     }
 }
 

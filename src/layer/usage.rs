@@ -9,7 +9,7 @@ use std::time::Duration;
 use http::{HeaderMap, HeaderName};
 use smallvec::SmallVec;
 
-use crate::layer::background::in_background;
+use crate::layer::background::in_background_on;
 use crate::layer::owed::Recorded;
 use crate::policy::Settlement;
 use crate::store::{Check, Store, StoreError};
@@ -28,7 +28,8 @@ const UNSET: u64 = u64::MAX;
 /// the cost on it, and the request is settled at the last value reported
 /// once its response body has ended (or was dropped) and every clone of
 /// the handle is gone: a task that goes on generating after the client
-/// left is charged what it reports until it lets go. A stream that goes
+/// left (a thread of no runtime too) is charged what it reports until it
+/// lets go. A stream that goes
 /// away before its end is charged what it reported by then, so report as
 /// you go ([`add`](Self::add)) rather than once at the end.
 ///
@@ -118,6 +119,7 @@ impl Usage {
         Self::with(Some(Settled {
             reserved: Recorded::new(store),
             reported: SmallVec::new(),
+            runtime: tokio::runtime::Handle::try_current().ok(),
         }))
     }
 
@@ -190,6 +192,9 @@ struct Settled {
     /// Per reservation: the header or trailer its policy reads, and the
     /// integer last found in it.
     reported: SmallVec<[(Option<HeaderName>, Option<u64>); 2]>,
+    /// The runtime the request ran on, to settle on when the last handle
+    /// is dropped on a thread of none.
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 impl Settled {
@@ -236,7 +241,7 @@ impl Settled {
         let answer = settled
             .store()
             .settle(settled.checks(), settled.times(), &costs);
-        in_background(answer, report_settlement);
+        in_background_on(self.runtime.as_ref(), answer, report_settlement);
     }
 }
 

@@ -376,8 +376,11 @@ pub trait Store: Send + Sync + 'static {
     /// lease time from now: an upgraded connection's leases (see
     /// [`ConnectionLease`](crate::layer::ConnectionLease)) are renewed
     /// while it lives. A lease that expired meanwhile is taken again (the
-    /// connection still lives, so it still counts), one released is not.
-    /// Checks of other algorithms are left as they are.
+    /// connection still lives, so it still counts). The layer sends a
+    /// release only after the renewals it made are answered; a renewal
+    /// that timed out on this side and runs after the release takes the
+    /// lease again, for a lease time. Checks of other algorithms are left
+    /// as they are.
     fn renew(&self, checks: &[Check]) -> CheckFuture<()> {
         let _ = checks;
         CheckFuture::ready(Err(StoreError::Unsupported("renew")))

@@ -220,6 +220,21 @@ mod through_the_layer {
         "done"
     }
 
+    /// Hands the handle to a thread of no runtime, which reports 500 and
+    /// lets go when the test says so (after the response has ended).
+    async fn on_a_thread(Extension(usage): Extension<Usage>) -> &'static str {
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        GO.lock().unwrap().replace(go);
+        std::thread::spawn(move || {
+            let _ = wait.recv();
+            usage.add(500);
+        });
+        "started"
+    }
+
+    /// Tells the thread `on_a_thread` started to report and let go.
+    static GO: std::sync::Mutex<Option<std::sync::mpsc::Sender<()>>> = std::sync::Mutex::new(None);
+
     fn app(s: &Subject) -> Router {
         app_of(s, tokens(Algorithm::SlidingLog))
     }
@@ -236,6 +251,7 @@ mod through_the_layer {
             .route("/trailer", post(in_trailer))
             .route("/stream", post(streamed))
             .route("/silent", post(silent))
+            .route("/thread", post(on_a_thread))
             .route_layer(layer.without_deny_cache())
     }
 
@@ -368,4 +384,21 @@ mod through_the_layer {
         six_hundred_responses_settle_to_the_sum_they_report,
         fake_clock
     );
+
+    /// A handle kept by a thread of no runtime past the response: the
+    /// request is settled when the thread lets go, at what it reported.
+    async fn a_handle_let_go_off_the_runtime_settles(tested: StoreUnderTest) {
+        let s = Subject::from(tested);
+        let app = app(&s);
+        assert_eq!(send(&app, post_to("/thread")).await.status, StatusCode::OK);
+        until_left(&s, 900).await;
+        GO.lock()
+            .unwrap()
+            .take()
+            .expect("the handler ran")
+            .send(())
+            .unwrap();
+        until_left(&s, 500).await;
+    }
+    on_both_stores!(a_handle_let_go_off_the_runtime_settles, fake_clock);
 }

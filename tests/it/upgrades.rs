@@ -132,3 +132,32 @@ async fn an_unkept_lease_runs_out_its_time(tested: StoreUnderTest) {
     server.abort();
 }
 on_both_stores!(an_unkept_lease_runs_out_its_time);
+
+/// Under two layers that each limit concurrency (one for the whole
+/// service, one for the route), a socket holds both layers' leases while
+/// it is open.
+async fn a_socket_holds_the_leases_of_nested_layers(tested: StoreUnderTest) {
+    let store = tested.store.clone();
+    let inner = Policies::single(Policy::concurrency("route", 5).with_lease(LEASE)).unwrap();
+    let outer = Policies::single(Policy::concurrency("service", 1).with_lease(LEASE)).unwrap();
+    let app = Router::new()
+        .route("/ws", get(|u, l| serve(u, l, true)))
+        .route_layer(RateLimitLayer::new(store.clone(), Global, inner).without_deny_cache())
+        .layer(RateLimitLayer::new(store, Global, outer).without_deny_cache());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    let first = open(address, "/ws").await.unwrap();
+    tokio::time::sleep(4 * LEASE).await;
+    assert_eq!(
+        open(address, "/ws").await.err(),
+        Some(429),
+        "the outer lease ran out"
+    );
+    close(first).await;
+    let (_second, _) = open_within(address, "/ws", Duration::from_secs(5)).await;
+    server.abort();
+}
+on_both_stores!(a_socket_holds_the_leases_of_nested_layers);
