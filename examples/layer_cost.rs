@@ -17,8 +17,8 @@
 //! the same rate: `bucket` (a token bucket), `concurrency` (a lease per
 //! request, released as its body ends), `blocking` (a sliding log whose
 //! denials block), `delay` (a sliding log that may hold requests),
-//! `settled` (a sliding log whose cost each response reports in a header,
-//! settled as its body ends) and `calendar` (a monthly quota).
+//! `settled` (a sliding log whose requests reserve 1 and report 2 in a
+//! header, settled as the body ends) and `calendar` (a monthly quota).
 //!
 //! Requests come from 256 client addresses in turn, each allowed 4,000 an
 //! hour: every request of a run (300,000 by default) is admitted, and the
@@ -44,7 +44,7 @@ const CLIENTS: u32 = 256;
 fn app(variant: &str) -> Router {
     let routes = Router::new().route("/", get(|| async { "hello" }));
     let reporting =
-        Router::new().route("/", get(|| async { ([("x-usage-tokens", "1")], "hello") }));
+        Router::new().route("/", get(|| async { ([("x-usage-tokens", "2")], "hello") }));
     let open = Policies::single(Policy::new("bench", 4_000, Duration::from_secs(3600)))
         .expect("a valid policy");
     let denied = Policies::single(Policy::new("bench", 1, Duration::from_secs(3600)))
