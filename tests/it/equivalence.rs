@@ -12,7 +12,7 @@ use slidegate::{
     Policy,
     clock::{Clock, FakeClock},
     key::Key,
-    policy::Algorithm,
+    policy::{Algorithm, Calendar, Period},
     store::{Check, MemoryStore, RedisStore, Store},
 };
 
@@ -29,7 +29,7 @@ fn step() -> impl Strategy<Value = Step> {
     (
         prop_oneof![Just(0u64), 0u64..50, 0u64..3000],
         0u8..3,
-        1u8..64,
+        1u8..128,
         1u32..=3,
         prop_oneof![4 => Just(0u8), 1 => Just(1u8)],
     )
@@ -69,6 +69,12 @@ fn policies(mask: u8, cost: u32, tier: u8) -> Vec<Policy> {
         Policy::new("blocking", 4, ms(900, 1300))
             .with_block(Duration::from_millis(700))
             .with_delay(delay(200)),
+        // Days at UTC+01:46, which end 40 s after the clock starts.
+        Policy::calendar(
+            "calendar",
+            6,
+            Calendar::new(Period::Day).east_of_utc(Duration::from_secs(106 * 60)),
+        ),
     ];
     all.into_iter()
         .enumerate()
@@ -143,6 +149,8 @@ enum After {
     Peek,
     /// Refunds the admitted request this many back (modulo their number).
     Refund(usize),
+    /// Settles the admitted request this many back at this cost.
+    Settle(usize, u64),
 }
 
 fn after() -> impl Strategy<Value = After> {
@@ -150,12 +158,14 @@ fn after() -> impl Strategy<Value = After> {
         2 => Just(After::Nothing),
         1 => Just(After::Peek),
         2 => (0usize..8).prop_map(After::Refund),
+        2 => (0usize..8, prop_oneof![0u64..4, 0u64..40]).prop_map(|(back, cost)| After::Settle(back, cost)),
     ]
 }
 
-/// Peeks and refunds, mixed with checks, leave both stores deciding the
-/// same: a peek answers alike and records nothing, a refund takes back
-/// the same units, whenever it comes.
+/// Peeks, refunds and settlements, mixed with checks, leave both stores
+/// deciding the same: a peek answers alike and records nothing, a refund
+/// takes back the same units, whenever it comes, and a settlement charges
+/// the same past the limit.
 #[test]
 fn peeks_and_refunds_agree() {
     let server = RedisServer::start();
@@ -190,7 +200,13 @@ fn peeks_and_refunds_agree() {
                     runtime.block_on(memory.refund(&checks, &recorded)).unwrap();
                     runtime.block_on(redis.refund(&checks, &recorded)).unwrap();
                 }
-                After::Refund(_) => {}
+                After::Settle(back, cost) if !admitted.is_empty() => {
+                    let (checks, recorded) = admitted.remove(admitted.len() - 1 - back % admitted.len());
+                    let costs = vec![cost; checks.len()];
+                    runtime.block_on(memory.settle(&checks, &recorded, &costs)).unwrap();
+                    runtime.block_on(redis.settle(&checks, &recorded, &costs)).unwrap();
+                }
+                After::Refund(_) | After::Settle(..) => {}
             }
         }
     });
