@@ -478,20 +478,29 @@ impl FixedWindow {
         } else {
             ends_in
         };
-        Decision {
-            admitted,
-            limit,
-            remaining: u32::try_from(u64::from(limit).saturating_sub(self.count)).unwrap_or(0),
-            reset: if self.count > 0 {
-                ends_in
-            } else {
-                Duration::ZERO
-            },
-            retry_after: (!admitted && !self.fits(limit, cost)).then_some(fits_in),
-            recorded_at: None,
-            delayed_for: None,
-            blocked_for: None,
-        }
+        let retry_after = (!admitted && !self.fits(limit, cost)).then_some(fits_in);
+        count_decision(admitted, limit, self.count, ends_in, retry_after)
+    }
+}
+
+/// The decision of a count of `count` units of `limit` whose window (or
+/// period) ends in `ends_in`: a fixed window's or a calendar quota's.
+pub(super) fn count_decision(
+    admitted: bool,
+    limit: u32,
+    count: u64,
+    ends_in: Duration,
+    retry_after: Option<Duration>,
+) -> Decision {
+    Decision {
+        admitted,
+        limit,
+        remaining: u32::try_from(u64::from(limit).saturating_sub(count)).unwrap_or(0),
+        reset: if count > 0 { ends_in } else { Duration::ZERO },
+        retry_after,
+        recorded_at: None,
+        delayed_for: None,
+        blocked_for: None,
     }
 }
 

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use super::counter::count_decision;
 use crate::policy::Calendar;
 use crate::store::Decision;
 
@@ -64,20 +65,8 @@ impl Quota {
 
     pub(super) fn decision(&self, now: u64, limit: u32, cost: u32, admitted: bool) -> Decision {
         let ends_in = Duration::from_micros(self.ends.saturating_sub(now));
-        Decision {
-            admitted,
-            limit,
-            remaining: u32::try_from(u64::from(limit).saturating_sub(self.count)).unwrap_or(0),
-            reset: if self.count > 0 {
-                ends_in
-            } else {
-                Duration::ZERO
-            },
-            retry_after: (!admitted && !self.fits(limit, cost)).then_some(ends_in),
-            recorded_at: None,
-            delayed_for: None,
-            blocked_for: None,
-        }
+        let retry_after = (!admitted && !self.fits(limit, cost)).then_some(ends_in);
+        count_decision(admitted, limit, self.count, ends_in, retry_after)
     }
 }
 

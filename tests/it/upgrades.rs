@@ -53,6 +53,11 @@ async fn server(store: Arc<dyn Store>) -> (SocketAddr, tokio::task::JoinHandle<(
         .route("/ws", get(|u, l| serve(u, l, true)))
         .route("/forgetful", get(|u, l| serve(u, l, false)))
         .route_layer(layer);
+    listen(app).await
+}
+
+/// Serves `app` on a loopback port, on a task of its own.
+async fn listen(app: Router) -> (SocketAddr, tokio::task::JoinHandle<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
     let task = tokio::spawn(async move {
@@ -144,11 +149,7 @@ async fn a_socket_holds_the_leases_of_nested_layers(tested: StoreUnderTest) {
         .route("/ws", get(|u, l| serve(u, l, true)))
         .route_layer(RateLimitLayer::new(store.clone(), Global, inner).without_deny_cache())
         .layer(RateLimitLayer::new(store, Global, outer).without_deny_cache());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap();
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app).await.unwrap();
-    });
+    let (address, server) = listen(app).await;
     let first = open(address, "/ws").await.unwrap();
     tokio::time::sleep(4 * LEASE).await;
     assert_eq!(
