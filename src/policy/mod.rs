@@ -615,8 +615,10 @@ impl Policy {
     /// Settles each request's cost after its response (see
     /// [`settled_after_response`](Self::settled_after_response)) from the
     /// integer in the response header `header`, or in a trailer of that
-    /// name: for a proxy of an upstream that reports its usage. The
-    /// header wins over the [`Usage`](crate::Usage) handle. Its value is
+    /// name: for a proxy of an upstream that reports its usage. The header
+    /// must come from your service or its upstream: one that echoes a
+    /// request's headers into its response would let clients name their
+    /// own cost. The header wins over the [`Usage`](crate::Usage) handle. Its value is
     /// ASCII digits (a number past `u64::MAX` counts as that); any other
     /// is ignored (and traced), and the handle's value, or else the
     /// reservation, stands. A trailer comes only at the body's end: a

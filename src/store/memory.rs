@@ -231,10 +231,16 @@ impl Counts {
         }
     }
 
-    /// Records the request, passing at `pass` (now, or later for a held
-    /// request); a lease is taken at `now`.
-    fn record(&mut self, now: u64, pass: u64, check: &Check, placed: &mut Placed) -> Option<u64> {
-        let cost = check.cost;
+    /// Records `cost` units of `check` (its own cost, or a settlement's),
+    /// passing at `pass` (now, or later for a held request); a lease is
+    /// taken at `now`.
+    fn record(
+        &mut self,
+        (now, pass): (u64, u64),
+        check: &Check,
+        cost: u32,
+        placed: &mut Placed,
+    ) -> Option<u64> {
         match self {
             Self::Log(log) => match placed {
                 Placed::Log(window) => log.record(pass, cost, window),
@@ -286,9 +292,7 @@ impl Counts {
         if units == 0 {
             return false;
         }
-        let mut charged = check.clone();
-        charged.cost = units;
-        self.record(now, now, &charged, placed).is_some()
+        self.record((now, now), check, units, placed).is_some()
     }
 
     fn decision(&self, now: u64, check: &Check, admitted: bool, placed: &Placed) -> Decision {
@@ -377,7 +381,8 @@ impl Spent {
         check: &Check,
         prepared: &mut Prepared,
     ) -> Option<u64> {
-        self.counts.record(now, pass, check, &mut prepared.placed)
+        self.counts
+            .record((now, pass), check, check.cost, &mut prepared.placed)
     }
 
     /// When a request that does not fit now would fit within the delay of

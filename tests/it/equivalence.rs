@@ -158,7 +158,7 @@ fn after() -> impl Strategy<Value = After> {
         2 => Just(After::Nothing),
         1 => Just(After::Peek),
         2 => (0usize..8).prop_map(After::Refund),
-        2 => (0usize..8, prop_oneof![0u64..4, 0u64..40]).prop_map(|(back, cost)| After::Settle(back, cost)),
+        2 => (0usize..8, prop_oneof![0u64..4, 0u64..40, Just(u64::MAX)]).prop_map(|(back, cost)| After::Settle(back, cost)),
     ]
 }
 
