@@ -551,7 +551,12 @@ local function log_new(s)
   log_clear(s)
 end
 
--- Reads the header into `s`.
+-- Keeps the units of a log whose sealed pages have gone (see `log_read`).
+local log_recover
+
+-- Reads the header into `s`, and makes sure the pages hash is a hash (or
+-- none), so that no later write of the call fails on it after another
+-- key was written.
 local function log_read(s)
   s.pages, s.found, s.unwritten = {}, nil, ''
   local header = header_read
@@ -583,10 +588,12 @@ local function log_read(s)
     s.tail = tail_bytes(s)
     s.header_size, s.rewrite, s.dirty = LOG_HEADER_SIZE, true, true
   end
-  if s.tail_page > s.head_page and redis.call('EXISTS', s.store) == 0 then
-    -- Its pages were evicted (under an `allkeys-*` policy): the log
-    -- starts afresh, as a log evicted whole does.
-    log_clear(s)
+  local kind = redis.call('TYPE', s.store)['ok']
+  if kind ~= 'hash' and kind ~= 'none' then
+    error({ err = 'WRONGTYPE the pages of sliding log ' .. s.key .. ' are a ' .. kind })
+  end
+  if s.tail_page > s.head_page and kind == 'none' then
+    log_recover(s)
   end
 end
 
@@ -791,6 +798,41 @@ local function log_append(s, time, cost)
     s.unwritten = s.unwritten .. record
   end
   s.tail_count, s.tail_sum, s.tail_view = s.tail_count + 1, s.tail_sum + cost, nil
+end
+
+-- The pages hash of a log whose live records lie partly in sealed pages
+-- has gone (Redis evicted it under a `maxmemory-policy` that may, or
+-- something deleted it), while its header, which says how many units they
+-- hold, stays: they are kept, gathered into one record at the latest time
+-- any of them can have been recorded at (just before the tail's first
+-- record, or the newest record when the tail is empty), so that none
+-- leaves the window earlier than it would have and the client is never
+-- admitted past its limit. The tail's records follow it, in a log
+-- numbered afresh. Bounded: the tail is at most one page of records.
+log_recover = function(s)
+  local tail = page(s, s.tail_page)
+  local records, before = {}, 0
+  for i = 0, tail.count - 1 do
+    local time, total = record_at(tail, i)
+    records[i + 1] = { time, total - before }
+    before = total
+  end
+  local sum, span, newest = s.sum, s.span, s.newest
+  local gathered, at = sum - s.tail_sum, newest
+  if #records > 0 then
+    at = records[1][1] - 1
+  end
+  log_clear(s)
+  -- Nothing is left to unlink, and the pages sealed below are new.
+  s.unlink_store, s.span = false, span
+  if gathered > 0 then
+    log_append(s, at, gathered)
+  end
+  for _, record in ipairs(records) do
+    log_append(s, record[1], record[2])
+  end
+  s.sum, s.newest = sum, newest
+  s.oldest = #records > 0 and gathered == 0 and records[1][1] or at
 end
 
 -- The window only loses units as time passes: a request that fits it at
@@ -2011,7 +2053,10 @@ local function decide(keys, first_key, count, policies, costs, peek, held_only)
     elseif not all_fit then
       if not s.fits then
         local beyond_delay = s.delay == 0 or retry[i] > s.delay
-        if s.block_key ~= nil and s.blocked == nil and not peek and beyond_delay then
+        -- Out of memory, a block is set only for a client whose state
+        -- exists (a few bytes beside it), never for a new one.
+        if s.block_key ~= nil and s.blocked == nil and not peek and beyond_delay
+          and not (held_only and redis.call('EXISTS', s.key) == 0) then
           block(s)
         end
       end

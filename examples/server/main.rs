@@ -124,8 +124,11 @@ fn app(layer: RateLimitLayer, metrics: PrometheusHandle, admin_token: Option<&st
         complete_route,
         echo_route,
     ] = LIMITED_ROUTES;
-    // `/api/whoami` shows the client the limiter resolved.
-    let layer = layer.with_identity_extension(true);
+    // `/api/whoami` shows the client the limiter resolved; a completion
+    // reserves the tokens it asks for.
+    let layer = layer
+        .with_identity_extension(true)
+        .with_request_cost(complete::reservation);
     let app = Router::new()
         .route(videos_route, get(videos))
         .route(search_route, get(search))

@@ -319,7 +319,8 @@ impl Config {
             ));
         }
 
-        let policies = build_policies(raw.policy, raw.default, source)?;
+        let extension_methods = extension_methods(&limiter.extension_methods, source)?;
+        let policies = build_policies(raw.policy, raw.default, &extension_methods, source)?;
         let overrides = overrides::overrides(
             raw.overrides,
             limiter.keys.get_ref(),
@@ -545,12 +546,46 @@ fn api_key_tiers(
         .collect()
 }
 
+/// `limiter.extension_methods`: methods beyond HTTP's standard nine that
+/// routes may name.
+fn extension_methods(
+    methods: &[Spanned<String>],
+    source: &str,
+) -> Result<Vec<http::Method>, ConfigError> {
+    methods
+        .iter()
+        .map(|method| {
+            let text = method.get_ref();
+            let refuse = |message: String| {
+                ConfigError::at(
+                    source,
+                    method.span().start,
+                    "limiter.extension_methods",
+                    message,
+                )
+            };
+            if text.bytes().any(|b| b.is_ascii_lowercase()) {
+                return Err(refuse(format!(
+                    "methods are case-sensitive: `{text}` would be a method of its own; write `{}`",
+                    text.to_ascii_uppercase()
+                )));
+            }
+            http::Method::from_bytes(text.as_bytes())
+                .map_err(|_| refuse(format!("`{text}` is not a valid HTTP method")))
+        })
+        .collect()
+}
+
 fn build_policies(
     raw: Vec<Spanned<RawPolicy>>,
     default: Option<Spanned<RawPolicyBody>>,
+    extension_methods: &[http::Method],
     source: &str,
 ) -> Result<Policies, ConfigError> {
     let mut builder = Policies::builder();
+    for method in extension_methods {
+        builder = builder.extension_method(method.clone());
+    }
     let mut seen = std::collections::HashSet::new();
     for (index, raw) in raw.into_iter().enumerate() {
         let prefix = format!("policy[{index}]");
@@ -570,7 +605,7 @@ fn build_policies(
         let policy = policy_from(&name, &body, &prefix, offsets, source)?;
         builder = match route {
             Some(route) => {
-                Route::parse(route.get_ref()).map_err(|e| {
+                Route::parse_allowing(route.get_ref(), extension_methods).map_err(|e| {
                     ConfigError::at(
                         source,
                         route.span().start,

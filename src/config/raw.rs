@@ -60,6 +60,7 @@ pub(super) struct RawLimiter {
     pub(super) credential_failures: RawCredentialFailures,
     pub(super) max_delayed: Option<Spanned<usize>>,
     pub(super) namespace: Option<Spanned<String>>,
+    pub(super) extension_methods: Vec<Spanned<String>>,
 }
 
 impl Default for RawLimiter {
@@ -83,6 +84,7 @@ impl Default for RawLimiter {
             credential_failures: RawCredentialFailures::default(),
             max_delayed: None,
             namespace: None,
+            extension_methods: Vec::new(),
         }
     }
 }

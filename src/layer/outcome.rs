@@ -17,7 +17,7 @@ use crate::layer::delay::{Delayed, Slot, Unpassed, unheld};
 use crate::layer::deny_cache::Denied;
 use crate::layer::future::Next;
 use crate::layer::local_fallback::LocalChecks;
-use crate::layer::owed::{HeaderSource, Owed};
+use crate::layer::owed::{HeaderSource, Owed, Settlements};
 use crate::layer::reject::reject;
 use crate::metrics::{self, Outcome};
 use crate::policy::plan::Plan;
@@ -79,6 +79,7 @@ pub(crate) fn outcome(
                     enforced,
                     counts: modes.map(Modes::counts),
                     settlements: modes.and_then(Modes::settlements),
+                    tier,
                     ietf_policy,
                     deny_clock: Some(batch.deny_clock),
                     took,
@@ -139,6 +140,9 @@ struct Answered<'a> {
     /// How each check's cost is settled, when some check's is after the
     /// response.
     settlements: Option<&'a [Option<Settlement>]>,
+    /// The client's tier, for a settlement to find its policy as it is
+    /// when it lands.
+    tier: Option<&'a str>,
     ietf_policy: Option<&'a HeaderValue>,
     /// When the batch was sent, on the deny cache's clock; `None` for the
     /// local limit's decisions.
@@ -244,7 +248,12 @@ fn decided_by(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Soon<Ne
     let format = settings.header_format;
     let shown = shifted.as_deref().unwrap_or(decisions);
     let headers = RateHeaders::admitted(checks, shown, reported, ietf_policy, format);
-    let debts = (counts, answered.settlements);
+    let settlements = answered.settlements.map(|of| Settlements {
+        of,
+        policies: &shared.policies,
+        tier: answered.tier,
+    });
+    let debts = (counts, settlements);
     let mut owed = Owed::of(store, checks, decisions, debts, answered.local, || {
         (!headers.is_empty()).then(|| HeaderSource {
             checks: checks.iter().cloned().collect(),
@@ -376,6 +385,7 @@ fn locally<'a>(
         enforced: local.checks.len(),
         counts: Some(&local.counts),
         settlements: None,
+        tier: None,
         ietf_policy: None,
         deny_clock: None,
         took,

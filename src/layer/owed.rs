@@ -7,6 +7,8 @@
 //! for: a store across the network is told on a task of its own.
 
 use std::sync::Arc;
+
+use arc_swap::ArcSwap;
 use std::time::{Duration, Instant};
 
 use http::request::Parts;
@@ -15,9 +17,9 @@ use smallvec::SmallVec;
 
 use crate::layer::background::in_background_on;
 use crate::layer::connection::{ConnectionLease, Upgrade};
-use crate::layer::usage::Usage;
+use crate::layer::usage::{InForce, Usage};
 use crate::policy::cost::Checks;
-use crate::policy::{Algorithm, Count, Settlement};
+use crate::policy::{Algorithm, Count, Policies, Settlement};
 use crate::response::headers::{HeaderFormat, RateHeaders, closest_to_denying};
 use crate::store::{Check, CheckFuture, Decision, Decisions, Store, StoreError};
 use crate::throttle::{REFUND_FAILURES, RELEASE_FAILURES};
@@ -140,6 +142,15 @@ struct Debts {
     headers: Option<HeaderSource>,
 }
 
+/// How each of a request's checks is settled, when some check's is after
+/// the response, and where the settlement finds its policy as it is when
+/// it lands.
+pub(crate) struct Settlements<'a> {
+    pub(crate) of: &'a [Option<Settlement>],
+    pub(crate) policies: &'a Arc<ArcSwap<Policies>>,
+    pub(crate) tier: Option<&'a str>,
+}
+
 /// What a request's rate-limit headers are written from, to write them
 /// again with refunded units.
 pub(crate) struct HeaderSource {
@@ -163,7 +174,7 @@ impl Owed {
         store: &Arc<dyn Store>,
         checks: &[Check],
         decisions: &[Decision],
-        (counts, settlements): (Option<&[Count]>, Option<&[Option<Settlement>]>),
+        (counts, settlements): (Option<&[Count]>, Option<Settlements<'_>>),
         local: Option<Self>,
         headers: impl FnOnce() -> Option<HeaderSource>,
     ) -> Option<Self> {
@@ -184,12 +195,20 @@ impl Owed {
                 continue;
             };
             let count = counts.map_or(Count::All, |counts| counts[position]);
-            let settlement = settlements.and_then(|settlements| settlements[position].as_ref());
-            if let Some(settlement) = settlement {
+            let settlement = settlements
+                .as_ref()
+                .and_then(|settlements| Some((settlements, settlements.of[position].as_ref()?)));
+            if let Some((settlements, settlement)) = settlement {
                 debts
                     .get_or_insert_with(new)
                     .settled
-                    .get_or_insert_with(|| Usage::settling(store))
+                    .get_or_insert_with(|| {
+                        let in_force = InForce {
+                            policies: settlements.policies.clone(),
+                            tier: settlements.tier.map(Arc::from),
+                        };
+                        Usage::settling(store, in_force)
+                    })
                     .reserve(check, at, settlement);
             } else if check.algorithm == Algorithm::Concurrency {
                 // A lease goes back when the body ends, whatever it says.

@@ -6,12 +6,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use http::{HeaderMap, HeaderName};
 use smallvec::SmallVec;
 
 use crate::layer::background::in_background_on;
 use crate::layer::owed::Recorded;
-use crate::policy::Settlement;
+use crate::policy::{Policies, Settlement};
 use crate::store::{Check, Store, StoreError};
 use crate::throttle::SETTLE_FAILURES;
 
@@ -114,11 +115,14 @@ impl Usage {
         (units != UNSET).then_some(units)
     }
 
-    /// A handle that settles reservations on `store` (see [`reserve`](Self::reserve)).
-    pub(crate) fn settling(store: &Arc<dyn Store>) -> Self {
+    /// A handle that settles reservations on `store` (see
+    /// [`reserve`](Self::reserve)) under the policies `in_force` when each
+    /// settlement lands.
+    pub(crate) fn settling(store: &Arc<dyn Store>, in_force: InForce) -> Self {
         Self::with(Some(Settled {
             reserved: Recorded::new(store),
             reported: SmallVec::new(),
+            in_force,
             runtime: tokio::runtime::Handle::try_current().ok(),
         }))
     }
@@ -192,9 +196,38 @@ struct Settled {
     /// Per reservation: the header or trailer its policy reads, and the
     /// integer last found in it.
     reported: SmallVec<[(Option<HeaderName>, Option<u64>); 2]>,
+    in_force: InForce,
     /// The runtime the request ran on, to settle on when the last handle
     /// is dropped on a thread of none.
     runtime: Option<tokio::runtime::Handle>,
+}
+
+/// The policies in force, which a reload may replace while a request
+/// runs, and the client's tier: a settlement is charged to its policy as
+/// it counts when the settlement lands.
+#[derive(Debug)]
+pub(crate) struct InForce {
+    pub(crate) policies: Arc<ArcSwap<Policies>>,
+    pub(crate) tier: Option<Arc<str>>,
+}
+
+impl InForce {
+    /// The check of `reserved`'s policy for its client as the policy
+    /// counts now, when a reload has made it count by another algorithm,
+    /// in other keys: the reservation's keys are no longer read, so the
+    /// cost goes to these. `None` when it counts as it did, or has gone.
+    fn recounted(&self, reserved: &Check) -> Option<Check> {
+        let policies = self.policies.load();
+        let policy = policies
+            .iter()
+            .find(|policy| policy.name() == &*reserved.policy)?;
+        let mut now = Check::of_valid(policy, reserved.key.clone(), self.tier.as_deref());
+        if now.algorithm == reserved.algorithm {
+            return None;
+        }
+        now.namespace.clone_from(&reserved.namespace);
+        Some(now)
+    }
 }
 
 impl Settled {
@@ -219,28 +252,38 @@ impl Settled {
     }
 
     /// Replaces each reservation that has a reported cost other than its
-    /// own by it, `handle` the handle's last value.
+    /// own by it, `handle` the handle's last value. A reservation whose
+    /// policy a reload has made count by another algorithm since is
+    /// given back where it was counted, and its cost (the reported one,
+    /// else the reservation's) charged as the policy counts now.
     fn settle(&mut self, handle: Option<u64>) {
-        let mut settled = Recorded::new(self.reserved.store());
+        let store = self.reserved.store().clone();
+        let mut settled = Recorded::new(&store);
+        let mut moved = Recorded::new(&store);
         let mut costs = SmallVec::<[u64; 2]>::new();
         let reserved = self.reserved.checks().iter().zip(self.reserved.times());
         for ((check, &at), (_, reported)) in reserved.zip(&self.reported) {
-            // A cost equal to the reservation changes nothing: no call.
-            if let Some(cost) = reported
-                .or(handle)
-                .filter(|&cost| cost != u64::from(check.cost))
-            {
+            let cost = reported.or(handle);
+            if let Some(now) = self.in_force.recounted(check) {
+                moved.push(check, at);
+                // No units to take back in the new keys: a charge alone.
+                settled.push(&now, Duration::ZERO);
+                costs.push(cost.unwrap_or(u64::from(check.cost)));
+            } else if let Some(cost) = cost.filter(|&cost| cost != u64::from(check.cost)) {
+                // A cost equal to the reservation changes nothing: no call.
                 settled.push(check, at);
                 costs.push(cost);
             }
         }
         self.reserved.keep();
+        if !moved.is_empty() {
+            let answer = store.refund(moved.checks(), moved.times());
+            in_background_on(self.runtime.as_ref(), answer, report_settlement);
+        }
         if settled.is_empty() {
             return;
         }
-        let answer = settled
-            .store()
-            .settle(settled.checks(), settled.times(), &costs);
+        let answer = store.settle(settled.checks(), settled.times(), &costs);
         in_background_on(self.runtime.as_ref(), answer, report_settlement);
     }
 }

@@ -1000,6 +1000,20 @@ pub enum PolicyError {
         /// The offending route text.
         route: String,
     },
+    /// The route names a method HTTP does not define (a typo such as `GTE`
+    /// would leave it never limited) and that the policies do not allow as
+    /// an extension method.
+    #[error(
+        "route `{route}`: `{method}` is not a standard HTTP method, so no request would ever \
+         match it; allow an extension method the service really routes explicitly \
+         (`PoliciesBuilder::extension_method`, config `limiter.extension_methods`)"
+    )]
+    UnknownMethod {
+        /// The offending route.
+        route: String,
+        /// The method it names.
+        method: String,
+    },
     /// The route's pattern is not one axum's router accepts beside the
     /// others (a bad `{param}`, or two patterns that conflict).
     #[error("route `{route}`: {reason}")]
@@ -1042,7 +1056,9 @@ impl PolicyError {
             Self::InvalidUtcOffset { .. } => "utc_offset",
             Self::SettledWithoutRate { .. } => "settled",
             Self::CalendarWithDelay { .. } | Self::CalendarWithWindow { .. } => "calendar",
-            Self::InvalidRoute { .. } | Self::InvalidPattern { .. } => "route",
+            Self::InvalidRoute { .. }
+            | Self::InvalidPattern { .. }
+            | Self::UnknownMethod { .. } => "route",
         }
     }
 }

@@ -17,6 +17,13 @@ pub struct Route {
 impl Route {
     /// Parses `"METHOD /pattern"` or `"/pattern"` (any method).
     ///
+    /// The method must be one of HTTP's standard nine (`GET`, `HEAD`,
+    /// `POST`, `PUT`, `DELETE`, `CONNECT`, `OPTIONS`, `TRACE`, `PATCH`): a
+    /// misspelt one (`GTE`) would name a route no client reaches, so the
+    /// limit would silently never apply. A service that really routes an
+    /// extension method names it with
+    /// [`PoliciesBuilder::extension_method`](crate::policy::PoliciesBuilder::extension_method).
+    ///
     /// ```
     /// use slidegate::policy::Route;
     ///
@@ -27,9 +34,15 @@ impl Route {
     /// assert!(Route::parse("GET api").is_err());
     /// // Methods are case-sensitive: `get` would be a method no client sends.
     /// assert!(Route::parse("get /api/search").is_err());
-    /// assert!(Route::parse("PURGE /cache").is_ok());
+    /// // A method HTTP does not define is refused: a typo is never limited.
+    /// assert!(Route::parse("GTE /api/search").is_err());
     /// ```
     pub fn parse(route: &str) -> Result<Self, PolicyError> {
+        Self::parse_allowing(route, &[])
+    }
+
+    /// [`parse`](Self::parse), also accepting the extension `methods`.
+    pub(crate) fn parse_allowing(route: &str, methods: &[Method]) -> Result<Self, PolicyError> {
         let invalid = || PolicyError::InvalidRoute {
             route: route.to_owned(),
         };
@@ -48,6 +61,12 @@ impl Route {
                     });
                 }
                 let method = Method::from_bytes(method.as_bytes()).map_err(|_| invalid())?;
+                if !is_standard(&method) && !methods.contains(&method) {
+                    return Err(PolicyError::UnknownMethod {
+                        route: route_text.to_owned(),
+                        method: method.to_string(),
+                    });
+                }
                 (Some(method), pattern.trim())
             }
             None => (None, route_text),
@@ -96,6 +115,22 @@ impl Route {
     pub fn matches(&self, method: &Method, path: &str) -> bool {
         self.method.as_ref().is_none_or(|m| m == method) && self.pattern == path
     }
+}
+
+/// Whether `method` is one of the nine HTTP defines (RFC 9110 and RFC 5789).
+pub(crate) fn is_standard(method: &Method) -> bool {
+    [
+        Method::GET,
+        Method::HEAD,
+        Method::POST,
+        Method::PUT,
+        Method::DELETE,
+        Method::CONNECT,
+        Method::OPTIONS,
+        Method::TRACE,
+        Method::PATCH,
+    ]
+    .contains(method)
 }
 
 /// Why `pattern` would never match under axum 0.8: a segment in axum
@@ -153,6 +188,29 @@ mod tests {
         }
         // A colon inside a segment is a literal, in axum as here.
         assert!(Route::parse("GET /v1/items:batch").is_ok());
+    }
+
+    #[test]
+    fn a_method_http_does_not_define_is_refused_unless_allowed() {
+        for route in ["GTE /api/videos", "PURGE /cache", "GETT /x"] {
+            let error = Route::parse(route).unwrap_err();
+            assert!(
+                matches!(error, PolicyError::UnknownMethod { .. }),
+                "{error}"
+            );
+            assert_eq!(error.field(), "route");
+        }
+        let message = Route::parse("GTE /api/videos").unwrap_err().to_string();
+        assert!(message.contains("`GTE`"), "{message}");
+        let purge = Method::from_bytes(b"PURGE").unwrap();
+        let route = Route::parse_allowing("PURGE /cache", std::slice::from_ref(&purge)).unwrap();
+        assert!(route.matches(&purge, "/cache"));
+        assert!(Route::parse_allowing("GTE /cache", &[purge]).is_err());
+        for method in [
+            "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH",
+        ] {
+            assert!(Route::parse(&format!("{method} /x")).is_ok(), "{method}");
+        }
     }
 
     #[test]

@@ -283,6 +283,7 @@ impl Policies {
 pub struct PoliciesBuilder {
     scoped: Vec<(Option<String>, Policy)>,
     default: Option<Policy>,
+    extension_methods: Vec<Method>,
 }
 
 impl PoliciesBuilder {
@@ -320,6 +321,30 @@ impl PoliciesBuilder {
     /// ```
     pub fn every_route(mut self, policy: Policy) -> Self {
         self.scoped.push((None, policy));
+        self
+    }
+
+    /// Allows routes to name `method`, an extension method the service
+    /// really routes (`PURGE`, say). Routes may otherwise name only HTTP's
+    /// standard methods, so that a misspelt one is refused, not silently
+    /// never limited.
+    ///
+    /// ```
+    /// use slidegate::{Policies, Policy};
+    /// use std::time::Duration;
+    ///
+    /// let minute = || Policy::new("purge", 10, Duration::from_secs(60));
+    /// assert!(Policies::builder().route("PURGE /cache", minute()).build().is_err());
+    /// let purge = http::Method::from_bytes(b"PURGE").unwrap();
+    /// let policies = Policies::builder()
+    ///     .extension_method(purge.clone())
+    ///     .route("PURGE /cache", minute())
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(policies.select(&purge, "/cache").len(), 1);
+    /// ```
+    pub fn extension_method(mut self, method: Method) -> Self {
+        self.extension_methods.push(method);
         self
     }
 
@@ -368,7 +393,10 @@ impl PoliciesBuilder {
             .into_iter()
             .map(|(route, policy)| {
                 Ok(Scoped {
-                    route: route.as_deref().map(Route::parse).transpose()?,
+                    route: route
+                        .as_deref()
+                        .map(|route| Route::parse_allowing(route, &self.extension_methods))
+                        .transpose()?,
                     policy: Arc::new(policy),
                 })
             })

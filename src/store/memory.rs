@@ -851,8 +851,11 @@ impl MemoryStore {
             // Units counted by another algorithm (the policy was reloaded
             // as another since) are not in these counts: the refund takes
             // nothing, and the new counts stay, as on Redis, where each
-            // algorithm has a key of its own.
-            if !spent.counts.is_of(check.algorithm) {
+            // algorithm has a key of its own. A charge alone (nothing
+            // recorded: a time of zero) is counted as a check of its
+            // algorithm would count it, in counts of that algorithm.
+            let charge_alone = cost.is_some() && at.is_zero();
+            if !spent.counts.is_of(check.algorithm) && !charge_alone {
                 continue;
             }
             let (_, mut prepared) = spent.prepare(now, check);

@@ -366,7 +366,9 @@ pub trait Store: Send + Sync + 'static {
     /// sliding counter at most the limit, and no more than twice the
     /// limit in its current window; a token bucket keeps the whole debt,
     /// up to 2^52 units × µs of window. Each check's settlement stands on
-    /// its own.
+    /// its own. A time of zero names no units: the cost is charged alone
+    /// (as the layer settles a policy a reload has made count by another
+    /// algorithm since the request was admitted).
     fn settle(&self, checks: &[Check], recorded_at: &[Duration], costs: &[u64]) -> CheckFuture<()> {
         let _ = (checks, recorded_at, costs);
         CheckFuture::ready(Err(StoreError::Unsupported("settle")))

@@ -106,6 +106,38 @@ fn unknown_keys_are_errors() {
 }
 
 #[test]
+fn a_route_with_a_method_http_does_not_define_is_refused() {
+    let policy = |route: &str| {
+        format!("[[policy]]\nname = \"videos\"\nroute = \"{route}\"\nlimit = 5\nwindow = \"60s\"\n")
+    };
+    let message = refused(&policy("GTE /api/videos"), 3, "policy[0].route");
+    assert!(
+        message.contains("`GTE` is not a standard HTTP method"),
+        "{message}"
+    );
+    refused(&policy("PURGE /cache"), 3, "policy[0].route");
+    // Named as an extension method, it is routed and limited.
+    let allowed = format!(
+        "[limiter]\nextension_methods = [\"PURGE\"]\n{}",
+        policy("PURGE /cache")
+    );
+    let config = Config::from_toml_str(&allowed).unwrap();
+    let purge = http::Method::from_bytes(b"PURGE").unwrap();
+    assert_eq!(config.policies().select(&purge, "/cache").len(), 1);
+    // The list itself is checked.
+    refused(
+        "[limiter]\nextension_methods = [\"purge\"]\n",
+        2,
+        "limiter.extension_methods",
+    );
+    refused(
+        "[limiter]\nextension_methods = [\"PUR GE\"]\n",
+        2,
+        "limiter.extension_methods",
+    );
+}
+
+#[test]
 fn bad_values_name_their_key() {
     refused(
         &POLICY.replace("limit = 5", "limit = \"five\""),

@@ -698,27 +698,44 @@ fn slow_requests_are_limited_in_flight() {
 }
 
 /// `POST /api/complete?tokens=N` streams `{"tokens":N}` and reports N in
-/// `x-usage-tokens`; N must be a whole number from 1 to 100,000.
+/// `x-usage-tokens`; N must be a whole number from 1 to 100,000. The demo
+/// reserves the N a completion asks for, so one asking for more than the
+/// limit is refused before it runs, and counts completions beside tokens.
 #[test]
-fn completions_report_their_tokens() {
+fn completions_reserve_what_they_ask_for() {
     let server = ExampleServer::start(&[], &[]);
-    // Refused completions generate nothing: their reservations come back.
-    for asked in [
-        "0", "100001", "-1", "1.5", "many", "", "0", "0", "0", "0", "0",
-    ] {
+    // The remaining units of each policy, from the IETF field.
+    let remaining = |reply: &Response, policy: &str| -> u64 {
+        let field = reply.header("ratelimit").expect("a RateLimit field");
+        let item = field
+            .split(", ")
+            .find(|item| item.starts_with(&format!("\"{policy}\";")))
+            .unwrap_or_else(|| panic!("no {policy} in {field}"));
+        let r = item.split(';').find_map(|p| p.strip_prefix("r=")).unwrap();
+        r.parse().unwrap()
+    };
+    // Refused completions generate nothing: their reservations come back,
+    // but each is a completion counted.
+    for asked in ["0", "100001", "-1", "1.5", "many", "", "0", "0", "0"] {
         let reply = server.request("POST", &format!("/api/complete?tokens={asked}"), &[]);
         assert_eq!(reply.status, 400, "tokens={asked}");
         assert_eq!(reply.header("x-usage-tokens"), Some("0"));
         assert!(reply.json()["error"].is_string(), "tokens={asked}");
     }
-    assert_eq!(server.request("POST", "/api/complete", &[]).status, 400);
+    let reply = server.request("POST", "/api/complete", &[]);
+    assert_eq!(reply.status, 400);
+    assert_eq!(
+        remaining(&reply, "completions"),
+        50,
+        "ten completions counted"
+    );
     let reply = server.request("POST", "/api/complete?tokens=42", &[]);
     assert_eq!(reply.status, 200);
     assert_eq!(reply.header("x-usage-tokens"), Some("42"));
     assert_eq!(
-        reply.header("x-ratelimit-remaining"),
-        Some("900"),
-        "100 reserved"
+        remaining(&reply, "tokens"),
+        958,
+        "the 42 asked for reserved"
     );
     assert_eq!(
         reply.header("transfer-encoding"),
@@ -726,14 +743,33 @@ fn completions_report_their_tokens() {
         "streamed"
     );
     assert_eq!(reply.json(), serde_json::json!({ "tokens": 42 }));
-    // The 42 tokens replaced the reservation.
-    let most = server.request("POST", "/api/complete?tokens=100000", &[]);
-    assert_eq!(most.header("x-ratelimit-remaining"), Some("858"));
-    assert_eq!(most.json()["tokens"], 100_000);
-    // Far past the 1,000 a minute: denied until it leaves the window.
+    // More than the limit: refused before it runs, without Retry-After.
+    let too_many = server.request("POST", "/api/complete?tokens=5000", &[]);
+    assert_eq!(too_many.status, 422);
+    assert_eq!(too_many.header("retry-after"), None);
+    assert_eq!(too_many.header("x-usage-tokens"), None, "never ran");
+    let rest = server.request("POST", "/api/complete?tokens=958", &[]);
+    assert_eq!(rest.status, 200);
+    assert_eq!(remaining(&rest, "tokens"), 0);
+    // The 1,000 spent: denied until they leave the window.
     let denied = server.request("POST", "/api/complete?tokens=1", &[]);
     assert_eq!(denied.status, 429);
     assert_eq!(denied.header("retry-after"), Some("60"));
+    // Requests are counted whatever they cost: another client's refused
+    // completions are free of tokens, and the 61st in a minute is denied.
+    let other = [("x-api-key", "demo-free-key")];
+    for _ in 0..60 {
+        let reply = server.request("POST", "/api/complete?tokens=0", &other);
+        assert_eq!(reply.status, 400);
+        assert_eq!(
+            remaining(&reply, "tokens"),
+            900,
+            "100 reserved, each given back"
+        );
+    }
+    let reply = server.request("POST", "/api/complete?tokens=0", &other);
+    assert_eq!(reply.status, 429);
+    assert_eq!(remaining(&reply, "completions"), 0);
 }
 
 /// `GET /ws/echo` upgrades to a WebSocket that sends every message back.

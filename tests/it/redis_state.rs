@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::support::RedisServer;
 use slidegate::{
     Policy,
-    clock::FakeClock,
+    clock::{Clock, FakeClock},
     key::Key,
     store::{Check, RedisStore, Store},
 };
@@ -391,38 +391,95 @@ async fn a_failing_request_leaves_the_log_its_batch_shares_as_it_was() {
     assert_eq!((log, pages), state(&twin));
 }
 
-/// Under an `allkeys-*` policy Redis may evict a log's pages apart from
-/// its newest page, or the other way round: either way the client starts
-/// afresh (as when a whole log is evicted), never with sums of pages that
-/// are gone, and never with an error.
+/// Under an `allkeys-*` or `volatile-*` policy Redis may evict a log's
+/// pages hash apart from its newest page (the hash goes idle while every
+/// request of a client below its limit touches only the string), or the
+/// other way round. Without its pages, the log keeps their units, as if
+/// recorded as late as they can have been: the client is never admitted
+/// past its limit. Without its string, which holds the count, the log
+/// starts afresh, as one evicted whole does, and never with sums of
+/// pages that are gone.
 #[tokio::test]
-async fn a_log_evicted_in_part_starts_afresh() {
+async fn a_log_that_loses_its_pages_keeps_their_units() {
     let server = RedisServer::start();
     let clock = FakeClock::new(START);
     let store = store_on(&server, &clock);
     let policy = Policy::new("parts", 1_000, Duration::from_secs(60));
     let check = Check::new(&policy, Key::new("k")).unwrap();
     let base = store.base_key(&check);
-    for gone in ["p", "l"] {
-        server.cli(&["flushall"]);
-        spend(&store, &clock, &policy, "k", 700).await;
-        server.cli(&["del", &format!("{base}:{gone}")]);
-        // A fresh log: a full limit, and (past a page of its own) sums
-        // that count only its own requests.
-        spend(&store, &clock, &policy, "k", 600).await;
-        let peek = store.peek(std::slice::from_ref(&check)).await.unwrap()[0];
-        assert_eq!(peek.remaining, 400, "after losing :{gone}");
-        let mut full = check.clone();
-        full = full.with_cost(400);
-        assert!(store.check(std::slice::from_ref(&full)).await.unwrap()[0].admitted);
-        let denied = store.check(std::slice::from_ref(&check)).await.unwrap()[0];
-        assert!(!denied.admitted);
-        // The first of the fresh requests leaves first.
-        assert_eq!(
-            denied.retry_after,
-            Some(Duration::from_millis(60_000 - 599))
-        );
+
+    // 700 records a millisecond apart: two sealed pages of 250, and 200
+    // in the string's tail, from record 501 (at 500 ms) on.
+    let first = clock.now_micros() + 1_000;
+    spend(&store, &clock, &policy, "k", 700).await;
+    server.cli(&["del", &format!("{base}:p")]);
+    let peek = store.peek(std::slice::from_ref(&check)).await.unwrap()[0];
+    assert_eq!(peek.remaining, 300, "the lost pages' 500 units still count");
+    spend(&store, &clock, &policy, "k", 300).await;
+    let denied = store.check(std::slice::from_ref(&check)).await.unwrap()[0];
+    assert!(!denied.admitted);
+    // The 500 leave a window after the tail's first record, less 1 µs.
+    let gathered_at = first + 500_000 - 1;
+    let retry = gathered_at + 60_000_000 - clock.now_micros();
+    assert_eq!(denied.retry_after, Some(Duration::from_micros(retry)));
+    // Once they have left, the tail's records count as they did.
+    clock.set(gathered_at + 60_000_000);
+    let peek = store.peek(std::slice::from_ref(&check)).await.unwrap()[0];
+    assert_eq!(peek.remaining, 500);
+
+    server.cli(&["flushall"]);
+    spend(&store, &clock, &policy, "k", 700).await;
+    server.cli(&["del", &format!("{base}:l")]);
+    // A fresh log: a full limit, and (past a page of its own) sums that
+    // count only its own requests.
+    spend(&store, &clock, &policy, "k", 600).await;
+    let peek = store.peek(std::slice::from_ref(&check)).await.unwrap()[0];
+    assert_eq!(peek.remaining, 400, "after losing :l");
+    let mut full = check.clone();
+    full = full.with_cost(400);
+    assert!(store.check(std::slice::from_ref(&full)).await.unwrap()[0].admitted);
+    let denied = store.check(std::slice::from_ref(&check)).await.unwrap()[0];
+    assert!(!denied.admitted);
+    // The first of the fresh requests leaves first.
+    assert_eq!(
+        denied.retry_after,
+        Some(Duration::from_millis(60_000 - 599))
+    );
+}
+
+/// A log whose pages key holds another type fails a request before it
+/// writes anything: its other policy's count stays as it was, where the
+/// counter's write once ran before the log's page failed.
+#[tokio::test]
+async fn a_foreign_pages_key_fails_a_request_before_it_writes() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new(START);
+    let store = store_on(&server, &clock);
+    let counter = Policy::new("counted", 1_000, Duration::from_secs(60))
+        .with_algorithm(slidegate::policy::Algorithm::SlidingCounter);
+    let log = Policy::new("logged", 1_000, Duration::from_secs(60));
+    let checks = [
+        Check::new(&counter, Key::new("k")).unwrap(),
+        Check::new(&log, Key::new("k")).unwrap(),
+    ];
+    for _ in 0..5 {
+        clock.advance(Duration::from_millis(1));
+        assert!(store.check(&checks).await.unwrap()[0].admitted);
     }
+    let pages = format!("{}:p", store.base_key(&checks[1]));
+    server.cli(&["set", &pages, "not a hash"]);
+    // Past a page of records: a write to the pages would come.
+    for _ in 0..300 {
+        clock.advance(Duration::from_millis(1));
+        let failed = store.check(&checks).await;
+        assert!(failed.is_err(), "{failed:?}");
+    }
+    let peek = store.peek(&checks[..1]).await.unwrap()[0];
+    assert_eq!(
+        peek.remaining, 995,
+        "nothing counted by the failed requests"
+    );
+    assert_eq!(server.cli(&["get", &pages]).trim(), "not a hash");
 }
 
 /// A log whose page numbers reach 2^32 (written by the format that kept

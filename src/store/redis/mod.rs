@@ -306,6 +306,17 @@ impl RedisStore {
                  set lazyfree-lazy-expire yes"
             );
         }
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if let Some(policy) = self.eviction_policy(left).await?
+            && policy != "noeviction"
+        {
+            tracing::warn!(
+                "Redis may evict the limiter's keys (maxmemory-policy {policy}): a client whose \
+                 counts are evicted starts afresh, with its whole limit again; set \
+                 maxmemory-policy noeviction (every key the limiter writes has a TTL, so \
+                 volatile-* policies evict them too)"
+            );
+        }
         Ok(())
     }
 
@@ -320,10 +331,33 @@ impl RedisStore {
     ///
     /// As [`connect`](Self::connect).
     pub async fn expires_lazily(&self, within: Duration) -> Result<Option<bool>, StoreError> {
+        Ok(self
+            .setting("lazyfree-lazy-expire", within)
+            .await?
+            .map(|value| value == "yes"))
+    }
+
+    /// Redis's `maxmemory-policy`: what it evicts when full. Only
+    /// `noeviction` keeps every count: under any other a client whose keys
+    /// are evicted is counted afresh (and since every key the limiter
+    /// writes has a TTL, the `volatile-*` policies evict them too). `None`
+    /// where Redis does not say (`CONFIG` refused, or a cluster).
+    /// [`connect`](Self::connect) warns when it is not `noeviction`.
+    ///
+    /// # Errors
+    ///
+    /// As [`connect`](Self::connect).
+    pub async fn eviction_policy(&self, within: Duration) -> Result<Option<String>, StoreError> {
+        self.setting("maxmemory-policy", within).await
+    }
+
+    /// A setting as `CONFIG GET` answers it on one lane's server, by
+    /// `within`; `None` where Redis refuses to say, or for a cluster.
+    async fn setting(&self, name: &str, within: Duration) -> Result<Option<String>, StoreError> {
         let deadline = tokio::time::Instant::now() + within;
         match &self.inner.connections {
-            Connections::Standalone(lanes) => lazy_expiry(lanes, deadline).await,
-            Connections::Sentinel(lanes) => lazy_expiry(lanes, deadline).await,
+            Connections::Standalone(lanes) => config_get(lanes, name, deadline).await,
+            Connections::Sentinel(lanes) => config_get(lanes, name, deadline).await,
             Connections::Cluster(_) | Connections::ClusterClient(_) => Ok(None),
         }
         .map_err(|failed| failed_within(failed, within))
@@ -338,15 +372,16 @@ fn failed_within(failed: Failed, within: Duration) -> StoreError {
     }
 }
 
-/// `lazyfree-lazy-expire` as one lane's server says it, by `deadline`;
-/// `None` if it refuses to.
-async fn lazy_expiry<S: Source>(
+/// The setting `name` as one lane's server says it, by `deadline`; `None`
+/// if it refuses to.
+async fn config_get<S: Source>(
     lanes: &Lanes<S>,
+    name: &str,
     deadline: tokio::time::Instant,
-) -> Result<Option<bool>, Failed> {
+) -> Result<Option<String>, Failed> {
     let mut ticket = ticket(lanes, deadline).await?;
     let mut get = cmd("CONFIG");
-    get.arg("GET").arg("lazyfree-lazy-expire");
+    get.arg("GET").arg(name);
     // Read as it comes (a list in RESP2, a map in RESP3), so that no reply
     // fails to parse and costs the lane its connection.
     let reply =
@@ -359,8 +394,8 @@ async fn lazy_expiry<S: Source>(
         Err(failed) => return Err(failed),
     };
     Ok(match setting {
-        Some(Value::BulkString(bytes)) => Some(bytes == b"yes"),
-        Some(Value::SimpleString(text)) => Some(text == "yes"),
+        Some(Value::BulkString(bytes)) => String::from_utf8(bytes).ok(),
+        Some(Value::SimpleString(text)) => Some(text),
         _ => None,
     })
 }

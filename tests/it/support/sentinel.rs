@@ -11,6 +11,18 @@ use super::{RedisServer, free_port, ping};
 /// The name the sentinels know the primary by.
 pub const MASTER: &str = "mymaster";
 
+/// How long to wait for the sentinels to get somewhere. Generous: on a
+/// loaded machine a sentinel whose timer runs 2 s late goes into TILT mode
+/// and does nothing for 30 s, and a failover attempt that runs out of its
+/// failover timeout is aborted, the next one starting only twice that
+/// timeout later. A wait ends as soon as what it waits for is true.
+const WAIT_WITHIN: Duration = Duration::from_secs(120);
+
+/// How long a `SENTINEL FAILOVER` is given before it is asked again: more
+/// than an attempt takes to succeed or abort (a few times the failover
+/// timeout of 10 s below).
+const ASK_AGAIN_AFTER: Duration = Duration::from_secs(30);
+
 /// One `redis-server --sentinel`.
 struct Sentinel {
     child: Child,
@@ -43,8 +55,8 @@ fn start_sentinel(primary: u16) -> Sentinel {
         format!(
             "port {port}\nbind 127.0.0.1\ndir {dir}\n\
              sentinel monitor {MASTER} 127.0.0.1 {primary} 2\n\
-             sentinel down-after-milliseconds {MASTER} 1000\n\
-             sentinel failover-timeout {MASTER} 3000\n\
+             sentinel down-after-milliseconds {MASTER} 5000\n\
+             sentinel failover-timeout {MASTER} 10000\n\
              sentinel parallel-syncs {MASTER} 1\n",
             dir = dir.display()
         ),
@@ -58,7 +70,7 @@ fn start_sentinel(primary: u16) -> Sentinel {
         .spawn()
         .expect("redis-server is not installed: run scripts/test, which installs it");
     let sentinel = Sentinel { child, port, dir };
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(60);
     while !ping(port) {
         assert!(
             Instant::now() < deadline,
@@ -122,15 +134,36 @@ impl SentinelSet {
         reply.lines().nth(1).unwrap().trim().parse().unwrap()
     }
 
-    /// Asks a sentinel for a failover now (`SENTINEL FAILOVER`).
-    pub fn fail_over(&self) {
-        let reply = sentinel_cli(self.sentinels[0].port, &["sentinel", "failover", MASTER]);
-        assert!(reply.contains("OK"), "SENTINEL FAILOVER: {reply}");
+    /// Asks a sentinel for a failover (`SENTINEL FAILOVER`) and waits (at
+    /// most [`WAIT_WITHIN`]) until `done`. A forced failover whose replica
+    /// is not seen promoted within the failover timeout (a loaded machine)
+    /// is aborted, and sentinels never retry a forced failover of a
+    /// primary that is up: so it is asked again while `done` is not, once
+    /// the attempt before has had its time. An answer other than `OK`
+    /// (`INPROG`, or `NOGOODSLAVE` while the sentinel's view of the
+    /// replica is stale) is asked again the same way, and told if it all
+    /// comes to nothing.
+    pub fn fail_over_until(&self, what: &str, done: impl Fn(&Self) -> bool) {
+        let deadline = Instant::now() + WAIT_WITHIN;
+        let mut answers: Vec<String> = Vec::new();
+        let mut asked: Option<Instant> = None;
+        while !done(self) {
+            assert!(
+                Instant::now() < deadline,
+                "gave up waiting until {what}; SENTINEL FAILOVER answered {answers:?}"
+            );
+            if asked.is_none_or(|at| at.elapsed() >= ASK_AGAIN_AFTER) {
+                let reply = sentinel_cli(self.sentinels[0].port, &["sentinel", "failover", MASTER]);
+                answers.push(reply.trim().to_owned());
+                asked = Some(Instant::now());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
-    /// Waits (at most 20 s) until `ready`.
+    /// Waits (at most [`WAIT_WITHIN`]) until `ready`.
     pub fn wait_until(&self, what: &str, ready: impl Fn(&Self) -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + WAIT_WITHIN;
         while !ready(self) {
             assert!(Instant::now() < deadline, "gave up waiting until {what}");
             std::thread::sleep(Duration::from_millis(50));
