@@ -1,10 +1,24 @@
 //! `GET /ws/echo`: a WebSocket that sends back every message it gets, for
 //! trying limits on upgraded connections.
 
+use std::time::Duration;
+
 use axum::Extension;
-use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade, close_code};
 use axum::response::Response;
 use slidegate::layer::ConnectionLease;
+use tokio::time::{Instant, interval_at, timeout};
+
+/// How often the echo pings a socket.
+const PING_EVERY: Duration = Duration::from_secs(10);
+/// How long a socket may stay silent (no message, no pong) before the
+/// echo closes it: a peer that vanished (a phone gone out of range, a
+/// frozen proxy) would otherwise hold its lease, and its client's place
+/// under the `sockets` policy, for as long as the TCP connection looks
+/// open.
+const SILENT_FOR: Duration = Duration::from_secs(25);
+/// How long one send may wait on a peer that reads nothing.
+const SEND_WITHIN: Duration = Duration::from_secs(5);
 
 /// Upgrades to the echo. The connection keeps the request's concurrency
 /// lease (the `sockets` policy's) until it closes.
@@ -19,17 +33,44 @@ pub(crate) async fn echo(
 }
 
 /// Text and binary messages go back as they came, until the client closes
-/// or goes away (pings are answered by the socket itself).
+/// or goes away, or stays silent for `SILENT_FOR` though pinged every
+/// `PING_EVERY` (closed with 1001, going away).
 async fn echo_until_closed(mut socket: WebSocket) {
-    while let Some(Ok(message)) = socket.recv().await {
-        match message {
-            Message::Text(_) | Message::Binary(_) => {
-                if socket.send(message).await.is_err() {
-                    break;
+    let mut pings = interval_at(Instant::now() + PING_EVERY, PING_EVERY);
+    let mut heard = Instant::now();
+    loop {
+        tokio::select! {
+            message = socket.recv() => {
+                let Some(Ok(message)) = message else { return };
+                heard = Instant::now();
+                match message {
+                    Message::Text(_) | Message::Binary(_) => {
+                        if !send(&mut socket, message).await {
+                            return;
+                        }
+                    }
+                    Message::Close(_) => return,
+                    Message::Ping(_) | Message::Pong(_) => {}
                 }
             }
-            Message::Close(_) => break,
-            Message::Ping(_) | Message::Pong(_) => {}
+            _ = pings.tick() => {
+                if heard.elapsed() >= SILENT_FOR {
+                    let frame = CloseFrame {
+                        code: close_code::AWAY,
+                        reason: "no answer to pings".into(),
+                    };
+                    send(&mut socket, Message::Close(Some(frame))).await;
+                    return;
+                }
+                if !send(&mut socket, Message::Ping("slidegate".into())).await {
+                    return;
+                }
+            }
         }
     }
+}
+
+/// Sends `message`, within `SEND_WITHIN`; whether it went.
+async fn send(socket: &mut WebSocket, message: Message) -> bool {
+    matches!(timeout(SEND_WITHIN, socket.send(message)).await, Ok(Ok(())))
 }

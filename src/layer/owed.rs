@@ -250,7 +250,8 @@ impl Owed {
     }
 
     /// Reads the response's head: a response that upgrades the connection
-    /// hands the leases to it, and usage headers report costs.
+    /// hands the leases to it, and the reservations whose usage headers
+    /// it holds are settled at once.
     pub(crate) fn on_head(&mut self, status: StatusCode, headers: &HeaderMap) {
         let debts = &mut *self.0;
         if let Some(upgrade) = debts.upgrade.take()
@@ -259,11 +260,13 @@ impl Owed {
             let none = Recorded::new(&debts.leases.store);
             upgrade.hold(std::mem::replace(&mut debts.leases, none));
         }
-        self.on_headers(headers);
+        if let Some(usage) = &self.0.settled {
+            usage.read_head(headers);
+        }
     }
 
-    /// Reads the costs that usage headers report, in the response's head
-    /// or trailers.
+    /// Reads the costs that usage headers report in the response's
+    /// trailers.
     pub(crate) fn on_headers(&mut self, headers: &HeaderMap) {
         if let Some(usage) = &self.0.settled {
             usage.read(headers);

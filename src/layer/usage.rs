@@ -150,6 +150,15 @@ impl Usage {
         }
     }
 
+    /// Reads the usage headers of a response's head, and settles at once
+    /// the reservations they report the cost of.
+    pub(crate) fn read_head(&self, headers: &HeaderMap) {
+        if let Some(settled) = self.settled().as_mut() {
+            settled.read(headers);
+            settled.settle_reported();
+        }
+    }
+
     /// Whether some reservation waits for a usage header.
     pub(crate) fn reads_headers(&self) -> bool {
         self.settled()
@@ -251,20 +260,40 @@ impl Settled {
         }
     }
 
+    /// Settles at once the reservations whose usage header the
+    /// response's head reported: they are charged when the head passes,
+    /// whatever becomes of the body (a client that holds an HTTP/2 stream
+    /// open, its flow-control window shut, holds no reservation).
+    fn settle_reported(&mut self) {
+        self.settle_where(|reported| reported, false);
+    }
+
     /// Replaces each reservation that has a reported cost other than its
-    /// own by it, `handle` the handle's last value. A reservation whose
-    /// policy a reload has made count by another algorithm since is
-    /// given back where it was counted, and its cost (the reported one,
-    /// else the reservation's) charged as the policy counts now.
+    /// own by it, `handle` the handle's last value.
     fn settle(&mut self, handle: Option<u64>) {
+        self.settle_where(|reported| reported.or(handle), true);
+    }
+
+    /// Settles the reservations with a cost `cost_of` finds from their
+    /// header's value, and forgets them; with `all`, the rest too (their
+    /// reservations stand). A reservation whose policy a reload has made
+    /// count by another algorithm since is given back where it was
+    /// counted, and its cost (else the reservation's) charged as the
+    /// policy counts now.
+    fn settle_where(&mut self, cost_of: impl Fn(Option<u64>) -> Option<u64>, all: bool) {
         let store = self.reserved.store().clone();
         let mut settled = Recorded::new(&store);
         let mut moved = Recorded::new(&store);
+        let mut waiting = Recorded::new(&store);
+        let mut still_reported = SmallVec::new();
         let mut costs = SmallVec::<[u64; 2]>::new();
         let reserved = self.reserved.checks().iter().zip(self.reserved.times());
-        for ((check, &at), (_, reported)) in reserved.zip(&self.reported) {
-            let cost = reported.or(handle);
-            if let Some(now) = self.in_force.recounted(check) {
+        for ((check, &at), (header, reported)) in reserved.zip(self.reported.drain(..)) {
+            let cost = cost_of(reported);
+            if cost.is_none() && !all {
+                waiting.push(check, at);
+                still_reported.push((header, reported));
+            } else if let Some(now) = self.in_force.recounted(check) {
                 moved.push(check, at);
                 // No units to take back in the new keys: a charge alone.
                 settled.push(&now, Duration::ZERO);
@@ -275,7 +304,8 @@ impl Settled {
                 costs.push(cost);
             }
         }
-        self.reserved.keep();
+        self.reserved = waiting;
+        self.reported = still_reported;
         if !moved.is_empty() {
             let answer = store.refund(moved.checks(), moved.times());
             in_background_on(self.runtime.as_ref(), answer, report_settlement);

@@ -586,12 +586,19 @@ impl Policy {
     /// current window, and a token bucket keeps the whole debt, repaid at
     /// the policy's rate. So per window a client can spend at most the
     /// limit plus what its requests admitted meanwhile spend past their
-    /// reservations: reserve what a request may cost, pair the policy
+    /// reservations: reserve what a request may cost (from the request,
+    /// as an LLM API's `max_tokens`, with a
+    /// [`RequestCost`](crate::policy::RequestCost): one asking for more
+    /// than the limit is then refused before it runs), pair the policy
     /// with a [concurrency limit](Self::concurrency), or use a token
-    /// bucket to carry debts over.
+    /// bucket to carry debts over. Over HTTP/2 one connection carries many
+    /// requests at once, so a concurrency limit bounds requests in flight,
+    /// not connections.
     ///
     /// A settled policy counts every response (it takes no [`Count`]) and
-    /// limits a rate (no concurrency). While the store is down and the
+    /// limits a rate (no concurrency). It counts units, not requests: a
+    /// response that reports 0 costs it nothing, so pair it with a policy
+    /// that counts requests on the same route. While the store is down and the
     /// policy falls back to its local limit
     /// ([`FailMode::Local`]), requests are counted locally at their
     /// reservations.
@@ -621,8 +628,11 @@ impl Policy {
     /// own cost. The header wins over the [`Usage`](crate::Usage) handle. Its value is
     /// ASCII digits (a number past `u64::MAX` counts as that); any other
     /// is ignored (and traced), and the handle's value, or else the
-    /// reservation, stands. A trailer comes only at the body's end: a
-    /// client that goes away before keeps the reservation.
+    /// reservation, stands. A header in the response's head is charged as
+    /// the head passes, whatever becomes of the body: a client that holds
+    /// the body back (an HTTP/2 stream whose flow-control window it keeps
+    /// shut) holds no reservation meanwhile. A trailer comes only at the
+    /// body's end: a client that goes away before keeps the reservation.
     ///
     /// ```
     /// use slidegate::Policy;

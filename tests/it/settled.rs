@@ -216,6 +216,12 @@ mod through_the_layer {
         Body::from_stream(chunks)
     }
 
+    /// Reports its tokens in the head, then a body that never ends.
+    async fn held(Query(query): Query<Tokens>) -> (HeaderMap, Body) {
+        let body = Body::from_stream(stream::pending::<Result<Bytes, Infallible>>());
+        (usage_headers(&query.tokens), body)
+    }
+
     async fn silent() -> &'static str {
         "done"
     }
@@ -273,6 +279,7 @@ mod through_the_layer {
             .route("/trailer", post(in_trailer))
             .route("/stream", post(streamed))
             .route("/silent", post(silent))
+            .route("/held", post(held))
             .route("/thread", post(on_a_thread))
             .route_layer(layer)
             .layer(Extension(parked.clone()))
@@ -324,6 +331,38 @@ mod through_the_layer {
         assert_eq!(reply.header("x-ratelimit-remaining"), Some("900"));
     }
     on_both_stores!(a_usage_header_past_the_limit_denies_a_minute, fake_clock);
+
+    /// A usage header in the head is charged as the head passes: a client
+    /// that holds the body back (an HTTP/2 stream with its window shut)
+    /// holds no reservation. Ten such requests of 700 tokens each: the
+    /// first is charged 700, the second overdraws, the third is denied.
+    async fn a_usage_header_is_charged_as_the_head_passes(tested: StoreUnderTest) {
+        let s = Subject::from(tested);
+        let app = app(&s);
+        let first = app
+            .clone()
+            .oneshot(post_to("/held?tokens=700"))
+            .await
+            .unwrap();
+        assert_eq!(first.status(), StatusCode::OK);
+        until_left(&s, 300).await;
+        let second = app
+            .clone()
+            .oneshot(post_to("/held?tokens=700"))
+            .await
+            .unwrap();
+        assert_eq!(second.status(), StatusCode::OK);
+        until_left(&s, 0).await;
+        let third = app
+            .clone()
+            .oneshot(post_to("/held?tokens=700"))
+            .await
+            .unwrap();
+        assert_eq!(third.status(), StatusCode::TOO_MANY_REQUESTS);
+        // The bodies are still held.
+        drop((first, second));
+    }
+    on_both_stores!(a_usage_header_is_charged_as_the_head_passes, fake_clock);
 
     /// A trailer reports the cost as the header would; a request that
     /// reports nothing, or no integer, keeps its reservation.
