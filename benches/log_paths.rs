@@ -42,12 +42,12 @@ impl Variant {
     }
 
     /// A log policy's arguments and a request's cost: the previous script
-    /// takes four, the current one a burst (the limit, for a log), a block
-    /// and a delay (none) too, before the cost.
+    /// takes four, the current one a burst (the limit, for a log), a block,
+    /// a delay (none) and a span (the window's) too, before the cost.
     fn policy(self, call: &mut redis::Cmd, window: u64, cost: u64) {
         call.arg("log").arg(LIMIT).arg(window);
         if self == Self::Current {
-            call.arg(LIMIT).arg(0).arg(0);
+            call.arg(LIMIT).arg(0).arg(0).arg(0);
         }
         call.arg(cost);
     }
@@ -121,7 +121,7 @@ impl Bench {
         call.arg(now);
         if variant == Variant::Current {
             // The policy named once, then each request's place of it and cost.
-            call.arg(1).arg(("log", LIMIT, window, LIMIT, 0, 0));
+            call.arg(1).arg(("log", LIMIT, window, LIMIT, 0, 0, 0));
             for n in 0..requests {
                 call.arg((1, 1, cost(n)));
             }

@@ -44,10 +44,10 @@ fn redis_cpu(connection: &mut Connection) -> f64 {
 }
 
 /// The policy of every check, as the script takes it: a sliding log of a
-/// limit never reached over a minute (its burst the limit), no block and
-/// no delay.
-const POLICY: (&str, u32, u64, u32, u32, u32) =
-    ("log", 1_000_000_000, 60_000_000, 1_000_000_000, 0, 0);
+/// limit never reached over a minute (its burst the limit), no block, no
+/// delay, and the window's span.
+const POLICY: (&str, u32, u64, u32, u32, u32, u32) =
+    ("log", 1_000_000_000, 60_000_000, 1_000_000_000, 0, 0, 0);
 
 /// The keys of client `client`'s sliding log.
 fn keys(client: u64) -> [String; 2] {

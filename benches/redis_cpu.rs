@@ -148,8 +148,8 @@ fn run(
         // A lease's cost argument is its id, one per call.
         let cost = if name == "lease" { call } else { 1 };
         let args = (now, name, limit, window);
-        // The current script also takes a burst (the limit), a block and a
-        // delay (none), before the cost.
+        // The current script also takes a burst (the limit), a block, a
+        // delay (none) and a span (the window's), before the cost.
         let block = if algorithm.ends_with("+block") {
             500_000
         } else {
@@ -158,7 +158,7 @@ fn run(
         let extra: &[u64] = if variant == Variant::Previous {
             &[]
         } else {
-            &[u64::from(limit), block, 0]
+            &[u64::from(limit), block, 0, 0]
         };
         let reply: Value = match variant {
             Variant::PackedFcall => redis::cmd("FCALL")

@@ -12,14 +12,15 @@
 --
 -- ARGV[1]: the time in microseconds, or "" to read the server's TIME (the
 --   empty form is the only one production uses).
--- ARGV, per policy (ARGS = 7 each, from ARGV[2]): algorithm ("log",
+-- ARGV, per policy (ARGS = 8 each, from ARGV[2]): algorithm ("log",
 --   "counter", "fixed", "bucket", "lease", or a calendar period: "day",
 --   "week", "month" or "year"), limit, window in microseconds (a lease's
 --   time for "lease"; for a calendar, its offset from UTC in µs, east
 --   positive), burst (a bucket's size;
 --   the limit otherwise), block in microseconds (0: none), delay in
---   microseconds (0: none), and the request's cost (a lease's id for
---   "lease"). A denial the delay can hold (its retry time within it) is
+--   microseconds (0: none), span (a log's: the longest window in µs its
+--   policy's tiers count it under; 0 otherwise), and the request's cost
+--   (a lease's id for "lease"). A denial the delay can hold (its retry time within it) is
 --   no denial for the block, which only a request beyond the delay
 --   starts. A batch call names each policy once (see `check_batch`).
 -- KEYS, taken in policy order:
@@ -634,11 +635,12 @@ local function log_gather(s)
 end
 
 -- Whether `log.prepare` changes the log state `s` of this call for a
--- request under `window`: records to prune, a clock step back to gather,
--- or a longer span.
-local function log_changes(s, window)
+-- request of `policy`: records to prune, a clock step back to gather, or
+-- a longer span.
+local function log_changes(s, policy)
   return s.sum > 0
-    and (s.oldest <= now - s.span or s.newest - now > window + MAX_DELAY or window > s.span)
+    and (s.oldest <= now - s.span or s.newest - now > policy.window + MAX_DELAY
+      or policy.span > s.span)
 end
 
 -- Brings the log (as this call last left it, see `prepare`, or else its
@@ -654,8 +656,8 @@ function log.prepare(s)
   if s.sum > 0 and s.newest - now > s.window + MAX_DELAY then
     log_gather(s)
   end
-  if s.sum > 0 and s.window > s.span then
-    s.span, s.dirty = s.window, true
+  if s.sum > 0 and s.longest > s.span then
+    s.span, s.dirty = s.longest, true
   end
   -- The window's share: from its first record on.
   s.in_window, s.first_page, s.first_index = s.sum, s.head_page, s.head_index
@@ -857,7 +859,7 @@ function log.record(s)
   end
   log_append(s, time, s.cost)
   if s.sum == 0 then
-    s.head_page, s.head_index, s.oldest, s.span = s.tail_page, s.tail_count - 1, time, s.window
+    s.head_page, s.head_index, s.oldest, s.span = s.tail_page, s.tail_count - 1, time, s.longest
   end
   if s.in_window == 0 then
     s.window_oldest = time
@@ -972,7 +974,7 @@ local function log_again(s, policy, cost)
   local window = policy.window
   cost = tonumber(cost)
   if s.algorithm ~= log or cost == 0 or s.sum == 0 or window ~= s.span
-    or log_changes(s, window) or s.sum + cost > policy.limit then
+    or log_changes(s, policy) or s.sum + cost > policy.limit then
     return nil
   end
   s.limit, s.window, s.cost, s.pass = policy.limit, window, cost, now
@@ -1009,7 +1011,7 @@ local function log_common(keys, k, policy, cost)
   local limit, window = policy.limit, policy.window
   cost = tonumber(cost)
   if tail_page ~= head_page or clean ~= head_page or sum == 0 or cost == 0
-    or newest - now > window + MAX_DELAY or window < span then
+    or newest - now > window + MAX_DELAY or window < span or policy.span > window then
     return nil
   end
   local size = ow + cw
@@ -1851,11 +1853,11 @@ local function set_now(time)
 end
 
 -- Arguments per policy: algorithm, limit, window, burst, block, delay,
--- and the request's cost.
-local ARGS = 7
+-- span, and the request's cost.
+local ARGS = 8
 
--- The policy described by the six arguments from argv[a], its numbers
--- parsed.
+-- The policy described by the seven arguments from argv[a], its numbers
+-- parsed; its span no shorter than its window.
 local function describe(argv, a)
   local algorithm = algorithms[argv[a]]
   if algorithm == nil then
@@ -1869,6 +1871,7 @@ local function describe(argv, a)
     burst = tonumber(argv[a + 3]),
     block = tonumber(argv[a + 4]),
     delay = tonumber(argv[a + 5]),
+    span = math.max(tonumber(argv[a + 6]), tonumber(argv[a + 2])),
   }
 end
 
@@ -1886,7 +1889,7 @@ end
 local function new_state(algorithm, key)
   return {
     algorithm = algorithm, key = key, limit = 0, window = 0, cost = 0, id = 0, burst = 0,
-    block = 0, delay = 0, period = nil, moved = nil,
+    block = 0, delay = 0, period = nil, moved = nil, longest = 0,
   }
 end
 
@@ -1895,7 +1898,7 @@ end
 local function new_log(algorithm, key)
   return {
     algorithm = algorithm, key = key, limit = 0, window = 0, cost = 0, id = 0, burst = 0,
-    block = 0, delay = 0, store = nil, fits = nil, blocked = nil, block_key = nil, pass = nil,
+    block = 0, delay = 0, longest = 0, store = nil, fits = nil, blocked = nil, block_key = nil, pass = nil,
     recorded = nil, exists = nil, ow = nil, cw = nil, levels = nil, tail_page = nil,
     head_page = nil, head_index = nil, clean = nil, tail_count = nil, tail_base = nil,
     tail_sum = nil, sum = nil, oldest = nil, newest = nil, expires = nil, span = nil,
@@ -1917,7 +1920,7 @@ local function prepare(keys, k, policy, cost)
     -- The log as the call's last request of the key left it, taken over;
     -- a copy if preparing it will change it, so that a request that
     -- fails leaves the call's state as it was.
-    if log_changes(s, policy.window) then
+    if log_changes(s, policy) then
       local copy = {}
       for field, value in pairs(s) do
         copy[field] = value
@@ -1929,7 +1932,7 @@ local function prepare(keys, k, policy, cost)
   else
     s = (algorithm == log and new_log or new_state)(algorithm, key)
   end
-  s.limit, s.window, s.burst = policy.limit, policy.window, policy.burst
+  s.limit, s.window, s.burst, s.longest = policy.limit, policy.window, policy.burst, policy.span
   s.block, s.delay, s.period = policy.block, policy.delay, policy.period
   s.cost = tonumber(cost)
   -- A lease's id is its cost argument, kept as sent.

@@ -150,9 +150,10 @@ pub(crate) fn raw_evalsha(
                 .arg("log")
                 .arg(NEVER)
                 .arg(1_000_000)
-                // The burst (the limit, for a log), no block, no delay, and
-                // the cost.
+                // The burst (the limit, for a log), no block, no delay, the
+                // window's span, and the cost.
                 .arg(NEVER)
+                .arg(0)
                 .arg(0)
                 .arg(0)
                 .arg(1)

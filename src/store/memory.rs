@@ -151,7 +151,7 @@ impl Counts {
         }
         match self {
             Self::Log(log) => {
-                let window = log.prepare(now, window);
+                let window = log.prepare(now, window, check.span_micros);
                 (window.fits(check.limit, check.cost), Placed::Log(window))
             }
             Self::Counter(counter) => {

@@ -139,6 +139,10 @@ pub struct Check {
     pub(crate) delay_micros: u64,
     /// The id of the lease a concurrency check takes (0 otherwise).
     pub(crate) lease: u64,
+    /// For a sliding log, the longest window (µs) any of its policy's
+    /// tiers counts it under: the log keeps every record that window
+    /// covers from its first, whichever tier's request comes first.
+    pub(crate) span_micros: u64,
 }
 
 impl Check {
@@ -199,6 +203,7 @@ impl Check {
                 Algorithm::Concurrency => leases::next_lease_id(),
                 _ => 0,
             },
+            span_micros: duration_micros(policy.longest_window().max(limits.window)),
         }
     }
 

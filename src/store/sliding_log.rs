@@ -237,6 +237,8 @@ pub(super) struct Log {
 #[derive(Debug, Default, Clone, Copy)]
 pub(super) struct Window {
     micros: u64,
+    /// The span the check keeps the log's records for.
+    span: u64,
     count: u64,
     first: Position,
     oldest: u64,
@@ -401,9 +403,12 @@ impl Log {
         }
     }
 
-    /// Brings the log up to `now` for a check of `window_micros`, and
-    /// finds that window.
-    pub(super) fn prepare(&mut self, now: u64, window_micros: u64) -> Window {
+    /// Brings the log up to `now` for a check of `window_micros`, whose
+    /// policy's tiers count the log under windows up to `span_micros`
+    /// (the log keeps records for the longest of them), and finds that
+    /// window.
+    pub(super) fn prepare(&mut self, now: u64, window_micros: u64, span_micros: u64) -> Window {
+        let span = span_micros.max(window_micros);
         self.prune(now);
         // Records of requests held for a delay (of any policy of theirs)
         // lie ahead of `now` by at most the longest delay a policy may
@@ -413,12 +418,13 @@ impl Log {
         if self.sum > 0 && self.newest.saturating_sub(now) > window_micros + ahead {
             self.gather(now);
         }
-        if self.sum > 0 && window_micros > self.span {
-            self.span = window_micros;
+        if self.sum > 0 && span > self.span {
+            self.span = span;
         }
         self.clean();
         let mut window = Window {
             micros: window_micros,
+            span,
             count: self.sum,
             first: self.head,
             oldest: self.oldest,
@@ -478,7 +484,7 @@ impl Log {
         if self.sum == 0 {
             self.head = position;
             self.oldest = time;
-            self.span = window.micros;
+            self.span = window.span;
         }
         if window.count == 0 {
             window.first = position;
@@ -576,7 +582,7 @@ mod tests {
     const W: u64 = 1_000_000;
 
     fn admit(log: &mut Log, now: u64, window: u64, cost: u32) -> u64 {
-        let mut found = log.prepare(now, window);
+        let mut found = log.prepare(now, window, 0);
         log.record(now, cost, &mut found).expect("recorded")
     }
 
@@ -584,13 +590,13 @@ mod tests {
     fn entry_leaves_exactly_one_window_later() {
         let mut log = Log::default();
         admit(&mut log, 0, W, 1);
-        let window = log.prepare(W - 1, W);
+        let window = log.prepare(W - 1, W, 0);
         assert!(!window.fits(1, 1));
         assert_eq!(
             log.decision(W - 1, 1, 1, false, &window).retry_after,
             Some(Duration::from_micros(1))
         );
-        assert!(log.prepare(W, W).fits(1, 1));
+        assert!(log.prepare(W, W, 0).fits(1, 1));
         assert!(log.is_idle(W));
     }
 
@@ -602,12 +608,12 @@ mod tests {
         // Same microsecond: recorded one later, so each is its own.
         let twin = admit(&mut log, 100, W, 2);
         assert_eq!(twin, at + 1);
-        log.prepare(200, W);
+        log.prepare(200, W, 0);
         log.refund(at, 2);
         log.refund(at, 2);
-        assert_eq!(log.prepare(200, W).count, 3);
+        assert_eq!(log.prepare(200, W, 0).count, 3);
         // Once it has left the window there is nothing to take back.
-        log.prepare(W + 50, W);
+        log.prepare(W + 50, W, 0);
         log.refund(0, 1);
         assert_eq!(log.sum, 2);
     }
@@ -619,7 +625,7 @@ mod tests {
             admit(&mut log, at, W, 3);
         }
         // 9 of 10 used; a cost of 5 needs 4 freed: the first two entries.
-        let window = log.prepare(300, W);
+        let window = log.prepare(300, W, 0);
         assert!(!window.fits(10, 5));
         let decision = log.decision(300, 10, 5, false, &window);
         assert_eq!(decision.remaining, 1);
@@ -639,13 +645,13 @@ mod tests {
         let now = count * 10;
         // Refund every third request: a third fewer count.
         for &at in times.iter().step_by(3) {
-            log.prepare(now, W);
+            log.prepare(now, W, 0);
             log.refund(at, 1);
         }
         let live = count - count.div_ceil(3);
-        assert_eq!(log.prepare(now, W).count, live);
+        assert_eq!(log.prepare(now, W, 0).count, live);
         // A shorter window counts its share.
-        let short = log.prepare(now, 1000);
+        let short = log.prepare(now, 1000, 0);
         let in_short: u64 = times
             .iter()
             .enumerate()
@@ -653,7 +659,7 @@ mod tests {
             .count() as u64;
         assert_eq!(short.count, in_short);
         // Pruning half of it keeps the rest.
-        log.prepare(W + count * 5, W);
+        log.prepare(W + count * 5, W, 0);
         let kept = times
             .iter()
             .enumerate()

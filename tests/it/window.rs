@@ -740,6 +740,35 @@ async fn a_burst_lowered_below_the_debt_leaves_nothing(tested: StoreUnderTest) {
 }
 on_both_stores!(a_burst_lowered_below_the_debt_leaves_nothing, fake_clock);
 
+/// Tiers with windows of their own on one log: a tier of 10 a second
+/// begins the log, and a tier of 10 per 10 seconds then sees every record
+/// its window covers, though the short tier alone would have let them
+/// leave. Ten requests as the short tier over three seconds leave the
+/// long one nothing.
+async fn a_longer_tier_sees_records_a_shorter_one_began(tested: StoreUnderTest) {
+    use slidegate::policy::TierLimits;
+    let s = Subject::from(tested);
+    let policy =
+        Policy::new("tiered", 10, SEC).with_tier("long", TierLimits::new().with_window(10 * SEC));
+    let short = Check::new(&policy, Key::new("k")).unwrap();
+    let long = Check::for_tier(&policy, Key::new("k"), Some("long")).unwrap();
+    for _ in 0..10 {
+        let d = s.store.check(std::slice::from_ref(&short)).await.unwrap()[0];
+        assert!(d.admitted, "{d:?}");
+        s.advance(SEC * 3 / 10);
+    }
+    let d = s.store.check(std::slice::from_ref(&long)).await.unwrap()[0];
+    assert!(!d.admitted, "ten units lie in the long window: {d:?}");
+    assert_eq!(d.remaining, 0);
+    // The first of them leaves ten seconds after it came.
+    assert_eq!(d.retry_after, Some(10 * SEC - 3 * SEC));
+    // The short tier still counts only its own second.
+    let d = s.store.check(std::slice::from_ref(&short)).await.unwrap()[0];
+    assert!(d.admitted, "{d:?}");
+    assert_eq!(d.remaining, 6);
+}
+on_both_stores!(a_longer_tier_sees_records_a_shorter_one_began, fake_clock);
+
 /// A log that fits a request now, held for another policy's delay,
 /// records it at the time it passes; a later check of that log alone
 /// must not take that record for a clock that stepped back and move it

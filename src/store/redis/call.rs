@@ -18,9 +18,11 @@ pub(super) struct Call {
 }
 
 /// One policy's arguments: algorithm, limit, window in µs (a calendar's
-/// offset from UTC in µs, east), burst, block in µs, and delay in µs
-/// (which a denial must pass to start a block).
-pub(super) type PolicyArgs = (&'static str, u32, i64, u32, u64, u64);
+/// offset from UTC in µs, east), burst, block in µs, delay in µs (which
+/// a denial must pass to start a block), and for a sliding log its span
+/// in µs (the longest window its policy's tiers count it under; 0
+/// otherwise).
+pub(super) type PolicyArgs = (&'static str, u32, i64, u32, u64, u64, u64);
 
 /// What a call asks of the script.
 pub(super) enum Op {
@@ -124,6 +126,10 @@ impl Call {
                     check.burst,
                     block,
                     check.delay_micros,
+                    match check.algorithm {
+                        Algorithm::SlidingLog => check.span_micros,
+                        _ => 0,
+                    },
                 ),
                 match check.algorithm {
                     Algorithm::Concurrency => check.lease,
@@ -170,7 +176,7 @@ impl<'a> BatchArguments<'a> {
 
     /// How many arguments these are.
     pub(super) fn len(&self) -> usize {
-        1 + 6 * self.named.len() + self.calls.len() + 2 * self.places.len()
+        1 + 7 * self.named.len() + self.calls.len() + 2 * self.places.len()
     }
 }
 

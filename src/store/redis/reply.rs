@@ -42,7 +42,7 @@ pub(super) fn decisions(
         // its limit as a decision reports it (the limit otherwise).
         // The fifth is when an admitted request's units were recorded, or
         // how long a denied client's block lasts.
-        .map(|(&((_, _, _, burst, _, _), _), v)| {
+        .map(|(&((_, _, _, burst, _, _, _), _), v)| {
             let admitted = v[0] == 1;
             Decision {
                 admitted,
