@@ -2177,28 +2177,39 @@ local function reset(keys, argv)
 end
 
 -- Renewals: ARGV[1] the time, ARGV[2] "renew", then per policy its
--- arguments as for `check` (a lease's id as its cost): each lease is kept
--- a lease time from now, and taken again if it has expired meanwhile (an
--- upgraded connection that outlived a store outage still holds it),
--- unless it was released (a tombstone). Other policies are left as they
--- are. Returns an empty string.
+-- arguments as for `check` (a lease's id as its cost): each lease still
+-- held is kept a lease time from now. One that is gone (it expired while
+-- the store could not be reached, or the store lost it in a restart or a
+-- failover) is taken again only within the limit, as a new request's
+-- would be: the connection that holds it still lives and counts, but
+-- never past the limit. One that was released (a tombstone) is left so.
+-- Other policies are left as they are. Returns one byte per policy: "1"
+-- where the lease is held (or nothing is to be held), "0" where it is
+-- gone and could not be taken again within the limit.
 local function renew(keys, argv)
   set_now(argv[1])
   local k = 1
+  local held = {}
   for a = 3, #argv, ARGS do
     local policy = describe(argv, a)
+    local kept = '1'
     if policy.algorithm == lease then
-      local s = { key = keys[k], window = policy.window }
+      local s = { key = keys[k], window = policy.window, limit = policy.limit }
       local id = argv[a + ARGS - 1]
-      local score = redis.call('ZSCORE', s.key, id)
-      if not score or tonumber(score) >= 0 then
+      local score = tonumber(redis.call('ZSCORE', s.key, id))
+      if score ~= nil and score < 0 then
+        kept = '1'
+      elseif (score ~= nil and score > now - s.window) or lease.prepare(s) then
         redis.call('ZADD', s.key, int(now), id)
         lease_keep(s)
+      else
+        kept = '0'
       end
     end
+    held[#held + 1] = kept
     k = k + key_count(policy)
   end
-  return ''
+  return table.concat(held)
 end
 
 -- Under `maxmemory` with nothing left to evict, Redis refuses the

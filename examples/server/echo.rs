@@ -27,19 +27,38 @@ pub(crate) async fn echo(
     lease: Option<Extension<ConnectionLease>>,
 ) -> Response {
     upgrade.on_upgrade(move |socket| async move {
-        let _held = lease;
-        echo_until_closed(socket).await;
+        let withdrawn = lease.as_ref().map(|Extension(lease)| lease.withdrawn());
+        echo_until_closed(socket, withdrawn).await;
+        drop(lease);
     })
 }
 
 /// Text and binary messages go back as they came, until the client closes
 /// or goes away, or stays silent for `SILENT_FOR` though pinged every
-/// `PING_EVERY` (closed with 1001, going away).
-async fn echo_until_closed(mut socket: WebSocket) {
+/// `PING_EVERY` (closed with 1001, going away), or the limiter withdraws
+/// the socket's lease: it was lost with the store's state, or the socket
+/// opened while the store was down, and the client holds its limit's
+/// worth of others (closed with 1013, try again later).
+async fn echo_until_closed(mut socket: WebSocket, withdrawn: Option<impl Future<Output = ()>>) {
     let mut pings = interval_at(Instant::now() + PING_EVERY, PING_EVERY);
     let mut heard = Instant::now();
+    let withdrawn = async {
+        match withdrawn {
+            Some(withdrawn) => withdrawn.await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(withdrawn);
     loop {
         tokio::select! {
+            () = &mut withdrawn => {
+                let frame = CloseFrame {
+                    code: close_code::AGAIN,
+                    reason: "over the connection limit".into(),
+                };
+                send(&mut socket, Message::Close(Some(frame))).await;
+                return;
+            }
             message = socket.recv() => {
                 let Some(Ok(message)) = message else { return };
                 heard = Instant::now();

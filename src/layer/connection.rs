@@ -1,7 +1,10 @@
 //! [`ConnectionLease`]: concurrency leases held by an upgraded connection
 //! (a WebSocket, a `CONNECT` tunnel) until it closes.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
+use std::task::Poll;
 use std::time::Duration;
 
 use http::StatusCode;
@@ -30,6 +33,17 @@ use crate::throttle::RELEASE_FAILURES;
 /// all (its response is anything else) releases its leases with its
 /// response, whatever became of the handle.
 ///
+/// A lease that is gone when it is renewed (it expired while the store
+/// could not be reached, the store lost it in a restart or a failover, or
+/// the connection was admitted while the store was down and failed open)
+/// is taken again only within the limit. A connection whose lease cannot
+/// be had is told by [`withdrawn`](Self::withdrawn): close it then, so
+/// that within one renewal period (a third of the lease time) of the
+/// store's return a client holds at most its limit. Close sockets whose
+/// peer has stopped answering too (ping, and close on silence): a peer
+/// that vanished without closing holds its leases for as long as the
+/// connection looks open.
+///
 /// ```
 /// use axum::extract::ws::{WebSocket, WebSocketUpgrade};
 /// use axum::response::Response;
@@ -45,6 +59,31 @@ use crate::throttle::RELEASE_FAILURES;
 /// }
 /// # async fn serve(_socket: WebSocket) {}
 /// ```
+///
+/// Closing a socket whose lease is withdrawn:
+///
+/// ```
+/// use axum::extract::ws::{CloseFrame, Message, WebSocket, close_code};
+/// use slidegate::layer::ConnectionLease;
+///
+/// async fn serve(mut socket: WebSocket, lease: Option<ConnectionLease>) {
+///     let withdrawn = async {
+///         match &lease {
+///             Some(lease) => lease.withdrawn().await,
+///             None => std::future::pending().await,
+///         }
+///     };
+///     tokio::select! {
+///         _ = withdrawn => {
+///             // 1013: try again later; the client holds its limit.
+///             let frame = CloseFrame { code: close_code::AGAIN, reason: "over the connection limit".into() };
+///             let _ = socket.send(Message::Close(Some(frame))).await;
+///         }
+///         _ = echo(&mut socket) => {}
+///     }
+/// }
+/// # async fn echo(_socket: &mut WebSocket) {}
+/// ```
 #[derive(Clone)]
 pub struct ConnectionLease(Arc<Held>);
 
@@ -57,6 +96,9 @@ struct Held {
     /// The runtime the leases were handed over on, to release them on
     /// when the last handle is dropped on a thread of none.
     runtime: OnceLock<tokio::runtime::Handle>,
+    /// Set once a renewal finds a lease gone and cannot take it again
+    /// within its limit.
+    withdrawn: tokio::sync::watch::Sender<bool>,
 }
 
 impl std::fmt::Debug for ConnectionLease {
@@ -89,7 +131,40 @@ impl ConnectionLease {
             leases: Mutex::new(None),
             outer: OnceLock::new(),
             runtime: OnceLock::new(),
+            withdrawn: tokio::sync::watch::Sender::new(false),
         }))
+    }
+
+    /// Resolves once the connection's leases are withdrawn: a renewal
+    /// found one gone (the store lost it, or the connection was admitted
+    /// while the store was down) and could not take it again within its
+    /// limit, as when the client holds its limit's worth of other
+    /// connections. The connection should close then (a WebSocket with
+    /// code 1013, try again later). Never resolves while the leases are
+    /// held; an outer layer's withdrawal resolves it too.
+    pub fn withdrawn(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut ours = self.0.withdrawn.subscribe();
+        let mut outer: Option<Pin<Box<dyn Future<Output = ()> + Send>>> = self
+            .0
+            .outer
+            .get()
+            .map(|outer| Box::pin(outer.withdrawn()) as _);
+        let mut ours = Box::pin(async move {
+            // The sender lives as long as a handle does.
+            if ours.wait_for(|withdrawn| *withdrawn).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        });
+        std::future::poll_fn(move |cx| {
+            let outer_withdrawn = outer
+                .as_mut()
+                .is_some_and(|outer| outer.as_mut().poll(cx).is_ready());
+            if outer_withdrawn || ours.as_mut().poll(cx).is_ready() {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
     }
 
     /// Keeps `outer`, an outer layer's handle the request's extensions
@@ -165,10 +240,20 @@ async fn renew(held: Weak<Held>, lease_time: Duration) {
             None => return,
         };
         wait = every;
-        if let Err(error) = answer.await {
-            wait = after_failure;
-            if let Some(held_back) = RELEASE_FAILURES.admit() {
-                tracing::warn!(%error, held_back, "concurrency lease renewal failed; retried, and the lease expires with its lease time unless renewed");
+        match answer.await {
+            Ok(held_now) => {
+                if held_now.contains(&false) && !*held.withdrawn.borrow() {
+                    tracing::info!(
+                        "an upgraded connection's lease was gone and its client holds its limit: withdrawn"
+                    );
+                    held.withdrawn.send_replace(true);
+                }
+            }
+            Err(error) => {
+                wait = after_failure;
+                if let Some(held_back) = RELEASE_FAILURES.admit() {
+                    tracing::warn!(%error, held_back, "concurrency lease renewal failed; retried, and the lease expires with its lease time unless renewed");
+                }
             }
         }
     }

@@ -107,7 +107,10 @@ pub(crate) fn outcome(
             if let Some(held_back) = STORE_FAILURES.admit() {
                 tracing::warn!(%error, held_back, "rate-limit store unavailable; failing open");
             }
-            Soon::ready(Next::PASS)
+            // An upgraded connection still takes its leases, once the
+            // store answers its renewals.
+            let leases = Owed::untaken_leases(&shared.store, checks, parts);
+            Soon::ready(Next::Call(None, leases))
         }
     }
 }

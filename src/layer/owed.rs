@@ -83,8 +83,9 @@ impl Recorded {
             .unwrap_or_default()
     }
 
-    /// Keeps the leases among the checks a lease time from now.
-    pub(crate) fn renew(&self) -> CheckFuture<()> {
+    /// Keeps the leases among the checks a lease time from now; whether
+    /// each is held (see [`Store::renew`]).
+    pub(crate) fn renew(&self) -> CheckFuture<Vec<bool>> {
         self.store.renew(&self.checks)
     }
 
@@ -227,6 +228,40 @@ impl Owed {
             debts.headers = headers();
         }
         Some(Self(debts))
+    }
+
+    /// The leases of an upgrade request admitted without them, its store
+    /// unreachable and its policies failing open: handed to the upgraded
+    /// connection like any, and taken when a renewal reaches the store,
+    /// within their limits, or else withdrawn (see
+    /// [`ConnectionLease::withdrawn`](crate::layer::ConnectionLease::withdrawn)),
+    /// so that sockets opened during an outage count once it ends. `None`
+    /// unless the request asks for an upgrade and some check is a lease.
+    pub(crate) fn untaken_leases(
+        store: &Arc<dyn Store>,
+        checks: &[Check],
+        parts: &Parts,
+    ) -> Option<Self> {
+        let leases = || {
+            checks
+                .iter()
+                .filter(|check| check.algorithm == Algorithm::Concurrency)
+        };
+        leases().next()?;
+        let upgrade = Upgrade::of(parts)?;
+        let mut taken = Recorded::new(store);
+        for check in leases() {
+            taken.push(check, Duration::ZERO);
+        }
+        Some(Self(Box::new(Debts {
+            refunds: Recorded::new(store),
+            counts: SmallVec::new(),
+            leases: taken,
+            upgrade: Some(upgrade),
+            settled: None,
+            local: None,
+            headers: None,
+        })))
     }
 
     /// The handle the request's handler reports its cost on, when a

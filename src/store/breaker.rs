@@ -395,7 +395,7 @@ impl<S: Store> Store for CircuitBreaker<S> {
         self.guarded(|store| store.settle(checks, recorded_at, costs))
     }
 
-    fn renew(&self, checks: &[Check]) -> CheckFuture<()> {
+    fn renew(&self, checks: &[Check]) -> CheckFuture<Vec<bool>> {
         self.guarded(|store| store.renew(checks))
     }
 

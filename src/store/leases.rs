@@ -62,6 +62,18 @@ impl Leases {
         now
     }
 
+    /// Keeps the lease of `check` a lease time from `now`: one still held,
+    /// or else one taken again within the limit (it expired, or its
+    /// store's state was lost). Whether it is held.
+    pub(super) fn renew(&mut self, now: u64, check: &Check) -> bool {
+        self.prepare(now, check);
+        if !self.by_id.contains_key(&check.lease) && !self.fits(check) {
+            return false;
+        }
+        self.record(now, check.lease);
+        true
+    }
+
     /// Releases the lease `id`, if it is held.
     pub(super) fn release(&mut self, id: u64) {
         if let Some(at) = self.by_id.remove(&id) {

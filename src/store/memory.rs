@@ -877,30 +877,33 @@ impl MemoryStore {
 impl MemoryStore {
     /// Keeps each concurrency check's lease a lease time from now, taken
     /// again if it expired meanwhile.
-    fn renew_now(&self, checks: &[Check]) {
+    fn renew_now(&self, checks: &[Check]) -> Vec<bool> {
         let now = self.inner.clock.now_micros();
-        for check in checks {
-            if check.algorithm != Algorithm::Concurrency {
-                continue;
-            }
-            let hash = self.hash_of(check);
-            let mut shard = lock(&self.inner.shards[self.shard_of(hash)]);
-            match shard.pairs.peek_mut(&PairOf { hash, check }) {
-                Some(mut spent) => {
-                    if let Counts::Leases(leases) = &mut spent.counts {
-                        leases.prepare(now, check);
-                        leases.record(now, check.lease);
+        checks
+            .iter()
+            .map(|check| {
+                if check.algorithm != Algorithm::Concurrency {
+                    return true;
+                }
+                let hash = self.hash_of(check);
+                let mut shard = lock(&self.inner.shards[self.shard_of(hash)]);
+                match shard.pairs.peek_mut(&PairOf { hash, check }) {
+                    Some(mut spent) => match &mut spent.counts {
+                        Counts::Leases(leases) => leases.renew(now, check),
+                        _ => true,
+                    },
+                    None => {
+                        let (mut spent, _) = Spent::fresh(now, check);
+                        let held = match &mut spent.counts {
+                            Counts::Leases(leases) => leases.renew(now, check),
+                            _ => true,
+                        };
+                        shard.insert(hash, check, spent, now);
+                        held
                     }
                 }
-                None => {
-                    let (mut spent, _) = Spent::fresh(now, check);
-                    if let Counts::Leases(leases) = &mut spent.counts {
-                        leases.record(now, check.lease);
-                    }
-                    shard.insert(hash, check, spent, now);
-                }
-            }
-        }
+            })
+            .collect()
     }
 
     /// Forgets each check's pair.
@@ -948,9 +951,8 @@ impl Store for MemoryStore {
         CheckFuture::ready(Ok(()))
     }
 
-    fn renew(&self, checks: &[Check]) -> CheckFuture<()> {
-        self.renew_now(checks);
-        CheckFuture::ready(Ok(()))
+    fn renew(&self, checks: &[Check]) -> CheckFuture<Vec<bool>> {
+        CheckFuture::ready(Ok(self.renew_now(checks)))
     }
 
     fn reset(&self, checks: &[Check]) -> CheckFuture<()> {

@@ -382,13 +382,19 @@ pub trait Store: Send + Sync + 'static {
     /// Keeps each concurrency check's lease, named by its id, for another
     /// lease time from now: an upgraded connection's leases (see
     /// [`ConnectionLease`](crate::layer::ConnectionLease)) are renewed
-    /// while it lives. A lease that expired meanwhile is taken again (the
-    /// connection still lives, so it still counts). The layer sends a
-    /// release only after the renewals it made are answered; a renewal
-    /// that timed out on this side and runs after the release takes the
-    /// lease again, for a lease time. Checks of other algorithms are left
-    /// as they are.
-    fn renew(&self, checks: &[Check]) -> CheckFuture<()> {
+    /// while it lives. A lease that is gone (it expired while the store
+    /// could not be reached, or the store lost its state) is taken again
+    /// only within the limit, as a new request's would be: the
+    /// connection still lives, so it counts, but never past the limit.
+    /// Answers, per check, whether its lease is held: `false` where it is
+    /// gone and could not be taken again (the layer then tells the
+    /// connection, see [`ConnectionLease::withdrawn`](crate::layer::ConnectionLease::withdrawn)).
+    /// The layer sends a release only after the renewals it made are
+    /// answered; a renewal that timed out on this side and runs after the
+    /// release takes the lease again (within the limit), for a lease
+    /// time. Checks of other algorithms are left as they are, and answer
+    /// `true`.
+    fn renew(&self, checks: &[Check]) -> CheckFuture<Vec<bool>> {
         let _ = checks;
         CheckFuture::ready(Err(StoreError::Unsupported("renew")))
     }
@@ -472,7 +478,7 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         (**self).settle(checks, recorded_at, costs)
     }
 
-    fn renew(&self, checks: &[Check]) -> CheckFuture<()> {
+    fn renew(&self, checks: &[Check]) -> CheckFuture<Vec<bool>> {
         (**self).renew(checks)
     }
 

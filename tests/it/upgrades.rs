@@ -9,10 +9,11 @@ use std::time::{Duration, Instant};
 
 use axum::Extension;
 use axum::Router;
-use axum::extract::ws::{WebSocket, WebSocketUpgrade};
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade, close_code};
 use axum::response::Response;
 use axum::routing::get;
 use futures_util::StreamExt;
+use slidegate::key::Key;
 use slidegate::layer::ConnectionLease;
 use slidegate::store::Store;
 use slidegate::{Global, Policies, Policy, RateLimitLayer};
@@ -26,32 +27,63 @@ use crate::support::stores::StoreUnderTest;
 /// scheduled) would let it run out; a second leaves room for that.
 const LEASE: Duration = Duration::from_secs(1);
 
-/// Echoes until the client closes; `keep` says whether the connection
-/// keeps the request's lease.
+/// Reads until the client closes; `keep` says whether the connection
+/// keeps the request's lease. A socket whose lease the limiter withdraws
+/// is closed with 1013 (try again later).
 async fn serve(
     upgrade: WebSocketUpgrade,
     lease: Option<Extension<ConnectionLease>>,
     keep: bool,
 ) -> Response {
     let lease = lease.filter(|_| keep);
-    upgrade.on_upgrade(move |socket: WebSocket| async move {
-        let _held = lease;
-        let mut socket = socket;
-        while let Some(Ok(_)) = socket.recv().await {}
+    upgrade.on_upgrade(move |mut socket: WebSocket| async move {
+        let withdrawn = lease.as_ref().map(|Extension(lease)| lease.withdrawn());
+        let withdrawn = async {
+            match withdrawn {
+                Some(withdrawn) => withdrawn.await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(withdrawn);
+        loop {
+            tokio::select! {
+                () = &mut withdrawn => {
+                    let frame = CloseFrame { code: close_code::AGAIN, reason: "withdrawn".into() };
+                    let _ = socket.send(Message::Close(Some(frame))).await;
+                    break;
+                }
+                message = socket.recv() => {
+                    if !matches!(message, Some(Ok(_))) {
+                        break;
+                    }
+                }
+            }
+        }
+        drop(lease);
     })
+}
+
+/// Every socket of [`server`] is the one client's.
+fn one_client(_: &http::request::Parts) -> Option<Key> {
+    Some(Key::new("client"))
+}
+
+/// The `sockets` policy of [`server`].
+fn sockets_policy() -> Policy {
+    Policy::concurrency("sockets", 2).with_lease(LEASE)
 }
 
 /// Serves `/ws` (keeps its lease) and `/forgetful` (does not), each
 /// under a limit of two connections at once, on a loopback port.
 async fn server(store: Arc<dyn Store>) -> (SocketAddr, tokio::task::JoinHandle<()>) {
-    let sockets = Policy::concurrency("sockets", 2).with_lease(LEASE);
+    let sockets = sockets_policy();
     let forgetful = Policy::concurrency("forgetful", 2).with_lease(LEASE);
     let policies = Policies::builder()
         .route("GET /ws", sockets)
         .route("GET /forgetful", forgetful)
         .build()
         .unwrap();
-    let layer = RateLimitLayer::new(store, Global, policies).without_deny_cache();
+    let layer = RateLimitLayer::new(store, one_client, policies).without_deny_cache();
     let app = Router::new()
         .route("/ws", get(|u, l| serve(u, l, true)))
         .route("/forgetful", get(|u, l| serve(u, l, false)))
@@ -172,3 +204,75 @@ async fn a_socket_holds_the_leases_of_nested_layers(tested: StoreUnderTest) {
     server.abort();
 }
 on_both_stores!(a_socket_holds_the_leases_of_nested_layers);
+
+/// Whether the server has withdrawn `socket` (closed it with 1013), or it
+/// is still open; a server's close of another kind fails the test.
+async fn is_withdrawn(socket: &mut Socket) -> bool {
+    use tokio_tungstenite::tungstenite::Message as ClientMessage;
+    match tokio::time::timeout(Duration::from_millis(200), socket.next()).await {
+        Err(_) => false,
+        Ok(Some(Ok(ClientMessage::Close(Some(frame))))) => {
+            assert_eq!(u16::from(frame.code), 1013, "{frame:?}");
+            true
+        }
+        Ok(other) => panic!("neither open nor withdrawn: {other:?}"),
+    }
+}
+
+/// Counts the sockets still open among `sockets` after a few renewal
+/// periods; every other one must have been withdrawn.
+async fn open_after_renewals(sockets: &mut [Socket]) -> usize {
+    tokio::time::sleep(3 * LEASE).await;
+    let mut open = 0;
+    for socket in sockets {
+        if !is_withdrawn(socket).await {
+            open += 1;
+        }
+    }
+    open
+}
+
+/// The store loses the leases of a client's two open sockets (a restart
+/// without persistence, a failover); more open into the emptied set. A
+/// renewal that finds its lease gone takes it again only within the
+/// limit, so a few renewal periods on the client holds two sockets, and
+/// the others are withdrawn (closed with 1013), where all stayed open.
+async fn lost_leases_are_taken_again_only_within_the_limit(tested: StoreUnderTest) {
+    let (address, server) = server(tested.store.clone()).await;
+    let mut sockets = vec![
+        open(address, "/ws").await.unwrap(),
+        open(address, "/ws").await.unwrap(),
+    ];
+    assert_eq!(open(address, "/ws").await.err(), Some(429));
+    let lost = slidegate::store::Check::new(&sockets_policy(), Key::new("client")).unwrap();
+    tested.store.reset(&[lost]).await.unwrap();
+    for _ in 0..3 {
+        if let Ok(socket) = open(address, "/ws").await {
+            sockets.push(socket);
+        }
+    }
+    assert!(sockets.len() > 2, "no socket opened into the emptied set");
+    assert_eq!(open_after_renewals(&mut sockets).await, 2);
+    assert_eq!(open(address, "/ws").await.err(), Some(429));
+    server.abort();
+}
+on_both_stores!(lost_leases_are_taken_again_only_within_the_limit);
+
+/// Sockets opened while Redis is down fail open, without leases; once it
+/// is back (empty), their renewals take leases within the limit: a few
+/// renewal periods on, two of five are open and three withdrawn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sockets_admitted_while_redis_was_down_are_counted_when_it_returns() {
+    let mut tested = StoreUnderTest::redis(false);
+    let (address, server) = server(tested.store.clone()).await;
+    let redis = tested.redis.as_mut().unwrap();
+    redis.kill();
+    let mut sockets = Vec::new();
+    for _ in 0..5 {
+        sockets.push(open(address, "/ws").await.expect("failing open"));
+    }
+    redis.restart();
+    assert_eq!(open_after_renewals(&mut sockets).await, 2);
+    assert_eq!(open(address, "/ws").await.err(), Some(429));
+    server.abort();
+}

@@ -938,9 +938,17 @@ impl Store for RedisStore {
         )
     }
 
-    fn renew(&self, checks: &[Check]) -> CheckFuture<()> {
-        self.ask(checks, Op::Renew, |inner, call, deadline| async move {
-            inner.packed(&call, deadline).await.map(drop)
+    fn renew(&self, checks: &[Check]) -> CheckFuture<Vec<bool>> {
+        let policies = checks.len();
+        self.ask(checks, Op::Renew, move |inner, call, deadline| async move {
+            let held = inner.packed(&call, deadline).await?;
+            if held.len() != policies {
+                return Err(StoreError::Protocol(format!(
+                    "{} renewals answered for {policies} policies",
+                    held.len()
+                )));
+            }
+            Ok(held.into_iter().map(|byte| byte == b'1').collect())
         })
     }
 
