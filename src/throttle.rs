@@ -21,6 +21,9 @@ pub(crate) struct Throttle {
 /// Failures of the store, open or closed, from every layer in the process.
 pub(crate) static STORE_FAILURES: Throttle = Throttle::new();
 
+/// Requests of clients a full store does not track, limited locally.
+pub(crate) static STORE_FULL: Throttle = Throttle::new();
+
 /// Requests that reached a `PeerIp` without a peer address: a server set
 /// up without connect info, which would otherwise log once per request.
 pub(crate) static MISSING_PEER_ADDRESS: Throttle = Throttle::new();

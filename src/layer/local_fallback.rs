@@ -77,6 +77,25 @@ impl LocalChecks {
         Self { checks, counts }
     }
 
+    /// Every one of the enforced `checks` at its share of its limit, as
+    /// [`of`](Self::of) makes them, whatever its fail mode: for a request
+    /// the store is too full to track (see [`StoreError::Full`](crate::store::StoreError::Full)),
+    /// which is never admitted unlimited. `counts` in order, or `None`
+    /// when every check counts every response.
+    pub(crate) fn all(checks: &[Check], counts: Option<&[Count]>, share: u32) -> Self {
+        let counts =
+            (0..checks.len()).map(|index| counts.map_or(Count::All, |counts| counts[index]));
+        let (checks, counts) = checks
+            .iter()
+            .zip(counts)
+            // A lease the full store cannot take is not counted here: it
+            // would never be released to this count.
+            .filter(|(check, _)| check.algorithm != Algorithm::Concurrency)
+            .map(|(check, count)| (local_check(check, share), count))
+            .unzip();
+        Self { checks, counts }
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         self.checks.is_empty()
     }

@@ -27,7 +27,7 @@ use crate::response::headers::{RateHeaders, closest_to_denying};
 use crate::response::limited::Limited;
 use crate::store::Soon;
 use crate::store::{Check, CheckOutcome, Decision, Decisions, Store, StoreError, index_of_min};
-use crate::throttle::STORE_FAILURES;
+use crate::throttle::{STORE_FAILURES, STORE_FULL};
 
 /// Where the store's answer to `batch` leads, for a client of `tier` under
 /// `plan`: the inner service with the rate-limit headers (once it has
@@ -100,6 +100,14 @@ pub(crate) fn outcome(
             if let Some(next) = modes.and_then(|modes| fall_back(shared, parts, modes, took)) {
                 if let Some(held_back) = STORE_FAILURES.admit() {
                     tracing::warn!(%error, held_back, "rate-limit store unavailable; enforcing local limits");
+                }
+                return next;
+            }
+            if matches!(error, StoreError::Full(_))
+                && let Some(next) = full_locally(shared, parts, batch, enforced, took)
+            {
+                if let Some(held_back) = STORE_FULL.admit() {
+                    tracing::warn!(%error, held_back, "rate-limit store full; a client it does not track is limited locally");
                 }
                 return next;
             }
@@ -358,6 +366,35 @@ fn fall_back(
         shared,
         parts,
         locally(shared, local, &decisions, took),
+    ))
+}
+
+/// Decides a request the store is too full to track (it would need new
+/// state: a new client, or one whose counts expired) in the local counts,
+/// every enforced check at its share of its limit: failing open would
+/// admit such clients without any limit while Redis is full. `None`
+/// when no check can be counted locally (leases alone).
+fn full_locally(
+    shared: &Shared,
+    parts: &Parts,
+    batch: &Batch,
+    enforced: usize,
+    took: Option<Duration>,
+) -> Option<Soon<Next>> {
+    let modes = batch.modes.as_deref();
+    let local = LocalChecks::all(
+        &batch.checks[..enforced],
+        modes.map(Modes::counts),
+        shared.settings.local_share,
+    );
+    if local.is_empty() {
+        return None;
+    }
+    let decisions = shared.local.decide(&local)?;
+    Some(decided_by(
+        shared,
+        parts,
+        locally(shared, &local, &decisions, took),
     ))
 }
 

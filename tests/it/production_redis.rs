@@ -518,3 +518,55 @@ async fn a_store_says_how_redis_expires_and_evicts_keys() {
     assert_eq!(refused.eviction_policy(within).await.unwrap(), None);
     refused.connect(within).await.unwrap();
 }
+
+/// Redis full: a client it does not track (new, or one whose bucket
+/// expired) is refused by Redis, and a policy that fails open would admit
+/// it without any limit for as long as Redis stays full. It is limited by
+/// the layer's local count instead (here, the whole limit: one instance):
+/// five requests a minute, then 429.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_redis_never_fails_open_for_a_client_it_does_not_track() {
+    use axum::{Router, routing::get};
+    use tower::ServiceExt;
+
+    let server =
+        RedisServer::start_with(&["--maxmemory", "3mb", "--maxmemory-policy", "noeviction"]);
+    let store = RedisStore::builder(server.pool(4))
+        .with_timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let policy = Policy::new("open", 5, Duration::from_secs(60))
+        .with_algorithm(slidegate::policy::Algorithm::TokenBucket);
+    let mut new_clients = 0u32;
+    loop {
+        assert!(new_clients < 400_000, "Redis never filled up");
+        let flood: Vec<Check> = (0..100)
+            .map(|n| Check::new(&policy, Key::new(format!("flood{}", new_clients + n))).unwrap())
+            .collect();
+        new_clients += 100;
+        if let Err(error) = store.check(&flood).await {
+            assert!(matches!(error, StoreError::Full(_)), "{error}");
+            break;
+        }
+    }
+    let client =
+        |parts: &http::request::Parts| Some(Key::new(parts.headers.get("x-client")?.as_bytes()));
+    let layer =
+        slidegate::RateLimitLayer::new(store, client, slidegate::Policies::single(policy).unwrap())
+            .without_deny_cache();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route_layer(layer);
+    let request = || {
+        http::Request::get("/")
+            .header("x-client", "fresh")
+            .body(axum::body::Body::empty())
+            .unwrap()
+    };
+    for n in 0..5 {
+        let response = app.clone().oneshot(request()).await.unwrap();
+        assert_eq!(response.status(), 200, "request {n}");
+    }
+    let response = app.clone().oneshot(request()).await.unwrap();
+    assert_eq!(response.status(), 429, "limited locally, not failed open");
+}
