@@ -12,8 +12,9 @@ use smallvec::SmallVec;
 
 use crate::layer::background::in_background_on;
 use crate::layer::owed::Recorded;
+use crate::policy::cost::Checks;
 use crate::policy::{Policies, Settlement};
-use crate::store::{Check, Store, StoreError};
+use crate::store::{Check, CheckFuture, Store, StoreError};
 use crate::throttle::SETTLE_FAILURES;
 
 /// No value reported yet.
@@ -314,7 +315,70 @@ impl Settled {
             return;
         }
         let answer = store.settle(settled.checks(), settled.times(), &costs);
-        in_background_on(self.runtime.as_ref(), answer, report_settlement);
+        let (sent, first) = match answer.into_ready() {
+            Ok(outcome) => return report_settlement(outcome),
+            Err(later) => (
+                Sent {
+                    store,
+                    checks: settled.checks().iter().cloned().collect(),
+                    times: settled.times().iter().copied().collect(),
+                    costs,
+                },
+                later,
+            ),
+        };
+        let current = tokio::runtime::Handle::try_current().ok();
+        match current.as_ref().or(self.runtime.as_ref()) {
+            Some(runtime) => {
+                runtime.spawn(sent.until_answered(first));
+            }
+            None => report_settlement(Err(StoreError::Internal(
+                "no Tokio runtime to finish the call on".to_owned(),
+            ))),
+        }
+    }
+}
+
+/// A settlement sent to a store across the network, kept to send again
+/// while the store cannot be reached.
+struct Sent {
+    store: Arc<dyn Store>,
+    checks: Checks,
+    times: SmallVec<[Duration; 2]>,
+    costs: SmallVec<[u64; 2]>,
+}
+
+/// How many times a settlement is sent at most, and the wait before the
+/// second: doubled each time, to at most `SETTLE_RETRY_MOST`. About a
+/// minute in all.
+const SETTLE_ATTEMPTS: u32 = 16;
+const SETTLE_RETRY: Duration = Duration::from_millis(100);
+const SETTLE_RETRY_MOST: Duration = Duration::from_secs(5);
+
+impl Sent {
+    /// Waits for `first`, the settlement's first answer, and sends it
+    /// again while the store could not be reached (it failed, or its
+    /// circuit breaker is open), until it is taken or about a minute has
+    /// passed: a settlement lost to an outage would leave a client that
+    /// reported more than its reservation charged the reservation alone.
+    /// One that timed out is not sent again: it may well have landed, and
+    /// sent twice it would be charged twice.
+    async fn until_answered(self, first: CheckFuture<()>) {
+        let mut outcome = first.await;
+        let mut wait = SETTLE_RETRY;
+        for _ in 1..SETTLE_ATTEMPTS {
+            match &outcome {
+                Err(StoreError::Backend(_) | StoreError::CircuitOpen) => {}
+                _ => break,
+            }
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(SETTLE_RETRY_MOST);
+            outcome = self
+                .store
+                .settle(&self.checks, &self.times, &self.costs)
+                .await;
+        }
+        report_settlement(outcome);
     }
 }
 
@@ -332,13 +396,20 @@ fn units_in(value: &[u8]) -> Option<u64> {
     }))
 }
 
-/// Warns of a settlement that failed: the reservation stays counted
-/// instead of the cost reported.
+/// Warns of a settlement that failed: one that timed out may still land;
+/// one that failed otherwise (after its retries) leaves the reservation
+/// counted instead of the cost reported.
 fn report_settlement(outcome: Result<(), StoreError>) {
-    if let Err(error) = outcome
-        && let Some(held_back) = SETTLE_FAILURES.admit()
-    {
-        tracing::warn!(%error, held_back, "rate-limit settlement failed; the reservation stays counted");
+    let Err(error) = outcome else {
+        return;
+    };
+    let Some(held_back) = SETTLE_FAILURES.admit() else {
+        return;
+    };
+    if matches!(error, StoreError::Timeout(_)) {
+        tracing::warn!(%error, held_back, "rate-limit settlement timed out; it may still land (it is not sent again, which could count it twice)");
+    } else {
+        tracing::warn!(%error, held_back, "rate-limit settlement failed; the reservation stays counted instead of the cost reported");
     }
 }
 

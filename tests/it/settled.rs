@@ -230,11 +230,11 @@ mod through_the_layer {
     /// tell it what to report (after the response has ended): one per
     /// app, so that tests running at once never signal each other's.
     #[derive(Clone, Default)]
-    struct Parked(Arc<std::sync::Mutex<Option<std::sync::mpsc::Sender<u64>>>>);
+    pub(super) struct Parked(Arc<std::sync::Mutex<Option<std::sync::mpsc::Sender<u64>>>>);
 
     impl Parked {
         /// Tells the thread to report `units` and let go of its handle.
-        fn report(&self, units: u64) {
+        pub(super) fn report(&self, units: u64) {
             let thread = self.0.lock().unwrap().take();
             thread.expect("the handler ran").send(units).unwrap();
         }
@@ -263,7 +263,7 @@ mod through_the_layer {
     }
 
     /// The layer of `policy`, its cost in the `x-usage-tokens` header.
-    fn layer_of(s: &Subject, policy: Policy) -> RateLimitLayer {
+    pub(super) fn layer_of(s: &Subject, policy: Policy) -> RateLimitLayer {
         let policy = policy.with_usage_header(http::HeaderName::from_static("x-usage-tokens"));
         RateLimitLayer::new(
             s.store.clone(),
@@ -273,7 +273,7 @@ mod through_the_layer {
         .without_deny_cache()
     }
 
-    fn routes(layer: RateLimitLayer, parked: &Parked) -> Router {
+    pub(super) fn routes(layer: RateLimitLayer, parked: &Parked) -> Router {
         Router::new()
             .route("/header", post(in_header))
             .route("/trailer", post(in_trailer))
@@ -285,13 +285,13 @@ mod through_the_layer {
             .layer(Extension(parked.clone()))
     }
 
-    fn post_to(path: &str) -> Request<Body> {
+    pub(super) fn post_to(path: &str) -> Request<Body> {
         Request::post(path).body(Body::empty()).unwrap()
     }
 
     /// Waits until `left` units are free under the sliding log: a
     /// settlement runs on a task of its own.
-    async fn until_left(s: &Subject, left: u32) {
+    pub(super) async fn until_left(s: &Subject, left: u32) {
         until_left_of(s, &tokens(Algorithm::SlidingLog), left).await;
     }
 
@@ -518,4 +518,28 @@ mod through_the_layer {
         until_left_of(&s, &bucket, 900).await;
     }
     on_both_stores!(a_reload_moves_a_reservation_that_stands, fake_clock);
+}
+
+/// A settlement sent while Redis is down is sent again once it answers:
+/// the cost reported is charged (to a Redis restarted empty: 700 of
+/// 1,000), where the reservation alone would have stood.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settlement_that_failed_is_sent_again_once_the_store_answers() {
+    use through_the_layer::{Parked, layer_of, post_to, routes, until_left};
+
+    let mut tested = StoreUnderTest::redis(true);
+    let mut redis = tested.redis.take().unwrap();
+    let s = Subject::from(tested);
+    let parked = Parked::default();
+    let app = routes(layer_of(&s, tokens(Algorithm::SlidingLog)), &parked);
+    let reply = crate::support::reply::send(&app, post_to("/thread")).await;
+    assert_eq!(reply.status, http::StatusCode::OK);
+    until_left(&s, 900).await;
+    redis.kill();
+    parked.report(700);
+    // Long enough for the first sending to meet the dead server (refused
+    // at once); the charge below lands whenever Redis is back.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    redis.restart();
+    until_left(&s, 300).await;
 }
