@@ -35,6 +35,7 @@ pub(crate) enum Outcome {
     FailedClosed,
     Exempt,
     Local,
+    DelayFull,
 }
 
 impl Outcome {
@@ -48,6 +49,7 @@ impl Outcome {
             Self::FailedClosed => "failed_closed",
             Self::Exempt => "exempt",
             Self::Local => "local",
+            Self::DelayFull => "delay_full",
         }
     }
 }
@@ -130,7 +132,7 @@ mod handles {
     use super::Outcome;
 
     /// Outcomes, then the near-limit count.
-    const SLOTS: usize = 9;
+    const SLOTS: usize = 10;
 
     /// A policy's counters, by slot, registered as they are first used.
     struct Entry {

@@ -10,9 +10,12 @@
 //! A client's held requests are bounded by what its own limit grants
 //! within the delay (the store records none beyond it); a layer's by a
 //! count and by the bytes of their heads. A request the layer has no room
-//! to hold is answered `429`: its units are given back, unless one of its
-//! policies blocks, where they stay counted, so that a flood that fills the
-//! layer still reaches its block.
+//! to hold, its places taken by other requests, is answered `503` with its
+//! units given back: other clients filling the layer never push a client
+//! toward its block. A layer that holds no request at all
+//! (`max_delayed` 0) answers `429`, as the policies would without a delay:
+//! its units are given back, unless one of its policies blocks, where they
+//! stay counted, so that a client that keeps asking reaches its block.
 //!
 //! [`Policy::with_delay`]: crate::Policy::with_delay
 //! [`Decision::delayed_for`]: crate::store::Decision::delayed_for
@@ -155,15 +158,16 @@ impl Drop for Unpassed {
 /// layer has no room to hold, one per enforced check (the first
 /// `enforced` of `checks`, with their `decisions`), each to retry after
 /// the wait. Its units are given back and its leases released, shadow
-/// checks' included, unless an enforced policy of its blocks: then they
-/// stay counted, so that a flood that fills the layer still reaches its
-/// block.
+/// checks' included, unless `keep_for_block` and an enforced policy of
+/// its blocks: then they stay counted, so that a client that keeps asking
+/// reaches its block.
 pub(crate) fn unheld(
     store: &Arc<dyn Store>,
     checks: &[Check],
     decisions: &[Decision],
     enforced: usize,
     wait: Duration,
+    keep_for_block: bool,
 ) -> Decisions {
     // Its leases go at once.
     drop(Owed::of(
@@ -175,9 +179,10 @@ pub(crate) fn unheld(
         || None,
     ));
     let unpassed = Unpassed::of(store, checks, decisions);
-    if checks[..enforced]
-        .iter()
-        .any(|check| check.block_micros > 0)
+    if keep_for_block
+        && checks[..enforced]
+            .iter()
+            .any(|check| check.block_micros > 0)
     {
         unpassed.keep();
     }

@@ -200,8 +200,10 @@ fn decided_by(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Soon<Ne
             parts,
         ) {
             Some(slot) => Some((wait, slot)),
-            None => {
-                let denials = unheld(store, checks, decisions, enforced, wait);
+            // A layer that holds no request denies it, as its policies
+            // would without a delay.
+            None if settings.max_delayed == 0 => {
+                let denials = unheld(store, checks, decisions, enforced, wait, true);
                 let checks = &checks[..enforced];
                 for check in checks {
                     metrics::decided(&check.policy, Outcome::Denied);
@@ -210,6 +212,16 @@ fn decided_by(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Soon<Ne
                 let limited = Limited::new(checks, &denials, 0, None);
                 let answer = reject(shared, parts, Rejection::Limited(&limited));
                 return Soon::ready(Next::Answer(answer));
+            }
+            // A layer full of other requests: not the client's doing.
+            None => {
+                unheld(store, checks, decisions, enforced, wait, false);
+                for check in &checks[..enforced] {
+                    metrics::decided(&check.policy, Outcome::DelayFull);
+                }
+                trace_decision(&checks[0].policy, Outcome::DelayFull, None);
+                let rejection = Rejection::DelayFull { retry_after: wait };
+                return Soon::ready(Next::Answer(reject(shared, parts, rejection)));
             }
         },
         None => None,

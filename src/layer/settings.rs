@@ -234,8 +234,12 @@ impl RateLimitLayer {
 
     /// The most requests this layer holds at once instead of denying them
     /// (policies with [`with_delay`](crate::Policy::with_delay)); default
-    /// 10,000. Past it, a request the store would hold is answered `429`
-    /// (its units given back, unless a policy of its blocks: see
+    /// 10,000. Past it, a request the store would hold is answered `503`
+    /// ([`Rejection::DelayFull`](crate::Rejection::DelayFull)), its units
+    /// given back: the layer's places are taken by other requests, which
+    /// must never push this client toward its block. With 0, no request
+    /// is held: each is answered `429` as its policies would without a
+    /// delay (its units given back, unless a policy of its blocks: see
     /// [`Policy::with_block`](crate::Policy::with_block)). A client holds
     /// at most what its own limit grants within the delay (the store
     /// records no request beyond it: a policy of 10 a second with a delay

@@ -131,6 +131,11 @@ impl Rejection<'_> {
                 "the rate limiter could not identify the client".to_owned(),
                 None,
             ),
+            Self::DelayFull { retry_after } => (
+                UNAVAILABLE,
+                "the rate limiter holds as many waiting calls as it may".to_owned(),
+                Some(pushback_ms(*retry_after)),
+            ),
             // As the HTTP answer's `Retry-After: 1`: retries a second apart.
             Self::StoreUnavailable(_) => (
                 UNAVAILABLE,

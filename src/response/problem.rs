@@ -171,6 +171,24 @@ pub(crate) fn limiter_unavailable() -> Response<Bytes> {
     response
 }
 
+/// `503 Service Unavailable`: the layer holds as many delayed requests as
+/// it may, so this one, which would have waited `retry_after`, is not
+/// held.
+pub(crate) fn delay_full(retry_after: Duration) -> Response<Bytes> {
+    let seconds = ceil_seconds(retry_after).max(1);
+    let mut response = problem(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "Too Many Requests Held",
+        "this request would wait for its rate limit, but the server holds as many waiting \
+         requests as it may; nothing was counted against the client",
+        &[("retry_after_seconds", json!(seconds))],
+    );
+    response
+        .headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from(seconds));
+    response
+}
+
 /// `401 Unauthorized`: the key extractors identify clients by credentials
 /// only, and the request carried none.
 pub(crate) fn missing_credentials() -> Response<Bytes> {

@@ -51,6 +51,17 @@ pub enum Rejection<'a> {
     /// The store failed and a policy of the request fails closed: `503
     /// Service Unavailable` with `Retry-After: 1`.
     StoreUnavailable(&'a StoreError),
+    /// The store would hold the request for its policies' delay, but the
+    /// layer holds as many requests as it may
+    /// ([`with_max_delayed`](crate::RateLimitLayer::with_max_delayed), or
+    /// their bytes): `503 Service Unavailable`, with `Retry-After` the
+    /// wait it would have had. The request's units are given back: the
+    /// client is not at fault, and other clients filling the layer never
+    /// push it toward its block.
+    DelayFull {
+        /// The wait the store granted the request.
+        retry_after: Duration,
+    },
 }
 
 impl Rejection<'_> {
@@ -72,7 +83,7 @@ impl Rejection<'_> {
             } => StatusCode::UNAUTHORIZED,
             Self::Unidentified { .. } => StatusCode::INTERNAL_SERVER_ERROR,
             Self::CostAboveLimit(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            Self::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::StoreUnavailable(_) | Self::DelayFull { .. } => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 }

@@ -150,7 +150,7 @@ async fn a_client_that_goes_away_frees_its_place(tested: StoreUnderTest) {
     let denied = send(&app, request()).await;
     assert_eq!(
         denied.status,
-        StatusCode::TOO_MANY_REQUESTS,
+        StatusCode::SERVICE_UNAVAILABLE,
         "no place left"
     );
     assert!(
@@ -185,12 +185,12 @@ async fn a_client_that_goes_away_frees_its_place(tested: StoreUnderTest) {
 }
 on_both_stores!(a_client_that_goes_away_frees_its_place);
 
-/// Waits (at most five seconds) until `layer` holds `count` requests.
+/// Waits (at most a minute) until `layer` holds `count` requests.
 async fn held(layer: &RateLimitLayer, count: usize) {
     let started = Instant::now();
     while layer.delayed() != count {
         assert!(
-            started.elapsed() < Duration::from_secs(5),
+            started.elapsed() < Duration::from_secs(60),
             "{} held, not {count}",
             layer.delayed()
         );
@@ -250,6 +250,71 @@ async fn one_client_holds_only_what_its_limit_can_grant(tested: StoreUnderTest) 
 }
 on_both_stores!(one_client_holds_only_what_its_limit_can_grant);
 
+/// Clients that fill the layer's places (here two identities, each with
+/// a request held) never push another client toward its block: each of
+/// its requests the layer has no room to hold is answered 503 with its
+/// units given back, where they once stayed counted (429) until its next
+/// slot lay beyond the delay and a denial blocked it for a minute. Once
+/// the places are free, its request is held, not blocked.
+async fn others_filling_the_layer_never_block_a_client(tested: StoreUnderTest) {
+    let policy = Policy::new("blocking", 1, Duration::from_secs(10))
+        .with_delay(Duration::from_secs(30))
+        .with_block(Duration::from_secs(60));
+    let layer = RateLimitLayer::new(tested.store, clients(), Policies::single(policy).unwrap())
+        .with_max_delayed(2);
+    let app = app(layer.clone(), Entries::default());
+    let mut fillers = Vec::new();
+    for client in ["a", "b"] {
+        assert_eq!(
+            send(&app, request_from(client)).await.status,
+            StatusCode::OK
+        );
+        fillers.push(tokio::spawn({
+            let app = app.clone();
+            async move { send(&app, request_from(client)).await }
+        }));
+    }
+    held(&layer, 2).await;
+    assert_eq!(send(&app, request_from("c")).await.status, StatusCode::OK);
+    let key = slidegate::key::Key::parse("header:x-client:c").unwrap();
+    for _ in 0..4 {
+        let reply = send(&app, request_from("c")).await;
+        assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            reply.header("retry-after"),
+            Some("10"),
+            "the wait it would have had"
+        );
+        // Its units go back on a task of their own: the window holds its
+        // first request alone again before the next.
+        let started = Instant::now();
+        while layer
+            .peek("blocking", &key, None)
+            .await
+            .unwrap()
+            .retry_after
+            .is_none_or(|wait| wait > Duration::from_secs(10))
+        {
+            assert!(started.elapsed() < Duration::from_secs(60), "units kept");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    for filler in fillers {
+        filler.abort();
+        let _ = filler.await;
+    }
+    held(&layer, 0).await;
+    // Held until its first request leaves the window: not answered within
+    // a second, where a blocked client is denied at once.
+    let waited = tokio::time::timeout(Duration::from_secs(1), send(&app, request_from("c"))).await;
+    assert!(
+        waited.is_err(),
+        "answered at once: {:?}",
+        waited.map(|r| r.status)
+    );
+}
+on_both_stores!(others_filling_the_layer_never_block_a_client);
+
 /// The bytes of held requests' heads are bounded: past the bound, a
 /// request that could be held is denied at once.
 async fn held_heads_are_bounded_in_bytes(tested: StoreUnderTest) {
@@ -276,7 +341,7 @@ async fn held_heads_are_bounded_in_bytes(tested: StoreUnderTest) {
     let started = Instant::now();
     assert_eq!(
         send(&app, heavy("b")).await.status,
-        StatusCode::TOO_MANY_REQUESTS
+        StatusCode::SERVICE_UNAVAILABLE
     );
     assert!(
         started.elapsed() < Duration::from_millis(300),
