@@ -31,9 +31,14 @@ const UNSET: u64 = u64::MAX;
 /// once its response body has ended (or was dropped) and every clone of
 /// the handle is gone: a task that goes on generating after the client
 /// left (a thread of no runtime too) is charged what it reports until it
-/// lets go. A stream that goes
+/// lets go. What is reported past the reservation is charged as it comes,
+/// at most once a second, not only at the end, so a request that runs long
+/// (a client that holds its body back) spends no more than it reports
+/// meanwhile. A stream that goes
 /// away before its end is charged what it reported by then, so report as
-/// you go ([`add`](Self::add)) rather than once at the end.
+/// you go ([`add`](Self::add)) rather than once at the end. Units charged
+/// as they came are not given back if a later [`set`](Self::set) reports
+/// less.
 ///
 /// ```
 /// use axum::{Extension, routing::post, Router};
@@ -80,6 +85,7 @@ impl Usage {
     /// Reports that the request cost `units` in all.
     pub fn set(&self, units: u64) {
         self.0.units.store(units.min(UNSET - 1), Ordering::Relaxed);
+        self.charge_as_reported();
         if let Some(outer) = self.0.outer.get() {
             outer.set(units);
         }
@@ -95,8 +101,23 @@ impl Usage {
                 let before = if now == UNSET { 0 } else { now };
                 Some(before.saturating_add(units).min(UNSET - 1))
             });
+        self.charge_as_reported();
         if let Some(outer) = self.0.outer.get() {
             outer.add(units);
+        }
+    }
+
+    /// Charges what the handle reports past what its reservations have
+    /// counted so far, at most once per `CHARGE_EVERY`: a request that
+    /// runs long (a stream, a task that goes on generating while its
+    /// client holds the body back) is charged as it reports, not only at
+    /// its end.
+    fn charge_as_reported(&self) {
+        let Some(units) = self.get() else {
+            return;
+        };
+        if let Some(settled) = self.settled().as_mut() {
+            settled.charge_past_reservations(units);
         }
     }
 
@@ -125,6 +146,7 @@ impl Usage {
             reported: SmallVec::new(),
             in_force,
             runtime: tokio::runtime::Handle::try_current().ok(),
+            charged_at: None,
         }))
     }
 
@@ -133,7 +155,11 @@ impl Usage {
     pub(crate) fn reserve(&self, check: &Check, at: Duration, settlement: &Settlement) {
         if let Some(settled) = self.settled().as_mut() {
             settled.reserved.push(check, at);
-            settled.reported.push((settlement.header.clone(), None));
+            settled.reported.push(Reported {
+                header: settlement.header.clone(),
+                value: None,
+                charged: 0,
+            });
         }
     }
 
@@ -164,7 +190,7 @@ impl Usage {
     pub(crate) fn reads_headers(&self) -> bool {
         self.settled()
             .as_ref()
-            .is_some_and(|settled| settled.reported.iter().any(|(name, _)| name.is_some()))
+            .is_some_and(|settled| settled.reported.iter().any(|r| r.header.is_some()))
     }
 
     fn settled(&self) -> MutexGuard<'_, Option<Settled>> {
@@ -203,14 +229,30 @@ impl Drop for Shared {
 #[derive(Debug)]
 struct Settled {
     reserved: Recorded,
-    /// Per reservation: the header or trailer its policy reads, and the
-    /// integer last found in it.
-    reported: SmallVec<[(Option<HeaderName>, Option<u64>); 2]>,
+    /// Per reservation, what was reported of it.
+    reported: SmallVec<[Reported; 2]>,
     in_force: InForce,
     /// The runtime the request ran on, to settle on when the last handle
     /// is dropped on a thread of none.
     runtime: Option<tokio::runtime::Handle>,
+    /// When the handle's reports were last charged as they came.
+    charged_at: Option<std::time::Instant>,
 }
+
+/// What was reported of one reservation.
+#[derive(Debug)]
+struct Reported {
+    /// The header or trailer its policy reads.
+    header: Option<HeaderName>,
+    /// The integer last found in it.
+    value: Option<u64>,
+    /// Units charged alone past the reservation as the handle reported
+    /// them, before the settlement (see `charge_past_reservations`).
+    charged: u64,
+}
+
+/// How often a handle's reports are charged as they come, at most.
+const CHARGE_EVERY: Duration = Duration::from_secs(1);
 
 /// The policies in force, which a reload may replace while a request
 /// runs, and the client's tier: a settlement is charged to its policy as
@@ -242,12 +284,13 @@ impl InForce {
 
 impl Settled {
     fn read(&mut self, headers: &HeaderMap) {
-        for (name, reported) in &mut self.reported {
+        for reported in &mut self.reported {
+            let name = &reported.header;
             let Some(value) = name.as_ref().and_then(|name| headers.get(name)) else {
                 continue;
             };
             match units_in(value.as_bytes()) {
-                Some(units) => *reported = Some(units),
+                Some(units) => reported.value = Some(units),
                 None => {
                     if let Some(held_back) = SETTLE_FAILURES.admit() {
                         tracing::warn!(
@@ -259,6 +302,37 @@ impl Settled {
                 }
             }
         }
+    }
+
+    /// Charges alone, on each reservation its policy takes from the handle
+    /// (no usage header), what `units` (the handle's value) is past the
+    /// reservation and what was charged so far; at most once per
+    /// `CHARGE_EVERY`. The settlement then counts the rest.
+    fn charge_past_reservations(&mut self, units: u64) {
+        let now = std::time::Instant::now();
+        if self
+            .charged_at
+            .is_some_and(|at| now.duration_since(at) < CHARGE_EVERY)
+        {
+            return;
+        }
+        let store = self.reserved.store().clone();
+        let mut charges = Recorded::new(&store);
+        let mut costs = SmallVec::<[u64; 2]>::new();
+        for (check, reported) in self.reserved.checks().iter().zip(&mut self.reported) {
+            let counted = u64::from(check.cost).saturating_add(reported.charged);
+            if reported.header.is_none() && units > counted {
+                charges.push(check, Duration::ZERO);
+                costs.push(units - counted);
+                reported.charged += units - counted;
+            }
+        }
+        if charges.is_empty() {
+            return;
+        }
+        self.charged_at = Some(now);
+        let answer = store.settle(charges.checks(), charges.times(), &costs);
+        in_background_on(self.runtime.as_ref(), answer, report_settlement);
     }
 
     /// Settles at once the reservations whose usage header the
@@ -289,20 +363,23 @@ impl Settled {
         let mut still_reported = SmallVec::new();
         let mut costs = SmallVec::<[u64; 2]>::new();
         let reserved = self.reserved.checks().iter().zip(self.reserved.times());
-        for ((check, &at), (header, reported)) in reserved.zip(self.reported.drain(..)) {
-            let cost = cost_of(reported);
+        for ((check, &at), reported) in reserved.zip(self.reported.drain(..)) {
+            let cost = cost_of(reported.value);
+            let counted = u64::from(check.cost).saturating_add(reported.charged);
             if cost.is_none() && !all {
                 waiting.push(check, at);
-                still_reported.push((header, reported));
+                still_reported.push(reported);
             } else if let Some(now) = self.in_force.recounted(check) {
                 moved.push(check, at);
                 // No units to take back in the new keys: a charge alone.
                 settled.push(&now, Duration::ZERO);
                 costs.push(cost.unwrap_or(u64::from(check.cost)));
-            } else if let Some(cost) = cost.filter(|&cost| cost != u64::from(check.cost)) {
-                // A cost equal to the reservation changes nothing: no call.
+            } else if let Some(cost) = cost.filter(|&cost| cost != counted) {
+                // The reservation is replaced by what was not charged as
+                // it came (a cost reported below what was is not given
+                // back). A cost equal to what is counted: no call.
                 settled.push(check, at);
-                costs.push(cost);
+                costs.push(cost.saturating_sub(reported.charged));
             }
         }
         self.reserved = waiting;

@@ -579,9 +579,11 @@ impl Policy {
     /// generated are known only once it is done.
     ///
     /// The handler reports the cost on the [`Usage`](crate::Usage) handle
-    /// it finds in the request's extensions (a stream as it goes); the
-    /// request is settled at the last value reported once its body has
-    /// ended or was dropped and the handler has let go of the handle. A
+    /// it finds in the request's extensions (a stream as it goes); what it
+    /// reports past the reservation is charged as it comes (at most once a
+    /// second), and the request is settled at the last value reported once
+    /// its body has ended or was dropped and the handler has let go of the
+    /// handle. A
     /// request that reports nothing keeps its reservation, so a client
     /// that goes away mid-stream is charged what was reported by then,
     /// else the reservation.

@@ -233,10 +233,21 @@ mod through_the_layer {
     pub(super) struct Parked(Arc<std::sync::Mutex<Option<std::sync::mpsc::Sender<u64>>>>);
 
     impl Parked {
-        /// Tells the thread to report `units` and let go of its handle.
+        /// Tells the thread to report `units` more and keep its handle.
+        fn add(&self, units: u64) {
+            let thread = self.0.lock().unwrap();
+            thread
+                .as_ref()
+                .expect("the handler ran")
+                .send(units)
+                .unwrap();
+        }
+
+        /// Tells the thread to report `units` more and let go of its
+        /// handle.
         pub(super) fn report(&self, units: u64) {
-            let thread = self.0.lock().unwrap().take();
-            thread.expect("the handler ran").send(units).unwrap();
+            self.add(units);
+            self.0.lock().unwrap().take();
         }
     }
 
@@ -249,7 +260,9 @@ mod through_the_layer {
         let (go, wait) = std::sync::mpsc::channel::<u64>();
         parked.0.lock().unwrap().replace(go);
         std::thread::spawn(move || {
-            usage.add(wait.recv().unwrap_or(0));
+            while let Ok(units) = wait.recv() {
+                usage.add(units);
+            }
         });
         "started"
     }
@@ -269,6 +282,16 @@ mod through_the_layer {
             s.store.clone(),
             OneClient,
             Policies::single(policy).unwrap(),
+        )
+        .without_deny_cache()
+    }
+
+    /// The layer of `policy`, its cost from the `Usage` handle alone.
+    fn handle_layer_of(s: &Subject, policy: Policy) -> RateLimitLayer {
+        RateLimitLayer::new(
+            s.store.clone(),
+            OneClient,
+            Policies::single(policy.settled_after_response()).unwrap(),
         )
         .without_deny_cache()
     }
@@ -464,6 +487,24 @@ mod through_the_layer {
         until_left(&s, 500).await;
     }
     on_both_stores!(a_handle_let_go_off_the_runtime_settles, fake_clock);
+
+    /// A handle's reports are charged as they come (at most once a
+    /// second), not only when the request lets go of it: a task that goes
+    /// on generating (while its client holds the body back, say) is
+    /// charged the 700 it reported at once; the settlement then counts
+    /// the rest, to the 900 reported in all.
+    async fn reports_are_charged_as_they_come(tested: StoreUnderTest) {
+        let s = Subject::from(tested);
+        let parked = Parked::default();
+        let app = routes(handle_layer_of(&s, tokens(Algorithm::SlidingLog)), &parked);
+        assert_eq!(send(&app, post_to("/thread")).await.status, StatusCode::OK);
+        until_left(&s, 900).await;
+        parked.add(700);
+        until_left(&s, 300).await;
+        parked.report(200);
+        until_left(&s, 100).await;
+    }
+    on_both_stores!(reports_are_charged_as_they_come, fake_clock);
 
     /// A reload that makes the settled policy a token bucket while a
     /// request holds its reservation in the sliding log: the cost the
