@@ -830,6 +830,16 @@ fn settled(
         (None, Some(true)) => Ok(policy.settled_after_response()),
         (None, _) => Ok(policy),
     }
+    .and_then(|policy| match &body.max_unsettled {
+        Some(max) if !policy.is_settled_after_response() => Err(refuse(
+            max.span().start,
+            "max_unsettled",
+            "bounds reservations of a policy settled after the response: set `usage_header` \
+             or `settled = true`",
+        )),
+        Some(max) => Ok(policy.with_max_unsettled(*max.get_ref())),
+        None => Ok(policy),
+    })
 }
 
 fn policy_from(
@@ -878,6 +888,7 @@ fn policy_from(
             "calendar" => offset_of(body.calendar.as_ref()),
             "utc_offset" => offset_of(body.utc_offset.as_ref()),
             "settled" => offset_of(body.settled.as_ref()).or(offset_of(body.usage_header.as_ref())),
+            "max_unsettled" => offset_of(body.max_unsettled.as_ref()),
             "name" => Some(name_offset),
             _ => None,
         }

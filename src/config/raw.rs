@@ -283,6 +283,7 @@ pub(super) struct RawPolicy {
     pub(super) utc_offset: Option<Spanned<String>>,
     pub(super) settled: Option<Spanned<bool>>,
     pub(super) usage_header: Option<Spanned<String>>,
+    pub(super) max_unsettled: Option<Spanned<u32>>,
 }
 
 /// A tier's overrides in `tiers = { pro = { limit = 50 } }`.
@@ -316,6 +317,7 @@ impl RawPolicy {
             utc_offset: self.utc_offset,
             settled: self.settled,
             usage_header: self.usage_header,
+            max_unsettled: self.max_unsettled,
         };
         (self.name, self.route, body)
     }
@@ -341,4 +343,5 @@ pub(super) struct RawPolicyBody {
     pub(super) utc_offset: Option<Spanned<String>>,
     pub(super) settled: Option<Spanned<bool>>,
     pub(super) usage_header: Option<Spanned<String>>,
+    pub(super) max_unsettled: Option<Spanned<u32>>,
 }

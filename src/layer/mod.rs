@@ -26,6 +26,7 @@ mod refused;
 mod reject;
 mod service;
 mod settings;
+mod unsettled;
 mod usage;
 
 pub use body::ResponseBody;
@@ -111,6 +112,7 @@ impl RateLimitLayer {
                 local: Arc::default(),
                 client_limits: None,
                 delayed: Arc::default(),
+                unsettled: Arc::default(),
                 namespace: None,
                 settings: Settings::default(),
             }),

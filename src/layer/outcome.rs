@@ -17,7 +17,7 @@ use crate::layer::delay::{Delayed, Slot, Unpassed, unheld};
 use crate::layer::deny_cache::Denied;
 use crate::layer::future::Next;
 use crate::layer::local_fallback::LocalChecks;
-use crate::layer::owed::{HeaderSource, Owed, Settlements};
+use crate::layer::owed::{HeaderSource, Owed, Places, Settlements};
 use crate::layer::reject::reject;
 use crate::metrics::{self, Outcome};
 use crate::policy::plan::Plan;
@@ -185,6 +185,15 @@ fn decided_by(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Soon<Ne
     if !decisions[..enforced].iter().all(|d| d.admitted) {
         return Soon::ready(denied_by(shared, parts, &answered));
     }
+    // A place for each reservation settled after the response; a client
+    // that holds its most is denied, its units given back.
+    let places = match answered.settlements {
+        Some(settlements) => match unsettled_places(shared, checks, decisions, settlements) {
+            Ok(places) => Some(places),
+            Err(full) => return Soon::ready(holds_its_most(shared, parts, &answered, full)),
+        },
+        None => None,
+    };
     let settings = shared.settings;
     // Admitted once it has waited, in a place of the layer's.
     let wait = decisions[..enforced]
@@ -275,6 +284,7 @@ fn decided_by(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Soon<Ne
         of,
         policies: &shared.policies,
         tier: answered.tier,
+        places: places.unwrap_or_default(),
     });
     let debts = (counts, settlements);
     let mut owed = Owed::of(store, checks, decisions, debts, answered.local, || {
@@ -298,6 +308,70 @@ fn decided_by(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Soon<Ne
         None => Soon::ready(call),
     }
 }
+
+/// A place (see [`Unsettled`](super::unsettled::Unsettled)) for each
+/// admitted check that `settlements` settles after the response, in
+/// order (`None` for the others); or the index of the first check whose
+/// client holds as many reservations as its policy allows.
+fn unsettled_places(
+    shared: &Shared,
+    checks: &[Check],
+    decisions: &[Decision],
+    settlements: &[Option<Settlement>],
+) -> Result<Places, usize> {
+    checks
+        .iter()
+        .zip(decisions)
+        .zip(settlements)
+        .enumerate()
+        .map(
+            |(index, ((check, decision), settlement))| match (settlement, decision.recorded_at) {
+                (Some(settlement), Some(_)) => shared
+                    .unsettled
+                    .take(check, settlement.max_unsettled)
+                    .map(Some)
+                    .ok_or(index),
+                _ => Ok(None),
+            },
+        )
+        .collect()
+}
+
+/// A `429` for a request whose client holds as many reservations of the
+/// policy of `answered`'s check at `full` as it allows, unsettled: its
+/// units are given back (and its leases), and it may try again in a
+/// second, when a reservation may have been settled.
+fn holds_its_most(shared: &Shared, parts: &Parts, answered: &Answered<'_>, full: usize) -> Next {
+    let &Answered {
+        store,
+        checks,
+        decisions,
+        enforced,
+        ..
+    } = answered;
+    unheld(store, checks, decisions, enforced, Duration::ZERO, false);
+    let checks = &checks[..enforced];
+    let denials: Decisions = decisions[..enforced]
+        .iter()
+        .enumerate()
+        .map(|(index, decision)| Decision {
+            admitted: false,
+            remaining: if index == full { 0 } else { decision.remaining },
+            retry_after: (index == full).then_some(UNSETTLED_RETRY),
+            recorded_at: None,
+            delayed_for: None,
+            ..*decision
+        })
+        .collect();
+    metrics::decided(&checks[full].policy, Outcome::Denied);
+    trace_decision(&checks[full].policy, Outcome::Denied, None);
+    let limited = Limited::new(checks, &denials, 0, None);
+    Next::Answer(reject(shared, parts, Rejection::Limited(&limited)))
+}
+
+/// When a client that holds its most reservations, unsettled, may try
+/// again: they end with their requests, which no one knows in advance.
+const UNSETTLED_RETRY: Duration = Duration::from_secs(1);
 
 /// A `429` for the decisions `answered` holds, some enforced one of which
 /// denies. A store's denial is remembered in the deny cache.

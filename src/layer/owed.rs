@@ -17,6 +17,7 @@ use smallvec::SmallVec;
 
 use crate::layer::background::in_background_on;
 use crate::layer::connection::{ConnectionLease, Upgrade};
+use crate::layer::unsettled::Place;
 use crate::layer::usage::{InForce, Usage};
 use crate::policy::cost::Checks;
 use crate::policy::{Algorithm, Count, Policies, Settlement};
@@ -150,7 +151,14 @@ pub(crate) struct Settlements<'a> {
     pub(crate) of: &'a [Option<Settlement>],
     pub(crate) policies: &'a Arc<ArcSwap<Policies>>,
     pub(crate) tier: Option<&'a str>,
+    /// Each settled reservation's place among its client's unsettled ones,
+    /// by check (empty when none is taken).
+    pub(crate) places: Places,
 }
+
+/// A request's places among its clients' unsettled reservations, by
+/// check.
+pub(crate) type Places = SmallVec<[Option<Place>; 2]>;
 
 /// What a request's rate-limit headers are written from, to write them
 /// again with refunded units.
@@ -175,7 +183,7 @@ impl Owed {
         store: &Arc<dyn Store>,
         checks: &[Check],
         decisions: &[Decision],
-        (counts, settlements): (Option<&[Count]>, Option<Settlements<'_>>),
+        (counts, mut settlements): (Option<&[Count]>, Option<Settlements<'_>>),
         local: Option<Self>,
         headers: impl FnOnce() -> Option<HeaderSource>,
     ) -> Option<Self> {
@@ -197,9 +205,10 @@ impl Owed {
             };
             let count = counts.map_or(Count::All, |counts| counts[position]);
             let settlement = settlements
-                .as_ref()
-                .and_then(|settlements| Some((settlements, settlements.of[position].as_ref()?)));
-            if let Some((settlements, settlement)) = settlement {
+                .as_mut()
+                .and_then(|settlements| Some((settlements.of[position].as_ref()?, settlements)));
+            if let Some((settlement, settlements)) = settlement {
+                let place = settlements.places.get_mut(position).and_then(Option::take);
                 debts
                     .get_or_insert_with(new)
                     .settled
@@ -210,7 +219,7 @@ impl Owed {
                         };
                         Usage::settling(store, in_force)
                     })
-                    .reserve(check, at, settlement);
+                    .reserve(check, at, settlement, place);
             } else if check.algorithm == Algorithm::Concurrency {
                 // A lease goes back when the body ends, whatever it says.
                 debts.get_or_insert_with(new).leases.push(check, at);

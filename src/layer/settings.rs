@@ -81,6 +81,8 @@ pub(crate) struct Shared {
     pub(crate) client_limits: Option<Arc<ClientLimits>>,
     /// The requests held now instead of denied, in every clone.
     pub(crate) delayed: Arc<DelayedRequests>,
+    /// The reservations each client holds unsettled, in every clone.
+    pub(crate) unsettled: Arc<crate::layer::unsettled::Unsettled>,
     /// The namespace of every store key the layer writes, if set.
     pub(crate) namespace: Option<Arc<str>>,
     pub(crate) settings: Settings,

@@ -12,6 +12,7 @@ use smallvec::SmallVec;
 
 use crate::layer::background::in_background_on;
 use crate::layer::owed::Recorded;
+use crate::layer::unsettled::Place;
 use crate::policy::cost::Checks;
 use crate::policy::{Policies, Settlement};
 use crate::store::{Check, CheckFuture, Store, StoreError};
@@ -151,14 +152,22 @@ impl Usage {
     }
 
     /// Adds the reservation of `check`, recorded at `at`, to settle as
-    /// `settlement` says.
-    pub(crate) fn reserve(&self, check: &Check, at: Duration, settlement: &Settlement) {
+    /// `settlement` says; `place`, its place among its client's unsettled
+    /// reservations, is given back once it is settled.
+    pub(crate) fn reserve(
+        &self,
+        check: &Check,
+        at: Duration,
+        settlement: &Settlement,
+        place: Option<Place>,
+    ) {
         if let Some(settled) = self.settled().as_mut() {
             settled.reserved.push(check, at);
             settled.reported.push(Reported {
                 header: settlement.header.clone(),
                 value: None,
                 charged: 0,
+                _place: place,
             });
         }
     }
@@ -249,6 +258,9 @@ struct Reported {
     /// Units charged alone past the reservation as the handle reported
     /// them, before the settlement (see `charge_past_reservations`).
     charged: u64,
+    /// Its place among its client's unsettled reservations, held until
+    /// it is settled.
+    _place: Option<Place>,
 }
 
 /// How often a handle's reports are charged as they come, at most.

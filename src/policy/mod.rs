@@ -232,7 +232,22 @@ pub struct Policy {
 pub(crate) struct Settlement {
     /// The response header or trailer holding it, if the policy names one.
     pub(crate) header: Option<HeaderName>,
+    /// The most reservations a client holds at once, unsettled.
+    pub(crate) max_unsettled: u32,
 }
+
+impl Default for Settlement {
+    fn default() -> Self {
+        Self {
+            header: None,
+            max_unsettled: DEFAULT_MAX_UNSETTLED,
+        }
+    }
+}
+
+/// The most reservations of a policy settled after the response that a
+/// client holds at once, unless set (see [`Policy::with_max_unsettled`]).
+pub const DEFAULT_MAX_UNSETTLED: u32 = 8;
 
 impl Policy {
     /// A policy named `name` allowing `limit` units per `window`, at a cost
@@ -598,12 +613,14 @@ impl Policy {
     /// limit plus what its requests admitted meanwhile spend past their
     /// reservations: reserve what a request may cost (from the request,
     /// as an LLM API's `max_tokens`, with a
-    /// [`RequestCost`](crate::policy::RequestCost): one asking for more
+    /// [`RequestCost`]: one asking for more
     /// than the limit is then refused before it runs), pair the policy
     /// with a [concurrency limit](Self::concurrency), or use a token
-    /// bucket to carry debts over. Over HTTP/2 one connection carries many
-    /// requests at once, so a concurrency limit bounds requests in flight,
-    /// not connections.
+    /// bucket to carry debts over. A client holds at most
+    /// [`max_unsettled`](Self::with_max_unsettled) reservations at once (8
+    /// by default, per instance), so requests held open bring at most that
+    /// many overdrafts a window: over HTTP/2 one connection carries many
+    /// requests at once, their bodies held back as the client likes.
     ///
     /// A settled policy counts every response (it takes no [`Count`]) and
     /// limits a rate (no concurrency). It counts units, not requests: a
@@ -625,7 +642,34 @@ impl Policy {
     /// ```
     #[must_use]
     pub fn settled_after_response(mut self) -> Self {
-        self.settlement.get_or_insert(Settlement { header: None });
+        self.settlement.get_or_insert_with(Settlement::default);
+        self
+    }
+
+    /// The most reservations of this policy one client holds at once, its
+    /// requests admitted and not yet settled (default
+    /// [`DEFAULT_MAX_UNSETTLED`], 8); a request past it is answered `429`
+    /// with `Retry-After: 1`, its units given back. So a client that holds
+    /// requests open (over HTTP/2, many streams on one connection, their
+    /// bodies held back) spends in a window at most the limit plus that
+    /// many overdrafts, even where no request says what it will cost. The
+    /// count is kept in each process: with several instances, each holds
+    /// its own. Implies [`settled_after_response`](Self::settled_after_response).
+    ///
+    /// ```
+    /// use slidegate::Policy;
+    /// use std::time::Duration;
+    ///
+    /// let tokens = Policy::new("tokens", 100_000, Duration::from_secs(60))
+    ///     .with_cost(500)
+    ///     .with_max_unsettled(4);
+    /// assert!(tokens.is_settled_after_response());
+    /// assert!(slidegate::Policies::single(tokens.with_max_unsettled(0)).is_err());
+    /// ```
+    pub fn with_max_unsettled(mut self, max: u32) -> Self {
+        self.settlement
+            .get_or_insert_with(Settlement::default)
+            .max_unsettled = max;
         self
     }
 
@@ -656,9 +700,9 @@ impl Policy {
     /// ```
     #[must_use]
     pub fn with_usage_header(mut self, header: HeaderName) -> Self {
-        self.settlement = Some(Settlement {
-            header: Some(header),
-        });
+        self.settlement
+            .get_or_insert_with(Settlement::default)
+            .header = Some(header);
         self
     }
 
@@ -672,6 +716,22 @@ impl Policy {
     /// if the policy names one.
     pub fn usage_header(&self) -> Option<&HeaderName> {
         self.settlement.as_ref()?.header.as_ref()
+    }
+
+    /// The most reservations one client holds at once, unsettled, for a
+    /// policy settled after the response (see
+    /// [`with_max_unsettled`](Self::with_max_unsettled)).
+    ///
+    /// ```
+    /// use slidegate::Policy;
+    /// use std::time::Duration;
+    ///
+    /// let tokens = Policy::new("tokens", 1_000, Duration::from_secs(60));
+    /// assert_eq!(tokens.max_unsettled(), None);
+    /// assert_eq!(tokens.settled_after_response().max_unsettled(), Some(8));
+    /// ```
+    pub fn max_unsettled(&self) -> Option<u32> {
+        Some(self.settlement.as_ref()?.max_unsettled)
     }
 
     pub(crate) fn settlement(&self) -> Option<&Settlement> {
@@ -780,6 +840,13 @@ impl Policy {
             && (self.algorithm == Algorithm::Concurrency || self.count != Count::All)
         {
             return Err(PolicyError::SettledWithoutRate { name: name() });
+        }
+        if self
+            .settlement
+            .as_ref()
+            .is_some_and(|settlement| settlement.max_unsettled == 0)
+        {
+            return Err(PolicyError::ZeroMaxUnsettled { name: name() });
         }
         if let Algorithm::Calendar(calendar) = self.algorithm {
             if !calendar.is_valid() {
@@ -993,6 +1060,13 @@ pub enum PolicyError {
         /// The policy.
         name: String,
     },
+    /// A policy settled after the response lets a client hold no
+    /// reservation at all (`max_unsettled` 0).
+    #[error("policy `{name}`: max_unsettled must be at least 1")]
+    ZeroMaxUnsettled {
+        /// The policy.
+        name: String,
+    },
     /// A calendar's offset from UTC is a day or more, or not whole
     /// minutes.
     #[error("policy `{name}`: utc_offset must be under 24 hours, in whole minutes")]
@@ -1075,6 +1149,7 @@ impl PolicyError {
             Self::ConcurrencyWithDelayOrBlock { .. } => "concurrency",
             Self::InvalidUtcOffset { .. } => "utc_offset",
             Self::SettledWithoutRate { .. } => "settled",
+            Self::ZeroMaxUnsettled { .. } => "max_unsettled",
             Self::CalendarWithDelay { .. } | Self::CalendarWithWindow { .. } => "calendar",
             Self::InvalidRoute { .. }
             | Self::InvalidPattern { .. }

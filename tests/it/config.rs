@@ -1170,6 +1170,11 @@ fn settled_policies_parse() {
     let policy = config.policies().iter().next().unwrap();
     assert!(policy.is_settled_after_response());
     assert_eq!(policy.usage_header(), None);
+    assert_eq!(policy.max_unsettled(), Some(8), "the default");
+    let config =
+        Config::from_toml_str(&format!("{POLICY}settled = true\nmax_unsettled = 3\n")).unwrap();
+    let policy = config.policies().iter().next().unwrap();
+    assert_eq!(policy.max_unsettled(), Some(3));
     let config = Config::from_toml_str(&format!("{POLICY}settled = false\n")).unwrap();
     assert!(
         !config
@@ -1202,5 +1207,15 @@ fn bad_settled_policies_name_their_key() {
         "[[policy]]\nname = \"slow\"\nconcurrency = 2\nusage_header = \"x-usage\"\n",
         4,
         "policy[0].settled",
+    );
+    refused(
+        &format!("{POLICY}max_unsettled = 3\n"),
+        6,
+        "policy[0].max_unsettled",
+    );
+    refused(
+        &format!("{POLICY}settled = true\nmax_unsettled = 0\n"),
+        7,
+        "policy[0].max_unsettled",
     );
 }

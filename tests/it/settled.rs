@@ -230,7 +230,10 @@ mod through_the_layer {
     /// tell it what to report (after the response has ended): one per
     /// app, so that tests running at once never signal each other's.
     #[derive(Clone, Default)]
-    pub(super) struct Parked(Arc<std::sync::Mutex<Option<std::sync::mpsc::Sender<u64>>>>);
+    pub(super) struct Parked(
+        Arc<std::sync::Mutex<Option<std::sync::mpsc::Sender<u64>>>>,
+        Arc<std::sync::Mutex<Vec<Usage>>>,
+    );
 
     impl Parked {
         /// Tells the thread to report `units` more and keep its handle.
@@ -249,6 +252,21 @@ mod through_the_layer {
             self.add(units);
             self.0.lock().unwrap().take();
         }
+
+        /// Lets go of the handle `kept` keeps longest.
+        fn let_go(&self) {
+            drop(self.1.lock().unwrap().remove(0));
+        }
+    }
+
+    /// Keeps its request's handle, reporting nothing, until the test lets
+    /// go of it.
+    async fn kept(
+        Extension(usage): Extension<Usage>,
+        Extension(parked): Extension<Parked>,
+    ) -> &'static str {
+        parked.1.lock().unwrap().push(usage);
+        "kept"
     }
 
     /// Hands the handle to a thread of no runtime, which reports what the
@@ -303,6 +321,7 @@ mod through_the_layer {
             .route("/stream", post(streamed))
             .route("/silent", post(silent))
             .route("/held", post(held))
+            .route("/kept", post(kept))
             .route("/thread", post(on_a_thread))
             .route_layer(layer)
             .layer(Extension(parked.clone()))
@@ -505,6 +524,32 @@ mod through_the_layer {
         until_left(&s, 100).await;
     }
     on_both_stores!(reports_are_charged_as_they_come, fake_clock);
+
+    /// A client holds at most `max_unsettled` reservations at once: past
+    /// them a request is answered 429 (`Retry-After: 1`) and its units
+    /// given back, so requests held open cannot pile up reservations (and
+    /// the overdrafts their settlements may bring); once one is settled,
+    /// its place is free.
+    async fn a_client_holds_at_most_its_unsettled_reservations(tested: StoreUnderTest) {
+        let s = Subject::from(tested);
+        let parked = Parked::default();
+        let policy = tokens(Algorithm::SlidingLog).with_max_unsettled(2);
+        let app = routes(handle_layer_of(&s, policy), &parked);
+        for _ in 0..2 {
+            assert_eq!(send(&app, post_to("/kept")).await.status, StatusCode::OK);
+        }
+        let refused = send(&app, post_to("/kept")).await;
+        assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(refused.header("retry-after"), Some("1"));
+        until_left(&s, 800).await;
+        parked.let_go();
+        assert_eq!(send(&app, post_to("/kept")).await.status, StatusCode::OK);
+        until_left(&s, 700).await;
+    }
+    on_both_stores!(
+        a_client_holds_at_most_its_unsettled_reservations,
+        fake_clock
+    );
 
     /// A reload that makes the settled policy a token bucket while a
     /// request holds its reservation in the sliding log: the cost the
