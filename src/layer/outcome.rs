@@ -97,17 +97,19 @@ pub(crate) fn outcome(
             Soon::ready(Next::Answer(reject(shared, parts, rejection)))
         }
         Err(error) => {
-            if let Some(next) = modes.and_then(|modes| fall_back(shared, parts, modes, took)) {
-                if let Some(held_back) = STORE_FAILURES.admit() {
-                    tracing::warn!(%error, held_back, "rate-limit store unavailable; enforcing local limits");
-                }
-                return next;
-            }
+            // Every policy of a request a full store does not track is
+            // limited locally, whatever its fail mode but closed.
             if matches!(error, StoreError::Full(_))
                 && let Some(next) = full_locally(shared, parts, batch, enforced, took)
             {
                 if let Some(held_back) = STORE_FULL.admit() {
                     tracing::warn!(%error, held_back, "rate-limit store full; a client it does not track is limited locally");
+                }
+                return next;
+            }
+            if let Some(next) = modes.and_then(|modes| fall_back(shared, parts, modes, took)) {
+                if let Some(held_back) = STORE_FAILURES.admit() {
+                    tracing::warn!(%error, held_back, "rate-limit store unavailable; enforcing local limits");
                 }
                 return next;
             }
@@ -188,10 +190,12 @@ fn decided_by(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Soon<Ne
     // A place for each reservation settled after the response; a client
     // that holds its most is denied, its units given back.
     let places = match answered.settlements {
-        Some(settlements) => match unsettled_places(shared, checks, decisions, settlements) {
-            Ok(places) => Some(places),
-            Err(full) => return Soon::ready(holds_its_most(shared, parts, &answered, full)),
-        },
+        Some(settlements) => {
+            match unsettled_places(shared, &checks[..enforced], decisions, settlements) {
+                Ok(places) => Some(places),
+                Err(full) => return Soon::ready(holds_its_most(shared, parts, &answered, full)),
+            }
+        }
         None => None,
     };
     let settings = shared.settings;
@@ -310,9 +314,10 @@ fn decided_by(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Soon<Ne
 }
 
 /// A place (see [`Unsettled`](super::unsettled::Unsettled)) for each
-/// admitted check that `settlements` settles after the response, in
-/// order (`None` for the others); or the index of the first check whose
-/// client holds as many reservations as its policy allows.
+/// admitted enforced check (`checks`) that `settlements` settles after
+/// the response, in order (`None` for the others; a shadow check never
+/// denies, so takes none); or the index of the first check whose client
+/// holds as many reservations as its policy allows.
 fn unsettled_places(
     shared: &Shared,
     checks: &[Check],
@@ -365,7 +370,7 @@ fn holds_its_most(shared: &Shared, parts: &Parts, answered: &Answered<'_>, full:
         .collect();
     metrics::decided(&checks[full].policy, Outcome::Denied);
     trace_decision(&checks[full].policy, Outcome::Denied, None);
-    let limited = Limited::new(checks, &denials, 0, None);
+    let limited = Limited::new(checks, &denials, full, None);
     Next::Answer(reject(shared, parts, Rejection::Limited(&limited)))
 }
 

@@ -260,7 +260,11 @@ impl Owed {
         let upgrade = Upgrade::of(parts)?;
         let mut taken = Recorded::new(store);
         for check in leases() {
-            taken.push(check, Duration::ZERO);
+            // A lease id of its own: the failed check's id may have been
+            // released (a tombstone), which a renewal would not take.
+            let mut lease = check.clone();
+            lease.lease = crate::store::next_lease_id();
+            taken.push(&lease, Duration::ZERO);
         }
         Some(Self(Box::new(Debts {
             refunds: Recorded::new(store),

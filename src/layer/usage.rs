@@ -166,7 +166,8 @@ impl Usage {
             settled.reported.push(Reported {
                 header: settlement.header.clone(),
                 value: None,
-                charged: 0,
+                sent: 0,
+                charged: Arc::default(),
                 _place: place,
             });
         }
@@ -256,8 +257,10 @@ struct Reported {
     /// The integer last found in it.
     value: Option<u64>,
     /// Units charged alone past the reservation as the handle reported
-    /// them, before the settlement (see `charge_past_reservations`).
-    charged: u64,
+    /// them, before the settlement (see `charge_past_reservations`): sent,
+    /// and landed.
+    sent: u64,
+    charged: Arc<AtomicU64>,
     /// Its place among its client's unsettled reservations, held until
     /// it is settled.
     _place: Option<Place>,
@@ -331,20 +334,33 @@ impl Settled {
         let store = self.reserved.store().clone();
         let mut charges = Recorded::new(&store);
         let mut costs = SmallVec::<[u64; 2]>::new();
+        let mut landed = SmallVec::new();
         for (check, reported) in self.reserved.checks().iter().zip(&mut self.reported) {
-            let counted = u64::from(check.cost).saturating_add(reported.charged);
-            if reported.header.is_none() && units > counted {
+            let counted = u64::from(check.cost).saturating_add(reported.sent);
+            // A policy reloaded as another algorithm since is charged in
+            // whole by its settlement, where it counts now.
+            if reported.header.is_none()
+                && units > counted
+                && self.in_force.recounted(check).is_none()
+            {
                 charges.push(check, Duration::ZERO);
                 costs.push(units - counted);
-                reported.charged += units - counted;
+                landed.push((reported.charged.clone(), units - counted));
+                reported.sent += units - counted;
             }
         }
         if charges.is_empty() {
             return;
         }
         self.charged_at = Some(now);
-        let answer = store.settle(charges.checks(), charges.times(), &costs);
-        in_background_on(self.runtime.as_ref(), answer, report_settlement);
+        let sent = Sent {
+            store,
+            checks: charges.checks().iter().cloned().collect(),
+            times: charges.times().iter().copied().collect(),
+            costs,
+            landed,
+        };
+        sent.send(self.runtime.as_ref());
     }
 
     /// Settles at once the reservations whose usage header the
@@ -377,7 +393,11 @@ impl Settled {
         let reserved = self.reserved.checks().iter().zip(self.reserved.times());
         for ((check, &at), reported) in reserved.zip(self.reported.drain(..)) {
             let cost = cost_of(reported.value);
-            let counted = u64::from(check.cost).saturating_add(reported.charged);
+            // Charges as the handle reported count once they have landed;
+            // one still on its way when this settlement is sent counts
+            // twice (never less than reported).
+            let charged = reported.charged.load(Ordering::Acquire);
+            let counted = u64::from(check.cost).saturating_add(charged);
             if cost.is_none() && !all {
                 waiting.push(check, at);
                 still_reported.push(reported);
@@ -391,7 +411,7 @@ impl Settled {
                 // it came (a cost reported below what was is not given
                 // back). A cost equal to what is counted: no call.
                 settled.push(check, at);
-                costs.push(cost.saturating_sub(reported.charged));
+                costs.push(cost.saturating_sub(charged));
             }
         }
         self.reserved = waiting;
@@ -403,38 +423,26 @@ impl Settled {
         if settled.is_empty() {
             return;
         }
-        let answer = store.settle(settled.checks(), settled.times(), &costs);
-        let (sent, first) = match answer.into_ready() {
-            Ok(outcome) => return report_settlement(outcome),
-            Err(later) => (
-                Sent {
-                    store,
-                    checks: settled.checks().iter().cloned().collect(),
-                    times: settled.times().iter().copied().collect(),
-                    costs,
-                },
-                later,
-            ),
+        let sent = Sent {
+            store,
+            checks: settled.checks().iter().cloned().collect(),
+            times: settled.times().iter().copied().collect(),
+            costs,
+            landed: SmallVec::new(),
         };
-        let current = tokio::runtime::Handle::try_current().ok();
-        match current.as_ref().or(self.runtime.as_ref()) {
-            Some(runtime) => {
-                runtime.spawn(sent.until_answered(first));
-            }
-            None => report_settlement(Err(StoreError::Internal(
-                "no Tokio runtime to finish the call on".to_owned(),
-            ))),
-        }
+        sent.send(self.runtime.as_ref());
     }
 }
 
-/// A settlement sent to a store across the network, kept to send again
-/// while the store cannot be reached.
+/// A settlement (or charges as a handle reports) sent to a store, kept
+/// to send again while the store cannot be reached.
 struct Sent {
     store: Arc<dyn Store>,
     checks: Checks,
     times: SmallVec<[Duration; 2]>,
     costs: SmallVec<[u64; 2]>,
+    /// Where charges as the handle reports are counted once they land.
+    landed: SmallVec<[(Arc<AtomicU64>, u64); 2]>,
 }
 
 /// How many times a settlement is sent at most, and the wait before the
@@ -445,6 +453,38 @@ const SETTLE_RETRY: Duration = Duration::from_millis(100);
 const SETTLE_RETRY_MOST: Duration = Duration::from_secs(5);
 
 impl Sent {
+    /// Sends the settlement: at once to a store in process; otherwise on
+    /// the current runtime, or else `runtime`, sent again while the store
+    /// cannot be reached (see [`until_answered`](Self::until_answered)),
+    /// an open circuit breaker's answer at once included.
+    fn send(self, runtime: Option<&tokio::runtime::Handle>) {
+        let answer = self.store.settle(&self.checks, &self.times, &self.costs);
+        let first = match answer.into_ready() {
+            Ok(Err(error)) if retried(&error) => CheckFuture::ready(Err(error)),
+            Ok(outcome) => return self.done(outcome),
+            Err(later) => later,
+        };
+        let current = tokio::runtime::Handle::try_current().ok();
+        match current.as_ref().or(runtime) {
+            Some(runtime) => {
+                runtime.spawn(self.until_answered(first));
+            }
+            None => report_settlement(Err(StoreError::Internal(
+                "no Tokio runtime to finish the call on".to_owned(),
+            ))),
+        }
+    }
+
+    /// Counts what landed, and warns of what did not.
+    fn done(&self, outcome: Result<(), StoreError>) {
+        if outcome.is_ok() {
+            for (charged, units) in &self.landed {
+                charged.fetch_add(*units, Ordering::AcqRel);
+            }
+        }
+        report_settlement(outcome);
+    }
+
     /// Waits for `first`, the settlement's first answer, and sends it
     /// again while the store could not be reached (it failed, or its
     /// circuit breaker is open), until it is taken or about a minute has
@@ -457,7 +497,7 @@ impl Sent {
         let mut wait = SETTLE_RETRY;
         for _ in 1..SETTLE_ATTEMPTS {
             match &outcome {
-                Err(StoreError::Backend(_) | StoreError::CircuitOpen) => {}
+                Err(error) if retried(error) => {}
                 _ => break,
             }
             tokio::time::sleep(wait).await;
@@ -467,8 +507,15 @@ impl Sent {
                 .settle(&self.checks, &self.times, &self.costs)
                 .await;
         }
-        report_settlement(outcome);
+        self.done(outcome);
     }
+}
+
+/// Whether a settlement that failed with `error` is sent again: the store
+/// could not be reached, or its breaker is open. One that timed out may
+/// have landed, and is not.
+fn retried(error: &StoreError) -> bool {
+    matches!(error, StoreError::Backend(_) | StoreError::CircuitOpen)
 }
 
 /// The whole number `value` holds (ASCII digits, spaces around them):

@@ -490,10 +490,6 @@ impl Policy {
         Ok(())
     }
 
-    /// The limits in force for a client of `tier` whose own limit (from a
-    /// [limit lookup](crate::RateLimitLayer::with_limit_lookup)) is `own`: it replaces
-    /// the tier's limit, and a token bucket's burst too unless the policy
-    /// or tier sets one.
     /// The longest window the policy or any of its tiers counts under.
     pub(crate) fn longest_window(&self) -> Duration {
         self.tiers
@@ -502,6 +498,10 @@ impl Policy {
             .fold(self.window, Duration::max)
     }
 
+    /// The limits in force for a client of `tier` whose own limit (from a
+    /// [limit lookup](crate::RateLimitLayer::with_limit_lookup)) is `own`: it replaces
+    /// the tier's limit, and a token bucket's burst too unless the policy
+    /// or tier sets one.
     pub(crate) fn limits_with(&self, tier: Option<&str>, own: Option<u32>) -> Limits {
         let mut limits = self.limits_for(tier);
         if let Some(limit) = own {

@@ -20,6 +20,7 @@ mod sliding_log;
 pub use breaker::{BreakerSettings, BreakerState, CircuitBreaker};
 pub(crate) use decision::index_of_min;
 pub use decision::{Decision, Decisions, DecisionsIter};
+pub(crate) use leases::next_lease_id;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]
 pub use redis::{

@@ -551,6 +551,25 @@ mod through_the_layer {
         fake_clock
     );
 
+    /// A shadow policy settled after the response counts its
+    /// reservations but never denies, past `max_unsettled` too.
+    async fn a_shadow_policy_never_denies_for_its_unsettled_reservations(tested: StoreUnderTest) {
+        let s = Subject::from(tested);
+        let parked = Parked::default();
+        let policy = tokens(Algorithm::SlidingLog)
+            .with_max_unsettled(1)
+            .with_shadow(true);
+        let app = routes(handle_layer_of(&s, policy), &parked);
+        for _ in 0..3 {
+            assert_eq!(send(&app, post_to("/kept")).await.status, StatusCode::OK);
+        }
+        until_left(&s, 700).await;
+    }
+    on_both_stores!(
+        a_shadow_policy_never_denies_for_its_unsettled_reservations,
+        fake_clock
+    );
+
     /// A reload that makes the settled policy a token bucket while a
     /// request holds its reservation in the sliding log: the cost the
     /// request reports once it ends is charged to the bucket, which the
