@@ -93,6 +93,7 @@ impl Modes {
             &checks[..shadow_from],
             &fail_modes,
             &counts,
+            &settlements,
             settings.local_share,
         );
         Box::new(Self {

@@ -25,7 +25,7 @@ use smallvec::SmallVec;
 
 use crate::layer::owed::Owed;
 use crate::policy::cost::Checks;
-use crate::policy::{Algorithm, Count, FailMode};
+use crate::policy::{Algorithm, Count, FailMode, Settlement};
 use crate::store::{Check, Decisions, MemoryStore, Store};
 
 /// The local counts of a layer, and when its store last failed.
@@ -53,6 +53,11 @@ impl Default for LocalLimits {
 pub(crate) struct LocalChecks {
     pub(crate) checks: Checks,
     pub(crate) counts: SmallVec<[Count; 2]>,
+    /// How each check's cost is settled after the response, if it is: in
+    /// the local counts too, at the share of the cost reported.
+    settlements: SmallVec<[Option<Settlement>; 2]>,
+    /// The instances the limits are shared by.
+    pub(crate) share: u32,
 }
 
 impl LocalChecks {
@@ -65,16 +70,42 @@ impl LocalChecks {
         checks: &[Check],
         fail_modes: &[FailMode],
         counts: &[Count],
+        settlements: &[Option<Settlement>],
         share: u32,
     ) -> Self {
-        let (checks, counts) = checks
+        let mut local = Self::empty(share);
+        for (((check, mode), count), settlement) in
+            checks.iter().zip(fail_modes).zip(counts).zip(settlements)
+        {
+            if *mode == FailMode::Local {
+                local.push(check, *count, settlement.clone());
+            }
+        }
+        local
+    }
+
+    fn empty(share: u32) -> Self {
+        Self {
+            checks: Checks::new(),
+            counts: SmallVec::new(),
+            settlements: SmallVec::new(),
+            share,
+        }
+    }
+
+    fn push(&mut self, check: &Check, count: Count, settlement: Option<Settlement>) {
+        self.checks.push(local_check(check, self.share));
+        self.counts.push(count);
+        self.settlements.push(settlement);
+    }
+
+    /// How each check's cost is settled after the response, when some
+    /// check's is.
+    pub(crate) fn settlements(&self) -> Option<&[Option<Settlement>]> {
+        self.settlements
             .iter()
-            .zip(fail_modes)
-            .zip(counts)
-            .filter(|((_, mode), _)| **mode == FailMode::Local)
-            .map(|((check, _), count)| (local_check(check, share), *count))
-            .unzip();
-        Self { checks, counts }
+            .any(Option::is_some)
+            .then_some(&self.settlements[..])
     }
 
     /// Every one of the enforced `checks` at its share of its limit, as
@@ -82,18 +113,23 @@ impl LocalChecks {
     /// the store is too full to track (see [`StoreError::Full`](crate::store::StoreError::Full)),
     /// which is never admitted unlimited. `counts` in order, or `None`
     /// when every check counts every response.
-    pub(crate) fn all(checks: &[Check], counts: Option<&[Count]>, share: u32) -> Self {
-        let counts =
-            (0..checks.len()).map(|index| counts.map_or(Count::All, |counts| counts[index]));
-        let (checks, counts) = checks
-            .iter()
-            .zip(counts)
+    pub(crate) fn all(
+        checks: &[Check],
+        counts: Option<&[Count]>,
+        settlements: Option<&[Option<Settlement>]>,
+        share: u32,
+    ) -> Self {
+        let mut local = Self::empty(share);
+        for (index, check) in checks.iter().enumerate() {
             // A lease the full store cannot take is not counted here: it
             // would never be released to this count.
-            .filter(|(check, _)| check.algorithm != Algorithm::Concurrency)
-            .map(|(check, count)| (local_check(check, share), count))
-            .unzip();
-        Self { checks, counts }
+            if check.algorithm != Algorithm::Concurrency {
+                let count = counts.map_or(Count::All, |counts| counts[index]);
+                let settlement = settlements.and_then(|settlements| settlements[index].clone());
+                local.push(check, count, settlement);
+            }
+        }
+        local
     }
 
     pub(crate) fn is_empty(&self) -> bool {

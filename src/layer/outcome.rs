@@ -80,6 +80,7 @@ pub(crate) fn outcome(
                     counts: modes.map(Modes::counts),
                     settlements: modes.and_then(Modes::settlements),
                     tier,
+                    share: 1,
                     ietf_policy,
                     deny_clock: Some(batch.deny_clock),
                     took,
@@ -156,6 +157,9 @@ struct Answered<'a> {
     /// The client's tier, for a settlement to find its policy as it is
     /// when it lands.
     tier: Option<&'a str>,
+    /// The instances the limits are shared by, for local counts (1 for
+    /// the store's): a settlement counts that share of the cost reported.
+    share: u32,
     ietf_policy: Option<&'a HeaderValue>,
     /// When the batch was sent, on the deny cache's clock; `None` for the
     /// local limit's decisions.
@@ -289,6 +293,7 @@ fn decided_by(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Soon<Ne
         policies: &shared.policies,
         tier: answered.tier,
         places: places.unwrap_or_default(),
+        share: answered.share,
     });
     let debts = (counts, settlements);
     let mut owed = Owed::of(store, checks, decisions, debts, answered.local, || {
@@ -476,6 +481,7 @@ fn full_locally(
     let local = LocalChecks::all(
         &batch.checks[..enforced],
         modes.map(Modes::counts),
+        modes.and_then(Modes::settlements),
         shared.settings.local_share,
     );
     if local.is_empty() {
@@ -515,8 +521,9 @@ fn locally<'a>(
         decisions,
         enforced: local.checks.len(),
         counts: Some(&local.counts),
-        settlements: None,
+        settlements: local.settlements(),
         tier: None,
+        share: local.share,
         ietf_policy: None,
         deny_clock: None,
         took,

@@ -154,6 +154,9 @@ pub(crate) struct Settlements<'a> {
     /// Each settled reservation's place among its client's unsettled ones,
     /// by check (empty when none is taken).
     pub(crate) places: Places,
+    /// The instances the limits are shared by: local counts settle that
+    /// share of the cost reported (1 for the store's).
+    pub(crate) share: u32,
 }
 
 /// A request's places among its clients' unsettled reservations, by
@@ -219,7 +222,7 @@ impl Owed {
                         };
                         Usage::settling(store, in_force)
                     })
-                    .reserve(check, at, settlement, place);
+                    .reserve(check, at, settlement, place, settlements.share);
             } else if check.algorithm == Algorithm::Concurrency {
                 // A lease goes back when the body ends, whatever it says.
                 debts.get_or_insert_with(new).leases.push(check, at);

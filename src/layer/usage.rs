@@ -153,18 +153,22 @@ impl Usage {
 
     /// Adds the reservation of `check`, recorded at `at`, to settle as
     /// `settlement` says; `place`, its place among its client's unsettled
-    /// reservations, is given back once it is settled.
+    /// reservations, is given back once it is settled. A check of local
+    /// counts shared by `share` instances counts that share of the cost
+    /// reported (1 for the store's).
     pub(crate) fn reserve(
         &self,
         check: &Check,
         at: Duration,
         settlement: &Settlement,
         place: Option<Place>,
+        share: u32,
     ) {
         if let Some(settled) = self.settled().as_mut() {
             settled.reserved.push(check, at);
             settled.reported.push(Reported {
                 header: settlement.header.clone(),
+                share: share.max(1),
                 value: None,
                 sent: 0,
                 charged: Arc::default(),
@@ -254,6 +258,9 @@ struct Settled {
 struct Reported {
     /// The header or trailer its policy reads.
     header: Option<HeaderName>,
+    /// The instances its count is shared by: it counts this share of
+    /// what is reported (1 but in local counts).
+    share: u32,
     /// The integer last found in it.
     value: Option<u64>,
     /// Units charged alone past the reservation as the handle reported
@@ -336,6 +343,7 @@ impl Settled {
         let mut costs = SmallVec::<[u64; 2]>::new();
         let mut landed = SmallVec::new();
         for (check, reported) in self.reserved.checks().iter().zip(&mut self.reported) {
+            let units = units.div_ceil(u64::from(reported.share));
             let counted = u64::from(check.cost).saturating_add(reported.sent);
             // A policy reloaded as another algorithm since is charged in
             // whole by its settlement, where it counts now.
@@ -392,7 +400,7 @@ impl Settled {
         let mut costs = SmallVec::<[u64; 2]>::new();
         let reserved = self.reserved.checks().iter().zip(self.reserved.times());
         for ((check, &at), reported) in reserved.zip(self.reported.drain(..)) {
-            let cost = cost_of(reported.value);
+            let cost = cost_of(reported.value).map(|cost| cost.div_ceil(u64::from(reported.share)));
             // Charges as the handle reported count once they have landed;
             // one still on its way when this settlement is sent counts
             // twice (never less than reported).

@@ -627,8 +627,10 @@ impl Policy {
     /// response that reports 0 costs it nothing, so pair it with a policy
     /// that counts requests on the same route. While the store is down and the
     /// policy falls back to its local limit
-    /// ([`FailMode::Local`]), requests are counted locally at their
-    /// reservations.
+    /// ([`FailMode::Local`]), requests are reserved and settled in the
+    /// local counts, at this instance's share of the cost reported
+    /// (admissions the store made are counted there at their
+    /// reservations).
     ///
     /// ```
     /// use slidegate::Policy;

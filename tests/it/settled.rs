@@ -648,3 +648,33 @@ async fn a_settlement_that_failed_is_sent_again_once_the_store_answers() {
     redis.restart();
     until_left(&s, 300).await;
 }
+
+/// With Redis down, a policy that falls back to a local limit settles in
+/// the local counts too: a completion that reports 700 of its 100
+/// reserved leaves the client 300 there, three more reservations, where
+/// the reservation alone would have left it nine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_limit_settles_locally() {
+    use slidegate::policy::FailMode;
+    use through_the_layer::{Parked, layer_of, post_to, routes};
+
+    let mut tested = StoreUnderTest::redis(true);
+    let mut redis = tested.redis.take().unwrap();
+    redis.kill();
+    let s = Subject::from(tested);
+    let policy = tokens(Algorithm::SlidingLog).with_fail_mode(FailMode::Local);
+    let app = routes(layer_of(&s, policy), &Parked::default());
+    let send = |path: &'static str| {
+        let app = app.clone();
+        async move {
+            crate::support::reply::send(&app, post_to(path))
+                .await
+                .status
+        }
+    };
+    assert_eq!(send("/header?tokens=700").await, http::StatusCode::OK);
+    for _ in 0..3 {
+        assert_eq!(send("/silent").await, http::StatusCode::OK);
+    }
+    assert_eq!(send("/silent").await, http::StatusCode::TOO_MANY_REQUESTS);
+}
