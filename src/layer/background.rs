@@ -16,20 +16,32 @@ pub(crate) fn in_background_on(
     answer: CheckFuture<()>,
     report: fn(Result<(), StoreError>),
 ) -> bool {
-    let current = tokio::runtime::Handle::try_current().ok();
     let outcome = match answer.into_ready() {
         Ok(outcome) => outcome,
-        Err(later) => match current.as_ref().or(runtime).ok_or(()) {
-            Ok(runtime) => {
-                runtime.spawn(async move { report(later.await) });
-                return false;
-            }
-            Err(_) => Err(StoreError::Internal(
-                "no Tokio runtime to finish the call on".to_owned(),
-            )),
+        Err(later) => match spawn_on(runtime, async move { report(later.await) }) {
+            Ok(()) => return false,
+            Err(no_runtime) => Err(no_runtime),
         },
     };
     let failed = outcome.is_err();
     report(outcome);
     failed
+}
+
+/// Runs `task` on the current runtime, or else `runtime`; the error to
+/// report when there is neither.
+pub(crate) fn spawn_on(
+    runtime: Option<&tokio::runtime::Handle>,
+    task: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), StoreError> {
+    let current = tokio::runtime::Handle::try_current().ok();
+    match current.as_ref().or(runtime) {
+        Some(runtime) => {
+            runtime.spawn(task);
+            Ok(())
+        }
+        None => Err(StoreError::Internal(
+            "no Tokio runtime to finish the call on".to_owned(),
+        )),
+    }
 }

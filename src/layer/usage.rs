@@ -10,7 +10,7 @@ use arc_swap::ArcSwap;
 use http::{HeaderMap, HeaderName};
 use smallvec::SmallVec;
 
-use crate::layer::background::in_background_on;
+use crate::layer::background::{in_background_on, spawn_on};
 use crate::layer::owed::Recorded;
 use crate::layer::unsettled::Place;
 use crate::policy::cost::Checks;
@@ -472,14 +472,8 @@ impl Sent {
             Ok(outcome) => return self.done(outcome),
             Err(later) => later,
         };
-        let current = tokio::runtime::Handle::try_current().ok();
-        match current.as_ref().or(runtime) {
-            Some(runtime) => {
-                runtime.spawn(self.until_answered(first));
-            }
-            None => report_settlement(Err(StoreError::Internal(
-                "no Tokio runtime to finish the call on".to_owned(),
-            ))),
+        if let Err(no_runtime) = spawn_on(runtime, self.until_answered(first)) {
+            report_settlement(Err(no_runtime));
         }
     }
 
