@@ -9,6 +9,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use http::{HeaderMap, HeaderName};
 use smallvec::SmallVec;
+use tokio::sync::{OwnedRwLockReadGuard, RwLock};
 
 use crate::layer::background::{in_background_on, spawn_on};
 use crate::layer::owed::Recorded;
@@ -148,6 +149,7 @@ impl Usage {
             in_force,
             runtime: tokio::runtime::Handle::try_current().ok(),
             charged_at: None,
+            charging: Arc::default(),
         }))
     }
 
@@ -251,6 +253,9 @@ struct Settled {
     runtime: Option<tokio::runtime::Handle>,
     /// When the handle's reports were last charged as they came.
     charged_at: Option<std::time::Instant>,
+    /// Held for reading by each charge on its way, and for writing by the
+    /// settlement before it counts what the charges landed.
+    charging: Arc<RwLock<()>>,
 }
 
 /// What was reported of one reservation.
@@ -338,6 +343,11 @@ impl Settled {
         {
             return;
         }
+        // Only the settlement takes the lock for writing, and after it
+        // nothing is charged.
+        let Ok(turn) = self.charging.clone().try_read_owned() else {
+            return;
+        };
         let store = self.reserved.store().clone();
         let mut charges = Recorded::new(&store);
         let mut costs = SmallVec::<[u64; 2]>::new();
@@ -361,12 +371,15 @@ impl Settled {
             return;
         }
         self.charged_at = Some(now);
+        let less = costs.iter().map(|_| None).collect();
         let sent = Sent {
             store,
             checks: charges.checks().iter().cloned().collect(),
             times: charges.times().iter().copied().collect(),
             costs,
+            less,
             landed,
+            turn: Turn::Charge { _held: turn },
         };
         sent.send(self.runtime.as_ref());
     }
@@ -398,14 +411,10 @@ impl Settled {
         let mut waiting = Recorded::new(&store);
         let mut still_reported = SmallVec::new();
         let mut costs = SmallVec::<[u64; 2]>::new();
+        let mut less = SmallVec::new();
         let reserved = self.reserved.checks().iter().zip(self.reserved.times());
         for ((check, &at), reported) in reserved.zip(self.reported.drain(..)) {
             let cost = cost_of(reported.value).map(|cost| cost.div_ceil(u64::from(reported.share)));
-            // Charges as the handle reported count once they have landed;
-            // one still on its way when this settlement is sent counts
-            // twice (never less than reported).
-            let charged = reported.charged.load(Ordering::Acquire);
-            let counted = u64::from(check.cost).saturating_add(charged);
             if cost.is_none() && !all {
                 waiting.push(check, at);
                 still_reported.push(reported);
@@ -414,12 +423,17 @@ impl Settled {
                 // No units to take back in the new keys: a charge alone.
                 settled.push(&now, Duration::ZERO);
                 costs.push(cost.unwrap_or(u64::from(check.cost)));
-            } else if let Some(cost) = cost.filter(|&cost| cost != counted) {
-                // The reservation is replaced by what was not charged as
-                // it came (a cost reported below what was is not given
-                // back). A cost equal to what is counted: no call.
+                less.push(None);
+            } else if let Some(cost) =
+                cost.filter(|&cost| reported.sent > 0 || cost != u64::from(check.cost))
+            {
+                // The reservation is replaced by what the charges as the
+                // handle reported did not land (a cost reported below
+                // what was is not given back). A cost equal to the
+                // reservation, with nothing charged: no call.
                 settled.push(check, at);
-                costs.push(cost.saturating_sub(charged));
+                costs.push(cost);
+                less.push(Some(reported.charged));
             }
         }
         self.reserved = waiting;
@@ -436,7 +450,9 @@ impl Settled {
             checks: settled.checks().iter().cloned().collect(),
             times: settled.times().iter().copied().collect(),
             costs,
+            less,
             landed: SmallVec::new(),
+            turn: Turn::Settle(self.charging.clone()),
         };
         sent.send(self.runtime.as_ref());
     }
@@ -449,8 +465,22 @@ struct Sent {
     checks: Checks,
     times: SmallVec<[Duration; 2]>,
     costs: SmallVec<[u64; 2]>,
+    /// Per cost, for a settlement, the charges as the handle reported
+    /// that landed: the cost less them is sent, once no charge is on its
+    /// way.
+    less: SmallVec<[Option<Arc<AtomicU64>>; 2]>,
     /// Where charges as the handle reports are counted once they land.
     landed: SmallVec<[(Arc<AtomicU64>, u64); 2]>,
+    turn: Turn,
+}
+
+/// How a settlement waits for the charges of its request on their way:
+/// each one it sent before counts once, landed or not.
+enum Turn {
+    /// A charge holds its request's lock for reading until answered.
+    Charge { _held: OwnedRwLockReadGuard<()> },
+    /// A settlement is sent once it holds the lock for writing.
+    Settle(Arc<RwLock<()>>),
 }
 
 /// How many times a settlement is sent at most, and the wait before the
@@ -465,7 +495,23 @@ impl Sent {
     /// the current runtime, or else `runtime`, sent again while the store
     /// cannot be reached (see [`until_answered`](Self::until_answered)),
     /// an open circuit breaker's answer at once included.
-    fn send(self, runtime: Option<&tokio::runtime::Handle>) {
+    fn send(mut self, runtime: Option<&tokio::runtime::Handle>) {
+        if let Turn::Settle(lock) = &self.turn {
+            if lock.try_write().is_err() {
+                let lock = lock.clone();
+                let settled = async move {
+                    drop(lock.write().await);
+                    self.less_landed();
+                    let first = self.store.settle(&self.checks, &self.times, &self.costs);
+                    self.until_answered(first).await;
+                };
+                if let Err(no_runtime) = spawn_on(runtime, settled) {
+                    report_settlement(Err(no_runtime));
+                }
+                return;
+            }
+            self.less_landed();
+        }
         let answer = self.store.settle(&self.checks, &self.times, &self.costs);
         let first = match answer.into_ready() {
             Ok(Err(error)) if retried(&error) => CheckFuture::ready(Err(error)),
@@ -474,6 +520,16 @@ impl Sent {
         };
         if let Err(no_runtime) = spawn_on(runtime, self.until_answered(first)) {
             report_settlement(Err(no_runtime));
+        }
+    }
+
+    /// Takes from each cost of a settlement what the charges as the
+    /// handle reported landed.
+    fn less_landed(&mut self) {
+        for (cost, less) in self.costs.iter_mut().zip(&self.less) {
+            if let Some(charged) = less {
+                *cost = cost.saturating_sub(charged.load(Ordering::Acquire));
+            }
         }
     }
 

@@ -233,11 +233,12 @@ mod through_the_layer {
     pub(super) struct Parked(
         Arc<std::sync::Mutex<Option<std::sync::mpsc::Sender<u64>>>>,
         Arc<std::sync::Mutex<Vec<Usage>>>,
+        Arc<std::sync::Mutex<Option<std::thread::JoinHandle<()>>>>,
     );
 
     impl Parked {
         /// Tells the thread to report `units` more and keep its handle.
-        fn add(&self, units: u64) {
+        pub(super) fn add(&self, units: u64) {
             let thread = self.0.lock().unwrap();
             thread
                 .as_ref()
@@ -247,10 +248,12 @@ mod through_the_layer {
         }
 
         /// Tells the thread to report `units` more and let go of its
-        /// handle.
+        /// handle, and returns once it has.
         pub(super) fn report(&self, units: u64) {
             self.add(units);
             self.0.lock().unwrap().take();
+            let thread = self.2.lock().unwrap().take().expect("the handler ran");
+            thread.join().unwrap();
         }
 
         /// Lets go of the handle `kept` keeps longest.
@@ -277,11 +280,12 @@ mod through_the_layer {
     ) -> &'static str {
         let (go, wait) = std::sync::mpsc::channel::<u64>();
         parked.0.lock().unwrap().replace(go);
-        std::thread::spawn(move || {
+        let thread = std::thread::spawn(move || {
             while let Ok(units) = wait.recv() {
                 usage.add(units);
             }
         });
+        parked.2.lock().unwrap().replace(thread);
         "started"
     }
 
@@ -305,7 +309,7 @@ mod through_the_layer {
     }
 
     /// The layer of `policy`, its cost from the `Usage` handle alone.
-    fn handle_layer_of(s: &Subject, policy: Policy) -> RateLimitLayer {
+    pub(super) fn handle_layer_of(s: &Subject, policy: Policy) -> RateLimitLayer {
         RateLimitLayer::new(
             s.store.clone(),
             OneClient,
@@ -647,6 +651,29 @@ async fn a_settlement_that_failed_is_sent_again_once_the_store_answers() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     redis.restart();
     until_left(&s, 300).await;
+}
+
+/// A settlement made while a charge as the handle reported is still on
+/// its way waits for it, and counts what it landed once: with Redis
+/// frozen, 700 is charged, then 900 in all reported; once it thaws, the
+/// client has spent 900, not the 700 charged and the 900 settled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settlement_waits_for_the_charge_on_its_way() {
+    use through_the_layer::{Parked, handle_layer_of, post_to, routes, until_left};
+
+    let mut tested = StoreUnderTest::redis(true);
+    let redis = tested.redis.take().unwrap();
+    let s = Subject::from(tested);
+    let parked = Parked::default();
+    let app = routes(handle_layer_of(&s, tokens(Algorithm::SlidingLog)), &parked);
+    let reply = crate::support::reply::send(&app, post_to("/thread")).await;
+    assert_eq!(reply.status, http::StatusCode::OK);
+    until_left(&s, 900).await;
+    redis.freeze();
+    parked.add(700);
+    parked.report(200);
+    redis.thaw();
+    until_left(&s, 100).await;
 }
 
 /// With Redis down, a policy that falls back to a local limit settles in
