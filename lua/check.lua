@@ -33,7 +33,7 @@
 --            delay into the next window.
 --   fixed:   a hash with the window id `w`, its count `c`, `t`, the
 --            window length `l` in µs, and `n` as for a counter.
---   bucket:  a 24-byte string (see "token bucket" below).
+--   bucket:  a 48-byte string (see "token bucket" below).
 --   lease:   a sorted set of leases (see "leases" below).
 --   day, week, month, year: a 16-byte string (see "calendar" below).
 --   then, for a policy that blocks, a string holding the time (µs) until
@@ -1435,11 +1435,14 @@ end
 
 ------------------------------------------------------------- token bucket
 --
--- GCRA in one key: a 32-byte string of four u64 (big-endian): `t`, the
+-- GCRA in one key: a 48-byte string of six u64 (big-endian): `t`, the
 -- time (µs) the bucket was last placed at; `d`, its debt at `t`; `w`,
--- the window (µs) the debt is measured in; and `h`, the latest time a
--- request held for its delay passes at (a 24-byte string, from before
--- held requests were recorded, has none). Time is scaled by the limit
+-- the window (µs) the debt is measured in; `h`, the latest time a
+-- request held for its delay passes at; `f`, the fastest limit it has
+-- refilled at; and `z`, the time at or before which a refund names
+-- nothing it can give back (see `bucket.refund`). A 32-byte string (from
+-- before refunds were bounded so) has no `f` or `z`, a 24-byte one (from
+-- before held requests were recorded) no `h` either. Time is scaled by the limit
 -- L: a unit costs W scaled µs (W the window) and each µs refills L of
 -- them, so the debt is units × W whatever the limit, and a tier with a
 -- limit of its own reads the same debt. A request of cost c fits when
@@ -1447,7 +1450,8 @@ end
 -- every sum here is exact in Lua's doubles.
 
 local bucket = {}
-local BUCKET = '>I8I8I8I8'
+local BUCKET = '>I8I8I8I8I8I8'
+local BUCKET_V2 = '>I8I8I8I8'
 local BUCKET_V1 = '>I8I8I8'
 
 -- `n / d` rounded up, for n >= 0 and d > 0.
@@ -1466,12 +1470,16 @@ function bucket.prepare(s)
     stored = entry.stored
   else
     local packed = redis.call('GET', s.key)
-    if packed and #packed >= 32 then
-      local t, d, w, h = struct.unpack(BUCKET, packed)
-      stored = { t, d, w, h }
+    if packed and #packed >= 48 then
+      stored = { struct.unpack(BUCKET, packed) }
     elseif packed then
-      local t, d, w = struct.unpack(BUCKET_V1, packed)
-      stored = { t, d, w, 0 }
+      local t, d, w, h = struct.unpack(#packed >= 32 and BUCKET_V2 or BUCKET_V1, packed)
+      h = h or 0
+      -- Its refunds named when their units would be repaid: none of them
+      -- is honoured, the latest it can name being the held requests' and
+      -- a full bucket's repayment.
+      local z = math.max(t, h) + ceil_div(s.burst * w, s.limit)
+      stored = { t, d, w, h, s.limit, z }
     end
   end
   s.stored = stored
@@ -1481,9 +1489,9 @@ function bucket.prepare(s)
     return false
   end
   local t, d = now, 0
-  s.h = 0
+  s.h, s.f, s.z = 0, s.limit, 0
   if stored ~= nil then
-    t, d, s.h = stored[1], stored[2], stored[4]
+    t, d, s.h, s.f, s.z = stored[1], stored[2], stored[4], stored[5], stored[6]
     if stored[3] ~= s.window then
       -- Measured under another window: the same units, rounded up, and
       -- never more than this bucket holds.
@@ -1494,9 +1502,13 @@ function bucket.prepare(s)
   local carried
   s.at, carried = high_water(t, s.window)
   if carried then
-    s.carried = true
+    -- What refunds name was measured on the clock before the step.
+    s.carried, s.z = true, math.max(s.z, t, s.h)
   elseif s.at > t then
     local refilled = s.at - t
+    if d > 0 and s.limit > s.f then
+      s.f, s.faster = s.limit, true
+    end
     if refilled >= ceil_div(d, s.limit) then
       d = 0
     else
@@ -1509,14 +1521,15 @@ end
 
 local function bucket_write(s)
   local ms = idiv(s.at - now + ceil_div(s.d, s.limit), 1000) + 1
-  redis.call('SET', s.key, struct.pack(BUCKET, s.at, s.d, s.window, s.h), 'PX', int(ms + expiry_grace_ms))
-  s.stored = { s.at, s.d, s.window, s.h }
+  redis.call('SET', s.key, struct.pack(BUCKET, s.at, s.d, s.window, s.h, s.f, s.z), 'PX', int(ms + expiry_grace_ms))
+  s.stored = { s.at, s.d, s.window, s.h, s.f, s.z }
 end
 
--- The time a refund names is when the request's units would be repaid
--- were they the first of the debt (rounded down): they are repaid no
--- later, whatever is refunded ahead of them meanwhile, so a refund that
--- counts from it never takes back a repaid unit, nor another request's.
+-- The time a refund names is when the request's units were taken: since
+-- then the bucket has repaid at most that time by `f`, the fastest limit
+-- it refilled at, so a refund that counts from it never takes back a
+-- repaid unit, nor another request's, whatever tier refilled it and
+-- whatever is refunded ahead of it meanwhile.
 --
 -- A request held for its delay takes its units at `pass`: the debt it
 -- adds starts no earlier than that, so the bucket refills nothing for
@@ -1524,7 +1537,7 @@ end
 function bucket.record(s)
   local start = math.max(s.at, s.pass)
   s.d = math.max(s.d, (start - s.at) * s.limit) + s.cost * s.window
-  s.recorded = start + idiv(s.cost * s.window, s.limit)
+  s.recorded = start
   if s.pass > now then
     s.h = math.max(s.h, s.pass)
   end
@@ -1540,16 +1553,20 @@ function bucket.fits_at(s, time)
   return s.cost * s.window <= s.full and math.max(s.at, time) - s.at <= idiv(HOLD_PRODUCT, s.limit)
 end
 
--- Gives back what `cost` units named by `repaid_by` may still owe: the
--- debt ahead of that time, at most the cost, and nothing once that time
--- has passed (the bucket refilled them already).
+-- Gives back what `cost` units taken at `start` may still owe: their
+-- cost less what the bucket may have repaid since at its fastest, at
+-- most the debt, and nothing once that is all of it.
+--
+-- Nothing either for a time at or before `z`: one the clock stepped back
+-- from (a new clock's times are not comparable to it until it catches
+-- up), or a charge alone (time 0).
 --
 -- While a held request has yet to pass, nothing: it passes at a time
 -- fixed when it was recorded, and debt taken back from ahead of it would
 -- let a new request take a slot beside it.
-function bucket.refund(s, repaid_by, cost)
-  local unrepaid = math.min((repaid_by - s.at) * s.limit, cost * s.window, s.d)
-  if s.h > s.at then
+function bucket.refund(s, start, cost)
+  local unrepaid = math.min(cost * s.window - (s.at - start) * s.f, s.d)
+  if s.h > s.at or start <= s.z or start > s.at then
     unrepaid = 0
   end
   if unrepaid <= 0 then
@@ -1561,7 +1578,7 @@ function bucket.refund(s, repaid_by, cost)
 end
 
 function bucket.save(s)
-  if s.carried or s.rewindowed then
+  if s.carried or s.rewindowed or s.faster then
     bucket_write(s)
   end
 end

@@ -29,6 +29,11 @@ pub(super) struct TokenBucket {
     window: u64,
     /// The limit it refills at, as of the last decision (for idleness).
     limit: u32,
+    /// The fastest limit it has refilled at (see [`refund`](Self::refund)).
+    fastest: u32,
+    /// The time at or before which a refund names nothing it can give
+    /// back: the clock stepped back from it.
+    floor: u64,
     /// The latest time a request held for its delay passes at, in µs.
     held_until: u64,
 }
@@ -69,6 +74,19 @@ impl TokenBucket {
         } else {
             stored_at.max(now)
         };
+        let (mut fastest, mut floor) = if self.window == 0 {
+            (check.limit.max(1), 0)
+        } else {
+            (self.fastest, self.floor)
+        };
+        if stepped_back {
+            // What refunds name was measured on the clock before the step.
+            floor = floor.max(stored_at).max(self.held_until);
+        }
+        let faster = !stepped_back && at > stored_at && debt > 0 && check.limit > fastest;
+        if faster {
+            fastest = check.limit;
+        }
         if !stepped_back && at > stored_at {
             let refilled = at - stored_at;
             debt = if refilled >= ceil_div(debt, limit) {
@@ -82,9 +100,11 @@ impl TokenBucket {
             debt,
             window,
             limit: check.limit.max(1),
+            fastest,
+            floor,
             held_until: self.held_until,
         };
-        rewindowed || stepped_back
+        rewindowed || stepped_back || faster
     }
 
     /// When the bucket holds requests held for their delay and is now
@@ -125,11 +145,7 @@ impl TokenBucket {
 
     /// Records `cost` units, taken at `pass` (now, or when a held request
     /// passes: the bucket refills nothing for the time it waits); returns
-    /// the time a refund names: when they would be repaid were they the
-    /// first of the debt (rounded down). They are repaid no later than
-    /// that, whatever is refunded ahead of them meanwhile, so a refund
-    /// that counts from it never gives back a unit already repaid, nor
-    /// another request's.
+    /// the time a refund names: when they were taken.
     pub(super) fn record(&mut self, cost: u32, pass: u64, held: bool) -> u64 {
         if held {
             self.held_until = self.held_until.max(pass);
@@ -137,27 +153,33 @@ impl TokenBucket {
         let limit = u64::from(self.limit.max(1));
         let start = self.at.max(pass);
         self.debt = self.debt.max((start - self.at) * limit) + u64::from(cost) * self.window;
-        start + u64::from(cost) * self.window / limit
+        start
     }
 
-    /// Gives back what `cost` units named by `repaid_by` (see
+    /// Gives back what `cost` units taken at `start` (see
     /// [`record`](Self::record)) may still owe, after
-    /// [`place`](Self::place): at most `(repaid_by - at) × limit`, never
-    /// more than the request's own cost or the debt, and nothing once
-    /// that time has passed. A refund long after the request gives back
-    /// nothing, as the bucket already refilled those units.
+    /// [`place`](Self::place): their cost less what the bucket may have
+    /// repaid since at the fastest limit it refilled at, never more than
+    /// the debt. So a refund never gives back a unit already repaid, nor
+    /// another request's, whatever tier refilled the bucket and whatever
+    /// was refunded ahead of it; one long after the request gives back
+    /// nothing.
+    ///
+    /// Nothing either for a time at or before the floor: one the clock
+    /// stepped back from (a new clock's times are not comparable to it
+    /// until it catches up), or a charge alone (time 0).
     ///
     /// While a held request has yet to pass, nothing: it passes at a time
     /// fixed when it was recorded, and debt taken back from ahead of it
     /// would let a new request take a slot beside it.
-    pub(super) fn refund(&mut self, repaid_by: u64, cost: u32) -> bool {
-        if self.held_until > self.at {
+    pub(super) fn refund(&mut self, start: u64, cost: u32) -> bool {
+        if self.held_until > self.at || start <= self.floor || start > self.at {
             return false;
         }
-        let ahead = repaid_by
-            .saturating_sub(self.at)
-            .saturating_mul(u64::from(self.limit.max(1)));
-        let unrepaid = ahead.min(u64::from(cost) * self.window).min(self.debt);
+        let repaid = (self.at - start).saturating_mul(u64::from(self.fastest.max(1)));
+        let unrepaid = (u64::from(cost) * self.window)
+            .saturating_sub(repaid)
+            .min(self.debt);
         self.debt -= unrepaid;
         unrepaid > 0
     }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::support::stores::StoreUnderTest;
 use crate::window::Subject;
+use slidegate::clock::Clock;
 use slidegate::{
     Policy,
     key::Key,
@@ -88,6 +89,74 @@ async fn a_bucket_refund_gives_back_what_is_still_owed(tested: StoreUnderTest) {
     assert_eq!(s.store.peek(&check).await.unwrap()[0].remaining, 9);
 }
 on_both_stores!(a_bucket_refund_gives_back_what_is_still_owed, fake_clock);
+
+/// A bucket refilled at a tier's faster rate: a refund of a request of
+/// the slower tier gives back nothing the faster refill already repaid.
+/// A, 2 units at 1 a second; half a second later B, 1 unit at 4 a second
+/// (the refill repaid A whole); A's refund then leaves B's unit owed.
+async fn a_refund_counts_the_fastest_refill(tested: StoreUnderTest) {
+    let s = Subject::from(tested);
+    let tier = |limit| {
+        Policy::new("tiers", limit, SEC)
+            .with_algorithm(Algorithm::TokenBucket)
+            .with_burst(2)
+    };
+    let slow = [Check::new(&tier(1), Key::new("k")).unwrap()];
+    let fast = [Check::new(&tier(4), Key::new("k")).unwrap()];
+    let a = s
+        .store
+        .check(&[slow[0].clone().with_cost(2)])
+        .await
+        .unwrap()[0];
+    assert!(a.admitted, "{a:?}");
+    s.advance(SEC / 2);
+    assert!(s.store.check(&fast).await.unwrap()[0].admitted, "B");
+    s.store
+        .refund(&[slow[0].clone().with_cost(2)], &[a.recorded_at.unwrap()])
+        .await
+        .unwrap();
+    let d = s.store.peek(&slow).await.unwrap()[0];
+    assert_eq!(d.remaining, 1, "B's unit is still owed: {d:?}");
+}
+on_both_stores!(a_refund_counts_the_fastest_refill, fake_clock);
+
+/// A clock stepped back by more than a window: a refund of a request
+/// recorded before the step gives back nothing, since the new clock's
+/// times cannot say what the bucket repaid of it. A, 2 units at 1 a
+/// second; 1.5 s on, B (A is three quarters repaid); then the clock steps
+/// back 5 s, and A's refund must not free B's unit: at most one more
+/// unit fits (none while the refund gives nothing back).
+async fn a_refund_across_a_clock_step_back_frees_no_repaid_units(tested: StoreUnderTest) {
+    let s = Subject::from(tested);
+    let policy = Policy::new("stepped", 1, SEC)
+        .with_algorithm(Algorithm::TokenBucket)
+        .with_burst(2);
+    let one = [Check::new(&policy, Key::new("k")).unwrap()];
+    let two = [one[0].clone().with_cost(2)];
+    let a = s.store.check(&two).await.unwrap()[0];
+    assert!(a.admitted, "{a:?}");
+    s.advance(SEC * 3 / 2);
+    assert!(s.store.check(&one).await.unwrap()[0].admitted, "B");
+    s.clock.set(s.clock.now_micros() - 5_000_000);
+    s.store
+        .refund(&two, &[a.recorded_at.unwrap()])
+        .await
+        .unwrap();
+    let mut admitted = 0;
+    for _ in 0..3 {
+        if s.store.check(&one).await.unwrap()[0].admitted {
+            admitted += 1;
+        }
+    }
+    assert!(
+        admitted <= 1,
+        "{admitted} admitted: B's unit was given back"
+    );
+}
+on_both_stores!(
+    a_refund_across_a_clock_step_back_frees_no_repaid_units,
+    fake_clock
+);
 
 /// A refund ahead of a request never lets that request's own refund take
 /// a later request's units: A and B at once, A refunded half way, C, then
@@ -228,3 +297,34 @@ on_both_stores!(
     a_bucket_keeps_the_units_of_a_held_request_that_leaves,
     fake_clock
 );
+
+/// A bucket written before refunds counted the fastest refill (32 bytes,
+/// no fastest limit or floor) keeps its debt, and a refund of a request
+/// recorded then (which named when its units would be repaid) gives
+/// nothing back: what it names cannot be compared with the new times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_of_the_older_format_keeps_its_debt() {
+    let mut tested = StoreUnderTest::redis(true);
+    let redis = tested.redis.take().unwrap();
+    let s = Subject::from(tested);
+    let policy = Policy::new("older", 1, SEC)
+        .with_algorithm(Algorithm::TokenBucket)
+        .with_burst(2);
+    let two = [Check::new(&policy, Key::new("k")).unwrap().with_cost(2)];
+    let a = s.store.check(&two).await.unwrap()[0];
+    assert!(a.admitted, "{a:?}");
+    let keys = redis.cli(&["KEYS", "*:b"]);
+    let key = keys.trim();
+    let at = s.clock.now_micros().to_string();
+    let pack =
+        "return redis.call('SET', KEYS[1], struct.pack('>I8I8I8I8', ARGV[1], ARGV[2], ARGV[3], 0))";
+    redis.cli(&["EVAL", pack, "1", key, &at, "2000000", "1000000"]);
+    s.advance(SEC / 2);
+    let repaid_by = a.recorded_at.unwrap() + 2 * SEC;
+    for named in [repaid_by, a.recorded_at.unwrap()] {
+        s.store.refund(&two, &[named]).await.unwrap();
+    }
+    // Half a unit repaid of two: the next unit fits in half a second.
+    let d = s.store.peek(&two).await.unwrap()[0];
+    assert_eq!((d.remaining, d.reset), (0, SEC / 2), "{d:?}");
+}
