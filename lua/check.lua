@@ -84,8 +84,9 @@ local expiry_grace_ms = 0
 -- on a copy when preparing it changes it.
 local known = {}
 
--- The work this call has done in logs' pages hashes: fields read or
--- written, a page counting as PAGE_WORK (see BATCH_WORK).
+-- The work this call has done: fields of logs' pages hashes read or
+-- written, a page counting as PAGE_WORK, and REQUEST_WORK per policy of
+-- each request decided (see BATCH_WORK).
 local work = 0
 local PAGE_WORK = 4
 
@@ -2264,11 +2265,13 @@ end
 
 -- The work (see `work`) after which a batch call decides no more of its
 -- requests: the rest are answered DEFERRED, having read and written
--- nothing, and the store sends them in a call of their own. So a call
--- of many requests on deep logs holds Redis about as long as a few (a
--- request on a log of one page does no such work), and the first request
--- of a call is always decided.
-local BATCH_WORK = 200
+-- nothing, and the store sends them in a call of their own. Each policy
+-- of a request decided counts REQUEST_WORK besides its work in pages, so
+-- a call holds Redis briefly whatever it holds: many requests on deep
+-- logs, or a full batch on one hot log (about 20 of its requests), take
+-- a few calls. The first request of a call is always decided.
+local BATCH_WORK = 64
+local REQUEST_WORK = 2
 local DEFERRED = 'DEFERRED the call did its share of work: send this request again'
 
 -- Decides several requests, in order, each all-or-nothing on its own, at
@@ -2305,6 +2308,7 @@ local function check_batch(keys, argv, held_only)
     if ok then
       replies[#replies + 1] = result
       next_key = after
+      work = work + REQUEST_WORK * count
     else
       replies[#replies + 1] = redis.error_reply(error_message(result))
       -- Skip the failed request's keys.

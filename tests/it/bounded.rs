@@ -264,6 +264,53 @@ async fn every_path_on_a_log_of_100_000_records_holds_redis_briefly() {
         .await,
     );
     longest = longest.max(
+        measured(
+            &server,
+            "a cost of 40,000 against a full log of cost-2 requests",
+            async {
+                let pairs = Policy::new("pairs", 2 * RECORDS, Duration::from_secs(3600));
+                let pair = Check::new(&pairs, Key::new("pairs")).unwrap().with_cost(2);
+                fill(&store, &clock, &pair, RECORDS, 0).await;
+                log_every_call(&server);
+                let decision = one(&store, &pair.clone().with_cost(40_000)).await;
+                assert!(!decision.admitted && decision.remaining == 0);
+                // The oldest 20,000 requests leave in an hour from the
+                // first: the retry time counts 20,000 records in.
+                let wait = decision.retry_after.unwrap();
+                assert!(wait > Duration::from_secs(3500) && wait < Duration::from_secs(3600));
+            },
+        )
+        .await,
+    );
+    longest = longest.max(
+        measured(
+            &server,
+            "batches of 32 on a full log that prunes as they come",
+            async {
+                let fast = Policy::new("fast", RECORDS, Duration::from_secs(4));
+                let hot = Check::new(&fast, Key::new("hot")).unwrap();
+                fill(&store, &clock, &hot, RECORDS, 0).await;
+                // The first thousand have just left.
+                clock.advance(Duration::from_secs(4) - Duration::from_millis(99));
+                log_every_call(&server);
+                for _ in 0..50 {
+                    // 32 requests take the room of the 40 that left.
+                    clock.advance(Duration::from_micros(40));
+                    let tasks: Vec<_> = (0..32)
+                        .map(|_| {
+                            let (store, hot) = (store.clone(), hot.clone());
+                            tokio::spawn(async move { store.check(&[hot]).await })
+                        })
+                        .collect();
+                    for task in tasks {
+                        assert!(task.await.unwrap().unwrap()[0].admitted);
+                    }
+                }
+            },
+        )
+        .await,
+    );
+    longest = longest.max(
         measured(&server, "pruning half of a log", async {
             fill(&store, &clock, &check, RECORDS, 0).await;
             log_every_call(&server);
