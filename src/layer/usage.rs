@@ -474,8 +474,10 @@ struct Sent {
     turn: Turn,
 }
 
-/// How a settlement waits for the charges of its request on their way:
-/// each one it sent before counts once, landed or not.
+/// How a settlement waits for the charges of its request on their way,
+/// so that each counts once: what one landed is taken from the
+/// settlement's cost, and what one did not land stays in it (one that
+/// timed out may have landed all the same, and then counts twice).
 enum Turn {
     /// A charge holds its request's lock for reading until answered.
     Charge { _held: OwnedRwLockReadGuard<()> },
