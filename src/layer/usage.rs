@@ -351,7 +351,7 @@ impl Settled {
         let store = self.reserved.store().clone();
         let mut charges = Recorded::new(&store);
         let mut costs = SmallVec::<[u64; 2]>::new();
-        let mut landed = SmallVec::new();
+        let mut charged = SmallVec::new();
         for (check, reported) in self.reserved.checks().iter().zip(&mut self.reported) {
             let units = units.div_ceil(u64::from(reported.share));
             let counted = u64::from(check.cost).saturating_add(reported.sent);
@@ -363,7 +363,7 @@ impl Settled {
             {
                 charges.push(check, Duration::ZERO);
                 costs.push(units - counted);
-                landed.push((reported.charged.clone(), units - counted));
+                charged.push(reported.charged.clone());
                 reported.sent += units - counted;
             }
         }
@@ -371,17 +371,11 @@ impl Settled {
             return;
         }
         self.charged_at = Some(now);
-        let less = costs.iter().map(|_| None).collect();
-        let sent = Sent {
-            store,
-            checks: charges.checks().iter().cloned().collect(),
-            times: charges.times().iter().copied().collect(),
-            costs,
-            less,
-            landed,
-            turn: Turn::Charge { _held: turn },
+        let turn = Turn::Charge {
+            charged,
+            _held: turn,
         };
-        sent.send(self.runtime.as_ref());
+        Sent::new(store, &charges, costs, turn).send(self.runtime.as_ref());
     }
 
     /// Settles at once the reservations whose usage header the
@@ -411,7 +405,7 @@ impl Settled {
         let mut waiting = Recorded::new(&store);
         let mut still_reported = SmallVec::new();
         let mut costs = SmallVec::<[u64; 2]>::new();
-        let mut less = SmallVec::new();
+        let mut charged = SmallVec::new();
         let reserved = self.reserved.checks().iter().zip(self.reserved.times());
         for ((check, &at), reported) in reserved.zip(self.reported.drain(..)) {
             let cost = cost_of(reported.value).map(|cost| cost.div_ceil(u64::from(reported.share)));
@@ -423,7 +417,7 @@ impl Settled {
                 // No units to take back in the new keys: a charge alone.
                 settled.push(&now, Duration::ZERO);
                 costs.push(cost.unwrap_or(u64::from(check.cost)));
-                less.push(None);
+                charged.push(None);
             } else if let Some(cost) =
                 cost.filter(|&cost| reported.sent > 0 || cost != u64::from(check.cost))
             {
@@ -433,7 +427,7 @@ impl Settled {
                 // reservation, with nothing charged: no call.
                 settled.push(check, at);
                 costs.push(cost);
-                less.push(Some(reported.charged));
+                charged.push(Some(reported.charged));
             }
         }
         self.reserved = waiting;
@@ -445,16 +439,11 @@ impl Settled {
         if settled.is_empty() {
             return;
         }
-        let sent = Sent {
-            store,
-            checks: settled.checks().iter().cloned().collect(),
-            times: settled.times().iter().copied().collect(),
-            costs,
-            less,
-            landed: SmallVec::new(),
-            turn: Turn::Settle(self.charging.clone()),
+        let turn = Turn::Settle {
+            lock: self.charging.clone(),
+            charged,
         };
-        sent.send(self.runtime.as_ref());
+        Sent::new(store, &settled, costs, turn).send(self.runtime.as_ref());
     }
 }
 
@@ -465,12 +454,6 @@ struct Sent {
     checks: Checks,
     times: SmallVec<[Duration; 2]>,
     costs: SmallVec<[u64; 2]>,
-    /// Per cost, for a settlement, the charges as the handle reported
-    /// that landed: the cost less them is sent, once no charge is on its
-    /// way.
-    less: SmallVec<[Option<Arc<AtomicU64>>; 2]>,
-    /// Where charges as the handle reports are counted once they land.
-    landed: SmallVec<[(Arc<AtomicU64>, u64); 2]>,
     turn: Turn,
 }
 
@@ -479,10 +462,20 @@ struct Sent {
 /// settlement's cost, and what one did not land stays in it (one that
 /// timed out may have landed all the same, and then counts twice).
 enum Turn {
-    /// A charge holds its request's lock for reading until answered.
-    Charge { _held: OwnedRwLockReadGuard<()> },
-    /// A settlement is sent once it holds the lock for writing.
-    Settle(Arc<RwLock<()>>),
+    /// Charges as the handle reported: each cost, once it lands, is
+    /// added to what its reservation was charged. They hold their
+    /// request's lock for reading until answered.
+    Charge {
+        charged: SmallVec<[Arc<AtomicU64>; 2]>,
+        _held: OwnedRwLockReadGuard<()>,
+    },
+    /// A settlement, sent once it holds the lock for writing: each cost
+    /// less what charges landed on its reservation (none for one moved
+    /// to the keys of another algorithm).
+    Settle {
+        lock: Arc<RwLock<()>>,
+        charged: SmallVec<[Option<Arc<AtomicU64>>; 2]>,
+    },
 }
 
 /// How many times a settlement is sent at most, and the wait before the
@@ -493,12 +486,27 @@ const SETTLE_RETRY: Duration = Duration::from_millis(100);
 const SETTLE_RETRY_MOST: Duration = Duration::from_secs(5);
 
 impl Sent {
+    fn new(
+        store: Arc<dyn Store>,
+        recorded: &Recorded,
+        costs: SmallVec<[u64; 2]>,
+        turn: Turn,
+    ) -> Self {
+        Self {
+            store,
+            checks: recorded.checks().iter().cloned().collect(),
+            times: recorded.times().iter().copied().collect(),
+            costs,
+            turn,
+        }
+    }
+
     /// Sends the settlement: at once to a store in process; otherwise on
     /// the current runtime, or else `runtime`, sent again while the store
     /// cannot be reached (see [`until_answered`](Self::until_answered)),
     /// an open circuit breaker's answer at once included.
     fn send(mut self, runtime: Option<&tokio::runtime::Handle>) {
-        if let Turn::Settle(lock) = &self.turn {
+        if let Turn::Settle { lock, .. } = &self.turn {
             if lock.try_write().is_err() {
                 let lock = lock.clone();
                 let settled = async move {
@@ -528,8 +536,11 @@ impl Sent {
     /// Takes from each cost of a settlement what the charges as the
     /// handle reported landed.
     fn less_landed(&mut self) {
-        for (cost, less) in self.costs.iter_mut().zip(&self.less) {
-            if let Some(charged) = less {
+        let Turn::Settle { charged, .. } = &self.turn else {
+            return;
+        };
+        for (cost, charged) in self.costs.iter_mut().zip(charged) {
+            if let Some(charged) = charged {
                 *cost = cost.saturating_sub(charged.load(Ordering::Acquire));
             }
         }
@@ -537,8 +548,8 @@ impl Sent {
 
     /// Counts what landed, and warns of what did not.
     fn done(&self, outcome: Result<(), StoreError>) {
-        if outcome.is_ok() {
-            for (charged, units) in &self.landed {
+        if let (Ok(()), Turn::Charge { charged, .. }) = (&outcome, &self.turn) {
+            for (charged, units) in charged.iter().zip(&self.costs) {
                 charged.fetch_add(*units, Ordering::AcqRel);
             }
         }
