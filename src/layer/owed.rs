@@ -7,10 +7,9 @@
 //! for: a store across the network is told on a task of its own.
 
 use std::sync::Arc;
-
-use arc_swap::ArcSwap;
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use http::request::Parts;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use smallvec::SmallVec;

@@ -29,16 +29,12 @@ impl Unsettled {
     /// holds fewer than `max`.
     pub(crate) fn take(self: &Arc<Self>, check: &Check, max: u32) -> Option<Place> {
         let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
-        let count = held
-            .entry((check.policy.clone(), check.key.clone()))
-            .or_insert(0);
-        if *count >= max {
-            if *count == 0 {
-                held.remove(&(check.policy.clone(), check.key.clone()));
-            }
+        let client = (check.policy.clone(), check.key.clone());
+        let count = held.get(&client).copied().unwrap_or(0);
+        if count >= max {
             return None;
         }
-        *count += 1;
+        held.insert(client, count + 1);
         Some(Place {
             unsettled: self.clone(),
             policy: check.policy.clone(),
