@@ -83,11 +83,11 @@ impl TokenBucket {
             // What refunds name was measured on the clock before the step.
             floor = floor.max(stored_at).max(self.held_until);
         }
-        let faster = !stepped_back && at > stored_at && debt > 0 && check.limit > fastest;
-        if faster {
-            fastest = check.limit;
-        }
+        let mut faster = false;
         if !stepped_back && at > stored_at {
+            if debt > 0 && check.limit > fastest {
+                (fastest, faster) = (check.limit, true);
+            }
             let refilled = at - stored_at;
             debt = if refilled >= ceil_div(debt, limit) {
                 0
