@@ -314,6 +314,19 @@ async fn the_store_follows_a_sentinel_promotion_after_the_primary_is_killed() {
     eprintln!("limited by the new primary {took:?} after the promotion");
 }
 
+/// A Redis of 3 MB that refuses writes once full (`noeviction`), and a
+/// store on it. The timeout is not under test (a full Redis answers, with
+/// an error for a new client): long, for a loaded machine.
+fn filled_soon() -> (RedisServer, RedisStore) {
+    let server =
+        RedisServer::start_with(&["--maxmemory", "3mb", "--maxmemory-policy", "noeviction"]);
+    let store = RedisStore::builder(server.pool(4))
+        .with_timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    (server, store)
+}
+
 /// Redis full (`maxmemory`, `noeviction`): a flood of new identities fills
 /// it, and from then on each new identity's check is refused (its policy's
 /// fail mode decides), while clients Redis already holds are still decided
@@ -321,14 +334,7 @@ async fn the_store_follows_a_sentinel_promotion_after_the_primary_is_killed() {
 /// still admitted and counted. Both single calls and batches.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_redis_keeps_limiting_the_clients_it_already_holds() {
-    let server =
-        RedisServer::start_with(&["--maxmemory", "3mb", "--maxmemory-policy", "noeviction"]);
-    // The timeout is not under test (a full Redis answers, with an error
-    // for a new client): long, for a loaded machine.
-    let store = RedisStore::builder(server.pool(4))
-        .with_timeout(Duration::from_secs(60))
-        .build()
-        .unwrap();
+    let (server, store) = filled_soon();
     let policy = Policy::new("full", 5, Duration::from_secs(600));
     let counter = Policy::new("full_counter", 5, Duration::from_secs(600))
         .with_algorithm(slidegate::policy::Algorithm::SlidingCounter);
@@ -529,12 +535,7 @@ async fn a_full_redis_never_fails_open_for_a_client_it_does_not_track() {
     use axum::{Router, routing::get};
     use tower::ServiceExt;
 
-    let server =
-        RedisServer::start_with(&["--maxmemory", "3mb", "--maxmemory-policy", "noeviction"]);
-    let store = RedisStore::builder(server.pool(4))
-        .with_timeout(Duration::from_secs(60))
-        .build()
-        .unwrap();
+    let (_server, store) = filled_soon();
     // A window of ten minutes: the flood's keys live past the test, so
     // Redis stays full throughout (a bucket's would expire in seconds
     // and free room while the test runs).
