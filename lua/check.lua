@@ -1440,7 +1440,7 @@ end
 -- time (µs) the bucket was last placed at; `d`, its debt at `t`; `w`,
 -- the window (µs) the debt is measured in; `h`, the latest time a
 -- request held for its delay passes at; `f`, the fastest limit it has
--- refilled at; and `z`, the time at or before which a refund names
+-- refilled at (as a limit of `w`, whose rate it is); and `z`, the time at or before which a refund names
 -- nothing it can give back (see `bucket.refund`). A 32-byte string (from
 -- before refunds were bounded so) has no `f` or `z`, a 24-byte one (from
 -- before held requests were recorded) no `h` either. Time is scaled by the limit
@@ -1497,6 +1497,8 @@ function bucket.prepare(s)
       -- Measured under another window: the same units, rounded up, and
       -- never more than this bucket holds.
       d = math.min(math.ceil(d / stored[3] * s.window), s.full)
+      -- The fastest refill's rate as a limit of this window, never below.
+      s.f = math.floor(s.f * s.window / stored[3]) + 1
       s.rewindowed = true
     end
   end

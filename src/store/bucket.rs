@@ -29,8 +29,9 @@ pub(super) struct TokenBucket {
     window: u64,
     /// The limit it refills at, as of the last decision (for idleness).
     limit: u32,
-    /// The fastest limit it has refilled at (see [`refund`](Self::refund)).
-    fastest: u32,
+    /// The fastest limit it has refilled at, as a limit of `window` (see
+    /// [`refund`](Self::refund)).
+    fastest: u64,
     /// The time at or before which a refund names nothing it can give
     /// back: the clock stepped back from it.
     floor: u64,
@@ -75,18 +76,23 @@ impl TokenBucket {
             stored_at.max(now)
         };
         let (mut fastest, mut floor) = if self.window == 0 {
-            (check.limit.max(1), 0)
+            (limit, 0)
         } else {
             (self.fastest, self.floor)
         };
+        if rewindowed {
+            // The same rate as a limit of the new window, never below it,
+            // as the script computes it in doubles.
+            fastest = (fastest as f64 * window as f64 / self.window as f64).floor() as u64 + 1;
+        }
         if stepped_back {
             // What refunds name was measured on the clock before the step.
             floor = floor.max(stored_at).max(self.held_until);
         }
         let mut faster = false;
         if !stepped_back && at > stored_at {
-            if debt > 0 && check.limit > fastest {
-                (fastest, faster) = (check.limit, true);
+            if debt > 0 && limit > fastest {
+                (fastest, faster) = (limit, true);
             }
             let refilled = at - stored_at;
             debt = if refilled >= ceil_div(debt, limit) {
@@ -176,7 +182,7 @@ impl TokenBucket {
         if self.held_until > self.at || start <= self.floor || start > self.at {
             return false;
         }
-        let repaid = (self.at - start).saturating_mul(u64::from(self.fastest.max(1)));
+        let repaid = (self.at - start).saturating_mul(self.fastest);
         let unrepaid = (u64::from(cost) * self.window)
             .saturating_sub(repaid)
             .min(self.debt);

@@ -120,6 +120,39 @@ async fn a_refund_counts_the_fastest_refill(tested: StoreUnderTest) {
 }
 on_both_stores!(a_refund_counts_the_fastest_refill, fake_clock);
 
+/// The same with tiers of one limit and different windows, whose rates
+/// differ: A, 2 units at 10 per 10 s; 0.2 s later B, 1 unit at 10 a
+/// second (the refill repaid A whole); A's refund, measured in A's
+/// window, still leaves B's unit owed.
+async fn a_refund_counts_the_fastest_refill_across_windows(tested: StoreUnderTest) {
+    let s = Subject::from(tested);
+    let tier = |window| {
+        Policy::new("windows", 10, window)
+            .with_algorithm(Algorithm::TokenBucket)
+            .with_burst(2)
+    };
+    let slow = [Check::new(&tier(10 * SEC), Key::new("k")).unwrap()];
+    let fast = [Check::new(&tier(SEC), Key::new("k")).unwrap()];
+    let a = s
+        .store
+        .check(&[slow[0].clone().with_cost(2)])
+        .await
+        .unwrap()[0];
+    assert!(a.admitted, "{a:?}");
+    s.advance(SEC / 5);
+    assert!(s.store.check(&fast).await.unwrap()[0].admitted, "B");
+    s.store
+        .refund(&[slow[0].clone().with_cost(2)], &[a.recorded_at.unwrap()])
+        .await
+        .unwrap();
+    let d = s.store.peek(&slow).await.unwrap()[0];
+    assert_eq!(d.remaining, 1, "B's unit is still owed: {d:?}");
+}
+on_both_stores!(
+    a_refund_counts_the_fastest_refill_across_windows,
+    fake_clock
+);
+
 /// A clock stepped back by more than a window: a refund of a request
 /// recorded before the step gives back nothing, since the new clock's
 /// times cannot say what the bucket repaid of it. A, 2 units at 1 a
