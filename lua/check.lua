@@ -8,7 +8,7 @@
 -- `allow-oom` twins for clients Redis already holds (see `NOT_HELD`), so
 -- that only new clients meet their policies' fail modes when Redis is
 -- full; a held client's state grows only by its own admitted requests
--- (a log may open its pages hash), and shrinks as they leave its window.
+-- (a log may open a chunk of pages), and shrinks as they leave its window.
 --
 -- ARGV[1]: the time in microseconds, or "" to read the server's TIME (the
 --   empty form is the only one production uses).
@@ -24,8 +24,9 @@
 --   no denial for the block, which only a request beyond the delay
 --   starts. A batch call names each policy once (see `check_batch`).
 -- KEYS, taken in policy order:
---   log:     a string holding the log's header and newest page, then a
---            hash holding its other pages (see "sliding log" below).
+--   log:     a string holding the log's header and newest page, then the
+--            name its chunks of other pages are keyed by (with ":" and
+--            the chunk's number; see "sliding log" below).
 --   counter: a hash with the current window id `w`, its count `c`, the
 --            previous window's count `p`, the window length `l` (windows
 --            in milliseconds), `t`, the latest time (µs) a request was
@@ -84,13 +85,13 @@ local expiry_grace_ms = 0
 -- on a copy when preparing it changes it.
 local known = {}
 
--- The work this call has done: fields of logs' pages hashes read or
+-- The work this call has done: fields of logs' chunks of pages read or
 -- written, a page counting as PAGE_WORK, and REQUEST_WORK per policy of
 -- each request decided (see BATCH_WORK).
 local work = 0
 local PAGE_WORK = 4
 
--- `redis.call` on a log's pages hash, counted as `units` of work.
+-- `redis.call` on a log's chunk of pages, counted as `units` of work.
 local function pages_call(units, ...)
   work = work + units
   return redis.call(...)
@@ -157,13 +158,35 @@ end
 -- so that pruning, a window's count, the time enough units leave, and a
 -- refund each read O(log pages) fields and rewrite at most one page.
 --
--- Two keys per client and policy:
+-- Keys per client and policy:
 -- * a string: the header (LOG_HEADER, below), then the records of the
 --   newest page, the *tail*, which a request appends to;
--- * a hash, once the log outgrows one page: each full page sealed under
---   its number (a 10-byte page header, PAGE_HEADER, then its records), and
---   the tree of page sums: field "k:j" holds the sum of pages j*2^k to
---   (j+1)*2^k - 1, for k from 0 to the header's `levels`.
+-- * once the log outgrows one page, hashes of sealed pages, CHUNK_PAGES
+--   pages to a hash (*chunk* c, the pages key's name then ":c", holds
+--   pages c*CHUNK_PAGES to (c+1)*CHUNK_PAGES - 1): each full page sealed
+--   under its number (a 10-byte page header, PAGE_HEADER, then its
+--   records), and the tree of page sums: field "k:j" holds the sum of
+--   pages j*2^k to (j+1)*2^k - 1, for k from 0 to the header's `levels`,
+--   in the chunk of its first page. No key is large, so none holds Redis
+--   long when it frees it, whatever `lazyfree-*` says (a hash of a
+--   million-record log took 8 ms to free as it expired).
+--
+-- A block of the tree is read only while its first page is live (every
+-- block read starts at or after the head's page), so a chunk is no
+-- longer read once the head has left it: the pages in the head's chunk
+-- are deleted as the head passes them, and the chunks below it whole.
+-- Every field read was written by the log as it is now, since it last
+-- started afresh (a page when it is sealed, a block when its first page
+-- is, or when the tree grows a level), never by a log before it: pages
+-- are numbered on from where an emptied log stopped, and a log whose
+-- string Redis evicted numbers from 0 again but writes each field before
+-- it reads it. A chunk expires two spans past the newest record of the
+-- last page sealed in it (or when the span grows, past the log's newest
+-- record), so it outlives every record it holds.
+--
+-- Format version 2 kept every sealed page and block in the one hash of
+-- the pages key. Such a log is read and written as it is until it
+-- empties, and starts afresh in the current version.
 --
 -- A record is its time as an offset from its page's base (4 or 6 bytes),
 -- then the running total of cost in its page up to and including it (0,
@@ -174,31 +197,34 @@ end
 -- The tail widens its fields in place when a record needs it (at most one
 -- page rewritten); a page, once sealed, keeps its widths.
 --
--- Header fields (big-endian): format version (2, as LOG_VERSION), the tail's offset and
+-- Header fields (big-endian): format version (3, as LOG_VERSION), the tail's offset and
 -- total widths, `levels`; the tail's page number, the head's (the oldest
 -- live record's) page and index in it, `clean` (pages below it have been
--- deleted from the hash); the tail's record count; then u64 the tail's
+-- deleted); the tail's record count; then u64 the tail's
 -- base time, the tail's sum, `sum` (every live record's cost), `oldest`
--- and `newest` (µs), `expires` (when the keys' TTL, last set, runs out)
+-- and `newest` (µs), `expires` (when the string's TTL, last set, runs out)
 -- and `span`: the longest window the log has been counted under since it
 -- was last empty. Records leave once `span` has passed over them, so
 -- tiers with different windows each see every request their own window
 -- covers; a log left empty starts afresh.
 --
--- Pages below the head are deleted a few at a time (CLEAN_PAGES per
--- call), the pages of a log that has emptied included; both keys expire
--- two spans past the newest record.
+-- Pages below the head are deleted a few at a time (CLEAN_PAGES pages,
+-- or CLEAN_CHUNKS whole chunks, per call), the pages of a log that has
+-- emptied included; the string expires two spans past the newest record.
 
 -- One policy's five integers in a reply.
 local DECISION = '>i8i8i8i8i8'
 
-local LOG_VERSION = 2
+local LOG_VERSION = 3
+-- The version that kept every page in one hash (see above).
+local LOG_VERSION_FLAT = 2
 -- The longest delay a policy may have (policy validation holds it), µs.
 local MAX_DELAY = 60000000
 local LOG_HEADER = '>BBBBI8I8I2I8I2I8I8I8I8I8I8I8'
 local LOG_HEADER_SIZE = 88
--- Version 1 numbered pages in 4 bytes; such a log is read, and rewritten
--- in version 2 by the call that reads it.
+-- Version 1 numbered pages in 4 bytes, in one hash as version 2 does;
+-- such a log is read, and rewritten in version 2 by the call that reads
+-- it.
 local LOG_HEADER_V1 = '>BBBBI4I4I2I4I2I8I8I8I8I8I8I8'
 local LOG_HEADER_V1_SIZE = 76
 local PAGE_HEADER = '>I8BB'
@@ -208,6 +234,12 @@ local PAGE_HEADER_SIZE = 10
 local PAGE_BYTES = 1000
 -- Pages below the head whose fields one call deletes, at most.
 local CLEAN_PAGES = 8
+-- Sealed pages to a chunk: a chunk of full pages holds 64 KiB of records
+-- in 64 pages and 127 blocks of the tree (and one more per level above
+-- the sixth), which Redis frees in well under a millisecond.
+local CHUNK_PAGES = 64
+-- Chunks wholly below the head that one call unlinks, at most.
+local CLEAN_CHUNKS = 4
 
 local log = {}
 
@@ -217,6 +249,46 @@ local header_key, header_read
 
 local function int(n)
   return string.format('%d', n)
+end
+
+-- The number of the chunk that holds page n, and the blocks of the tree
+-- that start at it (always 0 for a log of the one-hash version).
+local function chunk_of(s, n)
+  if s.flat then
+    return 0
+  end
+  return math.floor(n / CHUNK_PAGES)
+end
+
+-- The key of chunk c.
+local function chunk_key(s, c)
+  if s.flat then
+    return s.store
+  end
+  return s.store .. ':' .. int(c)
+end
+
+-- The key that holds page n.
+local function page_key(s, n)
+  return chunk_key(s, chunk_of(s, n))
+end
+
+-- Has the TTL of the chunk keyed `key` set with the string's, when the
+-- call writes the log (see `log_flush`).
+local function log_time(s, key)
+  if s.timed == nil then
+    s.timed = {}
+  end
+  s.timed[key] = true
+end
+
+-- The keys of chunks `from` to `to`.
+local function chunk_keys(s, from, to)
+  local keys = {}
+  for c = from, to do
+    keys[#keys + 1] = chunk_key(s, c)
+  end
+  return keys
 end
 
 -- The bytes a running total of `total` needs.
@@ -344,7 +416,7 @@ local function page(s, n)
   end
   local v = s.pages[n]
   if v == nil then
-    local bytes = pages_call(PAGE_WORK, 'HGET', s.store, int(n))
+    local bytes = pages_call(PAGE_WORK, 'HGET', page_key(s, n), int(n))
     if not bytes then
       error('sliding log ' .. s.key .. ' has lost its page ' .. int(n))
     end
@@ -374,14 +446,28 @@ local function blocks(s, a, b)
   return list
 end
 
+-- The key that holds block (k, j): the chunk of its first page.
+local function node_key(s, k, j)
+  return page_key(s, j * 2 ^ k)
+end
+
+-- The sums of the blocks in `list`, read a chunk at a time (the blocks
+-- are in order, so a chunk's are side by side).
 local function block_sums(s, list)
-  local fields = {}
-  for i, block in ipairs(list) do
-    fields[i] = node(block[1], block[2])
-  end
-  local sums = pages_call(#fields, 'HMGET', s.store, unpack(fields))
-  for i = 1, #sums do
-    sums[i] = tonumber(sums[i]) or 0
+  local sums = {}
+  local i = 1
+  while i <= #list do
+    local key = node_key(s, list[i][1], list[i][2])
+    local fields = {}
+    while i + #fields <= #list and node_key(s, list[i + #fields][1], list[i + #fields][2]) == key do
+      local block = list[i + #fields]
+      fields[#fields + 1] = node(block[1], block[2])
+    end
+    local read = pages_call(#fields, 'HMGET', key, unpack(fields))
+    for n = 1, #read do
+      sums[i] = tonumber(read[n]) or 0
+      i = i + 1
+    end
   end
   return sums
 end
@@ -412,7 +498,7 @@ local function tree_find(s, a, b, need)
       local k, j = block[1], block[2]
       while k > 0 do
         k = k - 1
-        local left = tonumber(pages_call(1, 'HGET', s.store, node(k, 2 * j))) or 0
+        local left = tonumber(pages_call(1, 'HGET', node_key(s, k, 2 * j), node(k, 2 * j))) or 0
         if before + left >= need then
           j = 2 * j
         else
@@ -426,10 +512,19 @@ local function tree_find(s, a, b, need)
   return nil, before
 end
 
--- Adds `delta` to sealed page n's sum, at every level of the tree.
-local function tree_add(s, n, delta)
+-- Adds `delta` to sealed page n's sum, at every level of the tree, in
+-- the blocks that may still be read (those that start at the head's page
+-- or later). A block that starts at page n is set, not added to, when the
+-- page is sealed (`sealed`): it may hold a sum that a log before this one
+-- left in its chunk.
+local function tree_add(s, n, delta, sealed)
   for k = 0, s.levels do
-    pages_call(1, 'HINCRBY', s.store, node(k, math.floor(n / 2 ^ k)), int(delta))
+    local j = math.floor(n / 2 ^ k)
+    local first = j * 2 ^ k
+    if first >= s.head_page then
+      local command = (sealed and first == n) and 'HSET' or 'HINCRBY'
+      pages_call(1, command, node_key(s, k, j), node(k, j), int(delta))
+    end
   end
 end
 
@@ -530,35 +625,67 @@ local function time_at(s, m, i)
   return (record_at(page(s, m), i))
 end
 
--- Starts the log afresh: nothing live, no span, no newest time. A pages
--- hash left from before is unlinked (Redis frees a large one in the
--- background, so this holds it no longer than a small one), and the new
--- log numbers its pages from 0 again. So page numbers grow only while a
--- log stays live, by one per page of records it seals: at least 83
--- records a page, 2^53 of them before a number would lose precision.
+-- Starts the log afresh: nothing live, no span, no newest time. Its
+-- pages are numbered on from the tail's number (the old log's sealed
+-- pages, all below it, are deleted as those a head has passed are), by
+-- one per page of records sealed: at least 83 records a page, 2^53 pages
+-- before a number would lose precision. A log of the one-hash version
+-- unlinks its hash (Redis frees a large one in the background, so this
+-- holds it no longer than a small one) and starts in chunks, from 0.
 local function log_clear(s)
-  if s.tail_page > 0 or s.clean > 0 then
-    s.unlink_store = true
+  if s.flat then
+    if s.tail_page > 0 or s.clean > 0 then
+      s.unlink_store = true
+    end
+    s.flat, s.tail_page, s.clean = false, 0, 0
   end
-  s.tail_page, s.clean, s.levels = 0, 0, 0
-  s.head_page, s.head_index, s.tail_count, s.ow, s.cw = 0, 0, 0, 4, 0
+  s.levels, s.head_page, s.head_index, s.tail_count, s.ow, s.cw = 0, s.tail_page, 0, 0, 4, 0
   s.tail_base, s.tail_sum, s.sum, s.oldest, s.newest, s.span = 0, 0, 0, 0, 0, 0
   s.tail, s.unwritten, s.tail_view, s.found = '', '', nil, nil
   s.rewrite, s.dirty = s.exists, true
 end
 
--- A log that has never been written.
+-- A log that has never been written (or whose string is gone).
 local function log_new(s)
-  s.exists, s.tail_page, s.clean, s.levels, s.expires = false, 0, 0, 0, 0
+  s.exists, s.flat, s.tail_page, s.clean, s.levels, s.expires = false, false, 0, 0, 0, 0
   log_clear(s)
 end
 
 -- Keeps the units of a log whose sealed pages have gone (see `log_read`).
 local log_recover
 
--- Reads the header into `s`, and makes sure the pages hash is a hash (or
--- none), so that no later write of the call fails on it after another
--- key was written.
+-- Makes sure the keys a log's pages go in are hashes (or none), so that
+-- no later write of the call fails on one after another key was written,
+-- and that none of the live pages' chunks is gone.
+local function log_check_pages(s)
+  local writes = { page_key(s, s.tail_page) }
+  if page_key(s, s.tail_page + 1) ~= writes[1] then
+    -- A call seals at most two pages: the next may start a chunk.
+    writes[2] = page_key(s, s.tail_page + 1)
+  end
+  local kinds = {}
+  for i, key in ipairs(writes) do
+    kinds[i] = redis.call('TYPE', key)['ok']
+    if kinds[i] ~= 'hash' and kinds[i] ~= 'none' then
+      error({ err = 'WRONGTYPE the pages of sliding log ' .. s.key .. ' are a ' .. kinds[i] })
+    end
+  end
+  if s.tail_page == s.head_page then
+    return
+  end
+  local live = chunk_keys(s, chunk_of(s, s.head_page), chunk_of(s, s.tail_page - 1))
+  local lost
+  if s.flat then
+    lost = kinds[1] == 'none'
+  else
+    lost = redis.call('EXISTS', unpack(live)) < #live
+  end
+  if lost then
+    log_recover(s)
+  end
+end
+
+-- Reads the header into `s`, and checks the keys of its pages.
 local function log_read(s)
   s.pages, s.found, s.unwritten = {}, nil, ''
   local header = header_read
@@ -567,14 +694,16 @@ local function log_read(s)
   end
   header_key = nil
   if header == '' then
-    -- A new log; pages left by one whose string was evicted go first.
+    -- A new log. What a log whose string was evicted left in its chunks
+    -- is never read (see above), and expires.
     log_new(s)
-    s.unlink_store = true
+    log_check_pages(s)
     return
   end
   local version = string.byte(header, 1)
   local format
-  if version == LOG_VERSION then
+  s.flat = version ~= LOG_VERSION
+  if version == LOG_VERSION or version == LOG_VERSION_FLAT then
     format, s.header_size = LOG_HEADER, LOG_HEADER_SIZE
   elseif version == 1 then
     format, s.header_size = LOG_HEADER_V1, LOG_HEADER_V1_SIZE
@@ -585,23 +714,17 @@ local function log_read(s)
   local _
   _, s.ow, s.cw, s.levels, s.tail_page, s.head_page, s.head_index, s.clean, s.tail_count,
     s.tail_base, s.tail_sum, s.sum, s.oldest, s.newest, s.expires, s.span = struct.unpack(format, header)
-  if version ~= LOG_VERSION then
-    -- Rewritten whole in this version's header.
+  if version == 1 then
+    -- Rewritten whole in version 2's header.
     s.tail = tail_bytes(s)
     s.header_size, s.rewrite, s.dirty = LOG_HEADER_SIZE, true, true
   end
-  local kind = redis.call('TYPE', s.store)['ok']
-  if kind ~= 'hash' and kind ~= 'none' then
-    error({ err = 'WRONGTYPE the pages of sliding log ' .. s.key .. ' are a ' .. kind })
-  end
-  if s.tail_page > s.head_page and kind == 'none' then
-    log_recover(s)
-  end
+  log_check_pages(s)
 end
 
 local function log_header(s)
   return struct.pack(
-    LOG_HEADER, LOG_VERSION, s.ow, s.cw, s.levels, s.tail_page, s.head_page, s.head_index,
+    LOG_HEADER, s.flat and LOG_VERSION_FLAT or LOG_VERSION, s.ow, s.cw, s.levels, s.tail_page, s.head_page, s.head_index,
     s.clean, s.tail_count, s.tail_base, s.tail_sum, s.sum, s.oldest, s.newest, s.expires, s.span
   )
 end
@@ -659,6 +782,13 @@ function log.prepare(s)
   end
   if s.sum > 0 and s.longest > s.span then
     s.span, s.dirty = s.longest, true
+    -- Every live chunk is kept as long as the longer span asks.
+    if s.tail_page > s.head_page and not s.flat then
+      for _, key in ipairs(chunk_keys(s, chunk_of(s, s.head_page), chunk_of(s, s.tail_page - 1))) do
+        log_time(s, key)
+      end
+      s.ttl = nil
+    end
   end
   -- The window's share: from its first record on.
   s.in_window, s.first_page, s.first_index = s.sum, s.head_page, s.head_index
@@ -694,24 +824,38 @@ local function log_extend(s)
   return ttl
 end
 
--- Deletes a few of the pages the head has left behind, with the tree's
--- blocks that end in them.
+-- Deletes a few of the pages the head has left behind: whole the chunks
+-- that hold no live page (those below the head's, and the head's while
+-- no page from the head on is sealed), then pages of the head's chunk,
+-- with the tree's blocks that end in them (a block that ends in a later
+-- chunk starts in an earlier one, which goes whole).
 local function log_clean(s)
+  local head_chunk = chunk_of(s, s.head_page)
+  local dead = head_chunk - 1
+  if s.tail_page == s.head_page and not s.flat then
+    dead = head_chunk
+  end
+  local chunks = 0
+  while s.clean < s.head_page and chunk_of(s, s.clean) <= dead and chunks < CLEAN_CHUNKS do
+    local c = chunk_of(s, s.clean)
+    pages_call(PAGE_WORK, 'UNLINK', chunk_key(s, c))
+    s.clean, s.dirty, chunks = math.min((c + 1) * CHUNK_PAGES, s.head_page), true, chunks + 1
+  end
   local stop = math.min(s.head_page, s.clean + CLEAN_PAGES)
-  if stop <= s.clean then
+  if stop <= s.clean or chunk_of(s, s.clean) < head_chunk then
     return
   end
   local fields = {}
   for n = s.clean, stop - 1 do
     fields[#fields + 1] = int(n)
     for k = 0, s.levels do
-      if (n + 1) % 2 ^ k == 0 then
+      if (n + 1) % 2 ^ k == 0 and (s.flat or 2 ^ k <= CHUNK_PAGES) then
         fields[#fields + 1] = node(k, (n + 1) / 2 ^ k - 1)
       end
     end
     s.pages[n] = nil
   end
-  pages_call(#fields, 'HDEL', s.store, unpack(fields))
+  pages_call(#fields, 'HDEL', chunk_key(s, head_chunk), unpack(fields))
   s.clean, s.dirty = stop, true
 end
 
@@ -726,33 +870,32 @@ local function log_write(s)
     return
   end
   log_clean(s)
-  if s.expires < s.newest + s.span or s.new_store then
-    s.ttl, s.new_store = log_extend(s), false
+  if s.expires < s.newest + s.span or s.timed ~= nil and s.ttl == nil then
+    s.ttl = log_extend(s)
   end
   s.pending = s.pending or s.dirty or s.rewrite
 end
 
--- Writes the tail to its own page in the hash, and adds its sum to the
+-- Writes the tail to its own page in its chunk, and adds its sum to the
 -- tree; a new, empty tail follows it.
 local function log_seal(s)
   local n = s.tail_page
   local bytes = tail_bytes(s)
-  pages_call(PAGE_WORK, 'HSET', s.store, int(n), struct.pack(PAGE_HEADER, s.tail_base, s.ow, s.cw) .. bytes)
+  local key = page_key(s, n)
+  pages_call(PAGE_WORK, 'HSET', key, int(n), struct.pack(PAGE_HEADER, s.tail_base, s.ow, s.cw) .. bytes)
   s.pages[n] = nil
-  tree_add(s, n, s.tail_sum)
-  -- The hash may be new: its TTL is set with the string's.
-  s.new_store = true
+  tree_add(s, n, s.tail_sum, true)
+  -- The chunk may be new, and now holds a later record.
+  log_time(s, key)
+  s.ttl = nil
   s.tail_page, s.tail_count, s.tail_sum = n + 1, 0, 0
   s.tail, s.unwritten, s.tail_view, s.rewrite = '', '', nil, true
   -- The tree covers every live page in O(levels) blocks.
   while s.tail_page - s.head_page > 2 ^ s.levels do
     local k = s.levels + 1
-    for j = math.floor(s.head_page / 2 ^ k), math.floor((s.tail_page - 1) / 2 ^ k) do
-      local sums = pages_call(2, 'HMGET', s.store, node(k - 1, 2 * j), node(k - 1, 2 * j + 1))
-      local sum = (tonumber(sums[1]) or 0) + (tonumber(sums[2]) or 0)
-      if sum ~= 0 then
-        pages_call(1, 'HSET', s.store, node(k, j), int(sum))
-      end
+    for j = math.ceil(s.head_page / 2 ^ k), math.floor((s.tail_page - 1) / 2 ^ k) do
+      local sums = block_sums(s, { { k - 1, 2 * j }, { k - 1, 2 * j + 1 } })
+      pages_call(1, 'HSET', node_key(s, k, j), node(k, j), int(sums[1] + sums[2]))
     end
     s.levels = k
   end
@@ -803,15 +946,16 @@ local function log_append(s, time, cost)
   s.tail_count, s.tail_sum, s.tail_view = s.tail_count + 1, s.tail_sum + cost, nil
 end
 
--- The pages hash of a log whose live records lie partly in sealed pages
--- has gone (Redis evicted it under a `maxmemory-policy` that may, or
+-- A chunk of the sealed pages of a log whose live records lie partly in
+-- them has gone (Redis evicted it under a `maxmemory-policy` that may, or
 -- something deleted it), while its header, which says how many units they
 -- hold, stays: they are kept, gathered into one record at the latest time
 -- any of them can have been recorded at (just before the tail's first
 -- record, or the newest record when the tail is empty), so that none
 -- leaves the window earlier than it would have and the client is never
 -- admitted past its limit. The tail's records follow it, in a log
--- numbered afresh. Bounded: the tail is at most one page of records.
+-- started afresh (the chunks left are deleted as a head's are). Bounded:
+-- the tail is at most one page of records.
 log_recover = function(s)
   local tail = page(s, s.tail_page)
   local records, before = {}, 0
@@ -826,7 +970,7 @@ log_recover = function(s)
     at = records[1][1] - 1
   end
   log_clear(s)
-  -- Nothing is left to unlink, and the pages sealed below are new.
+  -- A hash of the one-hash version is gone: nothing is left to unlink.
   s.unlink_store, s.span = false, span
   if gathered > 0 then
     log_append(s, at, gathered)
@@ -888,7 +1032,7 @@ local function log_remove(s, m, i, cost)
     s.tail_count, s.tail_sum = s.tail_count - 1, s.tail_sum - cost
   else
     local value = struct.pack(PAGE_HEADER, v.base, v.ow, v.cw) .. bytes
-    pages_call(PAGE_WORK, 'HSET', s.store, int(m), value)
+    pages_call(PAGE_WORK, 'HSET', page_key(s, m), int(m), value)
     s.pages[m] = view(v.base, v.ow, v.cw, value, PAGE_HEADER_SIZE + 1)
     tree_add(s, m, -cost)
   end
@@ -1004,7 +1148,8 @@ local function log_common(keys, k, policy, cost)
   end
   local header = redis.call('GETRANGE', key, 0, LOG_HEADER_SIZE - 1)
   header_key, header_read = key, header
-  if string.byte(header, 1) ~= LOG_VERSION then
+  local version = string.byte(header, 1)
+  if version ~= LOG_VERSION and version ~= LOG_VERSION_FLAT then
     return nil
   end
   local _, ow, cw, levels, tail_page, head_page, head_index, clean, tail_count,
@@ -1055,16 +1200,31 @@ local function log_common(keys, k, policy, cost)
     expires, ttl = log_expiry(newest, span)
   end
   redis.call('SETRANGE', key, 0, struct.pack(
-    LOG_HEADER, LOG_VERSION, ow, cw, levels, tail_page, head_page, head_index,
+    LOG_HEADER, version, ow, cw, levels, tail_page, head_page, head_index,
     clean, tail_count, tail_base, tail_sum, sum, oldest, newest, expires, span
   ))
   if ttl ~= nil then
+    -- Every page lies in the tail: what the pages' keys hold is no longer
+    -- read, and expires as it was set to.
     redis.call('PEXPIRE', key, ttl)
-    redis.call('PEXPIRE', keys[k + 1], ttl)
   end
   header_key = nil
   local remaining, reset = log_report(limit, sum, oldest, window)
   return struct.pack(DECISION, 1, remaining, reset, -1, time)
+end
+
+-- Unlinks the chunks of the log at `key` whose pages key is `store`, from
+-- the first the log has not deleted to its tail's.
+local function log_reset(key, store)
+  local header = redis.call('GETRANGE', key, 0, LOG_HEADER_SIZE - 1)
+  if string.byte(header, 1) ~= LOG_VERSION then
+    return
+  end
+  local s = { flat = false, store = store }
+  local _, _, _, _, tail_page, _, _, clean = struct.unpack(LOG_HEADER, header)
+  for _, chunk in ipairs(chunk_keys(s, chunk_of(s, clean), chunk_of(s, tail_page))) do
+    redis.call('UNLINK', chunk)
+  end
 end
 
 -- Writes a log's header (and its tail, if this call rewrote it) and its
@@ -1089,8 +1249,15 @@ local function log_flush(s)
   end
   if s.ttl ~= nil then
     redis.call('PEXPIRE', s.key, s.ttl)
-    redis.call('PEXPIRE', s.store, s.ttl)
-    s.ttl = nil
+    if s.flat then
+      -- The one hash holds every page: it lives as long as the string.
+      redis.call('PEXPIRE', s.store, s.ttl)
+    else
+      for key in pairs(s.timed or {}) do
+        redis.call('PEXPIRE', key, s.ttl)
+      end
+    end
+    s.ttl, s.timed = nil, nil
   end
 end
 
@@ -1924,7 +2091,8 @@ local function new_log(algorithm, key)
     tail_sum = nil, sum = nil, oldest = nil, newest = nil, expires = nil, span = nil,
     pages = nil, found = nil, unwritten = nil, tail = nil, tail_view = nil, rewrite = nil,
     dirty = nil, header_size = nil, unlink_store = nil, in_window = nil, first_page = nil,
-    first_index = nil, window_oldest = nil, pending = nil, ttl = nil, new_store = nil,
+    first_index = nil, window_oldest = nil, pending = nil, ttl = nil, timed = nil,
+    flat = nil,
   }
 end
 
@@ -2181,13 +2349,17 @@ end
 
 -- Resets: ARGV[1] the time, ARGV[2] "reset", then per policy its
 -- arguments as for `check`: every key of the policy is deleted (a log's
--- pages with its header: the hash of a long log is unlinked, which Redis
--- frees in the background). Returns an empty string.
+-- chunks of pages with its header, unlinked: Redis frees a large hash of
+-- the one-hash version in the background). Returns an empty string.
 local function reset(keys, argv)
   set_now(argv[1])
   local k = 1
   for a = 3, #argv, ARGS do
-    local count = key_count(describe(argv, a))
+    local policy = describe(argv, a)
+    local count = key_count(policy)
+    if policy.algorithm == log then
+      log_reset(keys[k], keys[k + 1])
+    end
     for j = k, k + count - 1 do
       redis.call('UNLINK', keys[j])
     end

@@ -88,6 +88,48 @@ async fn every_algorithm_and_mixed_batches_work_on_a_cluster() {
     assert_eq!(primaries.len(), 3, "30 clients land on all three primaries");
 }
 
+/// A log long enough for two chunks of sealed pages keeps them in its
+/// client's slot (the script reaches them by name, beside the keys it is
+/// given), counts exactly, and gives each a TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_log_keeps_its_chunks_in_its_slot() {
+    let cluster = RedisCluster::start();
+    let clock = FakeClock::new(START);
+    let store = store(&cluster, &clock);
+    let long = Policy::new("c-long", 100_000, MINUTE);
+    let check = Check::new(&long, Key::new("deep")).unwrap();
+    for _ in 0..20 {
+        clock.advance(Duration::from_millis(1));
+        let tasks: Vec<_> = (0..1000)
+            .map(|_| {
+                let (store, check) = (store.clone(), check.clone());
+                tokio::spawn(async move { store.check(&[check]).await })
+            })
+            .collect();
+        for task in tasks {
+            assert!(task.await.unwrap().unwrap()[0].admitted);
+        }
+    }
+    let peek = store.peek(std::slice::from_ref(&check)).await.unwrap()[0];
+    assert_eq!(peek.remaining, 80_000);
+
+    let base = store.base_key(&check);
+    let mine: Vec<(String, &crate::support::RedisServer)> = cluster
+        .keys_by_primary()
+        .into_iter()
+        .filter(|(key, _)| key.starts_with(&base))
+        .collect();
+    let mut names: Vec<&str> = mine.iter().map(|(key, _)| &key[base.len()..]).collect();
+    names.sort();
+    assert_eq!(names, [":l", ":p:0", ":p:1"]);
+    let slots: HashSet<String> = mine.iter().map(|(key, _)| slot(&cluster, key)).collect();
+    assert_eq!(slots.len(), 1, "{slots:?}");
+    for (key, node) in &mine {
+        let ttl: i64 = node.cli(&["pttl", key]).trim().parse().unwrap();
+        assert!(ttl > 0, "{key} has no TTL");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_checks_through_two_cluster_pools_admit_exactly_the_limit() {
     let cluster = RedisCluster::start();

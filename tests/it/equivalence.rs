@@ -908,3 +908,81 @@ fn held_requests_pass_within_the_limit() {
         }
     });
 }
+
+/// A log of hundreds of pages, spread over several chunks of pages in
+/// Redis, decides as memory does while it grows, while a tier with a
+/// shorter window counts across chunk boundaries, while refunds reach
+/// back into sealed pages, once it has emptied and numbers its pages on,
+/// and after the clock steps back by more than a window. Costs of every
+/// width; a fixed sequence from a seeded generator, each step compared.
+#[test]
+fn a_log_of_many_chunks_decides_as_memory_does() {
+    let server = RedisServer::start();
+    let runtime = runtime();
+    let (clock, memory, redis) = twin_stores(&server.pool(1), "chunks".to_owned());
+    let long = Policy::new("chunked", 1_000_000, Duration::from_secs(60));
+    let short = Policy::new("chunked", 1_000_000, Duration::from_secs(5));
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut random = move |below: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % below
+    };
+    let base = redis.base_key(&Check::new(&long, Key::new("deep")).unwrap());
+    let mut recorded: Vec<(Check, Duration)> = Vec::new();
+    let (mut admitted, mut refunds) = (0u32, 0u32);
+    // (steps, the clock's move before them in µs, the largest move
+    // between two steps in µs)
+    let phases: [(u32, i64, u64); 5] = [
+        (40_000, 0, 250),
+        (8_000, 30_000_000, 400),
+        (8_000, 61_000_000, 250),
+        (4_000, -2 * 3_600_000_000, 100),
+        (2_000, 3_000_000, 5_000),
+    ];
+    for (phase, &(steps, jump, gap)) in phases.iter().enumerate() {
+        clock.set(clock.now_micros().saturating_add_signed(jump));
+        for step in 0..steps {
+            clock.set(clock.now_micros() + random(gap));
+            let policy = if random(3) == 0 { &long } else { &short };
+            let cost = match random(100) {
+                0 => 70_000,
+                1..=4 => 300,
+                5..=14 => 3,
+                _ => 1,
+            };
+            let check = [Check::new(policy, Key::new("deep"))
+                .unwrap()
+                .with_cost(cost)];
+            if random(50) == 0 && !recorded.is_empty() {
+                let (refunded, at) = recorded.swap_remove(random(recorded.len() as u64) as usize);
+                let refunded = std::slice::from_ref(&refunded);
+                runtime.block_on(memory.refund(refunded, &[at])).unwrap();
+                runtime.block_on(redis.refund(refunded, &[at])).unwrap();
+                refunds += 1;
+            }
+            let from_memory = runtime.block_on(memory.check(&check)).unwrap();
+            let from_redis = runtime.block_on(redis.check(&check)).unwrap();
+            assert_eq!(from_memory, from_redis, "phase {phase}, step {step}");
+            if let Some(at) = from_redis[0].recorded_at {
+                admitted += 1;
+                recorded.push((check[0].clone(), at));
+                if recorded.len() > 5_000 {
+                    recorded.swap_remove(0);
+                }
+            }
+        }
+        let keys = server.keys_of(&base);
+        println!("after phase {phase}: {keys:?}");
+        if phase == 0 {
+            assert!(keys.len() >= 4, "the log spans three chunks: {keys:?}");
+        }
+    }
+    let steps: u32 = phases.iter().map(|phase| phase.0).sum();
+    println!("{admitted} of {steps} admitted, {refunds} refunds");
+    assert!(
+        admitted > 25_000 && steps - admitted > 1_000 && refunds > 1_000,
+        "{admitted} admitted, {refunds} refunds: the trace misses a path"
+    );
+}

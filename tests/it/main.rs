@@ -26,6 +26,7 @@ mod faults;
 mod grpc;
 mod http;
 mod identity;
+mod log_chunks;
 mod namespaces;
 mod own_limits;
 mod pipelining;

@@ -480,18 +480,14 @@ async fn a_full_redis_denies_from_any_state_that_denies() {
     }
 }
 
-/// A store says whether Redis frees expiring keys in the background, as
-/// long sliding logs want (Redis 7.0 does not by default), and what it
-/// evicts when full (only `noeviction` keeps every count), and says
-/// nothing where `CONFIG` is refused, as on many managed services.
+/// A store says what Redis evicts when full (only `noeviction` keeps every
+/// count), and says nothing where `CONFIG` is refused, as on many managed
+/// services.
 #[tokio::test]
-async fn a_store_says_how_redis_expires_and_evicts_keys() {
+async fn a_store_says_what_redis_evicts() {
     let server = RedisServer::start();
     let store = RedisStore::builder(server.pool(2)).build().unwrap();
     let within = Duration::from_secs(30);
-    assert_eq!(store.expires_lazily(within).await.unwrap(), Some(false));
-    server.cli(&["config", "set", "lazyfree-lazy-expire", "yes"]);
-    assert_eq!(store.expires_lazily(within).await.unwrap(), Some(true));
     assert_eq!(
         store.eviction_policy(within).await.unwrap().as_deref(),
         Some("noeviction")
@@ -509,7 +505,10 @@ async fn a_store_says_how_redis_expires_and_evicts_keys() {
         .create_pool(Some(deadpool_redis::Runtime::Tokio1))
         .unwrap();
     let resp3 = RedisStore::builder(resp3).build().unwrap();
-    assert_eq!(resp3.expires_lazily(within).await.unwrap(), Some(true));
+    assert_eq!(
+        resp3.eviction_policy(within).await.unwrap().as_deref(),
+        Some("volatile-ttl")
+    );
     let clients = server.cli(&["client", "list"]);
     assert!(clients.contains("resp=3"), "{clients}");
     server.cli(&[
@@ -520,7 +519,6 @@ async fn a_store_says_how_redis_expires_and_evicts_keys() {
         .create_pool(Some(deadpool_redis::Runtime::Tokio1))
         .unwrap();
     let refused = RedisStore::builder(pool).build().unwrap();
-    assert_eq!(refused.expires_lazily(within).await.unwrap(), None);
     assert_eq!(refused.eviction_policy(within).await.unwrap(), None);
     refused.connect(within).await.unwrap();
 }

@@ -51,11 +51,11 @@ async fn spend(
 /// Redis's own overhead included), and how many keys.
 fn log_bytes(server: &RedisServer, store: &RedisStore, check: &Check) -> (u64, usize) {
     let base = store.base_key(check);
-    let keys = server.cli(&["--scan", "--pattern", &format!("{base}:*")]);
-    let keys: Vec<&str> = keys.lines().collect();
+    let keys = server.keys_of(&base);
     for key in &keys {
+        let chunk = key.strip_prefix(&format!("{base}:p:"));
         assert!(
-            [format!("{base}:l"), format!("{base}:p")].contains(&key.to_string()),
+            *key == format!("{base}:l") || chunk.is_some_and(|n| n.parse::<u64>().is_ok()),
             "a key of another kind: {key}"
         );
     }
@@ -294,7 +294,7 @@ async fn a_failing_request_writes_nothing_alone_or_in_a_batch() {
         &format!("{}:c", store.base_key(&broken)),
         "not a hash",
     ]);
-    server.cli(&["hdel", &format!("{}:p", store.base_key(&lost)), "0"]);
+    server.cli(&["hdel", &format!("{}:p:0", store.base_key(&lost)), "0"]);
     let log_key = format!("{}:l", store.base_key(&pruned));
     let before = server.cli(&["--no-raw", "get", &log_key]);
 
@@ -345,13 +345,7 @@ async fn a_failing_request_leaves_the_log_its_batch_shares_as_it_was() {
     let check = |policy: &Policy, client: &str| Check::new(policy, Key::new(client)).unwrap();
     let base = store.base_key(&check(&long, "k"));
     let twin = store.base_key(&check(&long, "twin"));
-    for suffix in [":l", ":p"] {
-        server.cli(&[
-            "copy",
-            &format!("{base}{suffix}"),
-            &format!("{twin}{suffix}"),
-        ]);
-    }
+    server.copy_state(&base, &twin);
     let broken = check(&counter, "k");
     server.cli(&[
         "set",
@@ -375,15 +369,23 @@ async fn a_failing_request_leaves_the_log_its_batch_shares_as_it_was() {
         .unwrap()
         .get_connection()
         .unwrap();
-    let mut state = |base: &str| -> (Vec<u8>, std::collections::BTreeMap<Vec<u8>, Vec<u8>>) {
+    // The header, and each chunk's fields under its suffix.
+    type Pages = std::collections::BTreeMap<(String, Vec<u8>), Vec<u8>>;
+    let mut state = |base: &str| -> (Vec<u8>, Pages) {
         let header: Vec<u8> = slidegate::deadpool_redis::redis::cmd("GET")
             .arg(format!("{base}:l"))
             .query(&mut connection)
             .unwrap();
-        let pages = slidegate::deadpool_redis::redis::cmd("HGETALL")
-            .arg(format!("{base}:p"))
-            .query(&mut connection)
-            .unwrap();
+        let mut pages = Pages::new();
+        for chunk in server.keys_of(&format!("{base}:p")) {
+            let fields: std::collections::BTreeMap<Vec<u8>, Vec<u8>> =
+                slidegate::deadpool_redis::redis::cmd("HGETALL")
+                    .arg(&chunk)
+                    .query(&mut connection)
+                    .unwrap();
+            let suffix = chunk[base.len()..].to_owned();
+            pages.extend(fields.into_iter().map(|(f, v)| ((suffix.clone(), f), v)));
+        }
         (header, pages)
     };
     let (log, pages) = state(&base);
@@ -392,9 +394,9 @@ async fn a_failing_request_leaves_the_log_its_batch_shares_as_it_was() {
 }
 
 /// Under an `allkeys-*` or `volatile-*` policy Redis may evict a log's
-/// pages hash apart from its newest page (the hash goes idle while every
-/// request of a client below its limit touches only the string), or the
-/// other way round. Without its pages, the log keeps their units, as if
+/// chunk of pages apart from its newest page (a chunk goes idle while
+/// every request of a client below its limit touches only the string), or
+/// the other way round. Without its pages, the log keeps their units, as if
 /// recorded as late as they can have been: the client is never admitted
 /// past its limit. Without its string, which holds the count, the log
 /// starts afresh, as one evicted whole does, and never with sums of
@@ -412,7 +414,7 @@ async fn a_log_that_loses_its_pages_keeps_their_units() {
     // in the string's tail, from record 501 (at 500 ms) on.
     let first = clock.now_micros() + 1_000;
     spend(&store, &clock, &policy, "k", 700).await;
-    server.cli(&["del", &format!("{base}:p")]);
+    assert_eq!(server.cli(&["del", &format!("{base}:p:0")]).trim(), "1");
     let peek = store.peek(std::slice::from_ref(&check)).await.unwrap()[0];
     assert_eq!(peek.remaining, 300, "the lost pages' 500 units still count");
     spend(&store, &clock, &policy, "k", 300).await;
@@ -466,7 +468,7 @@ async fn a_foreign_pages_key_fails_a_request_before_it_writes() {
         clock.advance(Duration::from_millis(1));
         assert!(store.check(&checks).await.unwrap()[0].admitted);
     }
-    let pages = format!("{}:p", store.base_key(&checks[1]));
+    let pages = format!("{}:p:0", store.base_key(&checks[1]));
     server.cli(&["set", &pages, "not a hash"]);
     // Past a page of records: a write to the pages would come.
     for _ in 0..300 {

@@ -299,14 +299,6 @@ impl RedisStore {
         on_lanes!(&inner.connections, lanes => ping_all(lanes, deadline).await)
             .map_err(|failed| failed_within(failed, within))?;
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        if self.expires_lazily(left).await? == Some(false) {
-            tracing::warn!(
-                "Redis frees expired keys in its main thread (lazyfree-lazy-expire no): \
-                 a client's long sliding log that expires holds Redis for milliseconds; \
-                 set lazyfree-lazy-expire yes"
-            );
-        }
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         if let Some(policy) = self.eviction_policy(left).await?
             && policy != "noeviction"
         {
@@ -318,23 +310,6 @@ impl RedisStore {
             );
         }
         Ok(())
-    }
-
-    /// Whether Redis frees the keys that expire in the background
-    /// (`lazyfree-lazy-expire yes`), as a client's long sliding log wants:
-    /// freed in Redis's main thread, a log of a million records holds
-    /// Redis for milliseconds when it expires. `None` where Redis does not
-    /// say (`CONFIG` refused, as on many managed services, or a cluster).
-    /// [`connect`](Self::connect) warns when it is `Some(false)`.
-    ///
-    /// # Errors
-    ///
-    /// As [`connect`](Self::connect).
-    pub async fn expires_lazily(&self, within: Duration) -> Result<Option<bool>, StoreError> {
-        Ok(self
-            .setting("lazyfree-lazy-expire", within)
-            .await?
-            .map(|value| value == "yes"))
     }
 
     /// Redis's `maxmemory-policy`: what it evicts when full. Only

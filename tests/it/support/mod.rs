@@ -301,6 +301,28 @@ impl RedisServer {
         sleeper
     }
 
+    /// The keys named `base` then `:` and anything, sorted: every key of
+    /// one client's state under a policy, given its base key (a sliding
+    /// log's `:l` and its chunks of pages, `:p:0` on).
+    pub fn keys_of(&self, base: &str) -> Vec<String> {
+        let mut keys: Vec<String> = self
+            .cli(&["--scan", "--pattern", &format!("{base}:*")])
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        keys.sort();
+        keys
+    }
+
+    /// Copies every key of `from`'s state (see `keys_of`) to the same key
+    /// under `to`.
+    pub fn copy_state(&self, from: &str, to: &str) {
+        for key in self.keys_of(from) {
+            let copy = format!("{to}{}", &key[from.len()..]);
+            assert_eq!(self.cli(&["copy", &key, &copy]).trim(), "1", "{key}");
+        }
+    }
+
     /// Runs `redis-cli` against the server and returns its output.
     pub fn cli(&self, args: &[&str]) -> String {
         let output = Command::new("redis-cli")
