@@ -64,6 +64,12 @@ const MAX_COUNTER_PRODUCT: u128 = 1 << 51;
 /// policy: a bucket's debt stays exact in Redis's Lua numbers.
 const MAX_BUCKET_PRODUCT: u128 = 1 << 52;
 
+/// The most leases a [`Algorithm::Concurrency`] policy may hold per
+/// client: each is a member of the client's one sorted set in Redis, and
+/// a larger set would hold Redis for over a millisecond as it frees it
+/// (when it expires, whatever `lazyfree-lazy-expire` says).
+const MAX_LEASES: u32 = 4096;
+
 /// The lease time of a [`Policy::concurrency`] policy unless set.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
@@ -279,7 +285,8 @@ impl Policy {
     /// handler panicked). A lease expires after [`DEFAULT_LEASE`] (see
     /// [`with_lease`](Self::with_lease)), so the leases of an instance
     /// that died are gone within it. Over the limit a request is answered
-    /// `429` with `Retry-After: 1`.
+    /// `429` with `Retry-After: 1`. `in_flight` is at most 4,096 per
+    /// client (see [`PolicyError::TooManyLeases`]).
     ///
     /// ```
     /// use slidegate::{Policy, policy::Algorithm};
@@ -907,6 +914,9 @@ fn validate_counts(
     if limits.burst == 0 {
         return Err(PolicyError::ZeroBurst { name: name() });
     }
+    if algorithm == Algorithm::Concurrency && limits.limit > MAX_LEASES {
+        return Err(PolicyError::TooManyLeases { name: name() });
+    }
     if algorithm == Algorithm::TokenBucket
         && u128::from(limits.burst) * limits.window.as_micros() >= MAX_BUCKET_PRODUCT
     {
@@ -1047,6 +1057,15 @@ pub enum PolicyError {
         /// The policy.
         name: String,
     },
+    /// A concurrency limit above 4,096 requests in flight per client. Each
+    /// lease is a member of one Redis key per client, which Redis frees in
+    /// its main thread when it expires: a key of more members would hold
+    /// Redis for over a millisecond.
+    #[error("policy `{name}`: a concurrency limit must be at most 4096 in flight")]
+    TooManyLeases {
+        /// The policy.
+        name: String,
+    },
     /// A concurrency limit with a delay or a block, which it does not take.
     #[error("policy `{name}`: a concurrency limit takes neither delay nor block")]
     ConcurrencyWithDelayOrBlock {
@@ -1148,7 +1167,7 @@ impl PolicyError {
             | Self::BucketTooLarge { .. } => "burst",
             Self::InvalidBlock { .. } => "block",
             Self::DelayTooLong { .. } => "delay",
-            Self::ConcurrencyWithDelayOrBlock { .. } => "concurrency",
+            Self::ConcurrencyWithDelayOrBlock { .. } | Self::TooManyLeases { .. } => "concurrency",
             Self::InvalidUtcOffset { .. } => "utc_offset",
             Self::SettledWithoutRate { .. } => "settled",
             Self::ZeroMaxUnsettled { .. } => "max_unsettled",
@@ -1220,6 +1239,16 @@ mod tests {
         assert!(matches!(
             Policies::single(minute("credential_failures", 1)),
             Err(PolicyError::ReservedName { .. })
+        ));
+        assert!(matches!(
+            Policies::single(Policy::concurrency("c", 4097)),
+            Err(PolicyError::TooManyLeases { .. })
+        ));
+        assert!(Policies::single(Policy::concurrency("c", 4096)).is_ok());
+        let tier = Policy::concurrency("c", 2).with_tier("pro", TierLimits::new().with_limit(5000));
+        assert!(matches!(
+            Policies::single(tier),
+            Err(PolicyError::TooManyLeases { .. })
         ));
     }
 

@@ -867,6 +867,12 @@ fn bad_concurrency_and_delay_settings_name_key_and_line() {
         3,
         "policy[0].concurrency",
     );
+    let message = refused(
+        "[[policy]]\nname = \"slow\"\nconcurrency = 5000\n",
+        3,
+        "policy[0].concurrency",
+    );
+    assert!(message.contains("4096"), "{message}");
     let message = refused(&format!("{POLICY}delay = \"2m\"\n"), 6, "policy[0].delay");
     assert!(message.contains("60s"), "{message}");
     refused(&format!("{POLICY}delay = \"soon\"\n"), 6, "policy[0].delay");
