@@ -121,13 +121,11 @@ impl LocalChecks {
     ) -> Self {
         let mut local = Self::empty(share);
         for (index, check) in checks.iter().enumerate() {
-            // A lease the full store cannot take is not counted here: it
-            // would never be released to this count.
-            if check.algorithm != Algorithm::Concurrency {
-                let count = counts.map_or(Count::All, |counts| counts[index]);
-                let settlement = settlements.and_then(|settlements| settlements[index].clone());
-                local.push(check, count, settlement);
-            }
+            // A lease too: the request is answered from these counts, so
+            // its lease is given back to them.
+            let count = counts.map_or(Count::All, |counts| counts[index]);
+            let settlement = settlements.and_then(|settlements| settlements[index].clone());
+            local.push(check, count, settlement);
         }
         local
     }

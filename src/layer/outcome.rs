@@ -468,8 +468,9 @@ fn fall_back(
 /// Decides a request the store is too full to track (it would need new
 /// state: a new client, or one whose counts expired) in the local counts,
 /// every enforced check at its share of its limit: failing open would
-/// admit such clients without any limit while Redis is full. `None`
-/// when no check can be counted locally (leases alone).
+/// admit such clients without any limit while Redis is full (a lease is
+/// taken in the local counts, and given back there). `None` when the
+/// request has no enforced check.
 fn full_locally(
     shared: &Shared,
     parts: &Parts,

@@ -527,13 +527,15 @@ async fn a_store_says_what_redis_evicts() {
 /// expired) is refused by Redis, and a policy that fails open would admit
 /// it without any limit for as long as Redis stays full. It is limited by
 /// the layer's local count instead (here, the whole limit: one instance):
-/// five requests a minute, then 429.
+/// five requests a minute, then 429; and under a concurrency limit of two
+/// alone, two held requests, then 429 until they end. A new client's
+/// request that could never fit is denied without a block key written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_redis_never_fails_open_for_a_client_it_does_not_track() {
     use axum::{Router, routing::get};
     use tower::ServiceExt;
 
-    let (_server, store) = filled_soon();
+    let (server, store) = filled_soon();
     // A window of ten minutes: the flood's keys live past the test, so
     // Redis stays full throughout (a bucket's would expire in seconds
     // and free room while the test runs).
@@ -550,11 +552,33 @@ async fn a_full_redis_never_fails_open_for_a_client_it_does_not_track() {
             break;
         }
     }
+    // A new client's request that no count can fit (a cost past the
+    // limit) is denied, and Redis, with no room for new state, is given
+    // no block key for it. (A smaller `maxmemory` keeps Redis full
+    // however its own buffers shrink meanwhile.)
+    server.cli(&["config", "set", "maxmemory", "1mb"]);
+    let blocking =
+        Policy::new("blocking", 5, Duration::from_secs(600)).with_block(Duration::from_secs(60));
+    let costly = Check::new(&blocking, Key::new("fresh"))
+        .unwrap()
+        .with_cost(6);
+    let denied = store.check(std::slice::from_ref(&costly)).await.unwrap()[0];
+    assert!(!denied.admitted, "{denied:?}");
+    let block_key = format!("{}:x", store.base_key(&costly));
+    assert_eq!(
+        server.cli(&["exists", &block_key]).trim(),
+        "0",
+        "a block key"
+    );
+
     let client =
         |parts: &http::request::Parts| Some(Key::new(parts.headers.get("x-client")?.as_bytes()));
-    let layer =
-        slidegate::RateLimitLayer::new(store, client, slidegate::Policies::single(policy).unwrap())
-            .without_deny_cache();
+    let layer = slidegate::RateLimitLayer::new(
+        store.clone(),
+        client,
+        slidegate::Policies::single(policy).unwrap(),
+    )
+    .without_deny_cache();
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
         .route_layer(layer);
@@ -570,4 +594,49 @@ async fn a_full_redis_never_fails_open_for_a_client_it_does_not_track() {
     }
     let response = app.clone().oneshot(request()).await.unwrap();
     assert_eq!(response.status(), 429, "limited locally, not failed open");
+
+    // A concurrency limit alone: a new client's leases are taken in the
+    // local count, and given back there when the responses end.
+    let held = Policy::concurrency("held", 2);
+    let layer =
+        slidegate::RateLimitLayer::new(store, client, slidegate::Policies::single(held).unwrap());
+    let (gate, inside) = (
+        std::sync::Arc::new(tokio::sync::Semaphore::new(0)),
+        std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+    );
+    let handler = {
+        let (gate, inside) = (gate.clone(), inside.clone());
+        move || async move {
+            inside.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            gate.acquire().await.unwrap().forget();
+            "ok"
+        }
+    };
+    let app = Router::new().route("/", get(handler)).route_layer(layer);
+    let first = tokio::spawn(app.clone().oneshot(request()));
+    let second = tokio::spawn(app.clone().oneshot(request()));
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while inside.load(std::sync::atomic::Ordering::SeqCst) < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "two requests never got in"
+        );
+        tokio::task::yield_now().await;
+    }
+    // Admitted, the third would wait in the handler with the others.
+    let third = tokio::time::timeout(Duration::from_secs(60), app.clone().oneshot(request()))
+        .await
+        .expect("a third lease was given: the limit failed open")
+        .unwrap();
+    assert_eq!(third.status(), 429, "a third lease, not failed open");
+    gate.add_permits(3);
+    for held in [first, second] {
+        let response = held.await.unwrap().unwrap();
+        assert_eq!(response.status(), 200);
+        axum::body::to_bytes(response.into_body(), 1024)
+            .await
+            .unwrap();
+    }
+    let again = app.clone().oneshot(request()).await.unwrap();
+    assert_eq!(again.status(), 200, "the leases were given back locally");
 }
