@@ -9,7 +9,7 @@ use std::time::Duration;
 use smallvec::SmallVec;
 
 use crate::layer::local_fallback::LocalChecks;
-use crate::layer::owed::{Recorded, report_release};
+use crate::layer::recorded::{Recorded, report_release};
 use crate::layer::settings::Settings;
 use crate::metrics::Timer;
 use crate::policy::cost::Checks;

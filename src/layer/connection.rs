@@ -10,7 +10,7 @@ use std::time::Duration;
 use http::StatusCode;
 use http::request::Parts;
 
-use crate::layer::owed::{Recorded, report_release};
+use crate::layer::recorded::{Recorded, report_release};
 use crate::throttle::RELEASE_FAILURES;
 
 /// The concurrency leases of a request whose connection is upgraded (a

@@ -22,6 +22,7 @@ mod local_fallback;
 mod outcome;
 mod owed;
 mod policy_names;
+mod recorded;
 mod refused;
 mod reject;
 mod service;

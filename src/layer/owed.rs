@@ -14,109 +14,14 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use smallvec::SmallVec;
 
-use crate::layer::background::in_background_on;
 use crate::layer::connection::{ConnectionLease, Upgrade};
+use crate::layer::recorded::{Recorded, report_refund, report_release};
 use crate::layer::unsettled::Place;
 use crate::layer::usage::{InForce, Usage};
 use crate::policy::cost::Checks;
 use crate::policy::{Algorithm, Count, Policies, Settlement};
 use crate::response::headers::{HeaderFormat, RateHeaders, closest_to_denying};
-use crate::store::{Check, CheckFuture, Decision, Decisions, Store, StoreError};
-use crate::throttle::{REFUND_FAILURES, RELEASE_FAILURES};
-
-/// Units a store recorded for some of a request's checks, each at its
-/// time ([`Decision::recorded_at`]); the store takes them back by these.
-pub(crate) struct Recorded {
-    store: Arc<dyn Store>,
-    checks: Checks,
-    at: SmallVec<[Duration; 2]>,
-}
-
-impl std::fmt::Debug for Recorded {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Recorded")
-            .field("checks", &self.checks.len())
-            .finish_non_exhaustive()
-    }
-}
-
-impl Recorded {
-    pub(crate) fn new(store: &Arc<dyn Store>) -> Self {
-        Self {
-            store: store.clone(),
-            checks: Checks::new(),
-            at: SmallVec::new(),
-        }
-    }
-
-    pub(crate) fn store(&self) -> &Arc<dyn Store> {
-        &self.store
-    }
-
-    pub(crate) fn checks(&self) -> &[Check] {
-        &self.checks
-    }
-
-    pub(crate) fn times(&self) -> &[Duration] {
-        &self.at
-    }
-
-    pub(crate) fn push(&mut self, check: &Check, at: Duration) {
-        self.checks.push(check.clone());
-        self.at.push(at);
-    }
-
-    pub(crate) fn is_empty(&self) -> bool {
-        self.checks.is_empty()
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.checks.len()
-    }
-
-    /// The shortest window (a lease's time) among the checks.
-    pub(crate) fn shortest_window(&self) -> Duration {
-        self.checks
-            .iter()
-            .map(|check| check.window)
-            .min()
-            .unwrap_or_default()
-    }
-
-    /// Keeps the leases among the checks a lease time from now; whether
-    /// each is held (see [`Store::renew`]).
-    pub(crate) fn renew(&self) -> CheckFuture<Vec<bool>> {
-        self.store.renew(&self.checks)
-    }
-
-    /// Forgets the units: they stay counted.
-    pub(crate) fn keep(&mut self) {
-        self.checks.clear();
-        self.at.clear();
-    }
-
-    /// Gives the units back (a lease is released by its check's id),
-    /// without waiting; `report` is told how it went. Returns whether it
-    /// has failed already.
-    pub(crate) fn give_back(&mut self, report: fn(Result<(), StoreError>)) -> bool {
-        self.give_back_on(None, report)
-    }
-
-    /// [`give_back`](Self::give_back), on `runtime` when the current
-    /// thread has none.
-    pub(crate) fn give_back_on(
-        &mut self,
-        runtime: Option<&tokio::runtime::Handle>,
-        report: fn(Result<(), StoreError>),
-    ) -> bool {
-        if self.checks.is_empty() {
-            return false;
-        }
-        let answer = self.store.refund(&self.checks, &self.at);
-        self.keep();
-        in_background_on(runtime, answer, report)
-    }
-}
+use crate::store::{Check, Decision, Decisions, Store};
 
 /// What an admitted request owes the store: refunds that wait for the
 /// response's status, and leases that wait for its body's end.
@@ -307,7 +212,7 @@ impl Owed {
         if let Some(upgrade) = debts.upgrade.take()
             && upgrade.upgrades(status)
         {
-            let none = Recorded::new(&debts.leases.store);
+            let none = Recorded::new(debts.leases.store());
             upgrade.hold(std::mem::replace(&mut debts.leases, none));
         }
         if let Some(usage) = &self.0.settled {
@@ -345,12 +250,12 @@ impl Owed {
             let _ = local.on_status(failed);
         }
         let mut refunded = SmallVec::<[usize; 2]>::new();
-        let mut back = Recorded::new(&debts.refunds.store);
+        let mut back = Recorded::new(debts.refunds.store());
         for ((check, &at), &(count, position)) in debts
             .refunds
-            .checks
+            .checks()
             .iter()
-            .zip(&debts.refunds.at)
+            .zip(debts.refunds.times())
             .zip(&debts.counts)
         {
             if !count.counts(failed) {
@@ -405,25 +310,6 @@ impl HeaderSource {
             self.ietf_policy.as_ref(),
             self.format,
         )
-    }
-}
-
-/// Warns of a refund that failed: its units stay counted until they leave
-/// the window, so the client is held to the limit a little longer.
-pub(crate) fn report_refund(outcome: Result<(), StoreError>) {
-    if let Err(error) = outcome
-        && let Some(held_back) = REFUND_FAILURES.admit()
-    {
-        tracing::warn!(%error, held_back, "rate-limit refund failed; the units stay counted");
-    }
-}
-
-/// Warns of a release that failed: the lease stays until it expires.
-pub(crate) fn report_release(outcome: Result<(), StoreError>) {
-    if let Err(error) = outcome
-        && let Some(held_back) = RELEASE_FAILURES.admit()
-    {
-        tracing::warn!(%error, held_back, "concurrency lease release failed; it expires with its lease time");
     }
 }
 

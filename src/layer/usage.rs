@@ -12,7 +12,7 @@ use smallvec::SmallVec;
 use tokio::sync::{OwnedRwLockReadGuard, RwLock};
 
 use crate::layer::background::{in_background_on, spawn_on};
-use crate::layer::owed::Recorded;
+use crate::layer::recorded::Recorded;
 use crate::layer::unsettled::Place;
 use crate::policy::cost::Checks;
 use crate::policy::{Policies, Settlement};
