@@ -88,8 +88,8 @@ async fn every_key_of_a_long_log_is_small_and_expires() {
         assert!(fields as u64 <= CHUNK_FIELDS, "{chunk}: {fields} fields");
         assert!(bytes <= 100 * 1024, "{chunk}: {bytes} bytes");
         // Two spans past the newest record, and the minute given to a
-        // store told the time.
-        assert!((60_000..=70_000).contains(&ttl), "{chunk}: {ttl} ms");
+        // store told the time, less however long the fill took since.
+        assert!((1..=64_100).contains(&ttl), "{chunk}: {ttl} ms");
     }
 
     let longer = Policy::new("long", 1_000_000, Duration::from_secs(600));
