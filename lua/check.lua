@@ -673,11 +673,9 @@ local function log_check_pages(s)
   if s.tail_page == s.head_page then
     return
   end
-  local live = chunk_keys(s, chunk_of(s, s.head_page), chunk_of(s, s.tail_page - 1))
-  local lost
-  if s.flat then
-    lost = kinds[1] == 'none'
-  else
+  local lost = kinds[1] == 'none'
+  if not s.flat then
+    local live = chunk_keys(s, chunk_of(s, s.head_page), chunk_of(s, s.tail_page - 1))
     lost = redis.call('EXISTS', unpack(live)) < #live
   end
   if lost then

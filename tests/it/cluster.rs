@@ -15,7 +15,7 @@ use slidegate::{
     store::{Check, Decisions, RedisStore, Store, StoreError},
 };
 
-use crate::support::stores::START;
+use crate::support::stores::{START, fill};
 const MINUTE: Duration = Duration::from_secs(60);
 
 fn store(cluster: &RedisCluster, clock: &FakeClock) -> RedisStore {
@@ -98,18 +98,7 @@ async fn a_long_log_keeps_its_chunks_in_its_slot() {
     let store = store(&cluster, &clock);
     let long = Policy::new("c-long", 100_000, MINUTE);
     let check = Check::new(&long, Key::new("deep")).unwrap();
-    for _ in 0..20 {
-        clock.advance(Duration::from_millis(1));
-        let tasks: Vec<_> = (0..1000)
-            .map(|_| {
-                let (store, check) = (store.clone(), check.clone());
-                tokio::spawn(async move { store.check(&[check]).await })
-            })
-            .collect();
-        for task in tasks {
-            assert!(task.await.unwrap().unwrap()[0].admitted);
-        }
-    }
+    fill(&store, &clock, &check, 20_000, 1000).await;
     let peek = store.peek(std::slice::from_ref(&check)).await.unwrap()[0];
     assert_eq!(peek.remaining, 80_000);
 

@@ -15,7 +15,7 @@ use slidegate::{
     store::{Check, Decision, RedisStore, Store},
 };
 
-use crate::support::stores::START;
+use crate::support::stores::{START, fill};
 
 /// Fields a chunk may hold: 64 pages, the 127 blocks of the tree that
 /// start and end in them, and one block a level above the sixth.
@@ -27,23 +27,6 @@ fn store_on(server: &RedisServer, clock: &FakeClock) -> RedisStore {
         .with_timeout(Duration::from_secs(10))
         .build()
         .unwrap()
-}
-
-/// Admits `records` requests of `check`, `per_ms` at a time in one
-/// millisecond of the clock (the store sends them in batches).
-async fn fill(store: &RedisStore, clock: &FakeClock, check: &Check, records: u32, per_ms: u32) {
-    for _ in 0..records / per_ms {
-        clock.advance(Duration::from_millis(1));
-        let tasks: Vec<_> = (0..per_ms)
-            .map(|_| {
-                let (store, check) = (store.clone(), check.clone());
-                tokio::spawn(async move { store.check(&[check]).await })
-            })
-            .collect();
-        for task in tasks {
-            assert!(task.await.unwrap().unwrap()[0].admitted);
-        }
-    }
 }
 
 async fn one(store: &RedisStore, check: &Check) -> Decision {

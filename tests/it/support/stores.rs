@@ -6,12 +6,30 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use slidegate::clock::FakeClock;
-use slidegate::store::{MemoryStore, RedisStore, Store};
+use slidegate::store::{Check, MemoryStore, RedisStore, Store};
 
 use super::RedisServer;
 
 /// Where fake clocks start: November 2023, in µs since the Unix epoch.
 pub const START: u64 = 1_700_000_000_000_000;
+
+/// Admits `records` requests of `check`, `per_ms` at a time in one
+/// millisecond of `clock` (the store sends them in batches), each
+/// admitted: a long log filled quickly.
+pub async fn fill(store: &RedisStore, clock: &FakeClock, check: &Check, records: u32, per_ms: u32) {
+    for _ in 0..records / per_ms {
+        clock.advance(Duration::from_millis(1));
+        let tasks: Vec<_> = (0..per_ms)
+            .map(|_| {
+                let (store, check) = (store.clone(), check.clone());
+                tokio::spawn(async move { store.check(&[check]).await })
+            })
+            .collect();
+        for task in tasks {
+            assert!(task.await.unwrap().unwrap()[0].admitted);
+        }
+    }
+}
 
 /// A store for one test, with the `redis-server` it runs on kept alive.
 pub struct StoreUnderTest {
