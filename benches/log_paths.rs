@@ -2,7 +2,7 @@
 //! 1,000, 100,000 and 1,000,000 records (of costs 1 and 2): the previous
 //! script (each log a
 //! packed ring in one string, `benches/fixtures/check_v2.lua`) beside
-//! `lua/check.lua` (pages and a tree of page sums), both loaded as
+//! the library in `lua/` (pages and a tree of page sums), both loaded as
 //! function libraries on one redis-server, as `RedisStore` loads them.
 //! Each figure is the longest call of the path in `SLOWLOG` (which every
 //! call enters), in microseconds.
@@ -20,7 +20,6 @@ use slidegate::deadpool_redis::redis::{self, Connection, Value};
 use support::RedisServer;
 
 const PREVIOUS: &str = include_str!("fixtures/check_v2.lua");
-const CURRENT: &str = include_str!("../lua/check.lua");
 const START: u64 = 1_700_000_000_000_000;
 const LIMIT: u64 = 4_000_000;
 const HOUR: u64 = 3_600_000_000;
@@ -244,7 +243,8 @@ fn main() {
             .get_connection()
             .unwrap(),
     };
-    for (source, name) in [(PREVIOUS, "previous"), (CURRENT, "current")] {
+    let current = common::check_source();
+    for (source, name) in [(PREVIOUS, "previous"), (current.as_str(), "current")] {
         redis::cmd("FUNCTION")
             .arg("LOAD")
             .arg(common::library(

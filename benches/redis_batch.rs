@@ -17,18 +17,17 @@ use common::median;
 use slidegate::deadpool_redis::redis::{self, Connection, Value};
 use support::RedisServer;
 
-const PACKED: &str = include_str!("../lua/check.lua");
 const CLIENTS: u64 = 10_000;
 const BATCH: u64 = 16;
 const DECISIONS: u64 = 64_000;
 const ROUNDS: usize = 5;
 
-/// `lua/check.lua` as a library with `check` (one request) as `one` and
+/// the library in `lua/` as a library with `check` (one request) as `one` and
 /// `check_batch` (several, what `RedisStore` sends when checks queue up
 /// together) as `batch`.
 fn library() -> String {
     common::library(
-        PACKED,
+        &common::check_source(),
         "slidegate_batch_bench",
         &[("one", "check"), ("batch", "check_batch")],
     )

@@ -1,6 +1,6 @@
 //! Redis CPU per decision (`INFO commandstats`), per algorithm, admitted
 //! and denied: the previous script (each sliding log a packed ring in one
-//! string), `lua/check.lua` by `EVALSHA`, and the same source loaded once
+//! string), the library in `lua/` by `EVALSHA`, and the same source loaded once
 //! as a Redis function library and run by `FCALL`. All three run on one
 //! redis-server in one process, scenario by scenario, on the same trace.
 //!
@@ -17,7 +17,6 @@ use slidegate::deadpool_redis::redis::{self, Script, Value};
 use support::RedisServer;
 
 const PREVIOUS: &str = include_str!("fixtures/check_v2.lua");
-const PACKED: &str = include_str!("../lua/check.lua");
 const CLIENTS: u64 = 20;
 const WARM_UP: u64 = 4_000;
 const DECISIONS: u64 = 20_000;
@@ -34,8 +33,8 @@ impl Variant {
     fn name(self) -> &'static str {
         match self {
             Self::Previous => "previous script, EVALSHA",
-            Self::PackedEvalsha => "check.lua, EVALSHA (the fallback)",
-            Self::PackedFcall => "check.lua as a function, FCALL (RedisStore)",
+            Self::PackedEvalsha => "the library, EVALSHA (the fallback)",
+            Self::PackedFcall => "the library as functions, FCALL (RedisStore)",
         }
     }
 
@@ -56,11 +55,11 @@ impl Variant {
     }
 }
 
-/// `lua/check.lua` as a function library: its functions are defined once,
+/// the library in `lua/` as a function library: its functions are defined once,
 /// when the library loads, rather than on every call.
 fn library() -> String {
     common::library(
-        PACKED,
+        &common::check_source(),
         "slidegate_bench",
         &[
             (
@@ -106,7 +105,7 @@ fn run(
     decisions: u64,
 ) -> u64 {
     let previous = Script::new(PREVIOUS);
-    let packed = Script::new(PACKED);
+    let packed = Script::new(&common::check_source());
     let mut admitted = 0;
     for call in from..from + decisions {
         let now = 1_700_000_000_000_000 + call * 1_000;

@@ -33,7 +33,7 @@ fn main() {
     }
     let server = RedisServer::start();
     let runtime = one_worker_runtime();
-    let script = Arc::new(Script::new(include_str!("../lua/check.lua")));
+    let script = Arc::new(Script::new(&common::check_source()));
     println!(
         "| tasks | RedisStore decisions/s | raw EVALSHA decisions/s | ratio (median of rounds) |"
     );

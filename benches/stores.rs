@@ -85,7 +85,7 @@ fn redis_store(c: &mut Criterion) {
                 concurrently(tasks, iters, slidegate_checks(store.clone(), keys.clone()))
             });
         });
-        let script = Arc::new(Script::new(include_str!("../lua/check.lua")));
+        let script = Arc::new(Script::new(&common::check_source()));
         let connection = runtime.block_on(multiplexed(&server.url()));
         group.bench_function(format!("raw_evalsha/{tasks}_tasks"), |b| {
             b.to_async(&runtime).iter_custom(|iters| {

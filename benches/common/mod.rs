@@ -20,7 +20,14 @@ use slidegate::{
     store::{Check, RedisStore, Store},
 };
 
-/// A check script (`lua/check.lua`, or an earlier version of it) as a
+/// The check library's source: the files of `lua/`, joined in the order
+/// `RedisStore` joins them.
+pub(crate) fn check_source() -> String {
+    let files: [(&str, &str); 9] = include!("../../lua/files.rs");
+    files.iter().map(|(_, text)| *text).collect()
+}
+
+/// A check script (the library in `lua/`, or an earlier version of it) as a
 /// Redis function library named `name`, registering each of `functions`:
 /// a function name and the Lua function it runs (`main`, `check`,
 /// `check_batch`, ...). Its functions are defined once, when the library
@@ -41,7 +48,7 @@ pub(crate) fn library(source: &str, name: &str, functions: &[(&str, &str)]) -> S
 pub(crate) const NEVER: u32 = 1_000_000_000;
 
 /// A check's integers from the script's `reply`: packed in one string
-/// (8 bytes each, big-endian), as `lua/check.lua` answers, or a list of
+/// (8 bytes each, big-endian), as the library in `lua/` answers, or a list of
 /// integers, as earlier versions did.
 pub(crate) fn integers(reply: Value) -> Vec<i64> {
     match reply {
@@ -133,7 +140,7 @@ pub(crate) async fn multiplexed(url: &str) -> MultiplexedConnection {
         .unwrap()
 }
 
-/// One decision for task `task` by a plain `EVALSHA` of `lua/check.lua` on
+/// One decision for task `task` by a plain `EVALSHA` of the library in `lua/` on
 /// a handle of one shared multiplexed connection.
 pub(crate) fn raw_evalsha(
     connection: MultiplexedConnection,

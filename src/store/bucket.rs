@@ -1,5 +1,5 @@
 //! The token bucket as kept by [`MemoryStore`](super::MemoryStore), the
-//! in-process twin of its half of `lua/check.lua`.
+//! in-process twin of `lua/bucket.lua`.
 //!
 //! GCRA with the time scaled by the limit `L`: a unit costs `W` scaled
 //! µs (`W` the window in µs) and each µs refills `L` of them, so the debt

@@ -1,5 +1,5 @@
 //! The two counter algorithms as kept by [`MemoryStore`](super::MemoryStore),
-//! the in-process twins of their halves of `lua/check.lua`.
+//! the in-process twins of `lua/counter.lua` and `lua/fixed.lua`.
 //!
 //! Windows are aligned to the Unix epoch: window `n` covers
 //! `[n·W, (n+1)·W)`.

@@ -1,5 +1,5 @@
 //! Concurrency leases as kept by [`MemoryStore`](super::MemoryStore), the
-//! in-process twin of their half of `lua/check.lua`: each lease named by
+//! in-process twin of `lua/lease.lua`: each lease named by
 //! the id its check carries (known before the store is asked, so that a
 //! request whose check failed or was dropped can still release it), and
 //! expiring a lease time after it was taken.

@@ -1,5 +1,5 @@
 //! Calendar quotas as kept by [`MemoryStore`](super::MemoryStore), the
-//! in-process twin of their half of `lua/check.lua`: one count and the
+//! in-process twin of `lua/calendar.lua`: one count and the
 //! end of the period it is in.
 
 use std::time::Duration;

@@ -1,5 +1,5 @@
 //! The exact sliding-window log kept by [`MemoryStore`](super::MemoryStore),
-//! the in-process twin of the log in `lua/check.lua`, with the same rules
+//! the in-process twin of the log in `lua/log.lua`, with the same rules
 //! and the same bounds: every decision does O(log n) work, whatever the
 //! limit, the costs or the time since the last one.
 //!

@@ -542,3 +542,57 @@ async fn page_numbers_carry_on_past_two_to_the_thirty_second() {
     clock.set(START + span + 1000);
     assert_eq!(store.peek(&check).await.unwrap()[0].remaining, 3000 - 998);
 }
+
+/// A key of another type where the library expects its own fails the
+/// request with Redis's error and the place in `lua/` it comes from: the
+/// file, the line and the Lua function, alone or inside a batch (which
+/// sends the failed request again alone, for Redis to say where).
+#[tokio::test(flavor = "current_thread")]
+async fn an_error_names_the_library_file_and_function_it_comes_from() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new(START);
+    let store = std::sync::Arc::new(store_on(&server, &clock));
+    let counter = Policy::new("broken", 5, Duration::from_secs(10))
+        .with_algorithm(slidegate::policy::Algorithm::SlidingCounter);
+    let log = Policy::new("paged", 5, Duration::from_secs(10));
+    let broken = Check::new(&counter, Key::new("k")).unwrap();
+    let paged = Check::new(&log, Key::new("k")).unwrap();
+    server.cli(&["set", &format!("{}:c", store.base_key(&broken)), "x"]);
+    server.cli(&["set", &format!("{}:p:0", store.base_key(&paged)), "x"]);
+
+    for (check, place) in [(broken, "(lua/shared.lua:"), (paged, "(lua/log.lua:")] {
+        let function = if place.contains("shared") {
+            ", in hash_fields)"
+        } else {
+            ", in log_check_pages)"
+        };
+        let error = store.check(std::slice::from_ref(&check)).await.unwrap_err();
+        let message = error.to_string();
+        assert!(message.contains("WRONGTYPE"), "{message}");
+        assert!(message.contains(place), "alone: {message}");
+        assert!(message.contains(function), "alone: {message}");
+
+        let tasks: Vec<_> = (0..4)
+            .map(|i| {
+                let store = store.clone();
+                let checks = if i == 1 {
+                    vec![check.clone()]
+                } else {
+                    vec![Check::new(&log, Key::new(format!("fine{i}"))).unwrap()]
+                };
+                tokio::spawn(async move { store.check(&checks).await })
+            })
+            .collect();
+        for (i, task) in tasks.into_iter().enumerate() {
+            match task.await.unwrap() {
+                Err(error) if i == 1 => {
+                    let message = error.to_string();
+                    assert!(message.contains(place), "in a batch: {message}");
+                    assert!(message.contains(function), "in a batch: {message}");
+                }
+                Ok(decisions) if i != 1 => assert!(decisions[0].admitted),
+                other => panic!("request {i}: {other:?}"),
+            }
+        }
+    }
+}

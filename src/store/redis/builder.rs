@@ -9,8 +9,7 @@ use deadpool_redis::redis::Script;
 use super::batch::Queue;
 use super::library::Library;
 use super::{
-    CHECK_SCRIPT, Connections, DEFAULT_CONNECTIONS, DEFAULT_PREFIX, DEFAULT_TIMEOUT, Inner,
-    RedisPool, RedisStore,
+    Connections, DEFAULT_CONNECTIONS, DEFAULT_PREFIX, DEFAULT_TIMEOUT, Inner, RedisPool, RedisStore,
 };
 use crate::clock::Clock;
 
@@ -165,7 +164,7 @@ impl RedisStoreBuilder {
                 prefix: self.prefix,
             });
         }
-        let script = Script::new(CHECK_SCRIPT);
+        let script = Script::new(super::script::source());
         let count = self.connections.min(self.pool.status().max_size);
         let connections = Connections::new(&self.pool, count);
         let queue = self.batch.then(Queue::default);

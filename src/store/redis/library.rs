@@ -1,13 +1,13 @@
-//! `lua/check.lua` as a Redis function library, and the errors that say
+//! The check library (`lua/`) as a Redis function library, and the errors that say
 //! it is missing or refused.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use deadpool_redis::redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
-use super::CHECK_SCRIPT;
+use super::script;
 
-/// `lua/check.lua` as a Redis function library. Its functions are defined
+/// The check library as a Redis function library. Its functions are defined
 /// once, when the library loads, instead of on every `EVALSHA`: in
 /// `benches/redis_cpu.rs`, a quarter to two fifths less Redis CPU per
 /// decision.
@@ -21,7 +21,7 @@ pub(super) struct Library {
     /// The function deciding several requests at once.
     pub(super) batch_function: String,
     /// `function` for clients already tracked, allowed to run when Redis
-    /// is out of memory (`allow-oom`); see `NOT_HELD` in `lua/check.lua`.
+    /// is out of memory (`allow-oom`); see `NOT_HELD` in `lua/driver.lua`.
     pub(super) held_function: String,
     /// `batch_function`'s twin of `held_function`.
     pub(super) held_batch_function: String,
@@ -33,10 +33,10 @@ pub(super) struct Library {
 impl Library {
     pub(super) fn new(script: &Script) -> Self {
         let hash = script.get_hash();
-        let body = CHECK_SCRIPT
+        let body = script::source()
             .strip_prefix("#!lua\n")
             .and_then(|body| body.strip_suffix("return main(KEYS, ARGV)\n"))
-            .expect("lua/check.lua opens with `#!lua` and ends by returning main(KEYS, ARGV)");
+            .expect("the library opens with `#!lua` and ends by returning main(KEYS, ARGV)");
         let function = format!("slidegate_check_{hash}");
         let batch_function = format!("slidegate_batch_{hash}");
         let held_function = format!("slidegate_held_{hash}");
@@ -84,9 +84,17 @@ impl Library {
     }
 
     /// Whether a batch call left this request undecided, having done its
-    /// share of work (`DEFERRED` in `lua/check.lua`): it is sent again.
+    /// share of work (`DEFERRED` in `lua/driver.lua`): it is sent again.
     pub(super) fn deferred(reply: &Value) -> bool {
         matches!(reply, Value::ServerError(error) if error.code() == "DEFERRED")
+    }
+
+    /// Whether a batch call's reply for one request is an error of the
+    /// script's own running (a key of another type, say), which a batch
+    /// call catches and so cannot place, rather than one it answers on
+    /// purpose (`DEFERRED`, or out of memory).
+    pub(super) fn failed_in_batch(reply: &Value) -> bool {
+        matches!(reply, Value::ServerError(error) if !matches!(error.code(), "DEFERRED" | "OOM"))
     }
 
     /// Whether `error` says the library is not loaded where the call ran

@@ -8,6 +8,7 @@ mod lanes;
 mod library;
 mod pools;
 mod reply;
+mod script;
 
 pub use builder::{PrefixError, RedisStoreBuilder};
 pub use pools::{
@@ -39,13 +40,12 @@ use super::{
 };
 use crate::clock::{Clock, duration_micros};
 
-const CHECK_SCRIPT: &str = include_str!("../../../lua/check.lua");
 const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 const DEFAULT_PREFIX: &str = "slidegate";
 const DEFAULT_CONNECTIONS: usize = 1;
 /// The most policies one batch call decides, over all its requests: a
 /// flood of queued checks goes as several calls, split by the work they
-/// ask for (each policy's is bounded, see `lua/check.lua`), so that no
+/// ask for (each policy's is bounded, see `lua/driver.lua`), so that no
 /// single script holds Redis, and every other client of it, for long.
 const MAX_BATCH_POLICIES: usize = 32;
 
@@ -147,7 +147,7 @@ struct Inner {
     clock: Option<Box<dyn Clock>>,
 }
 
-/// The Redis store: every check is one call of `lua/check.lua`, which
+/// The Redis store: every check is one call of the library in `lua/`, which
 /// decides every policy of the request and records it atomically, for every
 /// [`Algorithm`](crate::policy::Algorithm), on Redis's own clock (`TIME`), so application servers'
 /// clocks never matter.
@@ -381,6 +381,9 @@ async fn config_get<S: Source>(
 fn store_error_of(error: RedisError) -> StoreError {
     if Library::out_of_memory(&error) {
         StoreError::Full(error.detail().unwrap_or_default().to_owned())
+    } else if let Some(annotated) = script::annotate(&error.to_string()) {
+        // The library's line that failed, named in `lua/`.
+        StoreError::Backend(annotated.into())
     } else {
         StoreError::Backend(error.into())
     }
@@ -551,6 +554,11 @@ impl Inner {
                 for (Queued { call, answer }, reply) in queued.into_iter().zip(replies) {
                     if Library::deferred(&reply) {
                         deferred.push(Queued { call, answer });
+                    } else if Library::failed_in_batch(&reply) {
+                        // Having written nothing, it goes alone, for Redis
+                        // to say where it failed (a batch's caught error
+                        // names no line).
+                        let _ = answer.send(Verdict::Alone(call));
                     } else {
                         let _ = answer.send(Verdict::Decided(batched_outcome(&call, reply)));
                     }

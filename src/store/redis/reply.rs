@@ -11,7 +11,7 @@ use super::call::{Call, PolicyArgs};
 use crate::store::{CheckOutcome, Decision, Decisions, StoreError};
 
 /// The bytes of one policy's five integers (`DECISION` in
-/// `lua/check.lua`): 8 each, big-endian, signed.
+/// `lua/shared.lua`): 8 each, big-endian, signed.
 const DECISION_BYTES: usize = 5 * 8;
 
 /// The script's five integers per policy, `packed`, as decisions, for the
