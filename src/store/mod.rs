@@ -7,20 +7,15 @@
 //! Both give the same decisions for the same sequence of requests.
 
 mod breaker;
-mod bucket;
-mod counter;
 mod decision;
-mod leases;
 mod memory;
-mod quota;
 #[cfg(feature = "redis")]
 mod redis;
-mod sliding_log;
 
 pub use breaker::{BreakerSettings, BreakerState, CircuitBreaker};
 pub(crate) use decision::index_of_min;
 pub use decision::{Decision, Decisions, DecisionsIter};
-pub(crate) use leases::next_lease_id;
+pub(crate) use memory::next_lease_id;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]
 pub use redis::{
@@ -201,7 +196,7 @@ impl Check {
             block_micros: duration_micros(policy.block().unwrap_or_default()),
             delay_micros: duration_micros(policy.delay().unwrap_or_default()),
             lease: match policy.algorithm() {
-                Algorithm::Concurrency => leases::next_lease_id(),
+                Algorithm::Concurrency => next_lease_id(),
                 _ => 0,
             },
             span_micros: duration_micros(policy.longest_window().max(limits.window)),

@@ -81,7 +81,7 @@ pub(super) async fn replies(
 pub(super) fn batched_outcome(call: &Call, reply: Value) -> CheckOutcome {
     match reply {
         Value::BulkString(packed) => decisions(&call.args, &packed),
-        Value::ServerError(error) => Err(super::store_error_of(RedisError::from(error))),
+        Value::ServerError(error) => Err(super::run::store_error_of(RedisError::from(error))),
         other => Err(StoreError::Protocol(format!(
             "expected a request's integers, got {other:?}"
         ))),

@@ -16,13 +16,13 @@ use crate::store::Decision;
 /// earlier period, or a policy that now counts shorter periods, never ends
 /// it early, and one that counts longer periods keeps it to their end.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(super) struct Quota {
+pub(super) struct CalendarCount {
     /// The end of the count's period (µs since the Unix epoch).
     ends: u64,
     count: u64,
 }
 
-impl Quota {
+impl CalendarCount {
     /// Places the count at the period of `calendar` that holds `now`;
     /// returns whether a kept count moved to a later end, which the Redis
     /// script writes even when it counts nothing.
@@ -80,7 +80,7 @@ mod tests {
     #[test]
     fn the_count_starts_again_at_the_boundary() {
         let daily = Calendar::new(Period::Day);
-        let mut quota = Quota::default();
+        let mut quota = CalendarCount::default();
         let noon = 20_000 * DAY + DAY / 2;
         quota.place(noon, daily);
         quota.record(3, noon);
@@ -101,7 +101,7 @@ mod tests {
     #[test]
     fn a_refund_takes_back_only_from_its_own_period() {
         let daily = Calendar::new(Period::Day);
-        let mut quota = Quota::default();
+        let mut quota = CalendarCount::default();
         let day = 20_000 * DAY;
         quota.place(day + 5, daily);
         let at = quota.record(2, day + 5);
@@ -115,7 +115,7 @@ mod tests {
     #[test]
     fn a_clock_stepped_back_keeps_the_count_to_its_end() {
         let daily = Calendar::new(Period::Day);
-        let mut quota = Quota::default();
+        let mut quota = CalendarCount::default();
         let tomorrow = 20_001 * DAY + 10;
         quota.place(tomorrow, daily);
         quota.record(2, tomorrow);
@@ -126,7 +126,7 @@ mod tests {
 
     #[test]
     fn a_longer_period_keeps_the_count_to_its_end() {
-        let mut quota = Quota::default();
+        let mut quota = CalendarCount::default();
         let day = 20_000 * DAY + 10;
         quota.place(day, Calendar::new(Period::Day));
         quota.record(2, day);
