@@ -137,7 +137,7 @@ local function log_prune(s)
   if s.sum == 0 or s.oldest > now - s.span then
     return
   end
-  local m, i = settle(s, seek(s, now - s.span))
+  local m, i = live_from(s, seek(s, now - s.span))
   if m == nil then
     log_clear(s)
     return
@@ -196,7 +196,7 @@ function log.prepare(s)
   -- The window's share: from its first record on.
   s.in_window, s.first_page, s.first_index = s.sum, s.head_page, s.head_index
   if s.sum > 0 and s.window < s.span and s.oldest <= now - s.window then
-    local m, i = settle(s, seek(s, now - s.window))
+    local m, i = live_from(s, seek(s, now - s.window))
     if m == nil then
       s.in_window = 0
     else
@@ -338,7 +338,7 @@ local function log_remove(s, m, i, cost)
   if s.sum == 0 then
     log_clear(s)
   elseif m == s.head_page and i == s.head_index then
-    s.head_page, s.head_index = settle(s, m, i)
+    s.head_page, s.head_index = live_from(s, m, i)
     s.oldest = time_at(s, s.head_page, s.head_index)
   end
 end
@@ -348,7 +348,7 @@ end
 -- window, or was taken back already).
 function log.refund(s, at, cost)
   if s.sum > 0 and at >= s.oldest and at <= s.newest then
-    local m, i = settle(s, seek(s, at - 1))
+    local m, i = live_from(s, seek(s, at - 1))
     if m ~= nil then
       local v = page(s, m)
       local time, total = record_at(v, i)

@@ -395,7 +395,7 @@ local function seek(s, x)
 end
 
 -- The live record at or after position (m, i), or nil if there is none.
-local function settle(s, m, i)
+local function live_from(s, m, i)
   if m ~= s.tail_page then
     if i < page(s, m).count then
       return m, i

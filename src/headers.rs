@@ -1,7 +1,291 @@
 //! The rate-limit headers: which are sent ([`HeaderStyle`]), how their
-//! reset time is written ([`ResetFormat`]), and their names.
+//! reset time is written ([`ResetFormat`]), and their names: `X-RateLimit-*`,
+//! and the IETF `RateLimit` and `RateLimit-Policy` fields.
 
-pub use crate::response::headers::{
-    HeaderStyle, RATELIMIT, RATELIMIT_POLICY, ResetFormat, X_RATELIMIT_LIMIT,
-    X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
-};
+use std::cmp::Reverse;
+use std::fmt::Write as _;
+use std::sync::LazyLock;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+use crate::policy::Algorithm;
+use crate::store::{Check, Decision, index_of_min};
+
+/// `X-RateLimit-Limit`: units allowed per window.
+pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+/// `X-RateLimit-Remaining`: units left in the window.
+pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+/// `X-RateLimit-Reset`: when capacity next grows.
+pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// `RateLimit-Policy`: the quota policies that applied (IETF httpapi draft).
+pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// `RateLimit`: what is left of each quota policy (IETF httpapi draft).
+pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
+/// Which rate-limit headers responses carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum HeaderStyle {
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`,
+    /// for the policy closest to denying (on a 429, the one that denied).
+    #[default]
+    XRateLimit,
+    /// `RateLimit-Policy` and `RateLimit` as in
+    /// draft-ietf-httpapi-ratelimit-headers-10, one item per policy that
+    /// applied: `"search";q=5;w=60` and `"search";r=4;t=58`.
+    Ietf,
+    /// Both of the above.
+    Both,
+    /// No rate-limit headers (a 429 still carries `Retry-After`).
+    None,
+}
+
+impl HeaderStyle {
+    fn x_ratelimit(self) -> bool {
+        matches!(self, Self::XRateLimit | Self::Both)
+    }
+
+    fn ietf(self) -> bool {
+        matches!(self, Self::Ietf | Self::Both)
+    }
+}
+
+/// How `X-RateLimit-Reset` expresses time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ResetFormat {
+    /// Seconds from now, rounded up.
+    #[default]
+    DeltaSeconds,
+    /// A Unix timestamp in seconds, rounded up.
+    UnixSeconds,
+}
+
+/// The decision the `X-RateLimit-*` fields report: the policy closest to
+/// denying (fewest units left, then the latest reset).
+pub(crate) fn closest_to_denying(decisions: &[Decision]) -> usize {
+    index_of_min(decisions, |decision| {
+        (decision.remaining, Reverse(decision.reset))
+    })
+}
+
+/// Whole seconds, rounded up.
+pub(crate) fn ceil_seconds(duration: Duration) -> u64 {
+    duration.as_secs() + u64::from(duration.subsec_nanos() > 0)
+}
+
+/// Rate-limit header fields computed once the store has decided, written
+/// when the response is ready. Small, since it travels with the inner
+/// service's future: the `X-RateLimit-*` trio as numbers, the IETF fields
+/// (text) boxed.
+#[derive(Debug, Default)]
+pub(crate) struct RateHeaders {
+    /// `X-RateLimit-Limit`, `-Remaining` and `-Reset`.
+    x_ratelimit: Option<[u64; 3]>,
+    /// `RateLimit-Policy` and `RateLimit`.
+    ietf: Option<Box<[HeaderValue; 2]>>,
+}
+
+/// Header values of the integers most often sent (limits, remaining units
+/// and seconds up to this), made once: cloning one costs no allocation.
+const CACHED_NUMBERS: u64 = 4096;
+
+/// The header value of `n`.
+pub(crate) fn number_value(n: u64) -> HeaderValue {
+    static NUMBERS: LazyLock<Vec<HeaderValue>> = LazyLock::new(|| {
+        // One string holding every cached number, kept for the life of the
+        // process, so that each value is a cheap `from_static`.
+        let mut text = String::new();
+        let mut ends = Vec::with_capacity(CACHED_NUMBERS as usize);
+        for n in 0..CACHED_NUMBERS {
+            let _ = write!(text, "{n}");
+            ends.push(text.len());
+        }
+        let text: &'static str = Box::leak(text.into_boxed_str());
+        let mut start = 0;
+        ends.into_iter()
+            .map(|end| {
+                let value = HeaderValue::from_static(&text[start..end]);
+                start = end;
+                value
+            })
+            .collect()
+    });
+    match usize::try_from(n) {
+        Ok(index) if n < CACHED_NUMBERS => NUMBERS[index].clone(),
+        // Formatted on the stack and copied once (`From<u64>` allocates twice).
+        _ => HeaderValue::from_str(itoa::Buffer::new().format(n))
+            .expect("decimal digits are a valid header value"),
+    }
+}
+
+/// A policy's quota as `RateLimit-Policy` states it: `q` units per `w`.
+/// A sliding window's is its limit per window; a token bucket's, its
+/// burst per the time it takes to refill from empty; a concurrency
+/// limit's, the requests in flight, with no window.
+pub(crate) fn quota(
+    algorithm: Algorithm,
+    limit: u32,
+    window: Duration,
+    burst: u32,
+) -> (u32, Option<Duration>) {
+    match algorithm {
+        Algorithm::TokenBucket => {
+            let micros =
+                (u128::from(burst) * window.as_micros()).div_ceil(u128::from(limit.max(1)));
+            let refill = Duration::from_micros(u64::try_from(micros).unwrap_or(u64::MAX));
+            (burst, Some(refill))
+        }
+        Algorithm::Concurrency => (limit, None),
+        _ => (limit, Some(window)),
+    }
+}
+
+/// `RateLimit-Policy` for `policies`, each a name and its [`quota`]:
+/// `"name";q=limit;w=seconds`. Policy names are ASCII letters, digits, `-`
+/// and `_`: valid in a structured-field string as they are.
+pub(crate) fn policy_value<'a>(
+    policies: impl IntoIterator<Item = (&'a str, (u32, Option<Duration>))>,
+) -> Option<HeaderValue> {
+    let mut text = String::new();
+    for (name, (quota, window)) in policies {
+        let separator = if text.is_empty() { "" } else { ", " };
+        let _ = write!(text, "{separator}\"{name}\";q={quota}");
+        if let Some(window) = window {
+            let _ = write!(text, ";w={}", ceil_seconds(window));
+        }
+    }
+    HeaderValue::try_from(text).ok()
+}
+
+/// `RateLimit` for `checks` and their `decisions`:
+/// `"name";r=remaining;t=seconds` each, `t` at most `retry_after`.
+fn state_value(
+    checks: &[Check],
+    decisions: &[Decision],
+    retry_after: Option<u64>,
+) -> Option<HeaderValue> {
+    let mut text = String::new();
+    for (check, decision) in checks.iter().zip(decisions) {
+        let separator = if text.is_empty() { "" } else { ", " };
+        let t = ceil_seconds(decision.reset);
+        let t = retry_after.map_or(t, |cap| t.min(cap));
+        let remaining = decision.remaining;
+        let _ = write!(text, "{separator}\"{}\";r={remaining};t={t}", check.policy);
+    }
+    HeaderValue::try_from(text).ok()
+}
+
+/// How the rate-limit headers of an answer are written: which fields,
+/// and how a reset is given.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct HeaderFormat {
+    pub(crate) style: HeaderStyle,
+    pub(crate) reset: ResetFormat,
+}
+
+impl RateHeaders {
+    /// The headers for a request whose checks got `decisions`: the
+    /// `X-RateLimit-*` trio from the decision at `reported`, the IETF fields
+    /// from all of them (`RateLimit-Policy` is `policy` when the plan has
+    /// it ready). On a 429, `retry_after` caps every `t`, so that no `t`
+    /// promises capacity later than `Retry-After` does.
+    pub(crate) fn new(
+        checks: &[Check],
+        decisions: &[Decision],
+        reported: usize,
+        retry_after: Option<u64>,
+        policy: Option<&HeaderValue>,
+        format: HeaderFormat,
+    ) -> Self {
+        let mut fields = Self::default();
+        if format.style.x_ratelimit() {
+            let decision = &decisions[reported];
+            let reset = match format.reset {
+                ResetFormat::DeltaSeconds => ceil_seconds(decision.reset),
+                ResetFormat::UnixSeconds => {
+                    let now = SystemTime::now()
+                        .duration_since(UNIX_EPOCH)
+                        .unwrap_or_default();
+                    ceil_seconds(now + decision.reset)
+                }
+            };
+            fields.x_ratelimit = Some([decision.limit.into(), decision.remaining.into(), reset]);
+        }
+        if format.style.ietf() {
+            let policy = policy.cloned().or_else(|| {
+                policy_value(checks.iter().map(|c| {
+                    let quota = quota(c.algorithm, c.limit, c.window, c.burst);
+                    (&*c.policy, quota)
+                }))
+            });
+            let state = state_value(checks, decisions, retry_after);
+            if let (Some(policy), Some(state)) = (policy, state) {
+                fields.ietf = Some(Box::new([policy, state]));
+            }
+        }
+        fields
+    }
+
+    /// The headers of an admitted request: the `X-RateLimit-*` trio from
+    /// the decision at `reported`, the one [closest to
+    /// denying](closest_to_denying).
+    pub(crate) fn admitted(
+        checks: &[Check],
+        decisions: &[Decision],
+        reported: usize,
+        policy: Option<&HeaderValue>,
+        format: HeaderFormat,
+    ) -> Self {
+        Self::new(checks, decisions, reported, None, policy, format)
+    }
+
+    /// Whether no field is sent ([`HeaderStyle::None`]).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.x_ratelimit.is_none() && self.ietf.is_none()
+    }
+
+    /// Writes the fields into `headers`, replacing any of the same name.
+    pub(crate) fn write(self, headers: &mut HeaderMap) {
+        if let Some([limit, remaining, reset]) = self.x_ratelimit {
+            headers.insert(X_RATELIMIT_LIMIT, number_value(limit));
+            headers.insert(X_RATELIMIT_REMAINING, number_value(remaining));
+            headers.insert(X_RATELIMIT_RESET, number_value(reset));
+        }
+        if let Some(ietf) = self.ietf {
+            let [policy, state] = *ietf;
+            headers.insert(RATELIMIT_POLICY, policy);
+            headers.insert(RATELIMIT, state);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn number_values_match_their_decimal_form_cached_or_not() {
+        for n in [
+            0,
+            1,
+            42,
+            CACHED_NUMBERS - 1,
+            CACHED_NUMBERS,
+            1_000_000_000,
+            u64::MAX,
+        ] {
+            assert_eq!(number_value(n), HeaderValue::from(n), "{n}");
+        }
+    }
+
+    #[test]
+    fn seconds_round_up() {
+        assert_eq!(ceil_seconds(Duration::ZERO), 0);
+        assert_eq!(ceil_seconds(Duration::from_micros(1)), 1);
+        assert_eq!(ceil_seconds(Duration::from_secs(2)), 2);
+        assert_eq!(ceil_seconds(Duration::from_millis(2001)), 3);
+    }
+}

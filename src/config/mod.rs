@@ -35,6 +35,7 @@ use http::HeaderName;
 use ipnet::IpNet;
 use toml::Spanned;
 
+use crate::headers::{HeaderStyle, ResetFormat};
 #[cfg(feature = "jwt")]
 use crate::key::JwtClaim;
 use crate::key::{Global, Header, KeyExtractor, PeerIp, digest};
@@ -43,7 +44,6 @@ use crate::layer::credential_failures::CredentialFailures;
 use crate::layer::deny_cache::{DEFAULT_CAPACITY as DEFAULT_DENY_CACHE, DenyCache};
 use crate::limits::Overrides;
 use crate::policy::{Calendar, FailMode, Period, Policies, Policy, Route, TierLimits};
-use crate::response::headers::{HeaderStyle, ResetFormat};
 use crate::store::{MemoryStore, Store};
 
 mod error;

@@ -19,17 +19,17 @@
 //! `{`, `}` or `#`, so no client can pick a Redis Cluster slot, bloat memory
 //! with huge keys, or read another tenant's key names.
 
+mod api_key_lookup;
 mod header;
 #[cfg(feature = "jwt")]
 pub(crate) mod jwt;
-mod lookup;
 mod peer_ip;
 
+pub use api_key_lookup::ApiKeyStatus;
+pub(crate) use api_key_lookup::{ApiKeyLookup, Otherwise, Unconfirmed, confirmed};
 pub use header::Header;
 #[cfg(feature = "jwt")]
 pub use jwt::{JwtClaim, JwtClaimBuilder, JwtError};
-pub use lookup::ApiKeyStatus;
-pub(crate) use lookup::{ApiKeyLookup, Otherwise, Unconfirmed, confirmed};
 pub use peer_ip::{ForwardedHeader, PeerIp};
 
 use std::borrow::Cow;

@@ -20,7 +20,7 @@ use http::request::Parts;
 use http::{Request, Response};
 
 use crate::key::{Identity, confirmed};
-use crate::layer::batch::{self, Batch, Modes};
+use crate::layer::checks::{self, Modes, SentChecks};
 use crate::layer::future::{Continuation, Next};
 use crate::layer::outcome::{cached_denial, outcome, refused_locally};
 use crate::layer::refused::{blocked, refusal_of, refused};
@@ -110,12 +110,12 @@ pub(crate) fn decide(shared: &Arc<Shared>, parts: &mut Parts) -> Result<Next, Co
     };
     let next = match send(shared, parts, plan, &identity, costs.as_ref(), own.as_ref()) {
         Ok(next) => next,
-        Err((batch, answer)) => {
+        Err((sent, answer)) => {
             let rest = Rest::new(shared, plan, costs);
             return Err(later(parts, |mut parts| async move {
                 let tier = identity.tier.as_deref();
                 let (shared, plan) = (&*rest.shared, &*rest.plan);
-                let next = outcome(shared, &parts, plan, tier, &batch, answer.await).await;
+                let next = outcome(shared, &parts, plan, tier, &sent, answer.await).await;
                 let next = hand_on(shared, &mut parts, identity, next);
                 (parts, next)
             }));
@@ -191,9 +191,9 @@ impl Rest {
         let (shared, plan, costs) = (&*self.shared, &*self.plan, self.costs.as_ref());
         let next = match send(shared, parts, plan, &identity, costs, own.as_ref()) {
             Ok(next) => next.await,
-            Err((batch, answer)) => {
+            Err((sent, answer)) => {
                 let tier = identity.tier.as_deref();
-                outcome(shared, parts, plan, tier, &batch, answer.await).await
+                outcome(shared, parts, plan, tier, &sent, answer.await).await
             }
         };
         hand_on(shared, parts, identity, next)
@@ -295,9 +295,9 @@ fn own_limits(shared: &Shared, plan: &Plan, identity: &Identity) -> Option<Soon<
 /// sends them: the request's way on, when it is known without waiting (a
 /// cost above the limit, a request every policy exempts, a denial the
 /// local counts or the deny cache know, a store in process); `Err` holds
-/// the batch, sent, and the store's answer to come.
+/// the checks, sent, and the store's answer to come.
 // Returned once to its caller, and large only when the request waits for
-// the network anyway; a request decided at once moves no batch.
+// the network anyway; a request decided at once moves none.
 #[allow(clippy::result_large_err)]
 fn send(
     shared: &Shared,
@@ -306,7 +306,7 @@ fn send(
     identity: &Identity,
     costs: Option<&Costs>,
     own: Option<&Found>,
-) -> Result<Soon<Next>, (Batch, CheckFuture)> {
+) -> Result<Soon<Next>, (SentChecks, CheckFuture)> {
     let tier = identity.tier.as_deref();
     let mut checks = match cost::checks(plan, &identity.key, tier, costs, own) {
         Ok(checks) => checks,
@@ -344,16 +344,16 @@ fn send(
         }
         deny_clock = cache.now();
     }
-    let batch = Batch {
+    let sent = SentChecks {
         fail_closed: fails_closed(shared, plan, costs),
         checks,
         modes,
         deny_clock,
         timer: Timer::start(),
     };
-    match batch::check(&shared.store, &batch.checks, enforced).into_ready() {
-        Ok(answer) => Ok(outcome(shared, parts, plan, tier, &batch, answer)),
-        Err(answer) => Err((batch, answer)),
+    match checks::check(&shared.store, &sent.checks, enforced).into_ready() {
+        Ok(answer) => Ok(outcome(shared, parts, plan, tier, &sent, answer)),
+        Err(answer) => Err((sent, answer)),
     }
 }
 

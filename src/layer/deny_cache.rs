@@ -35,8 +35,8 @@ struct Entry {
     body: Arc<TooManyBody>,
 }
 
-/// The still-denied checks of a batch, with what to answer them. A batch
-/// of one or two policies, all still denied, is answered without an
+/// The still-denied checks of a request, with what to answer them. A
+/// request of one or two policies, all still denied, is answered without an
 /// allocation: a flood from a denied client is the cache's hot path.
 #[derive(Debug)]
 pub(crate) struct Denied<'a> {
@@ -120,7 +120,7 @@ impl DenyCache {
         self.inner.clock.now_micros()
     }
 
-    /// The checks of the batch that are still denied, with their
+    /// The checks of the request that are still denied, with their
     /// decisions, if any is: the request can be answered `429` now.
     pub(crate) fn lookup<'a>(&self, checks: &'a [Check]) -> Option<Denied<'a>> {
         let now = self.now();
@@ -175,7 +175,7 @@ impl DenyCache {
         self.inner.entries.remove(&check.scope());
     }
 
-    /// Remembers the policies that denied a batch sent at `sent_at`: each
+    /// Remembers the policies that denied checks sent at `sent_at`: each
     /// until its retry time when `lasting` says nothing but time frees it,
     /// and otherwise (a refund or a lease's end may free it sooner) for as
     /// long as its block lasts, if it blocked.
@@ -323,8 +323,8 @@ mod tests {
             |_| true,
         );
         assert!(cache.lookup(std::slice::from_ref(&loose)).is_none());
-        let batch = [loose, tight.clone()];
-        let denied = cache.lookup(&batch).unwrap();
+        let checks = [loose, tight.clone()];
+        let denied = cache.lookup(&checks).unwrap();
         assert_eq!(&*denied.checks, [tight]);
     }
 

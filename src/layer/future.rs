@@ -12,10 +12,10 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
+use crate::headers::RateHeaders;
 use crate::layer::body::ResponseBody;
 use crate::layer::owed::Owed;
 use crate::response::grpc::response_failed;
-use crate::response::headers::RateHeaders;
 
 /// Where a request goes once it is decided.
 pub(crate) enum Next {

@@ -9,8 +9,8 @@
 // what the request owes the store when it ends: `owed`).
 
 mod background;
-mod batch;
 mod body;
+mod checks;
 mod connection;
 pub(crate) mod credential_failures;
 mod decide;

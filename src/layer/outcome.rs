@@ -11,8 +11,9 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderValue, Response};
 
+use crate::headers::{RateHeaders, closest_to_denying};
 use crate::layer::Shared;
-use crate::layer::batch::{Batch, Modes};
+use crate::layer::checks::{Modes, SentChecks};
 use crate::layer::delay::{Delayed, Slot, Unpassed, unheld};
 use crate::layer::deny_cache::Denied;
 use crate::layer::future::Next;
@@ -23,13 +24,12 @@ use crate::metrics::{self, Outcome};
 use crate::policy::plan::Plan;
 use crate::policy::{Algorithm, Count, Settlement};
 use crate::rejection::Rejection;
-use crate::response::headers::{RateHeaders, closest_to_denying};
-use crate::response::limited::Limited;
+use crate::rejection::limited::Limited;
 use crate::store::Soon;
 use crate::store::{Check, CheckOutcome, Decision, Decisions, Store, StoreError, index_of_min};
 use crate::throttle::{STORE_FAILURES, STORE_FULL};
 
-/// Where the store's answer to `batch` leads, for a client of `tier` under
+/// Where the store's answer to `sent` leads, for a client of `tier` under
 /// `plan`: the inner service with the rate-limit headers (once it has
 /// waited, for a request the store delayed), a `429`, or, when the store
 /// failed, the fail mode. Shadow checks (see [`Modes`]) never deny.
@@ -38,11 +38,11 @@ pub(crate) fn outcome(
     parts: &Parts,
     plan: &Plan,
     tier: Option<&str>,
-    batch: &Batch,
+    sent: &SentChecks,
     outcome: CheckOutcome,
 ) -> Soon<Next> {
-    let (checks, modes) = (&batch.checks[..], batch.modes.as_deref());
-    let took = batch.timer.elapsed();
+    let (checks, modes) = (&sent.checks[..], sent.modes.as_deref());
+    let took = sent.timer.elapsed();
     metrics::store_answered(took, &outcome);
     let enforced = modes.map_or(checks.len(), |modes| modes.shadow_from);
     let decisions = outcome.and_then(|decisions| {
@@ -82,14 +82,14 @@ pub(crate) fn outcome(
                     tier,
                     share: 1,
                     ietf_policy,
-                    deny_clock: Some(batch.deny_clock),
+                    deny_clock: Some(sent.deny_clock),
                     took,
                     local,
                 },
             )
         }
         // `held_back`: failures since the last line, which were not logged.
-        Err(error) if batch.fail_closed => {
+        Err(error) if sent.fail_closed => {
             decided_all(checks, Outcome::FailedClosed, took);
             if let Some(held_back) = STORE_FAILURES.admit() {
                 tracing::error!(%error, held_back, "rate-limit store unavailable; failing closed");
@@ -101,7 +101,7 @@ pub(crate) fn outcome(
             // Every policy of a request a full store does not track is
             // limited locally, whatever its fail mode but closed.
             if matches!(error, StoreError::Full(_))
-                && let Some(next) = full_locally(shared, parts, batch, enforced, took)
+                && let Some(next) = full_locally(shared, parts, sent, enforced, took)
             {
                 if let Some(held_back) = STORE_FULL.admit() {
                     tracing::warn!(%error, held_back, "rate-limit store full; a client it does not track is limited locally");
@@ -141,7 +141,7 @@ fn ietf_policy<'a>(
         .flatten()
 }
 
-/// A batch's decisions, as one store gave them.
+/// A request's decisions, as one store gave them.
 struct Answered<'a> {
     store: &'a Arc<dyn Store>,
     checks: &'a [Check],
@@ -161,7 +161,7 @@ struct Answered<'a> {
     /// the store's): a settlement counts that share of the cost reported.
     share: u32,
     ietf_policy: Option<&'a HeaderValue>,
-    /// When the batch was sent, on the deny cache's clock; `None` for the
+    /// When the checks were sent, on the deny cache's clock; `None` for the
     /// local limit's decisions.
     deny_clock: Option<u64>,
     took: Option<Duration>,
@@ -261,7 +261,7 @@ fn decided_by(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Soon<Ne
             metrics::near_limit(check, decision);
         } else {
             // A shadow check (the enforced ones all admitted), of a
-            // batch that would have been denied; counted against the
+            // request that would have been denied; counted against the
             // policies that did not fit, as a denial is.
             outcome = Outcome::ShadowDenied;
             if decision.retry_after.is_some() {
@@ -474,13 +474,13 @@ fn fall_back(
 fn full_locally(
     shared: &Shared,
     parts: &Parts,
-    batch: &Batch,
+    sent: &SentChecks,
     enforced: usize,
     took: Option<Duration>,
 ) -> Option<Soon<Next>> {
-    let modes = batch.modes.as_deref();
+    let modes = sent.modes.as_deref();
     let local = LocalChecks::all(
-        &batch.checks[..enforced],
+        &sent.checks[..enforced],
         modes.map(Modes::counts),
         modes.and_then(Modes::settlements),
         shared.settings.local_share,

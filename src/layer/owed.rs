@@ -14,13 +14,13 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use smallvec::SmallVec;
 
+use crate::headers::{HeaderFormat, RateHeaders, closest_to_denying};
 use crate::layer::connection::{ConnectionLease, Upgrade};
 use crate::layer::recorded::{Recorded, report_refund, report_release};
 use crate::layer::unsettled::Place;
 use crate::layer::usage::{InForce, Usage};
 use crate::policy::cost::Checks;
 use crate::policy::{Algorithm, Count, Policies, Settlement};
-use crate::response::headers::{HeaderFormat, RateHeaders, closest_to_denying};
 use crate::store::{Check, Decision, Decisions, Store};
 
 /// What an admitted request owes the store: refunds that wait for the
@@ -321,8 +321,8 @@ mod tests {
 
     use super::*;
     use crate::Policy;
+    use crate::headers::{HeaderStyle, ResetFormat};
     use crate::key::Key;
-    use crate::response::headers::{HeaderStyle, ResetFormat};
 
     #[test]
     fn refunded_units_come_back_in_the_headers_of_their_own_check() {

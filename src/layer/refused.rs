@@ -13,7 +13,7 @@ use crate::layer::deny_cache::{Denied, DenyCache};
 use crate::layer::reject::reject;
 use crate::layer::settings::Shared;
 use crate::rejection::Rejection;
-use crate::response::limited::Limited;
+use crate::rejection::limited::Limited;
 use crate::store::{Check, CheckFuture, CheckOutcome, Decision};
 
 /// A refusal of credentials, counted against the client's address.

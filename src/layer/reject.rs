@@ -10,11 +10,12 @@ use http::request::Parts;
 use http::{HeaderMap, Method, Response};
 
 use crate::RateLimitLayer;
+use crate::headers::HeaderFormat;
 use crate::layer::Shared;
+use crate::rejection::limited;
+use crate::rejection::{Rejection, fill_missing};
 use crate::response::grpc::is_grpc_content_type;
-use crate::response::headers::HeaderFormat;
-use crate::response::rejection::{Rejection, fill_missing};
-use crate::response::{limited, problem};
+use crate::response::problem;
 
 impl RateLimitLayer {
     /// Answers the limiter's rejections with `respond` where it returns a

@@ -8,6 +8,7 @@ use arc_swap::ArcSwap;
 use http::request::Parts;
 
 use crate::RateLimitLayer;
+use crate::headers::{HeaderFormat, HeaderStyle, ResetFormat};
 use crate::key::{Identity, KeyExtractor};
 use crate::layer::credential_failures::CredentialFailures;
 use crate::layer::delay::DelayedRequests;
@@ -16,8 +17,7 @@ use crate::layer::local_fallback::LocalLimits;
 use crate::limits::ClientLimits;
 use crate::lookup::Lookup;
 use crate::policy::{FailMode, Policies, RequestCost};
-use crate::response::headers::{HeaderFormat, HeaderStyle, ResetFormat};
-use crate::response::rejection::OnRejection;
+use crate::rejection::OnRejection;
 use crate::store::{Check, Store};
 
 /// How long a limit lookup's answer is kept unless set.

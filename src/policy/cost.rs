@@ -8,7 +8,7 @@ use super::plan::Plan;
 use crate::key::Key;
 use crate::limits::Found;
 use crate::policy::{Algorithm, Policy};
-use crate::response::rejection::CostAboveLimit;
+use crate::rejection::CostAboveLimit;
 use crate::store::Check;
 
 /// What a request costs under one policy, as a [`RequestCost`] says.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use http::HeaderValue;
 
 use super::{Count, FailMode, Limits, Policy};
-use crate::response::headers::{policy_value, quota};
+use crate::headers::{policy_value, quota};
 use crate::store::Check;
 
 /// The policies that apply to one (route, method), and what a request

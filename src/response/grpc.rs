@@ -8,8 +8,8 @@ use bytes::Bytes;
 use http::header::CONTENT_TYPE;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 
-use super::headers::number_value;
-use super::rejection::Rejection;
+use crate::headers::number_value;
+use crate::rejection::Rejection;
 
 const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");

@@ -9,7 +9,7 @@ use http::header::{CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use serde_json::json;
 
-use super::headers::ceil_seconds;
+use crate::headers::ceil_seconds;
 use crate::key::KeyRejection;
 use crate::policy::Algorithm;
 use crate::store::{Check, Decision};
@@ -39,7 +39,7 @@ fn problem(
     problem_body(status, body)
 }
 
-pub(super) fn problem_body(status: StatusCode, body: String) -> Response<Bytes> {
+pub(crate) fn problem_body(status: StatusCode, body: String) -> Response<Bytes> {
     let mut response = Response::new(Bytes::from(body));
     *response.status_mut() = status;
     // Room for the content type, Retry-After and every rate-limit header.
@@ -88,7 +88,7 @@ impl TooManyBody {
         }
     }
 
-    pub(super) fn render(&self, retry_after: &HeaderValue) -> String {
+    pub(crate) fn render(&self, retry_after: &HeaderValue) -> String {
         let retry = retry_after.to_str().unwrap_or("0");
         let mut body =
             String::with_capacity(self.head.len() + self.middle.len() + 2 * retry.len() + 1);

@@ -153,7 +153,7 @@ impl Decision {
     }
 }
 
-/// One [`Decision`] per check of a batch, in the checks' order: a slice
+/// One [`Decision`] per check of a request, in the checks' order: a slice
 /// when borrowed, held inline for the usual one or two.
 ///
 /// ```

@@ -34,7 +34,7 @@ use crate::clock::duration_micros;
 use crate::key::Key;
 use crate::policy::{Algorithm, Limits, Policy, PolicyError};
 
-/// What a [`Store`] decided for a batch: one [`Decision`] per check.
+/// What a [`Store`] decided for a request's checks: one [`Decision`] per check.
 pub type CheckOutcome = Result<Decisions, StoreError>;
 
 /// The future a [`Store`] returns: an answer already known, as from
@@ -112,7 +112,7 @@ impl<T> fmt::Debug for Soon<T> {
     }
 }
 
-/// One policy to check for one client, as part of a request's batch.
+/// One policy to check for one client, as one of a request's checks.
 ///
 /// Built only from a valid [`Policy`] ([`Check::new`], [`Check::for_tier`]),
 /// so every store is given limits it computes exactly (and alike): a
@@ -318,7 +318,7 @@ pub(crate) type Scope = (Option<Arc<str>>, Arc<str>, Key);
 
 /// A store of rate-limit state.
 ///
-/// `check` decides a whole batch atomically: every check admits the request,
+/// `check` decides a request's checks atomically: every check admits the request,
 /// and its cost is recorded in all of them, or none records anything. It
 /// returns one [`Decision`] per check, in order. Implementations bound their
 /// own latency (a hung backend must become an error, not a hung request).
@@ -330,11 +330,11 @@ pub(crate) type Scope = (Option<Arc<str>>, Arc<str>, Key);
 /// [`StoreError::Unsupported`], and such a policy then counts every
 /// request.
 pub trait Store: Send + Sync + 'static {
-    /// Decides and, when admitted, records the batch. The checks are
+    /// Decides and, when admitted, records the request. The checks are
     /// borrowed: a store whose answer comes later copies what it needs.
     fn check(&self, checks: &[Check]) -> CheckFuture;
 
-    /// The batch's decisions as a `check` now would give them, recording
+    /// The checks' decisions as a `check` now would give them, recording
     /// nothing: `admitted` says whether every check fits, and a check that
     /// does not fit has its `retry_after`.
     fn peek(&self, checks: &[Check]) -> CheckFuture {

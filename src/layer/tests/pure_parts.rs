@@ -10,7 +10,7 @@ use http::{HeaderMap, Method, Request, StatusCode};
 
 use crate::RateLimitLayer;
 use crate::key::{Global, Key, PeerIp};
-use crate::layer::batch::{Batch, Modes};
+use crate::layer::checks::{Modes, SentChecks};
 use crate::layer::decide::decide;
 use crate::layer::future::Next;
 use crate::layer::outcome::outcome;
@@ -115,7 +115,7 @@ fn answered(layer: &RateLimitLayer, fail_closed: bool, answer: CheckOutcome) -> 
         .map(|policy| Check::new(policy, Key::new("client")).unwrap())
         .collect();
     let modes = Modes::assign(plan, &mut checks, layer.shared.settings);
-    let batch = Batch {
+    let sent = SentChecks {
         checks,
         modes,
         deny_clock: 0,
@@ -123,7 +123,7 @@ fn answered(layer: &RateLimitLayer, fail_closed: bool, answer: CheckOutcome) -> 
         fail_closed,
     };
     let parts = head(Method::GET, "/");
-    match outcome(&layer.shared, &parts, plan, None, &batch, answer).into_ready() {
+    match outcome(&layer.shared, &parts, plan, None, &sent, answer).into_ready() {
         Ok(next) => next,
         Err(_) => panic!("the request waits"),
     }
@@ -200,7 +200,7 @@ fn a_delayed_admission_is_known_once_it_has_waited() {
     let checks: Checks = [Check::new(&plan.policies()[0], Key::new("client")).unwrap()]
         .into_iter()
         .collect();
-    let batch = Batch {
+    let sent = SentChecks {
         checks,
         modes: None,
         deny_clock: 0,
@@ -215,7 +215,7 @@ fn a_delayed_admission_is_known_once_it_has_waited() {
         &parts,
         plan,
         None,
-        &batch,
+        &sent,
         Ok([delayed].into()),
     );
     let Err(waiting) = later.into_ready() else {

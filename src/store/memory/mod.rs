@@ -126,7 +126,7 @@ impl MemoryStore {
     fn check_now(&self, checks: &[Check]) -> Decisions {
         match checks {
             [check] => Decisions::from([self.check_one(check)]),
-            _ => self.check_batch(checks),
+            _ => self.check_together(checks),
         }
     }
 
@@ -162,11 +162,13 @@ impl MemoryStore {
         decision
     }
 
-    fn check_batch(&self, checks: &[Check]) -> Decisions {
+    /// A request of several checks, decided all-or-nothing under the
+    /// locks of every shard they touch.
+    fn check_together(&self, checks: &[Check]) -> Decisions {
         let inner = &*self.inner;
         let now = inner.clock.now_micros();
         let hashes: Vec<u64> = checks.iter().map(|c| self.hash_of(c)).collect();
-        // Lock each shard once, in ascending order, so batches never deadlock.
+        // Lock each shard once, in ascending order, so no two requests deadlock.
         let mut order: Vec<usize> = hashes.iter().map(|&h| self.shard_of(h)).collect();
         order.sort_unstable();
         order.dedup();

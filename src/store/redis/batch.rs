@@ -165,8 +165,7 @@ impl Inner {
     async fn send_batch(self: Arc<Self>, queued: Vec<Queued>) -> Vec<Queued> {
         let mut deferred = Vec::new();
         let deadline = tokio::time::Instant::now() + self.timeout;
-        let replies =
-            on_lanes!(&self.connections, lanes => self.call_batch(lanes, &queued, deadline).await);
+        let replies = on_lanes!(&self.connections, lanes => self.batch_on_lane(lanes, &queued, deadline).await);
         match replies {
             Ok(replies) if replies.len() == queued.len() => {
                 for (Queued { call, answer }, reply) in queued.into_iter().zip(replies) {
@@ -207,7 +206,7 @@ impl Inner {
 
     /// Runs the batch function over `queued` on a lane's connection,
     /// loading the library first where it is missing; one reply per check.
-    async fn call_batch<S: Source>(
+    async fn batch_on_lane<S: Source>(
         &self,
         lanes: &Lanes<S>,
         queued: &[Queued],

@@ -35,12 +35,12 @@ impl Inner {
         call: &Call,
         deadline: tokio::time::Instant,
     ) -> Result<Vec<u8>, StoreError> {
-        on_lanes!(&self.connections, lanes => self.call(lanes, call, deadline).await)
+        on_lanes!(&self.connections, lanes => self.on_lane(lanes, call, deadline).await)
             .map_err(|failed| self.store_error(failed))
     }
 
     /// Runs the script on a lane's connection by `deadline`.
-    async fn call<S: Source>(
+    async fn on_lane<S: Source>(
         &self,
         lanes: &Lanes<S>,
         call: &Call,
@@ -51,7 +51,7 @@ impl Inner {
     {
         let mut ticket = ticket(lanes, deadline).await?;
         let reply =
-            tokio::time::timeout_at(deadline, self.decide(&mut ticket.connection, call)).await;
+            tokio::time::timeout_at(deadline, self.script_call(&mut ticket.connection, call)).await;
         call_ended(lanes, &ticket, reply)
     }
 
@@ -64,7 +64,11 @@ impl Inner {
 
     /// `FCALL`, loading the library first where it is missing; `EVALSHA`
     /// where Redis refuses functions.
-    async fn decide<C: Routed>(&self, connection: &mut C, call: &Call) -> RedisResult<Vec<u8>> {
+    async fn script_call<C: Routed>(
+        &self,
+        connection: &mut C,
+        call: &Call,
+    ) -> RedisResult<Vec<u8>> {
         if self.library.refused() {
             return Box::pin(self.evalsha(connection, call)).await;
         }

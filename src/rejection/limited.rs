@@ -6,8 +6,8 @@ use bytes::Bytes;
 use http::header::RETRY_AFTER;
 use http::{HeaderMap, Response, StatusCode};
 
+use crate::headers::{HeaderFormat, RateHeaders, number_value};
 use crate::key::Key;
-use crate::response::headers::{HeaderFormat, RateHeaders, number_value};
 use crate::response::problem::{TooManyBody, problem_body, retry_after_seconds};
 use crate::store::{Check, Decision};
 

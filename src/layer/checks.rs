@@ -1,4 +1,4 @@
-//! A request's checks as one batch to the store: put in order under the
+//! A request's checks as sent to the store: put in order under the
 //! plan (enforced checks first, shadow ones after), then sent, shadow
 //! checks apart; and the leases of checks the answer leaves undecided,
 //! released.
@@ -18,7 +18,7 @@ use crate::policy::{Algorithm, Count, FailMode, Settlement};
 use crate::store::{Check, CheckFuture, Decisions, Store, StoreError};
 
 /// A request's checks, as sent to the store.
-pub(crate) struct Batch {
+pub(crate) struct SentChecks {
     /// The checks, enforced ones first (see [`Modes`]).
     pub(crate) checks: Checks,
     /// What the checks do beyond counting, when any does.
@@ -132,10 +132,10 @@ impl Modes {
 
 /// Sends `checks` to `store`, enforced ones first: the shadow checks (from
 /// `shadow_from`) are sent once the enforced ones admit the request, as a
-/// batch of their own. In one batch with the enforced checks a shadow
+/// call of their own. In one call with the enforced checks a shadow
 /// denial would deny the request, and a denied request counts nowhere.
 /// The answer holds the enforced checks' decisions alone when they deny,
-/// or when the shadow batch fails.
+/// or when the shadow checks fail.
 ///
 /// The leases of concurrency checks the answer leaves undecided (a call
 /// that failed, a request dropped meanwhile) are released by their ids.
@@ -193,7 +193,7 @@ fn join(mut decided: Decisions, shadow: Result<Decisions, StoreError>) -> Decisi
 /// `answer` decides them: a call that failed or timed out (the store may
 /// still run it, and take them), or a request dropped while its check was
 /// in flight, releases them by the ids the checks carry; so does an
-/// answer that leaves a check undecided (a shadow batch that failed). A
+/// answer that leaves a check undecided (shadow checks that failed). A
 /// decided check's lease is the response's to release (see
 /// [`Owed`](super::owed::Owed)), and a denied one took nothing. Checks
 /// without a lease cost nothing.

@@ -1,6 +1,11 @@
 //! [`Rejection`]: why the limiter answers a request itself, as a hook set
 //! with [`RateLimitLayer::on_rejection`](crate::RateLimitLayer::on_rejection)
-//! sees it, and how the hook's answer is completed.
+//! sees it, with a denial's details in [`Limited`] and a cost no window
+//! holds in [`CostAboveLimit`]; and how the hook's answer is completed.
+
+pub(crate) mod limited;
+
+pub use limited::Limited;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,7 +16,6 @@ use http::request::Parts;
 use http::{HeaderMap, Response, StatusCode};
 
 use crate::key::KeyRejection;
-use crate::response::limited::Limited;
 use crate::store::StoreError;
 
 /// Answers the limiter's rejections in place of its defaults; see
