@@ -140,3 +140,79 @@ pub(super) fn section_of(source: &str, offset: usize) -> Option<&str> {
         .and_then(|header| header.split(']').next())
         .map(str::trim)
 }
+
+/// A file TOML reads but the configuration's types refuse: the key by
+/// the exact path serde took to it (a missing field's name included),
+/// the line, and serde's message, which never quotes a secret or a
+/// password in a URL.
+pub(super) fn unreadable(
+    source: &str,
+    e: serde_path_to_error::Error<toml::de::Error>,
+) -> ConfigError {
+    // The path serde took to the value, exact: `policy[0].limit`
+    // (less the step into a `Spanned`), and a missing field's name.
+    let mut path = e.path().to_string().replace(SPANNED_STEP, "");
+    let error = e.into_inner();
+    if let Some(field) = missing_field(error.message()) {
+        path = if path == "." {
+            field.to_owned()
+        } else {
+            format!("{path}.{field}")
+        };
+    }
+    let key = match path.as_str() {
+        "" | "." => None,
+        // Keys of [api_keys] are secrets: name the table only.
+        path if path.starts_with("api_keys") => Some("api_keys".to_owned()),
+        path => Some(path.to_owned()),
+    };
+    // serde quotes a value of the wrong type: of a key that holds
+    // a secret, only what was expected is said.
+    let message = if holds_secret(&path) {
+        let expected = error.message().rsplit_once(", expected ");
+        format!(
+            "expected {} (the value is not shown: it may be a secret)",
+            expected.map_or("another value", |(_, expected)| expected.trim())
+        )
+    } else {
+        // A Redis URL given as the wrong type is quoted by serde:
+        // never with its password.
+        without_passwords(error.message().trim())
+    };
+    ConfigError {
+        file: None,
+        line: error.span().map(|span| line_of(source, span.start)),
+        key,
+        message,
+    }
+}
+
+/// Whether the key at `path` holds a secret: API keys (as `[api_keys]`
+/// keys or `limiter.exempt_api_keys`), JWT secrets, the admin token.
+fn holds_secret(path: &str) -> bool {
+    path.starts_with("api_keys")
+        || path.starts_with("limiter.exempt_api_keys")
+        || path == "jwt.secret"
+        || (path.starts_with("jwt.keys") && path.ends_with(".secret"))
+        || path == "admin.token"
+}
+
+/// `message` with the user information of every URL in it (`scheme://user:password@`)
+/// written as `***`.
+fn without_passwords(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(at) = rest.find("://") {
+        out.push_str(&rest[..at + 3]);
+        rest = &rest[at + 3..];
+        let end = rest
+            .find(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | '/' | ','))
+            .unwrap_or(rest.len());
+        if let Some(user_end) = rest[..end].rfind('@') {
+            out.push_str("***");
+            rest = &rest[user_end..];
+        }
+    }
+    out.push_str(rest);
+    out
+}

@@ -24,7 +24,7 @@ pub(super) struct RawConfig {
     pub(super) api_keys: Option<Spanned<BTreeMap<String, Spanned<String>>>>,
     #[serde(default)]
     pub(super) policy: Vec<Spanned<RawPolicy>>,
-    pub(super) default: Option<Spanned<RawPolicyBody>>,
+    pub(super) default: Option<Spanned<RawPolicy>>,
     pub(super) overrides: Option<Spanned<RawOverrides>>,
     pub(super) admin: Option<RawAdmin>,
 }
@@ -261,10 +261,13 @@ impl From<AlgorithmName> for Algorithm {
     }
 }
 
+/// A `[[policy]]` table, or the `[default]` table, which has neither a
+/// name nor a route (see `policies::build_policies`). Every key a policy
+/// takes is a field here, once.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawPolicy {
-    pub(super) name: Spanned<String>,
+    pub(super) name: Option<Spanned<String>>,
     pub(super) route: Option<Spanned<String>>,
     pub(super) limit: Option<Spanned<u32>>,
     pub(super) window: Option<Spanned<HumanDuration>>,
@@ -294,54 +297,4 @@ pub(super) struct RawTier {
     pub(super) window: Option<Spanned<HumanDuration>>,
     pub(super) cost: Option<Spanned<u32>>,
     pub(super) burst: Option<Spanned<u32>>,
-}
-
-impl RawPolicy {
-    /// The name, the route, and what a `[default]` table also has.
-    pub(super) fn split(self) -> (Spanned<String>, Option<Spanned<String>>, RawPolicyBody) {
-        let body = RawPolicyBody {
-            limit: self.limit,
-            window: self.window,
-            concurrency: self.concurrency,
-            lease: self.lease,
-            algorithm: self.algorithm,
-            cost: self.cost,
-            fail: self.fail,
-            count: self.count,
-            shadow: self.shadow,
-            tiers: self.tiers,
-            burst: self.burst,
-            block: self.block,
-            delay: self.delay,
-            calendar: self.calendar,
-            utc_offset: self.utc_offset,
-            settled: self.settled,
-            usage_header: self.usage_header,
-            max_unsettled: self.max_unsettled,
-        };
-        (self.name, self.route, body)
-    }
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawPolicyBody {
-    pub(super) limit: Option<Spanned<u32>>,
-    pub(super) window: Option<Spanned<HumanDuration>>,
-    pub(super) concurrency: Option<Spanned<u32>>,
-    pub(super) lease: Option<Spanned<HumanDuration>>,
-    pub(super) algorithm: Option<AlgorithmName>,
-    pub(super) cost: Option<Spanned<u32>>,
-    pub(super) fail: Option<FailName>,
-    pub(super) count: Option<CountName>,
-    pub(super) shadow: Option<bool>,
-    pub(super) tiers: Option<BTreeMap<String, Spanned<RawTier>>>,
-    pub(super) burst: Option<Spanned<u32>>,
-    pub(super) block: Option<Spanned<HumanDuration>>,
-    pub(super) delay: Option<Spanned<HumanDuration>>,
-    pub(super) calendar: Option<Spanned<String>>,
-    pub(super) utc_offset: Option<Spanned<String>>,
-    pub(super) settled: Option<Spanned<bool>>,
-    pub(super) usage_header: Option<Spanned<String>>,
-    pub(super) max_unsettled: Option<Spanned<u32>>,
 }

@@ -1225,3 +1225,53 @@ fn bad_settled_policies_name_their_key() {
         "policy[0].max_unsettled",
     );
 }
+
+/// The keys a `[[policy]]` table takes, as the loader lists them when it
+/// refuses another, are the keys the README's configuration reference
+/// shows in its `[[policy]]` tables: a key added to the loader and not
+/// documented, or documented and not taken, fails here.
+#[test]
+fn the_policy_keys_taken_are_the_documented_ones() {
+    let message = Config::from_toml_str("[[policy]]\nname = \"p\"\nnot_a_key = 1\n")
+        .unwrap_err()
+        .to_string();
+    let (_, expected) = message
+        .split_once("expected one of ")
+        .unwrap_or_else(|| panic!("no list of keys in: {message}"));
+    let taken: std::collections::BTreeSet<&str> = expected.split('`').skip(1).step_by(2).collect();
+
+    let mut documented = std::collections::BTreeSet::new();
+    let mut in_policy = false;
+    for line in include_str!("../../README.md").lines() {
+        let line = line.trim_start();
+        if line.starts_with('[') {
+            in_policy = line.starts_with("[[policy]]");
+        } else if in_policy {
+            let setting = line.trim_start_matches(['#', ' ']);
+            if let Some((key, _)) = setting.split_once(" = ")
+                && key.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+            {
+                documented.insert(key.trim());
+            }
+        }
+    }
+    assert_eq!(taken, documented);
+    assert_eq!(taken.len(), 20, "{taken:?}");
+}
+
+/// `[default]` is the policy of routes no `[[policy]]` names: it takes a
+/// policy's settings, but neither a name nor a route.
+#[test]
+fn the_default_policy_takes_no_name() {
+    let message = refused(
+        "[default]\nname = \"d\"\nlimit = 1\nwindow = \"1s\"\n",
+        2,
+        "default.name",
+    );
+    assert!(message.contains("takes no `name`"), "{message}");
+    refused(
+        "[[policy]]\nlimit = 1\nwindow = \"1s\"\n",
+        1,
+        "policy[0].name",
+    );
+}

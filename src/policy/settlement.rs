@@ -1,0 +1,187 @@
+//! Policies settled after the response: a request reserves its cost
+//! when admitted, and its response's real cost replaces the reservation.
+
+use http::HeaderName;
+
+use super::Policy;
+
+/// How a policy settled after the response learns a request's real cost
+/// (see [`Policy::settled_after_response`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Settlement {
+    /// The response header or trailer holding it, if the policy names one.
+    pub(crate) header: Option<HeaderName>,
+    /// The most reservations a client holds at once, unsettled.
+    pub(crate) max_unsettled: u32,
+}
+
+impl Default for Settlement {
+    fn default() -> Self {
+        Self {
+            header: None,
+            max_unsettled: DEFAULT_MAX_UNSETTLED,
+        }
+    }
+}
+
+/// The most reservations of a policy settled after the response that a
+/// client holds at once, unless set (see [`Policy::with_max_unsettled`]).
+pub const DEFAULT_MAX_UNSETTLED: u32 = 8;
+
+impl Policy {
+    /// Settles each request's cost after its response: the request
+    /// reserves its [cost](Self::with_cost), an estimate, when it is
+    /// admitted, and when its response ends (its body sent to the end,
+    /// or dropped) the cost it reports replaces the reservation: the
+    /// difference is given back, or charged past the limit, so a client
+    /// that spent more than it reserved is denied until enough leaves the
+    /// window. For LLM token budgets, say, where the tokens a response
+    /// generated are known only once it is done.
+    ///
+    /// The handler reports the cost on the [`Usage`](crate::Usage) handle
+    /// it finds in the request's extensions (a stream as it goes); what it
+    /// reports past the reservation is charged as it comes (at most once a
+    /// second), and the request is settled at the last value reported once
+    /// its body has ended or was dropped and the handler has let go of the
+    /// handle. A
+    /// request that reports nothing keeps its reservation, so a client
+    /// that goes away mid-stream is charged what was reported by then,
+    /// else the reservation.
+    ///
+    /// An overdraft counts as the policy's algorithm counts units: a
+    /// sliding log holds it until it leaves the window, a fixed window or
+    /// a calendar quota until the window or period ends (a single charge
+    /// counts at most the limit, which already denies every request that
+    /// long), a sliding counter counts at most the limit of it in its
+    /// current window, and a token bucket keeps the whole debt, repaid at
+    /// the policy's rate. So per window a client can spend at most the
+    /// limit plus what its requests admitted meanwhile spend past their
+    /// reservations: reserve what a request may cost (from the request,
+    /// as an LLM API's `max_tokens`, with a
+    /// [`RequestCost`](super::RequestCost): one asking for more
+    /// than the limit is then refused before it runs), pair the policy
+    /// with a [concurrency limit](Self::concurrency), or use a token
+    /// bucket to carry debts over. A client holds at most
+    /// [`max_unsettled`](Self::with_max_unsettled) reservations at once (8
+    /// by default, per instance), so requests held open bring at most that
+    /// many overdrafts a window: over HTTP/2 one connection carries many
+    /// requests at once, their bodies held back as the client likes.
+    ///
+    /// A settled policy counts every response (it takes no [`Count`](super::Count)) and
+    /// limits a rate (no concurrency). It counts units, not requests: a
+    /// response that reports 0 costs it nothing, so pair it with a policy
+    /// that counts requests on the same route. While the store is down and the
+    /// policy falls back to its local limit
+    /// ([`FailMode::Local`](super::FailMode::Local)), requests are reserved and settled in the
+    /// local counts, at this instance's share of the cost reported
+    /// (admissions the store made are counted there at their
+    /// reservations).
+    ///
+    /// ```
+    /// use slidegate::Policy;
+    /// use std::time::Duration;
+    ///
+    /// // 1,000 tokens a minute, reserving 100 a request.
+    /// let tokens = Policy::new("tokens", 1_000, Duration::from_secs(60))
+    ///     .with_cost(100)
+    ///     .settled_after_response();
+    /// assert!(tokens.is_settled_after_response());
+    /// ```
+    #[must_use]
+    pub fn settled_after_response(mut self) -> Self {
+        self.settlement.get_or_insert_with(Settlement::default);
+        self
+    }
+
+    /// The most reservations of this policy one client holds at once, its
+    /// requests admitted and not yet settled (default
+    /// [`DEFAULT_MAX_UNSETTLED`], 8); a request past it is answered `429`
+    /// with `Retry-After: 1`, its units given back. So a client that holds
+    /// requests open (over HTTP/2, many streams on one connection, their
+    /// bodies held back) spends in a window at most the limit plus that
+    /// many overdrafts, even where no request says what it will cost. The
+    /// count is kept in each process: with several instances, each holds
+    /// its own. Implies [`settled_after_response`](Self::settled_after_response).
+    ///
+    /// ```
+    /// use slidegate::Policy;
+    /// use std::time::Duration;
+    ///
+    /// let tokens = Policy::new("tokens", 100_000, Duration::from_secs(60))
+    ///     .with_cost(500)
+    ///     .with_max_unsettled(4);
+    /// assert!(tokens.is_settled_after_response());
+    /// assert!(slidegate::Policies::single(tokens.with_max_unsettled(0)).is_err());
+    /// ```
+    pub fn with_max_unsettled(mut self, max: u32) -> Self {
+        self.settlement
+            .get_or_insert_with(Settlement::default)
+            .max_unsettled = max;
+        self
+    }
+
+    /// Settles each request's cost after its response (see
+    /// [`settled_after_response`](Self::settled_after_response)) from the
+    /// integer in the response header `header`, or in a trailer of that
+    /// name: for a proxy of an upstream that reports its usage. The header
+    /// must come from your service or its upstream: one that echoes a
+    /// request's headers into its response would let clients name their
+    /// own cost. The header wins over the [`Usage`](crate::Usage) handle. Its value is
+    /// ASCII digits (a number past `u64::MAX` counts as that); any other
+    /// is ignored (and traced), and the handle's value, or else the
+    /// reservation, stands. A header in the response's head is charged as
+    /// the head passes, whatever becomes of the body: a client that holds
+    /// the body back (an HTTP/2 stream whose flow-control window it keeps
+    /// shut) holds no reservation meanwhile. A trailer comes only at the
+    /// body's end: a client that goes away before keeps the reservation.
+    ///
+    /// ```
+    /// use slidegate::Policy;
+    /// use http::HeaderName;
+    /// use std::time::Duration;
+    ///
+    /// let tokens = Policy::new("tokens", 1_000, Duration::from_secs(60))
+    ///     .with_cost(100)
+    ///     .with_usage_header(HeaderName::from_static("x-usage-tokens"));
+    /// assert_eq!(tokens.usage_header().map(|name| name.as_str()), Some("x-usage-tokens"));
+    /// ```
+    #[must_use]
+    pub fn with_usage_header(mut self, header: HeaderName) -> Self {
+        self.settlement
+            .get_or_insert_with(Settlement::default)
+            .header = Some(header);
+        self
+    }
+
+    /// Whether the policy settles its requests' costs after their
+    /// responses.
+    pub fn is_settled_after_response(&self) -> bool {
+        self.settlement.is_some()
+    }
+
+    /// The response header (or trailer) that reports a request's cost,
+    /// if the policy names one.
+    pub fn usage_header(&self) -> Option<&HeaderName> {
+        self.settlement.as_ref()?.header.as_ref()
+    }
+
+    /// The most reservations one client holds at once, unsettled, for a
+    /// policy settled after the response (see
+    /// [`with_max_unsettled`](Self::with_max_unsettled)).
+    ///
+    /// ```
+    /// use slidegate::Policy;
+    /// use std::time::Duration;
+    ///
+    /// let tokens = Policy::new("tokens", 1_000, Duration::from_secs(60));
+    /// assert_eq!(tokens.max_unsettled(), None);
+    /// assert_eq!(tokens.settled_after_response().max_unsettled(), Some(8));
+    /// ```
+    pub fn max_unsettled(&self) -> Option<u32> {
+        Some(self.settlement.as_ref()?.max_unsettled)
+    }
+
+    pub(crate) fn settlement(&self) -> Option<&Settlement> {
+        self.settlement.as_ref()
+    }
+}
