@@ -20,9 +20,10 @@ use http::request::Parts;
 use http::{Request, Response};
 
 use crate::key::{Identity, confirmed};
+use crate::layer::answered::cached_denial;
 use crate::layer::checks::{self, Modes, SentChecks};
 use crate::layer::future::{Continuation, Next};
-use crate::layer::outcome::{cached_denial, outcome, refused_locally};
+use crate::layer::outcome::{outcome, refused_locally};
 use crate::layer::refused::{blocked, refusal_of, refused};
 use crate::layer::reject::reject;
 use crate::layer::settings::Shared;

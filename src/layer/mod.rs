@@ -8,6 +8,7 @@
 // or an answer), `future` and `body` (the inner service's response, and
 // what the request owes the store when it ends: `owed`).
 
+mod answered;
 mod background;
 mod body;
 mod checks;
@@ -27,6 +28,8 @@ mod refused;
 mod reject;
 mod service;
 mod settings;
+mod settled;
+mod settlement;
 mod unsettled;
 mod usage;
 

@@ -3,30 +3,28 @@
 //! responses only), a `429`, or the fail mode (`503`, open, or the local
 //! limit). Every outcome is counted and traced here.
 
-use std::cmp::Reverse;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use http::HeaderValue;
 use http::request::Parts;
-use http::{HeaderValue, Response};
 
 use crate::headers::{RateHeaders, closest_to_denying};
 use crate::layer::Shared;
+use crate::layer::answered::{
+    Answered, decided_all, denied_by, holds_its_most, trace_decision, unsettled_places,
+};
 use crate::layer::checks::{Modes, SentChecks};
 use crate::layer::delay::{Delayed, Slot, Unpassed, unheld};
-use crate::layer::deny_cache::Denied;
 use crate::layer::future::Next;
 use crate::layer::local_fallback::LocalChecks;
-use crate::layer::owed::{HeaderSource, Owed, Places, Settlements};
+use crate::layer::owed::{HeaderSource, Owed, Settlements};
 use crate::layer::reject::reject;
 use crate::metrics::{self, Outcome};
 use crate::policy::plan::Plan;
-use crate::policy::{Algorithm, Count, Settlement};
 use crate::rejection::Rejection;
 use crate::rejection::limited::Limited;
 use crate::store::Soon;
-use crate::store::{Check, CheckOutcome, Decision, Decisions, Store, StoreError, index_of_min};
+use crate::store::{Check, CheckOutcome, Decision, Decisions, StoreError};
 use crate::throttle::{STORE_FAILURES, STORE_FULL};
 
 /// Where the store's answer to `sent` leads, for a client of `tier` under
@@ -139,35 +137,6 @@ fn ietf_policy<'a>(
     (checks.len() == plan.policies().len() && in_order)
         .then(|| plan.tier(tier).ietf_policy.as_ref())
         .flatten()
-}
-
-/// A request's decisions, as one store gave them.
-struct Answered<'a> {
-    store: &'a Arc<dyn Store>,
-    checks: &'a [Check],
-    /// One per check of `checks`: enforced ones before `enforced`, shadow
-    /// ones after.
-    decisions: &'a [Decision],
-    enforced: usize,
-    /// What each check counts, when some count some responses only.
-    counts: Option<&'a [Count]>,
-    /// How each check's cost is settled, when some check's is after the
-    /// response.
-    settlements: Option<&'a [Option<Settlement>]>,
-    /// The client's tier, for a settlement to find its policy as it is
-    /// when it lands.
-    tier: Option<&'a str>,
-    /// The instances the limits are shared by, for local counts (1 for
-    /// the store's): a settlement counts that share of the cost reported.
-    share: u32,
-    ietf_policy: Option<&'a HeaderValue>,
-    /// When the checks were sent, on the deny cache's clock; `None` for the
-    /// local limit's decisions.
-    deny_clock: Option<u64>,
-    took: Option<Duration>,
-    /// What the local counts recorded of the store's admission, to take
-    /// back with the store's units.
-    local: Option<Owed>,
 }
 
 /// Admits or denies a request by the decisions `answered` holds: a shadow
@@ -318,135 +287,6 @@ fn decided_by(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Soon<Ne
     }
 }
 
-/// A place (see [`Unsettled`](super::unsettled::Unsettled)) for each
-/// admitted enforced check (`checks`) that `settlements` settles after
-/// the response, in order (`None` for the others; a shadow check never
-/// denies, so takes none); or the index of the first check whose client
-/// holds as many reservations as its policy allows.
-fn unsettled_places(
-    shared: &Shared,
-    checks: &[Check],
-    decisions: &[Decision],
-    settlements: &[Option<Settlement>],
-) -> Result<Places, usize> {
-    checks
-        .iter()
-        .zip(decisions)
-        .zip(settlements)
-        .enumerate()
-        .map(
-            |(index, ((check, decision), settlement))| match (settlement, decision.recorded_at) {
-                (Some(settlement), Some(_)) => shared
-                    .unsettled
-                    .take(check, settlement.max_unsettled)
-                    .map(Some)
-                    .ok_or(index),
-                _ => Ok(None),
-            },
-        )
-        .collect()
-}
-
-/// A `429` for a request whose client holds as many reservations of the
-/// policy of `answered`'s check at `full` as it allows, unsettled: its
-/// units are given back (and its leases), and it may try again in a
-/// second, when a reservation may have been settled.
-fn holds_its_most(shared: &Shared, parts: &Parts, answered: &Answered<'_>, full: usize) -> Next {
-    let &Answered {
-        store,
-        checks,
-        decisions,
-        enforced,
-        ..
-    } = answered;
-    unheld(store, checks, decisions, enforced, Duration::ZERO, false);
-    let checks = &checks[..enforced];
-    let denials: Decisions = decisions[..enforced]
-        .iter()
-        .enumerate()
-        .map(|(index, decision)| Decision {
-            admitted: false,
-            remaining: if index == full { 0 } else { decision.remaining },
-            retry_after: (index == full).then_some(UNSETTLED_RETRY),
-            recorded_at: None,
-            delayed_for: None,
-            ..*decision
-        })
-        .collect();
-    metrics::decided(&checks[full].policy, Outcome::Denied);
-    trace_decision(&checks[full].policy, Outcome::Denied, None);
-    let limited = Limited::new(checks, &denials, full, None);
-    Next::Answer(reject(shared, parts, Rejection::Limited(&limited)))
-}
-
-/// When a client that holds its most reservations, unsettled, may try
-/// again: they end with their requests, which no one knows in advance.
-const UNSETTLED_RETRY: Duration = Duration::from_secs(1);
-
-/// A `429` for the decisions `answered` holds, some enforced one of which
-/// denies. A store's denial is remembered in the deny cache.
-fn denied_by(shared: &Shared, parts: &Parts, answered: &Answered<'_>) -> Next {
-    let &Answered {
-        checks,
-        decisions,
-        enforced,
-        counts,
-        settlements,
-        deny_clock,
-        took,
-        ..
-    } = answered;
-    let (checks, decisions) = (&checks[..enforced], &decisions[..enforced]);
-    for (check, decision) in checks.iter().zip(decisions) {
-        if decision.retry_after.is_some() {
-            metrics::decided(&check.policy, Outcome::Denied);
-        }
-    }
-    if let (Some(cache), Some(sent_at)) = (&shared.deny_cache, deny_clock) {
-        // A refund may free a policy that counts some responses only
-        // before its denial's retry time, and so may a settlement below
-        // its reservation; a lease may end at any moment: those denials
-        // are cached only while a block holds them.
-        let lasting = |index: usize| {
-            counts.is_none_or(|counts| counts[index] == Count::All)
-                && settlements.is_none_or(|settled| settled[index].is_none())
-                && checks[index].algorithm != Algorithm::Concurrency
-        };
-        cache.remember(checks, decisions, sent_at, lasting);
-    }
-    // The policy that frees last is the one the client waits for.
-    let denied = index_of_min(decisions, |d| Reverse(d.retry_after));
-    trace_decision(&checks[denied].policy, Outcome::Denied, took);
-    let limited = Limited::new(checks, decisions, denied, None);
-    Next::Answer(reject(shared, parts, Rejection::Limited(&limited)))
-}
-
-/// Counts `outcome` for every check of a request, and traces it.
-fn decided_all(checks: &[Check], outcome: Outcome, took: Option<Duration>) {
-    for check in checks {
-        metrics::decided(&check.policy, outcome);
-    }
-    if let Some(check) = checks.first() {
-        trace_decision(&check.policy, outcome, took);
-    }
-}
-
-/// The debug-level `rate_limit` span of a decided request: the policy
-/// reported (or that denied), the outcome, and the store's time.
-fn trace_decision(policy: &str, outcome: Outcome, took: Option<Duration>) {
-    // Checked first: a span costs a few hundred instructions even when no
-    // one listens (tracing's `log` fallback).
-    if !tracing::enabled!(tracing::Level::DEBUG) {
-        return;
-    }
-    let store_us = took.map(|took| u64::try_from(took.as_micros()).unwrap_or(u64::MAX));
-    tracing::debug_span!("rate_limit", policy, outcome = outcome.label(), store_us).in_scope(
-        || {
-            tracing::debug!("rate-limit decision");
-        },
-    );
-}
-
 /// Decides the checks that fall back to a local limit, while the store
 /// is unavailable; `None` when no check does (the request then fails
 /// open).
@@ -530,24 +370,4 @@ fn locally<'a>(
         took,
         local: None,
     }
-}
-
-/// A `429` from the deny cache, for checks it knows to be denied.
-pub(crate) fn cached_denial(
-    shared: &Shared,
-    parts: &Parts,
-    denied: &Denied<'_>,
-) -> Response<Bytes> {
-    for check in denied.checks.iter() {
-        metrics::decided(&check.policy, Outcome::DenyCache);
-    }
-    let index = index_of_min(&denied.decisions, |d| Reverse(d.retry_after));
-    trace_decision(&denied.checks[index].policy, Outcome::DenyCache, None);
-    let limited = Limited::new(
-        &denied.checks,
-        &denied.decisions,
-        index,
-        Some(&denied.bodies[index]),
-    );
-    reject(shared, parts, Rejection::Limited(&limited))
 }

@@ -1,6 +1,7 @@
 //! Reading the script's replies: the five integers per policy, packed
 //! in one string, as decisions, and a batch call's replies, one per
-//! request, each with its own error.
+//! request, each with its own error; and a Redis error as the store
+//! reports it.
 
 use std::time::Duration;
 
@@ -8,6 +9,8 @@ use deadpool_redis::redis::aio::ConnectionLike;
 use deadpool_redis::redis::{Cmd, ErrorKind, RedisError, RedisResult, Value};
 
 use super::call::{Call, PolicyArgs};
+use super::library::Library;
+use super::script;
 use crate::store::{CheckOutcome, Decision, Decisions, StoreError};
 
 /// The bytes of one policy's five integers (`DECISION` in
@@ -81,9 +84,23 @@ pub(super) async fn replies(
 pub(super) fn batched_outcome(call: &Call, reply: Value) -> CheckOutcome {
     match reply {
         Value::BulkString(packed) => decisions(&call.args, &packed),
-        Value::ServerError(error) => Err(super::run::store_error_of(RedisError::from(error))),
+        Value::ServerError(error) => Err(store_error_of(RedisError::from(error))),
         other => Err(StoreError::Protocol(format!(
             "expected a request's integers, got {other:?}"
         ))),
+    }
+}
+
+/// `error` as the store reports it: Redis out of memory refusing a client
+/// it does not track is [`StoreError::Full`]; anything else a backend
+/// failure.
+pub(super) fn store_error_of(error: RedisError) -> StoreError {
+    if Library::out_of_memory(&error) {
+        StoreError::Full(error.detail().unwrap_or_default().to_owned())
+    } else if let Some(annotated) = script::annotate(&error.to_string()) {
+        // The library's line that failed, named in `lua/`.
+        StoreError::Backend(annotated.into())
+    } else {
+        StoreError::Backend(error.into())
     }
 }

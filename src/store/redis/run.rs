@@ -14,8 +14,7 @@ use super::call::{Arguments, Call};
 use super::lanes::{self, Lanes, Source};
 use super::library::Library;
 use super::pools::SentinelConnection;
-use super::reply::decisions;
-use super::script;
+use super::reply::{decisions, store_error_of};
 use super::{Connections, Failed, Inner};
 use crate::store::{CheckOutcome, StoreError};
 
@@ -156,20 +155,6 @@ impl Inner {
         self.clock
             .as_ref()
             .map_or_else(String::new, |clock| clock.now_micros().to_string())
-    }
-}
-
-/// `error` as the store reports it: Redis out of memory refusing a client
-/// it does not track is [`StoreError::Full`]; anything else a backend
-/// failure.
-pub(super) fn store_error_of(error: RedisError) -> StoreError {
-    if Library::out_of_memory(&error) {
-        StoreError::Full(error.detail().unwrap_or_default().to_owned())
-    } else if let Some(annotated) = script::annotate(&error.to_string()) {
-        // The library's line that failed, named in `lua/`.
-        StoreError::Backend(annotated.into())
-    } else {
-        StoreError::Backend(error.into())
     }
 }
 

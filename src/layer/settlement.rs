@@ -1,0 +1,177 @@
+//! A settlement (or charges as a [`Usage`](crate::Usage) handle reports)
+//! sent to the store: in turn with the charges of its request on their
+//! way, and sent again while the store cannot be reached.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use smallvec::SmallVec;
+use tokio::sync::{OwnedRwLockReadGuard, RwLock};
+
+use crate::layer::background::spawn_on;
+use crate::layer::recorded::Recorded;
+use crate::policy::cost::Checks;
+use crate::store::{CheckFuture, Store, StoreError};
+use crate::throttle::SETTLE_FAILURES;
+
+/// A settlement (or charges as a handle reports) sent to a store, kept
+/// to send again while the store cannot be reached.
+pub(super) struct Sent {
+    store: Arc<dyn Store>,
+    checks: Checks,
+    times: SmallVec<[Duration; 2]>,
+    costs: SmallVec<[u64; 2]>,
+    turn: Turn,
+}
+
+/// How a settlement waits for the charges of its request on their way,
+/// so that each counts once: what one landed is taken from the
+/// settlement's cost, and what one did not land stays in it (one that
+/// timed out may have landed all the same, and then counts twice).
+pub(super) enum Turn {
+    /// Charges as the handle reported: each cost, once it lands, is
+    /// added to what its reservation was charged. They hold their
+    /// request's lock for reading until answered.
+    Charge {
+        charged: SmallVec<[Arc<AtomicU64>; 2]>,
+        _held: OwnedRwLockReadGuard<()>,
+    },
+    /// A settlement, sent once it holds the lock for writing: each cost
+    /// less what charges landed on its reservation (none for one moved
+    /// to the keys of another algorithm).
+    Settle {
+        lock: Arc<RwLock<()>>,
+        charged: SmallVec<[Option<Arc<AtomicU64>>; 2]>,
+    },
+}
+
+/// How many times a settlement is sent at most, and the wait before the
+/// second: doubled each time, to at most `SETTLE_RETRY_MOST`. About a
+/// minute in all.
+pub(super) const SETTLE_ATTEMPTS: u32 = 16;
+
+pub(super) const SETTLE_RETRY: Duration = Duration::from_millis(100);
+
+pub(super) const SETTLE_RETRY_MOST: Duration = Duration::from_secs(5);
+
+impl Sent {
+    pub(super) fn new(
+        store: Arc<dyn Store>,
+        recorded: &Recorded,
+        costs: SmallVec<[u64; 2]>,
+        turn: Turn,
+    ) -> Self {
+        Self {
+            store,
+            checks: recorded.checks().iter().cloned().collect(),
+            times: recorded.times().iter().copied().collect(),
+            costs,
+            turn,
+        }
+    }
+
+    /// Sends the settlement: at once to a store in process; otherwise on
+    /// the current runtime, or else `runtime`, sent again while the store
+    /// cannot be reached (see [`until_answered`](Self::until_answered)),
+    /// an open circuit breaker's answer at once included.
+    pub(super) fn send(mut self, runtime: Option<&tokio::runtime::Handle>) {
+        if let Turn::Settle { lock, .. } = &self.turn {
+            if lock.try_write().is_err() {
+                let lock = lock.clone();
+                let settled = async move {
+                    drop(lock.write().await);
+                    self.less_landed();
+                    let first = self.store.settle(&self.checks, &self.times, &self.costs);
+                    self.until_answered(first).await;
+                };
+                if let Err(no_runtime) = spawn_on(runtime, settled) {
+                    report_settlement(Err(no_runtime));
+                }
+                return;
+            }
+            self.less_landed();
+        }
+        let answer = self.store.settle(&self.checks, &self.times, &self.costs);
+        let first = match answer.into_ready() {
+            Ok(Err(error)) if retried(&error) => CheckFuture::ready(Err(error)),
+            Ok(outcome) => return self.done(outcome),
+            Err(later) => later,
+        };
+        if let Err(no_runtime) = spawn_on(runtime, self.until_answered(first)) {
+            report_settlement(Err(no_runtime));
+        }
+    }
+
+    /// Takes from each cost of a settlement what the charges as the
+    /// handle reported landed.
+    pub(super) fn less_landed(&mut self) {
+        let Turn::Settle { charged, .. } = &self.turn else {
+            return;
+        };
+        for (cost, charged) in self.costs.iter_mut().zip(charged) {
+            if let Some(charged) = charged {
+                *cost = cost.saturating_sub(charged.load(Ordering::Acquire));
+            }
+        }
+    }
+
+    /// Counts what landed, and warns of what did not.
+    pub(super) fn done(&self, outcome: Result<(), StoreError>) {
+        if let (Ok(()), Turn::Charge { charged, .. }) = (&outcome, &self.turn) {
+            for (charged, units) in charged.iter().zip(&self.costs) {
+                charged.fetch_add(*units, Ordering::AcqRel);
+            }
+        }
+        report_settlement(outcome);
+    }
+
+    /// Waits for `first`, the settlement's first answer, and sends it
+    /// again while the store could not be reached (it failed, or its
+    /// circuit breaker is open), until it is taken or about a minute has
+    /// passed: a settlement lost to an outage would leave a client that
+    /// reported more than its reservation charged the reservation alone.
+    /// One that timed out is not sent again: it may well have landed, and
+    /// sent twice it would be charged twice.
+    pub(super) async fn until_answered(self, first: CheckFuture<()>) {
+        let mut outcome = first.await;
+        let mut wait = SETTLE_RETRY;
+        for _ in 1..SETTLE_ATTEMPTS {
+            match &outcome {
+                Err(error) if retried(error) => {}
+                _ => break,
+            }
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(SETTLE_RETRY_MOST);
+            outcome = self
+                .store
+                .settle(&self.checks, &self.times, &self.costs)
+                .await;
+        }
+        self.done(outcome);
+    }
+}
+
+/// Whether a settlement that failed with `error` is sent again: the store
+/// could not be reached, or its breaker is open. One that timed out may
+/// have landed, and is not.
+pub(super) fn retried(error: &StoreError) -> bool {
+    matches!(error, StoreError::Backend(_) | StoreError::CircuitOpen)
+}
+
+/// Warns of a settlement that failed: one that timed out may still land;
+/// one that failed otherwise (after its retries) leaves the reservation
+/// counted instead of the cost reported.
+pub(super) fn report_settlement(outcome: Result<(), StoreError>) {
+    let Err(error) = outcome else {
+        return;
+    };
+    let Some(held_back) = SETTLE_FAILURES.admit() else {
+        return;
+    };
+    if matches!(error, StoreError::Timeout(_)) {
+        tracing::warn!(%error, held_back, "rate-limit settlement timed out; it may still land (it is not sent again, which could count it twice)");
+    } else {
+        tracing::warn!(%error, held_back, "rate-limit settlement failed; the reservation stays counted instead of the cost reported");
+    }
+}
