@@ -5,12 +5,52 @@
 //!   pool, shared by every instance of a service.
 //!
 //! Both give the same decisions for the same sequence of requests.
+//!
+//! # Writing a store
+//!
+//! A third store (on Postgres, DynamoDB, ...) implements [`Store`]. Each
+//! [`Check`] names whose count it is ([`Check::namespace`],
+//! [`Check::policy`], [`Check::key`]) and how to count it; a store keeps
+//! one state per (namespace, policy, key, algorithm), and decides a
+//! request's checks all-or-nothing, atomically against every other
+//! request on that state (the crate's Redis store runs one Lua call per
+//! request; a SQL store would take row locks in a fixed order). Time is
+//! the store's own, in microseconds; a store for tests reads it from a
+//! [`Clock`](crate::clock::Clock). What each algorithm keeps, as
+//! [`MemoryStore`] keeps it and the Lua files in `lua/` for Redis:
+//!
+//! | [`Algorithm`] | state | a request of cost `c` fits when | refund |
+//! |---|---|---|---|
+//! | `SlidingLog` | every admitted request's time and cost, kept for [`Check::span`] | the costs within the last [`Check::window`], plus `c`, are at most the limit | drops the one record at its `recorded_at` |
+//! | `SlidingCounter` | this window's and the last window's counts, windows aligned to the epoch | the last count weighted by the share of its window still covered, plus this one, plus `c`, is at most the limit | from the window that holds `recorded_at`, if it still counts |
+//! | `FixedWindow` | this window's count | the count plus `c` is at most the limit | from this window (or the next, for a held request) |
+//! | `TokenBucket` | the debt and when it was last placed (GCRA) | the debt after refilling, plus `c`, fits the burst ([`Check::burst`]) | takes back the part of their debt not yet refilled |
+//! | `Calendar` | the count and the end of its period | the count plus `c` is at most the limit | from the period, if it is still this one |
+//! | `Concurrency` | the live leases, by [`Check::lease_id`], each expiring a window after it was taken | fewer than the limit are live | releases the lease, or leaves a tombstone for one not taken yet |
+//!
+//! Beyond counting: a request that does not fit within
+//! [`Check::delay`] of its retry time is admitted at that time instead
+//! (its units recorded then), and a denial by a check's own count blocks
+//! the client for [`Check::block`]. [`Decision`] says what a request is
+//! told; its fields are exact, not estimates. [`Store::peek`],
+//! [`Store::refund`], [`Store::settle`], [`Store::renew`] and
+//! [`Store::reset`] are optional: a store that answers
+//! [`StoreError::Unsupported`] loses only the features that need them.
+//!
+//! With the `test-util` feature, [`conformance::Conformance`] holds a
+//! store to [`MemoryStore`]'s decisions over a seeded trace of every
+//! algorithm, with delays, blocks, tiers, peeks and refunds, as the
+//! crate's own tests hold the Redis store.
 
 mod breaker;
+#[cfg(any(test, feature = "test-util"))]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+pub mod conformance;
 mod decision;
 mod memory;
 #[cfg(feature = "redis")]
 mod redis;
+mod soon;
 
 pub use breaker::{BreakerSettings, BreakerState, CircuitBreaker};
 pub(crate) use decision::index_of_min;
@@ -22,12 +62,10 @@ pub use redis::{
     ClusterClientPool, ClusterManager, PrefixError, RedisPool, RedisStore, RedisStoreBuilder,
     SentinelConnection, SentinelManager, SentinelPool,
 };
+pub use soon::Soon;
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use crate::clock::duration_micros;
@@ -42,75 +80,7 @@ pub type CheckOutcome = Result<Decisions, StoreError>;
 /// [`Soon`]). A check's answer is its [`Decisions`]; a refund's, `()`.
 pub type CheckFuture<T = Decisions> = Soon<Result<T, StoreError>>;
 
-/// A value known now, which costs no allocation and lets the caller go on
-/// without a second poll, or a boxed future of it. A [`Store`]'s answer
-/// is one ([`CheckFuture`]).
-///
-/// ```
-/// use slidegate::store::{CheckFuture, Decisions, StoreError};
-/// use std::time::Duration;
-///
-/// let known = CheckFuture::ready(Ok(Decisions::new()));
-/// assert!(known.into_ready().is_ok());
-///
-/// let later: CheckFuture = CheckFuture::new(async { Err(StoreError::Timeout(Duration::from_millis(50))) });
-/// assert!(later.into_ready().is_err(), "a boxed future is never taken as ready");
-/// ```
-///
-#[must_use = "nothing happens until the future is polled"]
-pub struct Soon<T>(Value<T>);
-
-enum Value<T> {
-    /// Known now; `None` once taken by a poll.
-    Now(Option<T>),
-    /// Known when the future ends.
-    Later(Pin<Box<dyn Future<Output = T> + Send + 'static>>),
-}
-
-impl<T> Soon<T> {
-    /// `value`, known now.
-    pub fn ready(value: T) -> Self {
-        Self(Value::Now(Some(value)))
-    }
-
-    /// The value `future` gives, later.
-    pub fn new(future: impl Future<Output = T> + Send + 'static) -> Self {
-        Self(Value::Later(Box::pin(future)))
-    }
-
-    /// The value if it was known at once, or this back to wait for.
-    pub fn into_ready(self) -> Result<T, Self> {
-        match self.0 {
-            Value::Now(Some(value)) => Ok(value),
-            value => Err(Self(value)),
-        }
-    }
-}
-
-impl<T> Future for Soon<T> {
-    type Output = T;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
-        match &mut self.0 {
-            Value::Now(value) => Poll::Ready(value.take().expect("polled after completion")),
-            Value::Later(future) => future.as_mut().poll(cx),
-        }
-    }
-}
-
 // The future is pinned on the heap, so the value moves freely.
-impl<T> Unpin for Soon<T> {}
-
-impl<T> fmt::Debug for Soon<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = match &self.0 {
-            Value::Now(Some(_)) => "ready",
-            Value::Now(None) => "taken",
-            Value::Later(_) => "later",
-        };
-        f.debug_tuple("Soon").field(&state).finish()
-    }
-}
 
 /// One policy to check for one client, as one of a request's checks.
 ///
@@ -282,6 +252,14 @@ impl Check {
     /// the delay starts one.
     pub fn delay(&self) -> Duration {
         Duration::from_micros(self.delay_micros)
+    }
+
+    /// For a sliding log, the longest window any of its policy's tiers
+    /// counts it under (its own window otherwise): the log keeps every
+    /// record that window covers, whichever tier's request comes first.
+    /// Zero for other algorithms.
+    pub fn span(&self) -> Duration {
+        Duration::from_micros(self.span_micros)
     }
 
     /// The id of the lease a concurrency check takes, `None` for other

@@ -13,7 +13,7 @@ use slidegate::{
     clock::{Clock, FakeClock},
     key::Key,
     policy::{Algorithm, Calendar, Period},
-    store::{Check, MemoryStore, RedisStore, Store},
+    store::{Check, CheckFuture, MemoryStore, RedisStore, Store, conformance::Conformance},
 };
 
 #[derive(Debug, Clone)]
@@ -984,5 +984,59 @@ fn a_log_of_many_chunks_decides_as_memory_does() {
     assert!(
         admitted > 25_000 && steps - admitted > 1_000 && refunds > 1_000,
         "{admitted} admitted, {refunds} refunds: the trace misses a path"
+    );
+}
+
+/// The conformance trace a store written outside the crate runs
+/// ([`Conformance`](slidegate::store::conformance::Conformance)) holds the
+/// Redis store to the memory store's decisions, over every algorithm.
+#[test]
+fn the_conformance_trace_holds_the_redis_store_to_the_model() {
+    let server = RedisServer::start();
+    let runtime = runtime();
+    let pool = server.pool(1);
+    for seed in 1..=3 {
+        let clock = FakeClock::new(Conformance::START);
+        let redis = RedisStore::builder(pool.clone())
+            .with_prefix(format!("conformance{seed}"))
+            .with_clock(clock.clone())
+            .with_timeout(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        let outcome = runtime.block_on(Conformance::new(seed).run(&redis, &clock));
+        assert_eq!(outcome, Ok(()), "seed {seed}");
+    }
+}
+
+/// A store that forgets refunds (it answers them, and takes nothing
+/// back) fails the conformance trace, at the first decision a refund
+/// changes.
+#[test]
+fn the_conformance_trace_finds_a_store_that_forgets_refunds() {
+    struct Forgetful(MemoryStore);
+
+    impl Store for Forgetful {
+        fn check(&self, checks: &[Check]) -> CheckFuture {
+            self.0.check(checks)
+        }
+
+        fn peek(&self, checks: &[Check]) -> CheckFuture {
+            self.0.peek(checks)
+        }
+
+        fn refund(&self, _: &[Check], _: &[Duration]) -> CheckFuture<()> {
+            CheckFuture::ready(Ok(()))
+        }
+    }
+
+    let clock = FakeClock::new(Conformance::START);
+    let store = Forgetful(MemoryStore::builder().with_clock(clock.clone()).build());
+    let mismatch = runtime()
+        .block_on(Conformance::new(1).run(&store, &clock))
+        .expect_err("a store that forgets refunds admits too much");
+    assert!(mismatch.step > 0, "{mismatch}");
+    assert!(
+        mismatch.to_string().contains("the model answered"),
+        "{mismatch}"
     );
 }

@@ -1,0 +1,75 @@
+//! [`Soon`]: a store's answer, known now or to come.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+/// A value known now, which costs no allocation and lets the caller go on
+/// without a second poll, or a boxed future of it. A [`Store`](super::Store)'s answer
+/// is one ([`CheckFuture`](super::CheckFuture)).
+///
+/// ```
+/// use slidegate::store::{CheckFuture, Decisions, StoreError};
+/// use std::time::Duration;
+///
+/// let known = CheckFuture::ready(Ok(Decisions::new()));
+/// assert!(known.into_ready().is_ok());
+///
+/// let later: CheckFuture = CheckFuture::new(async { Err(StoreError::Timeout(Duration::from_millis(50))) });
+/// assert!(later.into_ready().is_err(), "a boxed future is never taken as ready");
+/// ```
+///
+#[must_use = "nothing happens until the future is polled"]
+pub struct Soon<T>(Value<T>);
+
+enum Value<T> {
+    /// Known now; `None` once taken by a poll.
+    Now(Option<T>),
+    /// Known when the future ends.
+    Later(Pin<Box<dyn Future<Output = T> + Send + 'static>>),
+}
+
+impl<T> Soon<T> {
+    /// `value`, known now.
+    pub fn ready(value: T) -> Self {
+        Self(Value::Now(Some(value)))
+    }
+
+    /// The value `future` gives, later.
+    pub fn new(future: impl Future<Output = T> + Send + 'static) -> Self {
+        Self(Value::Later(Box::pin(future)))
+    }
+
+    /// The value if it was known at once, or this back to wait for.
+    pub fn into_ready(self) -> Result<T, Self> {
+        match self.0 {
+            Value::Now(Some(value)) => Ok(value),
+            value => Err(Self(value)),
+        }
+    }
+}
+
+impl<T> Future for Soon<T> {
+    type Output = T;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        match &mut self.0 {
+            Value::Now(value) => Poll::Ready(value.take().expect("polled after completion")),
+            Value::Later(future) => future.as_mut().poll(cx),
+        }
+    }
+}
+
+impl<T> Unpin for Soon<T> {}
+
+impl<T> fmt::Debug for Soon<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.0 {
+            Value::Now(Some(_)) => "ready",
+            Value::Now(None) => "taken",
+            Value::Later(_) => "later",
+        };
+        f.debug_tuple("Soon").field(&state).finish()
+    }
+}
