@@ -22,7 +22,7 @@ const BATCH: u64 = 16;
 const DECISIONS: u64 = 64_000;
 const ROUNDS: usize = 5;
 
-/// the library in `lua/` as a library with `check` (one request) as `one` and
+/// the library in `lua/` as a function library with `check` (one request) as `one` and
 /// `check_batch` (several, what `RedisStore` sends when checks queue up
 /// together) as `batch`.
 fn library() -> String {

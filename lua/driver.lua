@@ -47,7 +47,9 @@
 -- fields in `s` beside them.
 --   prepare(s)         reads the key and brings its state up to `now`;
 --                      returns whether the policy's own count fits
---                      `s.cost` now. Writes nothing. A counter, fixed
+--                      `s.cost` now. Writes nothing a request that then
+--                      fails must not leave (at most expired leases
+--                      removed, a log's lost chunk recovered). A counter, fixed
 --                      window or bucket that cannot decide under this
 --                      window length sets `s.held_elsewhere` (see
 --                      `retry_of`) and returns false.
@@ -66,9 +68,10 @@
 --                      carried across a clock step, pruned records).
 --   refund(s, at, cost) takes back `cost` units recorded at `at`, if they
 --                      are still counted, and writes the key.
---   remember(s)        leaves the key's state in `known` for a later
---                      request of the same call; called once the writes
---                      are done.
+--   remember(s)        leaves what a later request of the same call
+--                      may take instead of reading the key again in
+--                      `known` (nothing, for leases and calendars);
+--                      called once the writes are done.
 --   report(s)          the units left and the µs until the window resets,
 --                      as a reply's second and third integers.
 -- The sliding log also has a fast path the driver tries first

@@ -56,7 +56,8 @@ local function log_new(s)
   log_clear(s)
 end
 
--- Keeps the units of a log whose sealed pages have gone (see `log_read`).
+-- Keeps the units of a log whose sealed pages have gone (see
+-- `log_check_pages`).
 local log_recover
 
 -- Makes sure the keys a log's pages go in are hashes (or none), so that
@@ -170,7 +171,8 @@ local function log_changes(s, policy)
       or policy.span > s.span)
 end
 
--- Brings the log (as this call last left it, see `prepare`, or else its
+-- Brings the log (as this call last left it, see `prepare` in
+-- `driver.lua`, or else its
 -- header) up to `now`, and finds the window's count.
 function log.prepare(s)
   if s.pages == nil then

@@ -28,7 +28,8 @@
 -- [n*W, (n+1)*W). All arithmetic stays in integers below 2^53, so Lua's
 -- doubles are exact; the crate's policy validation guarantees it.
 
--- The time of the call being decided, in µs; set by `check`.
+-- The time of the call being decided, in µs; set by `set_now` in
+-- `driver.lua`.
 local now
 -- Redis expires keys on its own clock. When the time is given instead, that
 -- clock and `now` drift apart (a test's fake clock may stand still while

@@ -26,8 +26,9 @@ use crate::policy::{Algorithm, Calendar, Period, Policy};
 /// (releasing its lease).
 ///
 /// The store under test must read the time from the clock given to
-/// [`run`](Self::run), and hold no state of the trace's clients when it
-/// starts (a fresh key prefix will do).
+/// [`run`](Self::run), hold no state of the trace's clients when it
+/// starts (a fresh key prefix will do), and answer
+/// [`peek`](Store::peek) and [`refund`](Store::refund).
 ///
 /// ```
 /// use slidegate::clock::FakeClock;

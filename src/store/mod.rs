@@ -11,10 +11,12 @@
 //! A third store (on Postgres, DynamoDB, ...) implements [`Store`]. Each
 //! [`Check`] names whose count it is ([`Check::namespace`],
 //! [`Check::policy`], [`Check::key`]) and how to count it; a store keeps
-//! one state per (namespace, policy, key, algorithm), and decides a
-//! request's checks all-or-nothing, atomically against every other
-//! request on that state (the crate's Redis store runs one Lua call per
-//! request; a SQL store would take row locks in a fixed order). Time is
+//! one state per (namespace, policy, key), started afresh when the
+//! policy's algorithm changes (the Redis store keeps a key per
+//! algorithm), and decides a request's checks all-or-nothing, atomically
+//! against every other request on that state (the Redis store decides
+//! each request inside one Lua call; a SQL store would take row locks in
+//! a fixed order). Time is
 //! the store's own, in microseconds; a store for tests reads it from a
 //! [`Clock`](crate::clock::Clock). What each algorithm keeps, as
 //! [`MemoryStore`] keeps it and the Lua files in `lua/` for Redis:
@@ -26,16 +28,18 @@
 //! | `FixedWindow` | this window's count | the count plus `c` is at most the limit | from this window (or the next, for a held request) |
 //! | `TokenBucket` | the debt and when it was last placed (GCRA) | the debt after refilling, plus `c`, fits the burst ([`Check::burst`]) | takes back the part of their debt not yet refilled |
 //! | `Calendar` | the count and the end of its period | the count plus `c` is at most the limit | from the period, if it is still this one |
-//! | `Concurrency` | the live leases, by [`Check::lease_id`], each expiring a window after it was taken | fewer than the limit are live | releases the lease, or leaves a tombstone for one not taken yet |
+//! | `Concurrency` | the live leases, by [`Check::lease_id`], each expiring a window after it was taken | fewer than the limit are live | releases the lease (a store where a release may arrive before its take, as on Redis, leaves a tombstone for it) |
 //!
-//! Beyond counting: a request that does not fit within
-//! [`Check::delay`] of its retry time is admitted at that time instead
-//! (its units recorded then), and a denial by a check's own count blocks
-//! the client for [`Check::block`]. [`Decision`] says what a request is
+//! Beyond counting: a request that does not fit now, but whose retry
+//! time under every check is within that check's [`Check::delay`] and
+//! which fits them all then, is admitted at that time (its units
+//! recorded then); a denial by a check's own count beyond its delay
+//! blocks the client for [`Check::block`]. [`Decision`] says what a request is
 //! told; its fields are exact, not estimates. [`Store::peek`],
 //! [`Store::refund`], [`Store::settle`], [`Store::renew`] and
 //! [`Store::reset`] are optional: a store that answers
-//! [`StoreError::Unsupported`] loses only the features that need them.
+//! [`StoreError::Unsupported`] loses only the features that need them
+//! (the conformance trace below asks for peeks and refunds).
 //!
 //! With the `test-util` feature, [`conformance::Conformance`] holds a
 //! store to [`MemoryStore`]'s decisions over a seeded trace of every
@@ -79,8 +83,6 @@ pub type CheckOutcome = Result<Decisions, StoreError>;
 /// [`MemoryStore`], or a boxed future, as from a network store (see
 /// [`Soon`]). A check's answer is its [`Decisions`]; a refund's, `()`.
 pub type CheckFuture<T = Decisions> = Soon<Result<T, StoreError>>;
-
-// The future is pinned on the heap, so the value moves freely.
 
 /// One policy to check for one client, as one of a request's checks.
 ///
@@ -254,10 +256,10 @@ impl Check {
         Duration::from_micros(self.delay_micros)
     }
 
-    /// For a sliding log, the longest window any of its policy's tiers
-    /// counts it under (its own window otherwise): the log keeps every
-    /// record that window covers, whichever tier's request comes first.
-    /// Zero for other algorithms.
+    /// The longest window any of the policy's tiers counts it under, and
+    /// at least its own: a sliding log keeps every record this window
+    /// covers, whichever tier's request comes first. Other algorithms
+    /// need not read it.
     pub fn span(&self) -> Duration {
         Duration::from_micros(self.span_micros)
     }

@@ -61,6 +61,7 @@ impl<T> Future for Soon<T> {
     }
 }
 
+// The future is pinned on the heap, so the value moves freely.
 impl<T> Unpin for Soon<T> {}
 
 impl<T> fmt::Debug for Soon<T> {

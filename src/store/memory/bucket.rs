@@ -116,7 +116,7 @@ impl TokenBucket {
     /// When the bucket holds requests held for their delay and is now
     /// measured under another window, which would clamp the debt they
     /// added: until when (µs) it decides nothing (see
-    /// `Placed::HeldElsewhere` in `memory.rs`).
+    /// `Placed::HeldElsewhere` in `spent.rs`).
     pub(super) fn held_elsewhere(&self, now: u64, check: &Check) -> Option<u64> {
         (self.window != 0 && self.window != check.window_micros() && self.held_until > now)
             .then_some(self.held_until)

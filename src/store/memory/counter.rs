@@ -148,7 +148,7 @@ impl SlidingCounter {
     /// When the counts hold units of requests held into the next window
     /// and are now counted under another window length, which could not
     /// keep those units until their requests pass: until when (µs) they
-    /// decide nothing (see `Placed::HeldElsewhere` in `memory.rs`).
+    /// decide nothing (see `Placed::HeldElsewhere` in `spent.rs`).
     pub(super) fn held_elsewhere(&self, now_us: u64, window_ms: u64) -> Option<u64> {
         let until_ms = (self.id + 2) * self.window_ms;
         let at_ms = placed_at(self.counted_us, now_us, window_ms * 1000) / 1000;

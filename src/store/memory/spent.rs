@@ -187,7 +187,7 @@ impl State {
         }
     }
 
-    /// State `units` more at `now`, past the limit if need be, after
+    /// Counts `units` more at `now`, past the limit if need be, after
     /// [`prepare`](Self::prepare): what a request settled after its
     /// response cost (see [`Store::settle`]). As in the Redis script, a
     /// log, a fixed window and a calendar count at most the burst (a
@@ -417,7 +417,7 @@ pub(super) struct Prepared {
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Placed {
     Kept,
-    /// State that hold units of requests held for their delay, counted
+    /// Counts that hold units of requests held for their delay, counted
     /// now under another window length, which could not keep those units
     /// until their requests pass: left as they are, they decide nothing
     /// and every request is denied until this time (µs), when the last

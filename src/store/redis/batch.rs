@@ -20,7 +20,7 @@ use tokio::sync::oneshot;
 use super::call::{BatchArguments, Call};
 use super::lanes::{Lanes, Source};
 use super::library::Library;
-use super::reply::{batched_outcome, replies};
+use super::reply::{batched_outcome, replies, store_error_of};
 use super::run::{Routed, call_ended, sized_fcall, ticket};
 use super::{Connections, Failed, Inner};
 use crate::store::{CheckOutcome, StoreError};
@@ -172,9 +172,11 @@ impl Inner {
                     if Library::deferred(&reply) {
                         deferred.push(Queued { call, answer });
                     } else if Library::failed_in_batch(&reply) {
-                        // Having written nothing, it goes alone, for Redis
-                        // to say where it failed (a batch's caught error
-                        // names no line).
+                        // It goes alone, for Redis to say where it failed
+                        // (a batch's caught error names no line): a failed
+                        // request wrote nothing but what it would write
+                        // again (expired leases removed, a lost chunk's
+                        // units gathered).
                         let _ = answer.send(Verdict::Alone(call));
                     } else {
                         let _ = answer.send(Verdict::Decided(batched_outcome(&call, reply)));
@@ -197,7 +199,7 @@ impl Inner {
                 }
             }
             Err(Failed::Redis(error)) => {
-                fail_all(queued, || StoreError::Backend(error.clone().into()));
+                fail_all(queued, || store_error_of(error.clone()));
             }
             Err(Failed::Timeout) => fail_all(queued, || StoreError::Timeout(self.timeout)),
         }

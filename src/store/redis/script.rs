@@ -47,7 +47,13 @@ pub(super) fn place(line: usize) -> Option<Place> {
         let lines: Vec<&'static str> = text.lines().collect();
         if line < first + lines.len() {
             let index = line.checked_sub(first)?;
-            let function = lines[..=index].iter().rev().find_map(|l| defines(l));
+            // The nearest function opened above, unless one closed since:
+            // a line between two functions is in none.
+            let function = lines[..=index]
+                .iter()
+                .rev()
+                .take_while(|l| **l != "end")
+                .find_map(|l| defines(l));
             return Some(Place {
                 file,
                 line: index + 1,
@@ -68,8 +74,8 @@ fn defines(line: &str) -> Option<&str> {
     {
         return rest.split('(').next();
     }
-    line.strip_suffix(" = function(s)")
-        .filter(|name| !name.starts_with(' '))
+    let (name, _) = line.split_once(" = function(")?;
+    (!name.starts_with(' ')).then_some(name)
 }
 
 /// `message`, an error Redis returned from the library, with the place in
@@ -122,6 +128,10 @@ mod tests {
             "{read}"
         );
         assert_eq!(place(1).unwrap().file, "lua/shared.lua");
+        let between = place(line_of("local ARGS = 8")).unwrap();
+        assert_eq!((between.file, between.function), ("lua/driver.lua", None));
+        let recover = place(line_of("local tail = page(s, s.tail_page)")).unwrap();
+        assert_eq!(recover.function, Some("log_recover"));
         assert_eq!(place(0), None);
         assert_eq!(place(source().lines().count() + 1), None);
         let last = place(source().lines().count()).unwrap();
