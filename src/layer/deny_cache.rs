@@ -308,7 +308,7 @@ mod tests {
     }
 
     #[test]
-    fn admitted_policies_of_a_denied_batch_are_not_cached() {
+    fn admitted_policies_of_a_denied_request_are_not_cached() {
         let cache = DenyCache::with_clock(100, FakeClock::new(0));
         let tight = Check::new(&Policy::new("tight", 1, 60 * SEC), Key::new("k")).unwrap();
         let loose = Check::new(&Policy::new("loose", 100, 60 * SEC), Key::new("k")).unwrap();

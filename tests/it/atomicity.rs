@@ -129,12 +129,12 @@ fn memory_store_admits_exactly_the_limit_across_threads() {
                             let a = Check::new(per_key, Key::new(format!("t{trial}"))).unwrap();
                             let b = Check::new(shared, Key::new(format!("t{trial}"))).unwrap();
                             // Alternate the order, so lock ordering is exercised.
-                            let batch = if (thread + i) % 2 == 0 {
+                            let checks = if (thread + i) % 2 == 0 {
                                 vec![a, b]
                             } else {
                                 vec![b, a]
                             };
-                            let decisions = runtime.block_on(store.check(&batch)).unwrap();
+                            let decisions = runtime.block_on(store.check(&checks)).unwrap();
                             admitted += u32::from(decisions[0].admitted);
                         }
                         admitted

@@ -1,6 +1,7 @@
 //! `RedisStore` on a real local Redis Cluster (three primaries, three
-//! replicas): every algorithm, multi-policy batches in one slot, exactness
-//! under concurrency, cross-slot batches refused, and slot migration.
+//! replicas): every algorithm, requests of several policies in one slot,
+//! exactness under concurrency, requests across slots refused, and slot
+//! migration.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -54,7 +55,7 @@ async fn every_algorithm_and_mixed_batches_work_on_a_cluster() {
             let d = check(&store, &[&log, &counter, &fixed], &key).await;
             assert!(d.iter().all(|d| d.admitted), "{key}: {d:?}");
         }
-        // The fixed window is spent: the batch is denied as a whole.
+        // The fixed window is spent: the request is denied as a whole.
         let denied = check(&store, &[&log, &counter, &fixed], &key).await;
         assert!(denied.iter().all(|d| !d.admitted));
         assert!(denied[2].retry_after.is_some());
@@ -162,22 +163,22 @@ async fn a_batch_across_slots_is_an_error_never_an_admit() {
     let clock = FakeClock::new(START);
     let store = store(&cluster, &clock);
     let policy = Policy::new("cross", 5, MINUTE);
-    // Two clients in one batch: their keys cannot be in one slot (find a
+    // Two clients in one request: their keys cannot be in one slot (find a
     // pair that is not).
     let (a, b) = (0..)
         .map(|i| (format!("a{i}"), format!("b{i}")))
         .find(|(a, b)| slot(&cluster, a) != slot(&cluster, b))
         .unwrap();
-    let batch = vec![
+    let checks = vec![
         Check::new(&policy, Key::new(&a)).unwrap(),
         Check::new(&policy, Key::new(&b)).unwrap(),
     ];
-    match store.check(&batch).await {
+    match store.check(&checks).await {
         Err(StoreError::Backend(error)) => {
             let message = error.to_string();
             assert!(message.to_lowercase().contains("crossslot"), "{message}");
         }
-        other => panic!("a cross-slot batch must fail, got {other:?}"),
+        other => panic!("a request across slots must fail, got {other:?}"),
     }
     assert!(cluster.keys().is_empty(), "nothing was recorded");
 }

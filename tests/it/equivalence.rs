@@ -1,5 +1,5 @@
 //! `MemoryStore` and `RedisStore` decide identically for the same sequence
-//! of requests, for every algorithm, mixed in one batch (a model test over
+//! of requests, for every algorithm, mixed in one request (a model test over
 //! random sequences).
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -444,9 +444,9 @@ fn the_packed_log_and_memory_decide_the_same_at_every_width() {
             // Each policy alone and all together.
             let checks = log_checks(step.client, step.cost);
             let alone = checks.iter().map(std::slice::from_ref);
-            for batch in alone.chain([&checks[..]]) {
-                let from_memory = runtime.block_on(memory.check(batch)).unwrap();
-                let from_redis = runtime.block_on(redis.check(batch)).unwrap();
+            for request in alone.chain([&checks[..]]) {
+                let from_memory = runtime.block_on(memory.check(request)).unwrap();
+                let from_redis = runtime.block_on(redis.check(request)).unwrap();
                 prop_assert_eq!(from_memory, from_redis, "at {:?}", step);
             }
         }

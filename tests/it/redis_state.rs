@@ -153,10 +153,10 @@ async fn an_evicted_log_starts_afresh_and_never_sticks() {
     let mut flooded = 0;
     while server.cli(&["exists", &key]).trim() == "1" {
         assert!(flooded < 200_000, "the victim was never evicted");
-        let batch: Vec<Check> = (flooded..flooded + 100)
+        let checks: Vec<Check> = (flooded..flooded + 100)
             .map(|n| Check::new(&policy, Key::new(format!("flood-{n}"))).unwrap())
             .collect();
-        let decisions = store.check(&batch).await.unwrap();
+        let decisions = store.check(&checks).await.unwrap();
         assert!(decisions.iter().all(|d| d.admitted));
         flooded += 100;
     }
