@@ -187,11 +187,7 @@ pub(super) fn trace_decision(policy: &str, outcome: Outcome, took: Option<Durati
 }
 
 /// A `429` from the deny cache, for checks it knows to be denied.
-pub(crate) fn cached_denial(
-    shared: &Shared,
-    parts: &Parts,
-    denied: &Denied<'_>,
-) -> Response<Bytes> {
+pub(crate) fn cached_denial(shared: &Shared, parts: &Parts, denied: &Denied) -> Response<Bytes> {
     for check in denied.checks.iter() {
         metrics::decided(&check.policy, Outcome::DenyCache);
     }

@@ -51,21 +51,10 @@ pub(crate) struct Modes {
 }
 
 impl Modes {
-    /// The modes of `checks`, built from `plan`, which it puts in order;
-    /// `None` when every check only counts (the common case).
-    #[inline]
-    pub(crate) fn assign(
-        plan: &Plan,
-        checks: &mut Checks,
-        settings: Settings,
-    ) -> Option<Box<Self>> {
-        if !settings.shadow && !plan.has_modes(settings.fail_mode) {
-            return None;
-        }
-        Some(Self::build(plan, checks, settings))
-    }
-
-    fn build(plan: &Plan, checks: &mut Checks, settings: Settings) -> Box<Self> {
+    /// The modes of `checks`, built from `plan`, which it puts in order:
+    /// for checks that need more than counting (see
+    /// [`Priced::has_modes`](crate::policy::plan::Priced::has_modes)).
+    pub(crate) fn new(plan: &Plan, checks: &mut Checks, settings: Settings) -> Box<Self> {
         let shadow = |check: &Check| {
             settings.shadow
                 || plan
@@ -146,7 +135,13 @@ pub(crate) fn check(store: &Arc<dyn Store>, checks: &[Check], shadow_from: usize
     } else {
         check_apart(store, checks, shadow_from)
     };
-    released_unless_decided(store, checks, answer)
+    let leased = checks
+        .iter()
+        .position(|check| check.algorithm == Algorithm::Concurrency);
+    match leased {
+        Some(first) => released_unless_decided(store, checks, first, answer),
+        None => answer,
+    }
 }
 
 fn check_apart(store: &Arc<dyn Store>, checks: &[Check], shadow_from: usize) -> CheckFuture {
@@ -189,25 +184,21 @@ fn join(mut decided: Decisions, shadow: Result<Decisions, StoreError>) -> Decisi
     decided
 }
 
-/// The leases of `checks` that the store may have taken, released unless
+/// The leases of `checks` (from `first`, the first check with a lease on)
+/// that the store may have taken, released unless
 /// `answer` decides them: a call that failed or timed out (the store may
 /// still run it, and take them), or a request dropped while its check was
 /// in flight, releases them by the ids the checks carry; so does an
 /// answer that leaves a check undecided (shadow checks that failed). A
 /// decided check's lease is the response's to release (see
 /// [`Owed`](super::owed::Owed)), and a denied one took nothing. Checks
-/// without a lease cost nothing.
+/// without a lease are not copied.
 fn released_unless_decided(
     store: &Arc<dyn Store>,
     checks: &[Check],
+    first: usize,
     answer: CheckFuture,
 ) -> CheckFuture {
-    let Some(first) = checks
-        .iter()
-        .position(|check| check.algorithm == Algorithm::Concurrency)
-    else {
-        return answer;
-    };
     let in_flight = |decided: usize| InFlight {
         store: store.clone(),
         checks: checks[first.max(decided)..].iter().cloned().collect(),

@@ -3,16 +3,16 @@
 //! before any more of its credentials are verified.
 
 use std::fmt;
-use std::time::Duration;
-
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::request::Parts;
 
 use crate::RateLimitLayer;
 use crate::key::{KeyExtractor, PeerIp};
 use crate::layer::deny_cache::{Denied, DenyCache};
-use crate::policy::{CREDENTIAL_FAILURES, Policy};
+use crate::policy::plan::{Plan, Priced};
+use crate::policy::{CREDENTIAL_FAILURES, FailMode, Policy};
 use crate::store::Check;
 
 /// Addresses a layer remembers as blocked, at most.
@@ -57,7 +57,8 @@ const BLOCKED_CAPACITY: usize = 10_000;
 /// ```
 #[derive(Clone)]
 pub struct CredentialFailures {
-    policy: Policy,
+    /// The plan of the one policy `credential_failures`.
+    plan: Arc<Plan>,
     peer_ip: PeerIp,
     blocked: DenyCache,
 }
@@ -65,8 +66,8 @@ pub struct CredentialFailures {
 impl fmt::Debug for CredentialFailures {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CredentialFailures")
-            .field("limit", &self.policy.limit())
-            .field("window", &self.policy.window())
+            .field("limit", &self.policy().limit())
+            .field("window", &self.policy().window())
             .field("peer_ip", &self.peer_ip)
             .finish_non_exhaustive()
     }
@@ -80,7 +81,11 @@ impl CredentialFailures {
     pub fn new(limit: u32, window: Duration) -> Self {
         let window = window.clamp(Duration::from_millis(1), crate::policy::MAX_WINDOW);
         Self {
-            policy: Policy::new(CREDENTIAL_FAILURES, limit.max(1), window),
+            plan: Arc::new(Plan::new(vec![Arc::new(Policy::new(
+                CREDENTIAL_FAILURES,
+                limit.max(1),
+                window,
+            ))])),
             peer_ip: PeerIp::new(),
             blocked: DenyCache::new(BLOCKED_CAPACITY),
         }
@@ -103,19 +108,38 @@ impl CredentialFailures {
         self
     }
 
-    /// The count of the request's address, if it presents credentials the
-    /// chain `keys` would verify and its address is known.
-    pub(crate) fn check_for(&self, parts: &Parts, keys: &dyn KeyExtractor) -> Option<Check> {
+    fn policy(&self) -> &Policy {
+        &self.plan.policies[0]
+    }
+
+    /// One refusal, priced: a unit of the policy.
+    fn refusal(&self) -> Priced<'_> {
+        self.plan
+            .priced(None, None, None, false, FailMode::Open)
+            .expect("one unit fits a limit of at least one")
+    }
+
+    /// The count of the request's address in the layer's `namespace`, if
+    /// the request presents credentials the chain `keys` would verify and
+    /// its address is known.
+    pub(crate) fn check_for(
+        &self,
+        parts: &Parts,
+        keys: &dyn KeyExtractor,
+        namespace: Option<&Arc<str>>,
+    ) -> Option<Check> {
         if !keys.presents_credentials(parts) {
             return None;
         }
         let address = self.peer_ip.extract(parts).ok().flatten()?;
-        Some(Check::of_valid(&self.policy, address.key, None))
+        Some(self.refusal().prices[0].check(&address.key, namespace))
     }
 
     /// The cached denial of the address of `check`, if it is blocked now.
-    pub(crate) fn blocked_now<'a>(&self, check: &'a Check) -> Option<Denied<'a>> {
-        self.blocked.lookup(std::slice::from_ref(check))
+    pub(crate) fn blocked_now(&self, check: &Check) -> Option<Denied> {
+        let prices = self.refusal().prices;
+        let namespace = check.namespace.as_ref();
+        self.blocked.lookup(&check.key, namespace, &prices).ok()
     }
 
     /// The addresses known to be blocked.

@@ -30,9 +30,9 @@ use crate::layer::settings::Shared;
 use crate::limits::Found;
 use crate::lookup::{TIER_TIMED_OUT, within};
 use crate::metrics::{self, Outcome, Timer};
-use crate::policy::cost::{self, Costs};
+use crate::policy::Policies;
+use crate::policy::cost::{Checks, Costs};
 use crate::policy::plan::Plan;
-use crate::policy::{Cost, FailMode, Policies};
 use crate::rejection::Rejection;
 use crate::store::{CheckFuture, Soon};
 
@@ -43,7 +43,11 @@ use crate::store::{CheckFuture, Soon};
 pub(crate) fn decide(shared: &Arc<Shared>, parts: &mut Parts) -> Result<Next, Continuation> {
     let policies = shared.policies.load();
     let plan = plan_for(&policies, parts);
-    if plan.policies().is_empty() || is_exempt(shared, plan, parts) {
+    if plan.policies.is_empty() {
+        return Ok(Next::PASS);
+    }
+    if shared.exempt.as_ref().is_some_and(|exempt| exempt(parts)) {
+        exempted(plan);
         return Ok(Next::PASS);
     }
     // The count of this address's refused credentials, before verifying any.
@@ -229,15 +233,11 @@ fn plan_for<'a>(policies: &'a Policies, parts: &Parts) -> &'a Arc<Plan> {
     policies.plan_in(&parts.method, parts.uri.path(), true)
 }
 
-/// Whether the layer leaves the request alone (counted as exempt).
-fn is_exempt(shared: &Shared, plan: &Plan, parts: &Parts) -> bool {
-    if !shared.exempt.as_ref().is_some_and(|exempt| exempt(parts)) {
-        return false;
-    }
-    for policy in plan.policies() {
+/// Counts a request the layer leaves alone as exempt under each policy.
+fn exempted(plan: &Plan) {
+    for policy in &plan.policies {
         metrics::decided(policy.shared_name(), Outcome::Exempt);
     }
-    true
 }
 
 /// The request's cost under each policy of `plan`, when the layer
@@ -245,7 +245,7 @@ fn is_exempt(shared: &Shared, plan: &Plan, parts: &Parts) -> bool {
 fn costs_of(shared: &Shared, plan: &Plan, parts: &Parts) -> Option<Costs> {
     let request_cost = shared.request_cost.as_ref()?;
     Some(
-        plan.policies()
+        plan.policies
             .iter()
             .map(|policy| request_cost.cost(parts, policy))
             .collect(),
@@ -285,18 +285,19 @@ fn tier_lookup(
 /// up: known now when a fresh answer is kept.
 fn own_limits(shared: &Shared, plan: &Plan, identity: &Identity) -> Option<Soon<Found>> {
     let limits = shared.client_limits.as_ref()?;
-    let (policies, timeout) = (plan.policies(), shared.settings.lookup_timeout);
+    let (policies, timeout) = (&plan.policies[..], shared.settings.lookup_timeout);
     Some(match limits.known(&identity.key, policies, timeout) {
         Some(found) => Soon::ready(found),
         None => Soon::new(limits.look_up(&identity.key, policies, timeout)),
     })
 }
 
-/// Builds the checks of `identity` under `plan` (at its `own` limits) and
-/// sends them: the request's way on, when it is known without waiting (a
-/// cost above the limit, a request every policy exempts, a denial the
-/// local counts or the deny cache know, a store in process); `Err` holds
-/// the checks, sent, and the store's answer to come.
+/// Prices the request of `identity` under `plan` (at its `own` limits),
+/// asks the deny cache, then builds the checks and sends them: the
+/// request's way on, when it is known without waiting (a cost above the
+/// limit, a request every policy exempts, a denial the deny cache or the
+/// local counts know, a store in process); `Err` holds the checks, sent,
+/// and the store's answer to come.
 // Returned once to its caller, and large only when the request waits for
 // the network anyway; a request decided at once moves none.
 #[allow(clippy::result_large_err)]
@@ -309,23 +310,37 @@ fn send(
     own: Option<&Found>,
 ) -> Result<Soon<Next>, (SentChecks, CheckFuture)> {
     let tier = identity.tier.as_deref();
-    let mut checks = match cost::checks(plan, &identity.key, tier, costs, own) {
-        Ok(checks) => checks,
+    let settings = shared.settings;
+    let priced = match plan.priced(tier, costs, own, settings.shadow, settings.fail_mode) {
+        Ok(priced) => priced,
         Err(denied) => {
             let rejection = Rejection::CostAboveLimit(&denied);
             return Ok(Soon::ready(Next::Answer(reject(shared, parts, rejection))));
         }
     };
-    if checks.is_empty() {
+    if priced.prices.is_empty() {
         // Every policy of the request exempts it.
         return Ok(Soon::ready(Next::PASS));
     }
-    if shared.namespace.is_some() {
-        for check in &mut checks {
-            shared.in_namespace(check);
+    let (key, namespace) = (&identity.key, shared.namespace.as_ref());
+    let mut deny_clock = 0;
+    if let Some(cache) = &shared.deny_cache {
+        match cache.lookup(key, namespace, &priced.prices) {
+            Ok(denied) => {
+                let answer = cached_denial(shared, parts, &denied);
+                return Ok(Soon::ready(Next::Answer(answer)));
+            }
+            Err(now) => deny_clock = now,
         }
     }
-    let modes = Modes::assign(plan, &mut checks, shared.settings);
+    let mut checks: Checks = priced
+        .prices
+        .iter()
+        .map(|p| p.check(key, namespace))
+        .collect();
+    let modes = priced
+        .has_modes
+        .then(|| Modes::new(plan, &mut checks, settings));
     let enforced = modes
         .as_ref()
         .map_or(checks.len(), |modes| modes.shadow_from);
@@ -336,17 +351,8 @@ fn send(
     {
         return Ok(Soon::ready(next));
     }
-    let mut deny_clock = 0;
-    if let Some(cache) = &shared.deny_cache {
-        if let Some(denied) = cache.lookup(&checks[..enforced]) {
-            return Ok(Soon::ready(Next::Answer(cached_denial(
-                shared, parts, &denied,
-            ))));
-        }
-        deny_clock = cache.now();
-    }
     let sent = SentChecks {
-        fail_closed: fails_closed(shared, plan, costs),
+        fail_closed: priced.fail_closed,
         checks,
         modes,
         deny_clock,
@@ -356,22 +362,4 @@ fn send(
         Ok(answer) => Ok(outcome(shared, parts, plan, tier, &sent, answer)),
         Err(answer) => Err((sent, answer)),
     }
-}
-
-/// Whether a policy that counts the request fails closed: policies a
-/// computed cost exempts, and shadow policies, do not decide how the
-/// request fails.
-fn fails_closed(shared: &Shared, plan: &Plan, costs: Option<&Costs>) -> bool {
-    let default = shared.settings.fail_mode;
-    if shared.settings.shadow {
-        return false;
-    }
-    let Some(costs) = costs else {
-        return plan.fails_closed(default);
-    };
-    plan.policies().iter().zip(costs).any(|(policy, cost)| {
-        *cost != Cost::Exempt
-            && !policy.is_shadow()
-            && policy.fail_mode().unwrap_or(default) == FailMode::Closed
-    })
 }

@@ -1,7 +1,6 @@
 //! [`DenyCache`]: answering a denied client locally until its retry time,
 //! without a store round trip.
 
-use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,7 +9,10 @@ use quick_cache::sync::Cache;
 use smallvec::SmallVec;
 
 use crate::clock::{Clock, SystemClock, duration_micros};
+use crate::key::Key;
 use crate::policy::Algorithm;
+use crate::policy::cost::Checks;
+use crate::policy::plan::Price;
 use crate::response::problem::TooManyBody;
 use crate::store::{Check, Decision, Scope};
 
@@ -25,22 +27,66 @@ struct Entry {
     until: u64,
     reset_at: u64,
     remaining: u32,
+    /// The check the store denied.
+    denied: Asked,
+    body: Arc<TooManyBody>,
+}
+
+/// What a check asks of its policy's count: a denial answers a check of
+/// the same terms at the same cost or more.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Asked {
     limit: u32,
     burst: u32,
     window: Duration,
     block_micros: u64,
     delay_micros: u64,
-    cost: u32,
     algorithm: Algorithm,
-    body: Arc<TooManyBody>,
+    cost: u32,
+}
+
+impl Asked {
+    fn of_check(check: &Check) -> Self {
+        Self {
+            limit: check.limit,
+            burst: check.burst,
+            window: check.window,
+            block_micros: check.block_micros,
+            delay_micros: check.delay_micros,
+            algorithm: check.algorithm,
+            cost: check.cost,
+        }
+    }
+
+    fn of_price(price: &Price<'_>) -> Self {
+        let terms = price.terms;
+        Self {
+            limit: price.limit,
+            burst: price.burst,
+            window: terms.limits.window,
+            block_micros: terms.block_micros,
+            delay_micros: terms.delay_micros,
+            algorithm: terms.algorithm,
+            cost: price.cost,
+        }
+    }
+
+    /// Whether the denial of `denied` answers this check too.
+    fn answered_by(self, denied: Asked) -> bool {
+        self.cost >= denied.cost
+            && Self {
+                cost: self.cost,
+                ..denied
+            } == self
+    }
 }
 
 /// The still-denied checks of a request, with what to answer them. A
-/// request of one or two policies, all still denied, is answered without an
-/// allocation: a flood from a denied client is the cache's hot path.
-#[derive(Debug)]
-pub(crate) struct Denied<'a> {
-    pub(crate) checks: Cow<'a, [Check]>,
+/// request of one or two policies is answered without an allocation: a
+/// flood from a denied client is the cache's hot path.
+#[derive(Debug, Default)]
+pub(crate) struct Denied {
+    pub(crate) checks: Checks,
     pub(crate) decisions: SmallVec<[Decision; 2]>,
     pub(crate) bodies: SmallVec<[Arc<TooManyBody>; 2]>,
 }
@@ -120,54 +166,42 @@ impl DenyCache {
         self.inner.clock.now_micros()
     }
 
-    /// The checks of the request that are still denied, with their
-    /// decisions, if any is: the request can be answered `429` now.
-    pub(crate) fn lookup<'a>(&self, checks: &'a [Check]) -> Option<Denied<'a>> {
+    /// The request's checks that are still denied, with their decisions,
+    /// if any is: the request can be answered `429` now. Otherwise the
+    /// time now on the cache's clock (µs). The client is `key` in the
+    /// layer's `namespace`; a check is built only for a denied price, and
+    /// only enforced prices are asked.
+    pub(crate) fn lookup(
+        &self,
+        key: &Key,
+        namespace: Option<&Arc<str>>,
+        prices: &[Price<'_>],
+    ) -> Result<Denied, u64> {
         let now = self.now();
-        let mut denied_at: SmallVec<[usize; 2]> = SmallVec::new();
-        let mut decisions = SmallVec::new();
-        let mut bodies = SmallVec::new();
-        for (index, check) in checks.iter().enumerate() {
-            let key = check.scope();
-            let Some(denial) = self.inner.entries.get(&key) else {
+        let mut found: Option<Denied> = None;
+        for price in prices.iter().filter(|price| price.enforced) {
+            let scope = (namespace.cloned(), price.terms.policy.clone(), key.clone());
+            let Some(denial) = self.inner.entries.get(&scope) else {
                 continue;
             };
             if denial.until <= now {
-                self.inner.entries.remove(&key);
+                self.inner.entries.remove(&scope);
                 continue;
             }
-            let same = denial.limit == check.limit
-                && denial.burst == check.burst
-                && denial.window == check.window
-                && denial.block_micros == check.block_micros
-                && denial.delay_micros == check.delay_micros
-                && denial.algorithm == check.algorithm
-                && check.cost >= denial.cost;
-            if !same {
+            if !Asked::of_price(price).answered_by(denial.denied) {
                 continue;
             }
-            denied_at.push(index);
-            bodies.push(denial.body.clone());
-            decisions.push(Decision::denied(
-                check.burst,
+            let denied = found.get_or_insert_with(Denied::default);
+            denied.checks.push(price.check(key, namespace));
+            denied.bodies.push(denial.body.clone());
+            denied.decisions.push(Decision::denied(
+                price.burst,
                 denial.remaining,
                 Duration::from_micros(denial.reset_at.saturating_sub(now)),
                 Some(Duration::from_micros(denial.until - now)),
             ));
         }
-        if denied_at.is_empty() {
-            return None;
-        }
-        let checks = if denied_at.len() == checks.len() {
-            Cow::Borrowed(checks)
-        } else {
-            Cow::Owned(denied_at.iter().map(|&i| checks[i].clone()).collect())
-        };
-        Some(Denied {
-            checks,
-            decisions,
-            bodies,
-        })
+        found.ok_or(now)
     }
 
     /// Forgets the denial of `check`'s client under its policy.
@@ -207,13 +241,7 @@ impl DenyCache {
                 until: sent_at.saturating_add(duration_micros(stands)),
                 reset_at: sent_at.saturating_add(duration_micros(decision.reset)),
                 remaining: decision.remaining,
-                limit: check.limit,
-                burst: check.burst,
-                window: check.window,
-                block_micros: check.block_micros,
-                delay_micros: check.delay_micros,
-                cost: check.cost,
-                algorithm: check.algorithm,
+                denied: Asked::of_check(check),
                 body: Arc::new(TooManyBody::new(check)),
             };
             self.inner.entries.insert(check.scope(), denial);
@@ -225,13 +253,23 @@ impl DenyCache {
 mod tests {
     use super::*;
     use crate::clock::FakeClock;
-    use crate::key::Key;
-    use crate::policy::Policy;
+    use crate::policy::plan::Plan;
+    use crate::policy::{FailMode, Policy};
 
     const SEC: Duration = Duration::from_secs(1);
 
     fn denied(retry: Duration, remaining: u32) -> Decision {
         Decision::denied(10, remaining, retry, Some(retry))
+    }
+
+    /// The cache's answer to a request of the client `key` under
+    /// `policies`, at their own costs.
+    fn lookup(cache: &DenyCache, policies: &[&Policy], key: &str) -> Option<Denied> {
+        let plan = Plan::new(policies.iter().map(|&p| Arc::new(p.clone())).collect());
+        let priced = plan
+            .priced(None, None, None, false, FailMode::Open)
+            .unwrap();
+        cache.lookup(&Key::new(key), None, &priced.prices).ok()
     }
 
     #[test]
@@ -248,15 +286,15 @@ mod tests {
         );
 
         clock.advance(SEC);
-        let denied = cache.lookup(std::slice::from_ref(&check)).unwrap();
-        assert_eq!(denied.checks, std::slice::from_ref(&check));
+        let denied = lookup(&cache, &[&policy], "k").unwrap();
+        assert_eq!(denied.checks[..], [check]);
         assert_eq!(denied.decisions[0].retry_after, Some(4 * SEC));
         assert_eq!(denied.decisions[0].remaining, 2);
 
         clock.advance(4 * SEC - Duration::from_micros(1));
-        assert!(cache.lookup(std::slice::from_ref(&check)).is_some());
+        assert!(lookup(&cache, &[&policy], "k").is_some());
         clock.advance(Duration::from_micros(1));
-        assert!(cache.lookup(std::slice::from_ref(&check)).is_none());
+        assert!(lookup(&cache, &[&policy], "k").is_none());
         assert!(cache.is_empty(), "the expired denial was dropped");
     }
 
@@ -294,38 +332,68 @@ mod tests {
                 "another window",
             ),
             (
+                Policy::new("p", 10, 60 * SEC)
+                    .with_cost(3)
+                    .with_block(60 * SEC),
+                false,
+                "another block",
+            ),
+            (
                 Policy::new("q", 10, 60 * SEC).with_cost(3),
                 false,
                 "another policy",
             ),
         ];
         for (policy, hit, why) in variants {
-            let check = Check::new(&policy, Key::new("k")).unwrap();
-            assert_eq!(cache.lookup(&[check]).is_some(), hit, "{why}");
+            assert_eq!(lookup(&cache, &[&policy], "k").is_some(), hit, "{why}");
         }
-        let other_client = Check::new(&policy, Key::new("someone-else")).unwrap();
-        assert!(cache.lookup(&[other_client]).is_none());
+        assert!(lookup(&cache, &[&policy], "someone-else").is_none());
+    }
+
+    #[test]
+    fn a_miss_tells_the_time_it_asked_at() {
+        let clock = FakeClock::new(7_000_000);
+        let cache = DenyCache::with_clock(100, clock);
+        let plan = Plan::new(vec![Arc::new(Policy::new("p", 10, 60 * SEC))]);
+        let priced = plan
+            .priced(None, None, None, false, FailMode::Open)
+            .unwrap();
+        let asked = cache.lookup(&Key::new("k"), None, &priced.prices);
+        assert_eq!(asked.unwrap_err(), 7_000_000);
+    }
+
+    #[test]
+    fn a_shadow_policy_is_not_asked() {
+        let cache = DenyCache::with_clock(100, FakeClock::new(0));
+        let policy = Policy::new("p", 10, 60 * SEC);
+        let check = Check::new(&policy, Key::new("k")).unwrap();
+        cache.remember(&[check], &[denied(SEC, 0)], 0, |_| true);
+        assert!(lookup(&cache, &[&policy], "k").is_some());
+        assert!(lookup(&cache, &[&policy.clone().with_shadow(true)], "k").is_none());
     }
 
     #[test]
     fn admitted_policies_of_a_denied_request_are_not_cached() {
         let cache = DenyCache::with_clock(100, FakeClock::new(0));
-        let tight = Check::new(&Policy::new("tight", 1, 60 * SEC), Key::new("k")).unwrap();
-        let loose = Check::new(&Policy::new("loose", 100, 60 * SEC), Key::new("k")).unwrap();
+        let (tight, loose) = (
+            Policy::new("tight", 1, 60 * SEC),
+            Policy::new("loose", 100, 60 * SEC),
+        );
+        let tight_check = Check::new(&tight, Key::new("k")).unwrap();
+        let loose_check = Check::new(&loose, Key::new("k")).unwrap();
         let fits = Decision {
             retry_after: None,
             ..denied(SEC, 50)
         };
         cache.remember(
-            &[tight.clone(), loose.clone()],
+            &[tight_check.clone(), loose_check],
             &[denied(SEC, 0), fits],
             0,
             |_| true,
         );
-        assert!(cache.lookup(std::slice::from_ref(&loose)).is_none());
-        let checks = [loose, tight.clone()];
-        let denied = cache.lookup(&checks).unwrap();
-        assert_eq!(&*denied.checks, [tight]);
+        assert!(lookup(&cache, &[&loose], "k").is_none());
+        let denied = lookup(&cache, &[&loose, &tight], "k").unwrap();
+        assert_eq!(denied.checks[..], [tight_check]);
     }
 
     #[test]

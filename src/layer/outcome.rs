@@ -134,7 +134,7 @@ fn ietf_policy<'a>(
     modes: Option<&Modes>,
 ) -> Option<&'a HeaderValue> {
     let in_order = modes.is_none_or(|modes| !modes.reordered(checks.len()));
-    (checks.len() == plan.policies().len() && in_order)
+    (checks.len() == plan.policies.len() && in_order)
         .then(|| plan.tier(tier).ietf_policy.as_ref())
         .flatten()
 }

@@ -68,14 +68,12 @@ pub(crate) fn refusal_of(
     failures: &CredentialFailures,
     parts: &Parts,
 ) -> Option<Check> {
-    let mut check = failures.check_for(parts, &*shared.keys)?;
-    shared.in_namespace(&mut check);
-    Some(check)
+    failures.check_for(parts, &*shared.keys, shared.namespace.as_ref())
 }
 
 /// The cached denial of the address `check` counts refusals of, while it
 /// is blocked; never in shadow mode.
-pub(crate) fn blocked<'a>(shared: &Shared, check: &'a Check) -> Option<Denied<'a>> {
+pub(crate) fn blocked(shared: &Shared, check: &Check) -> Option<Denied> {
     let failures = shared.credential_failures.as_ref()?;
     (!shared.settings.shadow)
         .then(|| failures.blocked_now(check))

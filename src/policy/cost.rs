@@ -1,14 +1,9 @@
-//! Per-request costs: [`RequestCost`], and the checks a request's costs
-//! make.
+//! Per-request costs: [`RequestCost`], and what one request computed.
 
 use http::request::Parts;
 use smallvec::SmallVec;
 
-use super::plan::Plan;
-use crate::key::Key;
-use crate::limits::Found;
-use crate::policy::{Algorithm, Policy};
-use crate::rejection::CostAboveLimit;
+use crate::policy::Policy;
 use crate::store::Check;
 
 /// What a request costs under one policy, as a [`RequestCost`] says.
@@ -98,47 +93,3 @@ pub(crate) type Costs = SmallVec<[Cost; 2]>;
 /// One request's checks: one per policy that counts it, inline for the
 /// usual one or two.
 pub(crate) type Checks = SmallVec<[Check; 2]>;
-
-/// The request's checks for the client `key` of `tier` under `plan`: one
-/// per policy, at the computed cost where there is one, none for a policy
-/// that exempts the request; at the client's own limit where `own` has
-/// one (one entry per policy of the plan).
-pub(crate) fn checks(
-    plan: &Plan,
-    key: &Key,
-    tier: Option<&str>,
-    costs: Option<&Costs>,
-    own: Option<&Found>,
-) -> Result<Checks, CostAboveLimit> {
-    let mut checks = Checks::new();
-    let limits = &plan.tier(tier).limits;
-    for (index, (policy, limits)) in plan.policies().iter().zip(limits.iter()).enumerate() {
-        let own_limits;
-        let limits = match own.and_then(|own| own[index]) {
-            Some(limit) => {
-                own_limits = policy.limits_with(tier, Some(limit));
-                &own_limits
-            }
-            None => limits,
-        };
-        let cost = match costs.map_or(Cost::Policy, |costs| costs[index]) {
-            Cost::Policy => limits.cost,
-            Cost::Exempt => continue,
-            // A lease is one request in flight, whatever it costs.
-            Cost::Units(_) if policy.algorithm() == Algorithm::Concurrency => 1,
-            Cost::Units(units) => units.max(1),
-        };
-        // A computed cost, or a client's own limit below the policy's
-        // cost, can never be admitted: said at once, never retried.
-        if cost > limits.burst {
-            return Err(CostAboveLimit {
-                policy: policy.shared_name().clone(),
-                cost,
-                limit: limits.burst,
-                window: limits.window,
-            });
-        }
-        checks.push(Check::from_limits(policy, key.clone(), *limits, cost));
-    }
-    Ok(checks)
-}

@@ -216,7 +216,7 @@ impl Policies {
     /// assert!(policies.select(&http::Method::GET, "/users/42/posts").is_empty());
     /// ```
     pub fn select(&self, method: &Method, route: &str) -> &[Arc<Policy>] {
-        self.plan_in(method, route, true).policies()
+        &self.plan_in(method, route, true).policies
     }
 
     /// The plan for `method` on the pattern `route` only (axum's

@@ -109,12 +109,15 @@ fn a_request_every_policy_exempts_passes_without_a_check() {
 fn answered(layer: &RateLimitLayer, fail_closed: bool, answer: CheckOutcome) -> Next {
     let policies = layer.shared.policies.load();
     let plan = policies.plan_in(&Method::GET, "/", true);
-    let mut checks: Checks = plan
-        .policies()
-        .iter()
-        .map(|policy| Check::new(policy, Key::new("client")).unwrap())
-        .collect();
-    let modes = Modes::assign(plan, &mut checks, layer.shared.settings);
+    let settings = layer.shared.settings;
+    let priced = plan
+        .priced(None, None, None, settings.shadow, settings.fail_mode)
+        .unwrap();
+    let key = Key::new("client");
+    let mut checks: Checks = priced.prices.iter().map(|p| p.check(&key, None)).collect();
+    let modes = priced
+        .has_modes
+        .then(|| Modes::new(plan, &mut checks, settings));
     let sent = SentChecks {
         checks,
         modes,
@@ -197,7 +200,7 @@ fn a_delayed_admission_is_known_once_it_has_waited() {
     let layer = layer(policies);
     let policies = layer.shared.policies.load();
     let plan = policies.plan_in(&Method::GET, "/", true);
-    let checks: Checks = [Check::new(&plan.policies()[0], Key::new("client")).unwrap()]
+    let checks: Checks = [Check::new(&plan.policies[0], Key::new("client")).unwrap()]
         .into_iter()
         .collect();
     let sent = SentChecks {
