@@ -2,7 +2,6 @@
 //! reset time is written ([`ResetFormat`]), and their names: `X-RateLimit-*`,
 //! and the IETF `RateLimit` and `RateLimit-Policy` fields.
 
-use std::cmp::Reverse;
 use std::fmt::Write as _;
 use std::sync::LazyLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -10,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::policy::Algorithm;
-use crate::store::{Check, Decision, index_of_min};
+use crate::store::{Check, Decision};
 
 /// `X-RateLimit-Limit`: units allowed per window.
 pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
@@ -61,14 +60,6 @@ pub enum ResetFormat {
     DeltaSeconds,
     /// A Unix timestamp in seconds, rounded up.
     UnixSeconds,
-}
-
-/// The decision the `X-RateLimit-*` fields report: the policy closest to
-/// denying (fewest units left, then the latest reset).
-pub(crate) fn closest_to_denying(decisions: &[Decision]) -> usize {
-    index_of_min(decisions, |decision| {
-        (decision.remaining, Reverse(decision.reset))
-    })
 }
 
 /// Whole seconds, rounded up.
@@ -231,7 +222,7 @@ impl RateHeaders {
 
     /// The headers of an admitted request: the `X-RateLimit-*` trio from
     /// the decision at `reported`, the one [closest to
-    /// denying](closest_to_denying).
+    /// denying](crate::store::closest_to_denying).
     pub(crate) fn admitted(
         checks: &[Check],
         decisions: &[Decision],

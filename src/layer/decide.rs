@@ -121,17 +121,18 @@ pub(crate) fn decide(shared: &Arc<Shared>, parts: &mut Parts) -> Result<Next, Co
                 let tier = identity.tier.as_deref();
                 let (shared, plan) = (&*rest.shared, &*rest.plan);
                 let next = outcome(shared, &parts, plan, tier, &sent, answer.await).await;
-                let next = hand_on(shared, &mut parts, identity, next);
+                let next = next.handed_on(&mut parts, identity, shared.settings.insert_identity);
                 (parts, next)
             }));
         }
     };
     match next.into_ready() {
-        Ok(next) => Ok(hand_on(shared, parts, identity, next)),
+        Ok(next) => Ok(next.handed_on(parts, identity, shared.settings.insert_identity)),
         Err(delayed) => {
             let shared = shared.clone();
             Err(later(parts, |mut parts| async move {
-                let next = hand_on(&shared, &mut parts, identity, delayed.await);
+                let insert = shared.settings.insert_identity;
+                let next = delayed.await.handed_on(&mut parts, identity, insert);
                 (parts, next)
             }))
         }
@@ -201,7 +202,7 @@ impl Rest {
                 outcome(shared, parts, plan, tier, &sent, answer.await).await
             }
         };
-        hand_on(shared, parts, identity, next)
+        next.handed_on(parts, identity, shared.settings.insert_identity)
     }
 }
 
@@ -211,15 +212,6 @@ fn with_tier(mut identity: Identity, tier: Option<Arc<str>>) -> Identity {
         identity.tier = tier;
     }
     identity
-}
-
-/// `next`, after giving an admitted client's identity to the inner
-/// service when the layer does.
-fn hand_on(shared: &Shared, parts: &mut Parts, identity: Identity, next: Next) -> Next {
-    if shared.settings.insert_identity && matches!(next, Next::Call(..)) {
-        parts.extensions.insert(identity);
-    }
-    next
 }
 
 /// The plan of a request: by the route pattern axum matched

@@ -12,9 +12,9 @@ use crate::clock::{Clock, SystemClock, duration_micros};
 use crate::key::Key;
 use crate::policy::Algorithm;
 use crate::policy::cost::Checks;
-use crate::policy::plan::Price;
+
 use crate::response::problem::TooManyBody;
-use crate::store::{Check, Decision, Scope};
+use crate::store::{Check, Decision, Price, Scope};
 
 /// Entries a layer's deny cache holds by default.
 pub(crate) const DEFAULT_CAPACITY: usize = 10_000;

@@ -13,6 +13,7 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use crate::headers::RateHeaders;
+use crate::key::Identity;
 use crate::layer::body::ResponseBody;
 use crate::layer::owed::Owed;
 use crate::response::grpc::response_failed;
@@ -29,6 +30,15 @@ pub(crate) enum Next {
 impl Next {
     /// On to the inner service untouched.
     pub(crate) const PASS: Self = Self::Call(None, None);
+
+    /// This way on, after giving an admitted client's `identity` to the
+    /// inner service when the layer does (`insert`).
+    pub(crate) fn handed_on(self, parts: &mut Parts, identity: Identity, insert: bool) -> Self {
+        if insert && matches!(self, Self::Call(..)) {
+            parts.extensions.insert(identity);
+        }
+        self
+    }
 
     /// Puts in the request's extensions what its handler reports on, or
     /// keeps: the [`Usage`](crate::Usage) handle, when a policy settles

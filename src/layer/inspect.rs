@@ -46,7 +46,7 @@ impl RateLimitLayer {
             None => None,
         };
         let limits = policy.limits_with(tier, own);
-        let mut check = Check::from_limits(policy, key.clone(), limits, limits.cost);
+        let mut check = Check::from_limits(policy, key, limits);
         self.shared.in_namespace(&mut check);
         check
     }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use http::HeaderValue;
 use http::request::Parts;
 
-use crate::headers::{RateHeaders, closest_to_denying};
+use crate::headers::RateHeaders;
 use crate::layer::Shared;
 use crate::layer::answered::{
     Answered, decided_all, denied_by, holds_its_most, trace_decision, unsettled_places,
@@ -24,6 +24,7 @@ use crate::policy::plan::Plan;
 use crate::rejection::Rejection;
 use crate::rejection::limited::Limited;
 use crate::store::Soon;
+use crate::store::closest_to_denying;
 use crate::store::{Check, CheckOutcome, Decision, Decisions, StoreError};
 use crate::throttle::{STORE_FAILURES, STORE_FULL};
 

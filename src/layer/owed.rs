@@ -14,13 +14,14 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use smallvec::SmallVec;
 
-use crate::headers::{HeaderFormat, RateHeaders, closest_to_denying};
+use crate::headers::{HeaderFormat, RateHeaders};
 use crate::layer::connection::{ConnectionLease, Upgrade};
 use crate::layer::recorded::{Recorded, report_refund, report_release};
 use crate::layer::unsettled::Place;
 use crate::layer::usage::{InForce, Usage};
 use crate::policy::cost::Checks;
 use crate::policy::{Algorithm, Count, Policies, Settlement};
+use crate::store::closest_to_denying;
 use crate::store::{Check, Decision, Decisions, Store};
 
 /// What an admitted request owes the store: refunds that wait for the

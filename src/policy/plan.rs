@@ -9,13 +9,11 @@ use http::HeaderValue;
 use smallvec::SmallVec;
 
 use super::cost::{Cost, Costs};
-use super::{Algorithm, Count, FailMode, Limits, Policy};
-use crate::clock::duration_micros;
+use super::{Algorithm, Count, FailMode, Policy};
 use crate::headers::{policy_value, quota};
-use crate::key::Key;
 use crate::limits::Found;
 use crate::rejection::CostAboveLimit;
-use crate::store::{Check, next_lease_id};
+use crate::store::{Check, Price, Terms};
 
 /// The policies that apply to one (route, method), and what a request
 /// under them needs per tier.
@@ -48,37 +46,9 @@ pub(crate) struct TierPlan {
     pub(crate) ietf_policy: Option<HeaderValue>,
 }
 
-/// What a policy's check carries for a client of one tier, whoever the
-/// client is.
-#[derive(Debug)]
-pub(crate) struct Terms {
-    pub(crate) policy: Arc<str>,
-    pub(crate) algorithm: Algorithm,
-    /// The tier's limit, window, cost and burst.
-    pub(crate) limits: Limits,
-    pub(crate) block_micros: u64,
-    pub(crate) delay_micros: u64,
-    pub(crate) span_micros: u64,
-}
-
-impl Terms {
-    fn new(policy: &Policy, tier: Option<&str>) -> Self {
-        Self {
-            policy: policy.shared_name().clone(),
-            algorithm: policy.algorithm(),
-            limits: policy.limits_for(tier),
-            block_micros: duration_micros(policy.block().unwrap_or_default()),
-            delay_micros: duration_micros(policy.delay().unwrap_or_default()),
-            // A client's own limit keeps the tier's window, which the
-            // policy's longest covers.
-            span_micros: duration_micros(policy.longest_window()),
-        }
-    }
-}
-
 impl TierPlan {
     fn new(policies: &[Arc<Policy>], tier: Option<&str>) -> Self {
-        let terms: Box<[Terms]> = policies.iter().map(|p| Terms::new(p, tier)).collect();
+        let terms: Box<[Terms]> = policies.iter().map(|p| Terms::of(p, tier)).collect();
         let fields = policies.iter().zip(&terms).map(|(p, t)| {
             let l = &t.limits;
             (p.name(), quota(p.algorithm(), l.limit, l.window, l.burst))
@@ -102,42 +72,6 @@ pub(crate) struct Priced<'a> {
     /// shadow policy, one that counts some responses only or settles its
     /// costs, or one that falls back to a local limit.
     pub(crate) has_modes: bool,
-}
-
-/// One policy's check of a request, but for the client: the tier's terms,
-/// at the client's own limit and the request's cost.
-#[derive(Debug)]
-pub(crate) struct Price<'a> {
-    pub(crate) terms: &'a Terms,
-    pub(crate) limit: u32,
-    pub(crate) burst: u32,
-    pub(crate) cost: u32,
-    /// Whether the check decides the request (it is no shadow policy's).
-    pub(crate) enforced: bool,
-}
-
-impl Price<'_> {
-    /// The check of the client `key`, in the layer's `namespace`.
-    pub(crate) fn check(&self, key: &Key, namespace: Option<&Arc<str>>) -> Check {
-        let terms = self.terms;
-        Check {
-            policy: terms.policy.clone(),
-            namespace: namespace.cloned(),
-            key: key.clone(),
-            limit: self.limit,
-            window: terms.limits.window,
-            cost: self.cost,
-            algorithm: terms.algorithm,
-            burst: self.burst,
-            block_micros: terms.block_micros,
-            delay_micros: terms.delay_micros,
-            lease: match terms.algorithm {
-                Algorithm::Concurrency => next_lease_id(),
-                _ => 0,
-            },
-            span_micros: terms.span_micros,
-        }
-    }
 }
 
 impl Plan {

@@ -1,5 +1,6 @@
 //! The outcome of one policy's check.
 
+use std::cmp::Reverse;
 use std::ops::{Deref, DerefMut};
 use std::time::Duration;
 
@@ -262,4 +263,12 @@ pub(crate) fn index_of_min<K: Ord>(decisions: &[Decision], key: impl Fn(&Decisio
         .enumerate()
         .min_by_key(|(_, decision)| key(decision))
         .map_or(0, |(index, _)| index)
+}
+
+/// The decision the `X-RateLimit-*` fields report: the policy closest to
+/// denying (fewest units left, then the latest reset).
+pub(crate) fn closest_to_denying(decisions: &[Decision]) -> usize {
+    index_of_min(decisions, |decision| {
+        (decision.remaining, Reverse(decision.reset))
+    })
 }

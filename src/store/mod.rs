@@ -21,7 +21,7 @@
 //! [`Clock`](crate::clock::Clock). What each algorithm keeps, as
 //! [`MemoryStore`] keeps it and the Lua files in `lua/` for Redis:
 //!
-//! | [`Algorithm`] | state | a request of cost `c` fits when | refund |
+//! | [`Algorithm`](crate::policy::Algorithm) | state | a request of cost `c` fits when | refund |
 //! |---|---|---|---|
 //! | `SlidingLog` | every admitted request's time and cost, kept for [`Check::span`] | the costs within the last [`Check::window`], plus `c`, are at most the limit | drops the one record at its `recorded_at` |
 //! | `SlidingCounter` | this window's and the last window's counts, windows aligned to the epoch | the last count weighted by the share of its window still covered, plus this one, plus `c`, is at most the limit | from the window that holds `recorded_at`, if it still counts |
@@ -47,6 +47,7 @@
 //! crate's own tests hold the Redis store.
 
 mod breaker;
+mod check;
 #[cfg(any(test, feature = "test-util"))]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod conformance;
@@ -57,8 +58,10 @@ mod redis;
 mod soon;
 
 pub use breaker::{BreakerSettings, BreakerState, CircuitBreaker};
-pub(crate) use decision::index_of_min;
+pub use check::Check;
+pub(crate) use check::{Price, Scope, Terms};
 pub use decision::{Decision, Decisions, DecisionsIter};
+pub(crate) use decision::{closest_to_denying, index_of_min};
 pub(crate) use memory::next_lease_id;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]
@@ -72,10 +75,6 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::clock::duration_micros;
-use crate::key::Key;
-use crate::policy::{Algorithm, Limits, Policy, PolicyError};
-
 /// What a [`Store`] decided for a request's checks: one [`Decision`] per check.
 pub type CheckOutcome = Result<Decisions, StoreError>;
 
@@ -83,218 +82,6 @@ pub type CheckOutcome = Result<Decisions, StoreError>;
 /// [`MemoryStore`], or a boxed future, as from a network store (see
 /// [`Soon`]). A check's answer is its [`Decisions`]; a refund's, `()`.
 pub type CheckFuture<T = Decisions> = Soon<Result<T, StoreError>>;
-
-/// One policy to check for one client, as one of a request's checks.
-///
-/// Built only from a valid [`Policy`] ([`Check::new`], [`Check::for_tier`]),
-/// so every store is given limits it computes exactly (and alike): a
-/// check cannot be edited into a window of 0 or a product past the
-/// precision of Redis's numbers. Its parts are read with the methods of
-/// the same names.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Check {
-    pub(crate) policy: Arc<str>,
-    pub(crate) namespace: Option<Arc<str>>,
-    pub(crate) key: Key,
-    pub(crate) limit: u32,
-    pub(crate) window: Duration,
-    pub(crate) cost: u32,
-    pub(crate) algorithm: Algorithm,
-    pub(crate) burst: u32,
-    /// The block and the delay in µs: a check is moved on every
-    /// request's path, and two `Duration`s would take 16 bytes more.
-    pub(crate) block_micros: u64,
-    pub(crate) delay_micros: u64,
-    /// The id of the lease a concurrency check takes (0 otherwise).
-    pub(crate) lease: u64,
-    /// For a sliding log, the longest window (µs) any of its policy's
-    /// tiers counts it under: the log keeps every record that window
-    /// covers from its first, whichever tier's request comes first.
-    pub(crate) span_micros: u64,
-}
-
-impl Check {
-    /// The check of `policy` for the client `key`, or why the policy is
-    /// not valid (as [`Policies`](crate::Policies) would refuse it).
-    ///
-    /// ```
-    /// use slidegate::{Policy, key::Key, store::Check};
-    /// use std::time::Duration;
-    ///
-    /// let check = Check::new(&Policy::new("api", 10, Duration::from_secs(1)), Key::new("alice"))?;
-    /// assert_eq!((check.limit(), check.cost()), (10, 1));
-    /// assert!(Check::new(&Policy::new("api", 10, Duration::ZERO), Key::new("alice")).is_err());
-    /// # Ok::<(), slidegate::policy::PolicyError>(())
-    /// ```
-    pub fn new(policy: &Policy, key: Key) -> Result<Self, PolicyError> {
-        Self::for_tier(policy, key, None)
-    }
-
-    /// The check of `policy` for the client `key` of `tier`: the tier's
-    /// overrides apply (see [`Policy::with_tier`]).
-    ///
-    /// ```
-    /// use slidegate::{Policy, key::Key, policy::TierLimits, store::Check};
-    /// use std::time::Duration;
-    ///
-    /// let search = Policy::new("search", 5, Duration::from_secs(60)).with_tier("pro", TierLimits::new().with_limit(50));
-    /// assert_eq!(Check::for_tier(&search, Key::new("a"), Some("pro"))?.limit(), 50);
-    /// assert_eq!(Check::for_tier(&search, Key::new("a"), Some("gold"))?.limit(), 5);
-    /// # Ok::<(), slidegate::policy::PolicyError>(())
-    /// ```
-    pub fn for_tier(policy: &Policy, key: Key, tier: Option<&str>) -> Result<Self, PolicyError> {
-        policy.validate()?;
-        Ok(Self::of_valid(policy, key, tier))
-    }
-
-    /// [`for_tier`](Self::for_tier) for a policy already validated.
-    pub(crate) fn of_valid(policy: &Policy, key: Key, tier: Option<&str>) -> Self {
-        let limits = policy.limits_for(tier);
-        Self::from_limits(policy, key, limits, limits.cost)
-    }
-
-    /// The check of `policy` for `key` under `limits` (validated with the
-    /// policy, or as a client's own limit), at `cost` units.
-    pub(crate) fn from_limits(policy: &Policy, key: Key, limits: Limits, cost: u32) -> Self {
-        Self {
-            policy: policy.shared_name().clone(),
-            namespace: None,
-            key,
-            limit: limits.limit,
-            window: limits.window,
-            cost,
-            algorithm: policy.algorithm(),
-            burst: limits.burst,
-            block_micros: duration_micros(policy.block().unwrap_or_default()),
-            delay_micros: duration_micros(policy.delay().unwrap_or_default()),
-            lease: match policy.algorithm() {
-                Algorithm::Concurrency => next_lease_id(),
-                _ => 0,
-            },
-            span_micros: duration_micros(policy.longest_window().max(limits.window)),
-        }
-    }
-
-    /// This check at a cost of `cost` units instead of the policy's: at
-    /// least 1, and a cost above the burst (which never fits, and is
-    /// denied with the wait of a whole window) is kept as one unit more
-    /// than the burst. A concurrency check always costs 1.
-    ///
-    /// ```
-    /// use slidegate::{Policy, key::Key, store::Check};
-    /// use std::time::Duration;
-    ///
-    /// let check = Check::new(&Policy::new("api", 10, Duration::from_secs(1)), Key::new("a"))?;
-    /// assert_eq!(check.clone().with_cost(4).cost(), 4);
-    /// assert_eq!(check.with_cost(u32::MAX).cost(), 11);
-    /// # Ok::<(), slidegate::policy::PolicyError>(())
-    /// ```
-    #[must_use]
-    pub fn with_cost(mut self, cost: u32) -> Self {
-        self.cost = match self.algorithm {
-            Algorithm::Concurrency => 1,
-            _ => cost.clamp(1, self.burst.saturating_add(1)),
-        };
-        self
-    }
-
-    /// The policy's name; part of the store key.
-    pub fn policy(&self) -> &Arc<str> {
-        &self.policy
-    }
-
-    /// The namespace of the layer that checks
-    /// ([`RateLimitLayer::with_namespace`](crate::RateLimitLayer::with_namespace)),
-    /// if it has one; part of the store key, so a store keeps the counts
-    /// of one policy name in two namespaces apart.
-    pub fn namespace(&self) -> Option<&Arc<str>> {
-        self.namespace.as_ref()
-    }
-
-    /// The client's key.
-    pub fn key(&self) -> &Key {
-        &self.key
-    }
-
-    /// Units allowed per window.
-    pub fn limit(&self) -> u32 {
-        self.limit
-    }
-
-    /// The sliding window (a concurrency policy's lease time).
-    pub fn window(&self) -> Duration {
-        self.window
-    }
-
-    /// Units this request consumes.
-    pub fn cost(&self) -> u32 {
-        self.cost
-    }
-
-    /// The counting algorithm.
-    pub fn algorithm(&self) -> Algorithm {
-        self.algorithm
-    }
-
-    /// The units a client may spend at once: a token bucket's size, the
-    /// limit for every other algorithm.
-    pub fn burst(&self) -> u32 {
-        self.burst
-    }
-
-    /// How long a denial by this check's own count blocks the client;
-    /// zero for a policy that does not block.
-    pub fn block(&self) -> Duration {
-        Duration::from_micros(self.block_micros)
-    }
-
-    /// How long a request may be held instead of denied; zero for a
-    /// policy that holds none. A denial whose retry time is within it is
-    /// no denial for the [`block`](Self::block): only a request beyond
-    /// the delay starts one.
-    pub fn delay(&self) -> Duration {
-        Duration::from_micros(self.delay_micros)
-    }
-
-    /// The longest window any of the policy's tiers counts it under, and
-    /// at least its own: a sliding log keeps every record this window
-    /// covers, whichever tier's request comes first. Other algorithms
-    /// need not read it.
-    pub fn span(&self) -> Duration {
-        Duration::from_micros(self.span_micros)
-    }
-
-    /// The id of the lease a concurrency check takes, `None` for other
-    /// algorithms: each check is given a new one when it is built, so
-    /// that the lease can be released by its id whatever became of the
-    /// store's answer (a call that timed out, a request dropped while its
-    /// check was in flight). A store releases it when
-    /// [`refund`](Store::refund) is given the check, and takes nothing for
-    /// an id released before its check arrived. One id is one lease: build
-    /// a check for each request, as the layer does, rather than sending
-    /// one check again.
-    pub fn lease_id(&self) -> Option<u64> {
-        (self.algorithm == Algorithm::Concurrency).then_some(self.lease)
-    }
-
-    /// Whose count the check is: its namespace, policy and client.
-    pub(crate) fn scope(&self) -> Scope {
-        (
-            self.namespace.clone(),
-            self.policy.clone(),
-            self.key.clone(),
-        )
-    }
-
-    /// The window in microseconds.
-    pub(crate) fn window_micros(&self) -> u64 {
-        duration_micros(self.window)
-    }
-}
-
-/// Whose count a check is: its layer's namespace, its policy and its
-/// client (see [`Check::scope`]).
-pub(crate) type Scope = (Option<Arc<str>>, Arc<str>, Key);
 
 /// A store of rate-limit state.
 ///

@@ -77,6 +77,9 @@ async fn a_request_that_would_wait_too_long_is_denied_at_once(tested: StoreUnder
 }
 on_both_stores!(a_request_that_would_wait_too_long_is_denied_at_once);
 
+/// How much later than the store's admission a handler may run.
+const SCHEDULING: Duration = Duration::from_millis(50);
+
 /// 600 requests at once on 10 per 300 ms, each held up to a second: those
 /// admitted come in waves of at most 10 per window, never more.
 async fn six_hundred_held_requests_never_pass_the_limit(tested: StoreUnderTest) {
@@ -110,8 +113,12 @@ async fn six_hundred_held_requests_never_pass_the_limit(tested: StoreUnderTest) 
     let span = times.last().unwrap().duration_since(times[0]);
     eprintln!("{admitted} admitted over {span:?}, {denied} denied");
     // A sliding window of `window` admits at most LIMIT in any window,
-    // so over `span` at most LIMIT per started window.
-    let windows = (span.as_micros() / window.as_micros()) as usize + 1;
+    // so over `span` at most LIMIT per started window. The handlers run a
+    // little after the store admits (the scheduling of 600 tasks on a busy
+    // machine), which may bring two waves closer: each window is taken
+    // as that much shorter, here and below.
+    let measured = window - SCHEDULING;
+    let windows = (span.as_micros() / measured.as_micros()) as usize + 1;
     assert!(
         admitted <= LIMIT * windows,
         "{admitted} admitted in {windows} windows"
@@ -119,14 +126,10 @@ async fn six_hundred_held_requests_never_pass_the_limit(tested: StoreUnderTest) 
     // The holding worked: more than the first wave got through.
     assert!(admitted > LIMIT, "only {admitted} admitted");
     // Each wave is a window after the one before: the eleventh request
-    // after any admitted one came at least a window later (less the
-    // scheduling between a store's admission and the handler).
+    // after any admitted one came at least a window later.
     for pair in times.windows(LIMIT + 1) {
         let gap = pair[LIMIT].duration_since(pair[0]);
-        assert!(
-            gap >= window - Duration::from_millis(50),
-            "{LIMIT} + 1 admitted within {gap:?}"
-        );
+        assert!(gap >= measured, "{LIMIT} + 1 admitted within {gap:?}");
     }
 }
 on_both_stores!(six_hundred_held_requests_never_pass_the_limit);

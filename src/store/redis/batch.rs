@@ -40,12 +40,22 @@ pub(super) struct Queued {
 }
 
 /// The checks waiting for the next flush.
-#[derive(Default)]
 pub(super) struct Queue {
     waiting: Mutex<Vec<Queued>>,
+    /// Whether a flush groups the checks by slot (on a cluster, where a
+    /// call stays in one slot).
+    by_slot: bool,
 }
 
 impl Queue {
+    /// An empty queue, for the store's `connections`.
+    pub(super) fn new(connections: &Connections) -> Self {
+        Self {
+            waiting: Mutex::default(),
+            by_slot: connections.is_cluster(),
+        }
+    }
+
     /// Queues `call`; returns where its answer comes, and whether the queue
     /// was empty, in which case the caller must spawn a flush.
     pub(super) fn push(&self, call: Call) -> (oneshot::Receiver<Verdict>, bool) {
@@ -102,7 +112,7 @@ impl Inner {
         tokio::task::yield_now().await;
         let Some(queue) = &self.queue else { return };
         let queued = queue.take();
-        if !self.connections.is_cluster() {
+        if !queue.by_slot {
             return self.send(queued).await;
         }
         let mut groups: Vec<(Option<Slot>, Vec<Queued>)> = Vec::new();

@@ -167,7 +167,7 @@ impl RedisStoreBuilder {
         let script = Script::new(super::script::source());
         let count = self.connections.min(self.pool.status().max_size);
         let connections = Connections::new(&self.pool, count);
-        let queue = self.batch.then(Queue::default);
+        let queue = self.batch.then(|| Queue::new(&connections));
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 pool: self.pool,

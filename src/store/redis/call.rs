@@ -78,7 +78,7 @@ impl Call {
             op,
         };
         for check in checks {
-            let key = |suffix| store.key_of(check, suffix);
+            let key = |suffix| key_of(&store.inner.prefix, check, suffix);
             let name = match check.algorithm {
                 Algorithm::SlidingLog => {
                     // The header and newest page; the other pages.
@@ -112,7 +112,7 @@ impl Call {
                     i64::from(calendar.utc_offset_seconds()) * 1_000_000
                 }
                 // At most 366 days: far below i64::MAX µs.
-                _ => i64::try_from(check.window_micros()).unwrap_or(i64::MAX),
+                _ => i64::try_from(check.window.as_micros()).unwrap_or(i64::MAX),
             };
             let block = check.block_micros;
             if block > 0 {
@@ -139,6 +139,32 @@ impl Call {
         }
         call
     }
+}
+
+/// The base key of `check` under the store's `prefix`, followed by
+/// `suffix`, built in one allocation of its length.
+pub(super) fn key_of(prefix: &str, check: &Check, suffix: &str) -> String {
+    let namespace = check.namespace.as_deref();
+    let (policy, client) = (&*check.policy, check.key.as_str());
+    let length = prefix.len()
+        + namespace.map_or(0, |namespace| namespace.len() + 1)
+        + policy.len()
+        + client.len()
+        + suffix.len()
+        + 4;
+    let mut key = String::with_capacity(length);
+    key.push_str(prefix);
+    key.push(':');
+    if let Some(namespace) = namespace {
+        key.push_str(namespace);
+        key.push(':');
+    }
+    key.push_str(policy);
+    key.push_str(":{");
+    key.push_str(client);
+    key.push('}');
+    key.push_str(suffix);
+    key
 }
 
 /// A batch call's arguments after the time: the policies its checks name,

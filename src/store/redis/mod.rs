@@ -222,34 +222,7 @@ impl RedisStore {
     /// # }
     /// ```
     pub fn base_key(&self, check: &Check) -> String {
-        self.key_of(check, "")
-    }
-
-    /// The base key of `check` followed by `suffix`, built in one
-    /// allocation of its length.
-    pub(super) fn key_of(&self, check: &Check, suffix: &str) -> String {
-        let prefix = &self.inner.prefix;
-        let namespace = check.namespace.as_deref();
-        let (policy, client) = (&*check.policy, check.key.as_str());
-        let length = prefix.len()
-            + namespace.map_or(0, |namespace| namespace.len() + 1)
-            + policy.len()
-            + client.len()
-            + suffix.len()
-            + 4;
-        let mut key = String::with_capacity(length);
-        key.push_str(prefix);
-        key.push(':');
-        if let Some(namespace) = namespace {
-            key.push_str(namespace);
-            key.push(':');
-        }
-        key.push_str(policy);
-        key.push_str(":{");
-        key.push_str(client);
-        key.push('}');
-        key.push_str(suffix);
-        key
+        call::key_of(&self.inner.prefix, check, "")
     }
 
     /// Opens the store's connections now rather than on the first check,
