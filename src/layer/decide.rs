@@ -325,11 +325,10 @@ fn send(
             Err(now) => deny_clock = now,
         }
     }
-    let mut checks: Checks = priced
-        .prices
-        .iter()
-        .map(|p| p.check(key, namespace))
-        .collect();
+    let mut checks = Checks::new();
+    for price in &priced.prices {
+        checks.push(price.check(key, namespace));
+    }
     let modes = priced
         .has_modes
         .then(|| Modes::new(plan, &mut checks, settings));
