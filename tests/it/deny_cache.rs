@@ -11,7 +11,8 @@ use axum::body::Body;
 use axum::routing::get;
 use http::{Request, StatusCode};
 use slidegate::{
-    Global, Policies, Policy, RateLimitLayer, clock::FakeClock, layer::DenyCache, store::RedisStore,
+    Global, Policies, Policy, RateLimitLayer, clock::FakeClock, layer::DenyCache, policy::Cost,
+    store::RedisStore,
 };
 
 use crate::support::stores::START;
@@ -235,4 +236,60 @@ async fn one_cache_keeps_namespaces_apart() {
     assert_eq!(get_status(&admin).await, StatusCode::OK);
     assert_eq!(get_status(&admin).await, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(get_status(&public).await, StatusCode::OK, "its own count");
+}
+
+/// What is answered before a cached denial: a cost above the limit (422,
+/// since waiting would not help) and a request every policy exempts (it
+/// passes). Neither reaches Redis, and neither is taken for the cached
+/// denial; every other request of the client is the cache's to answer.
+#[tokio::test]
+async fn a_cost_above_the_limit_and_an_exempt_request_come_before_a_cached_denial() {
+    let redis = RedisServer::start();
+    let clock = FakeClock::new(START);
+    let store = store_on(&redis, &clock);
+    let cost = |parts: &http::request::Parts, _: &Policy| match parts.headers.get("x-cost") {
+        Some(value) if value == "exempt" => Cost::Exempt,
+        Some(value) => Cost::Units(value.to_str().unwrap().parse().unwrap()),
+        None => Cost::Policy,
+    };
+    let layer = RateLimitLayer::new(
+        store,
+        Global,
+        Policies::single(Policy::new("api", 2, WINDOW)).unwrap(),
+    )
+    .with_request_cost(cost)
+    .with_deny_cache(DenyCache::with_clock(1000, clock.clone()));
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route_layer(layer);
+    let costing = |cost: Option<&str>| {
+        let request = Request::get("/");
+        let request = match cost {
+            Some(cost) => request.header("x-cost", cost),
+            None => request,
+        };
+        request.body(Body::empty()).unwrap()
+    };
+    assert_eq!(send(&app, costing(None)).await.status, StatusCode::OK);
+    assert_eq!(send(&app, costing(None)).await.status, StatusCode::OK);
+    assert_eq!(
+        send(&app, costing(None)).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let before = script_calls(&redis);
+    let answers = [
+        (
+            Some("3"),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "above the limit",
+        ),
+        (Some("exempt"), StatusCode::OK, "exempt"),
+        (None, StatusCode::TOO_MANY_REQUESTS, "the policy's cost"),
+        (Some("1"), StatusCode::TOO_MANY_REQUESTS, "one unit"),
+        (Some("2"), StatusCode::TOO_MANY_REQUESTS, "the whole limit"),
+    ];
+    for (cost, status, why) in answers {
+        assert_eq!(send(&app, costing(cost)).await.status, status, "{why}");
+    }
+    assert_eq!(script_calls(&redis), before, "Redis was not asked");
 }
