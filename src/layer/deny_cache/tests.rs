@@ -19,18 +19,21 @@ fn lookup(cache: &DenyCache, policies: &[&Policy], key: &str) -> Option<Denied> 
     cache.lookup(&Key::new(key), None, &priced.prices).ok()
 }
 
+/// Remembers that the client `k` sent a request at `sent_at` that
+/// `policy` denied for 5 s with 2 units left; returns its check.
+fn remember_denial(cache: &DenyCache, policy: &Policy, sent_at: u64) -> Check {
+    let check = Check::new(policy, Key::new("k")).unwrap();
+    let decisions = [denied(5 * SEC, 2)];
+    cache.remember(std::slice::from_ref(&check), &decisions, sent_at, |_| true);
+    check
+}
+
 #[test]
 fn a_denial_answers_until_its_retry_time_only() {
     let clock = FakeClock::new(1_000_000);
     let cache = DenyCache::with_clock(100, clock.clone());
     let policy = Policy::new("p", 10, 60 * SEC).with_cost(3);
-    let check = Check::new(&policy, Key::new("k")).unwrap();
-    cache.remember(
-        std::slice::from_ref(&check),
-        &[denied(5 * SEC, 2)],
-        clock.now_micros(),
-        |_| true,
-    );
+    let check = remember_denial(&cache, &policy, clock.now_micros());
 
     clock.advance(SEC);
     let denied = lookup(&cache, &[&policy], "k").unwrap();
@@ -50,13 +53,7 @@ fn only_the_same_limits_and_at_least_the_same_cost_match() {
     let clock = FakeClock::new(0);
     let cache = DenyCache::with_clock(100, clock.clone());
     let policy = Policy::new("p", 10, 60 * SEC).with_cost(3);
-    let check = Check::new(&policy, Key::new("k")).unwrap();
-    cache.remember(
-        std::slice::from_ref(&check),
-        &[denied(5 * SEC, 2)],
-        0,
-        |_| true,
-    );
+    remember_denial(&cache, &policy, 0);
     let variants = [
         (
             Policy::new("p", 10, 60 * SEC).with_cost(2),
