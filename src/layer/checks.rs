@@ -23,8 +23,11 @@ pub(crate) struct SentChecks {
     pub(crate) checks: Checks,
     /// What the checks do beyond counting, when any does.
     pub(crate) modes: Option<Box<Modes>>,
-    /// When the checks went to the store: on the deny cache's clock (0
-    /// without one), and timed for the metrics and the `rate_limit` span.
+    /// When the request was sent, on the deny cache's clock (0 without
+    /// one): read when the cache was asked, just before the checks were
+    /// built and sent, so that a denial remembered from it never outlasts
+    /// the store's. `timer` times the store's answer for the metrics and
+    /// the `rate_limit` span.
     pub(crate) deny_clock: u64,
     pub(crate) timer: Timer,
     /// Whether a store failure answers `503`.

@@ -135,7 +135,8 @@ impl CredentialFailures {
         Some(self.refusal().prices[0].check(&address.key, namespace))
     }
 
-    /// The cached denial of the address of `check`, if it is blocked now.
+    /// The cached denial of the address of `check` (its key and
+    /// namespace), if it is blocked now.
     pub(crate) fn blocked_now(&self, check: &Check) -> Option<Denied> {
         let prices = self.refusal().prices;
         let namespace = check.namespace.as_ref();

@@ -12,7 +12,6 @@ use crate::clock::{Clock, SystemClock, duration_micros};
 use crate::key::Key;
 use crate::policy::Algorithm;
 use crate::policy::cost::Checks;
-
 use crate::response::problem::TooManyBody;
 use crate::store::{Check, Decision, Price, Scope};
 

@@ -103,7 +103,7 @@ impl RateLimitLayer {
     /// name; [`LimitError::Store`] if the store could not answer.
     pub async fn reset(&self, policy: &str, key: &Key) -> Result<(), LimitError> {
         let policy = self.policy_named(policy)?;
-        let mut check = Check::of_valid(&policy, key.clone(), None);
+        let mut check = Check::of_valid(&policy, key, None);
         self.shared.in_namespace(&mut check);
         self.shared
             .store

@@ -81,7 +81,7 @@ impl InForce {
         let policy = policies
             .iter()
             .find(|policy| policy.name() == &*reserved.policy)?;
-        let mut now = Check::of_valid(policy, reserved.key.clone(), self.tier.as_deref());
+        let mut now = Check::of_valid(policy, &reserved.key, self.tier.as_deref());
         if now.algorithm == reserved.algorithm {
             return None;
         }

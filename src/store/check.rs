@@ -71,13 +71,13 @@ impl Check {
     /// ```
     pub fn for_tier(policy: &Policy, key: Key, tier: Option<&str>) -> Result<Self, PolicyError> {
         policy.validate()?;
-        Ok(Self::of_valid(policy, key, tier))
+        Ok(Self::of_valid(policy, &key, tier))
     }
 
     /// [`for_tier`](Self::for_tier) for a policy already validated.
-    pub(crate) fn of_valid(policy: &Policy, key: Key, tier: Option<&str>) -> Self {
+    pub(crate) fn of_valid(policy: &Policy, key: &Key, tier: Option<&str>) -> Self {
         let limits = policy.limits_for(tier);
-        Self::from_limits(policy, &key, limits)
+        Self::from_limits(policy, key, limits)
     }
 
     /// The check of `policy` for `key` under `limits` (validated with the
@@ -255,7 +255,8 @@ pub(crate) struct Price<'a> {
     pub(crate) limit: u32,
     pub(crate) burst: u32,
     pub(crate) cost: u32,
-    /// Whether the check decides the request (it is no shadow policy's).
+    /// Whether the check decides the request: neither its policy nor
+    /// the layer is in shadow mode.
     pub(crate) enforced: bool,
 }
 
