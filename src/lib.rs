@@ -89,3 +89,9 @@ pub use deadpool_redis;
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
+
+/// The guides' examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/configuration.md")]
+#[doc = include_str!("../docs/example-server.md")]
+struct GuideDoctests;

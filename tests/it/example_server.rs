@@ -250,7 +250,8 @@ fn demo_config_limits_search_and_login_but_never_health() {
     assert_eq!(with_key["tier"], "pro");
 }
 
-/// A demo token from the `mint_token` example, as the README mints it.
+/// A demo token from the `mint_token` example, as
+/// `docs/example-server.md` mints it.
 fn mint_token(args: &[&str]) -> String {
     let output = Command::new(example_binary("mint_token"))
         .args(args)
