@@ -1,6 +1,77 @@
 //! The rate-limit headers: which are sent ([`HeaderStyle`]), how their
 //! reset time is written ([`ResetFormat`]), and their names: `X-RateLimit-*`,
 //! and the IETF `RateLimit` and `RateLimit-Policy` fields.
+//!
+//! By default an answer carries `X-RateLimit-Limit`, `X-RateLimit-Remaining`
+//! and `X-RateLimit-Reset`, the seconds until capacity next grows (a Unix
+//! timestamp with [`with_reset_format`]`(`[`ResetFormat::UnixSeconds`]`)`,
+//! config `reset = "unix"`), and a denial `Retry-After` too; the table
+//! below says which answers carry what.
+//!
+//! # What each answer carries
+//!
+//! The statuses and bodies of the limiter's own answers are in the
+//! [`rejection`](crate::rejection) module.
+//!
+//! | case | headers |
+//! |---|---|
+//! | admitted (the handler's answer) | `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` |
+//! | admitted under a policy settled after the response | the rate-limit headers counting the reservation (`cost`); the settled cost shows from the next request |
+//! | over the limit, but fits within the policy's `delay`: held meanwhile (in the slot the store granted it), then passed to the handler once it fits | as admitted, as of when it passes |
+//! | over the limit (`429`) | `Retry-After` (seconds, rounded up, at least 1) and the three `X-RateLimit-*` |
+//! | over the limit beyond the policy's `delay`, or within it with `max_delayed = 0` (`429`) | as over the limit |
+//! | over a concurrency limit (`429`); a WebSocket (or other upgrade) over one, while the client's others are open (`429` instead of `101`) | `Retry-After: 1` |
+//! | over a calendar quota (`429`) | `Retry-After` and `X-RateLimit-Reset`: to the next period boundary |
+//! | blocked after a denial (`block`; `429` whatever the count) | `Retry-After` (the time left of the block), `X-RateLimit-Remaining: 0` |
+//! | denied after a settlement past the limit, an overdraft (`429`) | `Retry-After` until enough of the overdraft leaves the window, `X-RateLimit-Remaining: 0` (never negative) |
+//! | credentials from an address past its limit of refused credentials (`429`) | `Retry-After` and the rate-limit headers of `credential_failures` |
+//! | a per-request cost above the client's limit (`422`) | none: retrying cannot help |
+//! | token present but invalid (`401`) | `WWW-Authenticate: Bearer error="invalid_token"` |
+//! | unknown API key, with `unknown_api_key = "reject"` (`401`) | `WWW-Authenticate: ApiKey header="x-api-key"` |
+//! | no credentials, and every key source needs them (`401`); no key source identifies the client otherwise (`500`) | none |
+//! | fits within the `delay`, but the layer's places are all taken (`503`) | `Retry-After`: the wait it would have had |
+//! | store down, policy fails closed (`503`) | `Retry-After: 1` |
+//! | store down, policy fails open (the handler's answer) | none (a warning is traced) |
+//! | store down, policy fails to a local limit (`fail = "local"`) | the rate-limit headers of the local share |
+//! | exempt ([`RateLimitLayer::exempt`](crate::RateLimitLayer::exempt), config `exempt`, `exempt_api_keys`; the handler's answer) | none; nothing is counted |
+//! | any of the above, for a gRPC call | the headers above, and `grpc-retry-pushback-ms` (`-1` for `422`, `1000` for `503`) |
+//!
+//! # Which policy they describe
+//!
+//! When several policies apply, the `X-RateLimit-*` headers describe the
+//! one closest to denying; a `429` describes the one that frees last.
+//!
+//! A policy's route is a pattern as axum spells it (`GET /users/{id}`).
+//! Under axum it is compared with the pattern the router matched
+//! (`MatchedPath`), so it must be spelled as the router's route is;
+//! outside axum a request's path is matched against the patterns as axum's
+//! router would (`/users/42` falls under `/users/{id}`). Patterns axum
+//! would refuse are refused when the policies are built, with a
+//! [`PolicyError`](crate::policy::PolicyError) naming the pattern: an
+//! unclosed `{id`, two that conflict, and axum 0.7's captures (`:id`,
+//! `*rest`, which axum 0.8 no longer routes, so such a policy would never
+//! apply; the error gives the spelling to use, `{id}` or `{*rest}`). The
+//! layer cannot see the router's routes, so a pattern that names no route
+//! (a typo) would send its requests to the default policy without a word:
+//! [`Policies::routes_outside`](crate::Policies::routes_outside)`(patterns)`
+//! lists such routes against the patterns you serve, and the example
+//! server warns of them at start-up.
+//!
+//! A `HEAD` request on a `GET` route is counted as that `GET` (axum runs
+//! the `GET` handler for it), unless a policy names `HEAD` for the route.
+//!
+//! # IETF fields
+//!
+//! [`HeaderStyle::Ietf`] (set with
+//! [`with_header_style`](crate::RateLimitLayer::with_header_style), config
+//! `headers = "ietf"`) sends the fields of
+//! draft-ietf-httpapi-ratelimit-headers-10 instead, one item per policy
+//! that applied: `RateLimit-Policy: "search";q=5;w=60` (quota and window
+//! seconds) and `RateLimit: "search";r=4;t=58` (remaining and seconds until
+//! capacity grows). On a `429` no `t` is later than `Retry-After`.
+//! [`HeaderStyle::Both`] sends both sets; [`HeaderStyle::None`] neither.
+//!
+//! [`with_reset_format`]: crate::RateLimitLayer::with_reset_format
 
 use std::fmt::Write as _;
 use std::sync::LazyLock;

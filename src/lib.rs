@@ -11,11 +11,60 @@
 //! `Retry-After`; when the store is down each policy fails open, fails
 //! closed, or holds a local limit.
 //!
-//! The crate root has the layer, [`Policy`] and [`Policies`], the
-//! [`Rejection`] a hook sees, and the common key extractors; the rest is
-//! in [`policy`], [`key`], [`store`] (the [`Store`](store::Store) trait
-//! and both stores), [`headers`], [`rejection`] and [`layer`], and
-//! `config` (feature `config`).
+//! # How a request flows
+//!
+//! 1. **Who is asking.** The layer's [`KeyExtractor`] ([`PeerIp`], [`Header`],
+//!    `JwtClaim`, [`Global`], or a chain of them with [`KeyExtractor::or`])
+//!    turns the request head into the client's [`Key`](key::Key) and,
+//!    where a token or table says so, its tier ([`key`]).
+//! 2. **Which policies.** [`Policies`] pick the plan of the route the
+//!    router matched and the method; each [`Policy`] gives a limit per
+//!    window, its [`Algorithm`](policy::Algorithm), its cost and its tiers'
+//!    overrides ([`policy`]). A [`RequestCost`](policy::RequestCost) may
+//!    price the request, and a [limit lookup](limits) give the client a
+//!    limit of its own.
+//! 3. **The deny cache.** A client the store denied recently is answered
+//!    `429` from memory until its retry time ([`layer::DenyCache`]),
+//!    without asking the store.
+//! 4. **The store decides.** One [`Check`](store::Check) per policy goes
+//!    to the [`Store`](store::Store), which decides them all-or-nothing:
+//!    [`MemoryStore`](store::MemoryStore) in process, `RedisStore` in one
+//!    script call ([`store`]). When it fails, each policy's
+//!    [`FailMode`](policy::FailMode) answers (open, closed, or a local
+//!    limit), and a [`CircuitBreaker`](store::CircuitBreaker) makes that
+//!    answer immediate.
+//! 5. **The answer.** An admitted request goes on with its rate-limit
+//!    headers ([`headers`]); a denied one gets `429` with `Retry-After`,
+//!    or whatever the hook set with [`RateLimitLayer::on_rejection`] makes
+//!    of the [`Rejection`] ([`rejection`]).
+//! 6. **What is owed when the response ends.** Units given back for a
+//!    response a policy does not count ([`Count`](policy::Count)), a cost
+//!    settled from what the handler reports ([`Usage`]), and a lease
+//!    released when a request or WebSocket ends
+//!    ([`ConnectionLease`](layer::ConnectionLease)).
+//!
+//! # Modules
+//!
+//! | module | what is in it |
+//! |---|---|
+//! | crate root | [`RateLimitLayer`], [`Policy`], [`Policies`], [`Rejection`], [`Usage`] and the common key extractors |
+//! | [`policy`] | limits, windows, algorithms, tiers, costs, fail modes, calendars |
+//! | [`key`] | who the client is: addresses, API keys, JWT claims, chains |
+//! | [`store`] | the [`Store`](store::Store) trait, the memory and Redis stores, the breaker |
+//! | [`layer`] | the middleware and what it keeps: deny cache, refused credentials, leases, live policy changes |
+//! | [`headers`] | the `X-RateLimit-*` and IETF `RateLimit` fields |
+//! | [`rejection`] | why the limiter answers itself, and its `429`, `401`, `422`, `503` |
+//! | [`limits`] | per-client limits: a lookup, or a static table |
+//! | [`lookup`] | the one trait for asking a database while a request waits |
+//! | [`clock`] | time sources, and a clock tests move |
+//! | `config` | the TOML file the example server reads (feature `config`) |
+//!
+//! Start with the example below and [`Policy`]; then [`key`] to tell
+//! clients apart, and [`store`] to share limits between instances. The
+//! repository's `docs/` holds the guides: `operations.md` (running it on
+//! Redis in production, what to alert on), `configuration.md` (every key
+//! of the TOML file), `redis.md` (keys and records in Redis) and
+//! `example-server.md`.
 //!
 //! ```
 //! use axum::{Router, routing::{get, post}};
@@ -49,6 +98,35 @@
 //! | `tonic` | `PeerIp` reads the peer address a tonic server records (`TcpConnectInfo`) | no |
 //! | `metrics` | counters, a histogram and gauges through the `metrics` facade | no |
 //! | `test-util` | `clock::FakeClock`, a clock tests move, for the memory store and `RedisStoreBuilder::with_clock` | no |
+//!
+//! # Metrics
+//!
+//! With the `metrics` feature the limiter reports through the
+//! [`metrics`](https://docs.rs/metrics) facade; install a recorder (the
+//! example server uses metrics-exporter-prometheus and serves it at
+//! `GET /metrics`) before the first request. Labels are policy names,
+//! outcomes and error kinds, never a client's key.
+//!
+//! | metric | kind | labels |
+//! |---|---|---|
+//! | `slidegate_decisions_total` | counter | `policy`, `outcome`: `admitted`, `denied`, `deny_cache`, `shadow_denied`, `failed_open`, `failed_closed`, `exempt`, `local`, `delay_full` |
+//! | `slidegate_near_limit_total` | counter | `policy`: admitted with at most a fifth of the limit left |
+//! | `slidegate_store_seconds` | histogram | |
+//! | `slidegate_store_errors_total` | counter | `kind`: `timeout`, `backend`, `protocol`, `internal`, `circuit_open`, `unsupported`, `full` |
+//! | `slidegate_breaker_state` | gauge | 0 closed, 1 open, 2 probing |
+//! | `slidegate_memory_keys` | gauge | (policy, client) pairs the memory stores track |
+//!
+//! ```
+//! # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+//! // ... build the layer and serve; then, in a `/metrics` handler:
+//! let text = prometheus.render();
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Each decided request also opens a debug-level `rate_limit` span with
+//! the policy, the outcome and the store's time in microseconds.
 //!
 //! # Supported versions
 //!
@@ -94,4 +172,6 @@ struct ReadmeDoctests;
 #[cfg(doctest)]
 #[doc = include_str!("../docs/configuration.md")]
 #[doc = include_str!("../docs/example-server.md")]
+#[doc = include_str!("../docs/operations.md")]
+#[doc = include_str!("../docs/redis.md")]
 struct GuideDoctests;

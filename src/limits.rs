@@ -1,8 +1,53 @@
-//! Per-client limits: a [`Lookup`] finds a client's own limit under a
-//! policy (from a database, say), and [`Overrides`] is a static table of
-//! them (the configuration file's `[overrides]`). A limit found overrides
-//! the tier's; a token bucket without a burst of its own takes it as its
-//! burst too.
+//! Per-client limits: a limit lookup gives a client its own limit under a
+//! policy (from a database, say), replacing its tier's; a token bucket
+//! without a burst of its own takes it as its burst too. Any `Fn(&Key,
+//! &Policy) -> impl Future<Output = Option<u32>>` is a lookup, and so is
+//! a [`Lookup`] of your own; [`Overrides`] is a static table, and the
+//! configuration file's `[overrides]` fills one. Set it with
+//! [`RateLimitLayer::with_limit_lookup`](crate::RateLimitLayer::with_limit_lookup).
+//!
+//! Each answer is fresh for
+//! [`with_limit_lookup_ttl`](crate::RateLimitLayer::with_limit_lookup_ttl)
+//! (60 s by default, at most 100,000 answers kept per layer); past it, the
+//! answer is still served while a refresh runs in the background, so a
+//! slow lookup never lifts a client's own limit, and no request waits for
+//! it. Each lookup is bounded by the layer's
+//! [lookup timeout](crate::RateLimitLayer::with_lookup_timeout): a first
+//! lookup that times out gives the client the tier's limit (a warning is
+//! traced) and is not asked again for a second. `None` or 0 keeps the
+//! tier's limit.
+//!
+//! Every limit a client can be given passes the checks a policy's does
+//! ([`Policy::validate_own_limit`](crate::Policy::validate_own_limit): a
+//! token bucket's burst × window below 2^52 µs, a sliding counter's limit
+//! × window below 2^51 ms), so both stores count it exactly. An override
+//! that fails is refused as the file is read, naming its key; a lookup
+//! answer that fails is a lookup error (traced; the tier's limit applies).
+//! An own limit below a request's cost is answered `422`, as a cost above
+//! the limit is.
+//!
+//! ```toml
+//! [overrides]                          # "<key label>" = { <policy> = limit }
+//! "jwt:alice" = { search = 50 }
+//! ```
+//!
+//! ```
+//! use slidegate::{Global, Policies, Policy, RateLimitLayer, key::Key, limits::Overrides, store::MemoryStore};
+//! use std::time::Duration;
+//!
+//! let policies = Policies::single(Policy::new("search", 5, Duration::from_secs(60))).unwrap();
+//! let overrides = Overrides::new().with(Key::parse("jwt:alice").unwrap(), "search", 50);
+//! let contracts = |key: &Key, policy: &Policy| {
+//!     // Your database here.
+//!     let enterprise = key.as_str() == "jwt:acme" && policy.name() == "search";
+//!     async move { enterprise.then_some(10_000) }
+//! };
+//! let static_table = RateLimitLayer::new(MemoryStore::new(), Global, policies.clone())
+//!     .with_limit_lookup(overrides);
+//! let from_a_database = RateLimitLayer::new(MemoryStore::new(), Global, policies)
+//!     .with_limit_lookup(contracts)
+//!     .with_limit_lookup_ttl(Duration::from_secs(30));
+//! ```
 
 use std::collections::HashMap;
 use std::future::Future;

@@ -1,4 +1,5 @@
-//! Who is asking: [`KeyExtractor`]s turn a request head into a [`Key`].
+//! Who is asking: [`KeyExtractor`]s turn a request head into a [`Key`],
+//! and into the client's tier when a token or a table names one.
 //!
 //! Built-ins: [`PeerIp`], [`Header`] (known API keys, or a header your own
 //! gateway sets), `JwtClaim` (feature `jwt`), [`Global`], and any closure
@@ -7,17 +8,172 @@
 //! refuses the client's credentials ([`KeyRejection`], answered `401`)
 //! stops the chain.
 //!
+//! A verified bearer token, else a known API key, else the client's
+//! address, with a tier of its own limits for `pro` clients:
+//!
+//! ```rust
+//! use slidegate::{Header, JwtClaim, KeyExtractor, PeerIp, Policies, Policy, policy::TierLimits};
+//! use std::time::Duration;
+//!
+//! /// `public_key_pem`: the identity provider's RSA public key, in PEM.
+//! fn keys_and_policies(
+//!     public_key_pem: &[u8],
+//! ) -> Result<(impl KeyExtractor, Policies), Box<dyn std::error::Error>> {
+//!     // A verified bearer token; else an API key; else the client IP.
+//!     let jwt = JwtClaim::builder()
+//!         .with_public_key_pem(public_key_pem)
+//!         .with_algorithms(["RS256"])
+//!         .with_issuers(["https://auth.example"])
+//!         .with_tier_claim("plan")
+//!         .build()?;
+//!     let api_keys = Header::new(http::HeaderName::from_static("x-api-key"))
+//!         .tiers([("key-of-acme", "pro")]);
+//!     let keys = jwt.or(api_keys).or(PeerIp::new());
+//!
+//!     let policies = Policies::builder()
+//!         .route(
+//!             "GET /api/search",
+//!             Policy::new("search", 5, Duration::from_secs(60))
+//!                 .with_tier("pro", TierLimits::new().with_limit(50)),
+//!         )
+//!         .build()?;
+//!     Ok((keys, policies))
+//! }
+//! # let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/rsa_public.pem");
+//! # let pem = std::fs::read(path).unwrap();
+//! # keys_and_policies(&pem).unwrap();
+//! ```
+//!
+//! # Labels and hashing
+//!
 //! Every source writes its keys under a label of its own, which no other
 //! source can produce: `ip:` ([`PeerIp`]), `jwt:` (`JwtClaim`), `key:`
 //! (API keys), `header:<name>:` (a trusted [`Header`]), `global`
-//! ([`Global`]), and `user:` for keys made with [`Key::new`] by closures and
-//! your own extractors. A client that controls a header or a claim can
-//! never name another client's IP bucket.
+//! ([`Global`]), and `user:` for keys made with [`Key::new`] or
+//! [`Key::hashed`] by closures and your own extractors. A client that
+//! controls a header or a claim can never name another client's bucket.
 //!
 //! Key material from the client never reaches the store raw when it could
 //! hurt: secrets are hashed, and so is anything long, binary or holding a
 //! `{`, `}` or `#`, so no client can pick a Redis Cluster slot, bloat memory
 //! with huge keys, or read another tenant's key names.
+//!
+//! # Bearer tokens
+//!
+//! `JwtClaim` (feature `jwt`) reads `Authorization: Bearer`, verifies the
+//! signature with the key of the token's algorithm family, refuses every
+//! algorithm outside the allow-list (`none` always), requires `exp`, checks
+//! `exp` and `nbf` with a 5 s leeway, and `iss` and `aud` when configured.
+//! The key is the `sub` claim (or the one named with `with_key_claim`,
+//! config `key_claim`), as `jwt:<sub>`. No bearer token: the next extractor
+//! decides. A bad one: `401` with `WWW-Authenticate: Bearer
+//! error="invalid_token"` and a problem+json `reason` of `malformed`,
+//! `algorithm_not_allowed`, `unknown_key` (a `kid` no key has, with keys
+//! given per `kid`), `wrong_key_type`, `bad_signature`, `expired`,
+//! `not_yet_valid`, `wrong_issuer`, `wrong_audience`, `missing_claim` or
+//! `invalid_claim`; the chain stops there. `JwtClaim` tells how keys
+//! rotate.
+//!
+//! # Client addresses
+//!
+//! [`PeerIp`] keys a client by its address: the peer's, or, when the peer
+//! is one of the trusted proxies ([`PeerIp::with_trusted_proxies`]), the
+//! right-most address in `X-Forwarded-For` that is not a trusted proxy
+//! ([`PeerIp::with_forwarded_header`]`(`[`ForwardedHeader::Forwarded`]`)`
+//! reads RFC 7239 `Forwarded: for=...` instead; config
+//! `forwarded_header = "forwarded"`).
+//!
+//! IPv6 clients are counted by their /64 ([`PeerIp::with_ipv6_prefix`],
+//! config `ipv6_prefix`; 128 counts each address), since one subscriber
+//! gets a whole /64 and could otherwise rotate through it; IPv4 clients by
+//! their address ([`PeerIp::with_ipv4_prefix`] to group them).
+//!
+//! Behind a CDN or proxy that sets one header to the address it saw
+//! (`CF-Connecting-IP`, `True-Client-IP`, `Fly-Client-IP`, `X-Real-IP`),
+//! [`PeerIp::with_client_ip_header`]`(name)` (config `client_ip_header`)
+//! reads that header from the trusted proxies instead; it must hold one
+//! address on one line, or the request is keyed by the proxy. A request
+//! that carries the header from a peer that is not trusted is keyed by the
+//! peer, and the first such request of the process is logged as a warning:
+//! the usual sign of a proxy missing from the trusted proxies.
+//!
+//! # API keys
+//!
+//! An API key is a client only when it is known: in the table given to
+//! [`Header::keys`] or [`Header::tiers`] (the config's `[api_keys]`), as
+//! `key:#<hash>`. An unknown key is no identity, so the next extractor
+//! decides (the address, say); [`Header::reject_unknown`] (config
+//! `unknown_api_key = "reject"`) answers it `401` instead. A header your
+//! own gateway sets after authenticating the client, and strips from what
+//! clients send, can be taken as it is with [`Header::trusted`] (keys
+//! `header:<name>:#<hash>`): any client that can write such a header picks
+//! its own bucket, so it is an explicit opt-in.
+//!
+//! API keys that live in a database: [`Header::with_lookup`] takes an
+//! async lookup (any `Fn(&[u8]) -> impl Future<Output = ApiKeyStatus>`, or
+//! a type of yours implementing [`Lookup`]) asked about keys outside the
+//! table, which answers [`ApiKeyStatus::Known`]`(tier)` or
+//! [`ApiKeyStatus::Unknown`]. The layer waits for it at most
+//! [`with_lookup_timeout`]; a lookup that times out counts the key as
+//! unknown. It runs once per request with such a key: cache in it, unknown
+//! keys included.
+//!
+//! API keys are hashed on the way in, tier table included: no raw key is
+//! logged or written to Redis.
+//!
+//! # Tiers
+//!
+//! A client's tier comes from its token's tier claim, its API key's entry
+//! in [`Header::tiers`] or its lookup's answer, and each policy gives a
+//! tier its own limit, window and cost with
+//! [`Policy::with_tier`](crate::Policy::with_tier). A tier the policy does
+//! not name, or no tier, gets the policy's base values. For tiers that
+//! live in a database, [`RateLimitLayer::with_tier_lookup`] takes an async
+//! lookup (bounded by [`with_lookup_timeout`], 100 ms by default; on
+//! timeout the base limits apply).
+//!
+//! # Refused credentials
+//!
+//! Refused credentials (a bad signature, an expired or malformed token, an
+//! unknown API key with `reject`) are counted per client address, as
+//! [`PeerIp`] resolves it, in the layer's store, under the name
+//! `credential_failures`. Past the limit (10 a minute by default in the
+//! config; [`RateLimitLayer::with_credential_failures`] in code), every
+//! request from that address that carries credentials to a limited route
+//! (one a policy applies to) is answered `429` with `Retry-After` until the
+//! oldest refusal leaves the window, without verifying it. With a shared
+//! store, another instance may verify one more credential from such an
+//! address before it learns the address is blocked.
+//!
+//! # Exemptions, live policies and the client in handlers
+//!
+//! Exempt requests go to the handler untouched: never limited, no
+//! rate-limit headers, nothing counted in the store. In code,
+//! [`RateLimitLayer::exempt`]`(|parts| ...)` (with [`PeerIp::client`] for
+//! the address as the extractor resolves it); in the config, `exempt`
+//! (client networks) and `exempt_api_keys` (keys in `api_key_header`,
+//! compared by hash).
+//!
+//! Policies can be replaced while the layer serves:
+//! [`RateLimitLayer::policies_handle`] gives a [`PoliciesHandle`] whose
+//! [`replace`](crate::PoliciesHandle::replace)`(policies)` is in force for
+//! the next request (read without a lock). Counts are kept by policy name,
+//! so a policy that keeps its name keeps its clients' counts under its new
+//! limit and window.
+//!
+//! Handlers can read the client the limiter resolved (its key and tier) as
+//! an `Extension<Identity>` ([`Identity`]) when the layer is built with
+//! [`.with_identity_extension(true)`](crate::RateLimitLayer::with_identity_extension)
+//! (the example server does, for `/api/whoami`); it is off by default,
+//! since the extension costs an allocation per admitted request.
+//!
+//! [`Lookup`]: crate::lookup::Lookup
+//! [`with_lookup_timeout`]: crate::RateLimitLayer::with_lookup_timeout
+//! [`RateLimitLayer::with_tier_lookup`]: crate::RateLimitLayer::with_tier_lookup
+//! [`RateLimitLayer::with_credential_failures`]: crate::RateLimitLayer::with_credential_failures
+//! [`RateLimitLayer::exempt`]: crate::RateLimitLayer::exempt
+//! [`RateLimitLayer::policies_handle`]: crate::RateLimitLayer::policies_handle
+//! [`PoliciesHandle`]: crate::PoliciesHandle
 
 mod api_key_lookup;
 mod header;

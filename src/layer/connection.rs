@@ -17,48 +17,63 @@ use crate::throttle::RELEASE_FAILURES;
 /// WebSocket, a `CONNECT` tunnel), held until the upgraded connection
 /// closes.
 ///
-/// A lease of a [concurrency limit](crate::Policy::concurrency) usually
-/// ends with its response's body. An upgrade's response (`101 Switching
-/// Protocols`, or a `2xx` to `CONNECT`) has no body to speak of, and the
-/// connection it opens lives on. So the layer puts a `ConnectionLease` in
-/// the extensions of an upgrade request it admits under a concurrency
-/// limit. Move it into the task that serves the upgraded connection: the
-/// leases are then held, and renewed every third of their lease time, for
-/// as long as it (or a clone) lives, and released when the last is
-/// dropped.
+/// A [concurrency limit](crate::Policy::concurrency) on a route that
+/// upgrades (a WebSocket's `101 Switching Protocols`, a `2xx` to
+/// `CONNECT`) bounds the connections a client holds open. A lease usually
+/// ends with its response's body, but an upgrade's response has no body to
+/// speak of, and the connection it opens lives on. So the layer puts a
+/// `ConnectionLease` in the extensions of an upgrade request it admits
+/// under a concurrency limit. Move it into the task that serves the
+/// upgraded connection: the leases are then held, and renewed every third
+/// of their lease time, for as long as it (or a clone) lives, so a socket
+/// open for hours keeps its place, and released when the last is dropped.
 ///
 /// A handler that does not keep it leaves the leases to run out their
 /// lease time: the layer cannot see when such a connection closes, and it
 /// never gives a lease back early. A request that is not upgraded after
 /// all (its response is anything else) releases its leases with its
-/// response, whatever became of the handle.
+/// response, as any other, whatever became of the handle.
 ///
-/// A lease that is gone when it is renewed (it expired while the store
-/// could not be reached, the store lost it in a restart or a failover, or
-/// the connection was admitted while the store was down and failed open)
-/// is taken again only within the limit. A connection whose lease cannot
-/// be had is told by [`withdrawn`](Self::withdrawn): close it then, so
-/// that within one renewal period (a third of the lease time) of the
-/// store's return a client holds at most its limit. Close sockets whose
-/// peer has stopped answering too (ping, and close on silence): a peer
-/// that vanished without closing holds its leases for as long as the
-/// connection looks open.
+/// Pair the concurrency limit with a rate of opens (the example server's
+/// `socket_opens`): it counts sockets open, not opened.
 ///
+/// ```toml
+/// [[policy]]
+/// name = "sockets"
+/// route = "GET /ws/echo"
+/// concurrency = 5                      # at most five WebSockets per client at once
 /// ```
-/// use axum::extract::ws::{WebSocket, WebSocketUpgrade};
-/// use axum::response::Response;
-/// use axum::Extension;
+///
+/// ```rust
+/// use axum::{Extension, extract::ws::{WebSocket, WebSocketUpgrade}, response::Response};
 /// use slidegate::layer::ConnectionLease;
 ///
 /// async fn chat(upgrade: WebSocketUpgrade, lease: Option<Extension<ConnectionLease>>) -> Response {
-///     upgrade.on_upgrade(move |socket| async move {
-///         // Held while the socket is served; released when it closes.
-///         let _lease = lease;
-///         serve(socket).await;
+///     upgrade.on_upgrade(move |socket: WebSocket| async move {
+///         let _held = lease;                  // released when the socket closes
+///         // serve the socket here
+///         drop(socket);
 ///     })
 /// }
-/// # async fn serve(_socket: WebSocket) {}
 /// ```
+///
+/// Two things a connection must heed:
+///
+/// * **Withdrawn leases.** A lease that is gone when it is renewed (it
+///   expired while the store could not be reached, the store lost it in a
+///   restart or a failover, or the connection was admitted while the store
+///   was down and failed open) is taken again only within the limit. A
+///   connection whose lease cannot be had is told by
+///   [`withdrawn`](Self::withdrawn): close it then (the example server's
+///   echo closes with 1013, try again later), so that within one renewal
+///   period (a third of the lease time) of the store's return a client
+///   holds at most its limit.
+/// * **Silent peers.** A peer that vanishes without closing (a phone out
+///   of range, a frozen proxy) leaves a connection that looks open, and
+///   its leases renewed, for as long as TCP lets it: ping, and close a
+///   socket that stops answering (the example server's echo pings every
+///   10 s and closes one silent for 25 s with 1001). With keys by IP, two
+///   dead phones would otherwise lock out everyone behind one NAT.
 ///
 /// Closing a socket whose lease is withdrawn:
 ///

@@ -92,7 +92,8 @@ pub(crate) struct Denied {
 
 /// A small bounded cache of denials, so that a client that keeps sending
 /// while denied is answered `429` locally until its `Retry-After` passes,
-/// instead of costing a store round trip per request.
+/// instead of costing a store round trip per request: a flood from one
+/// client costs one round trip per retry period.
 ///
 /// It is exact: a denial is cached until `sent + retry_after`, measured
 /// from before the request was sent, and capacity can only free later than
@@ -102,8 +103,27 @@ pub(crate) struct Denied {
 /// block and algorithm and at least the same cost: a reload that changes
 /// a policy leaves its cached denials unanswered.
 ///
-/// [`RateLimitLayer`](crate::RateLimitLayer) keeps one by default when its
-/// store [`is_remote`](crate::store::Store::is_remote) (Redis).
+/// A block is answered from the cache for as long as it lasts, even under
+/// a policy that counts failures only: a refund never lifts a block. A
+/// denial something besides time may lift sooner is kept only for its
+/// block, if any: a concurrency limit's (a lease can end at any moment,
+/// so each such denial is a store call), that of a policy that counts
+/// some responses only (a refund may free it early) and that of a policy
+/// settled after the response (so may a settlement below its
+/// reservation).
+///
+/// The cache is asked before the store, so it answers whatever becomes of
+/// the store: with Redis down and a policy that fails closed, a client
+/// already denied keeps getting `429`, with its `Retry-After`, from the
+/// cache until its retry time, not `503`.
+///
+/// [`RateLimitLayer`](crate::RateLimitLayer) keeps one of 10,000 entries
+/// by default when its store [`is_remote`](crate::store::Store::is_remote)
+/// (Redis).
+/// [`with_deny_cache(DenyCache::new(n))`](crate::RateLimitLayer::with_deny_cache)
+/// gives it room for `n` clients (and turns it on for a store in process);
+/// [`without_deny_cache`](crate::RateLimitLayer::without_deny_cache) turns
+/// it off.
 ///
 /// ```
 /// use slidegate::{Global, Policies, Policy, RateLimitLayer, layer::DenyCache, store::MemoryStore};

@@ -52,9 +52,18 @@ impl RateLimitLayer {
     }
 
     /// Where the client `key` (of `tier`, for a tier's limits) stands
-    /// under the policy named `policy`, recording nothing: its limit, the
-    /// units left, and when capacity next grows (`reset`). `admitted` says
-    /// whether a request of the policy's cost would fit now.
+    /// under the policy named `policy`, recording nothing: its limit (its
+    /// own, when the layer has a [limit lookup](Self::with_limit_lookup)),
+    /// the units left, and when capacity next grows (`reset`). `admitted`
+    /// says whether a request of the policy's cost would fit now.
+    ///
+    /// A key is named in its label form, as the example server's
+    /// `/api/whoami` shows it: `Key::parse("ip:203.0.113.9")`,
+    /// `Key::parse("jwt:alice")`. [`Store::peek`](crate::store::Store::peek)
+    /// and [`Store::reset`](crate::store::Store::reset) do what `peek` and
+    /// [`reset`](Self::reset) do for a store of your own. The example
+    /// server serves both as `GET` and `DELETE /admin/limits/{policy}/{key}`
+    /// when its configuration has an `[admin]` token.
     ///
     /// ```
     /// use slidegate::{Global, Policies, Policy, RateLimitLayer, key::Key, store::MemoryStore};
@@ -64,8 +73,9 @@ impl RateLimitLayer {
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let policies = Policies::single(Policy::new("search", 5, Duration::from_secs(60)))?;
     /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies);
-    /// let alice = Key::parse("jwt:alice").unwrap();
+    /// let alice = Key::parse("jwt:alice").expect("a key in its label form");
     /// let now = layer.peek("search", &alice, None).await?;
+    /// println!("{} of {} left, more in {:?}", now.remaining, now.limit, now.reset);
     /// assert_eq!((now.limit, now.remaining), (5, 5));
     /// layer.reset("search", &alice).await?;
     /// # Ok(())
@@ -95,7 +105,8 @@ impl RateLimitLayer {
     /// `policy`, its block included, in the store (so on every instance
     /// that shares it). Denials of the client this instance's deny cache
     /// holds are forgotten too; other instances' deny caches may still
-    /// answer the client until its retry time.
+    /// answer the client until its retry time. See [`peek`](Self::peek)
+    /// for naming a key and for an example.
     ///
     /// # Errors
     ///

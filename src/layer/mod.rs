@@ -2,6 +2,144 @@
 //! wrap a service into a [`RateLimit`], and what a layer remembers between
 //! requests: a [`DenyCache`] of denied clients and the
 //! [`CredentialFailures`] of client addresses.
+//!
+//! # On an axum router
+//!
+//! ```
+//! use axum::{Router, routing::get};
+//! use slidegate::{
+//!     Header,
+//!     KeyExtractor,
+//!     PeerIp,
+//!     Policies,
+//!     Policy,
+//!     RateLimitLayer,
+//!     policy::FailMode,
+//!     store::RedisStore,
+//! };
+//! use slidegate::deadpool_redis::{Config, Runtime};
+//! use std::time::Duration;
+//!
+//! fn app() -> Result<Router, Box<dyn std::error::Error>> {
+//!     let pool = Config::from_url("redis://127.0.0.1:6379/").create_pool(Some(Runtime::Tokio1))?;
+//!     let store = RedisStore::builder(pool)
+//!         .with_timeout(Duration::from_millis(50))
+//!         .build()
+//!         .unwrap();
+//!
+//!     let search = Policy::new("search", 5, Duration::from_secs(60)).with_fail_mode(FailMode::Closed);
+//!     let policies = Policies::builder()
+//!         .route("GET /api/search", search)
+//!         .every_route(Policy::new("account", 10_000, Duration::from_secs(86_400)))
+//!         .default_policy(Policy::new("default", 100, Duration::from_secs(60)))
+//!         .build()?;
+//!
+//!     // A known API key when one is sent, else the client IP (X-Forwarded-For only from 10/8).
+//!     let keys = Header::new(http::HeaderName::from_static("x-api-key"))
+//!         .keys(["key-of-acme", "key-of-globex"])
+//!         .or(PeerIp::new().with_trusted_proxies(["10.0.0.0/8".parse()?]));
+//!
+//!     Ok(Router::new()
+//!         .route("/api/search", get(|| async { "results" }))
+//!         .route_layer(RateLimitLayer::new(store, keys, policies)))
+//!     // Serve with app.into_make_service_with_connect_info::<std::net::SocketAddr>()
+//! }
+//! ```
+//!
+//! Put the layer on with `Router::route_layer`: it limits the routes the
+//! router matched, picking their policies by axum's `MatchedPath`, and
+//! leaves unknown paths `404`. `Router::layer` runs before routing: every
+//! path, unknown ones included, is counted, under the default policy when
+//! no route matches.
+//!
+//! Serve the router with `into_make_service_with_connect_info::<SocketAddr>()`,
+//! which alone gives requests the `ConnectInfo<SocketAddr>` that
+//! [`PeerIp`](crate::PeerIp) reads the client's address from. Without it a
+//! request keyed by its address has none and is answered `500` (and a
+//! warning is traced, at most once a second).
+//!
+//! For one process, [`MemoryStore::new()`](crate::store::MemoryStore::new)
+//! takes the place of the `RedisStore`: the same decisions, sharded in
+//! memory, with idle keys evicted and a bound on the keys it tracks (see
+//! [`MemoryStore`](crate::store::MemoryStore)).
+//!
+//! # On any Tower service
+//!
+//! The layer works on any Tower service whose response body's data can be
+//! made from `Bytes` (axum's `Body`, `http_body_util::Full<Bytes>`, tonic's
+//! body, ...): a response's body is a [`ResponseBody`] around the inner
+//! service's, which carries the limiter's own answers too and holds a
+//! concurrency limit's lease until the body ends.
+//!
+//! # When the store is down
+//!
+//! Each policy has a [`FailMode`](crate::policy::FailMode), its own or the
+//! layer's ([`RateLimitLayer::with_fail_mode`]): open lets the request
+//! through and traces a warning, closed answers `503`, saying the limiter
+//! is the problem, and local enforces a local limit. A
+//! [`CircuitBreaker`](crate::store::CircuitBreaker) around the store makes
+//! that answer immediate rather than one store timeout later.
+//!
+//! With [`FailMode::Local`](crate::policy::FailMode::Local) (config
+//! `fail = "local"`), while the store is unavailable the policy is enforced
+//! in this process on a `MemoryStore`, at its limit divided by the number
+//! of instances ([`RateLimitLayer::with_local_share`]; rounded down, at
+//! least one unit), so that together the instances stay within the limit.
+//! A request's cost is scaled alike (30 of a limit of 100 is 8 of a local
+//! 25), so a cost that fits the limit always fits its share. A policy
+//! settled after the response reserves and settles in the local count too,
+//! at the instance's share of the cost reported (an admission the store
+//! made stays there at its reservation). The next request the store
+//! answers goes back to it.
+//!
+//! The two counts learn from each other, so a store that flaps never adds
+//! them up. Every admission the store makes for a local-mode policy is
+//! recorded in the local count too, so the local limit starts from what
+//! the store admitted (for policies that count some responses only, the
+//! units a response sends back to the store come back to the local count
+//! too). And for one window after the store last failed, a request must
+//! fit the local count before the store is asked, so what was admitted
+//! locally while the store was down still counts, and the store spends
+//! nothing on a request the local count refuses. One instance
+//! (`local_share = 1`) admits at most the limit in any window whether the
+//! store fails every other call, flaps every 100 ms or stays down (the
+//! repository's `tests/it/failures_shadow_fallback.rs`; without this, each
+//! side would admit its own limit). With several instances, each holds
+//! its share while the store is down and for a window after. The price is
+//! one in-process check per request for local-mode policies while the
+//! store answers. A request a full Redis refuses is limited at the local
+//! share too, whatever its policies' fail mode but closed (see
+//! `RedisStore`).
+//!
+//! ```toml
+//! [redis.breaker]
+//! failures = 5
+//! cooldown = "2s"
+//!
+//! [limiter]
+//! fail = "local"
+//! local_share = 4
+//! ```
+//!
+//! ```rust
+//! use slidegate::{
+//!     PeerIp,
+//!     Policies,
+//!     Policy,
+//!     RateLimitLayer,
+//!     policy::FailMode,
+//!     store::{BreakerSettings, CircuitBreaker, RedisStore},
+//! };
+//! use std::time::Duration;
+//!
+//! # fn demo(pool: slidegate::deadpool_redis::Pool) {
+//! # let policies = Policies::single(Policy::new("all", 100, Duration::from_secs(60))).unwrap();
+//! let store = CircuitBreaker::new(RedisStore::new(pool), BreakerSettings::new(5, Duration::from_secs(2)));
+//! let layer = RateLimitLayer::new(store, PeerIp::new(), policies)
+//!     .with_fail_mode(FailMode::Local)
+//!     .with_local_share(4);
+//! # }
+//! ```
 
 // One request, in the order it meets them: `service` (the call), `decide`
 // (what is known now, the store asked), `outcome` (its answer into a call
@@ -62,6 +200,9 @@ pub(crate) use settings::Shared;
 use settings::{DEFAULT_LIMIT_TTL, Settings};
 
 /// Applies sliding-window rate limiting to a service.
+///
+/// The [`layer`](crate::layer) module says how to put it on an axum router
+/// or any Tower service, and what it answers while its store is down.
 ///
 /// ```
 /// use axum::{Router, routing::get};
@@ -164,15 +305,10 @@ impl RateLimitLayer {
     /// The layer asks once per client and policy, waits at most its
     /// [lookup timeout](Self::with_lookup_timeout), and keeps the answer for a
     /// while ([`with_limit_lookup_ttl`](Self::with_limit_lookup_ttl), 60 s by
-    /// default), so most requests do not wait at all. Past its time, an
-    /// answer is still served while it is refreshed in the background: a
-    /// slow lookup never lifts a client's own limit to the tier's. A lookup
-    /// that fails should answer `None`: the tier's limit applies. One that
-    /// times out for a client with no earlier answer gives it the tier's
-    /// limit, and is asked again a second later. A limit of 0 is taken as
-    /// `None`, and a limit the policy cannot count exactly (see
-    /// [`Policy::validate_own_limit`](crate::Policy::validate_own_limit)) is
-    /// an error, traced, and the tier's limit applies. Any `Fn(&Key,
+    /// default), so most requests do not wait at all. A lookup that fails
+    /// should answer `None`: the tier's limit applies. The
+    /// [`limits`](crate::limits) module says how answers are refreshed,
+    /// what a timeout gives, and which limits are refused. Any `Fn(&Key,
     /// &Policy) -> impl Future<Output = Option<u32>>` is a lookup (see
     /// [`Lookup`]), and so is a table of [`Overrides`](crate::limits::Overrides):
     ///
@@ -248,11 +384,29 @@ impl RateLimitLayer {
     }
 
     /// Leaves the requests `exempt` says yes to alone: they go to the inner
-    /// service untouched, count nowhere and carry no rate-limit headers
-    /// (an internal network, a health checker, a partner's key). Called
-    /// for every request a policy applies to, before the client is
-    /// identified, so keep it cheap. Set twice, a request is exempt when
-    /// either says so.
+    /// service untouched, touch no store, count nowhere and carry no
+    /// rate-limit headers (an internal network, a health checker, a
+    /// partner's key). Called for every request a policy applies to, before
+    /// the client is identified, so keep it cheap. Set twice, a request is
+    /// exempt when either says so.
+    ///
+    /// [`PeerIp::client`](crate::PeerIp::client) gives the client's address
+    /// as the extractor resolves it. A request whose client a trusted proxy
+    /// cannot name (no forwarding header, `Forwarded: for=unknown`) has
+    /// none, so it is never exempt by address, even when the proxy's own
+    /// address is in an exempt network.
+    ///
+    /// In the configuration file, `exempt` lists client networks (resolved
+    /// as `PeerIp` resolves them) and `exempt_api_keys` keys sent in its
+    /// `api_key_header` (compared by digest). An empty exempt key is
+    /// refused when the file loads: it would exempt every request with an
+    /// empty header.
+    ///
+    /// ```toml
+    /// [limiter]
+    /// exempt = ["10.1.0.0/16"]            # client addresses, resolved as PeerIp resolves them
+    /// exempt_api_keys = ["internal-key"]  # compared by digest
+    /// ```
     ///
     /// ```
     /// use ipnet::IpNet;
@@ -281,8 +435,10 @@ impl RateLimitLayer {
     /// namespaces count apart even where their policies share a name.
     /// Layers on one store without namespaces (or in one) share the counts
     /// of a policy name: one budget when their policies count alike, and
-    /// refused when they do not (see [`PolicyConflict`]). A namespace is
-    /// 1 to 64 ASCII letters, digits, `-` and `_`.
+    /// refused when they do not (see [`PolicyConflict`]). Services in other
+    /// processes that share a Redis cannot be seen: give them namespaces
+    /// (or store prefixes) of their own. A namespace is 1 to 64 ASCII
+    /// letters, digits, `-` and `_` (config `limiter.namespace`).
     ///
     /// ```
     /// use slidegate::{PeerIp, Policies, Policy, RateLimitLayer, store::MemoryStore};
@@ -308,7 +464,8 @@ impl RateLimitLayer {
     }
 
     /// Answers denied clients from `cache` until their retry time, without
-    /// a store round trip (see [`DenyCache`]).
+    /// a store round trip (see [`DenyCache`]); for a store in process too,
+    /// which keeps none unless told.
     #[must_use]
     pub fn with_deny_cache(mut self, cache: DenyCache) -> Self {
         Arc::make_mut(&mut self.shared).deny_cache = Some(cache);

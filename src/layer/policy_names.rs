@@ -150,8 +150,32 @@ fn conflict_with(ours: &Policies, theirs: &Weak<ArcSwap<Policies>>) -> Option<Po
     })
 }
 
-/// Replaces a layer's policies while it serves; see
-/// [`RateLimitLayer::policies_handle`].
+/// Replaces a layer's policies while it serves (a configuration reloaded
+/// at runtime); made by [`RateLimitLayer::policies_handle`].
+///
+/// [`replace`](Self::replace) puts new policies in force for the next
+/// request, in every service the layer wraps, clones included, without a
+/// lock on the request path; a request already past its policy selection
+/// finishes under the policies it started with. Counts are kept by policy
+/// name: a policy that keeps its name keeps its clients' counts, under its
+/// new limit and window. Policies that would give a name another meaning
+/// than another layer's on the same store are refused
+/// ([`PolicyConflict`]), and the policies in force stay.
+///
+/// The example server reloads its `--config` file this way on `SIGHUP`
+/// and logs each policy added, changed or removed; a bad file is refused
+/// with the start-up error, and the policies in force stay.
+///
+/// ```
+/// use slidegate::{Global, Policies, Policy, RateLimitLayer, store::MemoryStore};
+/// use std::time::Duration;
+///
+/// let minute = |limit| Policies::single(Policy::new("all", limit, Duration::from_secs(60))).unwrap();
+/// let layer = RateLimitLayer::new(MemoryStore::new(), Global, minute(10));
+/// let handle = layer.policies_handle();
+/// handle.replace(minute(20)).unwrap();
+/// assert_eq!(handle.current().iter().next().unwrap().limit(), 20);
+/// ```
 #[derive(Clone)]
 pub struct PoliciesHandle(Arc<ArcSwap<Policies>>);
 
@@ -184,24 +208,9 @@ impl PoliciesHandle {
 }
 
 impl RateLimitLayer {
-    /// A handle that replaces this layer's policies while it serves (a
-    /// configuration reloaded at runtime), shared by every service the
-    /// layer wraps, clones included. Requests read the policies without a
-    /// lock; a request already past its policy selection finishes under
-    /// the policies it started with. Counts are kept by policy name: a
-    /// policy that keeps its name keeps its clients' counts, under its new
-    /// limit and window.
-    ///
-    /// ```
-    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, store::MemoryStore};
-    /// use std::time::Duration;
-    ///
-    /// let minute = |limit| Policies::single(Policy::new("all", limit, Duration::from_secs(60))).unwrap();
-    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, minute(10));
-    /// let handle = layer.policies_handle();
-    /// handle.replace(minute(20)).unwrap();
-    /// assert_eq!(handle.current().iter().next().unwrap().limit(), 20);
-    /// ```
+    /// A [`PoliciesHandle`] that replaces this layer's policies while it
+    /// serves, in every service the layer wraps, clones included; counts
+    /// are kept by policy name.
     pub fn policies_handle(&self) -> PoliciesHandle {
         PoliciesHandle(self.shared.policies.clone())
     }

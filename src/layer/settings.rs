@@ -216,7 +216,11 @@ impl RateLimitLayer {
     /// the store is unavailable, a policy that fails to a local limit
     /// ([`FailMode::Local`]) allows each instance its limit divided by
     /// this, rounded down, and at least one unit, so that together they
-    /// stay within the limit.
+    /// stay within the limit. A request's cost is scaled alike (30 of a
+    /// limit of 100 is 8 of a local 25). The [`layer`](crate::layer)
+    /// module's *When the store is down* says how the local count and the
+    /// store's learn from each other, so that a store that flaps never adds
+    /// them up.
     ///
     /// ```
     /// use slidegate::{Global, Policies, Policy, RateLimitLayer, policy::FailMode, store::MemoryStore};

@@ -33,11 +33,14 @@ const UNSET: u64 = u64::MAX;
 /// lets go. What is reported past the reservation is charged as it comes,
 /// at most once a second, not only at the end, so a request that runs long
 /// (a client that holds its body back) spends no more than it reports
-/// meanwhile. A stream that goes
-/// away before its end is charged what it reported by then, so report as
-/// you go ([`add`](Self::add)) rather than once at the end. Units charged
-/// as they came are not given back if a later [`set`](Self::set) reports
-/// less.
+/// meanwhile. A stream that goes away before its end is charged what it
+/// reported by then, so report as you go ([`add`](Self::add)) rather than
+/// once at the end; a request that reports nothing keeps its reservation.
+/// Units charged as they came are not given back if a later
+/// [`set`](Self::set) reports less. A response header the policy names
+/// ([`Policy::with_usage_header`](crate::Policy::with_usage_header)) wins
+/// over the handle. How an overdraft counts, and how to bound it, is on
+/// [`Policy::settled_after_response`](crate::Policy::settled_after_response).
 ///
 /// ```
 /// use axum::{Extension, routing::post, Router};
@@ -52,6 +55,30 @@ const UNSET: u64 = u64::MAX;
 /// }
 ///
 /// let app: Router = Router::new().route("/complete", post(complete));
+/// ```
+///
+/// A policy of 100,000 tokens a minute reserving 500 a completion, and a
+/// handler whose stream reports its tokens as it sends them:
+///
+/// ```rust
+/// use axum::{Extension, body::Body};
+/// use slidegate::{Policy, Usage};
+/// use std::time::Duration;
+///
+/// let tokens = Policy::new("tokens", 100_000, Duration::from_secs(60))
+///     .with_cost(500)
+///     .settled_after_response();
+///
+/// // The handler: a stream that reports its tokens as it sends them.
+/// async fn complete(usage: Option<Extension<Usage>>) -> Body {
+///     let chunks = ["Once ", "upon ", "a time"].map(|chunk| {
+///         if let Some(Extension(usage)) = &usage {
+///             usage.add(1);
+///         }
+///         Ok::<_, std::convert::Infallible>(chunk)
+///     });
+///     Body::from_stream(futures_util::stream::iter(chunks))
+/// }
 /// ```
 #[derive(Debug, Clone)]
 pub struct Usage(Arc<Shared>);

@@ -29,17 +29,46 @@ impl Period {
     }
 }
 
-/// A quota per calendar period: a policy counts its units per day, week
-/// (from Monday), month or year, aligned to the period's boundaries at a
-/// fixed offset from UTC (UTC unless set), and the count starts again at
-/// each boundary. `X-RateLimit-Reset` and `Retry-After` count to the next
-/// boundary: months have 28 to 31 days and years 365 or 366, as the
-/// Gregorian calendar has them. The count is exact, and one number per
-/// client (see [`Policy::calendar`](crate::Policy::calendar)).
+/// A quota per calendar period: a policy
+/// ([`Policy::calendar`](crate::Policy::calendar)) counts a client's units
+/// per day, week, month or year, the limit per period, and the count starts
+/// again at each boundary: midnight, Monday 00:00, the 1st of the month,
+/// January 1st. In the config file, `calendar = "day" | "week" | "month" |
+/// "year"` takes the place of `window` (and of `algorithm`).
 ///
-/// An offset is fixed: a period at `+02:00` runs from 00:00 at UTC+2,
-/// 22:00 UTC the day before, whatever the season (no daylight saving
-/// time).
+/// The boundaries are in UTC, or at a fixed offset from it
+/// ([`east_of_utc`](Self::east_of_utc), [`west_of_utc`](Self::west_of_utc),
+/// config `utc_offset`): a period at `"+02:00"` starts at 00:00 UTC+2,
+/// 22:00 UTC the day before, all year round (no daylight saving time).
+/// `X-RateLimit-Reset` and `Retry-After` count to the next boundary, with
+/// months of 28 to 31 days and leap years as the Gregorian calendar has
+/// them. On Redis the period is read from Redis's clock.
+///
+/// The count is exact and one number per client (16 bytes on Redis,
+/// expiring at the period's end). A count is never ended early: a clock
+/// that steps back into an earlier period, or a reload into shorter
+/// periods, keeps it to its own end. A calendar quota takes no delay, and
+/// its tiers no window of their own.
+///
+/// ```toml
+/// [[policy]]
+/// name = "monthly"
+/// limit = 10000                        # calls a month, reset on the 1st
+/// calendar = "month"
+/// utc_offset = "+02:00"                # optional; UTC by default
+/// ```
+///
+/// ```rust
+/// use slidegate::Policy;
+/// use slidegate::policy::{Calendar, Period};
+/// use std::time::Duration;
+///
+/// let monthly = Policy::calendar(
+///     "monthly",
+///     10_000,
+///     Calendar::new(Period::Month).east_of_utc(Duration::from_secs(2 * 3600)),
+/// );
+/// ```
 ///
 /// ```
 /// use slidegate::policy::{Calendar, Period};

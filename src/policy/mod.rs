@@ -5,6 +5,53 @@
 //! and per-tier overrides ([`TierLimits`]); [`Policies`] is the validated
 //! set of a layer, each policy on a [`Route`] or on every route; a
 //! [`RequestCost`] computes a request's [`Cost`] from its head.
+//!
+//! # Algorithms
+//!
+//! A policy counts with one [`Algorithm`]: an exact sliding log (the
+//! default), a sliding or fixed window counter for very high limits and
+//! millions of clients, a token bucket for a steady rate with bursts, a
+//! concurrency limit on requests in flight, or a quota per calendar day,
+//! week, month or year. [`Algorithm`] compares them, with when to pick
+//! each.
+//!
+//! # Beyond the window
+//!
+//! Each of these works on both stores, in the same all-or-nothing batch as
+//! the other policies of a request (a request denied by one records nothing
+//! in any), and each has its tests on a real Redis beside the memory store.
+//!
+//! * **A burst over a steady rate:** [`Algorithm::TokenBucket`], with a
+//!   bucket of [`Policy::with_burst`] units.
+//! * **At most N in flight:** [`Policy::concurrency`].
+//! * **Wait a little instead of `429`:** [`Policy::with_delay`].
+//! * **Block an abuser for a while:** [`Policy::with_block`].
+//! * **Inspect and reset a client:** [`RateLimitLayer::peek`] tells where
+//!   a client stands without recording anything, and
+//!   [`RateLimitLayer::reset`] forgets what it has spent, its block
+//!   included.
+//! * **A limit per client:** a limit lookup
+//!   ([`RateLimitLayer::with_limit_lookup`]: a closure, a [`Lookup`] of
+//!   your own, or an [`Overrides`] table) gives a client its own limit in
+//!   place of its tier's (see the [`limits`](crate::limits) module).
+//! * **Costs known after the response, such as LLM token budgets:**
+//!   [`Policy::settled_after_response`], with the [`Usage`] a handler
+//!   reports on, or [`Policy::with_usage_header`].
+//! * **Quotas by the calendar:** [`Policy::calendar`] and [`Calendar`].
+//! * **WebSockets and other upgraded connections:** a
+//!   [`Policy::concurrency`] limit held by a [`ConnectionLease`].
+//!
+//! A policy may also count only the requests that failed, or succeeded
+//! ([`Count`]), and run in shadow mode, counting and deciding without ever
+//! denying ([`Policy::with_shadow`]).
+//!
+//! [`RateLimitLayer::peek`]: crate::RateLimitLayer::peek
+//! [`RateLimitLayer::reset`]: crate::RateLimitLayer::reset
+//! [`RateLimitLayer::with_limit_lookup`]: crate::RateLimitLayer::with_limit_lookup
+//! [`Overrides`]: crate::limits::Overrides
+//! [`Lookup`]: crate::lookup::Lookup
+//! [`Usage`]: crate::Usage
+//! [`ConnectionLease`]: crate::layer::ConnectionLease
 
 mod calendar;
 pub(crate) mod cost;
@@ -29,6 +76,28 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// The counting algorithm of a [`Policy`].
+///
+/// | algorithm | state per client and policy | accuracy | pick it for |
+/// |---|---|---|---|
+/// | [`SlidingLog`](Algorithm::SlidingLog) (default) | one entry per admitted request | exact; `Retry-After` to the microsecond | most limits: exact, at one entry per request in the window |
+/// | [`SlidingCounter`](Algorithm::SlidingCounter) | two counters (current and previous epoch-aligned window) | estimates the previous window as spread evenly; `Retry-After` and reset solved exactly from that estimate | very high limits and millions of clients: constant memory, at a small approximation |
+/// | [`FixedWindow`](Algorithm::FixedWindow) | one counter | a client can spend up to twice the limit across a boundary | the cheapest count, where twice the limit across a boundary does no harm |
+/// | [`TokenBucket`](Algorithm::TokenBucket) | one timestamp and debt (32 bytes on Redis) | exact for its model: a steady rate with a burst; `Retry-After` to the microsecond | a steady rate that lets a client spend a [burst](Policy::with_burst) at once |
+/// | [`Concurrency`](Algorithm::Concurrency) ([`Policy::concurrency`]) | one lease per request in flight | exact: at most N in flight | slow or long requests (exports, WebSockets): how many at once, not how many a minute |
+/// | [`Calendar`](Algorithm::Calendar) ([`Policy::calendar`]) | one count (16 bytes on Redis) | exact; starts again at each boundary of the period | quotas per day, week, month or year: "10,000 calls a month, from the 1st" |
+///
+/// ```rust
+/// use slidegate::{Policy, policy::Algorithm};
+/// use std::time::Duration;
+///
+/// let per_client = Policy::new("api", 10_000, Duration::from_secs(60)).with_algorithm(Algorithm::SlidingCounter);
+/// ```
+///
+/// Every algorithm works on both stores with the same results, with
+/// weighted costs and all-or-nothing batches (one script call even when a
+/// request's policies use different algorithms). The counter's accuracy on
+/// a seeded million-request trace, and the memory each algorithm takes,
+/// are in the repository's `BENCHMARKS.md`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Algorithm {
@@ -45,12 +114,13 @@ pub enum Algorithm {
     /// One epoch-aligned fixed-window counter: the cheapest, but a client
     /// can spend up to twice the limit across a window boundary.
     FixedWindow,
-    /// A token bucket (GCRA, one timestamp per client): a steady rate of
-    /// `limit` units per `window`, with a bucket of
-    /// [burst](Policy::with_burst) units (default: the limit) that a
-    /// client may spend at once. Exact for its model; `burst × window in
-    /// µs` must stay below 2^52 so the arithmetic is exact in Redis.
-    /// Decisions report the burst as their limit.
+    /// A token bucket (GCRA, one timestamp per client, one 32-byte key per
+    /// client and policy on Redis): a steady rate of `limit` units per
+    /// `window`, with a bucket of [burst](Policy::with_burst) units
+    /// (default: the limit) that a client may spend at once. Exact for its
+    /// model; `burst × window in µs` must stay below 2^52 so the
+    /// arithmetic is exact in Redis. Decisions report the burst as their
+    /// limit.
     TokenBucket,
     /// At most `limit` requests of a client in flight at once (see
     /// [`Policy::concurrency`]): a request holds a lease from admission
@@ -108,15 +178,73 @@ pub enum FailMode {
 
 /// Which requests a policy counts, by their response.
 ///
-/// Every request is counted when it is admitted, so a burst can never pass
-/// the limit; once its response shows that it should not count, its units
-/// are taken back ([`Store::refund`](crate::store::Store::refund)). A request
-/// whose response never comes (the client went away) stays counted.
+/// [`Count::Failures`] (config `count = "failures"`) limits what failed,
+/// such as wrong passwords: successful logins are not counted.
+///
+/// ```toml
+/// [[policy]]
+/// name = "login"
+/// route = "POST /api/login"
+/// limit = 3
+/// window = "60s"
+/// count = "failures"                  # responses with a status of 400 or more
+/// ```
+///
+/// ```rust
+/// use slidegate::{Policy, policy::Count};
+/// use std::time::Duration;
+///
+/// let login = Policy::new("login", 3, Duration::from_secs(60)).with_count(Count::Failures);
+/// ```
+///
+/// # gRPC
 ///
 /// A gRPC call (`content-type: application/grpc`) fails by its
-/// `grpc-status`, not its HTTP status (`200` either way): read from the
-/// response head when the call ended at once, from the trailers otherwise;
-/// a call whose body is not sent to its trailers stays counted.
+/// `grpc-status` (anything but `0`), since its HTTP status is `200` either
+/// way: read from the response head when the call ended at once, and from
+/// the trailers otherwise (a call whose body breaks has failed; one whose
+/// body never reaches its trailers stays counted). gRPC-Web's trailers are
+/// inside its body: a gRPC-Web call is judged by its status only when it
+/// ends at once (the status in the head), and stays counted otherwise.
+///
+/// # Counted, then refunded
+///
+/// Every request is still counted when it is admitted, so a burst can
+/// never pass the limit; once its response shows it should not count, its
+/// units are taken back ([`Store::refund`](crate::store::Store::refund)):
+/// a sliding log drops exactly that request's entry, a counter takes the
+/// units from the window that counted them, and a token bucket takes back
+/// the part of the request's debt not yet repaid, counted as if its units
+/// were the first the bucket owed and repaid at the fastest rate any tier
+/// refilled it at (so never another request's; after the clock steps back
+/// by more than a window, a request recorded before the step gets nothing
+/// back). A refund gives back only what the request still holds, never
+/// more: units that have left the window, or that the bucket has refilled
+/// already, are not given twice (a slow successful login refunded a second
+/// later gives nothing back to a bucket of one a second). At no instant are
+/// more requests in the service than the limit allows.
+///
+/// Refunding from a sliding log names the one record it took back (records
+/// have times of their own), so refunding a request twice takes nothing
+/// the second time, and it rewrites at most one page of the log.
+///
+/// The headers say what is left after the request, as of its decision
+/// (requests decided while it ran are not in them): a response that does
+/// not count shows its units given back (a successful login leaves
+/// `X-RateLimit-Remaining` where it was, and a client with nothing counted
+/// sees a reset of `0`; a gRPC call settled by its trailers cannot: its
+/// head has gone). [`Store::peek`](crate::store::Store::peek) gives a
+/// client's remaining units and reset without counting anything.
+///
+/// A refund to Redis runs on a task of its own, so the response never
+/// waits for it: it lands just after the response, and a request sent the
+/// instant the response arrives may still find the units counted. If it
+/// fails, the units stay counted until they leave the window, and a
+/// warning is logged. A request whose response never comes (the client
+/// went away) stays counted, and a denial of such a policy is not kept in
+/// the [deny cache](crate::layer::DenyCache), since a refund may free it
+/// early. With a [block](Policy::with_block), mind the requests still in
+/// flight: they count until their responses show otherwise.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Count {
@@ -194,20 +322,47 @@ impl Policy {
     }
 
     /// A policy named `name` allowing at most `in_flight` requests of a
-    /// client at once ([`Algorithm::Concurrency`]). A request holds a lease
-    /// from its admission until its response body has been sent to the
-    /// end, or the response or body is dropped (the client went away, the
-    /// handler panicked). A lease expires after [`DEFAULT_LEASE`] (see
-    /// [`with_lease`](Self::with_lease)), so the leases of an instance
-    /// that died are gone within it. Over the limit a request is answered
-    /// `429` with `Retry-After: 1`. `in_flight` is at most 4,096 per
-    /// client (see [`PolicyError::TooManyLeases`]).
+    /// client at once ([`Algorithm::Concurrency`]), across every instance
+    /// on one Redis. A request holds a lease from its admission until its
+    /// response body has been sent to the end, or the response or body is
+    /// dropped (the client went away, the handler panicked); every
+    /// response body is a [`ResponseBody`](crate::layer::ResponseBody) for
+    /// this. A lease expires after the lease time
+    /// ([`with_lease`](Self::with_lease), [`DEFAULT_LEASE`] of 30 s unless
+    /// set), so the leases of an instance that died are gone within it; set
+    /// it above your slowest response, since a request that outlives its
+    /// lease stops counting. Over the limit a request is answered `429`
+    /// with `Retry-After: 1`. `in_flight` is at most 4,096 per client (see
+    /// [`PolicyError::TooManyLeases`]): each lease is a member of one Redis
+    /// key per client, which Redis must free at once.
     ///
+    /// Denials of a concurrency limit are never cached (a lease can end at
+    /// any moment), so each is a store call. Each check carries a lease id
+    /// made before the store is asked, so a request whose check timed out,
+    /// failed or was dropped in flight still releases its lease by that id
+    /// (on Redis, a release that arrives before its take leaves a
+    /// tombstone, and the take then takes nothing): a client is never
+    /// locked out with nothing in flight.
+    ///
+    /// On a route that upgrades its connection (a WebSocket), the lease is
+    /// held until the upgraded connection closes: see
+    /// [`ConnectionLease`](crate::layer::ConnectionLease).
+    ///
+    /// ```toml
+    /// [[policy]]
+    /// name = "exports"
+    /// route = "GET /api/export"
+    /// concurrency = 2                      # in place of limit and window
+    /// lease = "30s"
     /// ```
-    /// use slidegate::{Policy, policy::Algorithm};
     ///
-    /// let exports = Policy::concurrency("exports", 2);
-    /// assert_eq!((exports.algorithm(), exports.limit()), (Algorithm::Concurrency, 2));
+    /// ```rust
+    /// use slidegate::Policy;
+    /// use std::time::Duration;
+    /// # use slidegate::policy::Algorithm;
+    ///
+    /// let exports = Policy::concurrency("exports", 2).with_lease(Duration::from_secs(120));
+    /// # assert_eq!((exports.algorithm(), exports.limit()), (Algorithm::Concurrency, 2));
     /// ```
     pub fn concurrency(name: impl Into<Arc<str>>, in_flight: u32) -> Self {
         Self::new(name, in_flight, DEFAULT_LEASE).with_algorithm(Algorithm::Concurrency)
@@ -253,11 +408,27 @@ impl Policy {
     /// units a client may spend at once, refilled at `limit` per `window`
     /// (default: the limit). Refused for other algorithms.
     ///
+    /// The bucket is GCRA in one 32-byte key per client and policy, exact
+    /// for its model: `Retry-After` is the moment the request's whole cost
+    /// fits, to the microsecond, whatever the rate (three a second is
+    /// 333,333⅓ µs a unit and stays exact). Headers report the burst as the
+    /// limit, and `RateLimit-Policy` states the burst per the time to
+    /// refill it (`"api";q=50;w=5` for 10 a second with a burst of 50).
+    /// `burst × window in µs` must stay below 2^52.
+    ///
+    /// ```toml
+    /// [[policy]]
+    /// name = "api"
+    /// limit = 10                           # 10 a second on average...
+    /// window = "1s"
+    /// algorithm = "token_bucket"
+    /// burst = 50                           # ...and up to 50 at once
     /// ```
+    ///
+    /// ```rust
     /// use slidegate::{Policy, policy::Algorithm};
     /// use std::time::Duration;
     ///
-    /// // 10 a second on average, up to 50 at once.
     /// let api = Policy::new("api", 10, Duration::from_secs(1))
     ///     .with_algorithm(Algorithm::TokenBucket)
     ///     .with_burst(50);
@@ -269,20 +440,47 @@ impl Policy {
         self
     }
 
-    /// Blocks a client once this policy denies it: every request of the
-    /// client under this policy is denied for `block` from that denial
-    /// (`429` with `Retry-After` the time left), whatever its count. The
-    /// block is held in the store, so every instance agrees, and the deny
-    /// cache answers it locally.
+    /// Blocks a client once this policy denies it by its own count: every
+    /// request of the client under this policy is denied for `block` from
+    /// that denial (`429` with `Retry-After` the time left), whatever its
+    /// count, and requests during the block do not extend it. The block is
+    /// held in the store, so every instance agrees, and answered from the
+    /// [deny cache](crate::layer::DenyCache), even under
+    /// [`Count::Failures`]: a refund never lifts a block. A reload that
+    /// takes `block` off a policy lifts its blocks on both stores.
     ///
+    /// A request denied by another policy of the same request is no denial
+    /// of this one, and nor is a request this policy's own
+    /// [delay](Self::with_delay) holds: with both, a request that fits
+    /// within the delay is held, and only one beyond it starts the block.
+    /// A request the layer has no place to hold is answered `429` but stays
+    /// counted, as if it had been held, so a flood that fills the layer's
+    /// places still reaches its block.
+    ///
+    /// With [`Count::Failures`], requests still in flight count until their
+    /// responses show otherwise, so a client with more requests in flight
+    /// than the limit (slow logins, say) is denied and blocked although
+    /// none of them fails: keep such a policy's limit above the logins a
+    /// client can have in flight at once.
+    ///
+    /// ```toml
+    /// [[policy]]
+    /// name = "login"
+    /// route = "POST /api/login"
+    /// limit = 5
+    /// window = "60s"
+    /// count = "failures"
+    /// block = "10m"                        # five failed logins a minute, then ten minutes out
     /// ```
-    /// use slidegate::Policy;
+    ///
+    /// ```rust
+    /// use slidegate::{Policy, policy::Count};
     /// use std::time::Duration;
     ///
-    /// // Five failed logins a minute; past that, ten minutes out.
     /// let login = Policy::new("login", 5, Duration::from_secs(60))
+    ///     .with_count(Count::Failures)
     ///     .with_block(Duration::from_secs(600));
-    /// assert_eq!(login.block(), Some(Duration::from_secs(600)));
+    /// # assert_eq!(login.block(), Some(Duration::from_secs(600)));
     /// ```
     #[must_use]
     pub fn with_block(mut self, block: Duration) -> Self {
@@ -291,19 +489,67 @@ impl Policy {
     }
 
     /// Holds a request this policy would deny when it would fit within
-    /// `delay`, and admits it then, instead of answering `429`: for
-    /// clients that cannot retry. The request is counted when it is
-    /// admitted, so no window ever holds more than the limit; a client
-    /// that goes away while held frees its place, and the requests held
-    /// at once per process are bounded.
+    /// `delay` (at most [`MAX_DELAY`], 60 s), and admits it then, instead
+    /// of answering `429`: for clients that cannot retry.
     ///
+    /// The store decides the request once, when it comes: it admits it at
+    /// the time it fits (under every policy of the request, the latest of
+    /// their times) and records its units at that time, so no request
+    /// admitted meanwhile takes its place, and no window ever holds more
+    /// than the limit (600 requests at once on 10 per 300 ms come through
+    /// in waves of 10). The layer then waits until that time and calls the
+    /// handler, without asking the store again: a store that fails
+    /// meanwhile changes nothing. The request's rate-limit headers are
+    /// those of when it passes.
+    ///
+    /// A client that goes away while held gives its units back, except
+    /// under a token bucket: its held requests pass at times fixed when
+    /// they were recorded, and units taken back from ahead of them would
+    /// free a slot beside them, so while a bucket holds a request it gives
+    /// nothing back (refunds of [`Count`] policies included). A request
+    /// under a [concurrency limit](Self::concurrency) is never held (its
+    /// lease would be taken, and its time run, while it waits): it is
+    /// answered `429`.
+    ///
+    /// A client holds at most what its own limit grants within `delay` (10
+    /// a second with a delay of 500 ms: 5 requests of cost 1; the store
+    /// holds none beyond the delay, and answers them `429` at once), so one
+    /// client cannot take another's places. A sliding or fixed window
+    /// counter holds a request until the end of the next window at most. A
+    /// client whose window length changes while it has requests held (a
+    /// tier with a window of its own, a reload) is denied until the last of
+    /// them has passed, because the new window could not keep them counted
+    /// until then.
+    ///
+    /// At most 10,000 requests
+    /// ([`with_max_delayed`](crate::RateLimitLayer::with_max_delayed)), and
+    /// 64 MiB of their heads
+    /// ([`with_max_delayed_bytes`](crate::RateLimitLayer::with_max_delayed_bytes)),
+    /// are held per layer by default; past that, a request the store would
+    /// hold is answered `503`
+    /// ([`Rejection::DelayFull`](crate::Rejection::DelayFull), `Retry-After`
+    /// the wait it would have had) and its units are given back: other
+    /// clients filling the layer never push a client toward its block. With
+    /// `max_delayed = 0` no request is held: each is answered `429`, as
+    /// without a delay (its units kept if a policy of its
+    /// [blocks](Self::with_block), so a client that keeps asking reaches its
+    /// block). [`RateLimitLayer::delayed`](crate::RateLimitLayer::delayed)
+    /// says how many are held now.
+    ///
+    /// ```toml
+    /// [[policy]]
+    /// name = "search"
+    /// limit = 5
+    /// window = "1s"
+    /// delay = "500ms"                      # at most 60 s
     /// ```
+    ///
+    /// ```rust
     /// use slidegate::Policy;
     /// use std::time::Duration;
     ///
-    /// let search = Policy::new("search", 5, Duration::from_secs(1))
-    ///     .with_delay(Duration::from_millis(500));
-    /// assert_eq!(search.delay(), Some(Duration::from_millis(500)));
+    /// let search = Policy::new("search", 5, Duration::from_secs(1)).with_delay(Duration::from_millis(500));
+    /// # assert_eq!(search.delay(), Some(Duration::from_millis(500)));
     /// ```
     #[must_use]
     pub fn with_delay(mut self, delay: Duration) -> Self {
@@ -405,16 +651,40 @@ impl Policy {
     }
 
     /// Puts the policy in shadow mode: it counts and decides as usual, and
-    /// its headers are sent, but it never denies a request. Its denials
-    /// are traced (and counted, with the `metrics` feature), to try a new
-    /// limit on real traffic before enforcing it.
+    /// its rate-limit headers are sent, but it never denies a request. Its
+    /// denials are traced (the `rate_limit` span, at debug level) and
+    /// counted (the outcome `shadow_denied`, with the `metrics` feature).
+    /// Try a new limit on real traffic first, then enforce it.
     ///
+    /// Shadow policies are checked in a batch of their own, after the
+    /// enforced ones admit the request: in one all-or-nothing batch a shadow
+    /// denial would deny the request, and a denied request counts nowhere.
+    /// A shadow policy never fails closed, and in shadow mode refused
+    /// credentials are answered `401`, never `429`.
+    ///
+    /// The switch for every policy of a layer at once is
+    /// [`RateLimitLayer::with_shadow`](crate::RateLimitLayer::with_shadow)
+    /// (config `[limiter] shadow`).
+    ///
+    /// ```toml
+    /// [limiter]
+    /// shadow = false                      # true: every policy in shadow mode
+    ///
+    /// [[policy]]
+    /// name = "search-v2"
+    /// route = "GET /api/search"
+    /// limit = 20
+    /// window = "60s"
+    /// shadow = true
     /// ```
-    /// use slidegate::Policy;
-    /// use std::time::Duration;
     ///
+    /// ```rust
+    /// # use slidegate::{Global, Policies, Policy, RateLimitLayer, store::MemoryStore};
+    /// # use std::time::Duration;
     /// let trial = Policy::new("search-v2", 20, Duration::from_secs(60)).with_shadow(true);
-    /// assert!(trial.is_shadow());
+    /// # assert!(trial.is_shadow());
+    /// # let policies = Policies::single(trial).unwrap();
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).with_shadow(false);
     /// ```
     #[must_use]
     pub fn with_shadow(mut self, shadow: bool) -> Self {

@@ -29,53 +29,75 @@ impl Default for Settlement {
 pub const DEFAULT_MAX_UNSETTLED: u32 = 8;
 
 impl Policy {
-    /// Settles each request's cost after its response: the request
+    /// Settles each request's cost after its response (config
+    /// `settled = true`): for LLM token budgets, say, where the tokens a
+    /// response generated are known only once it is done. The request
     /// reserves its [cost](Self::with_cost), an estimate, when it is
     /// admitted, and when its response ends (its body sent to the end,
     /// or dropped) the cost it reports replaces the reservation: the
-    /// difference is given back, or charged past the limit, so a client
-    /// that spent more than it reserved is denied until enough leaves the
-    /// window. For LLM token budgets, say, where the tokens a response
-    /// generated are known only once it is done.
+    /// difference is given back, or charged even past the limit, so a
+    /// client that spent more than it reserved is denied until enough
+    /// leaves the window, with an exact `Retry-After`.
     ///
     /// The handler reports the cost on the [`Usage`](crate::Usage) handle
-    /// it finds in the request's extensions (a stream as it goes); what it
-    /// reports past the reservation is charged as it comes (at most once a
-    /// second), and the request is settled at the last value reported once
-    /// its body has ended or was dropped and the handler has let go of the
-    /// handle. A
-    /// request that reports nothing keeps its reservation, so a client
-    /// that goes away mid-stream is charged what was reported by then,
-    /// else the reservation.
+    /// it finds in the request's extensions (a stream as it goes, with
+    /// [`Usage::add`](crate::Usage::add)), or the response carries it in a
+    /// header or trailer the policy names
+    /// ([`with_usage_header`](Self::with_usage_header), for a proxy of an
+    /// upstream that reports usage); a header wins over the handle. What
+    /// the handle reports past the reservation is charged as it comes (at
+    /// most once a second), and a cost in a response header as the head
+    /// passes, not only when the body ends. The request is settled at the
+    /// last value reported once its body has ended or was dropped and the
+    /// handler has let go of the handle. A request that reports nothing
+    /// keeps its reservation, so a client that goes away mid-stream is
+    /// charged what was reported by then, else the reservation.
     ///
-    /// An overdraft counts as the policy's algorithm counts units: a
-    /// sliding log holds it until it leaves the window, a fixed window or
-    /// a calendar quota until the window or period ends (a single charge
-    /// counts at most the limit, which already denies every request that
-    /// long), a sliding counter counts at most the limit of it in its
-    /// current window, and a token bucket keeps the whole debt, repaid at
-    /// the policy's rate. So per window a client can spend at most the
-    /// limit plus what its requests admitted meanwhile spend past their
-    /// reservations: reserve what a request may cost (from the request,
-    /// as an LLM API's `max_tokens`, with a
-    /// [`RequestCost`](super::RequestCost): one asking for more
-    /// than the limit is then refused before it runs), pair the policy
-    /// with a [concurrency limit](Self::concurrency), or use a token
-    /// bucket to carry debts over. A client holds at most
+    /// An overdraft is one record or number whatever its size, and counts
+    /// as the policy's algorithm counts units: a sliding log holds it until
+    /// it leaves the window (`Retry-After` says when, to the second), a
+    /// fixed window or a calendar quota until the window or period ends (a
+    /// single charge counts at most the limit, which already denies every
+    /// request that long), a sliding counter counts at most the limit of it
+    /// in its current window, and a token bucket keeps the whole debt,
+    /// repaid at the policy's rate. `X-RateLimit-Remaining` is 0 while a
+    /// client owes, never negative.
+    ///
+    /// So per window a client can spend at most the limit plus what its
+    /// requests admitted meanwhile spend past their reservations: reserve
+    /// what a request may cost (from the request, as an LLM API's
+    /// `max_tokens`, with a [`RequestCost`](super::RequestCost) given to
+    /// [`RateLimitLayer::with_request_cost`](crate::RateLimitLayer::with_request_cost):
+    /// one asking for more than the limit is then refused, `422`, before it
+    /// runs), pair the policy with a [concurrency limit](Self::concurrency),
+    /// or use a token bucket to carry debts over. A client holds at most
     /// [`max_unsettled`](Self::with_max_unsettled) reservations at once (8
     /// by default, per instance), so requests held open bring at most that
     /// many overdrafts a window: over HTTP/2 one connection carries many
     /// requests at once, their bodies held back as the client likes.
     ///
-    /// A settled policy counts every response (it takes no [`Count`](super::Count)) and
-    /// limits a rate (no concurrency). It counts units, not requests: a
-    /// response that reports 0 costs it nothing, so pair it with a policy
-    /// that counts requests on the same route. While the store is down and the
-    /// policy falls back to its local limit
-    /// ([`FailMode::Local`](super::FailMode::Local)), requests are reserved and settled in the
-    /// local counts, at this instance's share of the cost reported
-    /// (admissions the store made are counted there at their
+    /// A settled policy counts every response (it takes no
+    /// [`Count`](super::Count)) and limits a rate (it is no concurrency
+    /// limit). It counts units, not requests: a response that reports 0
+    /// costs it nothing, so pair it with a policy that counts requests on
+    /// the same route (the example server's `completions`, 60 a minute), as
+    /// a concurrency limit on upgraded connections pairs with a rate of
+    /// opens (its `socket_opens`). While the store is down and the policy
+    /// falls back to its local limit
+    /// ([`FailMode::Local`](super::FailMode::Local)), requests are reserved
+    /// and settled in the local counts, at this instance's share of the
+    /// cost reported (admissions the store made are counted there at their
     /// reservations).
+    ///
+    /// ```toml
+    /// [[policy]]
+    /// name = "tokens"
+    /// route = "POST /api/complete"
+    /// limit = 100000                       # tokens a minute
+    /// window = "60s"
+    /// cost = 500                           # reserved when a completion starts...
+    /// usage_header = "x-usage-tokens"      # ...replaced by what its response reports (or settled = true for the handle alone)
+    /// ```
     ///
     /// ```
     /// use slidegate::Policy;
@@ -87,6 +109,8 @@ impl Policy {
     ///     .settled_after_response();
     /// assert!(tokens.is_settled_after_response());
     /// ```
+    ///
+    /// [`Usage`](crate::Usage) shows a handler that reports as it streams.
     #[must_use]
     pub fn settled_after_response(mut self) -> Self {
         self.settlement.get_or_insert_with(Settlement::default);
@@ -123,17 +147,18 @@ impl Policy {
     /// Settles each request's cost after its response (see
     /// [`settled_after_response`](Self::settled_after_response)) from the
     /// integer in the response header `header`, or in a trailer of that
-    /// name: for a proxy of an upstream that reports its usage. The header
-    /// must come from your service or its upstream: one that echoes a
-    /// request's headers into its response would let clients name their
-    /// own cost. The header wins over the [`Usage`](crate::Usage) handle. Its value is
-    /// ASCII digits (a number past `u64::MAX` counts as that); any other
-    /// is ignored (and traced), and the handle's value, or else the
-    /// reservation, stands. A header in the response's head is charged as
-    /// the head passes, whatever becomes of the body: a client that holds
-    /// the body back (an HTTP/2 stream whose flow-control window it keeps
-    /// shut) holds no reservation meanwhile. A trailer comes only at the
-    /// body's end: a client that goes away before keeps the reservation.
+    /// name (config `usage_header`): for a proxy of an upstream that
+    /// reports its usage. The header must come from your service or its
+    /// upstream: one that echoes a request's headers into its response
+    /// would let clients name their own cost. The header wins over the
+    /// [`Usage`](crate::Usage) handle. Its value is ASCII digits (a number
+    /// past `u64::MAX` counts as that); any other is ignored (and traced),
+    /// and the handle's value, or else the reservation, stands. A header in
+    /// the response's head is charged as the head passes, whatever becomes
+    /// of the body: a client that holds the body back (an HTTP/2 stream
+    /// whose flow-control window it keeps shut) holds no reservation
+    /// meanwhile. A trailer comes only at the body's end: a client that
+    /// goes away before keeps the reservation.
     ///
     /// ```
     /// use slidegate::Policy;

@@ -1,7 +1,165 @@
 //! [`Rejection`]: why the limiter answers a request itself, as a hook set
-//! with [`RateLimitLayer::on_rejection`](crate::RateLimitLayer::on_rejection)
-//! sees it, with a denial's details in [`Limited`] and a cost no window
-//! holds in [`CostAboveLimit`]; and how the hook's answer is completed.
+//! with [`RateLimitLayer::on_rejection`] sees it, with a denial's details in
+//! [`Limited`] and a cost no window holds in [`CostAboveLimit`]; and how the
+//! hook's answer is completed.
+//!
+//! # What clients see
+//!
+//! The limiter's own answers, unless a hook answers otherwise; the headers
+//! each carries (`Retry-After`, the rate-limit headers, `WWW-Authenticate`)
+//! are in the [`headers`](crate::headers) module.
+//!
+//! | case | status and body |
+//! |---|---|
+//! | over the limit | `429`, `application/problem+json` with `policy`, `limit`, `window_seconds`, `retry_after_seconds` |
+//! | over a concurrency limit | `429`, as above, with no `window_seconds` (its detail speaks of requests in flight) |
+//! | a WebSocket (or other upgrade) over a concurrency limit, while the client's others are open | `429`, as above, instead of `101` |
+//! | over a calendar quota | `429`, as above; `window_seconds` is the period's nominal length |
+//! | blocked after a denial (`block`) | `429`, as above, whatever the count |
+//! | denied after a settlement past the limit (an overdraft) | `429`, as above |
+//! | over the limit beyond the policy's `delay` | `429`, as above (and blocked, if the policy blocks) |
+//! | fits within the `delay`, with `max_delayed = 0` | `429`, as above |
+//! | store down, policy fails to a local limit (`fail = "local"`), past this instance's share of the limit (`limit ÷ local_share`) | `429`, as above; within the share, the handler's |
+//! | credentials from an address past its limit of refused credentials | `429`, as above, with `policy: "credential_failures"`; nothing is verified |
+//! | a per-request cost above the client's limit | `422`, `application/problem+json` with `policy`, `cost`, `limit`, `window_seconds` |
+//! | token present but invalid | `401`, `application/problem+json` with `reason` |
+//! | unknown API key, with `unknown_api_key = "reject"` | `401`, `application/problem+json` with `reason: "unknown_api_key"` |
+//! | no credentials, and every key source needs them (API keys or tokens only) | `401`, `application/problem+json` with `reason: "missing_credentials"` |
+//! | no key source identifies the client otherwise (no peer address) | `500`, `application/problem+json` |
+//! | fits within the `delay`, but the layer's places are all taken ([`with_max_delayed`], [`with_max_delayed_bytes`]) | `503`, `application/problem+json`; nothing is counted |
+//! | store down, policy fails closed | `503`, `application/problem+json` |
+//! | any of the above, for a gRPC call (a `POST` with `content-type: application/grpc`) | `200`, `application/grpc`, no body: `grpc-status` `8` (`RESOURCE_EXHAUSTED`) for `429` and `422`, `16` for `401`, `13` for `500`, `14` for `503` (see [gRPC](#grpc)) |
+//!
+//! A `401` for a token never names the token's algorithm nor the allowed
+//! ones; a token whose `exp`/`nbf` is not a number, or (when checked) whose
+//! `iss` is not a string or `aud` not a string or array of strings, is
+//! `invalid_claim`.
+//!
+//! # Costs no limit holds
+//!
+//! A request's cost can come from the request itself (a batch size, a
+//! query's weight) with [`RateLimitLayer::with_request_cost`], per policy,
+//! as a [`Cost`]: [`Cost::Units`]`(n)` spends `n` units (at least one: a
+//! computed 0 is never free), [`Cost::Policy`] the policy's own cost, and
+//! only [`Cost::Exempt`] leaves the request out of that policy. A cost the
+//! client's limit could never hold is answered `422` at once
+//! ([`Rejection::CostAboveLimit`]), spending nothing. A cost read from the
+//! request is the client's to choose: clamp it.
+//!
+//! # Answering otherwise
+//!
+//! Every answer in the table is yours to replace with
+//! [`RateLimitLayer::on_rejection`]. The hook sees a typed [`Rejection`]
+//! ([`Limited`](Rejection::Limited), with the denying policy, its limit and
+//! window, the client's key and the retry time;
+//! [`InvalidCredentials`](Rejection::InvalidCredentials);
+//! [`Unidentified`](Rejection::Unidentified);
+//! [`CostAboveLimit`](Rejection::CostAboveLimit);
+//! [`StoreUnavailable`](Rejection::StoreUnavailable);
+//! [`DelayFull`](Rejection::DelayFull)) and the request's head (method,
+//! URI, headers), and returns a response, or `None` to keep the limiter's
+//! own. Its response keeps its status, headers and body, and gets the
+//! headers of the limiter's answer it does not set itself: `Retry-After`,
+//! the rate-limit headers, `WWW-Authenticate`. With axum,
+//! `RateLimitLayer::on_rejection_into_response` takes a hook that returns
+//! anything `impl IntoResponse` (its body complete at once, as `Html`,
+//! `Json` and strings are): an HTML page for browsers, the limiter's JSON
+//! for API clients:
+//!
+//! ```rust
+//! use axum::{http::{StatusCode, header::ACCEPT}, response::Html};
+//! use slidegate::{PeerIp, Policies, Policy, RateLimitLayer, Rejection, store::MemoryStore};
+//! use std::time::Duration;
+//!
+//! let policies = Policies::single(Policy::new("all", 100, Duration::from_secs(60))).unwrap();
+//! let layer = RateLimitLayer::new(MemoryStore::new(), PeerIp::new(), policies)
+//!     .on_rejection_into_response(|rejection, request| {
+//!         let Rejection::Limited(limited) = rejection else {
+//!             return None; // the limiter's own answer
+//!         };
+//!         let accept = request.headers.get(ACCEPT)?.to_str().ok()?;
+//!         accept.contains("text/html").then(|| {
+//!             let wait = limited.retry_after().as_secs();
+//!             (StatusCode::TOO_MANY_REQUESTS, Html(format!("<p>Try again in {wait} s.</p>")))
+//!         })
+//!     });
+//! ```
+//!
+//! # gRPC
+//!
+//! The layer wraps a tonic server as it wraps a router: its body type works
+//! as it is, and a gRPC call (`content-type: application/grpc`, or a
+//! subtype such as `application/grpc+proto`) gets the limiter's answers as
+//! gRPC statuses without a hook, in a Trailers-Only response:
+//! `RESOURCE_EXHAUSTED` over a limit, with `retry-after` (seconds) and
+//! `grpc-retry-pushback-ms` (gRPC's own retry throttling) in the metadata;
+//! `RESOURCE_EXHAUSTED` with a pushback of `-1` for a cost above the limit;
+//! `UNAUTHENTICATED` for credentials; `UNAVAILABLE`, with a pushback of
+//! 1000 ms, for the store down, failing closed. A hook may still answer
+//! otherwise; [`Rejection::to_grpc`] is the limiter's gRPC answer, for a
+//! hook that wants it for every request.
+//!
+//! A policy's route is the method's path,
+//! `POST /<package>.<Service>/<Method>`. tonic serves a call whatever its
+//! HTTP method, so a `POST` route can be gone round with a `GET`: refuse
+//! other methods in front of the layer, as the example below does with
+//! `tower::filter` (it answers `UNIMPLEMENTED`), or write the route without
+//! a method. A policy that counts failures only
+//! ([`Count`](crate::policy::Count), config `count = "failures"`) reads the
+//! call's `grpc-status`.
+//!
+//! With the `tonic` feature, [`PeerIp`](crate::PeerIp) reads the peer
+//! address tonic records (`TcpConnectInfo`); a tonic server that terminates
+//! TLS itself records a `TlsConnectInfo` instead: copy its address into a
+//! `SocketAddr` request extension, which `PeerIp` reads too.
+//!
+//! ```toml
+//! [dependencies]
+//! slidegate = { version = "0.1", features = ["tonic"] }
+//! tower = { version = "0.5", features = ["filter"] }
+//! ```
+//!
+//! ```rust,no_run
+//! use slidegate::{PeerIp, Policies, Policy, RateLimitLayer, store::MemoryStore};
+//! use std::time::Duration;
+//! use tonic::transport::Server;
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let check = Policy::new("health-check", 5, Duration::from_secs(60));
+//!     let policies = Policies::builder()
+//!         .route("POST /grpc.health.v1.Health/Check", check)
+//!         .build()?;
+//!     let layer = RateLimitLayer::new(MemoryStore::new(), PeerIp::new(), policies);
+//!     let (_reporter, health) = tonic_health::server::health_reporter();
+//!     // Every gRPC call is a POST; tonic would serve a GET as well.
+//!     let only_post = |request: http::Request<tonic::body::Body>| match *request.method() {
+//!         http::Method::POST => Ok(request),
+//!         _ => Err(tonic::Status::unimplemented("a gRPC call is a POST request")),
+//!     };
+//!     Server::builder()
+//!         .layer(tower::filter::FilterLayer::new(only_post))
+//!         .layer(layer)
+//!         .add_service(health)
+//!         .serve("127.0.0.1:50051".parse()?)
+//!         .await?;
+//!     Ok(())
+//! }
+//! ```
+//!
+//! The repository's `examples/grpc.rs` serves the standard health service
+//! this way, five `Check` calls a minute per client IP
+//! (`cargo run --example grpc`, on `127.0.0.1:50051`; `--config` takes the
+//! example server's file, `--bind` another address).
+//!
+//! [`RateLimitLayer::on_rejection`]: crate::RateLimitLayer::on_rejection
+//! [`RateLimitLayer::with_request_cost`]: crate::RateLimitLayer::with_request_cost
+//! [`with_max_delayed`]: crate::RateLimitLayer::with_max_delayed
+//! [`with_max_delayed_bytes`]: crate::RateLimitLayer::with_max_delayed_bytes
+//! [`Cost`]: crate::policy::Cost
+//! [`Cost::Units`]: crate::policy::Cost::Units
+//! [`Cost::Policy`]: crate::policy::Cost::Policy
+//! [`Cost::Exempt`]: crate::policy::Cost::Exempt
 
 pub(crate) mod limited;
 

@@ -77,12 +77,19 @@ pub enum BreakerState {
 /// and only the probe's answer moves the breaker: an answer closes it, a
 /// failure (or no answer within the cool-down, and at least a second)
 /// opens it for another cool-down. Inside a Tokio runtime the probe runs
-/// on a task of its own, so it runs to its end even when the request that
-/// carried it goes away: a client that drops its requests cannot keep the
-/// breaker open. Answers to calls sent before the breaker opened are late
-/// news and move nothing. Each change of state is logged once.
+/// on a task of its own, so it runs to its end whatever becomes of the
+/// request that carried it: a client that sends requests and drops them
+/// at once (its FIN with the request) cannot keep the breaker open, and
+/// the breaker closes within a cool-down of the store answering again
+/// (the repository's `tests/it/failures_shadow_fallback.rs`, with one such
+/// client and with sixteen). Answers to calls sent before the breaker
+/// opened are late news and move nothing. Each change of state is logged
+/// once.
 ///
-/// Clones share the breaker.
+/// Clones share the breaker. The configuration file sets it in
+/// `[redis.breaker]` (`failures`, `cooldown`). What each fail mode answers
+/// meanwhile, a local limit included, is in the [`layer`](crate::layer)
+/// module's *When the store is down*.
 ///
 /// ```
 /// use slidegate::store::{BreakerSettings, CircuitBreaker, MemoryStore};

@@ -60,18 +60,21 @@ fn family_name(algorithm: Algorithm) -> &'static str {
 
 /// Keys a request by a claim of its verified `Authorization: Bearer` JWT.
 ///
-/// The token is verified against the configured keys with an explicit
-/// algorithm allow-list; `exp` is required, `exp` and `nbf` are checked with
-/// a small leeway (5 s by default), and `iss` and `aud` when configured. The
-/// key is the `sub` claim by default (a string or an integer), labelled
-/// `jwt:`; a tier claim, when configured, gives the client's tier.
+/// The token is verified with the key of its algorithm's family, against an
+/// explicit algorithm allow-list (`none` is always refused); `exp` is
+/// required, `exp` and `nbf` are checked with a small leeway (5 s by
+/// default), and `iss` and `aud` when configured. The key is the `sub` claim
+/// by default (a string or an integer), labelled `jwt:`; a tier claim, when
+/// configured, gives the client's tier.
 ///
 /// A request without a bearer token yields no key, so the next extractor in
 /// the chain decides. A bearer token that does not verify is refused with a
-/// [`KeyRejection`] (the layer answers `401`), whose reason is one of
-/// `malformed`, `algorithm_not_allowed`, `wrong_key_type`, `bad_signature`,
-/// `expired`, `not_yet_valid`, `wrong_issuer`, `wrong_audience`,
-/// `missing_claim` and `invalid_claim`.
+/// [`KeyRejection`] (the layer answers `401` with `WWW-Authenticate: Bearer
+/// error="invalid_token"`, and the chain stops there), whose reason is one
+/// of `malformed`, `algorithm_not_allowed`, `unknown_key` (see [Rotating
+/// keys](#rotating-keys)), `wrong_key_type`, `bad_signature`, `expired`,
+/// `not_yet_valid`, `wrong_issuer`, `wrong_audience`, `missing_claim` and
+/// `invalid_claim`.
 ///
 /// ```
 /// use slidegate::{JwtClaim, KeyExtractor};
@@ -90,6 +93,42 @@ fn family_name(algorithm: Algorithm) -> &'static str {
 ///     .body(())?
 ///     .into_parts();
 /// assert_eq!(jwt.extract(&parts).unwrap_err().reason(), "malformed");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Rotating keys
+///
+/// Several verification keys, each named by a `kid`
+/// ([`secret_for_kid`](JwtClaimBuilder::secret_for_kid),
+/// [`public_key_pem_for_kid`](JwtClaimBuilder::public_key_pem_for_kid)): a
+/// token is verified by the key its header's `kid` names, so old and new
+/// tokens are both accepted while keys rotate. A `kid` no key has falls back
+/// to a key given without one, or else is `401` with reason `unknown_key`.
+///
+/// In the configuration file:
+///
+/// ```toml
+/// [[jwt.keys]]
+/// kid = "2026-10"
+/// algorithm = "HS256"
+/// secret = "the-old-secret"
+///
+/// [[jwt.keys]]
+/// kid = "2026-11"
+/// algorithm = "RS256"
+/// public_key_pem = "keys/2026-11.pem"   # relative to the config file
+/// ```
+///
+/// In code:
+///
+/// ```rust
+/// use slidegate::JwtClaim;
+///
+/// let jwt = JwtClaim::builder()
+///     .secret_for_kid("2026-10", "the-old-secret")
+///     .secret_for_kid("2026-11", "the-new-secret")
+///     .with_algorithms(["HS256"])
+///     .build()?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone)]

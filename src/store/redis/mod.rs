@@ -131,32 +131,9 @@ struct Inner {
 
 /// The Redis store: every check is one call of the library in `lua/`, which
 /// decides every policy of the request and records it atomically, for every
-/// [`Algorithm`](crate::policy::Algorithm), on Redis's own clock (`TIME`), so application servers'
-/// clocks never matter.
-///
-/// The script runs as a Redis function (`FCALL`), loaded on first use on
-/// the server (or cluster node) that holds the keys, and again wherever a
-/// server answers that it lacks it. Where Redis refuses functions (by ACL,
-/// or a renamed command), the store runs the same script by `EVALSHA`.
-///
-/// Keys start with `<prefix>:<policy>:{<client>}` (see
-/// [`RedisStore::base_key`]); the braces make every key of one client one
-/// Redis Cluster slot. Every key has a TTL, within two windows of the
-/// time its counts stop mattering.
-///
-/// The store holds a few of the pool's connections (one by default, see
-/// [`RedisStoreBuilder::with_connections`]) and shares them between concurrent
-/// checks: deadpool-redis's connections are multiplexed, so checks in
-/// flight together are pipelined, written to Redis together and answered
-/// in one read, and no check pays the pool's health check.
-///
-/// Each call has a timeout (50 ms by default). A connection whose call
-/// timed out is kept: it stays in step when a call is abandoned, so a slow
-/// Redis costs slow answers, not a storm of reconnections. A connection that
-/// failed below the Redis protocol (I/O) is closed and replaced from the
-/// pool, and so is one whose server answered `READONLY`, `MASTERDOWN` or
-/// `LOADING`, so that after a failover the store reconnects to wherever
-/// the address now leads.
+/// [`Algorithm`](crate::policy::Algorithm), on Redis's own clock (`TIME`),
+/// so application servers' clocks never matter. Redis 7.0 or newer is
+/// needed.
 ///
 /// ```no_run
 /// use slidegate::store::RedisStore;
@@ -172,6 +149,158 @@ struct Inner {
 ///     .build()
 ///     .expect("a prefix without braces");
 /// ```
+///
+/// # Pools and Redis Cluster
+///
+/// [`RedisStore::new`] and [`RedisStore::builder`] take any [`RedisPool`]: a
+/// standalone deadpool-redis pool, a `deadpool_redis::cluster::Pool`, a
+/// [`ClusterClientPool`] or a [`SentinelPool`] (the configuration file
+/// takes `cluster = true` and `urls`, or a
+/// `redis+cluster://host:port,host:port` URL, for a cluster).
+///
+/// Each client has one key per policy, named after
+/// [`base_key`](Self::base_key): `<prefix>:<policy>:{<client key>}`, or
+/// `<prefix>:<namespace>:<policy>:{<client key>}` for a layer with a
+/// namespace (the client key starts with its source's label, as in
+/// `{ip:192.0.2.7}`), with `:l` (a sliding log, with `:p:0`, `:p:1`, ...
+/// for chunks of its older pages), `:c` (a sliding counter) or `:f` (a
+/// fixed window) appended. The braces are the Redis Cluster hash tag:
+/// every key of one client is in one slot, so each script call touches one
+/// slot. A batch that mixes clients is refused by the cluster
+/// (`CROSSSLOT`) and reported as a store error, never as an admission.
+/// Every key has a TTL: a counter's runs out just past the time its counts
+/// matter, a sliding log's within two windows of its newest request (the
+/// log sets it once a window rather than on every request), and a log is
+/// deleted as soon as nothing in it counts.
+///
+/// # The script
+///
+/// The check runs as a Redis function (`FCALL`): the store loads its
+/// library on first use on the server, or cluster node, that holds the
+/// keys, and again wherever a server says it lacks it (a restart without
+/// persistence, `FUNCTION FLUSH`). Its name carries the script's SHA-1, so
+/// two versions of the crate never call each other's. Where Redis refuses
+/// functions (an ACL without `FUNCTION` and `FCALL`, a renamed command),
+/// the store runs the same script by `EVALSHA`, at a third to a half more
+/// Redis CPU per check.
+///
+/// Every call does bounded work, whatever the limit, the costs clients
+/// choose, the window or the time since a client's last request: no call
+/// reads or rewrites a whole sliding log. Pruning, a window's count, the
+/// time enough units leave (`Retry-After`), a refund and a wider record
+/// each read O(log pages) fields and rewrite at most one page, and pages
+/// the log has left behind are deleted a few per call. A batch call stops
+/// deciding once it has done a call's worth of work in logs' pages and
+/// leaves the rest for the next call (32 clients with logs of a million
+/// records: calls under a millisecond, not one of 3 to 6 ms). A log whose
+/// client goes quiet expires whole, a hash of 64 pages at a time (each has
+/// its own TTL), so Redis frees it in its main thread a fraction of a
+/// millisecond at a time whatever `lazyfree-lazy-expire` says (deleting
+/// each key of a million-record log: at most 141 µs). On a log of 100,000
+/// records the longest call of any path, a denial at a cost equal to a
+/// limit of a million included, held Redis for under a millisecond on this
+/// crate's development machine (the repository's `tests/it/bounded.rs`;
+/// every path and size in its `BENCHMARKS.md`). A client at a limit of
+/// 1,000 takes about 5.6 bytes per request in Redis (`MEMORY USAGE` of both
+/// keys, all overhead included), with costs of all sizes about 9.5.
+///
+/// A clock that steps back (NTP, a failover to a skewed node) never resets
+/// a count: each key remembers the latest time it counted at and places
+/// new requests no earlier (a sliding log records a request one
+/// microsecond after its newest, if that is later than now, so its records
+/// stay in order and each has a time of its own). Peeks and denials move
+/// nothing. After a step back of more than a window, a key's counts move
+/// to the new time instead (a sliding log's live count gathered into one
+/// record, a counter's window), so they are kept and leave within two
+/// windows of it.
+///
+/// A policy whose tiers have windows of their own shares one log per
+/// client: records leave once the longest window the log has been counted
+/// under (since it was last empty) has passed over them, and each check
+/// counts the records of its own window, so no tier's requests erase
+/// another's.
+///
+/// # Connections and batches
+///
+/// The store takes one connection from the pool and shares it between
+/// every check in flight ([`RedisStoreBuilder::with_connections`] holds
+/// more): redis-rs's multiplexed connections pipeline concurrent calls,
+/// and no check pays the pool's health check (a `PING` round trip per
+/// checkout).
+///
+/// Checks that queue up at the same moment go as one call of the script's
+/// batch function ([`RedisStoreBuilder::with_batch`]`(false)` turns this
+/// off): the first check to find the queue empty spawns its flush, which
+/// lets every ready task run once and then sends whatever has queued, with
+/// no timer waiting for company. A call holds at most 32 policies, over
+/// all its requests: a flood goes as several calls, one after the other,
+/// so no one script holds Redis for long. The script decides the requests
+/// in arrival order, each all-or-nothing on its own, and answers each
+/// separately, so one request's error leaves the others decided. Requests
+/// of one client in a batch (a busy client, a `Global` limit) read the
+/// client's state once and write a sliding log's header once; a client
+/// below its limit costs the script a read of its log's header, one
+/// appended record and the header written back. Redis spends three
+/// quarters to four fifths of the CPU per request it spends on a
+/// hand-written sorted-set script, whether one client sends 70,000
+/// requests a second or 10,000 clients share them, and the whole service
+/// serves 1.07× and 1.15× the requests such a script's middleware does
+/// (`BENCHMARKS.md`, "The hot path"). On a cluster, where one call must
+/// stay in one slot, there is one call per slot (a client's keys share a
+/// slot), and a request whose keys span slots goes alone and fails alone.
+///
+/// # Timeouts and failed connections
+///
+/// Each call has a timeout (50 ms by default,
+/// [`RedisStoreBuilder::with_timeout`]), and each check in a batch keeps its
+/// own: a late reply is dropped without disturbing the checks queued
+/// behind it. A connection that failed below the Redis protocol (I/O), or
+/// whose server answered `READONLY`, `MASTERDOWN` or `LOADING`, is closed,
+/// and the next check takes a fresh one from the pool, so that after a
+/// failover the store reconnects to wherever the address now leads. A
+/// connection whose call timed out is kept, since it stays in step when a
+/// call is abandoned (a slow Redis costs slow answers, not a storm of
+/// reconnections), unless it has answered nothing for a second when a
+/// check on it times out (its other end gone without closing it: a dead
+/// host, a partition): that one is closed too, as it would otherwise time
+/// out every check.
+///
+/// Pools built from the configuration give redis-rs no response timeout of
+/// its own on a single server or Sentinel, and the store's on a cluster,
+/// so the store's timeout is the one that counts; a pool you build
+/// yourself may carry redis-rs's default of 500 ms, which ends a call
+/// first if the store's is longer.
+///
+/// # When Redis is full
+///
+/// The script declares itself with a `#!lua` shebang, so that under
+/// `maxmemory` Redis refuses it before it writes. Once Redis is full,
+/// every request is still decided there by an `allow-oom` twin of the
+/// function, from the state Redis holds: a request that any of it denies
+/// (a live block, a full window under any of its policies, however
+/// short-lived the request's other counts were) is denied, and one that
+/// fits is admitted only when every one of its policies' state exists
+/// already, and recorded: the clients Redis holds go on being admitted
+/// and written past `maxmemory`.
+/// Only a request that fits and would need new state (a new client, or one
+/// whose counts expired) is refused by Redis; the layer then limits it in
+/// the process, at its share of the limit (`limit ÷ local_share`, see
+/// [`RateLimitLayer::with_local_share`](crate::RateLimitLayer::with_local_share);
+/// a concurrency limit's leases too, given back there), whatever its fail
+/// mode (one that fails closed still answers `503`): a full Redis never
+/// fails open without a limit.
+/// `slidegate_store_errors_total{kind="full"}` counts those refusals, and
+/// their decisions count as `outcome="local"`. While Redis flaps between
+/// full and not, a client may be counted in both places: at most its local
+/// share and its limit in Redis, per window. So a client at its limit
+/// stays at its limit however many new identities fill Redis, and a held
+/// client's state grows only by its own admitted requests (and a block's
+/// few bytes) and shrinks as they leave its window.
+///
+/// Run Redis with `maxmemory-policy noeviction`; [`connect`](Self::connect)
+/// warns of any other. What eviction does to counts, and the other
+/// settings Redis should run with, are in the operations guide in the
+/// repository's `docs/operations.md`.
 #[derive(Clone)]
 pub struct RedisStore {
     inner: Arc<Inner>,
@@ -218,7 +347,7 @@ impl RedisStore {
     /// use std::time::Duration;
     ///
     /// let check = Check::new(&Policy::new("search", 5, Duration::from_secs(60)), Key::new("alice")).unwrap();
-    /// assert_eq!(store.base_key(&check), "slidegate:search:{alice}");
+    /// assert_eq!(store.base_key(&check), "slidegate:search:{user:alice}");
     /// # }
     /// ```
     pub fn base_key(&self, check: &Check) -> String {
