@@ -27,9 +27,10 @@ enum Trust {
     AsIs { secret: bool },
 }
 
-/// Keys a request by one header's value: an API key such as `x-api-key`
-/// (the default), or, by an explicit opt-in, a header your own gateway
-/// sets ([`Header::trusted`]).
+/// Keys a request by one header's value: an API key in the header you
+/// name (such as `x-api-key`, the configuration file's
+/// `api_key_header` by default), or, by an explicit opt-in, a header your
+/// own gateway sets ([`Header::trusted`]).
 ///
 /// **API keys are identities only when known:** a key in the table given
 /// to [`keys`](Header::keys) or [`tiers`](Header::tiers) is the client,
