@@ -566,10 +566,35 @@ fn a_file_that_is_not_utf8_names_the_line() {
     );
 }
 
-#[test]
-fn the_deny_cache_can_be_switched() {
-    for value in ["true", "false"] {
-        Config::from_toml_str(&format!("[limiter]\ndeny_cache = {value}\n")).unwrap();
+/// `limiter.deny_cache` switches the cache: on a Redis store (where it is
+/// on unless the file says otherwise), a client denied once is answered
+/// from the cache, and with `false` every request asks Redis.
+#[tokio::test]
+async fn the_deny_cache_can_be_switched() {
+    use crate::deny_cache::script_calls;
+    use crate::support::RedisServer;
+    use crate::support::reply::send;
+    use axum::{Router, body::Body, routing::get};
+    use slidegate::store::RedisStore;
+
+    for (setting, calls) in [
+        ("", 2),
+        ("deny_cache = true\n", 2),
+        ("deny_cache = false\n", 3),
+    ] {
+        let config = Config::from_toml_str(&format!(
+            "[limiter]\nkeys = [\"global\"]\n{setting}\n[[policy]]\nname = \"p\"\nlimit = 1\nwindow = \"60s\"\n"
+        ))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let redis = RedisServer::start();
+        let app = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .route_layer(config.layer(RedisStore::new(redis.pool(2))));
+        for status in [200, 429, 429] {
+            let request = http::Request::get("/").body(Body::empty()).unwrap();
+            assert_eq!(send(&app, request).await.status, status, "{setting:?}");
+        }
+        assert_eq!(script_calls(&redis), calls, "{setting:?}");
     }
     refused(
         "[limiter]\ndeny_cache = \"sometimes\"\n",

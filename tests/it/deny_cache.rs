@@ -21,7 +21,7 @@ const WINDOW: Duration = Duration::from_secs(10);
 /// `FCALL` (or `EVALSHA`) calls that ran the script, from `INFO
 /// commandstats` (the first call fails, for want of the function, and is
 /// sent again after loading it).
-fn script_calls(redis: &RedisServer) -> u64 {
+pub(crate) fn script_calls(redis: &RedisServer) -> u64 {
     let stats = redis.cli(&["info", "commandstats"]);
     ["cmdstat_fcall:", "cmdstat_evalsha:"]
         .iter()
