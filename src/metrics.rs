@@ -216,3 +216,56 @@ impl Timer {
         self.0.map(|started| started.elapsed())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    /// The metric names in `text`: each `slidegate_` followed by letters
+    /// and underscores.
+    fn names_in(text: &str) -> impl Iterator<Item = &str> {
+        text.match_indices("slidegate_").map(move |(at, _)| {
+            let rest = &text[at..];
+            let end = rest
+                .find(|c: char| !(c.is_ascii_lowercase() || c == '_'))
+                .unwrap_or(rest.len());
+            &rest[..end]
+        })
+    }
+
+    /// The names this module reports: its string literals that start with
+    /// `slidegate_`, in the code above these tests.
+    fn reported() -> BTreeSet<&'static str> {
+        let source = include_str!("metrics.rs");
+        let code = &source[..source.find("#[cfg(test)]").unwrap()];
+        code.lines()
+            .filter(|line| !line.trim_start().starts_with("//"))
+            .flat_map(|line| line.split('"').skip(1).step_by(2))
+            .flat_map(names_in)
+            .collect()
+    }
+
+    #[test]
+    fn the_dashboard_queries_every_metric_reported_and_no_other() {
+        let dashboard: serde_json::Value =
+            serde_json::from_str(include_str!("../docs/grafana-dashboard.json")).unwrap();
+        let reported = reported();
+        let mut queried = BTreeSet::new();
+        for panel in dashboard["panels"].as_array().unwrap() {
+            for target in panel["targets"].as_array().unwrap() {
+                for name in names_in(target["expr"].as_str().unwrap()) {
+                    // A histogram's series, as Prometheus names them.
+                    let base = ["_bucket", "_sum", "_count"]
+                        .iter()
+                        .find_map(|suffix| name.strip_suffix(suffix))
+                        .filter(|base| reported.contains(base))
+                        .unwrap_or(name);
+                    queried.insert(base.to_owned());
+                }
+            }
+        }
+        let reported: BTreeSet<String> = reported.iter().map(|&n| n.to_owned()).collect();
+        assert_eq!(queried, reported);
+        assert_eq!(reported.len(), 6, "{reported:?}");
+    }
+}
