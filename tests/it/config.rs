@@ -1251,37 +1251,86 @@ fn bad_settled_policies_name_their_key() {
     );
 }
 
-/// The keys a `[[policy]]` table takes, as the loader lists them when it
-/// refuses another, are the keys the configuration reference
-/// shows in its `[[policy]]` tables: a key added to the loader and not
+/// The keys the loader takes in a table, as it lists them when it refuses
+/// an unknown one in `probe`.
+fn keys_taken(probe: &str) -> std::collections::BTreeSet<String> {
+    let message = Config::from_toml_str(probe).unwrap_err().to_string();
+    let (_, expected) = message
+        .split_once("expected ")
+        .unwrap_or_else(|| panic!("no list of keys in: {message}"));
+    expected
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Every table of the configuration reference (`docs/configuration.md`)
+/// lists exactly the keys the loader takes there, and every key of the
+/// inline tables is named in its row: a key added to the loader and not
 /// documented, or documented and not taken, fails here.
 #[test]
-fn the_policy_keys_taken_are_the_documented_ones() {
-    let message = Config::from_toml_str("[[policy]]\nname = \"p\"\nnot_a_key = 1\n")
-        .unwrap_err()
-        .to_string();
-    let (_, expected) = message
-        .split_once("expected one of ")
-        .unwrap_or_else(|| panic!("no list of keys in: {message}"));
-    let taken: std::collections::BTreeSet<&str> = expected.split('`').skip(1).step_by(2).collect();
-
-    let mut documented = std::collections::BTreeSet::new();
-    let mut in_policy = false;
-    for line in include_str!("../../docs/configuration.md").lines() {
-        let line = line.trim_start();
-        if line.starts_with('[') {
-            in_policy = line.starts_with("[[policy]]");
-        } else if in_policy {
-            let setting = line.trim_start_matches(['#', ' ']);
-            if let Some((key, _)) = setting.split_once(" = ")
-                && key.chars().all(|c| c.is_ascii_lowercase() || c == '_')
-            {
-                documented.insert(key.trim());
-            }
+fn the_reference_lists_every_key_the_loader_takes() {
+    let reference = include_str!("../../docs/configuration.md");
+    let section = |heading: &str| {
+        let start = reference
+            .find(&format!("## {heading}\n"))
+            .unwrap_or_else(|| panic!("no section {heading}"));
+        let body = &reference[start + heading.len() + 4..];
+        &body[..body.find("\n## ").unwrap_or(body.len())]
+    };
+    let tables = [
+        ("`[redis]`", "[redis]\nnot_a_key = 1\n"),
+        ("`[limiter]`", "[limiter]\nnot_a_key = 1\n"),
+        ("`[memory]`", "[memory]\nnot_a_key = 1\n"),
+        ("`[jwt]`", "[jwt]\nnot_a_key = 1\n"),
+        ("`[[jwt.keys]]`", "[[jwt.keys]]\nnot_a_key = 1\n"),
+        (
+            "`[[policy]]` and `[default]`",
+            "[[policy]]\nname = \"p\"\nnot_a_key = 1\n",
+        ),
+        ("`[admin]`", "[admin]\nnot_a_key = 1\n"),
+    ];
+    for (heading, probe) in tables {
+        let documented: std::collections::BTreeSet<String> = section(heading)
+            .lines()
+            .filter_map(|line| line.strip_prefix("| `"))
+            .filter_map(|row| row.split_once('`'))
+            .map(|(key, _)| key.to_owned())
+            .collect();
+        assert_eq!(keys_taken(probe), documented, "{heading}");
+    }
+    assert_eq!(
+        keys_taken("[[policy]]\nname = \"p\"\nnot_a_key = 1\n").len(),
+        20
+    );
+    let inline = [
+        ("`[redis]`", "tls", "[redis]\ntls = { not_a_key = 1 }\n"),
+        ("`[redis]`", "breaker", "[redis.breaker]\nnot_a_key = 1\n"),
+        (
+            "`[limiter]`",
+            "credential_failures",
+            "[limiter]\ncredential_failures = { not_a_key = 1 }\n",
+        ),
+        (
+            "`[[policy]]` and `[default]`",
+            "tiers",
+            "[[policy]]\nname = \"p\"\nlimit = 1\nwindow = \"1s\"\ntiers = { t = { not_a_key = 1 } }\n",
+        ),
+    ];
+    for (heading, key, probe) in inline {
+        let row = section(heading)
+            .lines()
+            .find(|line| line.starts_with(&format!("| `{key}` |")))
+            .unwrap_or_else(|| panic!("no row {key} in {heading}"));
+        for taken in keys_taken(probe) {
+            assert!(
+                row.contains(&format!("`{taken}`")),
+                "{key}.{taken} in: {row}"
+            );
         }
     }
-    assert_eq!(taken, documented);
-    assert_eq!(taken.len(), 20, "{taken:?}");
 }
 
 /// `[default]` is the policy of routes no `[[policy]]` names: it takes a
