@@ -41,25 +41,6 @@
 //! When several policies apply, the `X-RateLimit-*` headers describe the
 //! one closest to denying; a `429` describes the one that frees last.
 //!
-//! A policy's route is a pattern as axum spells it (`GET /users/{id}`).
-//! Under axum it is compared with the pattern the router matched
-//! (`MatchedPath`), so it must be spelled as the router's route is;
-//! outside axum a request's path is matched against the patterns as axum's
-//! router would (`/users/42` falls under `/users/{id}`). Patterns axum
-//! would refuse are refused when the policies are built, with a
-//! [`PolicyError`](crate::policy::PolicyError) naming the pattern: an
-//! unclosed `{id`, two that conflict, and axum 0.7's captures (`:id`,
-//! `*rest`, which axum 0.8 no longer routes, so such a policy would never
-//! apply; the error gives the spelling to use, `{id}` or `{*rest}`). The
-//! layer cannot see the router's routes, so a pattern that names no route
-//! (a typo) would send its requests to the default policy without a word:
-//! [`Policies::routes_outside`](crate::Policies::routes_outside)`(patterns)`
-//! lists such routes against the patterns you serve, and the example
-//! server warns of them at start-up.
-//!
-//! A `HEAD` request on a `GET` route is counted as that `GET` (axum runs
-//! the `GET` handler for it), unless a policy names `HEAD` for the route.
-//!
 //! # IETF fields
 //!
 //! [`HeaderStyle::Ietf`] (set with
