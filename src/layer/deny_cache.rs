@@ -95,12 +95,14 @@ pub(crate) struct Denied {
 /// instead of costing a store round trip per request: a flood from one
 /// client costs one round trip per retry period.
 ///
-/// It is exact: a denial is cached until `sent + retry_after`, measured
-/// from before the request was sent, and capacity can only free later than
-/// the store said (other requests only add to the count), so the cache
-/// never denies a request the store would admit. An entry answers only
-/// requests of the same namespace, with the same limit, burst, window,
-/// block and algorithm and at least the same cost: a reload that changes
+/// It is exact: a denial is cached until `sent + retry_after` (less the
+/// policy's delay, for a policy that holds requests: within it the store
+/// holds them), measured from before the request was sent, and capacity
+/// can only free later than the store said (other requests only add to
+/// the count), so the cache never denies a request the store would admit.
+/// An entry answers only requests of the same namespace, with the same
+/// limit, burst, window, block, delay and algorithm and at least the same
+/// cost: a reload that changes
 /// a policy leaves its cached denials unanswered.
 ///
 /// A block is answered from the cache for as long as it lasts, even under
@@ -121,7 +123,8 @@ pub(crate) struct Denied {
 /// by default when its store [`is_remote`](crate::store::Store::is_remote)
 /// (Redis).
 /// [`with_deny_cache(DenyCache::new(n))`](crate::RateLimitLayer::with_deny_cache)
-/// gives it room for `n` clients (and turns it on for a store in process);
+/// gives it room for `n` denials, one per client and policy (and turns it
+/// on for a store in process);
 /// [`without_deny_cache`](crate::RateLimitLayer::without_deny_cache) turns
 /// it off.
 ///

@@ -162,15 +162,18 @@ struct Inner {
 /// [`base_key`](Self::base_key): `<prefix>:<policy>:{<client key>}`, or
 /// `<prefix>:<namespace>:<policy>:{<client key>}` for a layer with a
 /// namespace (the client key starts with its source's label, as in
-/// `{ip:192.0.2.7}`), with `:l` (a sliding log, with `:p:0`, `:p:1`, ...
-/// for chunks of its older pages), `:c` (a sliding counter) or `:f` (a
-/// fixed window) appended. The braces are the Redis Cluster hash tag:
+/// `{ip:192.0.2.7}`), with a suffix for its algorithm appended: `:l` (a
+/// sliding log, with `:p:0`, `:p:1`, ... for chunks of its older pages),
+/// `:c` (a sliding counter), `:f` (a fixed window), `:b` (a token bucket),
+/// `:n` (leases), `:q` (a calendar quota), and `:x` for a policy that
+/// blocks (the repository's `docs/redis.md` has what each holds). The braces are the Redis Cluster hash tag:
 /// every key of one client is in one slot, so each script call touches one
 /// slot. A batch that mixes clients is refused by the cluster
 /// (`CROSSSLOT`) and reported as a store error, never as an admission.
 /// Every key has a TTL: a counter's runs out just past the time its counts
-/// matter, a sliding log's within two windows of its newest request (the
-/// log sets it once a window rather than on every request), and a log is
+/// matter, a sliding log's within two spans (the longest window its
+/// policy's tiers count) of its newest record (the log sets it once a
+/// window rather than on every request), and a log is
 /// deleted as soon as nothing in it counts.
 ///
 /// # The script
@@ -181,8 +184,8 @@ struct Inner {
 /// persistence, `FUNCTION FLUSH`). Its name carries the script's SHA-1, so
 /// two versions of the crate never call each other's. Where Redis refuses
 /// functions (an ACL without `FUNCTION` and `FCALL`, a renamed command),
-/// the store runs the same script by `EVALSHA`, at a third to a half more
-/// Redis CPU per check.
+/// the store runs the same script by `EVALSHA`, at about half to two
+/// thirds more Redis CPU per check.
 ///
 /// Every call does bounded work, whatever the limit, the costs clients
 /// choose, the window or the time since a client's last request: no call
@@ -276,7 +279,8 @@ struct Inner {
 /// The script declares itself with a `#!lua` shebang, so that under
 /// `maxmemory` Redis refuses it before it writes. Once Redis is full,
 /// every request is still decided there by an `allow-oom` twin of the
-/// function, from the state Redis holds: a request that any of it denies
+/// function (by `EVALSHA`, where functions are refused, every check is
+/// refused instead), from the state Redis holds: a request that any of it denies
 /// (a live block, a full window under any of its policies, however
 /// short-lived the request's other counts were) is denied, and one that
 /// fits is admitted only when every one of its policies' state exists
@@ -289,8 +293,9 @@ struct Inner {
 /// a concurrency limit's leases too, given back there), whatever its fail
 /// mode (one that fails closed still answers `503`): a full Redis never
 /// fails open without a limit.
-/// `slidegate_store_errors_total{kind="full"}` counts those refusals, and
-/// their decisions count as `outcome="local"`. While Redis flaps between
+/// `slidegate_store_errors_total{kind="full"}` counts those refusals; the
+/// requests the local limit then admits count as `outcome="local"`, those
+/// it denies as `denied`. While Redis flaps between
 /// full and not, a client may be counted in both places: at most its local
 /// share and its limit in Redis, per window. So a client at its limit
 /// stays at its limit however many new identities fill Redis, and a held
