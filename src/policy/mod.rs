@@ -53,17 +53,22 @@
 //! [`Usage`]: crate::Usage
 //! [`ConnectionLease`]: crate::layer::ConnectionLease
 
+mod algorithm;
 mod calendar;
 pub(crate) mod cost;
+mod count;
 mod error;
 pub(crate) mod plan;
 mod route;
 mod settlement;
 mod table;
 mod tiers;
+mod waiting;
 
+pub use algorithm::Algorithm;
 pub use calendar::{Calendar, Period};
 pub use cost::{Cost, RequestCost};
+pub use count::Count;
 pub use error::PolicyError;
 use error::validate_limits;
 pub use route::Route;
@@ -71,66 +76,10 @@ pub use settlement::DEFAULT_MAX_UNSETTLED;
 pub(crate) use settlement::Settlement;
 pub use table::{Policies, PoliciesBuilder};
 pub use tiers::{Limits, TierLimits};
+pub use waiting::MAX_DELAY;
 
 use std::sync::Arc;
 use std::time::Duration;
-
-/// The counting algorithm of a [`Policy`].
-///
-/// | algorithm | state per client and policy | accuracy | pick it for |
-/// |---|---|---|---|
-/// | [`SlidingLog`](Algorithm::SlidingLog) (default) | one entry per admitted request | exact; `Retry-After` to the microsecond | most limits: exact, at one entry per request in the window |
-/// | [`SlidingCounter`](Algorithm::SlidingCounter) | two counters (current and previous epoch-aligned window) | estimates the previous window as spread evenly; `Retry-After` and reset solved exactly from that estimate | very high limits and millions of clients: constant memory, at a small approximation |
-/// | [`FixedWindow`](Algorithm::FixedWindow) | one counter | a client can spend up to twice the limit across a boundary | the cheapest count, where twice the limit across a boundary does no harm |
-/// | [`TokenBucket`](Algorithm::TokenBucket) | one timestamp and debt (32 bytes on Redis) | exact for its model: a steady rate with a burst; `Retry-After` to the microsecond | a steady rate that lets a client spend a [burst](Policy::with_burst) at once |
-/// | [`Concurrency`](Algorithm::Concurrency) ([`Policy::concurrency`]) | one lease per request in flight | exact: at most N in flight | slow or long requests (exports, WebSockets): how many at once, not how many a minute |
-/// | [`Calendar`](Algorithm::Calendar) ([`Policy::calendar`]) | one count (16 bytes on Redis) | exact; starts again at each boundary of the period | quotas per day, week, month or year: "10,000 calls a month, from the 1st" |
-///
-/// ```rust
-/// use slidegate::{Policy, policy::Algorithm};
-/// use std::time::Duration;
-///
-/// let per_client = Policy::new("api", 10_000, Duration::from_secs(60)).with_algorithm(Algorithm::SlidingCounter);
-/// ```
-///
-/// Every algorithm works on both stores with the same results, with
-/// weighted costs and all-or-nothing batches (one script call even when a
-/// request's policies use different algorithms). The counter's accuracy on
-/// a seeded million-request trace, and the memory each algorithm takes,
-/// are in the repository's `BENCHMARKS.md`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum Algorithm {
-    /// An exact log of admitted requests: one entry per request, each with its
-    /// cost, pruned as it leaves the window.
-    #[default]
-    SlidingLog,
-    /// Two epoch-aligned fixed-window counters, the previous weighted by its
-    /// overlap with the sliding window: constant memory per client, for very
-    /// high limits and millions of clients, at a small approximation.
-    /// Windows are whole milliseconds, and `limit × window in ms` must stay
-    /// below 2^51 so the arithmetic is exact.
-    SlidingCounter,
-    /// One epoch-aligned fixed-window counter: the cheapest, but a client
-    /// can spend up to twice the limit across a window boundary.
-    FixedWindow,
-    /// A token bucket (GCRA, one timestamp per client, one 32-byte key per
-    /// client and policy on Redis): a steady rate of `limit` units per
-    /// `window`, with a bucket of [burst](Policy::with_burst) units
-    /// (default: the limit) that a client may spend at once. Exact for its
-    /// model; `burst × window in µs` must stay below 2^52 so the
-    /// arithmetic is exact in Redis. Decisions report the burst as their
-    /// limit.
-    TokenBucket,
-    /// At most `limit` requests of a client in flight at once (see
-    /// [`Policy::concurrency`]): a request holds a lease from admission
-    /// until its response body ends or is dropped, and a lease expires
-    /// after the policy's window, its lease time.
-    Concurrency,
-    /// A count per calendar period (see [`Policy::calendar`]): exact,
-    /// one number per client, starting again at each boundary.
-    Calendar(Calendar),
-}
 
 /// The largest `limit × window in ms` of a [`Algorithm::SlidingCounter`]
 /// policy: products stay exact in Redis's Lua numbers (doubles).
@@ -174,100 +123,6 @@ pub enum FailMode {
     /// ([`RateLimitLayer::with_local_share`](crate::RateLimitLayer::with_local_share)),
     /// until the store answers again.
     Local,
-}
-
-/// Which requests a policy counts, by their response.
-///
-/// [`Count::Failures`] (config `count = "failures"`) limits what failed,
-/// such as wrong passwords: successful logins are not counted.
-///
-/// ```toml
-/// [[policy]]
-/// name = "login"
-/// route = "POST /api/login"
-/// limit = 3
-/// window = "60s"
-/// count = "failures"                  # responses with a status of 400 or more
-/// ```
-///
-/// ```rust
-/// use slidegate::{Policy, policy::Count};
-/// use std::time::Duration;
-///
-/// let login = Policy::new("login", 3, Duration::from_secs(60)).with_count(Count::Failures);
-/// ```
-///
-/// # gRPC
-///
-/// A gRPC call (`content-type: application/grpc`) fails by its
-/// `grpc-status` (anything but `0`), since its HTTP status is `200` either
-/// way: read from the response head when the call ended at once, and from
-/// the trailers otherwise (a call whose body breaks has failed; one whose
-/// body never reaches its trailers stays counted). gRPC-Web's trailers are
-/// inside its body: a gRPC-Web call is judged by its status only when it
-/// ends at once (the status in the head), and stays counted otherwise.
-///
-/// # Counted, then refunded
-///
-/// Every request is still counted when it is admitted, so a burst can
-/// never pass the limit; once its response shows it should not count, its
-/// units are taken back ([`Store::refund`](crate::store::Store::refund)):
-/// a sliding log drops exactly that request's entry, a counter takes the
-/// units from the window that counted them, and a token bucket takes back
-/// the part of the request's debt not yet repaid, counted as if its units
-/// were the first the bucket owed and repaid at the fastest rate any tier
-/// refilled it at (so never another request's; after the clock steps back
-/// by more than a window, a request recorded before the step gets nothing
-/// back). A refund gives back only what the request still holds, never
-/// more: units that have left the window, or that the bucket has refilled
-/// already, are not given twice (a slow successful login refunded a second
-/// later gives nothing back to a bucket of one a second). At no instant are
-/// more requests in the service than the limit allows.
-///
-/// Refunding from a sliding log names the one record it took back (records
-/// have times of their own), so refunding a request twice takes nothing
-/// the second time, and it rewrites at most one page of the log.
-///
-/// The headers say what is left after the request, as of its decision
-/// (requests decided while it ran are not in them): a response that does
-/// not count shows its units given back (a successful login leaves
-/// `X-RateLimit-Remaining` where it was, and a client with nothing counted
-/// sees a reset of `0`; a gRPC call settled by its trailers cannot: its
-/// head has gone). [`Store::peek`](crate::store::Store::peek) gives a
-/// client's remaining units and reset without counting anything.
-///
-/// A refund to Redis runs on a task of its own, so the response never
-/// waits for it: it lands just after the response, and a request sent the
-/// instant the response arrives may still find the units counted. If it
-/// fails, the units stay counted until they leave the window, and a
-/// warning is logged. A request whose response never comes (the client
-/// went away) stays counted, and a denial of such a policy is not kept in
-/// the [deny cache](crate::layer::DenyCache), since a refund may free it
-/// early. With a [block](Policy::with_block), mind the requests still in
-/// flight: they count until their responses show otherwise.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum Count {
-    /// Every admitted request.
-    #[default]
-    All,
-    /// Requests answered with a status of 400 or above (a gRPC status but
-    /// `OK`), or failing in the service: failed logins, say.
-    Failures,
-    /// Requests answered with a status below 400 (gRPC calls ending `OK`).
-    Successes,
-}
-
-impl Count {
-    /// Whether a request whose response `failed` (or the service did)
-    /// counts.
-    pub(crate) fn counts(self, failed: bool) -> bool {
-        match self {
-            Self::All => true,
-            Self::Failures => failed,
-            Self::Successes => !failed,
-        }
-    }
 }
 
 /// One limit: at most `limit` units of cost per sliding `window`.
@@ -437,123 +292,6 @@ impl Policy {
     #[must_use]
     pub fn with_burst(mut self, burst: u32) -> Self {
         self.burst = Some(burst);
-        self
-    }
-
-    /// Blocks a client once this policy denies it by its own count: every
-    /// request of the client under this policy is denied for `block` from
-    /// that denial (`429` with `Retry-After` the time left), whatever its
-    /// count, and requests during the block do not extend it. The block is
-    /// held in the store, so every instance agrees, and answered from the
-    /// [deny cache](crate::layer::DenyCache), even under
-    /// [`Count::Failures`]: a refund never lifts a block. A reload that
-    /// takes `block` off a policy lifts its blocks on both stores.
-    ///
-    /// A request denied by another policy of the same request is no denial
-    /// of this one, and nor is a request this policy's own
-    /// [delay](Self::with_delay) holds: with both, a request that fits
-    /// within the delay is held, and only one beyond it starts the block.
-    /// A request the layer has no place to hold is answered `429` but stays
-    /// counted, as if it had been held, so a flood that fills the layer's
-    /// places still reaches its block.
-    ///
-    /// With [`Count::Failures`], requests still in flight count until their
-    /// responses show otherwise, so a client with more requests in flight
-    /// than the limit (slow logins, say) is denied and blocked although
-    /// none of them fails: keep such a policy's limit above the logins a
-    /// client can have in flight at once.
-    ///
-    /// ```toml
-    /// [[policy]]
-    /// name = "login"
-    /// route = "POST /api/login"
-    /// limit = 5
-    /// window = "60s"
-    /// count = "failures"
-    /// block = "10m"                        # five failed logins a minute, then ten minutes out
-    /// ```
-    ///
-    /// ```rust
-    /// use slidegate::{Policy, policy::Count};
-    /// use std::time::Duration;
-    ///
-    /// let login = Policy::new("login", 5, Duration::from_secs(60))
-    ///     .with_count(Count::Failures)
-    ///     .with_block(Duration::from_secs(600));
-    /// # assert_eq!(login.block(), Some(Duration::from_secs(600)));
-    /// ```
-    #[must_use]
-    pub fn with_block(mut self, block: Duration) -> Self {
-        self.block = Some(block);
-        self
-    }
-
-    /// Holds a request this policy would deny when it would fit within
-    /// `delay` (at most [`MAX_DELAY`], 60 s), and admits it then, instead
-    /// of answering `429`: for clients that cannot retry.
-    ///
-    /// The store decides the request once, when it comes: it admits it at
-    /// the time it fits (under every policy of the request, the latest of
-    /// their times) and records its units at that time, so no request
-    /// admitted meanwhile takes its place, and no window ever holds more
-    /// than the limit (600 requests at once on 10 per 300 ms come through
-    /// in waves of 10). The layer then waits until that time and calls the
-    /// handler, without asking the store again: a store that fails
-    /// meanwhile changes nothing. The request's rate-limit headers are
-    /// those of when it passes.
-    ///
-    /// A client that goes away while held gives its units back, except
-    /// under a token bucket: its held requests pass at times fixed when
-    /// they were recorded, and units taken back from ahead of them would
-    /// free a slot beside them, so while a bucket holds a request it gives
-    /// nothing back (refunds of [`Count`] policies included). A request
-    /// under a [concurrency limit](Self::concurrency) is never held (its
-    /// lease would be taken, and its time run, while it waits): it is
-    /// answered `429`.
-    ///
-    /// A client holds at most what its own limit grants within `delay` (10
-    /// a second with a delay of 500 ms: 5 requests of cost 1; the store
-    /// holds none beyond the delay, and answers them `429` at once), so one
-    /// client cannot take another's places. A sliding or fixed window
-    /// counter holds a request until the end of the next window at most. A
-    /// client whose window length changes while it has requests held (a
-    /// tier with a window of its own, a reload) is denied until the last of
-    /// them has passed, because the new window could not keep them counted
-    /// until then.
-    ///
-    /// At most 10,000 requests
-    /// ([`with_max_delayed`](crate::RateLimitLayer::with_max_delayed)), and
-    /// 64 MiB of their heads
-    /// ([`with_max_delayed_bytes`](crate::RateLimitLayer::with_max_delayed_bytes)),
-    /// are held per layer by default; past that, a request the store would
-    /// hold is answered `503`
-    /// ([`Rejection::DelayFull`](crate::Rejection::DelayFull), `Retry-After`
-    /// the wait it would have had) and its units are given back: other
-    /// clients filling the layer never push a client toward its block. With
-    /// `max_delayed = 0` no request is held: each is answered `429`, as
-    /// without a delay (its units kept if a policy of its
-    /// [blocks](Self::with_block), so a client that keeps asking reaches its
-    /// block). [`RateLimitLayer::delayed`](crate::RateLimitLayer::delayed)
-    /// says how many are held now.
-    ///
-    /// ```toml
-    /// [[policy]]
-    /// name = "search"
-    /// limit = 5
-    /// window = "1s"
-    /// delay = "500ms"                      # at most 60 s
-    /// ```
-    ///
-    /// ```rust
-    /// use slidegate::Policy;
-    /// use std::time::Duration;
-    ///
-    /// let search = Policy::new("search", 5, Duration::from_secs(1)).with_delay(Duration::from_millis(500));
-    /// # assert_eq!(search.delay(), Some(Duration::from_millis(500)));
-    /// ```
-    #[must_use]
-    pub fn with_delay(mut self, delay: Duration) -> Self {
-        self.delay = Some(delay);
         self
     }
 
@@ -815,8 +553,6 @@ pub(crate) fn is_valid_name(name: &str) -> bool {
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
-/// The longest a policy may hold a request instead of denying it.
-pub const MAX_DELAY: Duration = Duration::from_secs(60);
 
 #[cfg(test)]
 mod tests;

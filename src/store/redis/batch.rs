@@ -21,8 +21,8 @@ use super::call::{BatchArguments, Call};
 use super::lanes::{Lanes, Source};
 use super::library::Library;
 use super::reply::{batched_outcome, replies, store_error_of};
-use super::run::{Routed, call_ended, sized_fcall, ticket};
-use super::{Connections, Failed, Inner};
+use super::run::{Failed, Routed, call_ended, sized_fcall, ticket};
+use super::{Connections, Inner};
 use crate::store::{CheckOutcome, StoreError};
 
 /// What a flush tells a queued check.

@@ -33,14 +33,14 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_redis::redis::{ErrorKind, RedisError, Script, Value, cmd};
+use deadpool_redis::redis::{ErrorKind, Script, Value, cmd};
 use deadpool_redis::{Pool, cluster};
 
 use self::batch::Queue;
 use self::call::{Call, Op};
 use self::lanes::{Lanes, Source};
 use self::library::Library;
-use self::run::{call_ended, ticket};
+use self::run::{Failed, call_ended, ticket};
 use super::{Check, CheckFuture, StateId, Store, StoreError, unpaired_refund, unpaired_settlement};
 use crate::clock::{Clock, duration_micros};
 
@@ -504,12 +504,6 @@ impl Connections {
     fn is_cluster(&self) -> bool {
         matches!(self, Self::Cluster(_) | Self::ClusterClient(_))
     }
-}
-
-/// How a call on a lane failed, in a form every check of a batch can share.
-enum Failed {
-    Timeout,
-    Redis(RedisError),
 }
 
 impl Store for RedisStore {

@@ -15,12 +15,18 @@ use super::lanes::{self, Lanes, Source};
 use super::library::Library;
 use super::pools::SentinelConnection;
 use super::reply::{decisions, store_error_of};
-use super::{Connections, Failed, Inner};
+use super::{Connections, Inner};
 use crate::store::{CheckOutcome, StoreError};
 
 /// Room for one numeric argument of a command, in bytes (`u64::MAX` has
 /// 20 digits).
 const ARGUMENT_BYTES: usize = 20;
+
+/// How a call on a lane failed, in a form every check of a batch can share.
+pub(super) enum Failed {
+    Timeout,
+    Redis(RedisError),
+}
 
 impl Inner {
     pub(super) async fn run(&self, call: Call, deadline: tokio::time::Instant) -> CheckOutcome {
