@@ -2,9 +2,10 @@
 //! and the deny cache, and for deterministic tests.
 //!
 //! Window logic never reads the system clock directly: it asks a [`Clock`]
-//! for the current time in microseconds since the Unix epoch. [`SystemClock`]
-//! is monotonic and anchored to the wall clock once; [`FakeClock`] only moves
-//! when a test tells it to.
+//! for the current time in microseconds since the Unix epoch. Unless one is
+//! set, that is the system's, monotonic and anchored to the wall clock once
+//! (so it never steps backwards when NTP adjusts the system time);
+//! [`FakeClock`] only moves when a test tells it to.
 
 #[cfg(any(test, feature = "test-util"))]
 use std::sync::Arc;
@@ -22,14 +23,14 @@ pub trait Clock: std::fmt::Debug + Send + Sync + 'static {
 /// monotonic [`Instant`], so it never steps backwards when NTP adjusts the
 /// system time.
 #[derive(Debug, Clone, Copy)]
-pub struct SystemClock {
+pub(crate) struct SystemClock {
     anchor_micros: u64,
     anchor: Instant,
 }
 
 impl SystemClock {
     /// Anchors a new clock to the current wall-clock time.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let since_epoch = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or(Duration::ZERO);

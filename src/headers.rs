@@ -33,7 +33,7 @@
 //! | store down, policy fails closed (`503`) | `Retry-After: 1` |
 //! | store down, policy fails open (the handler's answer) | none (a warning is traced) |
 //! | store down, policy fails to a local limit (`fail = "local"`) | the rate-limit headers of the local share |
-//! | exempt ([`RateLimitLayer::exempt`](crate::RateLimitLayer::exempt), config `exempt`, `exempt_api_keys`; the handler's answer) | none; nothing is counted |
+//! | exempt ([`RateLimitLayer::with_exemption`](crate::RateLimitLayer::with_exemption), config `exempt`, `exempt_api_keys`; the handler's answer) | none; nothing is counted |
 //! | any of the above, for a gRPC call | the headers above, and `grpc-retry-pushback-ms` (`-1` for `422`, `1000` for `503`) |
 //!
 //! # Which policy they describe
@@ -64,16 +64,17 @@ use crate::policy::Algorithm;
 use crate::store::{Check, Decision};
 
 /// `X-RateLimit-Limit`: units allowed per window.
-pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+pub(crate) const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 /// `X-RateLimit-Remaining`: units left in the window.
-pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+pub(crate) const X_RATELIMIT_REMAINING: HeaderName =
+    HeaderName::from_static("x-ratelimit-remaining");
 /// `X-RateLimit-Reset`: when capacity next grows.
-pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+pub(crate) const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
 /// `RateLimit-Policy`: the quota policies that applied (IETF httpapi draft).
-pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+pub(crate) const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 /// `RateLimit`: what is left of each quota policy (IETF httpapi draft).
-pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+pub(crate) const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 /// Which rate-limit headers responses carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

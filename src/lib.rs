@@ -72,8 +72,8 @@
 //! use std::time::Duration;
 //!
 //! let policies = Policies::builder()
-//!     .route("POST /login", Policy::new("login", 5, Duration::from_secs(60)).with_fail_mode(FailMode::Closed))
-//!     .default_policy(Policy::new("default", 100, Duration::from_secs(60)))
+//!     .with_route("POST /login", Policy::new("login", 5, Duration::from_secs(60)).with_fail_mode(FailMode::Closed))
+//!     .with_default(Policy::new("default", 100, Duration::from_secs(60)))
 //!     .build()
 //!     .expect("valid policies");
 //! let app: Router = Router::new()

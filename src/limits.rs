@@ -18,7 +18,7 @@
 //! tier's limit.
 //!
 //! Every limit a client can be given passes the checks a policy's does
-//! ([`Policy::validate_own_limit`](crate::Policy::validate_own_limit): a
+//! (a
 //! token bucket's burst × window below 2^52 µs, a sliding counter's limit
 //! × window below 2^51 ms), so both stores count it exactly. An override
 //! that fails is refused as the file is read, naming its key; a lookup
@@ -36,7 +36,7 @@
 //! use std::time::Duration;
 //!
 //! let policies = Policies::single(Policy::new("search", 5, Duration::from_secs(60))).unwrap();
-//! let overrides = Overrides::new().with(Key::parse("jwt:alice").unwrap(), "search", 50);
+//! let overrides = Overrides::new().with_limit(Key::parse("jwt:alice").unwrap(), "search", 50);
 //! let contracts = |key: &Key, policy: &Policy| {
 //!     // Your database here.
 //!     let enterprise = key.as_str() == "jwt:acme" && policy.name() == "search";
@@ -51,6 +51,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -59,7 +60,7 @@ use smallvec::SmallVec;
 use tokio::time::Instant;
 
 use crate::key::Key;
-use crate::lookup::{LIMIT_REFRESH_TIMED_OUT, LIMIT_TIMED_OUT, Lookup, LookupFuture, within};
+use crate::lookup::{LIMIT_REFRESH_TIMED_OUT, LIMIT_TIMED_OUT, Lookup, within};
 use crate::policy::Policy;
 use crate::throttle::LIMIT_LOOKUP_INVALID;
 
@@ -74,7 +75,7 @@ pub(crate) type LimitLookup = dyn for<'a> Lookup<(&'a Key, &'a Policy), Answer =
 /// use slidegate::{Global, Policies, Policy, RateLimitLayer, key::Key, limits::Overrides, store::MemoryStore};
 /// use std::time::Duration;
 ///
-/// let overrides = Overrides::new().with(Key::parse("jwt:alice").unwrap(), "search", 50);
+/// let overrides = Overrides::new().with_limit(Key::parse("jwt:alice").unwrap(), "search", 50);
 /// assert_eq!(overrides.get(&Key::parse("jwt:alice").unwrap(), "search"), Some(50));
 /// let policies = Policies::single(Policy::new("search", 5, Duration::from_secs(60)))?;
 /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).with_limit_lookup(overrides);
@@ -95,7 +96,7 @@ impl Overrides {
     /// Gives the client `key` the limit `limit` under the policy named
     /// `policy`.
     #[must_use]
-    pub fn with(mut self, key: Key, policy: impl Into<Arc<str>>, limit: u32) -> Self {
+    pub fn with_limit(mut self, key: Key, policy: impl Into<Arc<str>>, limit: u32) -> Self {
         self.table
             .entry(policy.into())
             .or_default()
@@ -122,7 +123,10 @@ impl Overrides {
 impl<'a> Lookup<(&'a Key, &'a Policy)> for Overrides {
     type Answer = Option<u32>;
 
-    fn lookup(&self, (key, policy): (&'a Key, &'a Policy)) -> LookupFuture<Option<u32>> {
+    fn lookup(
+        &self,
+        (key, policy): (&'a Key, &'a Policy),
+    ) -> Pin<Box<dyn Future<Output = Option<u32>> + Send + 'static>> {
         let limit = self.get(key, policy.name());
         Box::pin(std::future::ready(limit))
     }

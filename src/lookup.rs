@@ -25,7 +25,7 @@ use std::time::Duration;
 use crate::throttle::Throttle;
 
 /// The future a [`Lookup`] returns.
-pub type LookupFuture<A> = Pin<Box<dyn Future<Output = A> + Send + 'static>>;
+pub(crate) type LookupFuture<A> = Pin<Box<dyn Future<Output = A> + Send + 'static>>;
 
 /// Answers `Q` asynchronously: see the [module](self) for the questions
 /// the layer asks.
@@ -49,7 +49,7 @@ pub trait Lookup<Q>: Send + Sync + 'static {
 
     /// Starts looking up the answer to `question`; the future must not
     /// borrow the question.
-    fn lookup(&self, question: Q) -> LookupFuture<Self::Answer>;
+    fn lookup(&self, question: Q) -> Pin<Box<dyn Future<Output = Self::Answer> + Send + 'static>>;
 }
 
 impl<'a, F, Fut, A> Lookup<&'a A> for F

@@ -14,7 +14,8 @@
 //!
 //! Outcomes: `admitted`, `denied`, `deny_cache` (denied without a store
 //! call), `shadow_denied`, `failed_open`, `failed_closed`, `exempt`,
-//! `local` (admitted on the local limit while the store is down).
+//! `local` (admitted on the local limit while the store is down),
+//! `delay_full` (refused: too many requests held already).
 //!
 //! Each policy's counters are registered on first use: install the
 //! recorder before the first request.

@@ -54,11 +54,11 @@ async fn store_failures_are_logged_once_a_second_with_the_count_held_back() {
     let lines = Lines::default();
     let _guard = tracing::subscriber::set_default(Registry::default().with(lines.clone()));
     let policies = Policies::builder()
-        .route(
+        .with_route(
             "/closed",
             Policy::new("closed", 10, Duration::from_secs(1)).with_fail_mode(FailMode::Closed),
         )
-        .default_policy(Policy::new("open", 10, Duration::from_secs(1)))
+        .with_default(Policy::new("open", 10, Duration::from_secs(1)))
         .build()
         .unwrap();
     let app = Router::new()

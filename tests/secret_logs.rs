@@ -92,7 +92,7 @@ fn secrets_never_reach_the_logs() {
                 .build()
                 .unwrap();
             let api_keys = Header::new(http::HeaderName::from_static("x-api-key"))
-                .tiers([("key-of-a-pro", "pro")]);
+                .with_tiers([("key-of-a-pro", "pro")]);
             let policies =
                 Policies::single(Policy::new("search", 5, Duration::from_secs(60))).unwrap();
             let layer = RateLimitLayer::new(store, jwt.or(api_keys).or(PeerIp::new()), policies);

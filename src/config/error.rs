@@ -5,6 +5,15 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 /// A configuration file that could not be used: where, which key, and why.
+///
+/// ```
+/// use slidegate::config::Config;
+///
+/// let error = Config::from_toml_str("[[policy]]\nname = \"search\"\nlimit = 0\nwindow = \"60s\"\n")
+///     .unwrap_err();
+/// assert_eq!(error.line(), Some(3));
+/// assert_eq!(error.key(), Some("policy[0].limit"));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
     pub(super) file: Option<PathBuf>,
@@ -34,6 +43,18 @@ impl ConfigError {
             file: None,
             line: Some(line_of(source, offset)),
             key: Some(key.into()),
+            message: message.into(),
+        }
+    }
+
+    /// An error of `key` found as the settings are used (building a Redis
+    /// store), not as the file is read.
+    #[cfg(feature = "redis")]
+    pub(super) fn of(key: &str, message: impl Into<String>) -> Self {
+        Self {
+            file: None,
+            line: None,
+            key: Some(key.to_owned()),
             message: message.into(),
         }
     }

@@ -194,7 +194,7 @@ fn keyed_key(
         ));
     }
     let builder = match (key.secret, key.public_key_pem) {
-        (Some(secret), None) if !secret.is_empty() => builder.secret_for_kid(key.kid, secret),
+        (Some(secret), None) if !secret.is_empty() => builder.with_secret_for_kid(key.kid, secret),
         (None, Some(pem)) => {
             let file = base.join(pem.get_ref());
             let bytes = std::fs::read(&file).map_err(|e| {
@@ -213,7 +213,7 @@ fn keyed_key(
                     format!("`{}`: {e}", file.display()),
                 )
             })?;
-            builder.public_key_pem_for_kid(key.kid, &bytes)
+            builder.with_public_key_pem_for_kid(key.kid, &bytes)
         }
         _ => {
             return Err(ConfigError::at(

@@ -67,8 +67,6 @@ use raw::{
     UnknownApiKeyName,
 };
 
-#[cfg(feature = "redis")]
-pub use redis::RedisSettingsError;
 pub use redis::{RedisSettings, RedisTls};
 
 #[cfg(not(feature = "jwt"))]
@@ -88,7 +86,7 @@ pub struct Config {
     /// (hashed on the way in).
     api_key: Header,
     peer_ip: PeerIp,
-    /// `limiter.exempt`: client networks the limiter leaves alone.
+    /// `limiter.with_exemption`: client networks the limiter leaves alone.
     exempt: Arc<[IpNet]>,
     /// `limiter.exempt_api_keys`, by digest, and the header they come in.
     exempt_api_keys: Arc<HashSet<[u8; 16]>>,
@@ -218,13 +216,13 @@ impl Config {
                     "is not a valid header name",
                 )
             })?;
-        let mut api_key = Header::new(api_key_header.clone()).tiers(api_key_tiers(
+        let mut api_key = Header::new(api_key_header.clone()).with_tiers(api_key_tiers(
             raw.api_keys,
             keys.contains(&KeySource::ApiKey),
             source,
         )?);
         if limiter.unknown_api_key == UnknownApiKeyName::Reject {
-            api_key = api_key.reject_unknown();
+            api_key = api_key.with_unknown_rejected();
         }
         let local_share = *limiter.local_share.get_ref();
         if local_share == 0 {
@@ -440,7 +438,7 @@ impl Config {
         if !self.exempt.is_empty() || !self.exempt_api_keys.is_empty() {
             let (networks, keys) = (self.exempt.clone(), self.exempt_api_keys.clone());
             let (addresses, header) = (self.peer_ip.clone(), self.api_key_header.clone());
-            layer = layer.exempt(move |parts| {
+            layer = layer.with_exemption(move |parts| {
                 let exempt_address = || {
                     addresses
                         .client(parts)

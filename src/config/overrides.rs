@@ -14,7 +14,7 @@ use crate::policy::Policies;
 
 /// The table of `[overrides]`, each client a key the configured sources
 /// can make, each policy one of `policies`, each limit one the policy can count
-/// exactly ([`Policy::validate_own_limit`](crate::Policy::validate_own_limit)).
+/// exactly (the validation of the policy's own limits).
 pub(super) fn overrides(
     raw: Option<Spanned<RawOverrides>>,
     keys: &[KeySource],
@@ -45,7 +45,7 @@ pub(super) fn overrides(
                     "is no limit this policy can count: {invalid}"
                 )));
             }
-            table = table.with(key.clone(), policy, limit.into_inner());
+            table = table.with_limit(key.clone(), policy, limit.into_inner());
         }
     }
     Ok(table)

@@ -22,7 +22,7 @@ pub(super) fn build_policies(
 ) -> Result<Policies, ConfigError> {
     let mut builder = Policies::builder();
     for method in extension_methods {
-        builder = builder.extension_method(method.clone());
+        builder = builder.with_extension_method(method.clone());
     }
     let mut seen = HashSet::new();
     for (index, raw) in raw.into_iter().enumerate() {
@@ -60,9 +60,9 @@ pub(super) fn build_policies(
                         e.to_string(),
                     )
                 })?;
-                builder.route(route.into_inner(), policy)
+                builder.with_route(route.into_inner(), policy)
             }
-            None => builder.every_route(policy),
+            None => builder.with_every_route(policy),
         };
     }
     if let Some(body) = default {
@@ -98,7 +98,7 @@ pub(super) fn build_policies(
             (offset, offset),
             source,
         )?;
-        builder = builder.default_policy(policy);
+        builder = builder.with_default(policy);
     }
     builder.build().map_err(|e| ConfigError {
         file: None,
@@ -258,9 +258,9 @@ fn utc_offset(calendar: Calendar, text: &str) -> Option<Calendar> {
     };
     let offset = Duration::from_secs(two_digits(hours, 24)? * 3600 + two_digits(minutes, 60)? * 60);
     Some(if east {
-        calendar.east_of_utc(offset)
+        calendar.with_east_of_utc(offset)
     } else {
-        calendar.west_of_utc(offset)
+        calendar.with_west_of_utc(offset)
     })
 }
 
@@ -290,7 +290,7 @@ fn settled(
                 "is not a valid header name",
             )),
         },
-        (None, Some(true)) => Ok(policy.settled_after_response()),
+        (None, Some(true)) => Ok(policy.with_settlement()),
         (None, _) => Ok(policy),
     }
     .and_then(|policy| match &body.max_unsettled {

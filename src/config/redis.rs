@@ -96,6 +96,17 @@ pub struct RedisSettings {
 /// PEM certificates for TLS to Redis: a private CA to verify servers with,
 /// and a client certificate and key for mutual TLS. Each is optional;
 /// without `ca` the platform's roots verify servers.
+///
+/// ```no_run
+/// use slidegate::config::{RedisSettings, RedisTls};
+///
+/// let mut settings = RedisSettings::default().with_url("rediss://cache.internal:6380");
+/// settings.tls = Some(RedisTls {
+///     ca: Some(std::fs::read("ca.pem").unwrap()),
+///     client: None,
+/// });
+/// let store = settings.store().unwrap();
+/// ```
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct RedisTls {
     /// The CA certificate(s) that servers' certificates must chain to.
@@ -240,36 +251,6 @@ impl RedisSettings {
     pub fn redacted_seeds(&self) -> Vec<String> {
         self.seeds().iter().map(|seed| redacted(seed)).collect()
     }
-}
-
-/// Why [`RedisSettings::store`] could not build a store.
-#[cfg(feature = "redis")]
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum RedisSettingsError {
-    /// Neither a URL nor cluster seeds are set.
-    #[error("no Redis URL: set [redis] url (or urls) or REDIS_URL")]
-    NoUrl,
-    /// A URL that redis-rs refuses; shown with its password as `***`.
-    #[error("bad Redis URL `{urls}`: {source}")]
-    BadUrl {
-        /// The URL or URLs, redacted.
-        urls: String,
-        /// What redis-rs or the pool said.
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
-    /// The key prefix holds braces.
-    #[error(transparent)]
-    Prefix(#[from] crate::store::PrefixError),
-    /// TLS certificates that redis-rs cannot use, or a `tls` table with no
-    /// `rediss://` URL to use it on.
-    #[error("Redis TLS: {0}")]
-    Tls(String),
-    /// Sentinels without a master name, or the other way round, or
-    /// sentinels that differ in scheme or credentials.
-    #[error("Redis Sentinel: {0}")]
-    Sentinel(String),
 }
 
 /// `url` with its password and every query value (`?password=` of a

@@ -14,8 +14,9 @@ use deadpool_redis::redis::{
 };
 use deadpool_redis::{Pool, Runtime};
 
-use super::redis::{RedisSettings, RedisSettingsError, RedisTls, redacted};
-use crate::store::{ClusterClientPool, ClusterManager, RedisPool, SentinelManager, SentinelPool};
+use super::ConfigError;
+use super::redis::{RedisSettings, RedisTls, redacted};
+use crate::store::RedisPool;
 
 impl RedisSettings {
     /// A store on a new pool for these settings.
@@ -30,13 +31,15 @@ impl RedisSettings {
     /// assert!(RedisSettings::default().store().is_err(), "no URL");
     /// # }
     /// ```
-    pub fn store(&self) -> Result<crate::store::RedisStore, RedisSettingsError> {
+    pub fn store(&self) -> Result<crate::store::RedisStore, ConfigError> {
         let pool = pool(self)?;
         let mut store = crate::store::RedisStore::builder(pool).with_timeout(self.timeout);
         if let Some(prefix) = &self.prefix {
             store = store.with_prefix(prefix.clone());
         }
-        Ok(store.build()?)
+        store
+            .build()
+            .map_err(|e| ConfigError::of("redis.prefix", e.to_string()))
     }
 
     /// The [`store`](Self::store), behind a [`CircuitBreaker`](crate::store::CircuitBreaker)
@@ -56,9 +59,7 @@ impl RedisSettings {
     /// assert!(store.is_remote());
     /// # }
     /// ```
-    pub fn guarded_store(
-        &self,
-    ) -> Result<std::sync::Arc<dyn crate::store::Store>, RedisSettingsError> {
+    pub fn guarded_store(&self) -> Result<std::sync::Arc<dyn crate::store::Store>, ConfigError> {
         Ok(self.guard(self.store()?))
     }
 
@@ -78,7 +79,7 @@ impl RedisSettings {
 }
 
 /// A new pool for `settings`; connections are opened on first use.
-fn pool(settings: &RedisSettings) -> Result<RedisPool, RedisSettingsError> {
+fn pool(settings: &RedisSettings) -> Result<RedisPool, ConfigError> {
     let certificates = settings.tls.as_ref().map(RedisTls::certificates);
     let any_tls = settings
         .seeds()
@@ -93,13 +94,16 @@ fn pool(settings: &RedisSettings) -> Result<RedisPool, RedisSettingsError> {
     }
     let seeds = settings.seeds();
     let Some(first) = seeds.first() else {
-        return Err(RedisSettingsError::NoUrl);
+        return Err(ConfigError::of(
+            "redis.url",
+            "no Redis URL: set [redis] url (or urls) or REDIS_URL",
+        ));
     };
     if let Some(plain) = certificates
         .as_ref()
         .and_then(|_| seeds.iter().find(|url| !url.starts_with("rediss")))
     {
-        return Err(RedisSettingsError::Tls(format!(
+        return Err(tls_error(format!(
             "`tls` is set, but `{}` is not a rediss:// URL",
             redacted(plain)
         )));
@@ -120,21 +124,26 @@ fn use_ring_unless_a_provider_is_set() {
     }
 }
 
-fn bad_url(urls: String) -> impl FnOnce(deadpool_redis::redis::RedisError) -> RedisSettingsError {
-    move |e| RedisSettingsError::BadUrl {
-        urls,
-        source: Box::new(e),
-    }
+fn bad_url(urls: String) -> impl FnOnce(deadpool_redis::redis::RedisError) -> ConfigError {
+    move |e| ConfigError::of("redis.url", format!("bad Redis URL `{urls}`: {e}"))
+}
+
+fn tls_error(message: impl Into<String>) -> ConfigError {
+    ConfigError::of("redis.tls", message)
+}
+
+fn sentinel_error(message: impl Into<String>) -> ConfigError {
+    ConfigError::of("redis.sentinels", message)
 }
 
 fn standalone(
     settings: &RedisSettings,
     url: &str,
     certificates: Option<TlsCertificates>,
-) -> Result<RedisPool, RedisSettingsError> {
+) -> Result<RedisPool, ConfigError> {
     let info: ConnectionInfo = match certificates {
         Some(certificates) => Client::build_with_tls(url, certificates)
-            .map_err(|e| RedisSettingsError::Tls(e.to_string()))?
+            .map_err(|e| tls_error(e.to_string()))?
             .get_connection_info()
             .clone(),
         None => url.into_connection_info().map_err(bad_url(redacted(url)))?,
@@ -149,9 +158,11 @@ fn standalone(
         .max_size(settings.pool_size)
         .runtime(Runtime::Tokio1)
         .build()
-        .map_err(|e| RedisSettingsError::BadUrl {
-            urls: redacted(url),
-            source: Box::new(e),
+        .map_err(|e| {
+            ConfigError::of(
+                "redis.url",
+                format!("bad Redis URL `{}`: {e}", redacted(url)),
+            )
         })?;
     Ok(pool.into())
 }
@@ -160,7 +171,7 @@ fn cluster(
     settings: &RedisSettings,
     seeds: &[String],
     certificates: Option<TlsCertificates>,
-) -> Result<RedisPool, RedisSettingsError> {
+) -> Result<RedisPool, ConfigError> {
     let mut client = ClusterClientBuilder::new(seeds.iter().map(String::as_str))
         .response_timeout(settings.timeout);
     if let Some(certificates) = certificates {
@@ -169,15 +180,7 @@ fn cluster(
     let client = client
         .build()
         .map_err(bad_url(settings.redacted_seeds().join(", ")))?;
-    let pool = ClusterClientPool::builder(ClusterManager::new(client))
-        .max_size(settings.pool_size)
-        .runtime(Runtime::Tokio1)
-        .build()
-        .map_err(|e| RedisSettingsError::BadUrl {
-            urls: settings.redacted_seeds().join(", "),
-            source: Box::new(e),
-        })?;
-    Ok(pool.into())
+    Ok(RedisPool::cluster_client(client, settings.pool_size))
 }
 
 /// The address, TLS mode and credentials of one URL.
@@ -189,7 +192,7 @@ struct Endpoint {
     db: i64,
 }
 
-fn endpoint(url: &str) -> Result<Endpoint, RedisSettingsError> {
+fn endpoint(url: &str) -> Result<Endpoint, ConfigError> {
     let info = url.into_connection_info().map_err(bad_url(redacted(url)))?;
     let tls = match info.addr() {
         ConnectionAddr::TcpTls { insecure: true, .. } => Some(TlsMode::Insecure),
@@ -209,10 +212,11 @@ fn endpoint(url: &str) -> Result<Endpoint, RedisSettingsError> {
 fn sentinel(
     settings: &RedisSettings,
     certificates: Option<TlsCertificates>,
-) -> Result<RedisPool, RedisSettingsError> {
-    let master = settings.master.as_deref().ok_or_else(|| {
-        RedisSettingsError::Sentinel("`sentinels` needs `master`, the primary's name".into())
-    })?;
+) -> Result<RedisPool, ConfigError> {
+    let master = settings
+        .master
+        .as_deref()
+        .ok_or_else(|| sentinel_error("`sentinels` needs `master`, the primary's name"))?;
     let sentinels = settings
         .sentinels
         .iter()
@@ -223,8 +227,8 @@ fn sentinel(
         .iter()
         .any(|s| (s.tls, &s.username, &s.password) != (first.tls, &first.username, &first.password))
     {
-        return Err(RedisSettingsError::Sentinel(
-            "every sentinel URL needs the same scheme and credentials".into(),
+        return Err(sentinel_error(
+            "every sentinel URL needs the same scheme and credentials",
         ));
     }
     let data = settings.url.as_deref().map(endpoint).transpose()?;
@@ -235,13 +239,13 @@ fn sentinel(
         None => first.tls,
     };
     if certificates.is_some() && first.tls.is_none() && data_tls.is_none() {
-        return Err(RedisSettingsError::Tls(
-            "`tls` is set, but neither the sentinels nor `url` use rediss://".into(),
+        return Err(tls_error(
+            "`tls` is set, but neither the sentinels nor `url` use rediss://",
         ));
     }
     let addrs = sentinels.iter().map(|s| s.addr.clone());
     let mut client = SentinelClientBuilder::new(addrs, master, SentinelServerType::Master)
-        .map_err(|e| RedisSettingsError::Sentinel(e.to_string()))?;
+        .map_err(|e| sentinel_error(e.to_string()))?;
     if let Some(username) = &first.username {
         client = client.set_client_to_sentinel_username(username);
     }
@@ -269,13 +273,6 @@ fn sentinel(
             client = client.set_client_to_redis_certificates(certificates);
         }
     }
-    let client = client
-        .build()
-        .map_err(|e| RedisSettingsError::Sentinel(e.to_string()))?;
-    let pool = SentinelPool::builder(SentinelManager::new(client))
-        .max_size(settings.pool_size)
-        .runtime(Runtime::Tokio1)
-        .build()
-        .map_err(|e| RedisSettingsError::Sentinel(e.to_string()))?;
-    Ok(pool.into())
+    let client = client.build().map_err(|e| sentinel_error(e.to_string()))?;
+    Ok(RedisPool::sentinel(client, settings.pool_size))
 }

@@ -8,9 +8,8 @@ use smol_str::SmolStr;
 
 use super::{Identity, Key, KeyRejection};
 
-/// What a [`KeyExtractor`] found: an identity, nothing (the next extractor
-/// in the chain decides), or credentials it refuses.
-pub type Extracted = Result<Option<Identity>, KeyRejection>;
+/// What a [`KeyExtractor`] found.
+pub(crate) type Extracted = Result<Option<Identity>, KeyRejection>;
 
 /// Reads a request head and says who the client is, or that it cannot tell.
 ///
@@ -19,7 +18,7 @@ pub type Extracted = Result<Option<Identity>, KeyRejection>;
 ///
 /// // A known API key when one is sent, else the client's IP address.
 /// let keys = Header::new(http::HeaderName::from_static("x-api-key"))
-///     .keys(["key-of-acme"])
+///     .with_keys(["key-of-acme"])
 ///     .or(PeerIp::new());
 /// // Any closure over the request head works too; its keys are `user:`.
 /// let by_tenant = |parts: &http::request::Parts| {
@@ -34,9 +33,10 @@ pub type Extracted = Result<Option<Identity>, KeyRejection>;
 /// assert!(keys.extract(&parts).unwrap().is_none());
 /// ```
 pub trait KeyExtractor: Send + Sync + 'static {
-    /// The client's identity; `Ok(None)` when this extractor cannot tell;
-    /// an error when the client presented credentials that are not valid.
-    fn extract(&self, parts: &Parts) -> Extracted;
+    /// The client's identity; `Ok(None)` when this extractor cannot tell
+    /// (the next extractor in the chain decides); an error when the client
+    /// presented credentials that are not valid.
+    fn extract(&self, parts: &Parts) -> Result<Option<Identity>, KeyRejection>;
 
     /// Whether the request carries credentials this extractor would verify
     /// (a bearer token, an API key), before verifying them. The layer
@@ -71,13 +71,13 @@ impl<F> KeyExtractor for F
 where
     F: Fn(&Parts) -> Option<Key> + Send + Sync + 'static,
 {
-    fn extract(&self, parts: &Parts) -> Extracted {
+    fn extract(&self, parts: &Parts) -> Result<Option<Identity>, KeyRejection> {
         Ok(self(parts).map(Identity::from))
     }
 }
 
 impl KeyExtractor for Box<dyn KeyExtractor> {
-    fn extract(&self, parts: &Parts) -> Extracted {
+    fn extract(&self, parts: &Parts) -> Result<Option<Identity>, KeyRejection> {
         (**self).extract(parts)
     }
 
@@ -91,7 +91,7 @@ impl KeyExtractor for Box<dyn KeyExtractor> {
 }
 
 impl KeyExtractor for Arc<dyn KeyExtractor> {
-    fn extract(&self, parts: &Parts) -> Extracted {
+    fn extract(&self, parts: &Parts) -> Result<Option<Identity>, KeyRejection> {
         (**self).extract(parts)
     }
 
@@ -105,6 +105,16 @@ impl KeyExtractor for Arc<dyn KeyExtractor> {
 }
 
 /// Two extractors in order: see [`KeyExtractor::or`].
+///
+/// ```
+/// use slidegate::{Header, KeyExtractor, PeerIp, key::Or};
+///
+/// let either: Or<Header, PeerIp> = Header::new(http::HeaderName::from_static("x-api-key"))
+///     .with_keys(["key-of-acme"])
+///     .or(PeerIp::new());
+/// // A request without a known key is keyed by its address, not refused.
+/// assert!(!either.needs_credentials());
+/// ```
 #[derive(Debug, Clone)]
 pub struct Or<A, B> {
     first: A,
@@ -112,7 +122,7 @@ pub struct Or<A, B> {
 }
 
 impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
-    fn extract(&self, parts: &Parts) -> Extracted {
+    fn extract(&self, parts: &Parts) -> Result<Option<Identity>, KeyRejection> {
         match self.first.extract(parts)? {
             Some(mut identity) => {
                 // An API key still to be confirmed: should it be unknown,
@@ -149,7 +159,7 @@ impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
 pub struct Global;
 
 impl KeyExtractor for Global {
-    fn extract(&self, _parts: &Parts) -> Extracted {
+    fn extract(&self, _parts: &Parts) -> Result<Option<Identity>, KeyRejection> {
         Ok(Some(Key(SmolStr::new_static("global")).into()))
     }
 }

@@ -33,11 +33,11 @@ enum Trust {
 /// own gateway sets ([`Header::trusted`]).
 ///
 /// **API keys are identities only when known:** a key in the table given
-/// to [`keys`](Header::keys) or [`tiers`](Header::tiers) is the client,
+/// to [`keys`](Header::with_keys) or [`tiers`](Header::with_tiers) is the client,
 /// as `key:<hash>`. Any other value is no identity, so the next extractor
 /// in the chain decides (a client sending a fresh random key each time is
 /// limited by its address, say), or, with
-/// [`reject_unknown`](Header::reject_unknown), is refused with `401`.
+/// [`with_unknown_rejected`](Header::with_unknown_rejected), is refused with `401`.
 /// Keys are hashed on the way in: neither the table nor any store key holds
 /// a raw API key. A missing or empty header, or one sent more than once,
 /// is no known key either.
@@ -45,7 +45,7 @@ enum Trust {
 /// ```
 /// use slidegate::{Header, KeyExtractor};
 ///
-/// let api_keys = Header::new(http::HeaderName::from_static("x-api-key")).keys(["sk_live_abc"]);
+/// let api_keys = Header::new(http::HeaderName::from_static("x-api-key")).with_keys(["sk_live_abc"]);
 /// let with = |key: &str| {
 ///     let (parts, _) = http::Request::builder().header("x-api-key", key).body(()).unwrap().into_parts();
 ///     api_keys.extract(&parts).unwrap()
@@ -81,7 +81,7 @@ impl fmt::Debug for Header {
 
 impl Header {
     /// Keys by the API key in the header `name`; only keys added with
-    /// [`keys`](Header::keys) or [`tiers`](Header::tiers) identify a client.
+    /// [`keys`](Header::with_keys) or [`tiers`](Header::with_tiers) identify a client.
     pub fn new(name: HeaderName) -> Self {
         Self {
             name,
@@ -135,11 +135,11 @@ impl Header {
     ///     .body(())
     ///     .unwrap()
     ///     .into_parts();
-    /// let tenant = Header::trusted(http::HeaderName::from_static("x-tenant")).public();
+    /// let tenant = Header::trusted(http::HeaderName::from_static("x-tenant")).with_public_values();
     /// assert_eq!(tenant.extract(&parts).unwrap().unwrap().key.as_str(), "header:x-tenant:acme");
     /// ```
     #[must_use]
-    pub fn public(mut self) -> Self {
+    pub fn with_public_values(mut self) -> Self {
         if let Trust::AsIs { secret } = &mut self.trust {
             *secret = false;
         }
@@ -153,13 +153,13 @@ impl Header {
     /// use slidegate::{Header, KeyExtractor};
     ///
     /// let api_keys = Header::new(http::HeaderName::from_static("x-api-key"))
-    ///     .keys(["sk_live_abc"])
-    ///     .reject_unknown();
+    ///     .with_keys(["sk_live_abc"])
+    ///     .with_unknown_rejected();
     /// let (parts, _) = http::Request::builder().header("x-api-key", "guess").body(()).unwrap().into_parts();
     /// assert_eq!(api_keys.extract(&parts).unwrap_err().reason(), "unknown_api_key");
     /// ```
     #[must_use]
-    pub fn reject_unknown(mut self) -> Self {
+    pub fn with_unknown_rejected(mut self) -> Self {
         if let Trust::KnownOnly { reject_unknown } = &mut self.trust {
             *reject_unknown = true;
         }
@@ -169,7 +169,7 @@ impl Header {
     /// Adds known API keys without a tier (the policies' base limits).
     /// They are hashed on the way in.
     #[must_use]
-    pub fn keys<V: AsRef<[u8]>>(self, keys: impl IntoIterator<Item = V>) -> Self {
+    pub fn with_keys<V: AsRef<[u8]>>(self, keys: impl IntoIterator<Item = V>) -> Self {
         self.add(keys.into_iter().map(|key| (digest(key.as_ref()), None)))
     }
 
@@ -182,7 +182,7 @@ impl Header {
     /// use slidegate::{Header, KeyExtractor};
     ///
     /// let api_keys = Header::new(http::HeaderName::from_static("x-api-key"))
-    ///     .tiers([("key-of-a-pro", "pro"), ("key-of-a-free-user", "free")]);
+    ///     .with_tiers([("key-of-a-pro", "pro"), ("key-of-a-free-user", "free")]);
     /// let (parts, _) = http::Request::builder()
     ///     .header("x-api-key", "key-of-a-pro")
     ///     .body(())
@@ -192,7 +192,7 @@ impl Header {
     /// assert_eq!(identity.tier.as_deref(), Some("pro"));
     /// ```
     #[must_use]
-    pub fn tiers<V, T>(self, table: impl IntoIterator<Item = (V, T)>) -> Self
+    pub fn with_tiers<V, T>(self, table: impl IntoIterator<Item = (V, T)>) -> Self
     where
         V: AsRef<[u8]>,
         T: Into<Arc<str>>,
@@ -209,7 +209,7 @@ impl Header {
     /// [`Known`](crate::key::ApiKeyStatus::Known) is the client, with the
     /// tier it names; an unknown one is treated as any unknown key (the
     /// next extractor decides, or `401` with
-    /// [`reject_unknown`](Header::reject_unknown)).
+    /// [`with_unknown_rejected`](Header::with_unknown_rejected)).
     ///
     /// The layer waits for it at most its
     /// [lookup timeout](crate::RateLimitLayer::with_lookup_timeout) (100 ms by
@@ -293,7 +293,7 @@ enum Value<'a> {
 }
 
 impl KeyExtractor for Header {
-    fn extract(&self, parts: &Parts) -> Extracted {
+    fn extract(&self, parts: &Parts) -> Result<Option<Identity>, KeyRejection> {
         let value = match self.value(parts) {
             Value::Absent => return Ok(None),
             Value::Repeated => {
@@ -360,8 +360,8 @@ mod tests {
 
     fn api_keys() -> Header {
         Header::new(HeaderName::from_static("x-api-key"))
-            .keys(["key-a", "key-b"])
-            .tiers([("secret-pro", "pro")])
+            .with_keys(["key-a", "key-b"])
+            .with_tiers([("secret-pro", "pro")])
     }
 
     fn extract(header: &Header, values: &[HeaderValue]) -> Extracted {
@@ -379,7 +379,7 @@ mod tests {
         ];
         assert_eq!(extract(&keys, &twice), Ok(None));
         assert_eq!(
-            extract(&keys.reject_unknown(), &twice)
+            extract(&keys.with_unknown_rejected(), &twice)
                 .unwrap_err()
                 .reason(),
             "unknown_api_key"
@@ -395,7 +395,7 @@ mod tests {
         for unknown in [&b"key-c"[..], b"\xff\xfe{x}", &[b'k'; 16 * 1024]] {
             let value = HeaderValue::from_bytes(unknown).unwrap();
             assert_eq!(extract(&keys, std::slice::from_ref(&value)), Ok(None));
-            let refused = extract(&keys.clone().reject_unknown(), &[value]).unwrap_err();
+            let refused = extract(&keys.clone().with_unknown_rejected(), &[value]).unwrap_err();
             assert_eq!(refused.reason(), "unknown_api_key");
             assert_eq!(
                 refused.www_authenticate().unwrap(),
@@ -428,15 +428,15 @@ mod tests {
         assert_eq!(tier(&header, "secret-pro").as_deref(), Some("pro"));
         assert_eq!(tier(&header, "key-a"), None);
         let trusted = Header::trusted(HeaderName::from_static("x-api-key"))
-            .tiers([("secret-pro", "pro")])
-            .public();
+            .with_tiers([("secret-pro", "pro")])
+            .with_public_values();
         assert_eq!(tier(&trusted, "secret-pro").as_deref(), Some("pro"));
         assert_eq!(tier(&trusted, "anyone"), None);
     }
 
     #[test]
     fn public_leaves_api_keys_hashed() {
-        let keys = api_keys().public();
+        let keys = api_keys().with_public_values();
         let key = extract(&keys, &[HeaderValue::from_static("key-a")])
             .unwrap()
             .unwrap()

@@ -27,11 +27,11 @@
 //!         .with_tier_claim("plan")
 //!         .build()?;
 //!     let api_keys = Header::new(http::HeaderName::from_static("x-api-key"))
-//!         .tiers([("key-of-acme", "pro")]);
+//!         .with_tiers([("key-of-acme", "pro")]);
 //!     let keys = jwt.or(api_keys).or(PeerIp::new());
 //!
 //!     let policies = Policies::builder()
-//!         .route(
+//!         .with_route(
 //!             "GET /api/search",
 //!             Policy::new("search", 5, Duration::from_secs(60))
 //!                 .with_tier("pro", TierLimits::new().with_limit(50)),
@@ -100,9 +100,9 @@
 //! # API keys
 //!
 //! An API key is a client only when it is known: in the table given to
-//! [`Header::keys`] or [`Header::tiers`] (the config's `[api_keys]`), as
+//! [`Header::with_keys`] or [`Header::with_tiers`] (the config's `[api_keys]`), as
 //! `key:#<hash>`. An unknown key is no identity, so the next extractor
-//! decides (the address, say); [`Header::reject_unknown`] (config
+//! decides (the address, say); [`Header::with_unknown_rejected`] (config
 //! `unknown_api_key = "reject"`) answers it `401` instead. A header your
 //! own gateway sets after authenticating the client, and strips from what
 //! clients send, can be taken as it is with [`Header::trusted`] (keys
@@ -124,7 +124,7 @@
 //! # Tiers
 //!
 //! A client's tier comes from its token's tier claim, its API key's entry
-//! in [`Header::tiers`] or its lookup's answer, and each policy gives a
+//! in [`Header::with_tiers`] or its lookup's answer, and each policy gives a
 //! tier its own limit, window and cost with
 //! [`Policy::with_tier`](crate::Policy::with_tier). A tier the policy does
 //! not name, or no tier, gets the policy's base values. For tiers that
@@ -149,7 +149,7 @@
 //!
 //! Exempt requests go to the handler untouched: never limited, no
 //! rate-limit headers, nothing counted in the store. In code,
-//! [`RateLimitLayer::exempt`]`(|parts| ...)` (with [`PeerIp::client`] for
+//! [`RateLimitLayer::with_exemption`]`(|parts| ...)` (with [`PeerIp::client`] for
 //! the address as the extractor resolves it); in the config, `exempt`
 //! (client networks) and `exempt_api_keys` (keys in `api_key_header`,
 //! compared by hash).
@@ -171,7 +171,7 @@
 //! [`with_lookup_timeout`]: crate::RateLimitLayer::with_lookup_timeout
 //! [`RateLimitLayer::with_tier_lookup`]: crate::RateLimitLayer::with_tier_lookup
 //! [`RateLimitLayer::with_credential_failures`]: crate::RateLimitLayer::with_credential_failures
-//! [`RateLimitLayer::exempt`]: crate::RateLimitLayer::exempt
+//! [`RateLimitLayer::with_exemption`]: crate::RateLimitLayer::with_exemption
 //! [`RateLimitLayer::policies_handle`]: crate::RateLimitLayer::policies_handle
 //! [`PoliciesHandle`]: crate::PoliciesHandle
 
@@ -185,7 +185,8 @@ mod peer_ip;
 
 pub use api_key_lookup::ApiKeyStatus;
 pub(crate) use api_key_lookup::{ApiKeyLookup, Otherwise, Unconfirmed, confirmed};
-pub use extractor::{Extracted, Global, KeyExtractor, Or};
+pub(crate) use extractor::Extracted;
+pub use extractor::{Global, KeyExtractor, Or};
 pub use header::Header;
 pub use identity::{Identity, KeyRejection};
 #[cfg(feature = "jwt")]
@@ -280,7 +281,7 @@ impl Key {
     /// its label form, as `/api/whoami` in the example server shows it
     /// (`ip:203.0.113.9`, `jwt:alice`, `key:#3f2a…`, `global`), to inspect
     /// or reset that client's count. `None` for text no key can have:
-    /// empty, longer than [`MAX_PARSED_LEN`] bytes, or holding anything
+    /// empty, longer than 256 bytes, or holding anything
     /// but printable ASCII without braces.
     ///
     /// ```
@@ -303,7 +304,7 @@ impl Key {
 
 /// The longest text [`Key::parse`] takes: longer than any key the crate
 /// makes.
-pub const MAX_PARSED_LEN: usize = 256;
+pub(crate) const MAX_PARSED_LEN: usize = 256;
 
 impl fmt::Debug for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -8,7 +8,7 @@ use http::HeaderName;
 use http::request::Parts;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
-use super::{Extracted, Key, KeyExtractor};
+use super::{Identity, Key, KeyExtractor, KeyRejection};
 use crate::throttle::MISSING_PEER_ADDRESS;
 
 /// Forwarding hops beyond this many are not examined.
@@ -239,7 +239,7 @@ impl PeerIp {
     /// client (no header, an unreadable or `unknown` hop), so nothing is
     /// known of who sent the request. For decisions of your own about a
     /// client, such as exempting an internal network with
-    /// [`RateLimitLayer::exempt`](crate::RateLimitLayer::exempt): a trusted
+    /// [`RateLimitLayer::with_exemption`](crate::RateLimitLayer::with_exemption): a trusted
     /// proxy's address is never a client's, so it is never exempt. (The
     /// rate-limit key of such a request is the proxy's: all the requests
     /// it cannot name share one count.)
@@ -292,7 +292,7 @@ impl PeerIp {
 }
 
 impl KeyExtractor for PeerIp {
-    fn extract(&self, parts: &Parts) -> Extracted {
+    fn extract(&self, parts: &Parts) -> Result<Option<Identity>, KeyRejection> {
         let Some(peer) = peer_addr(parts) else {
             if let Some(held_back) = MISSING_PEER_ADDRESS.admit() {
                 tracing::error!(

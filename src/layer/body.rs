@@ -24,7 +24,7 @@ pin_project! {
     /// ([`Count`](crate::policy::Count)) is settled here when its trailers
     /// pass, and stays counted if they never do. A request under a policy
     /// settled after the response
-    /// ([`Policy::settled_after_response`](crate::Policy::settled_after_response))
+    /// ([`Policy::with_settlement`](crate::Policy::with_settlement))
     /// is settled when this body ends or is dropped, at the cost reported
     /// by then (a usage trailer among them).
     pub struct ResponseBody<B> {

@@ -181,7 +181,7 @@ async fn with_shadow(store: &dyn Store, decided: Decisions, shadow: &[Check]) ->
 
 fn join(mut decided: Decisions, shadow: Result<Decisions, StoreError>) -> Decisions {
     match shadow {
-        Ok(shadow) => decided.extend(shadow),
+        Ok(shadow) => decided.extend(shadow.iter().copied()),
         Err(error) => tracing::debug!(%error, "shadow policies undecided"),
     }
     decided

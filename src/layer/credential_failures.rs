@@ -20,7 +20,7 @@ const BLOCKED_CAPACITY: usize = 10_000;
 
 /// Counts refused credentials (a bad signature, an expired or malformed
 /// token, an unknown API key refused with
-/// [`Header::reject_unknown`](crate::Header::reject_unknown)) per client
+/// [`Header::with_unknown_rejected`](crate::Header::with_unknown_rejected)) per client
 /// address, in the layer's store, as the policy `credential_failures`.
 /// Once an address has had `limit` refusals within `window`, every request
 /// from it that carries credentials is answered `429` with `Retry-After`
@@ -48,8 +48,8 @@ const BLOCKED_CAPACITY: usize = 10_000;
 ///
 /// let proxies = PeerIp::new().with_trusted_proxies(["10.0.0.0/8".parse().unwrap()]);
 /// let api_keys = Header::new(http::HeaderName::from_static("x-api-key"))
-///     .keys(["key-of-acme"])
-///     .reject_unknown();
+///     .with_keys(["key-of-acme"])
+///     .with_unknown_rejected();
 /// let policies = Policies::single(Policy::new("api", 100, Duration::from_secs(60))).unwrap();
 /// let layer = RateLimitLayer::new(MemoryStore::new(), api_keys, policies).with_credential_failures(
 ///     CredentialFailures::new(10, Duration::from_secs(60)).with_peer_ip(proxies),
@@ -77,7 +77,7 @@ impl CredentialFailures {
     /// At most `limit` refused credentials per address within `window`
     /// (the configuration's default is 10 a minute). A limit of 0 is taken
     /// as 1, and a window outside a millisecond to
-    /// [`MAX_WINDOW`](crate::policy::MAX_WINDOW) as the nearer of the two.
+    /// 366 days as the nearer of the two.
     pub fn new(limit: u32, window: Duration) -> Self {
         let window = window.clamp(Duration::from_millis(1), crate::policy::MAX_WINDOW);
         Self {

@@ -216,7 +216,7 @@ impl DenyCache {
             let denied = found.get_or_insert_with(Denied::default);
             denied.checks.push(price.check(key, namespace));
             denied.bodies.push(denial.body.clone());
-            denied.decisions.push(Decision::denied(
+            denied.decisions.push(Decision::new_denied(
                 price.burst,
                 denial.remaining,
                 Duration::from_micros(denial.reset_at.saturating_sub(now)),

@@ -199,7 +199,7 @@ impl LocalLimits {
                 && let Ok(Ok(decided)) = decided
             {
                 checks.push(check.clone());
-                decisions.extend(decided);
+                decisions.extend(decided.iter().copied());
                 counts.push(count);
             }
         }

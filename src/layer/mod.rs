@@ -29,14 +29,14 @@
 //!
 //!     let search = Policy::new("search", 5, Duration::from_secs(60)).with_fail_mode(FailMode::Closed);
 //!     let policies = Policies::builder()
-//!         .route("GET /api/search", search)
-//!         .every_route(Policy::new("account", 10_000, Duration::from_secs(86_400)))
-//!         .default_policy(Policy::new("default", 100, Duration::from_secs(60)))
+//!         .with_route("GET /api/search", search)
+//!         .with_every_route(Policy::new("account", 10_000, Duration::from_secs(86_400)))
+//!         .with_default(Policy::new("default", 100, Duration::from_secs(60)))
 //!         .build()?;
 //!
 //!     // A known API key when one is sent, else the client IP (X-Forwarded-For only from 10/8).
 //!     let keys = Header::new(http::HeaderName::from_static("x-api-key"))
-//!         .keys(["key-of-acme", "key-of-globex"])
+//!         .with_keys(["key-of-acme", "key-of-globex"])
 //!         .or(PeerIp::new().with_trusted_proxies(["10.0.0.0/8".parse()?]));
 //!
 //!     Ok(Router::new()
@@ -175,7 +175,7 @@ pub use body::ResponseBody;
 pub use connection::ConnectionLease;
 pub use future::ResponseFuture;
 pub use inspect::LimitError;
-pub use policy_names::{PoliciesHandle, PolicyConflict};
+pub use policy_names::PoliciesHandle;
 pub use service::RateLimit;
 pub use usage::Usage;
 
@@ -210,8 +210,8 @@ use settings::{DEFAULT_LIMIT_TTL, Settings};
 /// use std::time::Duration;
 ///
 /// let policies = Policies::builder()
-///     .route("GET /api/search", Policy::new("search", 5, Duration::from_secs(60)))
-///     .default_policy(Policy::new("default", 100, Duration::from_secs(60)))
+///     .with_route("GET /api/search", Policy::new("search", 5, Duration::from_secs(60)))
+///     .with_default(Policy::new("default", 100, Duration::from_secs(60)))
 ///     .build()
 ///     .unwrap();
 /// let app: Router = Router::new()
@@ -417,10 +417,13 @@ impl RateLimitLayer {
     /// let internal: IpNet = "10.1.0.0/16".parse().unwrap();
     /// let addresses = PeerIp::new();
     /// let layer = RateLimitLayer::new(MemoryStore::new(), addresses.clone(), policies)
-    ///     .exempt(move |parts| addresses.client(parts).is_some_and(|ip| internal.contains(&ip)));
+    ///     .with_exemption(move |parts| addresses.client(parts).is_some_and(|ip| internal.contains(&ip)));
     /// ```
     #[must_use]
-    pub fn exempt(mut self, exempt: impl Fn(&Parts) -> bool + Send + Sync + 'static) -> Self {
+    pub fn with_exemption(
+        mut self,
+        exempt: impl Fn(&Parts) -> bool + Send + Sync + 'static,
+    ) -> Self {
         let shared = Arc::make_mut(&mut self.shared);
         shared.exempt = Some(match shared.exempt.take() {
             Some(earlier) => Arc::new(move |parts: &Parts| earlier(parts) || exempt(parts)),
@@ -435,7 +438,7 @@ impl RateLimitLayer {
     /// namespaces count apart even where their policies share a name.
     /// Layers on one store without namespaces (or in one) share the counts
     /// of a policy name: one budget when their policies count alike, and
-    /// refused when they do not (see [`PolicyConflict`]). Services in other
+    /// refused when they do not (see [`PolicyError::SharedName`](crate::policy::PolicyError::SharedName)). Services in other
     /// processes that share a Redis cannot be seen: give them namespaces
     /// (or store prefixes) of their own. A namespace is 1 to 64 ASCII
     /// letters, digits, `-` and `_` (config `limiter.namespace`).
@@ -517,9 +520,12 @@ impl<S> Layer<S> for RateLimitLayer {
     /// names.
     fn layer(&self, inner: S) -> Self::Service {
         let shared = &self.shared;
-        if let Some(state) = shared.store.state()
-            && let Err(conflict) =
-                policy_names::register(&state, shared.namespace.as_ref(), &shared.policies)
+        if let Some(state) = shared.store.shared_state()
+            && let Err(conflict) = policy_names::register(
+                &policy_names::StateId(state),
+                shared.namespace.as_ref(),
+                &shared.policies,
+            )
         {
             panic!("slidegate: {conflict}");
         }

@@ -337,9 +337,9 @@ mod tests {
         .into_iter()
         .collect();
         let decisions: Decisions = [
-            Decision::admitted(10, 5, Duration::from_secs(30)),
-            Decision::admitted(3, 1, Duration::from_secs(50)),
-            Decision::admitted(100, 2, Duration::from_secs(3000)),
+            Decision::new_admitted(10, 5, Duration::from_secs(30)),
+            Decision::new_admitted(3, 1, Duration::from_secs(50)),
+            Decision::new_admitted(100, 2, Duration::from_secs(3000)),
         ]
         .into();
         let source = |decisions: &Decisions| HeaderSource {

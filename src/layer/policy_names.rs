@@ -6,52 +6,14 @@
 //! counts. That is one budget when the policies count alike, and a silent
 //! mix of two limits when they do not, which [`register`] refuses.
 
+use std::any::Any;
+use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use arc_swap::ArcSwap;
 
 use crate::RateLimitLayer;
-use crate::policy::{Policies, Policy};
-use crate::store::StateId;
-
-/// Two layers on one store giving one policy name two meanings: the second
-/// layer would share the first's counts under another limit.
-///
-/// ```
-/// use slidegate::{Global, Policies, Policy, RateLimitLayer, store::MemoryStore};
-/// use std::time::Duration;
-///
-/// let store = MemoryStore::new();
-/// let minute = |limit| Policies::single(Policy::new("api", limit, Duration::from_secs(60))).unwrap();
-/// let handler = tower::service_fn(|_: http::Request<()>| async {
-///     Ok::<_, std::convert::Infallible>(http::Response::new(()))
-/// });
-/// // Two layers, one budget: "api" counts alike in both.
-/// let public = RateLimitLayer::new(store.clone(), Global, minute(100));
-/// let admin = RateLimitLayer::new(store, Global, minute(100));
-/// let _served = (tower::Layer::layer(&public, handler.clone()), tower::Layer::layer(&admin, handler));
-/// // Another limit under that name would mix into the public layer's counts.
-/// let refused = admin.policies_handle().replace(minute(20)).unwrap_err();
-/// assert_eq!(refused.policy(), "api");
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "policy `{policy}` counts as {theirs} in another layer on this store, and would count as \
-     {ours} here: the two would share counts; give one layer a namespace \
-     (RateLimitLayer::with_namespace, config `limiter.namespace`) or the policies distinct names"
-)]
-pub struct PolicyConflict {
-    policy: String,
-    ours: String,
-    theirs: String,
-}
-
-impl PolicyConflict {
-    /// The policy name the two layers share.
-    pub fn policy(&self) -> &str {
-        &self.policy
-    }
-}
+use crate::policy::{Policies, Policy, PolicyError};
 
 /// A layer that counts on a store: its store's state, its namespace and
 /// its policies (as they are now, reloads included).
@@ -82,7 +44,7 @@ pub(crate) fn register(
     state: &StateId,
     namespace: Option<&Arc<str>>,
     policies: &Arc<ArcSwap<Policies>>,
-) -> Result<(), PolicyConflict> {
+) -> Result<(), PolicyError> {
     let mut list = registered();
     let same_place =
         |entry: &Registered| entry.state == *state && entry.namespace.as_ref() == namespace;
@@ -112,7 +74,7 @@ pub(crate) fn register(
 pub(crate) fn may_replace(
     policies: &Arc<ArcSwap<Policies>>,
     candidate: &Policies,
-) -> Result<(), PolicyConflict> {
+) -> Result<(), PolicyError> {
     let list = registered();
     for ours in list
         .iter()
@@ -138,12 +100,12 @@ fn ptr_eq(weak: &Weak<ArcSwap<Policies>>, policies: &Arc<ArcSwap<Policies>>) -> 
 
 /// The first policy of `ours` that the live layer with `theirs` names
 /// alike but counts otherwise.
-fn conflict_with(ours: &Policies, theirs: &Weak<ArcSwap<Policies>>) -> Option<PolicyConflict> {
+fn conflict_with(ours: &Policies, theirs: &Weak<ArcSwap<Policies>>) -> Option<PolicyError> {
     let theirs = theirs.upgrade()?.load_full();
     ours.iter().find_map(|ours| {
         let theirs: &Policy = theirs.iter().find(|p| p.name() == ours.name())?;
-        (!ours.counts_as(theirs)).then(|| PolicyConflict {
-            policy: ours.name().to_owned(),
+        (!ours.counts_as(theirs)).then(|| PolicyError::SharedName {
+            name: ours.name().to_owned(),
             ours: ours.describe(),
             theirs: theirs.describe(),
         })
@@ -160,7 +122,7 @@ fn conflict_with(ours: &Policies, theirs: &Weak<ArcSwap<Policies>>) -> Option<Po
 /// name: a policy that keeps its name keeps its clients' counts, under its
 /// new limit and window. Policies that would give a name another meaning
 /// than another layer's on the same store are refused
-/// ([`PolicyConflict`]), and the policies in force stay.
+/// ([`PolicyError`]), and the policies in force stay.
 ///
 /// The example server reloads its `--config` file this way on `SIGHUP`
 /// and logs each policy added, changed or removed; a bad file is refused
@@ -197,10 +159,29 @@ impl PoliciesHandle {
     ///
     /// # Errors
     ///
-    /// [`PolicyConflict`], leaving the policies in force as they are, if
-    /// another layer on the same store and namespace has a policy of one
-    /// of these names that counts otherwise: the two would share counts.
-    pub fn replace(&self, policies: Policies) -> Result<(), PolicyConflict> {
+    /// [`PolicyError::SharedName`], leaving the policies in force as they
+    /// are, if another layer on the same store and namespace has a policy
+    /// of one of these names that counts otherwise: the two would share
+    /// counts under two limits.
+    ///
+    /// ```
+    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, policy::PolicyError, store::MemoryStore};
+    /// use std::time::Duration;
+    ///
+    /// let store = MemoryStore::new();
+    /// let minute = |limit| Policies::single(Policy::new("api", limit, Duration::from_secs(60))).unwrap();
+    /// let handler = tower::service_fn(|_: http::Request<()>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(()))
+    /// });
+    /// // Two layers, one budget: "api" counts alike in both.
+    /// let public = RateLimitLayer::new(store.clone(), Global, minute(100));
+    /// let admin = RateLimitLayer::new(store, Global, minute(100));
+    /// let _served = (tower::Layer::layer(&public, handler.clone()), tower::Layer::layer(&admin, handler));
+    /// // Another limit under that name would mix into the public layer's counts.
+    /// let refused = admin.policies_handle().replace(minute(20)).unwrap_err();
+    /// assert!(matches!(&refused, PolicyError::SharedName { name, .. } if name == "api"));
+    /// ```
+    pub fn replace(&self, policies: Policies) -> Result<(), PolicyError> {
         may_replace(&self.0, &policies)?;
         self.0.store(Arc::new(policies));
         Ok(())
@@ -213,5 +194,32 @@ impl RateLimitLayer {
     /// are kept by policy name.
     pub fn policies_handle(&self) -> PoliciesHandle {
         PoliciesHandle(self.shared.policies.clone())
+    }
+}
+
+/// The identity of the state a store's clones share
+/// ([`Store::shared_state`](crate::store::Store::shared_state)): two stores
+/// with equal ids count in one place. It holds the state, so its address is
+/// not reused while a layer names it.
+#[derive(Clone)]
+pub(crate) struct StateId(pub(crate) Arc<dyn Any + Send + Sync>);
+
+impl StateId {
+    fn address(&self) -> usize {
+        Arc::as_ptr(&self.0).cast::<()>().addr()
+    }
+}
+
+impl PartialEq for StateId {
+    fn eq(&self, other: &Self) -> bool {
+        self.address() == other.address()
+    }
+}
+
+impl Eq for StateId {}
+
+impl fmt::Debug for StateId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "StateId({:#x})", self.address())
     }
 }

@@ -43,7 +43,7 @@ impl Refusal {
             if decision.remaining == 0 {
                 // No refusal fits until the oldest leaves the window.
                 let blocked =
-                    Decision::denied(decision.limit, 0, decision.reset, Some(decision.reset));
+                    Decision::new_denied(decision.limit, 0, decision.reset, Some(decision.reset));
                 self.blocked
                     .remember(checks, std::slice::from_ref(&blocked), self.sent_at, |_| {
                         true

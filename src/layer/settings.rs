@@ -96,7 +96,7 @@ impl Shared {
 }
 
 /// Says which requests the limiter leaves alone; set with
-/// [`RateLimitLayer::exempt`].
+/// [`RateLimitLayer::with_exemption`].
 pub(crate) type Exempt = Arc<dyn Fn(&Parts) -> bool + Send + Sync>;
 
 impl RateLimitLayer {

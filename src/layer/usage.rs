@@ -21,7 +21,7 @@ const UNSET: u64 = u64::MAX;
 
 /// What a request cost, as its handler reports it, for the policies that
 /// settle their costs after the response
-/// ([`Policy::settled_after_response`](crate::Policy::settled_after_response)).
+/// ([`Policy::with_settlement`](crate::Policy::with_settlement)).
 ///
 /// The layer puts one in the request's extensions when such a policy
 /// admitted the request (a request the store failed open on has none, so
@@ -40,7 +40,7 @@ const UNSET: u64 = u64::MAX;
 /// [`set`](Self::set) reports less. A response header the policy names
 /// ([`Policy::with_usage_header`](crate::Policy::with_usage_header)) wins
 /// over the handle. How an overdraft counts, and how to bound it, is on
-/// [`Policy::settled_after_response`](crate::Policy::settled_after_response).
+/// [`Policy::with_settlement`](crate::Policy::with_settlement).
 ///
 /// ```
 /// use axum::{Extension, routing::post, Router};
@@ -67,17 +67,20 @@ const UNSET: u64 = u64::MAX;
 ///
 /// let tokens = Policy::new("tokens", 100_000, Duration::from_secs(60))
 ///     .with_cost(500)
-///     .settled_after_response();
+///     .with_settlement();
 ///
 /// // The handler: a stream that reports its tokens as it sends them.
 /// async fn complete(usage: Option<Extension<Usage>>) -> Body {
-///     let chunks = ["Once ", "upon ", "a time"].map(|chunk| {
+///     use futures_util::StreamExt;
+///
+///     // Each chunk is reported as the body is polled for it, not before.
+///     let chunks = futures_util::stream::iter(["Once ", "upon ", "a time"]).map(move |chunk| {
 ///         if let Some(Extension(usage)) = &usage {
 ///             usage.add(1);
 ///         }
 ///         Ok::<_, std::convert::Infallible>(chunk)
 ///     });
-///     Body::from_stream(futures_util::stream::iter(chunks))
+///     Body::from_stream(chunks)
 /// }
 /// ```
 #[derive(Debug, Clone)]

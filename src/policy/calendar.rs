@@ -37,7 +37,7 @@ impl Period {
 /// "year"` takes the place of `window` (and of `algorithm`).
 ///
 /// The boundaries are in UTC, or at a fixed offset from it
-/// ([`east_of_utc`](Self::east_of_utc), [`west_of_utc`](Self::west_of_utc),
+/// ([`with_east_of_utc`](Self::with_east_of_utc), [`with_west_of_utc`](Self::with_west_of_utc),
 /// config `utc_offset`): a period at `"+02:00"` starts at 00:00 UTC+2,
 /// 22:00 UTC the day before, all year round (no daylight saving time).
 /// `X-RateLimit-Reset` and `Retry-After` count to the next boundary, with
@@ -66,7 +66,7 @@ impl Period {
 /// let monthly = Policy::calendar(
 ///     "monthly",
 ///     10_000,
-///     Calendar::new(Period::Month).east_of_utc(Duration::from_secs(2 * 3600)),
+///     Calendar::new(Period::Month).with_east_of_utc(Duration::from_secs(2 * 3600)),
 /// );
 /// ```
 ///
@@ -75,7 +75,7 @@ impl Period {
 /// use std::time::Duration;
 ///
 /// // Months as they run in Berlin in summer: from 22:00 UTC on the last day before.
-/// let monthly = Calendar::new(Period::Month).east_of_utc(Duration::from_secs(2 * 3600));
+/// let monthly = Calendar::new(Period::Month).with_east_of_utc(Duration::from_secs(2 * 3600));
 /// assert_eq!(monthly.utc_offset_seconds(), 7200);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -97,7 +97,7 @@ impl Calendar {
     /// The periods at `offset` ahead of UTC (`+HH:MM`): under a day, in
     /// whole minutes, else the policy is refused.
     #[must_use]
-    pub fn east_of_utc(mut self, offset: Duration) -> Self {
+    pub fn with_east_of_utc(mut self, offset: Duration) -> Self {
         self.offset = offset_seconds(offset);
         self
     }
@@ -105,7 +105,7 @@ impl Calendar {
     /// The periods at `offset` behind UTC (`-HH:MM`): under a day, in
     /// whole minutes, else the policy is refused.
     #[must_use]
-    pub fn west_of_utc(mut self, offset: Duration) -> Self {
+    pub fn with_west_of_utc(mut self, offset: Duration) -> Self {
         self.offset = offset_seconds(offset).saturating_neg();
         self
     }
@@ -258,7 +258,7 @@ mod tests {
     #[test]
     fn an_offset_moves_the_boundaries() {
         let hours = |h: u64| Duration::from_secs(h * 3600);
-        let berlin = Calendar::new(Period::Month).east_of_utc(hours(2));
+        let berlin = Calendar::new(Period::Month).with_east_of_utc(hours(2));
         // 22:30 UTC on June 30th is already July in UTC+2.
         assert_eq!(
             berlin.period_end(at(2026, 6, 30, 22, 30)),
@@ -268,7 +268,7 @@ mod tests {
             berlin.period_end(at(2026, 6, 30, 21, 30)),
             at(2026, 6, 30, 22, 0)
         );
-        let new_york = Calendar::new(Period::Day).west_of_utc(hours(5));
+        let new_york = Calendar::new(Period::Day).with_west_of_utc(hours(5));
         assert_eq!(
             new_york.period_end(at(2026, 1, 1, 3, 0)),
             at(2026, 1, 1, 5, 0)
@@ -318,15 +318,27 @@ mod tests {
     #[test]
     fn offsets_are_whole_minutes_under_a_day() {
         let month = Calendar::new(Period::Month);
-        assert!(month.east_of_utc(Duration::from_secs(14 * 3600)).is_valid());
         assert!(
             month
-                .west_of_utc(Duration::from_secs(9 * 3600 + 1800))
+                .with_east_of_utc(Duration::from_secs(14 * 3600))
                 .is_valid()
         );
-        assert!(!month.east_of_utc(Duration::from_secs(86_400)).is_valid());
-        assert!(!month.east_of_utc(Duration::from_secs(90)).is_valid());
-        assert!(!month.east_of_utc(Duration::from_millis(60_001)).is_valid());
-        assert!(!month.west_of_utc(Duration::MAX).is_valid());
+        assert!(
+            month
+                .with_west_of_utc(Duration::from_secs(9 * 3600 + 1800))
+                .is_valid()
+        );
+        assert!(
+            !month
+                .with_east_of_utc(Duration::from_secs(86_400))
+                .is_valid()
+        );
+        assert!(!month.with_east_of_utc(Duration::from_secs(90)).is_valid());
+        assert!(
+            !month
+                .with_east_of_utc(Duration::from_millis(60_001))
+                .is_valid()
+        );
+        assert!(!month.with_west_of_utc(Duration::MAX).is_valid());
     }
 }

@@ -22,6 +22,24 @@ pub enum PolicyError {
         /// The reserved name.
         name: String,
     },
+    /// A policy counts otherwise than the policy of its name in another
+    /// layer on the same store and namespace
+    /// ([`PoliciesHandle::replace`](crate::PoliciesHandle::replace)): the
+    /// two would share counts under two limits.
+    #[error(
+        "policy `{name}` counts as {theirs} in another layer on this store, and would count as \
+         {ours} here: the two would share counts; give one layer a namespace \
+         (RateLimitLayer::with_namespace, config `limiter.namespace`) or the policies distinct \
+         names"
+    )]
+    SharedName {
+        /// The name the two layers share.
+        name: String,
+        /// How the policy counts here.
+        ours: String,
+        /// How it counts in the other layer.
+        theirs: String,
+    },
     /// Two policies share a name, and so would share store keys.
     #[error("policy name `{name}` is used twice")]
     DuplicateName {
@@ -40,7 +58,7 @@ pub enum PolicyError {
         /// The policy.
         name: String,
     },
-    /// The window is longer than [`MAX_WINDOW`] (366 days).
+    /// The window is longer than 366 days.
     #[error("policy `{name}`: window must be at most 366 days")]
     WindowTooLong {
         /// The policy.
@@ -103,13 +121,13 @@ pub enum PolicyError {
         /// The policy.
         name: String,
     },
-    /// A block shorter than a millisecond or longer than [`MAX_WINDOW`].
+    /// A block shorter than a millisecond or longer than 366 days.
     #[error("policy `{name}`: block must be between 1ms and 366 days")]
     InvalidBlock {
         /// The policy.
         name: String,
     },
-    /// A delay longer than [`MAX_DELAY`](super::MAX_DELAY).
+    /// A delay longer than 60 s.
     #[error("policy `{name}`: delay must be at most 60s")]
     DelayTooLong {
         /// The policy.
@@ -179,7 +197,7 @@ pub enum PolicyError {
     #[error(
         "route `{route}`: `{method}` is not a standard HTTP method, so no request would ever \
          match it; allow an extension method the service really routes explicitly \
-         (`PoliciesBuilder::extension_method`, config `limiter.extension_methods`)"
+         (`PoliciesBuilder::with_extension_method`, config `limiter.extension_methods`)"
     )]
     UnknownMethod {
         /// The offending route.
@@ -211,9 +229,10 @@ impl PolicyError {
     /// ```
     pub fn field(&self) -> &'static str {
         match self {
-            Self::InvalidName { .. } | Self::ReservedName { .. } | Self::DuplicateName { .. } => {
-                "name"
-            }
+            Self::InvalidName { .. }
+            | Self::ReservedName { .. }
+            | Self::DuplicateName { .. }
+            | Self::SharedName { .. } => "name",
             Self::ZeroLimit { .. } => "limit",
             Self::WindowTooShort { .. }
             | Self::WindowTooLong { .. }

@@ -3,7 +3,7 @@
 //!
 //! A [`Policy`] is a limit per window with its algorithm, cost, fail mode
 //! and per-tier overrides ([`TierLimits`]); [`Policies`] is the validated
-//! set of a layer, each policy on a [`Route`] or on every route; a
+//! set of a layer, each policy on a [route](PoliciesBuilder::with_route) or on every route; a
 //! [`RequestCost`] computes a request's [`Cost`] from its head.
 //!
 //! # Algorithms
@@ -35,7 +35,7 @@
 //!   your own, or an [`Overrides`] table) gives a client its own limit in
 //!   place of its tier's (see the [`limits`](crate::limits) module).
 //! * **Costs known after the response, such as LLM token budgets:**
-//!   [`Policy::settled_after_response`], with the [`Usage`] a handler
+//!   [`Policy::with_settlement`], with the [`Usage`] a handler
 //!   reports on, or [`Policy::with_usage_header`].
 //! * **Quotas by the calendar:** [`Policy::calendar`] and [`Calendar`].
 //! * **WebSockets and other upgraded connections:** a
@@ -71,12 +71,11 @@ pub use cost::{Cost, RequestCost};
 pub use count::Count;
 pub use error::PolicyError;
 use error::validate_limits;
-pub use route::Route;
-pub use settlement::DEFAULT_MAX_UNSETTLED;
+pub(crate) use route::Route;
 pub(crate) use settlement::Settlement;
 pub use table::{Policies, PoliciesBuilder};
 pub use tiers::{Limits, TierLimits};
-pub use waiting::MAX_DELAY;
+pub(crate) use waiting::MAX_DELAY;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -96,7 +95,7 @@ const MAX_BUCKET_PRODUCT: u128 = 1 << 52;
 const MAX_LEASES: u32 = 4096;
 
 /// The lease time of a [`Policy::concurrency`] policy unless set.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
 /// The name under which a layer counts refused credentials; no policy
 /// may take it.
@@ -106,7 +105,7 @@ pub(crate) const CREDENTIAL_FAILURES: &str = "credential_failures";
 /// 365.25 days). Time arithmetic stays exact in Redis's Lua numbers well
 /// past it; no [`Check`](crate::store::Check) can be built with a longer
 /// one.
-pub const MAX_WINDOW: Duration = Duration::from_secs(366 * 86_400);
+pub(crate) const MAX_WINDOW: Duration = Duration::from_secs(366 * 86_400);
 
 /// What a policy does when the store fails or times out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -183,7 +182,7 @@ impl Policy {
     /// dropped (the client went away, the handler panicked); every
     /// response body is a [`ResponseBody`](crate::layer::ResponseBody) for
     /// this. A lease expires after the lease time
-    /// ([`with_lease`](Self::with_lease), [`DEFAULT_LEASE`] of 30 s unless
+    /// ([`with_lease`](Self::with_lease), 30 s unless
     /// set), so the leases of an instance that died are gone within it; set
     /// it above your slowest response, since a request that outlives its
     /// lease stops counting. Over the limit a request is answered `429`

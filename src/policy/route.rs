@@ -9,39 +9,15 @@ use super::PolicyError;
 /// Which requests a policy applies to: an HTTP method (or any) and a route
 /// pattern as axum spells it (`/users/{id}`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Route {
+pub(crate) struct Route {
     pub(super) method: Option<Method>,
     pub(super) pattern: String,
 }
 
 impl Route {
-    /// Parses `"METHOD /pattern"` or `"/pattern"` (any method).
-    ///
-    /// The method must be one of HTTP's standard nine (`GET`, `HEAD`,
-    /// `POST`, `PUT`, `DELETE`, `CONNECT`, `OPTIONS`, `TRACE`, `PATCH`): a
-    /// misspelt one (`GTE`) would name a route no client reaches, so the
-    /// limit would silently never apply. A service that really routes an
-    /// extension method names it with
-    /// [`PoliciesBuilder::extension_method`](crate::policy::PoliciesBuilder::extension_method).
-    ///
-    /// ```
-    /// use slidegate::policy::Route;
-    ///
-    /// let route = Route::parse("GET /api/search").unwrap();
-    /// assert!(route.matches(&http::Method::GET, "/api/search"));
-    /// assert!(!route.matches(&http::Method::POST, "/api/search"));
-    /// assert!(Route::parse("/api/videos").unwrap().matches(&http::Method::DELETE, "/api/videos"));
-    /// assert!(Route::parse("GET api").is_err());
-    /// // Methods are case-sensitive: `get` would be a method no client sends.
-    /// assert!(Route::parse("get /api/search").is_err());
-    /// // A method HTTP does not define is refused: a typo is never limited.
-    /// assert!(Route::parse("GTE /api/search").is_err());
-    /// ```
-    pub fn parse(route: &str) -> Result<Self, PolicyError> {
-        Self::parse_allowing(route, &[])
-    }
-
-    /// [`parse`](Self::parse), also accepting the extension `methods`.
+    /// Parses `"METHOD /pattern"` or `"/pattern"` (any method), accepting
+    /// the extension `methods` beside the standard nine; see
+    /// [`PoliciesBuilder::with_route`](crate::policy::PoliciesBuilder::with_route).
     pub(crate) fn parse_allowing(route: &str, methods: &[Method]) -> Result<Self, PolicyError> {
         let invalid = || PolicyError::InvalidRoute {
             route: route.to_owned(),
@@ -86,33 +62,10 @@ impl Route {
         })
     }
 
-    /// The method the route is for; `None` for any.
-    ///
-    /// ```
-    /// use slidegate::policy::Route;
-    ///
-    /// assert_eq!(Route::parse("GET /api/search").unwrap().method(), Some(&http::Method::GET));
-    /// assert_eq!(Route::parse("/api/search").unwrap().method(), None);
-    /// ```
-    pub fn method(&self) -> Option<&Method> {
-        self.method.as_ref()
-    }
-
-    /// The route pattern, as axum spells it (`/users/{id}`).
-    ///
-    /// ```
-    /// use slidegate::policy::Route;
-    ///
-    /// assert_eq!(Route::parse("GET /users/{id}").unwrap().pattern(), "/users/{id}");
-    /// ```
-    pub fn pattern(&self) -> &str {
-        &self.pattern
-    }
-
     /// Whether a request with `method` on the route pattern `path` matches.
     /// (Through [`Policies`](crate::Policies), a `GET` route also governs `HEAD`, as axum
     /// routes it.)
-    pub fn matches(&self, method: &Method, path: &str) -> bool {
+    pub(crate) fn matches(&self, method: &Method, path: &str) -> bool {
         self.method.as_ref().is_none_or(|m| m == method) && self.pattern == path
     }
 }
@@ -176,7 +129,7 @@ mod tests {
                 "`*path` is axum 0.7's capture syntax, which axum 0.8 refuses; write `{*path}`",
             ),
         ] {
-            let error = Route::parse(route).unwrap_err();
+            let error = Route::parse_allowing(route, &[]).unwrap_err();
             assert_eq!(
                 error,
                 PolicyError::InvalidPattern {
@@ -187,20 +140,22 @@ mod tests {
             assert!(error.to_string().contains(reason), "{error}");
         }
         // A colon inside a segment is a literal, in axum as here.
-        assert!(Route::parse("GET /v1/items:batch").is_ok());
+        assert!(Route::parse_allowing("GET /v1/items:batch", &[]).is_ok());
     }
 
     #[test]
     fn a_method_http_does_not_define_is_refused_unless_allowed() {
         for route in ["GTE /api/videos", "PURGE /cache", "GETT /x"] {
-            let error = Route::parse(route).unwrap_err();
+            let error = Route::parse_allowing(route, &[]).unwrap_err();
             assert!(
                 matches!(error, PolicyError::UnknownMethod { .. }),
                 "{error}"
             );
             assert_eq!(error.field(), "route");
         }
-        let message = Route::parse("GTE /api/videos").unwrap_err().to_string();
+        let message = Route::parse_allowing("GTE /api/videos", &[])
+            .unwrap_err()
+            .to_string();
         assert!(message.contains("`GTE`"), "{message}");
         let purge = Method::from_bytes(b"PURGE").unwrap();
         let route = Route::parse_allowing("PURGE /cache", std::slice::from_ref(&purge)).unwrap();
@@ -209,14 +164,17 @@ mod tests {
         for method in [
             "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH",
         ] {
-            assert!(Route::parse(&format!("{method} /x")).is_ok(), "{method}");
+            assert!(
+                Route::parse_allowing(&format!("{method} /x"), &[]).is_ok(),
+                "{method}"
+            );
         }
     }
 
     #[test]
     fn route_display_round_trips() {
         for text in ["GET /api/search", "/api/videos", "POST /users/{id}"] {
-            assert_eq!(Route::parse(text).unwrap().to_string(), text);
+            assert_eq!(Route::parse_allowing(text, &[]).unwrap().to_string(), text);
         }
     }
 }

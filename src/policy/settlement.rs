@@ -6,7 +6,7 @@ use http::HeaderName;
 use super::Policy;
 
 /// How a policy settled after the response learns a request's real cost
-/// (see [`Policy::settled_after_response`]).
+/// (see [`Policy::with_settlement`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Settlement {
     /// The response header or trailer holding it, if the policy names one.
@@ -26,7 +26,7 @@ impl Default for Settlement {
 
 /// The most reservations of a policy settled after the response that a
 /// client holds at once, unless set (see [`Policy::with_max_unsettled`]).
-pub const DEFAULT_MAX_UNSETTLED: u32 = 8;
+pub(crate) const DEFAULT_MAX_UNSETTLED: u32 = 8;
 
 impl Policy {
     /// Settles each request's cost after its response (config
@@ -106,26 +106,26 @@ impl Policy {
     /// // 1,000 tokens a minute, reserving 100 a request.
     /// let tokens = Policy::new("tokens", 1_000, Duration::from_secs(60))
     ///     .with_cost(100)
-    ///     .settled_after_response();
+    ///     .with_settlement();
     /// assert!(tokens.is_settled_after_response());
     /// ```
     ///
     /// [`Usage`](crate::Usage) shows a handler that reports as it streams.
     #[must_use]
-    pub fn settled_after_response(mut self) -> Self {
+    pub fn with_settlement(mut self) -> Self {
         self.settlement.get_or_insert_with(Settlement::default);
         self
     }
 
     /// The most reservations of this policy one client holds at once, its
     /// requests admitted and not yet settled (default
-    /// [`DEFAULT_MAX_UNSETTLED`], 8); a request past it is answered `429`
+    /// 8); a request past it is answered `429`
     /// with `Retry-After: 1`, its units given back. So a client that holds
     /// requests open (over HTTP/2, many streams on one connection, their
     /// bodies held back) spends in a window at most the limit plus that
     /// many overdrafts, even where no request says what it will cost. The
     /// count is kept in each process: with several instances, each holds
-    /// its own. Implies [`settled_after_response`](Self::settled_after_response).
+    /// its own. Implies [`with_settlement`](Self::with_settlement).
     ///
     /// ```
     /// use slidegate::Policy;
@@ -137,6 +137,7 @@ impl Policy {
     /// assert!(tokens.is_settled_after_response());
     /// assert!(slidegate::Policies::single(tokens.with_max_unsettled(0)).is_err());
     /// ```
+    #[must_use]
     pub fn with_max_unsettled(mut self, max: u32) -> Self {
         self.settlement
             .get_or_insert_with(Settlement::default)
@@ -145,7 +146,7 @@ impl Policy {
     }
 
     /// Settles each request's cost after its response (see
-    /// [`settled_after_response`](Self::settled_after_response)) from the
+    /// [`with_settlement`](Self::with_settlement)) from the
     /// integer in the response header `header`, or in a trailer of that
     /// name (config `usage_header`): for a proxy of an upstream that
     /// reports its usage. The header must come from your service or its
@@ -200,7 +201,7 @@ impl Policy {
     ///
     /// let tokens = Policy::new("tokens", 1_000, Duration::from_secs(60));
     /// assert_eq!(tokens.max_unsettled(), None);
-    /// assert_eq!(tokens.settled_after_response().max_unsettled(), Some(8));
+    /// assert_eq!(tokens.with_settlement().max_unsettled(), Some(8));
     /// ```
     pub fn max_unsettled(&self) -> Option<u32> {
         Some(self.settlement.as_ref()?.max_unsettled)

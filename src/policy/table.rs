@@ -2,6 +2,7 @@
 //! that selects a request's policies by route and method.
 
 use std::collections::HashMap;
+use std::fmt;
 use std::sync::Arc;
 
 use http::Method;
@@ -26,9 +27,9 @@ struct Scoped {
 /// use std::time::Duration;
 ///
 /// let policies = Policies::builder()
-///     .route("GET /api/search", Policy::new("search", 5, Duration::from_secs(60)))
-///     .every_route(Policy::new("account", 1000, Duration::from_secs(3600)))
-///     .default_policy(Policy::new("default", 100, Duration::from_secs(60)))
+///     .with_route("GET /api/search", Policy::new("search", 5, Duration::from_secs(60)))
+///     .with_every_route(Policy::new("account", 1000, Duration::from_secs(3600)))
+///     .with_default(Policy::new("default", 100, Duration::from_secs(60)))
 ///     .build()
 ///     .unwrap();
 /// let names: Vec<_> = policies
@@ -215,7 +216,7 @@ impl Policies {
     /// assert_eq!(policies.select(&http::Method::GET, "/anything").len(), 1);
     /// ```
     pub fn single(policy: Policy) -> Result<Self, PolicyError> {
-        Self::builder().every_route(policy).build()
+        Self::builder().with_every_route(policy).build()
     }
 
     /// The policies that apply to a request with `method` on `route`: the
@@ -229,7 +230,7 @@ impl Policies {
     /// use std::time::Duration;
     ///
     /// let policies = Policies::builder()
-    ///     .route("GET /users/{id}", Policy::new("user", 5, Duration::from_secs(60)))
+    ///     .with_route("GET /users/{id}", Policy::new("user", 5, Duration::from_secs(60)))
     ///     .build()
     ///     .unwrap();
     /// assert_eq!(policies.select(&http::Method::GET, "/users/{id}")[0].name(), "user");
@@ -263,7 +264,7 @@ impl Policies {
     /// use std::time::Duration;
     ///
     /// let policies = Policies::builder()
-    ///     .route("GET /api/serach", Policy::new("search", 5, Duration::from_secs(60)))
+    ///     .with_route("GET /api/serach", Policy::new("search", 5, Duration::from_secs(60)))
     ///     .build()
     ///     .unwrap();
     /// let unknown: Vec<String> = policies
@@ -275,7 +276,7 @@ impl Policies {
     pub fn routes_outside<'a>(
         &'a self,
         patterns: impl IntoIterator<Item = &'a str>,
-    ) -> impl Iterator<Item = &'a Route> {
+    ) -> impl Iterator<Item = impl fmt::Display + 'a> {
         let known: Vec<&str> = patterns.into_iter().collect();
         self.scoped
             .iter()
@@ -308,21 +309,35 @@ pub struct PoliciesBuilder {
 }
 
 impl PoliciesBuilder {
-    /// Applies `policy` to requests matching `route` (`"GET /api/search"` or
-    /// `"/api/search"`).
+    /// Applies `policy` to requests matching `route`: `"METHOD /pattern"`,
+    /// or `"/pattern"` for any method, the pattern as axum spells it
+    /// (`/users/{id}`).
+    ///
+    /// The method must be one of HTTP's standard nine (`GET`, `HEAD`,
+    /// `POST`, `PUT`, `DELETE`, `CONNECT`, `OPTIONS`, `TRACE`, `PATCH`): a
+    /// misspelt one (`GTE`) would name a route no client reaches, so the
+    /// limit would silently never apply. A service that really routes an
+    /// extension method names it with
+    /// [`with_extension_method`](Self::with_extension_method). [`build`](Self::build)
+    /// refuses a route that does not parse.
     ///
     /// ```
     /// use slidegate::{Policies, Policy};
     /// use std::time::Duration;
     ///
-    /// let policies = Policies::builder()
-    ///     .route("POST /api/login", Policy::new("login", 5, Duration::from_secs(60)))
-    ///     .build()
-    ///     .unwrap();
+    /// let login = || Policy::new("login", 5, Duration::from_secs(60));
+    /// let policies = Policies::builder().with_route("POST /api/login", login()).build().unwrap();
     /// assert_eq!(policies.select(&http::Method::POST, "/api/login").len(), 1);
     /// assert!(policies.select(&http::Method::GET, "/api/login").is_empty());
+    ///
+    /// let any = Policies::builder().with_route("/api/login", login()).build().unwrap();
+    /// assert_eq!(any.select(&http::Method::DELETE, "/api/login").len(), 1);
+    /// for refused in ["GET api", "get /api/login", "GTE /api/login"] {
+    ///     // Methods are case-sensitive: `get` is a method no client sends.
+    ///     assert!(Policies::builder().with_route(refused, login()).build().is_err(), "{refused}");
+    /// }
     /// ```
-    pub fn route(mut self, route: impl Into<String>, policy: Policy) -> Self {
+    pub fn with_route(mut self, route: impl Into<String>, policy: Policy) -> Self {
         self.scoped.push((Some(route.into()), policy));
         self
     }
@@ -335,12 +350,12 @@ impl PoliciesBuilder {
     /// use std::time::Duration;
     ///
     /// let policies = Policies::builder()
-    ///     .every_route(Policy::new("quota", 10_000, Duration::from_secs(86_400)))
+    ///     .with_every_route(Policy::new("quota", 10_000, Duration::from_secs(86_400)))
     ///     .build()
     ///     .unwrap();
     /// assert_eq!(policies.select(&http::Method::GET, "/x").len(), 1);
     /// ```
-    pub fn every_route(mut self, policy: Policy) -> Self {
+    pub fn with_every_route(mut self, policy: Policy) -> Self {
         self.scoped.push((None, policy));
         self
     }
@@ -355,16 +370,16 @@ impl PoliciesBuilder {
     /// use std::time::Duration;
     ///
     /// let minute = || Policy::new("purge", 10, Duration::from_secs(60));
-    /// assert!(Policies::builder().route("PURGE /cache", minute()).build().is_err());
+    /// assert!(Policies::builder().with_route("PURGE /cache", minute()).build().is_err());
     /// let purge = http::Method::from_bytes(b"PURGE").unwrap();
     /// let policies = Policies::builder()
-    ///     .extension_method(purge.clone())
-    ///     .route("PURGE /cache", minute())
+    ///     .with_extension_method(purge.clone())
+    ///     .with_route("PURGE /cache", minute())
     ///     .build()
     ///     .unwrap();
     /// assert_eq!(policies.select(&purge, "/cache").len(), 1);
     /// ```
-    pub fn extension_method(mut self, method: Method) -> Self {
+    pub fn with_extension_method(mut self, method: Method) -> Self {
         self.extension_methods.push(method);
         self
     }
@@ -376,14 +391,14 @@ impl PoliciesBuilder {
     /// use std::time::Duration;
     ///
     /// let policies = Policies::builder()
-    ///     .route("/a", Policy::new("a", 1, Duration::from_secs(1)))
-    ///     .default_policy(Policy::new("rest", 100, Duration::from_secs(60)))
+    ///     .with_route("/a", Policy::new("a", 1, Duration::from_secs(1)))
+    ///     .with_default(Policy::new("rest", 100, Duration::from_secs(60)))
     ///     .build()
     ///     .unwrap();
     /// assert_eq!(policies.select(&http::Method::GET, "/b")[0].name(), "rest");
     /// assert_eq!(policies.select(&http::Method::GET, "/a")[0].name(), "a");
     /// ```
-    pub fn default_policy(mut self, policy: Policy) -> Self {
+    pub fn with_default(mut self, policy: Policy) -> Self {
         self.default = Some(policy);
         self
     }
@@ -440,9 +455,9 @@ mod tests {
     #[test]
     fn default_applies_only_when_no_route_matches() {
         let policies = Policies::builder()
-            .route("GET /a", minute("a", 1))
-            .route("/a", minute("a-any", 1))
-            .default_policy(minute("d", 1))
+            .with_route("GET /a", minute("a", 1))
+            .with_route("/a", minute("a-any", 1))
+            .with_default(minute("d", 1))
             .build()
             .unwrap();
         let names = |method: Method, path: &str| -> Vec<String> {
@@ -460,14 +475,14 @@ mod tests {
     #[test]
     fn the_selection_table_agrees_with_matching_every_route() {
         let policies = Policies::builder()
-            .route("GET /a", minute("get-a", 1))
-            .route("/a", minute("any-a", 1))
-            .route("POST /a", minute("post-a", 1))
-            .route("DELETE /b", minute("delete-b", 1))
-            .route("GET /c", minute("get-c", 1))
-            .route("HEAD /c", minute("head-c", 1))
-            .every_route(minute("quota", 1))
-            .default_policy(minute("d", 1))
+            .with_route("GET /a", minute("get-a", 1))
+            .with_route("/a", minute("any-a", 1))
+            .with_route("POST /a", minute("post-a", 1))
+            .with_route("DELETE /b", minute("delete-b", 1))
+            .with_route("GET /c", minute("get-c", 1))
+            .with_route("HEAD /c", minute("head-c", 1))
+            .with_every_route(minute("quota", 1))
+            .with_default(minute("d", 1))
             .build()
             .unwrap();
         let names = |selected: &[Arc<Policy>]| -> Vec<String> {
@@ -497,10 +512,10 @@ mod tests {
     #[test]
     fn head_is_get_unless_a_route_names_head() {
         let policies = Policies::builder()
-            .route("GET /a", minute("get-a", 1))
-            .route("GET /c", minute("get-c", 1))
-            .route("HEAD /c", minute("head-c", 1))
-            .default_policy(minute("d", 1))
+            .with_route("GET /a", minute("get-a", 1))
+            .with_route("GET /c", minute("get-c", 1))
+            .with_route("HEAD /c", minute("head-c", 1))
+            .with_default(minute("d", 1))
             .build()
             .unwrap();
         let first =

@@ -49,11 +49,13 @@ fn invalid_settings_are_refused() {
         ));
     }
     let duplicate = Policies::builder()
-        .route("/a", minute("p", 1))
-        .default_policy(minute("p", 2))
+        .with_route("/a", minute("p", 1))
+        .with_default(minute("p", 2))
         .build();
     assert!(matches!(duplicate, Err(PolicyError::DuplicateName { .. })));
-    let bad_route = Policies::builder().route("GET", minute("p", 1)).build();
+    let bad_route = Policies::builder()
+        .with_route("GET", minute("p", 1))
+        .build();
     assert!(matches!(bad_route, Err(PolicyError::InvalidRoute { .. })));
     assert!(matches!(
         Policies::single(minute("credential_failures", 1)),
@@ -112,4 +114,14 @@ fn sliding_counter_limits_keep_its_arithmetic_exact() {
     let log = Policy::new("l", u32::MAX, Duration::from_secs(86_400 * 30));
     assert!(Policies::single(log.clone()).is_ok());
     assert!(Policies::single(log.with_algorithm(Algorithm::FixedWindow)).is_ok());
+}
+
+#[test]
+fn an_own_limit_passes_the_policys_own_validation() {
+    let bucket =
+        Policy::new("api", 10, Duration::from_secs(7200)).with_algorithm(Algorithm::TokenBucket);
+    assert!(bucket.validate_own_limit(1_000).is_ok());
+    // 2,562,047,789 × 7,200 s in µs is past 2^52.
+    assert!(bucket.validate_own_limit(2_562_047_789).is_err());
+    assert!(bucket.validate_own_limit(0).is_err());
 }

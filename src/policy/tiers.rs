@@ -122,22 +122,11 @@ impl Policy {
     }
 
     /// Whether `limit` may be a client's own limit under this policy (an
-    /// override, or a [limit lookup](crate::RateLimitLayer::with_limit_lookup)'s
-    /// answer): the limits it makes with the policy and with each of its
-    /// tiers pass the same validation as the policy's own, but for the
-    /// cost (a cost above a client's own limit is refused per request).
-    ///
-    /// ```
-    /// use slidegate::{Policy, policy::Algorithm};
-    /// use std::time::Duration;
-    ///
-    /// let bucket = Policy::new("api", 10, Duration::from_secs(7200)).with_algorithm(Algorithm::TokenBucket);
-    /// assert!(bucket.validate_own_limit(1_000).is_ok());
-    /// // 2,562,047,789 × 7,200 s in µs is past 2^52.
-    /// assert!(bucket.validate_own_limit(2_562_047_789).is_err());
-    /// assert!(bucket.validate_own_limit(0).is_err());
-    /// ```
-    pub fn validate_own_limit(&self, limit: u32) -> Result<(), PolicyError> {
+    /// override, or a limit lookup's answer): the limits it makes with the
+    /// policy and with each of its tiers pass the same validation as the
+    /// policy's own, but for the cost (a cost above a client's own limit is
+    /// refused per request).
+    pub(crate) fn validate_own_limit(&self, limit: u32) -> Result<(), PolicyError> {
         let tiers = self.tiers.iter().map(|(tier, _)| Some(&**tier));
         for tier in std::iter::once(None).chain(tiers) {
             // Named only for an error: a kept answer is checked per request.

@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::Policy;
 
 /// The longest a policy may hold a request instead of denying it.
-pub const MAX_DELAY: Duration = Duration::from_secs(60);
+pub(crate) const MAX_DELAY: Duration = Duration::from_secs(60);
 
 impl Policy {
     /// Blocks a client once this policy denies it by its own count: every
@@ -59,7 +59,7 @@ impl Policy {
     }
 
     /// Holds a request this policy would deny when it would fit within
-    /// `delay` (at most [`MAX_DELAY`], 60 s), and admits it then, instead
+    /// `delay` (at most 60 s), and admits it then, instead
     /// of answering `429`: for clients that cannot retry.
     ///
     /// The store decides the request once, when it comes: it admits it at

@@ -128,7 +128,7 @@
 //! async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //!     let check = Policy::new("health-check", 5, Duration::from_secs(60));
 //!     let policies = Policies::builder()
-//!         .route("POST /grpc.health.v1.Health/Check", check)
+//!         .with_route("POST /grpc.health.v1.Health/Check", check)
 //!         .build()?;
 //!     let layer = RateLimitLayer::new(MemoryStore::new(), PeerIp::new(), policies);
 //!     let (_reporter, health) = tonic_health::server::health_reporter();

@@ -414,8 +414,8 @@ impl<S: Store> Store for CircuitBreaker<S> {
         self.store.is_remote()
     }
 
-    fn state(&self) -> Option<super::StateId> {
-        self.store.state()
+    fn shared_state(&self) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
+        self.store.shared_state()
     }
 }
 

@@ -50,16 +50,16 @@ pub struct Conformance {
 }
 
 /// Where a store under test first decided otherwise than the model.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Mismatch {
+#[derive(Debug)]
+struct Mismatch {
     /// The step, from 0.
-    pub step: usize,
+    step: usize,
     /// What the step sent: `check`, `peek` or `refund`, and its checks.
-    pub request: String,
+    request: String,
     /// The model's answer.
-    pub expected: String,
+    expected: String,
     /// The store's answer.
-    pub found: String,
+    found: String,
 }
 
 impl fmt::Display for Mismatch {
@@ -71,8 +71,6 @@ impl fmt::Display for Mismatch {
         )
     }
 }
-
-impl std::error::Error for Mismatch {}
 
 /// What one step of the trace does.
 enum Step {
@@ -101,9 +99,16 @@ impl Conformance {
     }
 
     /// Runs the trace against `store`, whose time is `clock`'s, and a
-    /// memory store on the same clock; the first step where they differ,
-    /// or where `store` fails.
-    pub async fn run<S: Store + ?Sized>(
+    /// memory store on the same clock. The error tells the first step where
+    /// they differ, or where `store` fails: `step 12 (check ...): the model
+    /// answered ..., the store ...`.
+    pub async fn run<S: Store + ?Sized>(&self, store: &S, clock: &FakeClock) -> Result<(), String> {
+        self.traced(store, clock)
+            .await
+            .map_err(|mismatch| mismatch.to_string())
+    }
+
+    async fn traced<S: Store + ?Sized>(
         &self,
         store: &S,
         clock: &FakeClock,
@@ -218,7 +223,7 @@ fn policies() -> [Policy; 8] {
         Policy::calendar(
             "calendar",
             6,
-            Calendar::new(Period::Day).east_of_utc(Duration::from_secs(106 * 60)),
+            Calendar::new(Period::Day).with_east_of_utc(Duration::from_secs(106 * 60)),
         ),
         Policy::concurrency("in-flight", 2),
     ]

@@ -58,10 +58,10 @@ impl Decision {
     /// use slidegate::store::Decision;
     /// use std::time::Duration;
     ///
-    /// let decision = Decision::admitted(10, 9, Duration::from_secs(60));
+    /// let decision = Decision::new_admitted(10, 9, Duration::from_secs(60));
     /// assert!(decision.admitted && decision.retry_after.is_none());
     /// ```
-    pub fn admitted(limit: u32, remaining: u32, reset: Duration) -> Self {
+    pub fn new_admitted(limit: u32, remaining: u32, reset: Duration) -> Self {
         Self {
             admitted: true,
             limit,
@@ -82,9 +82,10 @@ impl Decision {
     /// use std::time::Duration;
     ///
     /// let wait = Duration::from_millis(120);
-    /// let decision = Decision::admitted(10, 0, Duration::from_secs(1)).with_delayed_for(wait);
+    /// let decision = Decision::new_admitted(10, 0, Duration::from_secs(1)).with_delayed_for(wait);
     /// assert_eq!(decision.delayed_for, Some(wait));
     /// ```
+    #[must_use]
     pub fn with_delayed_for(mut self, wait: Duration) -> Self {
         self.delayed_for = Some(wait);
         self
@@ -99,9 +100,10 @@ impl Decision {
     /// use std::time::Duration;
     ///
     /// let at = Duration::from_secs(1_800_000_000);
-    /// let decision = Decision::admitted(10, 9, Duration::from_secs(60)).with_recorded_at(at);
+    /// let decision = Decision::new_admitted(10, 9, Duration::from_secs(60)).with_recorded_at(at);
     /// assert_eq!(decision.recorded_at, Some(at));
     /// ```
+    #[must_use]
     pub fn with_recorded_at(mut self, at: Duration) -> Self {
         self.recorded_at = Some(at);
         self
@@ -116,10 +118,10 @@ impl Decision {
     /// use std::time::Duration;
     ///
     /// let wait = Duration::from_secs(3);
-    /// let decision = Decision::denied(10, 0, wait, Some(wait));
+    /// let decision = Decision::new_denied(10, 0, wait, Some(wait));
     /// assert!(!decision.admitted);
     /// ```
-    pub fn denied(
+    pub fn new_denied(
         limit: u32,
         remaining: u32,
         reset: Duration,
@@ -145,9 +147,10 @@ impl Decision {
     /// use std::time::Duration;
     ///
     /// let left = Duration::from_secs(600);
-    /// let decision = Decision::denied(10, 0, left, Some(left)).with_blocked_for(left);
+    /// let decision = Decision::new_denied(10, 0, left, Some(left)).with_blocked_for(left);
     /// assert_eq!(decision.blocked_for, Some(left));
     /// ```
+    #[must_use]
     pub fn with_blocked_for(mut self, left: Duration) -> Self {
         self.blocked_for = Some(left);
         self
@@ -162,7 +165,7 @@ impl Decision {
 /// use std::time::Duration;
 ///
 /// let mut decisions = Decisions::new();
-/// decisions.push(Decision::admitted(10, 9, Duration::from_secs(60)));
+/// decisions.push(Decision::new_admitted(10, 9, Duration::from_secs(60)));
 /// assert!(decisions.iter().all(|d| d.admitted));
 /// let copied: Decisions = decisions.iter().copied().collect();
 /// assert_eq!(copied, decisions);
@@ -228,33 +231,6 @@ impl<'a> IntoIterator for &'a Decisions {
         self.0.iter()
     }
 }
-
-impl IntoIterator for Decisions {
-    type Item = Decision;
-    type IntoIter = DecisionsIter;
-
-    fn into_iter(self) -> DecisionsIter {
-        DecisionsIter(self.0.into_iter())
-    }
-}
-
-/// The decisions of a [`Decisions`], by value.
-#[derive(Debug)]
-pub struct DecisionsIter(smallvec::IntoIter<[Decision; 2]>);
-
-impl Iterator for DecisionsIter {
-    type Item = Decision;
-
-    fn next(&mut self) -> Option<Decision> {
-        self.0.next()
-    }
-
-    fn size_hint(&self) -> (usize, Option<usize>) {
-        self.0.size_hint()
-    }
-}
-
-impl ExactSizeIterator for DecisionsIter {}
 
 /// The index of the first decision with the least `key` (0 when empty).
 pub(crate) fn index_of_min<K: Ord>(decisions: &[Decision], key: impl Fn(&Decision) -> K) -> usize {

@@ -60,28 +60,21 @@ mod soon;
 pub use breaker::{BreakerSettings, BreakerState, CircuitBreaker};
 pub use check::Check;
 pub(crate) use check::{Price, Scope, Terms};
-pub use decision::{Decision, Decisions, DecisionsIter};
+pub use decision::{Decision, Decisions};
 pub(crate) use decision::{closest_to_denying, index_of_min};
 pub(crate) use memory::next_lease_id;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]
-pub use redis::{
-    ClusterClientPool, ClusterManager, PrefixError, RedisPool, RedisStore, RedisStoreBuilder,
-    SentinelConnection, SentinelManager, SentinelPool,
-};
-pub use soon::Soon;
+pub use redis::{PrefixError, RedisPool, RedisStore, RedisStoreBuilder};
+pub use soon::CheckFuture;
+pub(crate) use soon::Soon;
 
-use std::fmt;
+use std::any::Any;
 use std::sync::Arc;
 use std::time::Duration;
 
 /// What a [`Store`] decided for a request's checks: one [`Decision`] per check.
-pub type CheckOutcome = Result<Decisions, StoreError>;
-
-/// The future a [`Store`] returns: an answer already known, as from
-/// [`MemoryStore`], or a boxed future, as from a network store (see
-/// [`Soon`]). A check's answer is its [`Decisions`]; a refund's, `()`.
-pub type CheckFuture<T = Decisions> = Soon<Result<T, StoreError>>;
+pub(crate) type CheckOutcome = Result<Decisions, StoreError>;
 
 /// A store of rate-limit state.
 ///
@@ -123,7 +116,7 @@ pub trait Store: Send + Sync + 'static {
 
     /// Replaces what each check's request reserved by what it cost in the
     /// end, known only after its response (a policy
-    /// [settled after the response](crate::Policy::settled_after_response)):
+    /// [settled after the response](crate::Policy::with_settlement)):
     /// the units of its cost recorded at the time beside it are taken
     /// back as [`refund`](Self::refund) takes them, and the units beside
     /// them in `costs` are counted now, past the limit if need be, so
@@ -180,47 +173,20 @@ pub trait Store: Send + Sync + 'static {
     /// layers on one state may not give one policy name in one namespace
     /// two meanings (see
     /// [`RateLimitLayer::with_namespace`](crate::RateLimitLayer::with_namespace)).
+    /// Two stores count in one place when their `Arc`s point to one value.
     /// `None` (the default) for a store that does not say.
-    fn state(&self) -> Option<StateId> {
+    ///
+    /// ```
+    /// use slidegate::store::{MemoryStore, Store};
+    /// use std::sync::Arc;
+    ///
+    /// let store = MemoryStore::new();
+    /// let (one, other) = (store.shared_state().unwrap(), store.clone().shared_state().unwrap());
+    /// assert!(Arc::ptr_eq(&one, &other));
+    /// assert!(!Arc::ptr_eq(&one, &MemoryStore::new().shared_state().unwrap()));
+    /// ```
+    fn shared_state(&self) -> Option<Arc<dyn Any + Send + Sync>> {
         None
-    }
-}
-
-/// The identity of the state a store's clones share: two stores with equal
-/// ids count in one place.
-///
-/// ```
-/// use slidegate::store::{MemoryStore, Store};
-///
-/// let store = MemoryStore::new();
-/// assert_eq!(store.state(), store.clone().state());
-/// assert_ne!(store.state(), MemoryStore::new().state());
-/// ```
-#[derive(Clone)]
-pub struct StateId(Arc<dyn std::any::Any + Send + Sync>);
-
-impl StateId {
-    /// The id of the state `shared` points to.
-    pub fn of<T: Send + Sync + 'static>(shared: &Arc<T>) -> Self {
-        Self(shared.clone())
-    }
-
-    fn address(&self) -> usize {
-        Arc::as_ptr(&self.0).cast::<()>().addr()
-    }
-}
-
-impl PartialEq for StateId {
-    fn eq(&self, other: &Self) -> bool {
-        self.address() == other.address()
-    }
-}
-
-impl Eq for StateId {}
-
-impl fmt::Debug for StateId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "StateId({:#x})", self.address())
     }
 }
 
@@ -253,8 +219,8 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         (**self).is_remote()
     }
 
-    fn state(&self) -> Option<StateId> {
-        (**self).state()
+    fn shared_state(&self) -> Option<Arc<dyn Any + Send + Sync>> {
+        (**self).shared_state()
     }
 }
 
@@ -312,8 +278,10 @@ pub enum StoreError {
     #[error("the rate-limit store cannot {0}")]
     Unsupported(&'static str),
     /// The store is out of memory and does not track this client yet (a
-    /// Redis at `maxmemory` with nothing to evict): the policy's fail mode
-    /// decides. The store still answers, and still decides the clients it
+    /// Redis at `maxmemory` with nothing to evict): the layer limits the
+    /// request in the process, at each policy's local share, whatever its
+    /// fail mode but closed (a policy failing closed answers `503`). The
+    /// store still answers, and still decides the clients it
     /// tracks, so a circuit breaker does not count this as a failure.
     #[error("rate-limit store is full and does not track this client: {0}")]
     Full(String),

@@ -74,7 +74,7 @@ async fn with_token(app: &Router, peer: &str, token: &str) -> Reply {
 
 fn search_app(store: impl Store) -> Router {
     let policies = Policies::builder()
-        .route("GET /api/search", Policy::new("search", 5, MINUTE))
+        .with_route("GET /api/search", Policy::new("search", 5, MINUTE))
         .build()
         .unwrap();
     Router::new()
@@ -255,7 +255,7 @@ on_both_stores!(a_client_derived_cost_of_zero_is_never_free);
 
 fn login_app(store: Arc<dyn Store>, keys: impl KeyExtractor) -> Router {
     let policies = Policies::builder()
-        .route("POST /api/login", Policy::new("login", 3, MINUTE))
+        .with_route("POST /api/login", Policy::new("login", 3, MINUTE))
         .build()
         .unwrap();
     Router::new()
@@ -269,7 +269,7 @@ async fn login(app: &Router, headers: &[(&str, &[u8])]) -> Reply {
 }
 
 fn api_keys() -> Header {
-    Header::new(HeaderName::from_static("x-api-key")).tiers([("key-of-acme", "pro")])
+    Header::new(HeaderName::from_static("x-api-key")).with_tiers([("key-of-acme", "pro")])
 }
 
 /// A fresh random API key per request, as an attacker would send.
@@ -300,7 +300,7 @@ on_both_stores!(random_api_keys_are_limited_by_the_clients_address);
 async fn unknown_api_keys_can_be_refused_outright() {
     let app = login_app(
         Arc::new(MemoryStore::new()),
-        api_keys().reject_unknown().or(PeerIp::new()),
+        api_keys().with_unknown_rejected().or(PeerIp::new()),
     );
     let reply = login(&app, &[("x-api-key", b"guess")]).await;
     assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
@@ -394,7 +394,7 @@ async fn no_closure_or_header_can_spend_another_sources_bucket() {
             .get("x-tenant")
             .map(|value| Key::new(value.as_bytes()))
     };
-    let tenant = Header::trusted(HeaderName::from_static("x-tenant")).public();
+    let tenant = Header::trusted(HeaderName::from_static("x-tenant")).with_public_values();
     let app = root_app(RateLimitLayer::new(
         store.clone(),
         forged.or(tenant).or(PeerIp::new()),
@@ -412,7 +412,7 @@ async fn no_closure_or_header_can_spend_another_sources_bucket() {
     assert_eq!(by_closure, [200, 200, 429]);
     let header_only = root_app(RateLimitLayer::new(
         store.clone(),
-        Header::trusted(HeaderName::from_static("x-tenant")).public(),
+        Header::trusted(HeaderName::from_static("x-tenant")).with_public_values(),
         policies.clone(),
     ));
     for forged in [&b"ip:192.0.2.7"[..], b"global", b"jwt:alice"] {
@@ -481,7 +481,10 @@ struct CountingJwt {
 }
 
 impl KeyExtractor for CountingJwt {
-    fn extract(&self, parts: &http::request::Parts) -> slidegate::key::Extracted {
+    fn extract(
+        &self,
+        parts: &http::request::Parts,
+    ) -> Result<Option<slidegate::key::Identity>, slidegate::key::KeyRejection> {
         if self.jwt.presents_credentials(parts) {
             self.verified.fetch_add(1, Ordering::SeqCst);
         }
@@ -672,7 +675,7 @@ on_both_stores!(an_async_lookup_confirms_keys_outside_the_table);
 #[tokio::test]
 async fn an_unknown_key_falls_through_the_whole_chain_or_is_refused() {
     let calls = Arc::new(AtomicUsize::new(0));
-    let other = Header::new(HeaderName::from_static("x-other-key")).keys(["other-known"]);
+    let other = Header::new(HeaderName::from_static("x-other-key")).with_keys(["other-known"]);
     let keys = api_keys()
         .with_lookup(database(calls.clone()))
         .or(other)
@@ -702,7 +705,7 @@ async fn an_unknown_key_falls_through_the_whole_chain_or_is_refused() {
     // a refused credential.
     let refusing = api_keys()
         .with_lookup(database(calls))
-        .reject_unknown()
+        .with_unknown_rejected()
         .or(PeerIp::new());
     let policies = Policies::single(Policy::new("all", 100, MINUTE)).unwrap();
     let app = whoami_app(

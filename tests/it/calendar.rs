@@ -84,7 +84,7 @@ async fn offsets_and_weeks_move_the_boundaries(tested: StoreUnderTest) {
     let berlin = Policy::calendar(
         "berlin",
         1,
-        Calendar::new(Period::Month).east_of_utc(2 * 3600 * SEC),
+        Calendar::new(Period::Month).with_east_of_utc(2 * 3600 * SEC),
     );
     // 2026-06-30T21:59:59Z is June in UTC+2 for one more second.
     s.clock.set(at(1_782_856_799));
@@ -126,9 +126,9 @@ async fn period_ends_agree_across_stores_at_random_instants() {
         ][round % 4];
         let offset = Duration::from_secs(rng.gen_range(0..24 * 60) * 60);
         let calendar = if rng.gen_bool(0.5) {
-            Calendar::new(period).east_of_utc(offset)
+            Calendar::new(period).with_east_of_utc(offset)
         } else {
-            Calendar::new(period).west_of_utc(offset)
+            Calendar::new(period).with_west_of_utc(offset)
         };
         let policy = Policy::calendar("random", 10, calendar);
         let now = at(rng.gen_range(31_536_000..7_258_118_400)) + rng.gen_range(0..1_000_000);

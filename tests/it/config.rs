@@ -830,7 +830,8 @@ token = "s3cret-token"
     let default = policy("default");
     assert_eq!(
         (default.algorithm(), default.window()),
-        (Algorithm::Concurrency, slidegate::policy::DEFAULT_LEASE)
+        (Algorithm::Concurrency, Duration::from_secs(30)),
+        "a concurrency policy's lease is 30 s unless set"
     );
     let overrides = config.overrides();
     assert_eq!(overrides.len(), 5);
@@ -1134,7 +1135,8 @@ fn calendar_quotas_parse() {
 
     let config = Config::from_toml_str(&format!("{QUOTA}utc_offset = \"-05:30\"\n")).unwrap();
     let policy = config.policies().iter().next().unwrap();
-    let expected = Calendar::new(Period::Month).west_of_utc(Duration::from_secs(5 * 3600 + 1800));
+    let expected =
+        Calendar::new(Period::Month).with_west_of_utc(Duration::from_secs(5 * 3600 + 1800));
     assert_eq!(policy.algorithm(), Algorithm::Calendar(expected));
     assert_eq!(policy.limit(), 10_000);
     for (offset, seconds) in [("+14:00", 50_400), ("Z", 0), ("+00:00", 0)] {

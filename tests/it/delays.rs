@@ -205,7 +205,7 @@ async fn held(layer: &RateLimitLayer, count: usize) {
 
 /// Keys each request by its `x-client` header.
 fn clients() -> impl slidegate::key::KeyExtractor {
-    slidegate::Header::trusted(http::HeaderName::from_static("x-client")).public()
+    slidegate::Header::trusted(http::HeaderName::from_static("x-client")).with_public_values()
 }
 
 fn request_from(client: &str) -> Request<Body> {
@@ -427,8 +427,8 @@ async fn a_request_the_delay_holds_starts_no_block(tested: StoreUnderTest) {
         .with_delay(Duration::from_millis(100))
         .with_block(Duration::from_secs(600));
     let policies = Policies::builder()
-        .route("/", patient)
-        .route("/other", impatient)
+        .with_route("/", patient)
+        .with_route("/other", impatient)
         .build()
         .unwrap();
     let layer = RateLimitLayer::new(tested.store, Global, policies);
@@ -501,8 +501,8 @@ async fn a_request_the_layer_has_no_room_for_is_denied(tested: StoreUnderTest) {
     let spares =
         Policy::new("spares", 1, Duration::from_millis(100)).with_delay(Duration::from_millis(500));
     let policies = Policies::builder()
-        .route("/", bucket("blocks").with_block(Duration::from_secs(60)))
-        .route("/other", spares)
+        .with_route("/", bucket("blocks").with_block(Duration::from_secs(60)))
+        .with_route("/other", spares)
         .build()
         .unwrap();
     let layer = RateLimitLayer::new(tested.store, Global, policies).with_max_delayed(0);
@@ -550,8 +550,8 @@ async fn a_request_the_layer_has_no_room_for_gives_back_its_shadow_units(tested:
         Policy::new("spares", 1, Duration::from_millis(100)).with_delay(Duration::from_millis(500));
     let watch = Policy::new("watch", 100, Duration::from_secs(60)).with_shadow(true);
     let policies = Policies::builder()
-        .route("/", spares)
-        .route("/", watch)
+        .with_route("/", spares)
+        .with_route("/", watch)
         .build()
         .unwrap();
     let layer = RateLimitLayer::new(tested.store, Global, policies).with_max_delayed(0);

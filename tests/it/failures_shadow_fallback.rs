@@ -16,7 +16,7 @@ use http::request::Parts;
 use http::{HeaderMap, Request, StatusCode};
 use slidegate::{
     KeyExtractor, Policies, Policy, RateLimitLayer,
-    key::{Extracted, Key},
+    key::{Identity, Key, KeyRejection},
     policy::{Count, FailMode},
     store::{BreakerSettings, BreakerState, Check, CircuitBreaker, MemoryStore, RedisStore, Store},
 };
@@ -27,7 +27,7 @@ const MINUTE: Duration = Duration::from_secs(60);
 struct OneClient;
 
 impl KeyExtractor for OneClient {
-    fn extract(&self, _parts: &Parts) -> Extracted {
+    fn extract(&self, _parts: &Parts) -> Result<Option<Identity>, KeyRejection> {
         Ok(Some(Key::new("client").into()))
     }
 }
@@ -181,9 +181,9 @@ async fn refunds_never_let_more_than_the_limit_in_at_once() {
 
 fn shadow_app(store: impl Store, layer_shadow: bool) -> Router {
     let policies = Policies::builder()
-        .route("/search", Policy::new("search", 5, MINUTE))
-        .route("/search", Policy::new("trial", 2, MINUTE).with_shadow(true))
-        .route("/shadowed", Policy::new("shadowed", 2, MINUTE))
+        .with_route("/search", Policy::new("search", 5, MINUTE))
+        .with_route("/search", Policy::new("trial", 2, MINUTE).with_shadow(true))
+        .with_route("/shadowed", Policy::new("shadowed", 2, MINUTE))
         .build()
         .unwrap();
     Router::new()
@@ -238,11 +238,11 @@ on_both_stores!(shadow_policies_never_deny);
 
 fn local_app(store: impl Store, share: u32) -> Router {
     let policies = Policies::builder()
-        .route(
+        .with_route(
             "/local",
             Policy::new("local", 6, MINUTE).with_fail_mode(FailMode::Local),
         )
-        .route("/open", Policy::new("open", 6, MINUTE))
+        .with_route("/open", Policy::new("open", 6, MINUTE))
         .build()
         .unwrap();
     Router::new()
@@ -421,11 +421,11 @@ async fn an_open_breaker_answers_without_waiting_for_a_frozen_redis() {
         .unwrap();
     let breaker = CircuitBreaker::new(store, BreakerSettings::new(5, Duration::from_secs(3600)));
     let policies = Policies::builder()
-        .route(
+        .with_route(
             "/closed",
             Policy::new("closed", 100, MINUTE).with_fail_mode(FailMode::Closed),
         )
-        .route(
+        .with_route(
             "/local",
             Policy::new("local", 100, MINUTE).with_fail_mode(FailMode::Local),
         )
@@ -499,7 +499,7 @@ async fn successes_only_leave_failures_uncounted() {
 struct ClientHeader;
 
 impl KeyExtractor for ClientHeader {
-    fn extract(&self, parts: &Parts) -> Extracted {
+    fn extract(&self, parts: &Parts) -> Result<Option<Identity>, KeyRejection> {
         let client = parts.headers.get("x-client").expect("x-client");
         Ok(Some(Key::new(client.to_str().unwrap()).into()))
     }

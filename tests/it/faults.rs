@@ -37,15 +37,15 @@ fn fixture() -> Fixture {
         .build()
         .unwrap();
     let policies = Policies::builder()
-        .route(
+        .with_route(
             "/open",
             Policy::new("open", 1000, Duration::from_secs(60)).with_fail_mode(FailMode::Open),
         )
-        .route(
+        .with_route(
             "/closed",
             Policy::new("closed", 1000, Duration::from_secs(60)).with_fail_mode(FailMode::Closed),
         )
-        .route(
+        .with_route(
             "/tight",
             Policy::new("tight", 3, Duration::from_secs(60)).with_fail_mode(FailMode::Closed),
         )
@@ -553,7 +553,10 @@ async fn a_lease_whose_check_timed_out_is_released() {
         let policy = Policy::concurrency("exports", 1)
             .with_lease(Duration::from_secs(30))
             .with_fail_mode(fail_mode);
-        let policies = Policies::builder().route("/lease", policy).build().unwrap();
+        let policies = Policies::builder()
+            .with_route("/lease", policy)
+            .build()
+            .unwrap();
         let app = Router::new()
             .route("/lease", get(|| async { "done" }))
             .route_layer(RateLimitLayer::new(store, PeerIp::new(), policies));

@@ -47,12 +47,12 @@ fn get_from(uri: &str, peer: &str) -> Request<Body> {
 
 fn demo_policies() -> Policies {
     Policies::builder()
-        .route("GET /search", Policy::new("search", 3, MINUTE))
-        .route(
+        .with_route("GET /search", Policy::new("search", 3, MINUTE))
+        .with_route(
             "POST /login",
             Policy::new("login", 2, MINUTE).with_fail_mode(FailMode::Closed),
         )
-        .route("GET /items/{id}", Policy::new("items", 2, MINUTE))
+        .with_route("GET /items/{id}", Policy::new("items", 2, MINUTE))
         .build()
         .unwrap()
 }
@@ -362,11 +362,11 @@ fn rows_cost(parts: &http::request::Parts, policy: &Policy) -> Cost {
 /// `calls` policy the header does not change.
 fn rows_app(clock: &FakeClock) -> Router {
     let policies = Policies::builder()
-        .route(
+        .with_route(
             "GET /search",
             Policy::new("rows", 10, MINUTE).with_tier("pro", TierLimits::new().with_limit(50)),
         )
-        .every_route(Policy::new("calls", 100, MINUTE))
+        .with_every_route(Policy::new("calls", 100, MINUTE))
         .build()
         .unwrap();
     let store = MemoryStore::builder().with_clock(clock.clone()).build();
@@ -466,7 +466,7 @@ async fn route_layer_never_turns_404_into_429() {
     let clock = FakeClock::new(START);
     let store = MemoryStore::builder().with_clock(clock.clone()).build();
     let policies = Policies::builder()
-        .default_policy(Policy::new("default", 1, MINUTE))
+        .with_default(Policy::new("default", 1, MINUTE))
         .build()
         .unwrap();
     let app = routes().route_layer(RateLimitLayer::new(store, PeerIp::new(), policies));
@@ -696,11 +696,11 @@ async fn fail_modes_decide_when_the_store_is_down() {
 
     // A closed policy that exempts the request does not close it.
     let policies = Policies::builder()
-        .route(
+        .with_route(
             "GET /search",
             Policy::new("rows", 10, MINUTE).with_fail_mode(FailMode::Closed),
         )
-        .every_route(Policy::new("calls", 100, MINUTE))
+        .with_every_route(Policy::new("calls", 100, MINUTE))
         .build()
         .unwrap();
     let costed = routes()
@@ -775,9 +775,9 @@ async fn outside_axum_paths_are_matched_against_the_patterns() {
         Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from("ok"))))
     });
     let policies = Policies::builder()
-        .route("GET /users/{id}", Policy::new("user", 1, MINUTE))
-        .route("/files/{*path}", Policy::new("files", 2, MINUTE))
-        .default_policy(Policy::new("rest", 100, MINUTE))
+        .with_route("GET /users/{id}", Policy::new("user", 1, MINUTE))
+        .with_route("/files/{*path}", Policy::new("files", 2, MINUTE))
+        .with_default(Policy::new("rest", 100, MINUTE))
         .build()
         .unwrap();
     let service = RateLimit::new(inner, MemoryStore::new(), Global, policies);
@@ -811,8 +811,8 @@ async fn outside_axum_paths_are_matched_against_the_patterns() {
 #[test]
 fn patterns_axum_would_refuse_are_refused_when_the_policies_are_built() {
     let conflicting = Policies::builder()
-        .route("/users/{id}", Policy::new("by-id", 1, MINUTE))
-        .route("/users/{name}", Policy::new("by-name", 1, MINUTE))
+        .with_route("/users/{id}", Policy::new("by-id", 1, MINUTE))
+        .with_route("/users/{name}", Policy::new("by-name", 1, MINUTE))
         .build()
         .unwrap_err();
     assert!(
@@ -823,7 +823,7 @@ fn patterns_axum_would_refuse_are_refused_when_the_policies_are_built() {
         "{conflicting}"
     );
     let unclosed = Policies::builder()
-        .route("/users/{id", Policy::new("bad", 1, MINUTE))
+        .with_route("/users/{id", Policy::new("bad", 1, MINUTE))
         .build()
         .unwrap_err();
     assert!(unclosed.to_string().contains("/users/{id"), "{unclosed}");
@@ -837,9 +837,9 @@ async fn every_redis_key_written_has_a_ttl_within_two_windows() {
         .build()
         .unwrap();
     let policies = Policies::builder()
-        .route("GET /search", Policy::new("search", 3, MINUTE))
-        .every_route(Policy::new("hourly", 100, Duration::from_secs(3600)))
-        .default_policy(Policy::new("default", 10, Duration::from_secs(10)))
+        .with_route("GET /search", Policy::new("search", 3, MINUTE))
+        .with_every_route(Policy::new("hourly", 100, Duration::from_secs(3600)))
+        .with_default(Policy::new("default", 10, Duration::from_secs(10)))
         .build()
         .unwrap();
     let app = routes().route_layer(RateLimitLayer::new(store, PeerIp::new(), policies));

@@ -77,20 +77,20 @@ fn jwt() -> JwtClaim {
 
 fn api_keys() -> Header {
     Header::new(http::HeaderName::from_static("x-api-key"))
-        .tiers([("key-of-a-pro", "pro"), ("key-of-a-free-user", "free")])
+        .with_tiers([("key-of-a-pro", "pro"), ("key-of-a-free-user", "free")])
 }
 
 /// `/search`: 5 a minute, 50 for `pro`, and for `team` 100 units at a cost
 /// of 4 (25 searches). `/whoami` echoes the identity.
 fn tiered_policies() -> Policies {
     Policies::builder()
-        .route(
+        .with_route(
             "GET /search",
             Policy::new("search", 5, MINUTE)
                 .with_tier("pro", TierLimits::new().with_limit(50))
                 .with_tier("team", TierLimits::new().with_limit(100).with_cost(4)),
         )
-        .route("GET /whoami", Policy::new("whoami", 1000, MINUTE))
+        .with_route("GET /whoami", Policy::new("whoami", 1000, MINUTE))
         .build()
         .unwrap()
 }
@@ -709,11 +709,11 @@ async fn a_lookup_that_hangs_gives_the_base_limits_after_its_timeout() {
 
 fn ietf_app(style: HeaderStyle) -> Router {
     let policies = Policies::builder()
-        .route(
+        .with_route(
             "GET /search",
             Policy::new("burst", 2, Duration::from_secs(10)),
         )
-        .every_route(Policy::new("hourly", 100, Duration::from_secs(3600)))
+        .with_every_route(Policy::new("hourly", 100, Duration::from_secs(3600)))
         .build()
         .unwrap();
     Router::new()

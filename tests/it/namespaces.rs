@@ -11,6 +11,7 @@ use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::routing::get;
 use http::{Request, StatusCode};
+use slidegate::policy::PolicyError;
 use slidegate::store::{MemoryStore, RedisStore, Store};
 use slidegate::{PeerIp, Policies, Policy, RateLimitLayer};
 use tower::ServiceExt;
@@ -132,7 +133,11 @@ fn a_reload_that_would_mix_two_limits_is_refused_and_changes_nothing() {
 
     let handle = second.policies_handle();
     let conflict = handle.replace(api(10)).unwrap_err();
-    assert_eq!(conflict.policy(), "api");
+    assert!(
+        matches!(&conflict, PolicyError::SharedName { name, .. } if name == "api"),
+        "{conflict}"
+    );
+    assert_eq!(conflict.field(), "name");
     assert_eq!(handle.current().iter().next().unwrap().limit(), 100);
 
     // A change that keeps the meaning, or a new name, is taken.

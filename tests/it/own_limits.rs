@@ -22,7 +22,7 @@ const MINUTE: Duration = Duration::from_secs(60);
 
 /// Keys each request by its `x-client` header, as `header:x-client:<name>`.
 fn clients() -> impl KeyExtractor {
-    Header::trusted(http::HeaderName::from_static("x-client")).public()
+    Header::trusted(http::HeaderName::from_static("x-client")).with_public_values()
 }
 
 fn key(name: &str) -> Key {
@@ -54,7 +54,7 @@ async fn admitted(app: &Router, client: &str, most: usize) -> usize {
 
 async fn an_override_gives_one_client_its_own_limit(tested: StoreUnderTest) {
     let policies = Policies::single(Policy::new("search", 5, MINUTE)).unwrap();
-    let overrides = Overrides::new().with(key("alice"), "search", 50);
+    let overrides = Overrides::new().with_limit(key("alice"), "search", 50);
     let layer = RateLimitLayer::new(tested.store, clients(), policies).with_limit_lookup(overrides);
     let app = app(layer);
     let first = send(&app, request("alice")).await;
@@ -110,7 +110,7 @@ on_both_stores!(a_lookup_is_asked_once_per_client_and_bounded_in_time);
 /// `422` at once, never a `429` to retry for ever.
 async fn an_own_limit_below_the_cost_is_said_at_once(tested: StoreUnderTest) {
     let policies = Policies::single(Policy::new("search", 10, MINUTE).with_cost(4)).unwrap();
-    let overrides = Overrides::new().with(key("tiny"), "search", 3);
+    let overrides = Overrides::new().with_limit(key("tiny"), "search", 3);
     let layer = RateLimitLayer::new(tested.store, clients(), policies).with_limit_lookup(overrides);
     let app = app(layer);
     let reply = send(&app, request("tiny")).await;
@@ -138,8 +138,8 @@ async fn an_uncountable_own_limit_is_a_lookup_error(tested: StoreUnderTest) {
         async move { Some(answer) }
     };
     let policies = Policies::builder()
-        .route("GET /bucket", bucket)
-        .route("GET /counter", counter)
+        .with_route("GET /bucket", bucket)
+        .with_route("GET /counter", counter)
         .build()
         .unwrap();
     let layer = RateLimitLayer::new(tested.store, clients(), policies).with_limit_lookup(lookup);

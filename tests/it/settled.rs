@@ -165,14 +165,14 @@ mod through_the_layer {
 
     use super::*;
     use crate::support::reply::send;
-    use slidegate::key::Extracted;
+    use slidegate::key::{Identity, KeyRejection};
     use slidegate::{KeyExtractor, Policies, RateLimitLayer, Usage};
 
     /// Every request comes from the client `client`.
     struct OneClient;
 
     impl KeyExtractor for OneClient {
-        fn extract(&self, _parts: &http::request::Parts) -> Extracted {
+        fn extract(&self, _parts: &http::request::Parts) -> Result<Option<Identity>, KeyRejection> {
             Ok(Some(Key::new("client").into()))
         }
     }
@@ -313,7 +313,7 @@ mod through_the_layer {
         RateLimitLayer::new(
             s.store.clone(),
             OneClient,
-            Policies::single(policy.settled_after_response()).unwrap(),
+            Policies::single(policy.with_settlement()).unwrap(),
         )
         .without_deny_cache()
     }

@@ -79,8 +79,8 @@ async fn server(store: Arc<dyn Store>) -> (SocketAddr, tokio::task::JoinHandle<(
     let sockets = sockets_policy();
     let forgetful = Policy::concurrency("forgetful", 2).with_lease(LEASE);
     let policies = Policies::builder()
-        .route("GET /ws", sockets)
-        .route("GET /forgetful", forgetful)
+        .with_route("GET /ws", sockets)
+        .with_route("GET /forgetful", forgetful)
         .build()
         .unwrap();
     let layer = RateLimitLayer::new(store, one_client, policies).without_deny_cache();

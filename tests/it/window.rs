@@ -16,6 +16,8 @@ use slidegate::{
 };
 
 const SEC: Duration = Duration::from_secs(1);
+/// The longest window a policy may have (366 days, `PolicyError::WindowTooLong`).
+const MAX_WINDOW: Duration = Duration::from_secs(366 * 86_400);
 
 /// A store on a fake clock, keeping its Redis server (if any) alive.
 pub(crate) struct Subject {
@@ -429,18 +431,14 @@ async fn the_longest_window_is_counted(tested: StoreUnderTest) {
         Algorithm::SlidingCounter,
         Algorithm::FixedWindow,
     ] {
-        let policy = Policy::new(
-            format!("endless-{algorithm:?}"),
-            2,
-            slidegate::policy::MAX_WINDOW,
-        )
-        .with_algorithm(algorithm);
+        let policy =
+            Policy::new(format!("endless-{algorithm:?}"), 2, MAX_WINDOW).with_algorithm(algorithm);
         let check = Check::new(&policy, Key::new("forever")).unwrap();
         for expected in [true, true, false] {
             let decision = s.store.check(std::slice::from_ref(&check)).await.unwrap()[0];
             assert_eq!(decision.admitted, expected, "{algorithm:?}: {decision:?}");
             // A sliding counter may wait into the next window.
-            let longest = 2 * slidegate::policy::MAX_WINDOW;
+            let longest = 2 * MAX_WINDOW;
             assert!(decision.reset <= longest, "{algorithm:?}: {decision:?}");
             if !expected {
                 let retry = decision.retry_after.expect("denied");

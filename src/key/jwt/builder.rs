@@ -49,13 +49,13 @@ impl JwtClaimBuilder {
     /// use slidegate::JwtClaim;
     ///
     /// let jwt = JwtClaim::builder()
-    ///     .secret_for_kid("2026-10", "old secret")
-    ///     .secret_for_kid("2026-11", "new secret")
+    ///     .with_secret_for_kid("2026-10", "old secret")
+    ///     .with_secret_for_kid("2026-11", "new secret")
     ///     .with_algorithms(["HS256"])
     ///     .build()?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn secret_for_kid(mut self, kid: impl Into<String>, secret: impl AsRef<[u8]>) -> Self {
+    pub fn with_secret_for_kid(mut self, kid: impl Into<String>, secret: impl AsRef<[u8]>) -> Self {
         self.keys
             .push((Some(kid.into()), DecodingKey::from_secret(secret.as_ref())));
         self
@@ -81,8 +81,8 @@ impl JwtClaimBuilder {
     }
 
     /// Verifies RS*/PS*, ES* or EdDSA tokens whose header names `kid` with
-    /// this PEM-encoded public key; see [`secret_for_kid`](Self::secret_for_kid).
-    pub fn public_key_pem_for_kid(self, kid: impl Into<String>, pem: &[u8]) -> Self {
+    /// this PEM-encoded public key; see [`with_secret_for_kid`](Self::with_secret_for_kid).
+    pub fn with_public_key_pem_for_kid(self, kid: impl Into<String>, pem: &[u8]) -> Self {
         self.with_key(Some(kid.into()), public_key(pem))
     }
 

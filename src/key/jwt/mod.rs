@@ -13,7 +13,7 @@ use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde_json::{Map, Value};
 
-use super::{Extracted, Identity, Key, KeyRejection, sanitized};
+use super::{Identity, Key, KeyRejection, sanitized};
 
 mod builder;
 
@@ -99,8 +99,8 @@ fn family_name(algorithm: Algorithm) -> &'static str {
 /// # Rotating keys
 ///
 /// Several verification keys, each named by a `kid`
-/// ([`secret_for_kid`](JwtClaimBuilder::secret_for_kid),
-/// [`public_key_pem_for_kid`](JwtClaimBuilder::public_key_pem_for_kid)): a
+/// ([`with_secret_for_kid`](JwtClaimBuilder::with_secret_for_kid),
+/// [`with_public_key_pem_for_kid`](JwtClaimBuilder::with_public_key_pem_for_kid)): a
 /// token is verified by the key its header's `kid` names, so old and new
 /// tokens are both accepted while keys rotate. A `kid` no key has falls back
 /// to a key given without one, or else is `401` with reason `unknown_key`.
@@ -125,8 +125,8 @@ fn family_name(algorithm: Algorithm) -> &'static str {
 /// use slidegate::JwtClaim;
 ///
 /// let jwt = JwtClaim::builder()
-///     .secret_for_kid("2026-10", "the-old-secret")
-///     .secret_for_kid("2026-11", "the-new-secret")
+///     .with_secret_for_kid("2026-10", "the-old-secret")
+///     .with_secret_for_kid("2026-11", "the-new-secret")
 ///     .with_algorithms(["HS256"])
 ///     .build()?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -317,7 +317,7 @@ impl JwtClaim {
 }
 
 impl super::KeyExtractor for JwtClaim {
-    fn extract(&self, parts: &Parts) -> Extracted {
+    fn extract(&self, parts: &Parts) -> Result<Option<Identity>, KeyRejection> {
         let verified = || {
             let Some(token) = bearer_token(parts)? else {
                 return Ok(None);

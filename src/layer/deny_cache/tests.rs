@@ -6,7 +6,7 @@ use crate::policy::{FailMode, Policy};
 const SEC: Duration = Duration::from_secs(1);
 
 fn denied(retry: Duration, remaining: u32) -> Decision {
-    Decision::denied(10, remaining, retry, Some(retry))
+    Decision::new_denied(10, remaining, retry, Some(retry))
 }
 
 /// The cache's answer to a request of the client `key` under

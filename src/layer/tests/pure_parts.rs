@@ -65,7 +65,7 @@ fn status(next: &Next) -> StatusCode {
 #[test]
 fn a_route_no_policy_covers_passes_untouched() {
     let policies = Policies::builder()
-        .route("GET /limited", minute("limited", 1))
+        .with_route("GET /limited", minute("limited", 1))
         .build()
         .unwrap();
     let next = known_now(&layer(policies), head(Method::GET, "/elsewhere"));
@@ -74,7 +74,7 @@ fn a_route_no_policy_covers_passes_untouched() {
 
 #[test]
 fn an_exempt_request_passes_without_a_check() {
-    let layer = layer(Policies::single(minute("all", 1)).unwrap()).exempt(|_| true);
+    let layer = layer(Policies::single(minute("all", 1)).unwrap()).with_exemption(|_| true);
     let next = known_now(&layer, head(Method::GET, "/"));
     assert!(matches!(next, Next::Call(None, None)));
 }
@@ -147,7 +147,7 @@ fn written(next: Next) -> HeaderMap {
 #[test]
 fn an_admission_goes_on_with_its_headers() {
     let layer = layer(Policies::single(minute("all", 10)).unwrap());
-    let admitted = Decision::admitted(10, 9, Duration::from_secs(60));
+    let admitted = Decision::new_admitted(10, 9, Duration::from_secs(60));
     let next = answered(&layer, false, Ok([admitted].into()));
     assert_eq!(status(&next), StatusCode::OK);
     let headers = written(next);
@@ -159,7 +159,7 @@ fn an_admission_goes_on_with_its_headers() {
 fn a_denial_is_a_429_with_its_retry_time() {
     let layer = layer(Policies::single(minute("all", 10)).unwrap());
     let retry = Duration::from_millis(29_500);
-    let denied = Decision::denied(10, 0, Duration::from_secs(60), Some(retry));
+    let denied = Decision::new_denied(10, 0, Duration::from_secs(60), Some(retry));
     let next = answered(&layer, false, Ok([denied].into()));
     assert_eq!(status(&next), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(written(next)["retry-after"], "30");
@@ -188,7 +188,7 @@ fn an_answer_short_of_a_decision_is_a_store_failure() {
 fn a_shadow_policy_that_denies_lets_the_request_pass() {
     let policies = Policies::single(minute("all", 10).with_shadow(true)).unwrap();
     let layer = layer(policies);
-    let denied = Decision::denied(10, 0, Duration::from_secs(60), Some(Duration::from_secs(5)));
+    let denied = Decision::new_denied(10, 0, Duration::from_secs(60), Some(Duration::from_secs(5)));
     let next = answered(&layer, false, Ok([denied].into()));
     assert_eq!(status(&next), StatusCode::OK);
     assert_eq!(written(next)["x-ratelimit-remaining"], "0");
@@ -210,7 +210,7 @@ fn a_delayed_admission_is_known_once_it_has_waited() {
         timer: Timer::start(),
         fail_closed: false,
     };
-    let delayed = Decision::admitted(10, 0, Duration::from_secs(60))
+    let delayed = Decision::new_admitted(10, 0, Duration::from_secs(60))
         .with_delayed_for(Duration::from_millis(300));
     let parts = head(Method::GET, "/");
     let later = outcome(

@@ -34,7 +34,7 @@ fn on_every_route(policies: impl IntoIterator<Item = Policy>) -> Policies {
     policies
         .into_iter()
         .fold(Policies::builder(), |builder, policy| {
-            builder.every_route(policy)
+            builder.with_every_route(policy)
         })
         .build()
         .unwrap()

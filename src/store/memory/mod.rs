@@ -18,7 +18,7 @@ pub(crate) use leases::next_lease_id;
 
 use self::shard::{KEYS_PER_SHARD, PairOf, Shard, lock};
 use self::spent::{Placed, Spent, State};
-use super::{Check, CheckFuture, Decisions, StateId, Store, unpaired_refund, unpaired_settlement};
+use super::{Check, CheckFuture, Decisions, Store, unpaired_refund, unpaired_settlement};
 use crate::clock::{Clock, SystemClock, duration_micros};
 use crate::policy::Algorithm;
 use crate::store::Decision;
@@ -437,8 +437,8 @@ impl Store for MemoryStore {
         CheckFuture::ready(Ok(()))
     }
 
-    fn state(&self) -> Option<StateId> {
-        Some(StateId::of(&self.inner))
+    fn shared_state(&self) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
+        Some(self.inner.clone())
     }
 }
 

@@ -224,7 +224,7 @@ impl State {
         match (self, placed) {
             (_, &Placed::HeldElsewhere(until)) => {
                 let wait = Duration::from_micros(until.saturating_sub(now));
-                Decision::denied(check.burst, 0, wait, Some(wait))
+                Decision::new_denied(check.burst, 0, wait, Some(wait))
             }
             (Self::Log(log), Placed::Log(window)) => {
                 log.decision(now, limit, cost, admitted, window)

@@ -117,9 +117,9 @@ impl RedisStoreBuilder {
     /// shorter, it ends the call first, with the same error. Pools made
     /// by `RedisSettings::store` (feature `config`) have none on a single
     /// server or Sentinel, and the store's own on a cluster, so the
-    /// store's timeout is the one that counts; so do a [`SentinelPool`](crate::store::SentinelPool),
-    /// and a [`ClusterClientPool`](crate::store::ClusterClientPool) built with the
-    /// response timeout you choose.
+    /// store's timeout is the one that counts; so does a pool made from a
+    /// `SentinelClient`, and one made from a `ClusterClient` built with the
+    /// response timeout you choose (see [`RedisPool`](crate::store::RedisPool)).
     ///
     /// ```no_run
     /// # fn demo(pool: slidegate::deadpool_redis::Pool) {

@@ -25,14 +25,14 @@ mod run;
 mod script;
 
 pub use builder::{PrefixError, RedisStoreBuilder};
-pub use pools::{
-    ClusterClientPool, ClusterManager, SentinelConnection, SentinelManager, SentinelPool,
-};
+use pools::{ClusterClientPool, ClusterManager, SentinelManager, SentinelPool};
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use deadpool_redis::redis::cluster::ClusterClient;
+use deadpool_redis::redis::sentinel::SentinelClient;
 use deadpool_redis::redis::{ErrorKind, Script, Value, cmd};
 use deadpool_redis::{Pool, cluster};
 
@@ -41,7 +41,7 @@ use self::call::{Call, Op};
 use self::lanes::{Lanes, Source};
 use self::library::Library;
 use self::run::{Failed, call_ended, ticket};
-use super::{Check, CheckFuture, StateId, Store, StoreError, unpaired_refund, unpaired_settlement};
+use super::{Check, CheckFuture, Store, StoreError, unpaired_refund, unpaired_settlement};
 use crate::clock::{Clock, duration_micros};
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
@@ -49,69 +49,134 @@ const DEFAULT_PREFIX: &str = "slidegate";
 const DEFAULT_CONNECTIONS: usize = 1;
 
 /// The pool a [`RedisStore`] runs on: one Redis server (or a primary
-/// behind a proxy), or a Redis Cluster.
+/// behind a proxy), a Redis Cluster, or the primary Redis Sentinel names.
 ///
-/// Both deadpool-redis pool types convert into it.
+/// Each kind converts into it:
+///
+/// | from | reaches |
+/// |---|---|
+/// | a `deadpool_redis::Pool` | one server |
+/// | a `deadpool_redis::cluster::Pool` | a cluster, from seed URLs; each call is routed to its keys' slot, following `MOVED` and `ASK` |
+/// | a redis-rs `ClusterClient` | a cluster, with every setting of its builder: response timeout, TLS certificates, credentials (deadpool-redis's own cluster pool takes seed URLs only, and keeps redis-rs's 500 ms response timeout) |
+/// | a redis-rs `SentinelClient` | the primary the sentinels name, following failovers |
+///
+/// The store holds a few of the pool's connections for good (its
+/// [lanes](RedisStoreBuilder::with_connections)); a pool made from a client
+/// holds at most 16.
+///
+/// With Sentinel, each new connection asks the sentinels where the primary
+/// is and checks (`ROLE`) that the server it reaches is one. While the
+/// pool is in use, a task asks the sentinels every half second where the
+/// primary is; once they name another (a failover), every connection to
+/// the old one fails its next call and is replaced by one to the new
+/// primary: a demoted primary may go on taking writes for seconds before
+/// the sentinels reconfigure it, and counts written there would be lost.
+/// Its connections have no response timeout of their own: the store's
+/// [timeout](RedisStoreBuilder::with_timeout) is the one that counts.
+///
+/// ```no_run
+/// use slidegate::deadpool_redis::redis::cluster::ClusterClientBuilder;
+/// use slidegate::deadpool_redis::redis::sentinel::{SentinelClientBuilder, SentinelServerType};
+/// use slidegate::deadpool_redis::redis::ConnectionAddr;
+/// use slidegate::store::RedisStore;
+/// use std::time::Duration;
+///
+/// let cluster = ClusterClientBuilder::new(["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"])
+///     .response_timeout(Duration::from_millis(100))
+///     .build()
+///     .unwrap();
+/// let on_cluster = RedisStore::builder(cluster).with_timeout(Duration::from_millis(100)).build().unwrap();
+///
+/// let sentinels = [ConnectionAddr::Tcp("10.0.0.1".into(), 26379)];
+/// let sentinel = SentinelClientBuilder::new(sentinels, "mymaster", SentinelServerType::Master)
+///     .unwrap()
+///     .build()
+///     .unwrap();
+/// let on_sentinel = RedisStore::new(sentinel);
+/// ```
 #[derive(Clone)]
-#[non_exhaustive]
-pub enum RedisPool {
+pub struct RedisPool(Kind);
+
+/// The kinds of [`RedisPool`].
+#[derive(Clone)]
+enum Kind {
     /// A pool of connections to one server.
     Standalone(Pool),
-    /// A pool of Redis Cluster clients; each follows `MOVED` and `ASK`
-    /// redirects and routes each script call to its keys' slot.
+    /// deadpool-redis's pool of Redis Cluster clients.
     Cluster(cluster::Pool),
-    /// A pool of Redis Cluster clients made from a redis-rs
-    /// `ClusterClient` (see [`ClusterManager`]), with every setting of its
-    /// builder: response timeout, TLS certificates, credentials.
+    /// A pool of Redis Cluster clients of a redis-rs `ClusterClient`.
     ClusterClient(ClusterClientPool),
-    /// A pool of connections to the primary that Redis Sentinel names,
-    /// following failovers (see [`SentinelManager`]).
+    /// A pool of connections to the primary that Sentinel names.
     Sentinel(SentinelPool),
 }
 
+/// The most connections a pool made from a client holds.
+const CLIENT_POOL_SIZE: usize = 16;
+
 impl From<Pool> for RedisPool {
     fn from(pool: Pool) -> Self {
-        Self::Standalone(pool)
+        Self(Kind::Standalone(pool))
     }
 }
 
 impl From<cluster::Pool> for RedisPool {
     fn from(pool: cluster::Pool) -> Self {
-        Self::Cluster(pool)
+        Self(Kind::Cluster(pool))
     }
 }
 
-impl From<ClusterClientPool> for RedisPool {
-    fn from(pool: ClusterClientPool) -> Self {
-        Self::ClusterClient(pool)
+impl From<ClusterClient> for RedisPool {
+    fn from(client: ClusterClient) -> Self {
+        Self::cluster_client(client, CLIENT_POOL_SIZE)
     }
 }
 
-impl From<SentinelPool> for RedisPool {
-    fn from(pool: SentinelPool) -> Self {
-        Self::Sentinel(pool)
+impl From<SentinelClient> for RedisPool {
+    fn from(client: SentinelClient) -> Self {
+        Self::sentinel(client, CLIENT_POOL_SIZE)
     }
 }
 
 impl RedisPool {
+    /// A pool of at most `size` clients of `client`'s cluster.
+    pub(crate) fn cluster_client(client: ClusterClient, size: usize) -> Self {
+        let pool = ClusterClientPool::builder(ClusterManager::new(client))
+            .max_size(size)
+            .runtime(deadpool::Runtime::Tokio1)
+            .build();
+        Self(Kind::ClusterClient(
+            pool.expect("a pool with a runtime builds"),
+        ))
+    }
+
+    /// A pool of at most `size` connections to the primary `client`'s
+    /// sentinels name.
+    pub(crate) fn sentinel(client: SentinelClient, size: usize) -> Self {
+        let pool = SentinelPool::builder(SentinelManager::new(client))
+            .max_size(size)
+            .runtime(deadpool::Runtime::Tokio1)
+            .build();
+        Self(Kind::Sentinel(pool.expect("a pool with a runtime builds")))
+    }
+
     /// The pool's size and idle connections.
     pub fn status(&self) -> deadpool_redis::Status {
-        match self {
-            Self::Standalone(pool) => pool.status(),
-            Self::Cluster(pool) => pool.status(),
-            Self::ClusterClient(pool) => pool.status(),
-            Self::Sentinel(pool) => pool.status(),
+        match &self.0 {
+            Kind::Standalone(pool) => pool.status(),
+            Kind::Cluster(pool) => pool.status(),
+            Kind::ClusterClient(pool) => pool.status(),
+            Kind::Sentinel(pool) => pool.status(),
         }
     }
 }
 
 impl fmt::Debug for RedisPool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let kind = match self {
-            Self::Standalone(_) => "Standalone",
-            Self::Cluster(_) => "Cluster",
-            Self::ClusterClient(_) => "ClusterClient",
-            Self::Sentinel(_) => "Sentinel",
+        let kind = match &self.0 {
+            Kind::Standalone(_) => "Standalone",
+            Kind::Cluster(_) => "Cluster",
+            Kind::ClusterClient(_) => "ClusterClient",
+            Kind::Sentinel(_) => "Sentinel",
         };
         f.debug_tuple(kind).field(&self.status()).finish()
     }
@@ -153,8 +218,8 @@ struct Inner {
 /// # Pools and Redis Cluster
 ///
 /// [`RedisStore::new`] and [`RedisStore::builder`] take any [`RedisPool`]: a
-/// standalone deadpool-redis pool, a `deadpool_redis::cluster::Pool`, a
-/// [`ClusterClientPool`] or a [`SentinelPool`] (the configuration file
+/// standalone deadpool-redis pool, a `deadpool_redis::cluster::Pool`, or a
+/// redis-rs `ClusterClient` or `SentinelClient` (the configuration file
 /// takes `cluster = true` and `urls`, or a
 /// `redis+cluster://host:port,host:port` URL, for a cluster).
 ///
@@ -492,11 +557,11 @@ enum Connections {
 impl Connections {
     /// Lanes for `count` of `pool`'s connections.
     fn new(pool: &RedisPool, count: usize) -> Self {
-        match pool {
-            RedisPool::Standalone(pool) => Self::Standalone(Lanes::new(pool.clone(), count)),
-            RedisPool::Cluster(pool) => Self::Cluster(Lanes::new(pool.clone(), count)),
-            RedisPool::ClusterClient(pool) => Self::ClusterClient(Lanes::new(pool.clone(), count)),
-            RedisPool::Sentinel(pool) => Self::Sentinel(Lanes::new(pool.clone(), count)),
+        match &pool.0 {
+            Kind::Standalone(pool) => Self::Standalone(Lanes::new(pool.clone(), count)),
+            Kind::Cluster(pool) => Self::Cluster(Lanes::new(pool.clone(), count)),
+            Kind::ClusterClient(pool) => Self::ClusterClient(Lanes::new(pool.clone(), count)),
+            Kind::Sentinel(pool) => Self::Sentinel(Lanes::new(pool.clone(), count)),
         }
     }
 
@@ -511,8 +576,8 @@ impl Store for RedisStore {
         true
     }
 
-    fn state(&self) -> Option<StateId> {
-        Some(StateId::of(&self.inner))
+    fn shared_state(&self) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
+        Some(self.inner.clone())
     }
 
     fn peek(&self, checks: &[Check]) -> CheckFuture {

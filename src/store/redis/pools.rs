@@ -18,38 +18,25 @@ use deadpool_redis::redis::{
 };
 
 /// A pool of Redis Cluster clients made by a [`ClusterManager`].
-pub type ClusterClientPool = managed::Pool<ClusterManager>;
+pub(super) type ClusterClientPool = managed::Pool<ClusterManager>;
 
 /// A pool of connections to the primary that Sentinel names, made by a
 /// [`SentinelManager`].
-pub type SentinelPool = managed::Pool<SentinelManager>;
+pub(super) type SentinelPool = managed::Pool<SentinelManager>;
 
 /// Makes Redis Cluster clients from a redis-rs [`ClusterClient`], so that
 /// every setting of its builder counts: the response timeout, TLS
 /// certificates, credentials, retries. (deadpool-redis's own cluster
 /// manager takes seed URLs only, and keeps redis-rs's 500 ms response
 /// timeout.)
-///
-/// ```no_run
-/// use slidegate::deadpool_redis::redis::cluster::ClusterClientBuilder;
-/// use slidegate::store::{ClusterClientPool, ClusterManager, RedisStore};
-/// use std::time::Duration;
-///
-/// let client = ClusterClientBuilder::new(["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"])
-///     .response_timeout(Duration::from_millis(100))
-///     .build()
-///     .unwrap();
-/// let pool = ClusterClientPool::builder(ClusterManager::new(client)).max_size(4).build().unwrap();
-/// let store = RedisStore::builder(pool).with_timeout(Duration::from_millis(100)).build().unwrap();
-/// ```
-pub struct ClusterManager {
+pub(super) struct ClusterManager {
     client: ClusterClient,
     pings: AtomicUsize,
 }
 
 impl ClusterManager {
     /// A manager making clients of `client`'s cluster, with its settings.
-    pub fn new(client: ClusterClient) -> Self {
+    pub(super) fn new(client: ClusterClient) -> Self {
         Self {
             client,
             pings: AtomicUsize::new(0),
@@ -81,36 +68,11 @@ impl managed::Manager for ClusterManager {
 }
 
 /// Makes connections to the primary that Redis Sentinel names for one
-/// master: each new connection asks the sentinels where the primary is
-/// now, and checks (`ROLE`) that the server it reaches is a primary.
-///
-/// While the pool is in use, a task asks the sentinels every half second
-/// where the primary is. Once they name another (a
-/// failover), every connection to the old one fails its next call and is
-/// replaced by one to the new primary: a demoted primary may go on taking
-/// writes for seconds before the sentinels reconfigure it, and counts
-/// written there would be lost. A connection the store closes for its own
-/// reasons (its server went away, or answered `READONLY`) is replaced the
-/// same way.
-///
-/// Connections have no response timeout of their own: the store's timeout
-/// is the one that counts (see
-/// [`RedisStoreBuilder::with_timeout`](crate::store::RedisStoreBuilder::with_timeout)).
-///
-/// ```no_run
-/// use slidegate::deadpool_redis::redis::sentinel::{SentinelClientBuilder, SentinelServerType};
-/// use slidegate::deadpool_redis::redis::ConnectionAddr;
-/// use slidegate::store::{RedisStore, SentinelManager, SentinelPool};
-///
-/// let sentinels = [ConnectionAddr::Tcp("10.0.0.1".into(), 26379)];
-/// let client = SentinelClientBuilder::new(sentinels, "mymaster", SentinelServerType::Master)
-///     .unwrap()
-///     .build()
-///     .unwrap();
-/// let pool = SentinelPool::builder(SentinelManager::new(client)).max_size(4).build().unwrap();
-/// let store = RedisStore::new(pool);
-/// ```
-pub struct SentinelManager {
+/// master (see [`RedisPool`](super::RedisPool)'s `From<SentinelClient>` for
+/// how it follows a failover): each new connection asks the sentinels where
+/// the primary is now, and checks (`ROLE`) that the server it reaches is a
+/// primary.
+pub(super) struct SentinelManager {
     shared: Arc<Sentinels>,
     connection: AsyncConnectionConfig,
     watching: AtomicBool,
@@ -156,7 +118,7 @@ impl Sentinels {
 impl SentinelManager {
     /// A manager of connections to the primary that `client`'s sentinels
     /// name.
-    pub fn new(client: SentinelClient) -> Self {
+    pub(super) fn new(client: SentinelClient) -> Self {
         Self {
             shared: Arc::new(Sentinels {
                 client: tokio::sync::Mutex::new(client),
@@ -201,7 +163,7 @@ impl fmt::Debug for SentinelManager {
 /// primary has moved, every call on it fails at once (an I/O error, so the
 /// store closes it and connects to the new primary).
 #[derive(Clone)]
-pub struct SentinelConnection {
+pub(super) struct SentinelConnection {
     connection: MultiplexedConnection,
     /// The manager's move count when this connection was made.
     made_at: u64,
