@@ -202,7 +202,7 @@ impl DenyCache {
         let now = self.now();
         let mut found: Option<Denied> = None;
         for price in prices.iter().filter(|price| price.enforced) {
-            let scope = (namespace.cloned(), price.terms.policy.clone(), key.clone());
+            let scope = ScopeRef(namespace.map(|n| &**n), &price.terms.policy, key.as_str());
             let Some(denial) = self.inner.entries.get(&scope) else {
                 continue;
             };
@@ -268,6 +268,18 @@ impl DenyCache {
             };
             self.inner.entries.insert(check.scope(), denial);
         }
+    }
+}
+
+/// A [`Scope`] borrowed from a request's key and plan, to look an entry up
+/// without cloning its parts. It hashes as a `Scope` does: field by field,
+/// each string as a `str` (an `Arc<str>` and a [`Key`] hash as their text).
+#[derive(Hash)]
+struct ScopeRef<'a>(Option<&'a str>, &'a str, &'a str);
+
+impl quick_cache::Equivalent<Scope> for ScopeRef<'_> {
+    fn equivalent(&self, (namespace, policy, key): &Scope) -> bool {
+        self.0 == namespace.as_deref() && self.1 == &**policy && self.2 == key.as_str()
     }
 }
 

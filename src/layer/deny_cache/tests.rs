@@ -150,3 +150,22 @@ fn the_cache_stays_bounded() {
     }
     assert!(cache.len() <= 110, "{} entries", cache.len());
 }
+
+/// A lookup borrows its scope: it must hash and compare as the scope an
+/// entry was stored under, with and without a namespace, or every lookup
+/// would miss.
+#[test]
+fn a_borrowed_scope_hashes_and_compares_as_the_stored_one() {
+    use quick_cache::Equivalent;
+    use std::hash::BuildHasher;
+
+    let hasher = quick_cache::DefaultHashBuilder::default();
+    for namespace in [None, Some(Arc::<str>::from("public"))] {
+        let scope: Scope = (namespace.clone(), Arc::from("search"), Key::new("alice"));
+        let borrowed = ScopeRef(namespace.as_deref(), "search", scope.2.as_str());
+        assert_eq!(hasher.hash_one(&borrowed), hasher.hash_one(&scope));
+        assert!(borrowed.equivalent(&scope));
+        let other = ScopeRef(namespace.as_deref(), "login", scope.2.as_str());
+        assert!(!other.equivalent(&scope));
+    }
+}
