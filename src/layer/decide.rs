@@ -325,30 +325,33 @@ fn send(
             Err(now) => deny_clock = now,
         }
     }
-    let mut checks = Checks::new();
+    // Built where it stays: the checks are large, and each move copies them.
+    let mut sent = SentChecks {
+        fail_closed: priced.fail_closed,
+        checks: Checks::new(),
+        modes: None,
+        deny_clock,
+        timer: Timer::default(),
+    };
     for price in &priced.prices {
-        checks.push(price.check(key, namespace));
+        sent.checks.push(price.check(key, namespace));
     }
-    let modes = priced
-        .has_modes
-        .then(|| Modes::new(plan, &mut checks, settings));
-    let enforced = modes
+    if priced.has_modes {
+        sent.modes = Some(Modes::new(plan, &mut sent.checks, settings));
+    }
+    let enforced = sent
+        .modes
         .as_ref()
-        .map_or(checks.len(), |modes| modes.shadow_from);
-    if let Some(next) = modes
+        .map_or(sent.checks.len(), |modes| modes.shadow_from);
+    if let Some(next) = sent
+        .modes
         .as_deref()
         .and_then(Modes::local)
         .and_then(|local| refused_locally(shared, parts, local))
     {
         return Ok(Soon::ready(next));
     }
-    let sent = SentChecks {
-        fail_closed: priced.fail_closed,
-        checks,
-        modes,
-        deny_clock,
-        timer: Timer::start(),
-    };
+    sent.timer = Timer::start();
     match checks::check(&shared.store, &sent.checks, enforced).into_ready() {
         Ok(answer) => Ok(outcome(shared, parts, plan, tier, &sent, answer)),
         Err(answer) => Err((sent, answer)),
