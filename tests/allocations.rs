@@ -89,30 +89,45 @@ fn layer(clock: &FakeClock, algorithm: Algorithm) -> RateLimitLayer {
     RateLimitLayer::new(store, PeerIp::new(), Policies::single(policy).unwrap())
 }
 
+/// [`extra_allocations`] of a layer `make` builds on a fresh clock, run
+/// twice from scratch, the fewer of the two. The count is the process's:
+/// another thread (the test harness's) may allocate while a request is
+/// counted, at a moment no run repeats, while what the layer allocates
+/// comes back in both runs, request for request.
+async fn steady_extra(make: impl Fn(&FakeClock) -> RateLimitLayer) -> usize {
+    let step = Duration::from_millis(20);
+    let mut fewest = usize::MAX;
+    for _ in 0..2 {
+        let clock = FakeClock::new(1_700_000_000_000_000);
+        let extra = extra_allocations(make(&clock), 400, step, &clock).await;
+        fewest = fewest.min(extra);
+    }
+    fewest
+}
+
 #[tokio::test]
 async fn an_admitted_request_allocates_nothing_of_the_layers_own() {
-    let step = Duration::from_millis(20);
     for algorithm in [
         Algorithm::SlidingLog,
         Algorithm::SlidingCounter,
         Algorithm::FixedWindow,
     ] {
-        let clock = FakeClock::new(1_700_000_000_000_000);
         // 50 requests a second against a limit of 100: always admitted,
         // and a log that has reached its steady size.
-        let extra = extra_allocations(layer(&clock, algorithm), 400, step, &clock).await;
+        let extra = steady_extra(|clock| layer(clock, algorithm)).await;
         assert_eq!(
             extra, 0,
             "{algorithm:?}: {extra} allocations of the layer's own"
         );
     }
     // Without rate-limit headers, nothing either.
-    let clock = FakeClock::new(1_700_000_000_000_000);
-    let quiet = layer(&clock, Algorithm::SlidingLog).with_header_style(HeaderStyle::None);
-    assert_eq!(extra_allocations(quiet, 400, step, &clock).await, 0);
+    let quiet = |clock: &FakeClock| {
+        layer(clock, Algorithm::SlidingLog).with_header_style(HeaderStyle::None)
+    };
+    assert_eq!(steady_extra(quiet).await, 0);
     // The count sees what the layer does allocate: the `Identity`
     // extension, when asked for, is one box per request.
-    let clock = FakeClock::new(1_700_000_000_000_000);
-    let identity = layer(&clock, Algorithm::SlidingLog).with_identity_extension(true);
-    assert_eq!(extra_allocations(identity, 400, step, &clock).await, 1);
+    let identity =
+        |clock: &FakeClock| layer(clock, Algorithm::SlidingLog).with_identity_extension(true);
+    assert_eq!(steady_extra(identity).await, 1);
 }
