@@ -124,7 +124,7 @@ fn use_ring_unless_a_provider_is_set() {
     }
 }
 
-fn bad_url(urls: String) -> impl FnOnce(deadpool_redis::redis::RedisError) -> ConfigError {
+fn bad_url<E: std::fmt::Display>(urls: String) -> impl FnOnce(E) -> ConfigError {
     move |e| ConfigError::of("redis.url", format!("bad Redis URL `{urls}`: {e}"))
 }
 
@@ -158,12 +158,7 @@ fn standalone(
         .max_size(settings.pool_size)
         .runtime(Runtime::Tokio1)
         .build()
-        .map_err(|e| {
-            ConfigError::of(
-                "redis.url",
-                format!("bad Redis URL `{}`: {e}", redacted(url)),
-            )
-        })?;
+        .map_err(bad_url(redacted(url)))?;
     Ok(pool.into())
 }
 

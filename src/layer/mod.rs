@@ -521,11 +521,8 @@ impl<S> Layer<S> for RateLimitLayer {
     fn layer(&self, inner: S) -> Self::Service {
         let shared = &self.shared;
         if let Some(state) = shared.store.shared_state()
-            && let Err(conflict) = policy_names::register(
-                &policy_names::StateId(state),
-                shared.namespace.as_ref(),
-                &shared.policies,
-            )
+            && let Err(conflict) =
+                policy_names::register(state, shared.namespace.as_ref(), &shared.policies)
         {
             panic!("slidegate: {conflict}");
         }

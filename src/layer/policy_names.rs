@@ -7,7 +7,6 @@
 //! mix of two limits when they do not, which [`register`] refuses.
 
 use std::any::Any;
-use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use arc_swap::ArcSwap;
@@ -41,13 +40,14 @@ fn registered() -> MutexGuard<'static, Vec<Registered>> {
 /// store state `state`, unless another live layer there gives one of its
 /// policy names another meaning.
 pub(crate) fn register(
-    state: &StateId,
+    state: Arc<dyn Any + Send + Sync>,
     namespace: Option<&Arc<str>>,
     policies: &Arc<ArcSwap<Policies>>,
 ) -> Result<(), PolicyError> {
+    let state = StateId(state);
     let mut list = registered();
     let same_place =
-        |entry: &Registered| entry.state == *state && entry.namespace.as_ref() == namespace;
+        |entry: &Registered| entry.state == state && entry.namespace.as_ref() == namespace;
     if list
         .iter()
         .any(|entry| same_place(entry) && ptr_eq(&entry.policies, policies))
@@ -61,7 +61,7 @@ pub(crate) fn register(
         }
     }
     list.push(Registered {
-        state: state.clone(),
+        state,
         namespace: namespace.cloned(),
         policies: Arc::downgrade(policies),
     });
@@ -201,8 +201,7 @@ impl RateLimitLayer {
 /// ([`Store::shared_state`](crate::store::Store::shared_state)): two stores
 /// with equal ids count in one place. It holds the state, so its address is
 /// not reused while a layer names it.
-#[derive(Clone)]
-pub(crate) struct StateId(pub(crate) Arc<dyn Any + Send + Sync>);
+struct StateId(Arc<dyn Any + Send + Sync>);
 
 impl StateId {
     fn address(&self) -> usize {
@@ -213,13 +212,5 @@ impl StateId {
 impl PartialEq for StateId {
     fn eq(&self, other: &Self) -> bool {
         self.address() == other.address()
-    }
-}
-
-impl Eq for StateId {}
-
-impl fmt::Debug for StateId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "StateId({:#x})", self.address())
     }
 }
