@@ -62,6 +62,9 @@ enum Variant {
     Governor,
     /// slidegate on Redis.
     Redis,
+    /// slidegate on Redis, each instance taking slices of 100 units
+    /// (`Policy::with_slice`).
+    RedisSliced,
     /// slidegate on Redis, every check its own script call.
     RedisUnbatched,
     /// slidegate on Redis without the deny cache: every request asks Redis.
@@ -195,6 +198,12 @@ async fn app(args: &Args) -> Router {
             batched_store(),
             args.peer_ip(),
             policies(),
+        )),
+        Variant::RedisSliced => routes.route_layer(RateLimitLayer::new(
+            batched_store(),
+            args.peer_ip(),
+            Policies::single(Policy::new("bench", limit, window).with_slice(limit.min(100)))
+                .unwrap(),
         )),
         Variant::Naive => {
             let connection = if args.cluster.is_empty() {

@@ -63,8 +63,9 @@
 //! clients apart, and [`store`] to share limits between instances. The
 //! repository's `docs/` holds the guides: `operations.md` (running it on
 //! Redis in production, what to alert on), `configuration.md` (every key
-//! of the TOML file), `redis.md` (keys and records in Redis) and
-//! `example-server.md`.
+//! of the TOML file), `redis.md` (keys and records in Redis),
+//! `multi-region.md` (slices of a limit for hot keys and across regions,
+//! with their bound) and `example-server.md`.
 //!
 //! ```
 //! use axum::{Router, routing::{get, post}};
@@ -172,6 +173,7 @@ struct ReadmeDoctests;
 #[cfg(doctest)]
 #[doc = include_str!("../docs/configuration.md")]
 #[doc = include_str!("../docs/example-server.md")]
+#[doc = include_str!("../docs/multi-region.md")]
 #[doc = include_str!("../docs/operations.md")]
 #[doc = include_str!("../docs/redis.md")]
 struct GuideDoctests;

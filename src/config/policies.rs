@@ -337,6 +337,9 @@ fn policy_from(
     if let Some(delay) = &body.delay {
         policy = policy.with_delay(delay.get_ref().0);
     }
+    if let Some(slice) = &body.slice {
+        policy = policy.with_slice(*slice.get_ref());
+    }
     policy = settled(policy, body, prefix, source)?;
     Policies::single(policy.clone()).map_err(|error| {
         let key = error.field();
@@ -352,6 +355,7 @@ fn policy_from(
             "utc_offset" => offset_of(body.utc_offset.as_ref()),
             "settled" => offset_of(body.settled.as_ref()).or(offset_of(body.usage_header.as_ref())),
             "max_unsettled" => offset_of(body.max_unsettled.as_ref()),
+            "slice" => offset_of(body.slice.as_ref()),
             "name" => Some(name_offset),
             _ => None,
         }

@@ -287,6 +287,7 @@ pub(super) struct RawPolicy {
     pub(super) settled: Option<Spanned<bool>>,
     pub(super) usage_header: Option<Spanned<String>>,
     pub(super) max_unsettled: Option<Spanned<u32>>,
+    pub(super) slice: Option<Spanned<u32>>,
 }
 
 /// A tier's overrides in `tiers = { pro = { limit = 50 } }`.

@@ -193,7 +193,7 @@ use crate::limits::ClientLimits;
 use crate::lookup::Lookup;
 use crate::policy::Policy;
 use crate::policy::{Policies, RequestCost};
-use crate::store::Store;
+use crate::store::{Sliced, Store};
 pub use credential_failures::CredentialFailures;
 pub use deny_cache::DenyCache;
 pub(crate) use settings::Shared;
@@ -240,13 +240,19 @@ impl RateLimitLayer {
     /// keeps a [`DenyCache`] of 10,000 entries; see
     /// [`with_deny_cache`](Self::with_deny_cache).
     pub fn new(store: impl Store, key_extractor: impl KeyExtractor, policies: Policies) -> Self {
-        let deny_cache = store
-            .is_remote()
-            .then(|| DenyCache::new(deny_cache::DEFAULT_CAPACITY));
+        let remote = store.is_remote();
+        let deny_cache = remote.then(|| DenyCache::new(deny_cache::DEFAULT_CAPACITY));
+        // A remote store serves policies with slices; the memory store
+        // has no use for them.
+        let store: Arc<dyn Store> = if remote {
+            Arc::new(Sliced::new(Arc::new(store)))
+        } else {
+            Arc::new(store)
+        };
         Self {
             shared: Arc::new(Shared {
                 deny_cache,
-                store: Arc::new(store),
+                store,
                 keys: Arc::new(key_extractor),
                 policies: Arc::new(ArcSwap::from_pointee(policies)),
                 tier_lookup: None,

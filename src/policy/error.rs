@@ -164,6 +164,31 @@ pub enum PolicyError {
         /// The policy.
         name: String,
     },
+    /// A slice ([`Policy::with_slice`](crate::Policy::with_slice)) of
+    /// fewer than 2 units, or of more than the policy's limit (its burst,
+    /// for a token bucket).
+    #[error("policy `{name}`: slice must be from 2 to the limit ({limit}), not {slice}")]
+    InvalidSlice {
+        /// The policy.
+        name: String,
+        /// The slice asked for.
+        slice: u32,
+        /// The most it may be.
+        limit: u32,
+    },
+    /// A slice on a policy whose decisions cannot be answered from units
+    /// taken ahead: a concurrency limit, a delay, a block, a calendar
+    /// quota, or a cost settled after the response.
+    #[error(
+        "policy `{name}`: a slice does not combine with {other}; drop the slice or the {other}"
+    )]
+    SliceWith {
+        /// The policy.
+        name: String,
+        /// What the slice does not combine with: `concurrency`, `delay`,
+        /// `block`, `calendar` or `settled`.
+        other: &'static str,
+    },
     /// A calendar's offset from UTC is a day or more, or not whole
     /// minutes.
     #[error("policy `{name}`: utc_offset must be under 24 hours, in whole minutes")]
@@ -248,6 +273,7 @@ impl PolicyError {
             Self::InvalidUtcOffset { .. } => "utc_offset",
             Self::SettledWithoutRate { .. } => "settled",
             Self::ZeroMaxUnsettled { .. } => "max_unsettled",
+            Self::InvalidSlice { .. } | Self::SliceWith { .. } => "slice",
             Self::CalendarWithDelay { .. } | Self::CalendarWithWindow { .. } => "calendar",
             Self::InvalidRoute { .. }
             | Self::InvalidPattern { .. }

@@ -61,6 +61,7 @@ mod error;
 pub(crate) mod plan;
 mod route;
 mod settlement;
+mod slice;
 mod table;
 mod tiers;
 mod waiting;
@@ -150,6 +151,7 @@ pub struct Policy {
     block: Option<Duration>,
     delay: Option<Duration>,
     settlement: Option<Settlement>,
+    slice: Option<u32>,
 }
 
 impl Policy {
@@ -172,6 +174,7 @@ impl Policy {
             block: None,
             delay: None,
             settlement: None,
+            slice: None,
         }
     }
 
@@ -535,6 +538,7 @@ impl Policy {
             }
         }
         validate_limits(name(), self.limits_for(None), self.algorithm)?;
+        self.validate_slice()?;
         for (tier, _) in &self.tiers {
             let name = format!("{} (tier `{tier}`)", self.name);
             validate_limits(name, self.limits_for(Some(tier)), self.algorithm)?;

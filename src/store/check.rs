@@ -38,6 +38,9 @@ pub struct Check {
     /// tiers counts it under: the log keeps every record that window
     /// covers from its first, whichever tier's request comes first.
     pub(crate) span_micros: u64,
+    /// The units an instance takes at a time from a remote store
+    /// ([`Policy::with_slice`]), at most the burst; 0 for none.
+    pub(crate) slice: u32,
 }
 
 impl Check {
@@ -226,6 +229,8 @@ pub(crate) struct Terms {
     pub(crate) block_micros: u64,
     pub(crate) delay_micros: u64,
     pub(crate) span_micros: u64,
+    /// The policy's slice, 0 for none.
+    pub(crate) slice: u32,
 }
 
 impl Terms {
@@ -243,6 +248,7 @@ impl Terms {
             block_micros: duration_micros(policy.block().unwrap_or_default()),
             delay_micros: duration_micros(policy.delay().unwrap_or_default()),
             span_micros: duration_micros(policy.longest_window().max(limits.window)),
+            slice: policy.slice().unwrap_or(0),
         }
     }
 }
@@ -280,6 +286,12 @@ impl Price<'_> {
                 _ => 0,
             },
             span_micros: terms.span_micros,
+            // A client allowed less than the policy's slice takes its
+            // whole limit; one allowed a single unit, none.
+            slice: match terms.slice.min(self.burst) {
+                0 | 1 => 0,
+                slice => slice,
+            },
         }
     }
 }

@@ -55,6 +55,7 @@ mod decision;
 mod memory;
 #[cfg(feature = "redis")]
 mod redis;
+mod sliced;
 mod soon;
 
 pub use breaker::{BreakerSettings, BreakerState, CircuitBreaker};
@@ -66,6 +67,7 @@ pub(crate) use memory::next_lease_id;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]
 pub use redis::{PrefixError, RedisPool, RedisStore, RedisStoreBuilder};
+pub(crate) use sliced::Sliced;
 pub use soon::CheckFuture;
 pub(crate) use soon::Soon;
 

@@ -1305,7 +1305,7 @@ fn the_reference_lists_every_key_the_loader_takes() {
     }
     assert_eq!(
         keys_taken("[[policy]]\nname = \"p\"\nnot_a_key = 1\n").len(),
-        20
+        21
     );
     let inline = [
         ("`[redis]`", "tls", "[redis]\ntls = { not_a_key = 1 }\n"),
@@ -1350,4 +1350,40 @@ fn the_default_policy_takes_no_name() {
         1,
         "policy[0].name",
     );
+}
+
+#[test]
+fn a_slice_loads_and_a_bad_one_names_its_key() {
+    let config = Config::from_toml_str(&format!("{POLICY}slice = 2\n")).unwrap();
+    assert_eq!(config.policies().iter().next().unwrap().slice(), Some(2));
+    let message = refused(&format!("{POLICY}slice = 1\n"), 6, "policy[0].slice");
+    assert!(message.contains("from 2 to the limit (5)"), "{message}");
+    refused(&format!("{POLICY}slice = 6\n"), 6, "policy[0].slice");
+    for (other, line) in [
+        ("delay = \"1s\"", "delay"),
+        ("block = \"1m\"", "block"),
+        ("settled = true", "settled"),
+    ] {
+        let message = refused(
+            &format!("{POLICY}{other}\nslice = 2\n"),
+            7,
+            "policy[0].slice",
+        );
+        assert!(
+            message.contains(&format!("does not combine with {line}")),
+            "{message}"
+        );
+    }
+    let message = refused(
+        "[[policy]]\nname = \"slow\"\nconcurrency = 2\nslice = 2\n",
+        4,
+        "policy[0].slice",
+    );
+    assert!(message.contains("with concurrency"), "{message}");
+    let message = refused(
+        "[[policy]]\nname = \"month\"\nlimit = 100\ncalendar = \"month\"\nslice = 10\n",
+        5,
+        "policy[0].slice",
+    );
+    assert!(message.contains("with calendar"), "{message}");
 }

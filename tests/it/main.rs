@@ -34,5 +34,6 @@ mod production_redis;
 mod redis_state;
 mod refunds;
 mod settled;
+mod slices;
 mod upgrades;
 mod window;

@@ -10,6 +10,7 @@ pub mod down_store;
 pub mod proxy;
 pub mod reply;
 pub mod sentinel;
+pub mod slow_link;
 pub mod tls;
 pub mod trace;
 

@@ -1,0 +1,611 @@
+//! Slices of a client's limit, taken from a remote store ahead and spent
+//! in this process (see [`Policy::with_slice`](crate::Policy::with_slice)):
+//! [`Sliced`] wraps the layer's store when it is remote, and answers a
+//! sliced check from the units in hand while they last and live.
+//!
+//! Each (namespace, policy, client) has a [`Slot`]: the slice in hand,
+//! under a lock held for no more than arithmetic, and a second lock that
+//! the one request taking a new slice holds across its store call, so
+//! that the others wait for its units rather than each calling. A slice
+//! ages out after its lifetime, when a task spawned with it gives back
+//! what it did not use; one found aged by a request is given back then.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+use smallvec::SmallVec;
+
+use super::{Check, CheckFuture, Decision, Decisions, Scope, Store, StoreError};
+use crate::policy::cost::Checks;
+
+/// The longest a slice lives, whatever its window.
+const MAX_LIFETIME: Duration = Duration::from_secs(1);
+
+/// Clients with a slot at once, past which a new client's checks go to
+/// the store one by one, exact: a flood of clients cannot grow the table
+/// without bound (slots leave it as their slices age out).
+const MAX_SLOTS: usize = 1_000_000;
+
+/// How long a slice of `check` lives: a tenth of its window, at most
+/// [`MAX_LIFETIME`].
+pub(crate) fn lifetime(check: &Check) -> Duration {
+    (check.window / 10).clamp(Duration::from_millis(1), MAX_LIFETIME)
+}
+
+/// A remote store, with the slices this process holds of it.
+pub(crate) struct Sliced {
+    table: Arc<Table>,
+}
+
+impl Sliced {
+    pub(crate) fn new(store: Arc<dyn Store>) -> Self {
+        Self {
+            table: Arc::new(Table {
+                store,
+                slots: Mutex::default(),
+            }),
+        }
+    }
+}
+
+struct Table {
+    store: Arc<dyn Store>,
+    slots: Mutex<Slots>,
+}
+
+/// The clients' slots. A slot leaves when its slice ages out, or when a
+/// request that found it empty is done with it and no other holds it;
+/// one left behind by a race is swept when the table doubles.
+#[derive(Default)]
+struct Slots {
+    by_scope: HashMap<Scope, Arc<Slot>, foldhash::fast::RandomState>,
+    sweep_at: usize,
+}
+
+/// The size at which the table is first swept.
+const FIRST_SWEEP: usize = 1024;
+
+impl Slots {
+    /// Whether `slot` may leave: empty, and held by none but the table
+    /// and the caller.
+    fn is_idle(slot: &Arc<Slot>, held: usize) -> bool {
+        Arc::strong_count(slot) <= held && slot.is_empty()
+    }
+}
+
+/// One client's slice under one policy.
+#[derive(Default)]
+struct Slot {
+    state: Mutex<State>,
+    /// Held by the request that takes a new slice, across its store call.
+    taking: tokio::sync::Mutex<()>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Counts the slices taken, so that what was taken from one is never
+    /// put back into another.
+    generation: u64,
+    slice: Option<Slice>,
+}
+
+/// Units taken from the store ahead.
+struct Slice {
+    /// The check that took them: its cost is the slice's size.
+    check: Check,
+    /// When the store recorded them (what a give-back names).
+    recorded_at: Duration,
+    left: u32,
+    /// When the slice was asked for: it lives from then.
+    since: Instant,
+    /// What the store answered then.
+    limit: u32,
+    remaining: u32,
+    reset: Duration,
+}
+
+impl Slice {
+    fn is_live(&self, now: Instant) -> bool {
+        now.saturating_duration_since(self.since) < lifetime(&self.check)
+    }
+
+    /// The decision of a request that took units from it: the store's
+    /// answer at the take, with what is left of the slice.
+    fn decision(&self, now: Instant) -> Decision {
+        let elapsed = now.saturating_duration_since(self.since);
+        Decision::new_admitted(
+            self.limit,
+            self.remaining.saturating_add(self.left),
+            self.reset.saturating_sub(elapsed),
+        )
+        .with_recorded_at(self.recorded_at)
+    }
+
+    /// Gives back to `store` the units not used: the record of the whole
+    /// slice replaced by what was used. Nothing when every unit was.
+    fn give_back(self, store: &dyn Store) -> Option<CheckFuture<()>> {
+        (self.left > 0).then(|| {
+            let used = u64::from(self.check.cost - self.left);
+            store.settle(
+                std::slice::from_ref(&self.check),
+                &[self.recorded_at],
+                &[used],
+            )
+        })
+    }
+}
+
+/// Runs a give-back to its end, on its own.
+fn spawn_give_back(back: CheckFuture<()>) {
+    tokio::spawn(async move {
+        if let Err(error) = back.await {
+            tracing::debug!(%error, "slidegate: a slice's unused units were not given back");
+        }
+    });
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Units a request took from a slot: put back if the request is not
+/// admitted after all.
+struct Taken {
+    slot: Arc<Slot>,
+    generation: u64,
+    cost: u32,
+}
+
+impl Taken {
+    fn put_back(self) {
+        let mut state = lock(&self.slot.state);
+        if state.generation == self.generation
+            && let Some(slice) = &mut state.slice
+        {
+            slice.left = (slice.left + self.cost).min(slice.check.cost);
+        }
+    }
+}
+
+impl Slot {
+    /// `cost` units from the live slice, if it has them.
+    fn take(self: &Arc<Self>, cost: u32, now: Instant) -> Option<(Taken, Decision)> {
+        let mut state = lock(&self.state);
+        let generation = state.generation;
+        let slice = state.slice.as_mut()?;
+        if slice.left < cost || !slice.is_live(now) {
+            return None;
+        }
+        slice.left -= cost;
+        let decision = slice.decision(now);
+        let taken = Taken {
+            slot: self.clone(),
+            generation,
+            cost,
+        };
+        Some((taken, decision))
+    }
+
+    fn is_empty(&self) -> bool {
+        lock(&self.state).slice.is_none()
+    }
+}
+
+/// What a request's sliced check came to.
+enum Answer {
+    /// Units taken, from a slice in hand or a new one.
+    Took(Taken, Decision),
+    /// The store has fewer units left than the request costs: its
+    /// decision for the request alone.
+    Denied(Decision),
+}
+
+impl Table {
+    /// The slot of `check`'s client, made if need be; `None` when the
+    /// table is full and the client has none.
+    fn slot(&self, check: &Check) -> Option<Arc<Slot>> {
+        let mut slots = lock(&self.slots);
+        let scope = check.scope();
+        if let Some(slot) = slots.by_scope.get(&scope) {
+            return Some(slot.clone());
+        }
+        if slots.by_scope.len() >= slots.sweep_at.max(FIRST_SWEEP) {
+            slots.by_scope.retain(|_, slot| !Slots::is_idle(slot, 1));
+            slots.sweep_at = 2 * slots.by_scope.len();
+        }
+        if slots.by_scope.len() >= MAX_SLOTS {
+            return None;
+        }
+        Some(slots.by_scope.entry(scope).or_default().clone())
+    }
+
+    /// Drops `slot`, which the caller holds, from the table when it holds
+    /// no slice and no other request holds it.
+    fn forget(&self, scope: &Scope, slot: &Arc<Slot>) {
+        let mut slots = lock(&self.slots);
+        let kept = slots
+            .by_scope
+            .get(scope)
+            .is_some_and(|kept| Arc::ptr_eq(kept, slot));
+        if kept && Slots::is_idle(slot, 2) {
+            slots.by_scope.remove(scope);
+        }
+    }
+
+    /// Units for `check` from its slot: from the slice in hand, or from a
+    /// new one taken from the store by this request (the others wait for
+    /// it). The slice asked for is the policy's; when the store has fewer
+    /// left, what it has left; when it has fewer than the request costs,
+    /// the request alone, so that a denial is the store's own.
+    async fn refill(
+        self: &Arc<Self>,
+        slot: &Arc<Slot>,
+        check: &Check,
+    ) -> Result<Answer, StoreError> {
+        let _taking = slot.taking.lock().await;
+        if let Some((taken, decision)) = slot.take(check.cost, Instant::now()) {
+            return Ok(Answer::Took(taken, decision));
+        }
+        let old = lock(&slot.state).slice.take();
+        if let Some(back) = old.and_then(|old| old.give_back(&*self.store)) {
+            spawn_give_back(back);
+        }
+        let mut asked = check.clone();
+        asked.slice = 0;
+        let mut size = check.slice.min(check.burst).max(check.cost);
+        let mut first = true;
+        // Each attempt asks for fewer units, down to the request's cost:
+        // at most three calls.
+        loop {
+            asked.cost = size;
+            let since = Instant::now();
+            let decision = match self.store.check(std::slice::from_ref(&asked)).await {
+                Ok(decisions) => decisions
+                    .first()
+                    .copied()
+                    .ok_or_else(|| StoreError::Protocol("no decision for a slice".to_owned()))?,
+                Err(error) => {
+                    self.forget(&asked.scope(), slot);
+                    return Err(error);
+                }
+            };
+            if decision.admitted {
+                return Ok(self.install(slot, asked, check.cost, decision, since));
+            }
+            let fewer = if first && decision.remaining >= check.cost {
+                decision.remaining.min(size)
+            } else {
+                check.cost
+            };
+            if fewer >= size {
+                self.forget(&asked.scope(), slot);
+                return Ok(Answer::Denied(decision));
+            }
+            size = fewer;
+            first = false;
+        }
+    }
+
+    /// Keeps the slice `taken` (its cost the slice's size) as the
+    /// slot's, less the `cost` of the request that took it, and
+    /// schedules its give-back.
+    fn install(
+        self: &Arc<Self>,
+        slot: &Arc<Slot>,
+        taken: Check,
+        cost: u32,
+        decision: Decision,
+        since: Instant,
+    ) -> Answer {
+        let Some(recorded_at) = decision.recorded_at else {
+            // A store that names no time takes no give-back: the slice is
+            // this request's alone.
+            return Answer::Took(
+                Taken {
+                    slot: slot.clone(),
+                    generation: u64::MAX,
+                    cost: 0,
+                },
+                decision,
+            );
+        };
+        let slice = Slice {
+            left: taken.cost,
+            check: taken,
+            recorded_at,
+            since,
+            limit: decision.limit,
+            remaining: decision.remaining,
+            reset: decision.reset,
+        };
+        let lifetime = lifetime(&slice.check);
+        let generation = {
+            let mut state = lock(&slot.state);
+            state.generation += 1;
+            state.slice = Some(slice);
+            state.generation
+        };
+        let table = Arc::downgrade(self);
+        let aged = slot.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(lifetime).await;
+            age(&table, &aged, generation);
+        });
+        let (taken, decision) = slot
+            .take(cost, since)
+            .expect("a new slice holds at least its request's cost");
+        Answer::Took(taken, decision)
+    }
+}
+
+/// How far a request's check has come: decided by the store (unsliced,
+/// or its client found no room in the table), units taken, or short of
+/// units in its slot.
+enum Part {
+    Store,
+    Took(Taken, Decision),
+    Short(Arc<Slot>),
+}
+
+type Parts = SmallVec<[Part; 2]>;
+
+impl Store for Sliced {
+    fn check(&self, checks: &[Check]) -> CheckFuture {
+        if checks.iter().all(|check| check.slice == 0) {
+            return self.table.store.check(checks);
+        }
+        let now = Instant::now();
+        let mut short = false;
+        let parts: Parts = checks
+            .iter()
+            .map(|check| {
+                let slot = (check.slice > 0).then(|| self.table.slot(check)).flatten();
+                let Some(slot) = slot else {
+                    return Part::Store;
+                };
+                match slot.take(check.cost, now) {
+                    Some((taken, decision)) => Part::Took(taken, decision),
+                    None => {
+                        short = true;
+                        Part::Short(slot)
+                    }
+                }
+            })
+            .collect();
+        if !short {
+            return finish(&self.table, checks, parts);
+        }
+        let table = self.table.clone();
+        let checks: Checks = checks.iter().cloned().collect();
+        CheckFuture::new(async move {
+            let mut parts = parts;
+            for index in 0..parts.len() {
+                let Part::Short(slot) = &parts[index] else {
+                    continue;
+                };
+                let slot = slot.clone();
+                match table.refill(&slot, &checks[index]).await {
+                    Ok(Answer::Took(taken, decision)) => parts[index] = Part::Took(taken, decision),
+                    Ok(Answer::Denied(decision)) => {
+                        return Ok(denied(parts, &checks, index, decision));
+                    }
+                    Err(error) => {
+                        put_back(parts);
+                        return Err(error);
+                    }
+                }
+            }
+            finish(&table, &checks, parts).await
+        })
+    }
+
+    fn peek(&self, checks: &[Check]) -> CheckFuture {
+        self.table.store.peek(checks)
+    }
+
+    /// A sliced check's units go back into the slice they came from,
+    /// while it lives; after, the request stays counted.
+    fn refund(&self, checks: &[Check], recorded_at: &[Duration]) -> CheckFuture<()> {
+        if checks.iter().all(|check| check.slice == 0) {
+            return self.table.store.refund(checks, recorded_at);
+        }
+        if let Some(error) = super::unpaired_refund(checks, recorded_at) {
+            return CheckFuture::ready(Err(error));
+        }
+        let mut rest = Checks::new();
+        let mut times = SmallVec::<[Duration; 2]>::new();
+        for (check, &at) in checks.iter().zip(recorded_at) {
+            if check.slice == 0 {
+                rest.push(check.clone());
+                times.push(at);
+            } else {
+                self.table.refund_into_slice(check, at);
+            }
+        }
+        if rest.is_empty() {
+            return CheckFuture::ready(Ok(()));
+        }
+        self.table.store.refund(&rest, &times)
+    }
+
+    fn settle(&self, checks: &[Check], recorded_at: &[Duration], costs: &[u64]) -> CheckFuture<()> {
+        self.table.store.settle(checks, recorded_at, costs)
+    }
+
+    fn renew(&self, checks: &[Check]) -> CheckFuture<Vec<bool>> {
+        self.table.store.renew(checks)
+    }
+
+    /// Drops the slices in hand of the checks' clients (the store forgets
+    /// their units) before the store resets them.
+    fn reset(&self, checks: &[Check]) -> CheckFuture<()> {
+        for check in checks.iter().filter(|check| check.slice > 0) {
+            let slot = lock(&self.table.slots)
+                .by_scope
+                .get(&check.scope())
+                .cloned();
+            if let Some(slot) = slot {
+                let mut state = lock(&slot.state);
+                state.generation += 1;
+                state.slice = None;
+            }
+        }
+        self.table.store.reset(checks)
+    }
+
+    fn is_remote(&self) -> bool {
+        self.table.store.is_remote()
+    }
+
+    fn shared_state(&self) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
+        self.table.store.shared_state()
+    }
+}
+
+impl Table {
+    fn refund_into_slice(&self, check: &Check, at: Duration) {
+        let slot = lock(&self.slots).by_scope.get(&check.scope()).cloned();
+        let Some(slot) = slot else {
+            return;
+        };
+        let mut state = lock(&slot.state);
+        if let Some(slice) = state.slice.as_mut().filter(|slice| slice.recorded_at == at) {
+            slice.left = (slice.left + check.cost).min(slice.check.cost);
+        }
+    }
+}
+
+/// Every sliced check of the request has its units: the others go to the
+/// store, and the request stands or falls with its answer.
+fn finish(table: &Table, checks: &[Check], parts: Parts) -> CheckFuture {
+    let local: Option<Decisions> = parts
+        .iter()
+        .map(|part| match part {
+            Part::Took(_, decision) => Some(*decision),
+            _ => None,
+        })
+        .collect();
+    if let Some(decisions) = local {
+        return CheckFuture::ready(Ok(decisions));
+    }
+    let rest: Checks = checks
+        .iter()
+        .zip(&parts)
+        .filter(|(_, part)| matches!(part, Part::Store))
+        .map(|(check, _)| check.clone())
+        .collect();
+    match table.store.check(&rest).into_ready() {
+        Ok(answer) => CheckFuture::ready(merged(parts, answer)),
+        Err(later) => CheckFuture::new(async move { merged(parts, later.await) }),
+    }
+}
+
+/// The store's decisions of the unsliced checks, in their places among
+/// the slices' own; a denial puts the slices' units back.
+fn merged(parts: Parts, answer: Result<Decisions, StoreError>) -> Result<Decisions, StoreError> {
+    let decided = match answer {
+        Ok(decided) => decided,
+        Err(error) => {
+            put_back(parts);
+            return Err(error);
+        }
+    };
+    let admitted = decided.iter().all(|decision| decision.admitted);
+    let mut decided = decided.iter();
+    let mut decisions = Decisions::new();
+    for part in parts {
+        let decision = match part {
+            Part::Took(taken, mut decision) => {
+                if !admitted {
+                    taken.put_back();
+                    decision.admitted = false;
+                    decision.recorded_at = None;
+                }
+                decision
+            }
+            _ => *decided
+                .next()
+                .ok_or_else(|| StoreError::Protocol("fewer decisions than checks".to_owned()))?,
+        };
+        decisions.push(decision);
+    }
+    Ok(decisions)
+}
+
+/// The decisions of a request whose check at `index` the store denied
+/// (`decision`): the units its other checks took go back, and checks the
+/// store was not asked about say nothing is known to be spent.
+fn denied(parts: Parts, checks: &[Check], index: usize, decision: Decision) -> Decisions {
+    parts
+        .into_iter()
+        .zip(checks)
+        .enumerate()
+        .map(|(at, (part, check))| match part {
+            _ if at == index => decision,
+            Part::Took(taken, mut decision) => {
+                taken.put_back();
+                decision.admitted = false;
+                decision.recorded_at = None;
+                decision
+            }
+            Part::Store | Part::Short(_) => {
+                Decision::new_denied(check.limit, check.limit, Duration::ZERO, None)
+            }
+        })
+        .collect()
+}
+
+/// Puts back the units the parts took.
+fn put_back(parts: Parts) {
+    for part in parts {
+        if let Part::Took(taken, _) = part {
+            taken.put_back();
+        }
+    }
+}
+
+/// Gives back the slice of `generation` in `slot` when it has aged out,
+/// and drops the slot from the table when nothing else took its place.
+fn age(table: &Weak<Table>, slot: &Arc<Slot>, generation: u64) {
+    let Some(table) = table.upgrade() else {
+        return;
+    };
+    let slice = {
+        let mut state = lock(&slot.state);
+        if state.generation != generation {
+            return;
+        }
+        state.slice.take()
+    };
+    let Some(slice) = slice else {
+        return;
+    };
+    let scope = slice.check.scope();
+    if let Some(back) = slice.give_back(&*table.store) {
+        spawn_give_back(back);
+    }
+    table.forget(&scope, slot);
+}
+
+impl Drop for Table {
+    fn drop(&mut self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let slots = self.slots.get_mut().unwrap_or_else(PoisonError::into_inner);
+        for slot in std::mem::take(&mut slots.by_scope).into_values() {
+            let slice = lock(&slot.state).slice.take();
+            if let Some(back) = slice.and_then(|slice| slice.give_back(&*self.store)) {
+                runtime.spawn(async move {
+                    if let Err(error) = back.await {
+                        tracing::debug!(%error, "slidegate: a slice's unused units were not given back");
+                    }
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

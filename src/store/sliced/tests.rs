@@ -1,0 +1,170 @@
+//! Slices over the memory store: what the table does with units taken,
+//! put back, refunded and given back. (The Redis side, with several
+//! instances, is in `tests/it/slices.rs`.)
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::*;
+use crate::clock::FakeClock;
+use crate::key::Key;
+use crate::policy::Policy;
+use crate::store::MemoryStore;
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+fn check_of(policy: &Policy) -> Check {
+    Check::new(policy, Key::new("alice")).unwrap()
+}
+
+async fn left_in_store(memory: &MemoryStore, check: &Check) -> u32 {
+    let mut exact = check.clone();
+    exact.slice = 0;
+    memory.peek(std::slice::from_ref(&exact)).await.unwrap()[0].remaining
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slice_is_taken_once_and_spent_in_process() {
+    let memory = MemoryStore::new();
+    let sliced = Sliced::new(Arc::new(memory.clone()));
+    let check = check_of(&Policy::new("hot", 100, HOUR).with_slice(30));
+    for spent in 1..=30 {
+        let decisions = sliced.check(std::slice::from_ref(&check)).await.unwrap();
+        assert!(decisions[0].admitted);
+        assert_eq!(
+            decisions[0].remaining,
+            100 - spent,
+            "the store's 70 and the slice's"
+        );
+        assert_eq!(left_in_store(&memory, &check).await, 70);
+    }
+    sliced.check(std::slice::from_ref(&check)).await.unwrap();
+    assert_eq!(left_in_store(&memory, &check).await, 40, "a second slice");
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_the_table_gives_back_what_its_slices_hold() {
+    let memory = MemoryStore::new();
+    let sliced = Sliced::new(Arc::new(memory.clone()));
+    let check = check_of(&Policy::new("hot", 100, HOUR).with_slice(30));
+    sliced.check(std::slice::from_ref(&check)).await.unwrap();
+    assert_eq!(left_in_store(&memory, &check).await, 70);
+    drop(sliced);
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        left_in_store(&memory, &check).await,
+        99,
+        "the one unit used stays counted"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slice_ages_out_and_gives_back_what_it_did_not_use() {
+    let memory = MemoryStore::new();
+    let sliced = Sliced::new(Arc::new(memory.clone()));
+    let check = check_of(&Policy::new("hot", 100, HOUR).with_slice(30));
+    sliced.check(std::slice::from_ref(&check)).await.unwrap();
+    sliced.check(std::slice::from_ref(&check)).await.unwrap();
+    // The slice lives a tenth of the window, at most a second.
+    tokio::time::sleep(Duration::from_millis(1001)).await;
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(left_in_store(&memory, &check).await, 98);
+    assert!(
+        lock(&sliced.table.slots).by_scope.is_empty(),
+        "the slot left the table"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refund_goes_back_into_the_slice_it_came_from() {
+    let memory = MemoryStore::new();
+    let sliced = Sliced::new(Arc::new(memory.clone()));
+    let check = check_of(&Policy::new("hot", 100, HOUR).with_slice(30));
+    for _ in 0..5 {
+        let decision = sliced.check(std::slice::from_ref(&check)).await.unwrap()[0];
+        let at = decision.recorded_at.expect("a slice names its time");
+        sliced
+            .refund(std::slice::from_ref(&check), &[at])
+            .await
+            .unwrap();
+    }
+    let decision = sliced.check(std::slice::from_ref(&check)).await.unwrap()[0];
+    assert_eq!(decision.remaining, 99, "five refunded, one spent");
+    // A refund naming another time (a slice given back since) is dropped.
+    sliced
+        .refund(std::slice::from_ref(&check), &[Duration::from_secs(1)])
+        .await
+        .unwrap();
+    let decision = sliced.check(std::slice::from_ref(&check)).await.unwrap()[0];
+    assert_eq!(decision.remaining, 98);
+    assert_eq!(left_in_store(&memory, &check).await, 70);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_denied_by_an_unsliced_check_puts_its_units_back() {
+    let memory = MemoryStore::new();
+    let sliced = Sliced::new(Arc::new(memory.clone()));
+    let hot = check_of(&Policy::new("hot", 100, HOUR).with_slice(10));
+    let once = check_of(&Policy::new("once", 1, HOUR));
+    let both = [hot.clone(), once.clone()];
+    let first = sliced.check(&both).await.unwrap();
+    assert!(first.iter().all(|decision| decision.admitted));
+    let second = sliced.check(&both).await.unwrap();
+    assert!(second.iter().all(|decision| !decision.admitted));
+    assert!(second[1].retry_after.is_some(), "the unsliced check denied");
+    let alone = sliced.check(std::slice::from_ref(&hot)).await.unwrap()[0];
+    assert_eq!(alone.remaining, 98, "the denied request's unit went back");
+}
+
+#[tokio::test(start_paused = true)]
+async fn near_the_limit_the_slice_is_what_is_left_then_the_request_alone() {
+    // On a clock that stands still, so that two denials compare exactly.
+    let memory = MemoryStore::builder()
+        .with_clock(FakeClock::new(1_700_000_000_000_000))
+        .build();
+    let sliced = Sliced::new(Arc::new(memory.clone()));
+    let check = check_of(&Policy::new("hot", 25, HOUR).with_slice(10));
+    let mut exact = check.clone();
+    exact.slice = 0;
+    // Another instance took 20.
+    for _ in 0..20 {
+        memory.check(std::slice::from_ref(&exact)).await.unwrap();
+    }
+    for left in (0..5).rev() {
+        let decision = sliced.check(std::slice::from_ref(&check)).await.unwrap()[0];
+        assert!(decision.admitted);
+        assert_eq!(decision.remaining, left);
+    }
+    let denied = sliced.check(std::slice::from_ref(&check)).await.unwrap()[0];
+    assert!(!denied.admitted);
+    let exact_denial = memory.peek(std::slice::from_ref(&exact)).await.unwrap()[0];
+    assert_eq!(
+        denied.retry_after, exact_denial.retry_after,
+        "the request's own denial"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reset_drops_the_slice_in_hand() {
+    let memory = MemoryStore::new();
+    let sliced = Sliced::new(Arc::new(memory.clone()));
+    let check = check_of(&Policy::new("hot", 100, HOUR).with_slice(30));
+    sliced.check(std::slice::from_ref(&check)).await.unwrap();
+    sliced.reset(std::slice::from_ref(&check)).await.unwrap();
+    assert_eq!(left_in_store(&memory, &check).await, 100);
+    let decision = sliced.check(std::slice::from_ref(&check)).await.unwrap()[0];
+    assert_eq!(decision.remaining, 99, "a new slice, from a fresh count");
+    assert_eq!(left_in_store(&memory, &check).await, 70);
+}
+
+#[test]
+fn a_slice_lives_a_tenth_of_its_window_at_most_a_second() {
+    let of = |window| lifetime(&check_of(&Policy::new("p", 10, window).with_slice(2)));
+    assert_eq!(of(Duration::from_secs(2)), Duration::from_millis(200));
+    assert_eq!(of(HOUR), Duration::from_secs(1));
+    assert_eq!(of(Duration::from_millis(5)), Duration::from_millis(1));
+}
