@@ -18,7 +18,11 @@
 //! request, released as its body ends), `blocking` (a sliding log whose
 //! denials block), `delay` (a sliding log that may hold requests),
 //! `settled` (a sliding log whose requests reserve 1 and report 2 in a
-//! header, settled as the body ends) and `calendar` (a monthly quota).
+//! header, settled as the body ends) and `calendar` (a monthly quota);
+//! and, on a memory store that says it is remote (the layer's path for
+//! Redis, with its deny cache, but no network): `remote` (the policy of
+//! `memory`) and `sliced` (the same with slices of 100, answered in
+//! process).
 //!
 //! Requests come from 256 client addresses in turn, each allowed 4,000 an
 //! hour: every request of a run (300,000 by default) is admitted, and the
@@ -33,13 +37,41 @@ use axum::extract::ConnectInfo;
 use axum::routing::get;
 use http::Request;
 use slidegate::{
-    PeerIp, Policies, Policy, RateLimitLayer, headers::HeaderStyle, layer::DenyCache,
-    store::MemoryStore,
+    PeerIp, Policies, Policy, RateLimitLayer,
+    headers::HeaderStyle,
+    layer::DenyCache,
+    store::{Check, CheckFuture, MemoryStore, Store},
 };
 use tower::{Service, ServiceExt};
 
 /// Clients the requests come from, in turn.
 const CLIENTS: u32 = 256;
+
+/// A memory store that says it is remote, so that the layer takes the path
+/// it takes for Redis.
+struct Remote(MemoryStore);
+
+impl Store for Remote {
+    fn check(&self, checks: &[Check]) -> CheckFuture {
+        self.0.check(checks)
+    }
+
+    fn peek(&self, checks: &[Check]) -> CheckFuture {
+        self.0.peek(checks)
+    }
+
+    fn refund(&self, checks: &[Check], recorded_at: &[Duration]) -> CheckFuture<()> {
+        self.0.refund(checks, recorded_at)
+    }
+
+    fn settle(&self, checks: &[Check], recorded_at: &[Duration], costs: &[u64]) -> CheckFuture<()> {
+        self.0.settle(checks, recorded_at, costs)
+    }
+
+    fn is_remote(&self) -> bool {
+        true
+    }
+}
 
 fn app(variant: &str) -> Router {
     let routes = Router::new().route("/", get(|| async { "hello" }));
@@ -72,6 +104,16 @@ fn app(variant: &str) -> Router {
         "settled" => reporting.route_layer(layer(kind(
             open_log().with_usage_header(http::HeaderName::from_static("x-usage-tokens")),
         ))),
+        "remote" => routes.route_layer(RateLimitLayer::new(
+            Remote(MemoryStore::new()),
+            PeerIp::new(),
+            kind(open_log()),
+        )),
+        "sliced" => routes.route_layer(RateLimitLayer::new(
+            Remote(MemoryStore::new()),
+            PeerIp::new(),
+            kind(open_log().with_slice(100)),
+        )),
         "calendar" => routes.route_layer(layer(kind(Policy::calendar(
             "bench",
             4_000,
@@ -79,7 +121,7 @@ fn app(variant: &str) -> Router {
         )))),
         other => panic!(
             "unknown variant `{other}`: bare, noop-layer, memory, no-headers, identity, denied, \
-             bucket, concurrency, blocking, delay, settled or calendar"
+             bucket, concurrency, blocking, delay, settled, calendar, remote or sliced"
         ),
     }
 }

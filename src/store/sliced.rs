@@ -11,6 +11,7 @@
 //! what it did not use; one found aged by a request is given back then.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
@@ -80,6 +81,10 @@ struct Slot {
     state: Mutex<State>,
     /// Held by the request that takes a new slice, across its store call.
     taking: tokio::sync::Mutex<()>,
+    /// The units of the requests waiting for a slice. Past a slice's
+    /// worth, a request goes to the store on its own instead: a queue
+    /// one slice cannot serve would wait for call after call.
+    queued: AtomicU32,
 }
 
 #[derive(Default)]
@@ -88,6 +93,62 @@ struct State {
     /// put back into another.
     generation: u64,
     slice: Option<Slice>,
+    /// The store's last answer that gave no slice: a request that was
+    /// waiting meanwhile takes it as its own rather than asking again.
+    last: Option<Last>,
+}
+
+/// A denial, or a failure, of a slice's store call.
+struct Last {
+    /// When it came.
+    at: Instant,
+    /// The cost it was asked at.
+    cost: u32,
+    answer: Result<Decision, StoreError>,
+}
+
+/// `error` again, for another request that waited on the same call.
+fn again(error: &StoreError) -> StoreError {
+    match error {
+        StoreError::Timeout(after) => StoreError::Timeout(*after),
+        StoreError::Backend(source) => StoreError::Backend(source.to_string().into()),
+        StoreError::Protocol(text) => StoreError::Protocol(text.clone()),
+        StoreError::Internal(text) => StoreError::Internal(text.clone()),
+        StoreError::CircuitOpen => StoreError::CircuitOpen,
+        StoreError::Unsupported(what) => StoreError::Unsupported(what),
+        StoreError::Full(text) => StoreError::Full(text.clone()),
+    }
+}
+
+/// A request queued for a slice: its units leave the queue when it is
+/// answered, or dropped.
+struct Waiting {
+    slot: Arc<Slot>,
+    cost: u32,
+    since: Instant,
+}
+
+impl Waiting {
+    /// Queues `check`'s request on `slot`, unless the queue holds a
+    /// slice's worth already.
+    fn join(slot: Arc<Slot>, check: &Check) -> Option<Self> {
+        let ahead = slot.queued.fetch_add(check.cost, Ordering::Relaxed);
+        if ahead > 0 && ahead.saturating_add(check.cost) > check.slice {
+            slot.queued.fetch_sub(check.cost, Ordering::Relaxed);
+            return None;
+        }
+        Some(Self {
+            slot,
+            cost: check.cost,
+            since: Instant::now(),
+        })
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.slot.queued.fetch_sub(self.cost, Ordering::Relaxed);
+    }
 }
 
 /// Units taken from the store ahead.
@@ -190,6 +251,31 @@ impl Slot {
     fn is_empty(&self) -> bool {
         lock(&self.state).slice.is_none()
     }
+
+    /// The answer of a call that gave no slice, come since `waiting`
+    /// queued, when it answers its request too: a failure, or a denial
+    /// at no more than its cost.
+    fn last_since(&self, waiting: &Waiting) -> Option<Result<Answer, StoreError>> {
+        let state = lock(&self.state);
+        let last = state
+            .last
+            .as_ref()
+            .filter(|last| last.at >= waiting.since)?;
+        match &last.answer {
+            Err(error) => Some(Err(again(error))),
+            Ok(decision) if last.cost <= waiting.cost => Some(Ok(Answer::Denied(*decision))),
+            Ok(_) => None,
+        }
+    }
+
+    /// Remembers a call that gave no slice.
+    fn remember(&self, cost: u32, answer: Result<Decision, StoreError>) {
+        lock(&self.state).last = Some(Last {
+            at: Instant::now(),
+            cost,
+            answer,
+        });
+    }
 }
 
 /// What a request's sliced check came to.
@@ -240,12 +326,16 @@ impl Table {
     /// the request alone, so that a denial is the store's own.
     async fn refill(
         self: &Arc<Self>,
-        slot: &Arc<Slot>,
+        waiting: &Waiting,
         check: &Check,
     ) -> Result<Answer, StoreError> {
+        let slot = &waiting.slot;
         let _taking = slot.taking.lock().await;
         if let Some((taken, decision)) = slot.take(check.cost, Instant::now()) {
             return Ok(Answer::Took(taken, decision));
+        }
+        if let Some(answer) = slot.last_since(waiting) {
+            return answer;
         }
         let old = lock(&slot.state).slice.take();
         if let Some(back) = old.and_then(|old| old.give_back(&*self.store)) {
@@ -266,6 +356,7 @@ impl Table {
                     .copied()
                     .ok_or_else(|| StoreError::Protocol("no decision for a slice".to_owned()))?,
                 Err(error) => {
+                    slot.remember(check.cost, Err(again(&error)));
                     self.forget(&asked.scope(), slot);
                     return Err(error);
                 }
@@ -279,6 +370,7 @@ impl Table {
                 check.cost
             };
             if fewer >= size {
+                slot.remember(size, Ok(decision));
                 self.forget(&asked.scope(), slot);
                 return Ok(Answer::Denied(decision));
             }
@@ -340,12 +432,12 @@ impl Table {
 }
 
 /// How far a request's check has come: decided by the store (unsliced,
-/// or its client found no room in the table), units taken, or short of
-/// units in its slot.
+/// its client found no room in the table, or a slice's worth of requests
+/// wait for a slice already), units taken, or waiting for a slice.
 enum Part {
     Store,
     Took(Taken, Decision),
-    Short(Arc<Slot>),
+    Short(Waiting),
 }
 
 type Parts = SmallVec<[Part; 2]>;
@@ -364,12 +456,15 @@ impl Store for Sliced {
                 let Some(slot) = slot else {
                     return Part::Store;
                 };
-                match slot.take(check.cost, now) {
-                    Some((taken, decision)) => Part::Took(taken, decision),
-                    None => {
+                if let Some((taken, decision)) = slot.take(check.cost, now) {
+                    return Part::Took(taken, decision);
+                }
+                match Waiting::join(slot, check) {
+                    Some(waiting) => {
                         short = true;
-                        Part::Short(slot)
+                        Part::Short(waiting)
                     }
+                    None => Part::Store,
                 }
             })
             .collect();
@@ -381,11 +476,10 @@ impl Store for Sliced {
         CheckFuture::new(async move {
             let mut parts = parts;
             for index in 0..parts.len() {
-                let Part::Short(slot) = &parts[index] else {
+                let Part::Short(waiting) = &parts[index] else {
                     continue;
                 };
-                let slot = slot.clone();
-                match table.refill(&slot, &checks[index]).await {
+                match table.refill(waiting, &checks[index]).await {
                     Ok(Answer::Took(taken, decision)) => parts[index] = Part::Took(taken, decision),
                     Ok(Answer::Denied(decision)) => {
                         return Ok(denied(parts, &checks, index, decision));

@@ -5,6 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::sync::atomic::Ordering;
+
 use super::*;
 use crate::clock::FakeClock;
 use crate::key::Key;
@@ -167,4 +169,107 @@ fn a_slice_lives_a_tenth_of_its_window_at_most_a_second() {
     assert_eq!(of(Duration::from_secs(2)), Duration::from_millis(200));
     assert_eq!(of(HOUR), Duration::from_secs(1));
     assert_eq!(of(Duration::from_millis(5)), Duration::from_millis(1));
+}
+
+/// A memory store whose checks wait until they are let through, and that
+/// counts them: a store that stalls.
+struct Stalling {
+    memory: MemoryStore,
+    gate: Arc<tokio::sync::Semaphore>,
+    calls: Arc<std::sync::atomic::AtomicUsize>,
+    fails: bool,
+}
+
+impl Store for Stalling {
+    fn check(&self, checks: &[Check]) -> CheckFuture {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let (gate, memory, fails) = (self.gate.clone(), self.memory.clone(), self.fails);
+        let checks: Vec<Check> = checks.to_vec();
+        CheckFuture::new(async move {
+            let _pass = gate.acquire().await.expect("the gate stays open");
+            if fails {
+                return Err(StoreError::Timeout(Duration::from_millis(50)));
+            }
+            memory.check(&checks).await
+        })
+    }
+
+    fn settle(&self, checks: &[Check], recorded_at: &[Duration], costs: &[u64]) -> CheckFuture<()> {
+        self.memory.settle(checks, recorded_at, costs)
+    }
+}
+
+fn stalling(
+    fails: bool,
+) -> (
+    Sliced,
+    Arc<tokio::sync::Semaphore>,
+    Arc<std::sync::atomic::AtomicUsize>,
+) {
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let store = Stalling {
+        memory: MemoryStore::new(),
+        gate: gate.clone(),
+        calls: calls.clone(),
+        fails,
+    };
+    (Sliced::new(Arc::new(store)), gate, calls)
+}
+
+async fn settle_tasks() {
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// While the store stalls, a slice's worth of requests wait for one call
+/// and the rest ask the store on their own: none waits behind call after
+/// call.
+#[tokio::test(start_paused = true)]
+async fn past_a_slice_s_worth_of_waiting_requests_the_others_ask_the_store_at_once() {
+    let (sliced, gate, calls) = stalling(false);
+    let sliced = Arc::new(sliced);
+    let check = check_of(&Policy::new("hot", 1_000, HOUR).with_slice(10));
+    let requests: Vec<_> = (0..30)
+        .map(|_| {
+            let (sliced, check) = (sliced.clone(), check.clone());
+            tokio::spawn(async move { sliced.check(std::slice::from_ref(&check)).await })
+        })
+        .collect();
+    settle_tasks().await;
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        21,
+        "one slice for 10, 20 on their own"
+    );
+    gate.add_permits(1_000);
+    for request in requests {
+        assert!(request.await.unwrap().unwrap()[0].admitted);
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 21, "the slice served the 10");
+}
+
+/// A slice's call that fails answers every request that waited on it:
+/// none asks again, one after the other.
+#[tokio::test(start_paused = true)]
+async fn requests_waiting_on_a_call_that_fails_share_its_failure() {
+    let (sliced, gate, calls) = stalling(true);
+    let sliced = Arc::new(sliced);
+    let check = check_of(&Policy::new("hot", 1_000, HOUR).with_slice(10));
+    let requests: Vec<_> = (0..8)
+        .map(|_| {
+            let (sliced, check) = (sliced.clone(), check.clone());
+            tokio::spawn(async move { sliced.check(std::slice::from_ref(&check)).await })
+        })
+        .collect();
+    settle_tasks().await;
+    gate.add_permits(1_000);
+    for request in requests {
+        assert!(matches!(
+            request.await.unwrap(),
+            Err(StoreError::Timeout(_))
+        ));
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
