@@ -355,3 +355,45 @@ async fn three_regions_on_a_slow_link_wait_locally_within_the_bound() {
         "median wait: {sliced_wait:?} with slices, {exact_wait:?} without; most in a window {most}"
     );
 }
+
+/// A policy in shadow mode takes and spends slices like any other, and
+/// lets every request through.
+#[tokio::test]
+async fn a_shadow_policy_with_a_slice_counts_and_never_denies() {
+    let redis = RedisServer::start();
+    let policy = Policy::new("watched", 5, Duration::from_secs(60))
+        .with_slice(2)
+        .with_shadow(true);
+    let app = app_on(redis.pool(2), policy);
+    let before = script_calls(&redis);
+    let mut remaining = Vec::new();
+    for _ in 0..8 {
+        let (status, left) = get_status(&app).await;
+        assert_eq!(status, StatusCode::OK);
+        remaining.push(left.unwrap());
+    }
+    // Slices of 2, 2 and the last 1, then denials counted and let through.
+    assert_eq!(remaining[..5], [4, 3, 2, 1, 0]);
+    assert!(remaining[5..].iter().all(|&left| left == 0));
+    assert!(script_calls(&redis) - before >= 3);
+}
+
+/// On the memory store a slice changes nothing: two layers on one store
+/// count exactly, request by request.
+#[tokio::test]
+async fn on_the_memory_store_a_slice_changes_nothing() {
+    let store = slidegate::store::MemoryStore::new();
+    let policy = || Policies::single(Policy::new("hot", 6, Duration::from_secs(60)).with_slice(3));
+    let one = router(RateLimitLayer::new(
+        store.clone(),
+        Global,
+        policy().unwrap(),
+    ));
+    let other = router(RateLimitLayer::new(store, Global, policy().unwrap()));
+    for left in (0..6).rev() {
+        let app = if left % 2 == 0 { &one } else { &other };
+        assert_eq!(get_status(app).await, (StatusCode::OK, Some(left)));
+    }
+    assert_eq!(get_status(&one).await.0, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(get_status(&other).await.0, StatusCode::TOO_MANY_REQUESTS);
+}
