@@ -69,10 +69,11 @@ async fn a_hot_client_costs_one_store_call_per_slice() {
         last = remaining;
     }
     let calls = script_calls(&redis) - before;
-    // One call per slice of 100 (each slice lives a second: a slow
-    // machine may see one age out and be given back, a call more).
+    // One call per slice of 100, and a give-back for each slice that
+    // ages out (a second) before it is spent: a slow machine sees a few;
+    // without slices, 1,000 calls.
     assert!(
-        (10..=14).contains(&calls),
+        (10..=30).contains(&calls),
         "{calls} store calls for 1,000 requests"
     );
     assert_eq!(

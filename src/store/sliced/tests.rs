@@ -223,6 +223,20 @@ async fn settle_tasks() {
     }
 }
 
+/// `count` requests of `check` at once, each on its task.
+fn spawn_requests(
+    sliced: &Arc<Sliced>,
+    check: &Check,
+    count: usize,
+) -> Vec<tokio::task::JoinHandle<Result<Decisions, StoreError>>> {
+    (0..count)
+        .map(|_| {
+            let (sliced, check) = (sliced.clone(), check.clone());
+            tokio::spawn(async move { sliced.check(std::slice::from_ref(&check)).await })
+        })
+        .collect()
+}
+
 /// While the store stalls, a slice's worth of requests wait for one call
 /// and the rest ask the store on their own: none waits behind call after
 /// call.
@@ -231,12 +245,7 @@ async fn past_a_slice_s_worth_of_waiting_requests_the_others_ask_the_store_at_on
     let (sliced, gate, calls) = stalling(false);
     let sliced = Arc::new(sliced);
     let check = check_of(&Policy::new("hot", 1_000, HOUR).with_slice(10));
-    let requests: Vec<_> = (0..30)
-        .map(|_| {
-            let (sliced, check) = (sliced.clone(), check.clone());
-            tokio::spawn(async move { sliced.check(std::slice::from_ref(&check)).await })
-        })
-        .collect();
+    let requests = spawn_requests(&sliced, &check, 30);
     settle_tasks().await;
     assert_eq!(
         calls.load(Ordering::SeqCst),
@@ -257,12 +266,7 @@ async fn requests_waiting_on_a_call_that_fails_share_its_failure() {
     let (sliced, gate, calls) = stalling(true);
     let sliced = Arc::new(sliced);
     let check = check_of(&Policy::new("hot", 1_000, HOUR).with_slice(10));
-    let requests: Vec<_> = (0..8)
-        .map(|_| {
-            let (sliced, check) = (sliced.clone(), check.clone());
-            tokio::spawn(async move { sliced.check(std::slice::from_ref(&check)).await })
-        })
-        .collect();
+    let requests = spawn_requests(&sliced, &check, 8);
     settle_tasks().await;
     gate.add_permits(1_000);
     for request in requests {
