@@ -15,7 +15,8 @@ impl Policy {
     /// slices of its limit.
     ///
     /// Concurrent requests of a client that find no units wait for one
-    /// store call, not one each. When the store has fewer than `slice`
+    /// store call, not one each (up to a slice's worth of them; the rest
+    /// ask the store on their own), and share its denial or failure. When the store has fewer than `slice`
     /// units left, the slice is what it has left, and a request that
     /// finds even that short is asked for at its own cost, so that its
     /// denial and `Retry-After` are the store's. A slice lives a tenth of
