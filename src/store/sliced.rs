@@ -403,7 +403,10 @@ impl Table {
             );
         };
         let slice = Slice {
-            left: taken.cost,
+            // The request that took it spends its cost at once, under the
+            // same lock that makes the slice seen: no other can empty it
+            // first.
+            left: taken.cost - cost,
             check: taken,
             recorded_at,
             since,
@@ -412,6 +415,7 @@ impl Table {
             reset: decision.reset,
         };
         let lifetime = lifetime(&slice.check);
+        let mine = slice.decision(since);
         let generation = {
             let mut state = lock(&slot.state);
             state.generation += 1;
@@ -424,9 +428,14 @@ impl Table {
             tokio::time::sleep(lifetime).await;
             age(&table, &aged, generation);
         });
-        let (taken, decision) = slot
-            .take(cost, since)
-            .expect("a new slice holds at least its request's cost");
+        let (taken, decision) = (
+            Taken {
+                slot: slot.clone(),
+                generation,
+                cost,
+            },
+            mine,
+        );
         Answer::Took(taken, decision)
     }
 }
