@@ -19,7 +19,9 @@ impl Policy {
     /// ask the store on their own), and share its denial or failure. When the store has fewer than `slice`
     /// units left, the slice is what it has left, and a request that
     /// finds even that short is asked for at its own cost, so that its
-    /// denial and `Retry-After` are the store's. A slice lives a tenth of
+    /// denial and `Retry-After` are the store's. A slice is spent only under
+    /// the terms it was taken under: after a reload, or for a request of
+    /// another limit, it is given back and a new one taken. A slice lives a tenth of
     /// the window, at most one second; then, or when the layer is
     /// dropped, the units it did not use are given back
     /// ([`Store::settle`](crate::store::Store::settle): the units used are

@@ -167,6 +167,27 @@ struct Slice {
 }
 
 impl Slice {
+    /// Whether a request of `check` may spend it: taken under the same
+    /// terms. A reload, a tier or a client's own limit that changed them
+    /// takes a new slice, so that none is spent under a larger limit or
+    /// slice than the request's.
+    fn serves(&self, check: &Check) -> bool {
+        let taken = &self.check;
+        (
+            taken.limit,
+            taken.window,
+            taken.algorithm,
+            taken.burst,
+            taken.slice,
+        ) == (
+            check.limit,
+            check.window,
+            check.algorithm,
+            check.burst,
+            check.slice,
+        )
+    }
+
     fn is_live(&self, now: Instant) -> bool {
         now.saturating_duration_since(self.since) < lifetime(&self.check)
     }
@@ -230,12 +251,14 @@ impl Taken {
 }
 
 impl Slot {
-    /// `cost` units from the live slice, if it has them.
-    fn take(self: &Arc<Self>, cost: u32, now: Instant) -> Option<(Taken, Decision)> {
+    /// Units for `check`'s request from the live slice, if it has them
+    /// and was taken under the request's terms.
+    fn take(self: &Arc<Self>, check: &Check, now: Instant) -> Option<(Taken, Decision)> {
+        let cost = check.cost;
         let mut state = lock(&self.state);
         let generation = state.generation;
         let slice = state.slice.as_mut()?;
-        if slice.left < cost || !slice.is_live(now) {
+        if slice.left < cost || !slice.is_live(now) || !slice.serves(check) {
             return None;
         }
         slice.left -= cost;
@@ -331,7 +354,7 @@ impl Table {
     ) -> Result<Answer, StoreError> {
         let slot = &waiting.slot;
         let _taking = slot.taking.lock().await;
-        if let Some((taken, decision)) = slot.take(check.cost, Instant::now()) {
+        if let Some((taken, decision)) = slot.take(check, Instant::now()) {
             return Ok(Answer::Took(taken, decision));
         }
         if let Some(answer) = slot.last_since(waiting) {
@@ -342,7 +365,6 @@ impl Table {
             spawn_give_back(back);
         }
         let mut asked = check.clone();
-        asked.slice = 0;
         let mut size = check.slice.min(check.burst).max(check.cost);
         let mut first = true;
         // Each attempt asks for fewer units, down to the request's cost:
@@ -465,7 +487,7 @@ impl Store for Sliced {
                 let Some(slot) = slot else {
                     return Part::Store;
                 };
-                if let Some((taken, decision)) = slot.take(check.cost, now) {
+                if let Some((taken, decision)) = slot.take(check, now) {
                     return Part::Took(taken, decision);
                 }
                 match Waiting::join(slot, check) {

@@ -277,3 +277,26 @@ async fn requests_waiting_on_a_call_that_fails_share_its_failure() {
     }
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
+
+/// A slice taken under one limit is not spent under another (a reload
+/// that lowered the limit, a lower tier): it is given back, and the
+/// request is decided under its own terms.
+#[tokio::test(start_paused = true)]
+async fn a_slice_is_spent_only_under_the_terms_it_was_taken_under() {
+    let memory = MemoryStore::new();
+    let sliced = Sliced::new(Arc::new(memory.clone()));
+    let before = check_of(&Policy::new("hot", 100, HOUR).with_slice(30));
+    let after = check_of(&Policy::new("hot", 10, HOUR).with_slice(5));
+    sliced.check(std::slice::from_ref(&before)).await.unwrap();
+    let decision = sliced.check(std::slice::from_ref(&after)).await.unwrap()[0];
+    assert_eq!(
+        decision.limit, 10,
+        "decided under the new limit, not from the old slice"
+    );
+    settle_tasks().await;
+    assert_eq!(
+        left_in_store(&memory, &before).await,
+        100 - 1 - 5,
+        "the old slice given back but its one unit used, and a new slice of 5"
+    );
+}
