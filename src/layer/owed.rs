@@ -133,7 +133,7 @@ impl Owed {
                 debts.get_or_insert_with(new).leases.push(check, at);
             } else if count != Count::All {
                 let debts = debts.get_or_insert_with(new);
-                debts.refunds.push(check, at);
+                debts.refunds.push_refund(check, decision, at);
                 debts.counts.push((count, position));
             }
         }

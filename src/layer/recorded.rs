@@ -11,7 +11,7 @@ use smallvec::SmallVec;
 
 use crate::layer::background::in_background_on;
 use crate::policy::cost::Checks;
-use crate::store::{Check, CheckFuture, Store, StoreError};
+use crate::store::{Check, CheckFuture, Decision, Store, StoreError};
 use crate::throttle::{REFUND_FAILURES, RELEASE_FAILURES};
 
 /// Units a store recorded for some of a request's checks, each at its
@@ -54,6 +54,18 @@ impl Recorded {
     pub(crate) fn push(&mut self, check: &Check, at: Duration) {
         self.checks.push(check.clone());
         self.at.push(at);
+    }
+
+    /// [`push`](Self::push) for a refund of `decision`'s units: units a
+    /// slice gave go back into it, units the store recorded for the
+    /// request alone go back to the store (as a check without a slice).
+    pub(crate) fn push_refund(&mut self, check: &Check, decision: &Decision, at: Duration) {
+        self.push(check, at);
+        if !decision.sliced
+            && let Some(pushed) = self.checks.last_mut()
+        {
+            pushed.slice = 0;
+        }
     }
 
     pub(crate) fn is_empty(&self) -> bool {

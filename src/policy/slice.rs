@@ -15,19 +15,29 @@ impl Policy {
     /// slices of its limit.
     ///
     /// Concurrent requests of a client that find no units wait for one
-    /// store call, not one each (up to a slice's worth of them; the rest
-    /// ask the store on their own), and share its denial or failure. When the store has fewer than `slice`
-    /// units left, the slice is what it has left, and a request that
-    /// finds even that short is asked for at its own cost, so that its
-    /// denial and `Retry-After` are the store's. A slice is spent only under
-    /// the terms it was taken under: after a reload, or for a request of
-    /// another limit, it is given back and a new one taken. A slice lives a tenth of
-    /// the window, at most one second; then, or when the layer is
+    /// store call, not one each (up to a slice's worth of them), and share
+    /// its denial or failure; those the new slice cannot serve, and any
+    /// past a slice's worth, ask the store alone at once, so none waits
+    /// behind more than one slice's call. The call runs apart from the
+    /// request that made it: a request dropped meanwhile (its client gone)
+    /// leaves the slice to the others, not stranded in the store. A slice
+    /// asks for what the store had left at its last answer when that is
+    /// less than `slice`; when the store has fewer units than asked, the
+    /// slice is what it has left, and a request that finds even that
+    /// short is asked for at its own cost, so that its denial and
+    /// `Retry-After` are the store's. A slice is spent only under the terms
+    /// it was taken under: after a reload, or for a request of another
+    /// limit, it is given back and a new one taken. A slice lives a tenth
+    /// of the window, at most one second; then, or when the layer is
     /// dropped, the units it did not use are given back
     /// ([`Store::settle`](crate::store::Store::settle): the units used are
-    /// counted again at that time). A refund of a [`Count`](super::Count) policy goes
-    /// back into the slice it came from while that slice lives (later,
-    /// the request stays counted).
+    /// counted again at that time). A store that cannot take them back (it
+    /// names no times, or takes no settlement) is asked request by request
+    /// from then on. A refund of a [`Count`](super::Count) policy goes back
+    /// where the units came from: into the slice while it lives (later,
+    /// the request stays counted), to the store for a request it decided
+    /// alone. A [reset](crate::RateLimitLayer::reset) drops the slice of
+    /// the instance that resets; other instances spend theirs.
     ///
     /// # The bound
     ///
@@ -46,7 +56,16 @@ impl Policy {
     ///   every instance asking loses at most `2 × I × n` units of a
     ///   window's `L`: over `k` whole windows it is admitted at least
     ///   `k × (L − 2 × I × n)`. Units sit unused in a slice at most its
-    ///   lifetime.
+    ///   lifetime. A slice's call that fails after the store recorded it
+    ///   (a timeout) leaves its `n` units counted until they leave the
+    ///   window: fewer admitted, never more.
+    ///
+    /// `I` counts layers: each [`RateLimitLayer::new`](crate::RateLimitLayer::new)
+    /// holds its own slices (clones of a layer share them). In the window
+    /// of a [reset](crate::RateLimitLayer::reset), each other layer may
+    /// admit what its slice held, and on a fixed window or a sliding
+    /// counter its give-back may take up to `n` more from the fresh
+    /// count: up to `2 × n` per other layer beyond the bound.
     ///
     /// A policy without a slice stays exact. The rate-limit headers say
     /// what the instance knows: `X-RateLimit-Remaining` is what the store

@@ -47,6 +47,11 @@ pub struct Decision {
     /// under a policy that counts only some responses. `None` when the
     /// client is not blocked.
     pub blocked_for: Option<Duration>,
+    /// Whether the units came from a slice this process holds (see
+    /// [`Policy::with_slice`](crate::Policy::with_slice)) rather than from
+    /// the store for this request alone: a refund goes back where they
+    /// came from.
+    pub(crate) sliced: bool,
 }
 
 impl Decision {
@@ -71,6 +76,7 @@ impl Decision {
             delayed_for: None,
             recorded_at: None,
             blocked_for: None,
+            sliced: false,
         }
     }
 
@@ -136,6 +142,7 @@ impl Decision {
             delayed_for: None,
             recorded_at: None,
             blocked_for: None,
+            sliced: false,
         }
     }
 

@@ -6,12 +6,17 @@
 //! Each (namespace, policy, client) has a [`Slot`]: the slice in hand,
 //! under a lock held for no more than arithmetic, and a second lock that
 //! the one request taking a new slice holds across its store call, so
-//! that the others wait for its units rather than each calling. A slice
-//! ages out after its lifetime, when a task spawned with it gives back
-//! what it did not use; one found aged by a request is given back then.
+//! that the others wait for its units rather than each calling. The call
+//! runs on a task of its own: a request dropped meanwhile (its client
+//! gone) leaves the slice it asked for installed, to be spent or given
+//! back, never stranded in the store. A request that waited and found
+//! the new slice spent already asks the store alone, exact, rather than
+//! wait for call after call. A slice ages out after its lifetime, when a
+//! task spawned with it gives back what it did not use; one found aged
+//! by a request is given back then.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
@@ -45,6 +50,7 @@ impl Sliced {
             table: Arc::new(Table {
                 store,
                 slots: Mutex::default(),
+                exact: AtomicBool::new(false),
             }),
         }
     }
@@ -53,6 +59,11 @@ impl Sliced {
 struct Table {
     store: Arc<dyn Store>,
     slots: Mutex<Slots>,
+    /// Set when the store cannot take a slice back (it names no time for
+    /// its records, or takes no settlement): from then on every check is
+    /// the store's alone, since a slice it cannot take back would leave
+    /// its unused units counted for a whole window.
+    exact: AtomicBool,
 }
 
 /// The clients' slots. A slot leaves when its slice ages out, or when a
@@ -93,18 +104,27 @@ struct State {
     /// put back into another.
     generation: u64,
     slice: Option<Slice>,
-    /// The store's last answer that gave no slice: a request that was
-    /// waiting meanwhile takes it as its own rather than asking again.
+    /// The store's last answer to a slice's call: a request that was
+    /// waiting meanwhile takes a denial or a failure as its own, and
+    /// after a slice it did not get a share of, asks the store alone.
     last: Option<Last>,
 }
 
-/// A denial, or a failure, of a slice's store call.
+/// The answer to a slice's store call: a slice, a denial or a failure.
 struct Last {
     /// When it came.
     at: Instant,
     /// The cost it was asked at.
     cost: u32,
     answer: Result<Decision, StoreError>,
+}
+
+impl State {
+    /// What the store had left at its last answer, if that was a decision.
+    fn left_in_store(&self) -> Option<u32> {
+        let last = self.last.as_ref()?;
+        last.answer.as_ref().ok().map(|decision| decision.remaining)
+    }
 }
 
 /// `error` again, for another request that waited on the same call.
@@ -196,12 +216,14 @@ impl Slice {
     /// answer at the take, with what is left of the slice.
     fn decision(&self, now: Instant) -> Decision {
         let elapsed = now.saturating_duration_since(self.since);
-        Decision::new_admitted(
+        let mut decision = Decision::new_admitted(
             self.limit,
             self.remaining.saturating_add(self.left),
             self.reset.saturating_sub(elapsed),
         )
-        .with_recorded_at(self.recorded_at)
+        .with_recorded_at(self.recorded_at);
+        decision.sliced = true;
+        decision
     }
 
     /// Gives back to `store` the units not used: the record of the whole
@@ -218,11 +240,20 @@ impl Slice {
     }
 }
 
-/// Runs a give-back to its end, on its own.
-fn spawn_give_back(back: CheckFuture<()>) {
+/// Runs a give-back to its end, on its own. A store that takes no
+/// settlement makes `table` exact from then on.
+fn spawn_give_back(table: Weak<Table>, back: CheckFuture<()>) {
     tokio::spawn(async move {
-        if let Err(error) = back.await {
-            tracing::debug!(%error, "slidegate: a slice's unused units were not given back");
+        match back.await {
+            Ok(()) => {}
+            Err(StoreError::Unsupported(_)) => {
+                if let Some(table) = table.upgrade() {
+                    table.go_exact();
+                }
+            }
+            Err(error) => {
+                tracing::debug!(%error, "slidegate: a slice's unused units were not given back");
+            }
         }
     });
 }
@@ -275,10 +306,11 @@ impl Slot {
         lock(&self.state).slice.is_none()
     }
 
-    /// The answer of a call that gave no slice, come since `waiting`
-    /// queued, when it answers its request too: a failure, or a denial
-    /// at no more than its cost.
-    fn last_since(&self, waiting: &Waiting) -> Option<Result<Answer, StoreError>> {
+    /// What a slice's call, answered since `waiting` queued, says to
+    /// its request: a failure or a denial at no more than its cost are
+    /// its own; after a slice it found spent, or a denial of more than it
+    /// costs, it asks the store alone.
+    fn answered_since(&self, waiting: &Waiting) -> Option<Result<Answer, StoreError>> {
         let state = lock(&self.state);
         let last = state
             .last
@@ -286,12 +318,14 @@ impl Slot {
             .filter(|last| last.at >= waiting.since)?;
         match &last.answer {
             Err(error) => Some(Err(again(error))),
-            Ok(decision) if last.cost <= waiting.cost => Some(Ok(Answer::Denied(*decision))),
-            Ok(_) => None,
+            Ok(decision) if !decision.admitted && last.cost <= waiting.cost => {
+                Some(Ok(Answer::Denied(*decision)))
+            }
+            Ok(_) => Some(Ok(Answer::Alone)),
         }
     }
 
-    /// Remembers a call that gave no slice.
+    /// Remembers the answer to a slice's call.
     fn remember(&self, cost: u32, answer: Result<Decision, StoreError>) {
         lock(&self.state).last = Some(Last {
             at: Instant::now(),
@@ -308,6 +342,9 @@ enum Answer {
     /// The store has fewer units left than the request costs: its
     /// decision for the request alone.
     Denied(Decision),
+    /// The request waited, and the slice that came was spent by others:
+    /// it asks the store alone.
+    Alone,
 }
 
 impl Table {
@@ -342,9 +379,39 @@ impl Table {
         }
     }
 
+    /// Makes every check from now on the store's alone.
+    fn go_exact(&self) {
+        if !self.exact.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                "slidegate: the store cannot take back a slice's unused units; \
+                 policies with a slice are decided by the store request by request"
+            );
+        }
+    }
+
+    /// [`refill`](Self::refill) on a task of its own: a request dropped
+    /// while its slice is taken leaves the slice installed (the units the
+    /// store recorded for it are spent or given back, not stranded there
+    /// for a window), and the queue behind it is answered as if it were
+    /// not.
+    async fn refill_apart(
+        self: Arc<Self>,
+        waiting: Waiting,
+        check: Check,
+    ) -> Result<Answer, StoreError> {
+        tokio::spawn(async move { self.refill(&waiting, &check).await })
+            .await
+            .unwrap_or_else(|error| {
+                Err(StoreError::Internal(format!(
+                    "a slice's call ended: {error}"
+                )))
+            })
+    }
+
     /// Units for `check` from its slot: from the slice in hand, or from a
     /// new one taken from the store by this request (the others wait for
-    /// it). The slice asked for is the policy's; when the store has fewer
+    /// it). The slice asked for is the policy's, or what the store had
+    /// left at its last answer if that is less; when the store has fewer
     /// left, what it has left; when it has fewer than the request costs,
     /// the request alone, so that a denial is the store's own.
     async fn refill(
@@ -357,18 +424,23 @@ impl Table {
         if let Some((taken, decision)) = slot.take(check, Instant::now()) {
             return Ok(Answer::Took(taken, decision));
         }
-        if let Some(answer) = slot.last_since(waiting) {
+        if let Some(answer) = slot.answered_since(waiting) {
             return answer;
         }
-        let old = lock(&slot.state).slice.take();
+        let (old, left_in_store) = {
+            let mut state = lock(&slot.state);
+            (state.slice.take(), state.left_in_store())
+        };
         if let Some(back) = old.and_then(|old| old.give_back(&*self.store)) {
-            spawn_give_back(back);
+            spawn_give_back(Arc::downgrade(self), back);
         }
         let mut asked = check.clone();
-        let mut size = check.slice.min(check.burst).max(check.cost);
+        let mut size = left_in_store
+            .map_or(check.slice, |left| left.min(check.slice))
+            .max(check.cost);
         let mut first = true;
         // Each attempt asks for fewer units, down to the request's cost:
-        // at most three calls.
+        // at most three calls, one when the store's last answer holds.
         loop {
             asked.cost = size;
             let since = Instant::now();
@@ -384,6 +456,7 @@ impl Table {
                 }
             };
             if decision.admitted {
+                slot.remember(size, Ok(decision));
                 return Ok(self.install(slot, asked, check.cost, decision, since));
             }
             let fewer = if first && decision.remaining >= check.cost {
@@ -414,7 +487,8 @@ impl Table {
     ) -> Answer {
         let Some(recorded_at) = decision.recorded_at else {
             // A store that names no time takes no give-back: the slice is
-            // this request's alone.
+            // this request's alone, and the next are asked at their cost.
+            self.go_exact();
             return Answer::Took(
                 Taken {
                     slot: slot.clone(),
@@ -475,7 +549,7 @@ type Parts = SmallVec<[Part; 2]>;
 
 impl Store for Sliced {
     fn check(&self, checks: &[Check]) -> CheckFuture {
-        if checks.iter().all(|check| check.slice == 0) {
+        if checks.iter().all(|check| check.slice == 0) || self.table.exact.load(Ordering::Relaxed) {
             return self.table.store.check(checks);
         }
         let now = Instant::now();
@@ -506,12 +580,17 @@ impl Store for Sliced {
         let checks: Checks = checks.iter().cloned().collect();
         CheckFuture::new(async move {
             let mut parts = parts;
-            for index in 0..parts.len() {
-                let Part::Short(waiting) = &parts[index] else {
+            for (index, check) in checks.iter().enumerate() {
+                if !matches!(parts[index], Part::Short(_)) {
+                    continue;
+                }
+                // A check asked alone goes to the store with the rest.
+                let Part::Short(waiting) = std::mem::replace(&mut parts[index], Part::Store) else {
                     continue;
                 };
-                match table.refill(waiting, &checks[index]).await {
+                match table.clone().refill_apart(waiting, check.clone()).await {
                     Ok(Answer::Took(taken, decision)) => parts[index] = Part::Took(taken, decision),
+                    Ok(Answer::Alone) => {}
                     Ok(Answer::Denied(decision)) => {
                         return Ok(denied(parts, &checks, index, decision));
                     }
@@ -708,7 +787,7 @@ fn age(table: &Weak<Table>, slot: &Arc<Slot>, generation: u64) {
     };
     let scope = slice.check.scope();
     if let Some(back) = slice.give_back(&*table.store) {
-        spawn_give_back(back);
+        spawn_give_back(Arc::downgrade(&table), back);
     }
     table.forget(&scope, slot);
 }

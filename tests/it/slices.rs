@@ -11,7 +11,7 @@ use axum::body::Body;
 use axum::routing::get;
 use http::{Request, StatusCode};
 use slidegate::deadpool_redis::{Config, Pool, PoolConfig, Runtime};
-use slidegate::policy::{Algorithm, FailMode};
+use slidegate::policy::{Algorithm, Count, FailMode};
 use slidegate::{Global, Policies, Policy, RateLimitLayer, store::RedisStore};
 
 use crate::deny_cache::script_calls;
@@ -172,6 +172,44 @@ async fn a_store_that_goes_down_leaves_the_slice_in_hand_then_the_fail_mode() {
         assert_eq!(get_status(&app).await.0, StatusCode::OK);
     }
     assert_eq!(get_status(&app).await.0, StatusCode::SERVICE_UNAVAILABLE);
+}
+
+/// Under `count = "failures"`, every success is refunded: the units of a
+/// request answered from a slice go back into it, and those of a request
+/// the store decided alone (more requests at once than a slice's worth)
+/// go back to the store. Once the slices have aged out, nothing is
+/// counted.
+#[tokio::test]
+async fn successes_not_counted_go_back_whichever_way_they_were_admitted() {
+    let redis = RedisServer::start();
+    let policy = Policy::new("hot", 10_000, Duration::from_secs(60))
+        .with_slice(5)
+        .with_count(Count::Failures);
+    let layer = layer_on(redis.pool(8), policy);
+    let app = router(layer.clone());
+    let requests: Vec<_> = (0..40)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move { get_status(&app).await.0 })
+        })
+        .collect();
+    for request in requests {
+        assert_eq!(request.await.unwrap(), StatusCode::OK);
+    }
+    let key = slidegate::key::Key::parse("global").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let left = layer.peek("hot", &key, None).await.unwrap().remaining;
+        if left == 10_000 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} successes still counted",
+            10_000 - left
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Times of one admitted request: it was decided between them.

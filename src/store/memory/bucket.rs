@@ -225,6 +225,7 @@ impl TokenBucket {
             recorded_at: None,
             delayed_for: None,
             blocked_for: None,
+            sliced: false,
         }
     }
 }

@@ -346,6 +346,7 @@ impl SlidingCounter {
             recorded_at: None,
             delayed_for: None,
             blocked_for: None,
+            sliced: false,
         }
     }
 }
@@ -501,6 +502,7 @@ pub(super) fn count_decision(
         recorded_at: None,
         delayed_for: None,
         blocked_for: None,
+        sliced: false,
     }
 }
 

@@ -98,6 +98,7 @@ impl Leases {
             recorded_at: None,
             delayed_for: None,
             blocked_for: None,
+            sliced: false,
         }
     }
 }

@@ -571,6 +571,7 @@ impl Log {
             recorded_at: None,
             delayed_for: None,
             blocked_for: None,
+            sliced: false,
         }
     }
 }

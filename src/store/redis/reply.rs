@@ -57,6 +57,7 @@ pub(super) fn decisions(
                 delayed_for: (admitted && v[3] >= 0).then(|| micros(v[3])),
                 recorded_at: (admitted && v[4] >= 0).then(|| micros(v[4])),
                 blocked_for: (!admitted && v[4] >= 0).then(|| micros(v[4])),
+                sliced: false,
             }
         })
         .collect())

@@ -128,7 +128,8 @@ async fn near_the_limit_the_slice_is_what_is_left_then_the_request_alone() {
     let memory = MemoryStore::builder()
         .with_clock(FakeClock::new(1_700_000_000_000_000))
         .build();
-    let sliced = Sliced::new(Arc::new(memory.clone()));
+    let (sliced, gate, calls) = stalling_on(memory.clone(), false);
+    gate.add_permits(1_000);
     let check = check_of(&Policy::new("hot", 25, HOUR).with_slice(10));
     let mut exact = check.clone();
     exact.slice = 0;
@@ -141,12 +142,22 @@ async fn near_the_limit_the_slice_is_what_is_left_then_the_request_alone() {
         assert!(decision.admitted);
         assert_eq!(decision.remaining, left);
     }
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "10 asked and denied, then the 5 left"
+    );
     let denied = sliced.check(std::slice::from_ref(&check)).await.unwrap()[0];
     assert!(!denied.admitted);
     let exact_denial = memory.peek(std::slice::from_ref(&exact)).await.unwrap()[0];
     assert_eq!(
         denied.retry_after, exact_denial.retry_after,
         "the request's own denial"
+    );
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        3,
+        "the store had nothing left at its last answer: the request is asked at its cost at once"
     );
 }
 
@@ -206,10 +217,21 @@ fn stalling(
     Arc<tokio::sync::Semaphore>,
     Arc<std::sync::atomic::AtomicUsize>,
 ) {
+    stalling_on(MemoryStore::new(), fails)
+}
+
+fn stalling_on(
+    memory: MemoryStore,
+    fails: bool,
+) -> (
+    Sliced,
+    Arc<tokio::sync::Semaphore>,
+    Arc<std::sync::atomic::AtomicUsize>,
+) {
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let store = Stalling {
-        memory: MemoryStore::new(),
+        memory,
         gate: gate.clone(),
         calls: calls.clone(),
         fails,
@@ -299,4 +321,140 @@ async fn a_slice_is_spent_only_under_the_terms_it_was_taken_under() {
         100 - 1 - 5,
         "the old slice given back but its one unit used, and a new slice of 5"
     );
+}
+
+/// A request dropped while its slice is taken (its client went away)
+/// leaves the slice installed: the units the store recorded for it serve
+/// the next requests and go back when it ages, rather than staying
+/// counted for a window.
+#[tokio::test(start_paused = true)]
+async fn a_request_dropped_while_its_slice_is_taken_leaves_the_slice() {
+    let memory = MemoryStore::new();
+    let (sliced, gate, calls) = stalling_on(memory.clone(), false);
+    let sliced = Arc::new(sliced);
+    let check = check_of(&Policy::new("hot", 1_000, HOUR).with_slice(10));
+    let dropped = spawn_requests(&sliced, &check, 1).remove(0);
+    settle_tasks().await;
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    dropped.abort();
+    assert!(dropped.await.unwrap_err().is_cancelled());
+    gate.add_permits(1_000);
+    settle_tasks().await;
+    for _ in 0..9 {
+        let decision = sliced.check(std::slice::from_ref(&check)).await.unwrap()[0];
+        assert!(decision.admitted);
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "served from the slice");
+    assert_eq!(left_in_store(&memory, &check).await, 990);
+}
+
+/// Requests that waited for a slice the store had too few units to serve
+/// them all ask the store alone, at once, rather than one after the other
+/// behind a call each.
+#[tokio::test(start_paused = true)]
+async fn waiters_a_new_slice_cannot_serve_ask_the_store_alone_together() {
+    let memory = MemoryStore::new();
+    let (sliced, gate, calls) = stalling_on(memory.clone(), false);
+    let sliced = Arc::new(sliced);
+    let check = check_of(&Policy::new("hot", 1_000, HOUR).with_slice(10));
+    let mut exact = check.clone();
+    exact.slice = 0;
+    // Another instance took all but 4.
+    for _ in 0..996 {
+        memory.check(std::slice::from_ref(&exact)).await.unwrap();
+    }
+    let requests = spawn_requests(&sliced, &check, 10);
+    settle_tasks().await;
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "ten wait on one call");
+    // The slice's two calls (10 asked, then the 4 left) pass; the six
+    // left over are all sent before any is answered.
+    gate.add_permits(2);
+    settle_tasks().await;
+    assert_eq!(calls.load(Ordering::SeqCst), 2 + 6);
+    gate.add_permits(1_000);
+    let mut admitted = 0;
+    for request in requests {
+        let decision = request.await.unwrap().unwrap()[0];
+        admitted += usize::from(decision.admitted);
+        assert!(decision.admitted || decision.retry_after.is_some());
+    }
+    assert_eq!(admitted, 4, "exactly what the store had left");
+    assert_eq!(left_in_store(&memory, &check).await, 0);
+}
+
+/// A store that cannot take a slice back (no settlement) is asked
+/// request by request once a give-back has failed: a slice it cannot
+/// take back would leave its unused units counted for a window.
+#[tokio::test(start_paused = true)]
+async fn a_store_that_takes_no_give_back_is_asked_request_by_request() {
+    struct NoSettle(MemoryStore, Arc<std::sync::atomic::AtomicUsize>);
+    impl Store for NoSettle {
+        fn check(&self, checks: &[Check]) -> CheckFuture {
+            self.1.fetch_add(1, Ordering::SeqCst);
+            self.0.check(checks)
+        }
+    }
+    let memory = MemoryStore::new();
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let sliced = Sliced::new(Arc::new(NoSettle(memory.clone(), calls.clone())));
+    let check = check_of(&Policy::new("hot", 100, HOUR).with_slice(10));
+    sliced.check(std::slice::from_ref(&check)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1001)).await;
+    settle_tasks().await;
+    assert_eq!(left_in_store(&memory, &check).await, 90, "not given back");
+    for _ in 0..5 {
+        sliced.check(std::slice::from_ref(&check)).await.unwrap();
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1 + 5, "one call each");
+    assert_eq!(left_in_store(&memory, &check).await, 85);
+}
+
+/// A store that names no time for its records cannot take a slice back:
+/// the request that took one keeps it, and the next are asked alone.
+#[tokio::test(start_paused = true)]
+async fn a_store_that_names_no_times_is_asked_request_by_request() {
+    struct Untimed(MemoryStore);
+    impl Store for Untimed {
+        fn check(&self, checks: &[Check]) -> CheckFuture {
+            let memory = self.0.clone();
+            let checks = checks.to_vec();
+            CheckFuture::new(async move {
+                let mut decisions = memory.check(&checks).await?;
+                for decision in decisions.iter_mut() {
+                    decision.recorded_at = None;
+                }
+                Ok(decisions)
+            })
+        }
+    }
+    let memory = MemoryStore::new();
+    let sliced = Sliced::new(Arc::new(Untimed(memory.clone())));
+    let check = check_of(&Policy::new("hot", 100, HOUR).with_slice(10));
+    sliced.check(std::slice::from_ref(&check)).await.unwrap();
+    assert_eq!(left_in_store(&memory, &check).await, 90);
+    for _ in 0..5 {
+        sliced.check(std::slice::from_ref(&check)).await.unwrap();
+    }
+    assert_eq!(left_in_store(&memory, &check).await, 85, "one unit each");
+}
+
+/// A decision from a slice says so, and one the store made for the
+/// request alone does not: the layer sends a refund where the units are.
+#[tokio::test(start_paused = true)]
+async fn decisions_say_whether_a_slice_gave_their_units() {
+    let memory = MemoryStore::new();
+    let (sliced, gate, _calls) = stalling_on(memory.clone(), false);
+    let sliced = Arc::new(sliced);
+    let check = check_of(&Policy::new("hot", 1_000, HOUR).with_slice(2));
+    // Two units wait for the slice; the third asks the store alone.
+    let requests = spawn_requests(&sliced, &check, 3);
+    settle_tasks().await;
+    gate.add_permits(1_000);
+    let mut sliced_units = 0;
+    for request in requests {
+        let decision = request.await.unwrap().unwrap()[0];
+        assert!(decision.admitted);
+        sliced_units += usize::from(decision.sliced);
+    }
+    assert_eq!(sliced_units, 2);
 }
