@@ -137,7 +137,7 @@ impl Unpassed {
                 decision.recorded_at,
                 check.algorithm == Algorithm::Concurrency,
             ) {
-                recorded.push(check, at);
+                recorded.push_refund(check, decision, at);
             }
         }
         Self(recorded)

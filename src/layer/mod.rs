@@ -161,7 +161,7 @@ mod local_fallback;
 mod outcome;
 mod owed;
 mod policy_names;
-mod recorded;
+pub(crate) mod recorded;
 mod refused;
 mod reject;
 mod service;

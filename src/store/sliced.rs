@@ -120,9 +120,13 @@ struct Last {
 }
 
 impl State {
-    /// What the store had left at its last answer, if that was a decision.
-    fn left_in_store(&self) -> Option<u32> {
-        let last = self.last.as_ref()?;
+    /// What the store had left at its last answer, if that was a decision
+    /// within the last `lifetime` (a slice's): older, the window has moved.
+    fn left_in_store(&self, lifetime: Duration) -> Option<u32> {
+        let last = self
+            .last
+            .as_ref()
+            .filter(|last| last.at.elapsed() < lifetime)?;
         last.answer.as_ref().ok().map(|decision| decision.remaining)
     }
 }
@@ -393,19 +397,25 @@ impl Table {
     /// while its slice is taken leaves the slice installed (the units the
     /// store recorded for it are spent or given back, not stranded there
     /// for a window), and the queue behind it is answered as if it were
-    /// not.
+    /// not. A dropped request's units go back into the slice, and one
+    /// dropped before its turn asks nothing.
     async fn refill_apart(
         self: Arc<Self>,
         waiting: Waiting,
         check: Check,
     ) -> Result<Answer, StoreError> {
-        tokio::spawn(async move { self.refill(&waiting, &check).await })
-            .await
-            .unwrap_or_else(|error| {
-                Err(StoreError::Internal(format!(
-                    "a slice's call ended: {error}"
-                )))
-            })
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let refilled = self.refill(&waiting, &check, &answer).await;
+            if let Err(Ok(Answer::Took(taken, _))) = answer.send(refilled) {
+                taken.put_back();
+            }
+        });
+        answered.await.unwrap_or_else(|_| {
+            Err(StoreError::Internal(
+                "a slice's call ended without an answer".to_owned(),
+            ))
+        })
     }
 
     /// Units for `check` from its slot: from the slice in hand, or from a
@@ -418,18 +428,27 @@ impl Table {
         self: &Arc<Self>,
         waiting: &Waiting,
         check: &Check,
+        answer: &tokio::sync::oneshot::Sender<Result<Answer, StoreError>>,
     ) -> Result<Answer, StoreError> {
         let slot = &waiting.slot;
         let _taking = slot.taking.lock().await;
+        if answer.is_closed() {
+            // The request is gone: nothing to take for it.
+            return Ok(Answer::Alone);
+        }
         if let Some((taken, decision)) = slot.take(check, Instant::now()) {
             return Ok(Answer::Took(taken, decision));
         }
         if let Some(answer) = slot.answered_since(waiting) {
             return answer;
         }
-        let (old, left_in_store) = {
+        let (old, left_in_store, generation) = {
             let mut state = lock(&slot.state);
-            (state.slice.take(), state.left_in_store())
+            (
+                state.slice.take(),
+                state.left_in_store(lifetime(check)),
+                state.generation,
+            )
         };
         if let Some(back) = old.and_then(|old| old.give_back(&*self.store)) {
             spawn_give_back(Arc::downgrade(self), back);
@@ -444,11 +463,14 @@ impl Table {
         loop {
             asked.cost = size;
             let since = Instant::now();
-            let decision = match self.store.check(std::slice::from_ref(&asked)).await {
-                Ok(decisions) => decisions
+            let answer = self.store.check(std::slice::from_ref(&asked)).await;
+            let decision = match answer.and_then(|decisions| {
+                decisions
                     .first()
                     .copied()
-                    .ok_or_else(|| StoreError::Protocol("no decision for a slice".to_owned()))?,
+                    .ok_or_else(|| StoreError::Protocol("no decision for a slice".to_owned()))
+            }) {
+                Ok(decision) => decision,
                 Err(error) => {
                     slot.remember(check.cost, Err(again(&error)));
                     self.forget(&asked.scope(), slot);
@@ -457,7 +479,7 @@ impl Table {
             };
             if decision.admitted {
                 slot.remember(size, Ok(decision));
-                return Ok(self.install(slot, asked, check.cost, decision, since));
+                return Ok(self.install(slot, asked, check.cost, decision, (since, generation)));
             }
             let fewer = if first && decision.remaining >= check.cost {
                 decision.remaining.min(size)
@@ -474,29 +496,27 @@ impl Table {
         }
     }
 
-    /// Keeps the slice `taken` (its cost the slice's size) as the
-    /// slot's, less the `cost` of the request that took it, and
-    /// schedules its give-back.
+    /// Keeps the slice `taken` (its cost the slice's size), asked for at
+    /// `since` when the slot was at `generation`, as the slot's, less the
+    /// `cost` of the request that took it, and schedules its give-back.
     fn install(
         self: &Arc<Self>,
         slot: &Arc<Slot>,
         taken: Check,
         cost: u32,
         decision: Decision,
-        since: Instant,
+        (since, asked_at): (Instant, u64),
     ) -> Answer {
+        let alone = Taken {
+            slot: slot.clone(),
+            generation: u64::MAX,
+            cost: 0,
+        };
         let Some(recorded_at) = decision.recorded_at else {
             // A store that names no time takes no give-back: the slice is
             // this request's alone, and the next are asked at their cost.
             self.go_exact();
-            return Answer::Took(
-                Taken {
-                    slot: slot.clone(),
-                    generation: u64::MAX,
-                    cost: 0,
-                },
-                decision,
-            );
+            return Answer::Took(alone, decision);
         };
         let slice = Slice {
             // The request that took it spends its cost at once, under the
@@ -514,6 +534,16 @@ impl Table {
         let mine = slice.decision(since);
         let generation = {
             let mut state = lock(&slot.state);
+            if state.generation != asked_at {
+                // A reset came during the call: the store may have counted
+                // the slice before it (gone with the reset) or after.
+                // Neither spent nor given back (a give-back could take
+                // units from the fresh count), nor refunded (its record
+                // is the whole slice's): the slice is this request's alone.
+                let mut decision = decision;
+                decision.recorded_at = None;
+                return Answer::Took(alone, decision);
+            }
             state.generation += 1;
             state.slice = Some(slice);
             state.generation
@@ -653,6 +683,7 @@ impl Store for Sliced {
                 let mut state = lock(&slot.state);
                 state.generation += 1;
                 state.slice = None;
+                state.last = None;
             }
         }
         self.table.store.reset(checks)

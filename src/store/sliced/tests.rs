@@ -182,8 +182,10 @@ fn a_slice_lives_a_tenth_of_its_window_at_most_a_second() {
     assert_eq!(of(Duration::from_millis(5)), Duration::from_millis(1));
 }
 
-/// A memory store whose checks wait until they are let through, and that
-/// counts them: a store that stalls.
+/// A memory store that counts its checks and answers each only when it is
+/// let through: a store that stalls, as Redis does when its replies are
+/// slow. A check that succeeds is recorded at once (the server ran it);
+/// one that fails records nothing.
 struct Stalling {
     memory: MemoryStore,
     gate: Arc<tokio::sync::Semaphore>,
@@ -196,17 +198,26 @@ impl Store for Stalling {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let (gate, memory, fails) = (self.gate.clone(), self.memory.clone(), self.fails);
         let checks: Vec<Check> = checks.to_vec();
+        let recorded = (!fails).then(|| memory.check(&checks));
         CheckFuture::new(async move {
             let _pass = gate.acquire().await.expect("the gate stays open");
-            if fails {
-                return Err(StoreError::Timeout(Duration::from_millis(50)));
+            match recorded {
+                Some(recorded) => recorded.await,
+                None => Err(StoreError::Timeout(Duration::from_millis(50))),
             }
-            memory.check(&checks).await
         })
     }
 
     fn settle(&self, checks: &[Check], recorded_at: &[Duration], costs: &[u64]) -> CheckFuture<()> {
         self.memory.settle(checks, recorded_at, costs)
+    }
+
+    fn refund(&self, checks: &[Check], recorded_at: &[Duration]) -> CheckFuture<()> {
+        self.memory.refund(checks, recorded_at)
+    }
+
+    fn reset(&self, checks: &[Check]) -> CheckFuture<()> {
+        self.memory.reset(checks)
     }
 }
 
@@ -323,29 +334,90 @@ async fn a_slice_is_spent_only_under_the_terms_it_was_taken_under() {
     );
 }
 
-/// A request dropped while its slice is taken (its client went away)
-/// leaves the slice installed: the units the store recorded for it serve
-/// the next requests and go back when it ages, rather than staying
-/// counted for a window.
+/// A request dropped while its slice is taken (its client went away,
+/// after the store recorded the slice) leaves the slice installed, with
+/// its own unit back in it: all ten units serve the next requests rather
+/// than staying counted in the store for a window. A request dropped
+/// while it waits behind the call asks nothing.
 #[tokio::test(start_paused = true)]
 async fn a_request_dropped_while_its_slice_is_taken_leaves_the_slice() {
     let memory = MemoryStore::new();
     let (sliced, gate, calls) = stalling_on(memory.clone(), false);
     let sliced = Arc::new(sliced);
     let check = check_of(&Policy::new("hot", 1_000, HOUR).with_slice(10));
-    let dropped = spawn_requests(&sliced, &check, 1).remove(0);
+    let dropped = spawn_requests(&sliced, &check, 3);
     settle_tasks().await;
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
-    dropped.abort();
-    assert!(dropped.await.unwrap_err().is_cancelled());
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "one call, two waiting");
+    for request in dropped {
+        request.abort();
+        assert!(request.await.unwrap_err().is_cancelled());
+    }
     gate.add_permits(1_000);
     settle_tasks().await;
-    for _ in 0..9 {
+    assert_eq!(left_in_store(&memory, &check).await, 990);
+    for _ in 0..10 {
         let decision = sliced.check(std::slice::from_ref(&check)).await.unwrap()[0];
         assert!(decision.admitted);
     }
     assert_eq!(calls.load(Ordering::SeqCst), 1, "served from the slice");
     assert_eq!(left_in_store(&memory, &check).await, 990);
+}
+
+/// A reset that comes while a slice's call is out drops that slice too:
+/// the request that asked for it is answered, and the rest are decided
+/// from the fresh count, not from units the reset may have wiped.
+#[tokio::test(start_paused = true)]
+async fn a_reset_during_a_slice_s_call_leaves_no_slice() {
+    let memory = MemoryStore::new();
+    let (sliced, gate, calls) = stalling_on(memory.clone(), false);
+    let sliced = Arc::new(sliced);
+    let check = check_of(&Policy::new("hot", 1_000, HOUR).with_slice(10));
+    let asked = spawn_requests(&sliced, &check, 1).remove(0);
+    settle_tasks().await;
+    sliced.reset(std::slice::from_ref(&check)).await.unwrap();
+    gate.add_permits(1_000);
+    let decision = asked.await.unwrap().unwrap()[0];
+    assert!(decision.admitted);
+    assert_eq!(decision.recorded_at, None, "nothing to refund");
+    sliced.check(std::slice::from_ref(&check)).await.unwrap();
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "a new slice after the reset"
+    );
+    assert_eq!(left_in_store(&memory, &check).await, 1_000 - 10);
+}
+
+/// The layer sends the refund of units the store decided for a request
+/// alone to the store, and those of a slice into the slice.
+#[tokio::test(start_paused = true)]
+async fn refunds_go_where_their_units_came_from() {
+    let memory = MemoryStore::new();
+    let (sliced, gate, _calls) = stalling_on(memory.clone(), false);
+    let store: Arc<dyn Store> = Arc::new(sliced);
+    let check = check_of(&Policy::new("hot", 1_000, HOUR).with_slice(2));
+    // Two units wait for a slice; the third is decided alone.
+    let requests: Vec<_> = (0..3)
+        .map(|_| {
+            let (store, check) = (store.clone(), check.clone());
+            tokio::spawn(async move { store.check(std::slice::from_ref(&check)).await })
+        })
+        .collect();
+    settle_tasks().await;
+    gate.add_permits(1_000);
+    let mut recorded = crate::layer::recorded::Recorded::new(&store);
+    for request in requests {
+        let decision = request.await.unwrap().unwrap()[0];
+        recorded.push_refund(&check, &decision, decision.recorded_at.unwrap());
+    }
+    assert_eq!(left_in_store(&memory, &check).await, 1_000 - 2 - 1);
+    assert!(!recorded.give_back(|outcome| outcome.expect("refunded")));
+    settle_tasks().await;
+    assert_eq!(
+        left_in_store(&memory, &check).await,
+        1_000 - 2,
+        "the unit decided alone back in the store; the slice's two in the slice"
+    );
 }
 
 /// Requests that waited for a slice the store had too few units to serve
@@ -436,25 +508,4 @@ async fn a_store_that_names_no_times_is_asked_request_by_request() {
         sliced.check(std::slice::from_ref(&check)).await.unwrap();
     }
     assert_eq!(left_in_store(&memory, &check).await, 85, "one unit each");
-}
-
-/// A decision from a slice says so, and one the store made for the
-/// request alone does not: the layer sends a refund where the units are.
-#[tokio::test(start_paused = true)]
-async fn decisions_say_whether_a_slice_gave_their_units() {
-    let memory = MemoryStore::new();
-    let (sliced, gate, _calls) = stalling_on(memory.clone(), false);
-    let sliced = Arc::new(sliced);
-    let check = check_of(&Policy::new("hot", 1_000, HOUR).with_slice(2));
-    // Two units wait for the slice; the third asks the store alone.
-    let requests = spawn_requests(&sliced, &check, 3);
-    settle_tasks().await;
-    gate.add_permits(1_000);
-    let mut sliced_units = 0;
-    for request in requests {
-        let decision = request.await.unwrap().unwrap()[0];
-        assert!(decision.admitted);
-        sliced_units += usize::from(decision.sliced);
-    }
-    assert_eq!(sliced_units, 2);
 }
