@@ -51,6 +51,19 @@ async fn get_status(app: &Router) -> (StatusCode, Option<u32>) {
     (reply.status, remaining)
 }
 
+/// `count` requests at once, each on its task: every one admitted.
+async fn all_admitted_at_once(app: &Router, count: usize) {
+    let requests: Vec<_> = (0..count)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move { get_status(&app).await.0 })
+        })
+        .collect();
+    for request in requests {
+        assert_eq!(request.await.unwrap(), StatusCode::OK);
+    }
+}
+
 #[tokio::test]
 async fn a_hot_client_costs_one_store_call_per_slice() {
     let redis = RedisServer::start();
@@ -89,15 +102,7 @@ async fn concurrent_requests_that_find_no_slice_wait_for_one_call() {
     let policy = Policy::new("hot", 10_000, Duration::from_secs(60)).with_slice(100);
     let app = app_on(redis.pool(8), policy);
     let before = script_calls(&redis);
-    let requests: Vec<_> = (0..50)
-        .map(|_| {
-            let app = app.clone();
-            tokio::spawn(async move { get_status(&app).await.0 })
-        })
-        .collect();
-    for request in requests {
-        assert_eq!(request.await.unwrap(), StatusCode::OK);
-    }
+    all_admitted_at_once(&app, 50).await;
     assert_eq!(
         script_calls(&redis) - before,
         1,
@@ -187,15 +192,7 @@ async fn successes_not_counted_go_back_whichever_way_they_were_admitted() {
         .with_count(Count::Failures);
     let layer = layer_on(redis.pool(8), policy);
     let app = router(layer.clone());
-    let requests: Vec<_> = (0..40)
-        .map(|_| {
-            let app = app.clone();
-            tokio::spawn(async move { get_status(&app).await.0 })
-        })
-        .collect();
-    for request in requests {
-        assert_eq!(request.await.unwrap(), StatusCode::OK);
-    }
+    all_admitted_at_once(&app, 40).await;
     let key = slidegate::key::Key::parse("global").unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {

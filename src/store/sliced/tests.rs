@@ -394,15 +394,11 @@ async fn a_reset_during_a_slice_s_call_leaves_no_slice() {
 async fn refunds_go_where_their_units_came_from() {
     let memory = MemoryStore::new();
     let (sliced, gate, _calls) = stalling_on(memory.clone(), false);
-    let store: Arc<dyn Store> = Arc::new(sliced);
+    let sliced = Arc::new(sliced);
     let check = check_of(&Policy::new("hot", 1_000, HOUR).with_slice(2));
     // Two units wait for a slice; the third is decided alone.
-    let requests: Vec<_> = (0..3)
-        .map(|_| {
-            let (store, check) = (store.clone(), check.clone());
-            tokio::spawn(async move { store.check(std::slice::from_ref(&check)).await })
-        })
-        .collect();
+    let requests = spawn_requests(&sliced, &check, 3);
+    let store: Arc<dyn Store> = sliced;
     settle_tasks().await;
     gate.add_permits(1_000);
     let mut recorded = crate::layer::recorded::Recorded::new(&store);
