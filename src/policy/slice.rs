@@ -16,9 +16,9 @@ impl Policy {
     ///
     /// Concurrent requests of a client that find no units wait for one
     /// store call, not one each (up to a slice's worth of them), and share
-    /// its denial or failure; those the new slice cannot serve, and any
-    /// past a slice's worth, ask the store alone at once, so none waits
-    /// behind more than one slice's call. The call runs apart from the
+    /// its denial or failure; those a short slice (what the store had
+    /// left) cannot serve, and any past a slice's worth, ask the store
+    /// alone at once, so none waits behind call after call. The call runs apart from the
     /// request that made it: a request dropped meanwhile (its client gone)
     /// leaves the slice to the others, not stranded in the store. A slice
     /// asks for what the store had left at its last answer when that is

@@ -9,9 +9,9 @@
 //! that the others wait for its units rather than each calling. The call
 //! runs on a task of its own: a request dropped meanwhile (its client
 //! gone) leaves the slice it asked for installed, to be spent or given
-//! back, never stranded in the store. A request that waited and found
-//! the new slice spent already asks the store alone, exact, rather than
-//! wait for call after call. A slice ages out after its lifetime, when a
+//! back, never stranded in the store. A request that waited and found a
+//! short slice (what the store had left) spent already asks the store
+//! alone, exact, rather than wait for call after call. A slice ages out after its lifetime, when a
 //! task spawned with it gives back what it did not use; one found aged
 //! by a request is given back then.
 
@@ -311,10 +311,16 @@ impl Slot {
     }
 
     /// What a slice's call, answered since `waiting` queued, says to
-    /// its request: a failure or a denial at no more than its cost are
-    /// its own; after a slice it found spent, or a denial of more than it
-    /// costs, it asks the store alone.
-    fn answered_since(&self, waiting: &Waiting) -> Option<Result<Answer, StoreError>> {
+    /// its request of `check`: a failure or a denial at no more than its
+    /// cost are its own; after a denial of more than it costs, or a slice
+    /// smaller than the policy's (the store had no more) that others
+    /// spent, it asks the store alone. After a whole slice others spent,
+    /// nothing: it takes the next.
+    fn answered_since(
+        &self,
+        waiting: &Waiting,
+        check: &Check,
+    ) -> Option<Result<Answer, StoreError>> {
         let state = lock(&self.state);
         let last = state
             .last
@@ -325,6 +331,7 @@ impl Slot {
             Ok(decision) if !decision.admitted && last.cost <= waiting.cost => {
                 Some(Ok(Answer::Denied(*decision)))
             }
+            Ok(decision) if decision.admitted && last.cost >= check.slice => None,
             Ok(_) => Some(Ok(Answer::Alone)),
         }
     }
@@ -439,7 +446,7 @@ impl Table {
         if let Some((taken, decision)) = slot.take(check, Instant::now()) {
             return Ok(Answer::Took(taken, decision));
         }
-        if let Some(answer) = slot.answered_since(waiting) {
+        if let Some(answer) = slot.answered_since(waiting, check) {
             return answer;
         }
         let (old, left_in_store, generation) = {
