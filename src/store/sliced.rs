@@ -11,9 +11,9 @@
 //! gone) leaves the slice it asked for installed, to be spent or given
 //! back, never stranded in the store. A request that waited and found a
 //! short slice (what the store had left) spent already asks the store
-//! alone, exact, rather than wait for call after call. A slice ages out after its lifetime, when a
-//! task spawned with it gives back what it did not use; one found aged
-//! by a request is given back then.
+//! alone, exact, rather than wait for call after call. A slice ages out
+//! after its lifetime, when a task spawned with it gives back what it
+//! did not use; one found aged by a request is given back then.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -514,7 +514,8 @@ impl Table {
         decision: Decision,
         (since, asked_at): (Instant, u64),
     ) -> Answer {
-        let alone = Taken {
+        // Units no slice holds: nothing to put back.
+        let alone = || Taken {
             slot: slot.clone(),
             generation: u64::MAX,
             cost: 0,
@@ -523,7 +524,7 @@ impl Table {
             // A store that names no time takes no give-back: the slice is
             // this request's alone, and the next are asked at their cost.
             self.go_exact();
-            return Answer::Took(alone, decision);
+            return Answer::Took(alone(), decision);
         };
         let slice = Slice {
             // The request that took it spends its cost at once, under the
@@ -549,7 +550,7 @@ impl Table {
                 // is the whole slice's): the slice is this request's alone.
                 let mut decision = decision;
                 decision.recorded_at = None;
-                return Answer::Took(alone, decision);
+                return Answer::Took(alone(), decision);
             }
             state.generation += 1;
             state.slice = Some(slice);
@@ -832,18 +833,15 @@ fn age(table: &Weak<Table>, slot: &Arc<Slot>, generation: u64) {
 
 impl Drop for Table {
     fn drop(&mut self) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        if tokio::runtime::Handle::try_current().is_err() {
             return;
-        };
+        }
         let slots = self.slots.get_mut().unwrap_or_else(PoisonError::into_inner);
         for slot in std::mem::take(&mut slots.by_scope).into_values() {
             let slice = lock(&slot.state).slice.take();
             if let Some(back) = slice.and_then(|slice| slice.give_back(&*self.store)) {
-                runtime.spawn(async move {
-                    if let Err(error) = back.await {
-                        tracing::debug!(%error, "slidegate: a slice's unused units were not given back");
-                    }
-                });
+                // The table is going: nothing to make exact.
+                spawn_give_back(Weak::new(), back);
             }
         }
     }
