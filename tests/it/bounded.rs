@@ -119,33 +119,6 @@ fn log_every_call(server: &RedisServer) {
     server.cli(&["slowlog", "reset"]);
 }
 
-/// Script calls since Redis's statistics were last reset, and the
-/// commands they ran (`INFO commandstats` counts a script's commands as
-/// it counts a client's): what the test itself sends is left out.
-fn script_work(server: &RedisServer) -> (u64, u64) {
-    let (mut calls, mut commands) = (0, 0);
-    for line in server.cli(&["info", "commandstats"]).lines() {
-        let Some((name, stats)) = line
-            .strip_prefix("cmdstat_")
-            .and_then(|line| line.split_once(':'))
-        else {
-            continue;
-        };
-        let count: u64 = stats
-            .strip_prefix("calls=")
-            .and_then(|stats| stats.split(',').next())
-            .and_then(|count| count.parse().ok())
-            .unwrap_or_else(|| panic!("INFO commandstats: {line}"));
-        let family = name.split('|').next().unwrap_or(name);
-        match family {
-            "fcall" | "fcall_ro" => calls += count,
-            "slowlog" | "info" | "config" | "function" | "client" | "hello" | "ping" => {}
-            _ => commands += count,
-        }
-    }
-    (calls, commands)
-}
-
 /// The most commands one script call may run on any path: a call's
 /// work is bounded whatever the log's size, the costs or the batch (a
 /// call that walked the pages of a log of 100,000 records, 400 of them,
@@ -164,7 +137,7 @@ async fn measured(server: &RedisServer, name: &str, path: impl Future<Output = (
     log_every_call(server);
     server.cli(&["config", "resetstat"]);
     path.await;
-    let (calls, commands) = script_work(server);
+    let (calls, commands) = server.script_work();
     let (longest, second, logged) = slowest_two(server).await;
     let per_call = commands / calls.max(1);
     println!(

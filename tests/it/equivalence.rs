@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::support::RedisServer;
+use crate::support::stores::in_one_batch;
 use proptest::prelude::*;
 use slidegate::deadpool_redis::Pool;
 use slidegate::{
@@ -320,21 +321,11 @@ fn a_batch_decides_as_its_requests_one_after_the_other() {
                 .iter()
                 .map(|checks| runtime.block_on(memory.check(checks)).unwrap())
                 .collect();
-            let from_redis: Vec<_> = runtime.block_on(async {
-                let tasks: Vec<_> = batches
-                    .iter()
-                    .cloned()
-                    .map(|checks| {
-                        let redis = redis.clone();
-                        tokio::spawn(async move { redis.check(&checks).await })
-                    })
-                    .collect();
-                let mut decisions = Vec::new();
-                for task in tasks {
-                    decisions.push(task.await.unwrap().unwrap());
-                }
-                decisions
-            });
+            let from_redis: Vec<_> = runtime
+                .block_on(in_one_batch(&redis, batches))
+                .into_iter()
+                .map(Result::unwrap)
+                .collect();
             prop_assert_eq!(from_memory, from_redis, "at {:?}", burst);
         }
     });
@@ -364,17 +355,11 @@ fn a_batch_counts_each_window_of_a_shared_log_on_its_own() {
         .iter()
         .map(|checks| runtime.block_on(memory.check(checks)).unwrap())
         .collect();
-    let from_redis: Vec<_> = runtime.block_on(async {
-        let tasks = batch.map(|checks| {
-            let redis = redis.clone();
-            tokio::spawn(async move { redis.check(&checks).await })
-        });
-        let mut decisions = Vec::new();
-        for task in tasks {
-            decisions.push(task.await.unwrap().unwrap());
-        }
-        decisions
-    });
+    let from_redis: Vec<_> = runtime
+        .block_on(in_one_batch(&redis, batch.to_vec()))
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
     assert_eq!(from_memory, from_redis);
 }
 

@@ -1,15 +1,21 @@
-//! Checks queued at the same moment, decided by one script call.
+//! Natural batching: a check that finds no call in flight goes to Redis
+//! at once, from its own task; checks that arrive while one is in flight
+//! wait, and go together as the next call when it returns.
 //!
-//! A check joins the queue; the first to find it empty spawns a flush,
-//! which first lets every task that is ready run (one yield, no timer),
-//! then takes the whole queue and sends it as one `FCALL` of the batch
-//! function (or several, for more than 32 policies in all). The script
-//! decides the requests in queue order, each
+//! The store keeps a *line* (on a cluster, one per slot, since a call
+//! stays in one slot). A check that finds its line idle marks it busy and
+//! sends its own call: no queue, no spawned task, no channel. Checks that
+//! find it busy join its queue. When the busy call ends (answered, failed,
+//! timed out or dropped with its request), whatever queued meanwhile is
+//! sent by a task spawned for it, as one `FCALL` of the batch function (or
+//! several, for more than 32 policies in all), and that task goes on
+//! sending what queues behind each call until the queue is found empty:
+//! alone, a check waits for nothing; under load, batches grow with it.
+//! The script decides the requests of a batch in queue order, each
 //! all-or-nothing on its own, and answers each separately: one request's
-//! error leaves the others' decisions standing. A check that finds no
-//! company (alone in the queue, or alone in its slot on a cluster) is
-//! handed back, and its own task sends it as usual.
+//! error leaves the others' decisions standing.
 
+use std::collections::HashMap;
 use std::mem;
 use std::sync::{Arc, Mutex};
 
@@ -25,49 +31,182 @@ use super::run::{Failed, Routed, call_ended, sized_fcall, ticket};
 use super::{Connections, Inner};
 use crate::store::{CheckOutcome, StoreError};
 
-/// What a flush tells a queued check.
+/// What a queued check is told.
 pub(super) enum Verdict {
     /// Decided in a batch.
     Decided(CheckOutcome),
-    /// Not batched: the check's own task sends it.
+    /// Not decided by the batch: the check's own task sends it alone.
     Alone(Call),
 }
 
-/// A check waiting for its flush.
+/// A check waiting for the call in flight on its line to end.
 pub(super) struct Queued {
     pub(super) call: Call,
     pub(super) answer: oneshot::Sender<Verdict>,
 }
 
-/// The checks waiting for the next flush.
+/// Which line a check takes: `None` on a single server, the keys' slot on
+/// a cluster.
+type LineId = Option<Slot>;
+
+/// One line: whether a call is in flight on it, and what waits for it.
+#[derive(Default)]
+struct Line {
+    busy: bool,
+    waiting: Vec<Queued>,
+}
+
+/// The lines of a store.
+enum Lines {
+    /// A single server: one line.
+    One(Line),
+    /// A cluster: a line per slot with a call in flight, dropped when idle.
+    BySlot(HashMap<Slot, Line>),
+}
+
+/// The store's lines, under one lock held only to look or push.
 pub(super) struct Queue {
-    waiting: Mutex<Vec<Queued>>,
-    /// Whether a flush groups the checks by slot (on a cluster, where a
-    /// call stays in one slot).
-    by_slot: bool,
+    lines: Mutex<Lines>,
+}
+
+/// What a check finds on its line.
+enum Turn {
+    /// The line was idle: it is now this check's to send on.
+    Go(Call),
+    /// A call is in flight: the check waits for this answer.
+    Wait(oneshot::Receiver<Verdict>),
 }
 
 impl Queue {
-    /// An empty queue, for the store's `connections`.
+    /// Idle lines, for the store's `connections`.
     pub(super) fn new(connections: &Connections) -> Self {
+        let lines = if connections.is_cluster() {
+            Lines::BySlot(HashMap::new())
+        } else {
+            Lines::One(Line::default())
+        };
         Self {
-            waiting: Mutex::default(),
-            by_slot: connections.is_cluster(),
+            lines: Mutex::new(lines),
         }
     }
 
-    /// Queues `call`; returns where its answer comes, and whether the queue
-    /// was empty, in which case the caller must spawn a flush.
-    pub(super) fn push(&self, call: Call) -> (oneshot::Receiver<Verdict>, bool) {
-        let (answer, receiver) = oneshot::channel();
-        let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
-        waiting.push(Queued { call, answer });
-        (receiver, waiting.len() == 1)
+    /// The line of `call`; `None` for a call that cannot share one (its
+    /// keys span slots on a cluster), which goes alone.
+    fn line_of(&self, call: &Call) -> Option<LineId> {
+        match &*self.lock() {
+            Lines::One(_) => Some(None),
+            Lines::BySlot(_) => slot(call).map(Some),
+        }
     }
 
-    /// Everything queued so far.
-    pub(super) fn take(&self) -> Vec<Queued> {
-        mem::take(&mut *self.waiting.lock().unwrap_or_else(|e| e.into_inner()))
+    fn lock(&self) -> std::sync::MutexGuard<'_, Lines> {
+        self.lines.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes `line` for `call` if it is idle, or queues `call` on it.
+    fn enter(&self, line: LineId, call: Call) -> Turn {
+        let mut lines = self.lock();
+        let line = match (&mut *lines, line) {
+            (Lines::One(one), _) => one,
+            (Lines::BySlot(slots), Some(slot)) => slots.entry(slot).or_default(),
+            (Lines::BySlot(_), None) => return Turn::Go(call),
+        };
+        if !line.busy {
+            line.busy = true;
+            return Turn::Go(call);
+        }
+        let (answer, receiver) = oneshot::channel();
+        line.waiting.push(Queued { call, answer });
+        Turn::Wait(receiver)
+    }
+
+    /// Ends the turn of the call in flight on `line`: returns what queued
+    /// behind it, for the caller to send (the line stays busy), or `None`,
+    /// and the line is idle.
+    fn next(&self, line: LineId) -> Option<Vec<Queued>> {
+        let mut lines = self.lock();
+        match (&mut *lines, line) {
+            (Lines::One(one), _) => take_or_idle(one),
+            (Lines::BySlot(slots), Some(slot)) => {
+                let next = take_or_idle(slots.get_mut(&slot)?);
+                if next.is_none() {
+                    slots.remove(&slot);
+                }
+                next
+            }
+            (Lines::BySlot(_), None) => None,
+        }
+    }
+}
+
+/// What waits on `line`, which stays busy to send it, or nothing, and the
+/// line is idle.
+fn take_or_idle(line: &mut Line) -> Option<Vec<Queued>> {
+    // Those whose callers stopped waiting (their fail mode has answered)
+    // must count nothing.
+    line.waiting.retain(|queued| !queued.answer.is_closed());
+    if line.waiting.is_empty() {
+        line.busy = false;
+        None
+    } else {
+        Some(mem::take(&mut line.waiting))
+    }
+}
+
+/// A line's turn, held while its call is in flight: however that call
+/// ends (its request dropped included), what queued behind it is sent.
+struct Holding {
+    inner: Arc<Inner>,
+    line: LineId,
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        let Some(queue) = &self.inner.queue else {
+            return;
+        };
+        let Some(waiting) = queue.next(self.line) else {
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(self.inner.clone().flush(self.line, waiting));
+            }
+            Err(_) => {
+                // Nowhere to send them: they fail, and the line is left
+                // idle for the checks to come.
+                fail_all(waiting, || {
+                    StoreError::Internal("no Tokio runtime to send the batch on".to_owned())
+                });
+                while let Some(more) = queue.next(self.line) {
+                    fail_all(more, || {
+                        StoreError::Internal("no Tokio runtime to send the batch on".to_owned())
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// The flush task's hold on its line: should the task be dropped before
+/// it is done (its runtime shutting down), what waits fails, and the line
+/// is left idle, rather than busy for good.
+struct Flushing<'a> {
+    queue: &'a Queue,
+    line: LineId,
+    done: bool,
+}
+
+impl Drop for Flushing<'_> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        while let Some(waiting) = self.queue.next(self.line) {
+            fail_all(waiting, || {
+                StoreError::Internal("the batch's task was stopped".to_owned())
+            });
+        }
     }
 }
 
@@ -78,8 +217,8 @@ impl Queue {
 const MAX_BATCH_POLICIES: usize = 32;
 
 impl Inner {
-    /// The decisions on `call`, batched with other requests' calls when
-    /// the store batches.
+    /// The decisions on `call`: sent at once when its line is idle, or
+    /// else with the checks that queue behind the call in flight.
     pub(super) async fn check(
         self: Arc<Self>,
         call: Call,
@@ -88,72 +227,56 @@ impl Inner {
         let Some(queue) = self.queue.as_ref().filter(|_| !self.library.refused()) else {
             return self.run(call, deadline).await;
         };
-        // Queued when first polled: in a runtime, in the order the
-        // requests got there.
-        let (answer, first) = queue.push(call);
-        if first {
-            tokio::spawn(self.clone().flush());
-        }
-        match tokio::time::timeout_at(deadline, answer).await {
-            Ok(Ok(Verdict::Decided(outcome))) => outcome,
-            Ok(Ok(Verdict::Alone(call))) => self.run(call, deadline).await,
-            Ok(Err(_)) => Err(StoreError::Internal(
-                "a batched check lost its answer".to_owned(),
-            )),
-            Err(_) => Err(StoreError::Timeout(self.timeout)),
+        let Some(line) = queue.line_of(&call) else {
+            return self.run(call, deadline).await;
+        };
+        match queue.enter(line, call) {
+            Turn::Go(call) => {
+                let _holding = Holding {
+                    inner: self.clone(),
+                    line,
+                };
+                self.run(call, deadline).await
+            }
+            Turn::Wait(answer) => match tokio::time::timeout_at(deadline, answer).await {
+                Ok(Ok(Verdict::Decided(outcome))) => outcome,
+                Ok(Ok(Verdict::Alone(call))) => self.run(call, deadline).await,
+                Ok(Err(_)) => Err(StoreError::Internal(
+                    "a batched check lost its answer".to_owned(),
+                )),
+                Err(_) => Err(StoreError::Timeout(self.timeout)),
+            },
         }
     }
 
-    /// Sends every queued check. On a cluster, where a call must stay in
-    /// one slot, checks are grouped by slot, and each group is sent on its
-    /// own; a check whose keys span slots goes alone (and fails alone).
-    async fn flush(self: Arc<Self>) {
-        // Every task ready now runs first, and may queue its check.
-        tokio::task::yield_now().await;
+    /// Sends `queued`, then what queues on `line` behind each call, until
+    /// the line is found with nothing waiting and left idle.
+    async fn flush(self: Arc<Self>, line: LineId, mut queued: Vec<Queued>) {
         let Some(queue) = &self.queue else { return };
-        let queued = queue.take();
-        if !queue.by_slot {
-            return self.send(queued).await;
-        }
-        let mut groups: Vec<(Option<Slot>, Vec<Queued>)> = Vec::new();
-        for check in queued {
-            match slot(&check.call) {
-                Some(slot) => match groups.iter_mut().find(|(s, _)| *s == Some(slot)) {
-                    Some((_, group)) => group.push(check),
-                    None => groups.push((Some(slot), vec![check])),
-                },
-                None => groups.push((None, vec![check])),
+        let mut flushing = Flushing {
+            queue,
+            line,
+            done: false,
+        };
+        loop {
+            self.clone().send(queued).await;
+            match queue.next(line) {
+                Some(next) => queued = next,
+                None => break,
             }
         }
-        // Checks alone in their slot go back to their own tasks; a task is
-        // spawned only for a second batch and beyond.
-        let mut batches = Vec::new();
-        for (_, mut group) in groups {
-            if group.len() == 1 {
-                let Queued { call, answer } = group.pop().expect("one check");
-                let _ = answer.send(Verdict::Alone(call));
-            } else {
-                batches.push(group);
-            }
-        }
-        let last = batches.pop();
-        for batch in batches {
-            tokio::spawn(self.clone().send(batch));
-        }
-        if let Some(batch) = last {
-            self.send(batch).await;
-        }
+        flushing.done = true;
     }
 
     /// Sends `queued` (checks of one slot) in calls of the batch function,
     /// at most [`MAX_BATCH_POLICIES`] policies each, one after the other,
     /// so that Redis decides them in the order they were queued; a check
-    /// alone goes back to its own task.
+    /// alone goes by the single function.
     async fn send(self: Arc<Self>, mut queued: Vec<Queued>) {
-        if queued.len() <= 1 {
-            if let Some(Queued { call, answer }) = queued.pop() {
-                let _ = answer.send(Verdict::Alone(call));
-            }
+        if queued.len() == 1 {
+            let Queued { call, answer } = queued.pop().expect("one check");
+            let deadline = tokio::time::Instant::now() + self.timeout;
+            let _ = answer.send(Verdict::Decided(self.run(call, deadline).await));
             return;
         }
         while !queued.is_empty() {
@@ -324,7 +447,10 @@ mod future_sizes {
                 "check",
                 std::mem::size_of_val(&inner.clone().check(call(), deadline)),
             ),
-            ("flush", std::mem::size_of_val(&inner.clone().flush())),
+            (
+                "flush",
+                std::mem::size_of_val(&inner.clone().flush(None, Vec::new())),
+            ),
         ];
         for (future, size) in sizes {
             assert!(size <= 2048, "the future of `{future}` is {size} bytes");

@@ -296,11 +296,12 @@ struct Inner {
 /// and no check pays the pool's health check (a `PING` round trip per
 /// checkout).
 ///
-/// Checks that queue up at the same moment go as one call of the script's
-/// batch function ([`RedisStoreBuilder::with_batch`]`(false)` turns this
-/// off): the first check to find the queue empty spawns its flush, which
-/// lets every ready task run once and then sends whatever has queued, with
-/// no timer waiting for company. A call holds at most 32 policies, over
+/// Checks are batched naturally ([`RedisStoreBuilder::with_batch`]`(false)`
+/// turns this off): a check that finds no call of the store in flight is
+/// sent at once from its own task, with nothing added on its way; checks
+/// that arrive while one is in flight queue, and go as one call of the
+/// script's batch function as soon as it returns. Alone, a check waits for
+/// nothing; under load, batches grow with it. A call holds at most 32 policies, over
 /// all its requests: a flood goes as several calls, one after the other,
 /// so no one script holds Redis for long. The script decides the requests
 /// in arrival order, each all-or-nothing on its own, and answers each
@@ -314,7 +315,7 @@ struct Inner {
 /// requests a second or 10,000 clients share them, and the whole service
 /// serves 1.07× and 1.15× the requests such a script's middleware does
 /// (`BENCHMARKS.md`, "The hot path"). On a cluster, where one call must
-/// stay in one slot, there is one call per slot (a client's keys share a
+/// stay in one slot, each slot batches on its own (a client's keys share a
 /// slot), and a request whose keys span slots goes alone and fails alone.
 ///
 /// # Timeouts and failed connections

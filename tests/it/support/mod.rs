@@ -324,6 +324,33 @@ impl RedisServer {
         }
     }
 
+    /// Script calls since Redis's statistics were last reset, and the
+    /// commands they ran (`INFO commandstats` counts a script's commands as
+    /// it counts a client's): what the test itself sends is left out.
+    pub fn script_work(&self) -> (u64, u64) {
+        let (mut calls, mut commands) = (0, 0);
+        for line in self.cli(&["info", "commandstats"]).lines() {
+            let Some((name, stats)) = line
+                .strip_prefix("cmdstat_")
+                .and_then(|line| line.split_once(':'))
+            else {
+                continue;
+            };
+            let count: u64 = stats
+                .strip_prefix("calls=")
+                .and_then(|stats| stats.split(',').next())
+                .and_then(|count| count.parse().ok())
+                .unwrap_or_else(|| panic!("INFO commandstats: {line}"));
+            let family = name.split('|').next().unwrap_or(name);
+            match family {
+                "fcall" | "fcall_ro" => calls += count,
+                "slowlog" | "info" | "config" | "function" | "client" | "hello" | "ping" => {}
+                _ => commands += count,
+            }
+        }
+        (calls, commands)
+    }
+
     /// Runs `redis-cli` against the server and returns its output.
     pub fn cli(&self, args: &[&str]) -> String {
         let output = Command::new("redis-cli")

@@ -31,6 +31,32 @@ pub async fn fill(store: &RedisStore, clock: &FakeClock, check: &Check, records:
     }
 }
 
+/// Sends every request of `requests` in one batch call of a Redis store
+/// (on a current-thread runtime), in their order, and gives each its
+/// answer. A check that finds no call in flight goes alone, so a lead
+/// check (its own policy and client, counting nothing the requests read)
+/// is sent first, and the requests queue behind it.
+pub async fn in_one_batch(
+    store: &Arc<RedisStore>,
+    requests: Vec<Vec<Check>>,
+) -> Vec<Result<slidegate::store::Decisions, slidegate::store::StoreError>> {
+    let lead = slidegate::Policy::new("batch-lead", u32::MAX, Duration::from_secs(1));
+    let lead = Check::new(&lead, slidegate::key::Key::new("lead")).unwrap();
+    let tasks: Vec<_> = std::iter::once(vec![lead])
+        .chain(requests)
+        .map(|checks| {
+            let store = store.clone();
+            tokio::spawn(async move { store.check(&checks).await })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.push(task.await.unwrap());
+    }
+    assert!(answers.remove(0).is_ok(), "the lead check is decided");
+    answers
+}
+
 /// A store for one test, with the `redis-server` it runs on kept alive.
 pub struct StoreUnderTest {
     pub store: Arc<dyn Store>,
