@@ -236,15 +236,18 @@ end
 -- request that fails has written nothing. With `held_only` (Redis is out
 -- of memory, see `NOT_HELD`), a request to admit whose state does not
 -- all exist yet raises NOT_HELD before writing anything. Returns the
--- decisions, packed (see DECISION), and the index of the next key.
+-- decisions, packed (see DECISION), and the index of the next key. In a
+-- batch, `shared` counts the requests that use each key (see
+-- `check_batch`).
 --
 -- A request that some policies do not fit now, each within its delay,
 -- and that no block holds, is decided once: admitted at `pass`, the time
 -- every policy fits it (the latest of their retry times), with its units
 -- recorded at that time under every policy, so no request admitted
 -- meanwhile can take its place; its retry integer is then the wait.
-local function decide(keys, first_key, count, policies, costs, peek, held_only)
-  if count == 1 and not peek and not held_only then
+local function decide(keys, first_key, count, policies, costs, peek, held_only, shared)
+  if count == 1 and not peek and not held_only
+    and (shared == nil or shared[keys[first_key]] == 1 or known[keys[first_key]] ~= nil) then
     local result = log_common(keys, first_key, policies[1], costs[1])
     if result ~= nil then
       return result, first_key + 2
@@ -285,6 +288,12 @@ local function decide(keys, first_key, count, policies, costs, peek, held_only)
   end
   local admitted = all_fit or holdable
   local record = admitted and not peek
+  -- Before the request's first write: the pages its logs will write to.
+  for i = 1, policies do
+    if state[i].algorithm == log then
+      log_check_writes(state[i], record and pass or nil, false)
+    end
+  end
   if record and held_only then
     for i = 1, policies do
       if redis.call('EXISTS', state[i].key) == 0 then
@@ -390,6 +399,9 @@ local function refund(keys, argv)
   for a = 3, #argv, stride do
     local s
     s, k = prepare(keys, k, describe(argv, a), argv[a + ARGS - 1])
+    if s.algorithm == log then
+      log_check_writes(s, nil, true)
+    end
     if s.held_elsewhere == nil then
       s.algorithm.refund(s, tonumber(argv[a + ARGS]), s.cost)
       if settle then
@@ -520,6 +532,13 @@ local function check_batch(keys, argv, held_only)
     named[i] = describe(argv, next_arg)
     next_arg = next_arg + ARGS - 1
   end
+  -- How many requests of the batch use each key: a log used again
+  -- takes the general path first, whose state the next request takes
+  -- (see `known`), rather than the fast path, which leaves none.
+  local uses = {}
+  for _, key in ipairs(keys) do
+    uses[key] = (uses[key] or 0) + 1
+  end
   -- One request's policies and costs, refilled for each.
   local policies, costs = {}, {}
   local replies = {}
@@ -532,7 +551,7 @@ local function check_batch(keys, argv, held_only)
     end
     local ok, result, after = false, { err = DEFERRED }
     if #replies == 0 or work < BATCH_WORK then
-      ok, result, after = pcall(decide, keys, next_key, count, policies, costs, false, held_only)
+      ok, result, after = pcall(decide, keys, next_key, count, policies, costs, false, held_only, uses)
     end
     if ok then
       replies[#replies + 1] = result

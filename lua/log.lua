@@ -60,27 +60,15 @@ end
 -- `log_check_pages`).
 local log_recover
 
--- Makes sure the keys a log's pages go in are hashes (or none), so that
--- no later write of the call fails on one after another key was written,
--- and that none of the live pages' chunks is gone.
+-- Makes sure none of the live pages' chunks is gone (see `log_recover`).
 local function log_check_pages(s)
-  local writes = { page_key(s, s.tail_page) }
-  if page_key(s, s.tail_page + 1) ~= writes[1] then
-    -- A call seals at most two pages: the next may start a chunk.
-    writes[2] = page_key(s, s.tail_page + 1)
-  end
-  local kinds = {}
-  for i, key in ipairs(writes) do
-    kinds[i] = redis.call('TYPE', key)['ok']
-    if kinds[i] ~= 'hash' and kinds[i] ~= 'none' then
-      error({ err = 'WRONGTYPE the pages of sliding log ' .. s.key .. ' are a ' .. kinds[i] })
-    end
-  end
   if s.tail_page == s.head_page then
     return
   end
-  local lost = kinds[1] == 'none'
-  if not s.flat then
+  local lost
+  if s.flat then
+    lost = redis.call('EXISTS', s.store) == 0
+  else
     local live = chunk_keys(s, chunk_of(s, s.head_page), chunk_of(s, s.tail_page - 1))
     lost = redis.call('EXISTS', unpack(live)) < #live
   end
@@ -89,7 +77,7 @@ local function log_check_pages(s)
   end
 end
 
--- Reads the header into `s`, and checks the keys of its pages.
+-- Reads the header into `s`, and checks that its pages are there.
 local function log_read(s)
   s.pages, s.found, s.unwritten = {}, nil, ''
   local header = header_read
@@ -289,15 +277,53 @@ function log.fits_at(s, time)
   return s.cost <= s.limit
 end
 
+-- The time a request passing at `pass` is recorded at: then, or one
+-- microsecond after the newest record, if that is later.
+local function record_time(s, pass)
+  if s.sum > 0 and s.newest >= pass then
+    return s.newest + 1
+  end
+  return pass
+end
+
+-- Makes sure the keys of pages the request's writes on `s` go to are
+-- hashes (or none), so that none fails after another policy of the
+-- request has written: those a seal writes (see `seal_keys`), when
+-- recording the request (passing at `pass`, nil for one not recorded)
+-- seals the tail, and the head's chunk, when pages the head has left are
+-- deleted (see `log_clean`). Reads nothing when the request writes no
+-- page, as most do. A refund (`any`) checks the tail's, the next and the
+-- head's chunks.
+local function log_check_writes(s, pass, any)
+  local writes = {}
+  if any then
+    writes[1] = page_key(s, s.tail_page)
+    writes[2] = page_key(s, s.tail_page + 1)
+  elseif pass ~= nil and s.cost > 0 and s.tail_count > 0
+      and tail_fit(s, record_time(s, pass), s.cost) then
+    writes = seal_keys(s)
+  end
+  if any or (s.exists and s.clean < s.head_page) then
+    writes[#writes + 1] = page_key(s, s.head_page)
+  end
+  local checked = {}
+  for _, key in ipairs(writes) do
+    if not checked[key] then
+      checked[key] = true
+      local kind = redis.call('TYPE', key)['ok']
+      if kind ~= 'hash' and kind ~= 'none' then
+        error({ err = 'WRONGTYPE the pages of sliding log ' .. s.key .. ' are a ' .. kind })
+      end
+    end
+  end
+end
+
 function log.record(s)
   if s.cost == 0 then
     log_write(s)
     return
   end
-  local time = s.pass
-  if s.sum > 0 and s.newest >= time then
-    time = s.newest + 1
-  end
+  local time = record_time(s, s.pass)
   if not s.exists then
     -- The string starts with its header.
     s.exists, s.tail, s.rewrite = true, '', true

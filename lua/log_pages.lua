@@ -365,6 +365,28 @@ local function tree_add(s, n, delta, sealed)
   end
 end
 
+-- The keys that sealing the tail writes, and sealing the page after it
+-- (a call seals at most two): the pages' chunks, the chunks of the
+-- tree's blocks their sums are added to (see `tree_add`), and those of
+-- the blocks of a level the tree may grow by (see `log_seal`).
+local function seal_keys(s)
+  local keys = {}
+  for n = s.tail_page, s.tail_page + 1 do
+    keys[#keys + 1] = page_key(s, n)
+    for k = 0, s.levels do
+      local j = math.floor(n / 2 ^ k)
+      if j * 2 ^ k >= s.head_page then
+        keys[#keys + 1] = node_key(s, k, j)
+      end
+    end
+  end
+  local k = s.levels + 1
+  for j = math.ceil(s.head_page / 2 ^ k), math.floor((s.tail_page + 1) / 2 ^ k) do
+    keys[#keys + 1] = node_key(s, k, j)
+  end
+  return keys
+end
+
 -- The position of the first live record later than `x`: a page and an
 -- index in it, which may be the page's count (the next page's start).
 local function seek(s, x)
@@ -534,19 +556,26 @@ local function log_widen(s, ow, cw)
   s.tail, s.unwritten, s.tail_view, s.rewrite = table.concat(parts), '', nil, true
 end
 
+-- Whether appending a record at `time` of `cost` to a tail that holds
+-- records seals the tail first, and the widths the tail needs otherwise.
+local function tail_fit(s, time, cost)
+  local ow = offset_width(time - s.tail_base)
+  local cw = s.cw
+  if cw > 0 or cost ~= 1 then
+    cw = math.max(cw, total_width(s.tail_sum + cost))
+  end
+  if ow ~= nil then
+    ow = math.max(ow, s.ow)
+  end
+  return ow == nil or (s.tail_count + 1) * (ow + cw) > PAGE_BYTES, ow, cw
+end
+
 -- Appends a record at `time` of `cost` to the tail, sealing or widening
 -- it first if it must.
 local function log_append(s, time, cost)
   if s.tail_count > 0 then
-    local ow = offset_width(time - s.tail_base)
-    local cw = s.cw
-    if cw > 0 or cost ~= 1 then
-      cw = math.max(cw, total_width(s.tail_sum + cost))
-    end
-    if ow ~= nil then
-      ow = math.max(ow, s.ow)
-    end
-    if ow == nil or (s.tail_count + 1) * (ow + cw) > PAGE_BYTES then
+    local seal, ow, cw = tail_fit(s, time, cost)
+    if seal then
       log_seal(s)
     elseif ow ~= s.ow or cw ~= s.cw then
       log_widen(s, ow, cw)

@@ -15,6 +15,7 @@ mod bounded;
 mod buckets_blocks_resets;
 mod calendar;
 mod cluster;
+mod commands;
 mod concurrency;
 mod config;
 mod delays;

@@ -12,7 +12,7 @@ use slidegate::{
     store::{Check, RedisStore, Store},
 };
 
-use crate::support::stores::{START, in_one_batch};
+use crate::support::stores::{START, fill, in_one_batch};
 
 fn store_on(server: &RedisServer, clock: &FakeClock) -> RedisStore {
     RedisStore::builder(server.pool(2))
@@ -447,8 +447,10 @@ async fn a_log_that_loses_its_pages_keeps_their_units() {
 }
 
 /// A log whose pages key holds another type fails a request before it
-/// writes anything: its other policy's count stays as it was, where the
-/// counter's write once ran before the log's page failed.
+/// writes anything, once the request would write a page (its tail full,
+/// to be sealed): its other policy's count stays as it was, where the
+/// counter's write once ran before the log's page failed. Until then no
+/// request writes a page, and none reads its type.
 #[tokio::test]
 async fn a_foreign_pages_key_fails_a_request_before_it_writes() {
     let server = RedisServer::start();
@@ -467,18 +469,74 @@ async fn a_foreign_pages_key_fails_a_request_before_it_writes() {
     }
     let pages = format!("{}:p:0", store.base_key(&checks[1]));
     server.cli(&["set", &pages, "not a hash"]);
-    // Past a page of records: a write to the pages would come.
+    // Admitted while the tail has room; a page of four-byte records holds
+    // 250, so the 251st request would seal it.
+    let mut admitted = 5;
     for _ in 0..300 {
         clock.advance(Duration::from_millis(1));
-        let failed = store.check(&checks).await;
-        assert!(failed.is_err(), "{failed:?}");
+        match store.check(&checks).await {
+            Ok(decisions) if admitted < 250 => {
+                assert!(decisions[0].admitted);
+                admitted += 1;
+            }
+            failed => assert!(failed.is_err(), "request {}: {failed:?}", admitted + 1),
+        }
     }
+    assert_eq!(admitted, 250, "a full tail");
     let peek = store.peek(&checks[..1]).await.unwrap()[0];
     assert_eq!(
-        peek.remaining, 995,
+        peek.remaining,
+        1_000 - 250,
         "nothing counted by the failed requests"
     );
     assert_eq!(server.cli(&["get", &pages]).trim(), "not a hash");
+}
+
+/// A seal writes the sums of the tree's blocks into older chunks than
+/// the tail's: one of those of another type fails the request before any
+/// of its policies has written, where the counter's count once stayed
+/// behind a request that then failed (and a batch sent it again alone:
+/// counted twice).
+#[tokio::test]
+async fn a_foreign_older_chunk_fails_a_seal_before_any_policy_writes() {
+    let server = RedisServer::start();
+    let clock = FakeClock::new(START);
+    let store = store_on(&server, &clock);
+    let counter = Policy::new("counted", 1_000, Duration::from_secs(3600))
+        .with_algorithm(slidegate::policy::Algorithm::SlidingCounter);
+    let log = Policy::new("deep", 100_000, Duration::from_secs(3600));
+    let checks = [
+        Check::new(&counter, Key::new("k")).unwrap(),
+        Check::new(&log, Key::new("k")).unwrap(),
+    ];
+    // 64 pages of 250 records fill chunk 0; the tail is page 64, in
+    // chunk 1, with 100 records.
+    fill(&store, &clock, &checks[1], 16_100, 700).await;
+    let chunk = format!("{}:p:0", store.base_key(&checks[1]));
+    assert_eq!(server.cli(&["type", &chunk]).trim(), "hash");
+    server.cli(&["del", &chunk]);
+    server.cli(&["set", &chunk, "not a hash"]);
+    let mut admitted = 0;
+    for _ in 0..200 {
+        clock.advance(Duration::from_millis(1));
+        match store.check(&checks).await {
+            Ok(decisions) if admitted < 150 => {
+                assert!(decisions[0].admitted);
+                admitted += 1;
+            }
+            failed => {
+                let error = failed.expect_err("the seal would write chunk 0");
+                assert!(error.to_string().contains("WRONGTYPE"), "{error}");
+            }
+        }
+    }
+    assert_eq!(admitted, 150, "the tail filled");
+    let peek = store.peek(&checks[..1]).await.unwrap()[0];
+    assert_eq!(
+        peek.remaining,
+        1_000 - 150,
+        "nothing counted by the failed requests"
+    );
 }
 
 /// A log whose page numbers reach 2^32 (written by the format that kept
@@ -551,9 +609,11 @@ async fn an_error_names_the_library_file_and_function_it_comes_from() {
     let store = std::sync::Arc::new(store_on(&server, &clock));
     let counter = Policy::new("broken", 5, Duration::from_secs(10))
         .with_algorithm(slidegate::policy::Algorithm::SlidingCounter);
-    let log = Policy::new("paged", 5, Duration::from_secs(10));
+    let log = Policy::new("paged", 1_000, Duration::from_secs(10));
     let broken = Check::new(&counter, Key::new("k")).unwrap();
     let paged = Check::new(&log, Key::new("k")).unwrap();
+    // A full tail: the next request would seal it into the pages' key.
+    fill(&store, &clock, &paged, 250, 250).await;
     server.cli(&["set", &format!("{}:c", store.base_key(&broken)), "x"]);
     server.cli(&["set", &format!("{}:p:0", store.base_key(&paged)), "x"]);
 
@@ -561,7 +621,7 @@ async fn an_error_names_the_library_file_and_function_it_comes_from() {
         let function = if place.contains("shared") {
             ", in hash_fields)"
         } else {
-            ", in log_check_pages)"
+            ", in log_check_writes)"
         };
         let error = store.check(std::slice::from_ref(&check)).await.unwrap_err();
         let message = error.to_string();
