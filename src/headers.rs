@@ -56,11 +56,11 @@
 
 use std::fmt::Write as _;
 use std::sync::LazyLock;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 
-use crate::policy::Algorithm;
+use crate::policy::terms::{ceil_seconds, policy_value, quota};
 use crate::store::{Check, Decision};
 
 /// `X-RateLimit-Limit`: units allowed per window.
@@ -115,11 +115,6 @@ pub enum ResetFormat {
     UnixSeconds,
 }
 
-/// Whole seconds, rounded up.
-pub(crate) fn ceil_seconds(duration: Duration) -> u64 {
-    duration.as_secs() + u64::from(duration.subsec_nanos() > 0)
-}
-
 /// Rate-limit header fields computed once the store has decided, written
 /// when the response is ready. Small, since it travels with the inner
 /// service's future: the `X-RateLimit-*` trio as numbers, the IETF fields
@@ -163,45 +158,6 @@ pub(crate) fn number_value(n: u64) -> HeaderValue {
         _ => HeaderValue::from_str(itoa::Buffer::new().format(n))
             .expect("decimal digits are a valid header value"),
     }
-}
-
-/// A policy's quota as `RateLimit-Policy` states it: `q` units per `w`.
-/// A sliding window's is its limit per window; a token bucket's, its
-/// burst per the time it takes to refill from empty; a concurrency
-/// limit's, the requests in flight, with no window.
-pub(crate) fn quota(
-    algorithm: Algorithm,
-    limit: u32,
-    window: Duration,
-    burst: u32,
-) -> (u32, Option<Duration>) {
-    match algorithm {
-        Algorithm::TokenBucket => {
-            let micros =
-                (u128::from(burst) * window.as_micros()).div_ceil(u128::from(limit.max(1)));
-            let refill = Duration::from_micros(u64::try_from(micros).unwrap_or(u64::MAX));
-            (burst, Some(refill))
-        }
-        Algorithm::Concurrency => (limit, None),
-        _ => (limit, Some(window)),
-    }
-}
-
-/// `RateLimit-Policy` for `policies`, each a name and its [`quota`]:
-/// `"name";q=limit;w=seconds`. Policy names are ASCII letters, digits, `-`
-/// and `_`: valid in a structured-field string as they are.
-pub(crate) fn policy_value<'a>(
-    policies: impl IntoIterator<Item = (&'a str, (u32, Option<Duration>))>,
-) -> Option<HeaderValue> {
-    let mut text = String::new();
-    for (name, (quota, window)) in policies {
-        let separator = if text.is_empty() { "" } else { ", " };
-        let _ = write!(text, "{separator}\"{name}\";q={quota}");
-        if let Some(window) = window {
-            let _ = write!(text, ";w={}", ceil_seconds(window));
-        }
-    }
-    HeaderValue::try_from(text).ok()
 }
 
 /// `RateLimit` for `checks` and their `decisions`:
@@ -323,13 +279,5 @@ mod tests {
         ] {
             assert_eq!(number_value(n), HeaderValue::from(n), "{n}");
         }
-    }
-
-    #[test]
-    fn seconds_round_up() {
-        assert_eq!(ceil_seconds(Duration::ZERO), 0);
-        assert_eq!(ceil_seconds(Duration::from_micros(1)), 1);
-        assert_eq!(ceil_seconds(Duration::from_secs(2)), 2);
-        assert_eq!(ceil_seconds(Duration::from_millis(2001)), 3);
     }
 }

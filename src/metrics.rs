@@ -23,7 +23,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::store::{BreakerState, Check, Decision, StoreError};
+use crate::store::{Check, Decision, StoreError};
 
 /// What became of a request under one policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -94,32 +94,6 @@ pub(crate) fn store_answered<T>(took: Option<Duration>, outcome: &Result<T, Stor
     }
 }
 
-/// Sets the breaker's state.
-#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) fn breaker_state(state: BreakerState) {
-    #[cfg(feature = "metrics")]
-    metrics::gauge!("slidegate_breaker_state").set(match state {
-        BreakerState::Closed => 0.0,
-        BreakerState::Open => 1.0,
-        BreakerState::Probing => 2.0,
-    });
-}
-
-/// Moves the memory stores' count of tracked pairs from `before` to
-/// `after` (for one shard).
-#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) fn memory_keys(before: usize, after: usize) {
-    #[cfg(feature = "metrics")]
-    {
-        let keys = handles::memory_keys();
-        if after >= before {
-            keys.increment((after - before) as f64);
-        } else {
-            keys.decrement((before - after) as f64);
-        }
-    }
-}
-
 /// The handles of the metrics counted per request, registered once: the
 /// `metrics` macros build a key (and a label list, an allocation) and look
 /// it up in the recorder on every call.
@@ -128,7 +102,7 @@ mod handles {
     use std::cell::RefCell;
     use std::sync::{Arc, OnceLock};
 
-    use metrics::{Counter, Gauge, Histogram};
+    use metrics::{Counter, Histogram};
 
     use super::Outcome;
 
@@ -195,11 +169,6 @@ mod handles {
         static HISTOGRAM: OnceLock<Histogram> = OnceLock::new();
         HISTOGRAM.get_or_init(|| metrics::histogram!("slidegate_store_seconds"))
     }
-
-    pub(super) fn memory_keys() -> &'static Gauge {
-        static GAUGE: OnceLock<Gauge> = OnceLock::new();
-        GAUGE.get_or_init(|| metrics::gauge!("slidegate_memory_keys"))
-    }
 }
 
 /// Times a store call when someone listens: the `metrics` feature, or a
@@ -234,15 +203,19 @@ mod tests {
         })
     }
 
-    /// The names this module reports: its string literals that start with
-    /// `slidegate_`, in the code above these tests.
+    /// The names the crate reports: the string literals that start with
+    /// `slidegate_` in the code (above their tests) of this module and of
+    /// the store's gauges.
     fn reported() -> BTreeSet<&'static str> {
-        let source = include_str!("metrics.rs");
-        let code = &source[..source.find("#[cfg(test)]").unwrap()];
-        code.lines()
-            .filter(|line| !line.trim_start().starts_with("//"))
-            .flat_map(|line| line.split('"').skip(1).step_by(2))
-            .flat_map(names_in)
+        [include_str!("metrics.rs"), include_str!("store/gauges.rs")]
+            .into_iter()
+            .flat_map(|source| {
+                let code = &source[..source.find("#[cfg(test)]").unwrap_or(source.len())];
+                code.lines()
+                    .filter(|line| !line.trim_start().starts_with("//"))
+                    .flat_map(|line| line.split('"').skip(1).step_by(2))
+                    .flat_map(names_in)
+            })
             .collect()
     }
 

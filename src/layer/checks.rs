@@ -12,9 +12,9 @@ use crate::layer::local_fallback::LocalChecks;
 use crate::layer::recorded::{Recorded, report_release};
 use crate::layer::settings::Settings;
 use crate::metrics::Timer;
-use crate::policy::cost::Checks;
 use crate::policy::plan::Plan;
 use crate::policy::{Algorithm, Count, FailMode, Settlement};
+use crate::store::Checks;
 use crate::store::{Check, CheckFuture, Decisions, Store, StoreError};
 
 /// A request's checks, as sent to the store.
@@ -56,18 +56,18 @@ pub(crate) struct Modes {
 impl Modes {
     /// The modes of `checks`, built from `plan`, which it puts in order:
     /// for checks that need more than counting (see
-    /// [`Priced::has_modes`](crate::policy::plan::Priced::has_modes)).
+    /// [`Priced::has_modes`](crate::layer::priced::Priced::has_modes)).
     pub(crate) fn new(plan: &Plan, checks: &mut Checks, settings: Settings) -> Box<Self> {
         let shadow = |check: &Check| {
             settings.shadow
                 || plan
-                    .policy_of(check)
+                    .policy_named(&check.policy)
                     .is_some_and(|policy| policy.is_shadow())
         };
         // Stable: enforced checks keep their order, and so do shadow ones.
         checks.sort_by_key(shadow);
         let shadow_from = checks.iter().position(shadow).unwrap_or(checks.len());
-        let policies = || checks.iter().map(|check| plan.policy_of(check));
+        let policies = || checks.iter().map(|check| plan.policy_named(&check.policy));
         let counts: SmallVec<[Count; 2]> = policies()
             .map(|policy| policy.map_or(Count::All, |policy| policy.count()))
             .collect();

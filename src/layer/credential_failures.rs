@@ -11,7 +11,8 @@ use http::request::Parts;
 use crate::RateLimitLayer;
 use crate::key::{KeyExtractor, PeerIp};
 use crate::layer::deny_cache::{Denied, DenyCache};
-use crate::policy::plan::{Plan, Priced};
+use crate::layer::priced::Priced;
+use crate::policy::plan::Plan;
 use crate::policy::{CREDENTIAL_FAILURES, FailMode, Policy};
 use crate::store::Check;
 
@@ -114,8 +115,7 @@ impl CredentialFailures {
 
     /// One refusal, priced: a unit of the policy.
     fn refusal(&self) -> Priced<'_> {
-        self.plan
-            .priced(None, None, None, false, FailMode::Open)
+        Priced::of(&self.plan, None, None, None, false, FailMode::Open)
             .expect("one unit fits a limit of at least one")
     }
 

@@ -24,6 +24,7 @@ use crate::layer::answered::cached_denial;
 use crate::layer::checks::{self, Modes, SentChecks};
 use crate::layer::future::{Continuation, Next};
 use crate::layer::outcome::{outcome, refused_locally};
+use crate::layer::priced::Priced;
 use crate::layer::refused::{blocked, refusal_of, refused};
 use crate::layer::reject::reject;
 use crate::layer::settings::Shared;
@@ -31,9 +32,10 @@ use crate::limits::Found;
 use crate::lookup::{TIER_TIMED_OUT, within};
 use crate::metrics::{self, Outcome, Timer};
 use crate::policy::Policies;
-use crate::policy::cost::{Checks, Costs};
+use crate::policy::cost::Costs;
 use crate::policy::plan::Plan;
 use crate::rejection::Rejection;
+use crate::store::Checks;
 use crate::store::{CheckFuture, Soon};
 
 /// Decides the request whose head is `parts` as far as it can without
@@ -303,7 +305,7 @@ fn send(
 ) -> Result<Soon<Next>, (SentChecks, CheckFuture)> {
     let tier = identity.tier.as_deref();
     let settings = shared.settings;
-    let priced = match plan.priced(tier, costs, own, settings.shadow, settings.fail_mode) {
+    let priced = match Priced::of(plan, tier, costs, own, settings.shadow, settings.fail_mode) {
         Ok(priced) => priced,
         Err(denied) => {
             let rejection = Rejection::CostAboveLimit(&denied);
@@ -352,7 +354,7 @@ fn send(
         return Ok(Soon::ready(next));
     }
     sent.timer = Timer::start();
-    match checks::check(&shared.store, &sent.checks, enforced).into_ready() {
+    match checks::check(shared.store(), &sent.checks, enforced).into_ready() {
         Ok(answer) => Ok(outcome(shared, parts, plan, tier, &sent, answer)),
         Err(answer) => Err((sent, answer)),
     }

@@ -10,10 +10,11 @@ use smallvec::SmallVec;
 
 use crate::clock::{Clock, SystemClock, duration_micros};
 use crate::key::Key;
+use crate::layer::priced::Price;
 use crate::policy::Algorithm;
-use crate::policy::cost::Checks;
 use crate::response::problem::TooManyBody;
-use crate::store::{Check, Decision, Price, Scope};
+use crate::store::Checks;
+use crate::store::{Check, Decision, Scope};
 
 /// Entries a layer's deny cache holds by default.
 pub(crate) const DEFAULT_CAPACITY: usize = 10_000;

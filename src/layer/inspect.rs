@@ -94,7 +94,11 @@ impl RateLimitLayer {
     ) -> Result<Decision, LimitError> {
         let policy = self.policy_named(policy)?;
         let check = self.check_of(&policy, key, tier).await;
-        let decisions = self.shared.store.peek(std::slice::from_ref(&check)).await?;
+        let decisions = self
+            .shared
+            .store()
+            .peek(std::slice::from_ref(&check))
+            .await?;
         decisions
             .first()
             .copied()
@@ -117,7 +121,7 @@ impl RateLimitLayer {
         let mut check = Check::of_valid(&policy, key, None);
         self.shared.in_namespace(&mut check);
         self.shared
-            .store
+            .store()
             .reset(std::slice::from_ref(&check))
             .await?;
         if let Some(cache) = &self.shared.deny_cache {

@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 use smallvec::SmallVec;
 
 use crate::layer::owed::Owed;
-use crate::policy::cost::Checks;
 use crate::policy::{Algorithm, Count, FailMode, Settlement};
+use crate::store::Checks;
 use crate::store::{Check, Decisions, MemoryStore, Store};
 
 /// The local counts of a layer, and when its store last failed.

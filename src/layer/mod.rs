@@ -161,6 +161,7 @@ mod local_fallback;
 mod outcome;
 mod owed;
 mod policy_names;
+pub(crate) mod priced;
 pub(crate) mod recorded;
 mod refused;
 mod reject;
@@ -168,6 +169,7 @@ mod service;
 mod settings;
 mod settled;
 mod settlement;
+mod stores;
 mod unsettled;
 mod usage;
 
@@ -193,11 +195,12 @@ use crate::limits::ClientLimits;
 use crate::lookup::Lookup;
 use crate::policy::Policy;
 use crate::policy::{Policies, RequestCost};
-use crate::store::{Sliced, Store};
+use crate::store::Store;
 pub use credential_failures::CredentialFailures;
 pub use deny_cache::DenyCache;
 pub(crate) use settings::Shared;
 use settings::{DEFAULT_LIMIT_TTL, Settings};
+use stores::LayerStore;
 
 /// Applies sliding-window rate limiting to a service.
 ///
@@ -240,19 +243,14 @@ impl RateLimitLayer {
     /// keeps a [`DenyCache`] of 10,000 entries; see
     /// [`with_deny_cache`](Self::with_deny_cache).
     pub fn new(store: impl Store, key_extractor: impl KeyExtractor, policies: Policies) -> Self {
-        let remote = store.is_remote();
-        let deny_cache = remote.then(|| DenyCache::new(deny_cache::DEFAULT_CAPACITY));
-        // A remote store serves policies with slices; the memory store
-        // has no use for them.
-        let store: Arc<dyn Store> = if remote {
-            Arc::new(Sliced::new(Arc::new(store)))
-        } else {
-            Arc::new(store)
-        };
+        let deny_cache = store
+            .is_remote()
+            .then(|| DenyCache::new(deny_cache::DEFAULT_CAPACITY));
+        let stores = Arc::new(LayerStore::new(Arc::new(store), &policies));
         Self {
             shared: Arc::new(Shared {
                 deny_cache,
-                store,
+                stores,
                 keys: Arc::new(key_extractor),
                 policies: Arc::new(ArcSwap::from_pointee(policies)),
                 tier_lookup: None,
@@ -526,7 +524,7 @@ impl<S> Layer<S> for RateLimitLayer {
     /// names.
     fn layer(&self, inner: S) -> Self::Service {
         let shared = &self.shared;
-        if let Some(state) = shared.store.shared_state()
+        if let Some(state) = shared.stores.given().shared_state()
             && let Err(conflict) =
                 policy_names::register(state, shared.namespace.as_ref(), &shared.policies)
         {

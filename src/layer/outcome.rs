@@ -72,7 +72,7 @@ pub(crate) fn outcome(
                 shared,
                 parts,
                 Answered {
-                    store: &shared.store,
+                    store: shared.store(),
                     checks: decided,
                     decisions: &decisions,
                     enforced,
@@ -119,7 +119,7 @@ pub(crate) fn outcome(
             }
             // An upgraded connection still takes its leases, once the
             // store answers its renewals.
-            let leases = Owed::untaken_leases(&shared.store, checks, parts);
+            let leases = Owed::untaken_leases(shared.store(), checks, parts);
             Soon::ready(Next::Call(None, leases))
         }
     }

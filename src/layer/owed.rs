@@ -19,8 +19,8 @@ use crate::layer::connection::{ConnectionLease, Upgrade};
 use crate::layer::recorded::{Recorded, report_refund, report_release};
 use crate::layer::unsettled::Place;
 use crate::layer::usage::{InForce, Usage};
-use crate::policy::cost::Checks;
 use crate::policy::{Algorithm, Count, Policies, Settlement};
+use crate::store::Checks;
 use crate::store::closest_to_denying;
 use crate::store::{Check, Decision, Decisions, Store};
 

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use arc_swap::ArcSwap;
 
 use crate::RateLimitLayer;
+use crate::layer::stores::LayerStore;
 use crate::policy::{Policies, Policy, PolicyError};
 
 /// A layer that counts on a store: its store's state, its namespace and
@@ -139,12 +140,16 @@ fn conflict_with(ours: &Policies, theirs: &Weak<ArcSwap<Policies>>) -> Option<Po
 /// assert_eq!(handle.current().iter().next().unwrap().limit(), 20);
 /// ```
 #[derive(Clone)]
-pub struct PoliciesHandle(Arc<ArcSwap<Policies>>);
+pub struct PoliciesHandle {
+    policies: Arc<ArcSwap<Policies>>,
+    /// The layer's store, which serves slices once policies take them.
+    stores: Arc<LayerStore>,
+}
 
 impl std::fmt::Debug for PoliciesHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_tuple("PoliciesHandle")
-            .field(&**self.0.load())
+            .field(&**self.policies.load())
             .finish()
     }
 }
@@ -152,7 +157,7 @@ impl std::fmt::Debug for PoliciesHandle {
 impl PoliciesHandle {
     /// The policies in force.
     pub fn current(&self) -> Arc<Policies> {
-        self.0.load_full()
+        self.policies.load_full()
     }
 
     /// Puts `policies` in force for every request from now on.
@@ -182,8 +187,11 @@ impl PoliciesHandle {
     /// assert!(matches!(&refused, PolicyError::SharedName { name, .. } if name == "api"));
     /// ```
     pub fn replace(&self, policies: Policies) -> Result<(), PolicyError> {
-        may_replace(&self.0, &policies)?;
-        self.0.store(Arc::new(policies));
+        may_replace(&self.policies, &policies)?;
+        // Slices are served before a request can meet a policy that takes
+        // them.
+        self.stores.serve(&policies);
+        self.policies.store(Arc::new(policies));
         Ok(())
     }
 }
@@ -193,7 +201,10 @@ impl RateLimitLayer {
     /// serves, in every service the layer wraps, clones included; counts
     /// are kept by policy name.
     pub fn policies_handle(&self) -> PoliciesHandle {
-        PoliciesHandle(self.shared.policies.clone())
+        PoliciesHandle {
+            policies: self.shared.policies.clone(),
+            stores: self.shared.stores.clone(),
+        }
     }
 }
 

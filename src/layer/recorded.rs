@@ -10,7 +10,7 @@ use std::time::Duration;
 use smallvec::SmallVec;
 
 use crate::layer::background::in_background_on;
-use crate::policy::cost::Checks;
+use crate::store::Checks;
 use crate::store::{Check, CheckFuture, Decision, Store, StoreError};
 use crate::throttle::{REFUND_FAILURES, RELEASE_FAILURES};
 

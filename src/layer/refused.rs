@@ -102,7 +102,7 @@ pub(crate) fn refused(
         check,
     };
     match shared
-        .store
+        .store()
         .check(std::slice::from_ref(&refusal.check))
         .into_ready()
     {

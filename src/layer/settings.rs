@@ -14,6 +14,7 @@ use crate::layer::credential_failures::CredentialFailures;
 use crate::layer::delay::DelayedRequests;
 use crate::layer::deny_cache::DenyCache;
 use crate::layer::local_fallback::LocalLimits;
+use crate::layer::stores::LayerStore;
 use crate::limits::ClientLimits;
 use crate::lookup::Lookup;
 use crate::policy::{FailMode, Policies, RequestCost};
@@ -65,7 +66,9 @@ impl Default for Settings {
 /// Everything a [`RateLimit`] service shares with its clones.
 #[derive(Clone)]
 pub(crate) struct Shared {
-    pub(crate) store: Arc<dyn Store>,
+    /// The store, with slices served in front of it once a policy takes
+    /// them.
+    pub(crate) stores: Arc<LayerStore>,
     pub(crate) keys: Arc<dyn KeyExtractor>,
     /// The policies in force, replaceable while the layer serves.
     pub(crate) policies: Arc<ArcSwap<Policies>>,
@@ -89,6 +92,11 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// The store to call now.
+    pub(crate) fn store(&self) -> &Arc<dyn Store> {
+        self.stores.get()
+    }
+
     /// `check` in the layer's namespace.
     pub(crate) fn in_namespace(&self, check: &mut Check) {
         check.namespace.clone_from(&self.namespace);

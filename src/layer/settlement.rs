@@ -11,7 +11,7 @@ use tokio::sync::{OwnedRwLockReadGuard, RwLock};
 
 use crate::layer::background::spawn_on;
 use crate::layer::recorded::Recorded;
-use crate::policy::cost::Checks;
+use crate::store::Checks;
 use crate::store::{CheckFuture, Store, StoreError};
 use crate::throttle::SETTLE_FAILURES;
 

@@ -4,7 +4,6 @@ use http::request::Parts;
 use smallvec::SmallVec;
 
 use crate::policy::Policy;
-use crate::store::Check;
 
 /// What a request costs under one policy, as a [`RequestCost`] says.
 ///
@@ -89,7 +88,3 @@ where
 
 /// The costs one request computed, one per applying policy.
 pub(crate) type Costs = SmallVec<[Cost; 2]>;
-
-/// One request's checks: one per policy that counts it, inline for the
-/// usual one or two.
-pub(crate) type Checks = SmallVec<[Check; 2]>;

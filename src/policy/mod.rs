@@ -63,6 +63,7 @@ mod route;
 mod settlement;
 mod slice;
 mod table;
+pub(crate) mod terms;
 mod tiers;
 mod waiting;
 
@@ -75,6 +76,7 @@ use error::validate_limits;
 pub(crate) use route::Route;
 pub(crate) use settlement::Settlement;
 pub use table::{Policies, PoliciesBuilder};
+pub(crate) use terms::Terms;
 pub use tiers::{Limits, TierLimits};
 pub(crate) use waiting::MAX_DELAY;
 

@@ -161,6 +161,7 @@
 //! [`Cost::Policy`]: crate::policy::Cost::Policy
 //! [`Cost::Exempt`]: crate::policy::Cost::Exempt
 
+mod grpc;
 pub(crate) mod limited;
 
 pub use limited::Limited;

@@ -1,6 +1,7 @@
 //! The limiter's answers as gRPC statuses, for services that speak gRPC
-//! ([`Rejection::to_grpc`]), and how a gRPC call ended, for policies that
-//! count failures or successes only.
+//! (see [`Rejection::to_grpc`](crate::rejection::Rejection::to_grpc)), and
+//! how a gRPC call ended, for policies that count failures or successes
+//! only.
 
 use std::time::Duration;
 
@@ -9,17 +10,16 @@ use http::header::CONTENT_TYPE;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 
 use crate::headers::number_value;
-use crate::rejection::Rejection;
 
 const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
 
 /// gRPC status codes the limiter answers with.
-const RESOURCE_EXHAUSTED: u64 = 8;
-const INTERNAL: u64 = 13;
-const UNAVAILABLE: u64 = 14;
-const UNAUTHENTICATED: u64 = 16;
+pub(crate) const RESOURCE_EXHAUSTED: u64 = 8;
+pub(crate) const INTERNAL: u64 = 13;
+pub(crate) const UNAVAILABLE: u64 = 14;
+pub(crate) const UNAUTHENTICATED: u64 = 16;
 
 /// Whether `content_type` is gRPC's: `application/grpc`, or a subtype such
 /// as `application/grpc+proto` (gRPC-Web is not).
@@ -67,98 +67,30 @@ pub(crate) fn call_failed(fields: &HeaderMap) -> Option<bool> {
     fields.get(GRPC_STATUS).map(|status| status != "0")
 }
 
-impl Rejection<'_> {
-    /// This rejection as a gRPC status, in a "Trailers-Only" response
-    /// (HTTP `200`, `content-type: application/grpc`, `grpc-status` and
-    /// `grpc-message` in the headers, no body):
-    ///
-    /// | rejection | status |
-    /// |---|---|
-    /// | over a limit | `RESOURCE_EXHAUSTED`, with `grpc-retry-pushback-ms` (the time until the call fits) |
-    /// | a cost above the limit | `RESOURCE_EXHAUSTED`, with `grpc-retry-pushback-ms: -1` (never retry) |
-    /// | credentials that do not verify, or none where they are needed | `UNAUTHENTICATED` |
-    /// | no client identified otherwise | `INTERNAL` |
-    /// | the store down, failing closed | `UNAVAILABLE`, with `grpc-retry-pushback-ms: 1000` |
-    ///
-    /// The layer answers a gRPC call (`content-type: application/grpc`,
-    /// `application/grpc+proto`, ...) so by itself; a hook calls this to
-    /// answer other requests as gRPC too. The layer adds the headers of its
-    /// own answer the response does not set (`retry-after` and the
-    /// rate-limit headers), which gRPC clients read as metadata.
-    ///
-    /// ```
-    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, store::MemoryStore};
-    /// use std::time::Duration;
-    ///
-    /// let policies = Policies::single(Policy::new("checks", 5, Duration::from_secs(60))).unwrap();
-    /// // Every answer as gRPC, whatever the request's content type.
-    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies)
-    ///     .on_rejection(|rejection, _| Some(rejection.to_grpc()));
-    /// ```
-    pub fn to_grpc(&self) -> Response<Bytes> {
-        let (code, message, pushback) = match self {
-            Self::Limited(limited) => (
-                RESOURCE_EXHAUSTED,
-                format!(
-                    "rate limit of {} reached for policy `{}`; retry in {} s",
-                    limited.limit(),
-                    limited.policy(),
-                    limited.retry_after().as_secs()
-                ),
-                Some(pushback_ms(limited.exact_retry_after())),
-            ),
-            Self::CostAboveLimit(denied) => (
-                RESOURCE_EXHAUSTED,
-                format!(
-                    "this call costs {} units under policy `{}`, which allows {}: it can never be admitted",
-                    denied.cost(),
-                    denied.policy(),
-                    denied.limit()
-                ),
-                Some(HeaderValue::from_static("-1")),
-            ),
-            Self::InvalidCredentials(refused) => (
-                UNAUTHENTICATED,
-                format!("invalid credentials: {}", refused.reason()),
-                None,
-            ),
-            Self::Unidentified {
-                missing_credentials: true,
-                ..
-            } => (UNAUTHENTICATED, "credentials are required".to_owned(), None),
-            Self::Unidentified { .. } => (
-                INTERNAL,
-                "the rate limiter could not identify the client".to_owned(),
-                None,
-            ),
-            Self::DelayFull { retry_after } => (
-                UNAVAILABLE,
-                "the rate limiter holds as many waiting calls as it may".to_owned(),
-                Some(pushback_ms(*retry_after)),
-            ),
-            // As the HTTP answer's `Retry-After: 1`: retries a second apart.
-            Self::StoreUnavailable(_) => (
-                UNAVAILABLE,
-                "the rate limiter is unavailable".to_owned(),
-                Some(HeaderValue::from_static("1000")),
-            ),
-        };
-        let mut response = Response::new(Bytes::new());
-        let headers = response.headers_mut();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-        headers.insert(GRPC_STATUS, number_value(code));
-        if let Ok(message) = HeaderValue::from_str(&percent_encoded(&message)) {
-            headers.insert(GRPC_MESSAGE, message);
-        }
-        if let Some(pushback) = pushback {
-            headers.insert(GRPC_RETRY_PUSHBACK_MS, pushback);
-        }
-        response
+/// A gRPC status `code` with `message`, and the retry pushback if any, as
+/// a "Trailers-Only" response (HTTP `200`, `content-type:
+/// application/grpc`, `grpc-status` and `grpc-message` in the headers, no
+/// body).
+pub(crate) fn status_response(
+    code: u64,
+    message: &str,
+    pushback: Option<HeaderValue>,
+) -> Response<Bytes> {
+    let mut response = Response::new(Bytes::new());
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert(GRPC_STATUS, number_value(code));
+    if let Ok(message) = HeaderValue::from_str(&percent_encoded(message)) {
+        headers.insert(GRPC_MESSAGE, message);
     }
+    if let Some(pushback) = pushback {
+        headers.insert(GRPC_RETRY_PUSHBACK_MS, pushback);
+    }
+    response
 }
 
 /// Whole milliseconds, rounded up, as gRPC's retry pushback.
-fn pushback_ms(retry_after: Duration) -> HeaderValue {
+pub(crate) fn pushback_ms(retry_after: Duration) -> HeaderValue {
     let millis = retry_after.as_nanos().div_ceil(1_000_000);
     number_value(u64::try_from(millis).unwrap_or(u64::MAX))
 }
@@ -221,14 +153,5 @@ mod tests {
         assert_eq!(response_failed(StatusCode::OK, &head(&[web])), None);
         assert_eq!(call_failed(&head(&[("grpc-status", "13")])), Some(true));
         assert_eq!(call_failed(&head(&[])), None);
-    }
-
-    #[test]
-    fn a_store_down_spaces_retries_a_second_apart() {
-        let error = crate::store::StoreError::CircuitOpen;
-        let response = Rejection::StoreUnavailable(&error).to_grpc();
-        let headers = response.headers();
-        assert_eq!(headers[GRPC_STATUS], "14");
-        assert_eq!(headers[GRPC_RETRY_PUSHBACK_MS], "1000");
     }
 }

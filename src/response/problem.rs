@@ -9,9 +9,9 @@ use http::header::{CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use serde_json::json;
 
-use crate::headers::ceil_seconds;
 use crate::key::KeyRejection;
 use crate::policy::Algorithm;
+use crate::policy::terms::ceil_seconds;
 use crate::store::{Check, Decision};
 
 const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");

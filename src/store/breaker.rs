@@ -143,7 +143,7 @@ struct Breaker {
 impl<S: Store> CircuitBreaker<S> {
     /// Guards `store` with a breaker of `settings`.
     pub fn new(store: S, settings: BreakerSettings) -> Self {
-        crate::metrics::breaker_state(BreakerState::Closed);
+        crate::store::gauges::breaker_state(BreakerState::Closed);
         Self {
             store,
             breaker: Arc::new(Breaker {
@@ -211,7 +211,7 @@ impl Breaker {
                     >= u64::try_from(self.settings.cooldown.as_micros()).unwrap_or(u64::MAX);
                 let probing = Word::new(word.stamp(), PROBING);
                 if cooled && self.swap(word, probing) {
-                    crate::metrics::breaker_state(BreakerState::Probing);
+                    crate::store::gauges::breaker_state(BreakerState::Probing);
                     tracing::info!("rate-limit store breaker half-open: probing the store");
                     Pass::Probe(probing)
                 } else {
@@ -240,7 +240,7 @@ impl Breaker {
                 }
                 let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
                 if failures >= self.settings.failures && self.swap(passed, self.opening(passed)) {
-                    crate::metrics::breaker_state(BreakerState::Open);
+                    crate::store::gauges::breaker_state(BreakerState::Open);
                     tracing::warn!(
                         %error,
                         failures,
@@ -259,7 +259,7 @@ impl Breaker {
             Ok(_) | Err(StoreError::Unsupported(_) | StoreError::Full(_)) => {
                 self.failures.store(0, Ordering::Release);
                 if self.swap(probe, Word::new(probe.stamp(), CLOSED)) {
-                    crate::metrics::breaker_state(BreakerState::Closed);
+                    crate::store::gauges::breaker_state(BreakerState::Closed);
                     tracing::info!("rate-limit store breaker closed: the store answers again");
                 }
             }
@@ -269,7 +269,7 @@ impl Breaker {
 
     fn reopen(&self, probe: Word, error: &dyn std::fmt::Display) {
         if self.swap(probe, self.opening(probe)) {
-            crate::metrics::breaker_state(BreakerState::Open);
+            crate::store::gauges::breaker_state(BreakerState::Open);
             tracing::debug!(%error, "rate-limit store probe failed; breaker open again");
         }
     }

@@ -1,15 +1,15 @@
-//! [`Check`]: one policy to check for one client; and what the request
-//! path builds checks from, the terms of a policy's check for a tier
-//! ([`Terms`], worked out once per plan) and one request's price under
-//! them ([`Price`]).
+//! [`Check`]: one policy to check for one client, built from the terms of
+//! a policy's check for a tier ([`Terms`], worked out once per plan).
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use smallvec::SmallVec;
+
 use super::next_lease_id;
 use crate::clock::duration_micros;
 use crate::key::Key;
-use crate::policy::{Algorithm, Limits, Policy, PolicyError};
+use crate::policy::{Algorithm, Limits, Policy, PolicyError, Terms};
 
 /// One policy to check for one client, as one of a request's checks.
 ///
@@ -87,14 +87,41 @@ impl Check {
     /// policy, or as a client's own limit), at their cost.
     pub(crate) fn from_limits(policy: &Policy, key: &Key, limits: Limits) -> Self {
         let terms = Terms::with_limits(policy, limits);
-        let price = Price {
-            terms: &terms,
-            limit: limits.limit,
-            burst: limits.burst,
-            cost: limits.cost,
-            enforced: true,
-        };
-        price.check(key, None)
+        Self::of_terms(&terms, key, None, (limits.limit, limits.burst), limits.cost)
+    }
+
+    /// The check of the client `key` under `terms`, in `namespace`, at the
+    /// client's own `(limit, burst)` and the request's `cost`.
+    pub(crate) fn of_terms(
+        terms: &Terms,
+        key: &Key,
+        namespace: Option<&Arc<str>>,
+        (limit, burst): (u32, u32),
+        cost: u32,
+    ) -> Self {
+        Self {
+            policy: terms.policy.clone(),
+            namespace: namespace.cloned(),
+            key: key.clone(),
+            limit,
+            window: terms.limits.window,
+            cost,
+            algorithm: terms.algorithm,
+            burst,
+            block_micros: terms.block_micros,
+            delay_micros: terms.delay_micros,
+            lease: match terms.algorithm {
+                Algorithm::Concurrency => next_lease_id(),
+                _ => 0,
+            },
+            span_micros: terms.span_micros,
+            // A client allowed less than the policy's slice takes its
+            // whole limit; one allowed a single unit, none.
+            slice: match terms.slice.min(burst) {
+                0 | 1 => 0,
+                slice => slice,
+            },
+        }
     }
 
     /// This check at a cost of `cost` units instead of the policy's: at
@@ -218,80 +245,6 @@ impl Check {
 /// client (see [`Check::scope`]).
 pub(crate) type Scope = (Option<Arc<str>>, Arc<str>, Key);
 
-/// What a policy's check carries for a client of one tier, whoever the
-/// client is.
-#[derive(Debug)]
-pub(crate) struct Terms {
-    pub(crate) policy: Arc<str>,
-    pub(crate) algorithm: Algorithm,
-    /// The tier's limit, window, cost and burst.
-    pub(crate) limits: Limits,
-    pub(crate) block_micros: u64,
-    pub(crate) delay_micros: u64,
-    pub(crate) span_micros: u64,
-    /// The policy's slice, 0 for none.
-    pub(crate) slice: u32,
-}
-
-impl Terms {
-    /// The terms of `policy` for clients of `tier`.
-    pub(crate) fn of(policy: &Policy, tier: Option<&str>) -> Self {
-        Self::with_limits(policy, policy.limits_for(tier))
-    }
-
-    /// The terms of `policy` at `limits`.
-    fn with_limits(policy: &Policy, limits: Limits) -> Self {
-        Self {
-            policy: policy.shared_name().clone(),
-            algorithm: policy.algorithm(),
-            limits,
-            block_micros: duration_micros(policy.block().unwrap_or_default()),
-            delay_micros: duration_micros(policy.delay().unwrap_or_default()),
-            span_micros: duration_micros(policy.longest_window().max(limits.window)),
-            slice: policy.slice().unwrap_or(0),
-        }
-    }
-}
-
-/// One policy's check of a request, but for the client: the tier's terms,
-/// at the client's own limit and the request's cost.
-#[derive(Debug)]
-pub(crate) struct Price<'a> {
-    pub(crate) terms: &'a Terms,
-    pub(crate) limit: u32,
-    pub(crate) burst: u32,
-    pub(crate) cost: u32,
-    /// Whether the check decides the request: neither its policy nor
-    /// the layer is in shadow mode.
-    pub(crate) enforced: bool,
-}
-
-impl Price<'_> {
-    /// The check of the client `key`, in the layer's `namespace`.
-    pub(crate) fn check(&self, key: &Key, namespace: Option<&Arc<str>>) -> Check {
-        let terms = self.terms;
-        Check {
-            policy: terms.policy.clone(),
-            namespace: namespace.cloned(),
-            key: key.clone(),
-            limit: self.limit,
-            window: terms.limits.window,
-            cost: self.cost,
-            algorithm: terms.algorithm,
-            burst: self.burst,
-            block_micros: terms.block_micros,
-            delay_micros: terms.delay_micros,
-            lease: match terms.algorithm {
-                Algorithm::Concurrency => next_lease_id(),
-                _ => 0,
-            },
-            span_micros: terms.span_micros,
-            // A client allowed less than the policy's slice takes its
-            // whole limit; one allowed a single unit, none.
-            slice: match terms.slice.min(self.burst) {
-                0 | 1 => 0,
-                slice => slice,
-            },
-        }
-    }
-}
+/// One request's checks: one per policy that counts it, inline for the
+/// usual one or two.
+pub(crate) type Checks = SmallVec<[Check; 2]>;

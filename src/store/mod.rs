@@ -52,6 +52,7 @@ mod check;
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod conformance;
 mod decision;
+mod gauges;
 mod memory;
 #[cfg(feature = "redis")]
 mod redis;
@@ -60,7 +61,7 @@ mod soon;
 
 pub use breaker::{BreakerSettings, BreakerState, CircuitBreaker};
 pub use check::Check;
-pub(crate) use check::{Price, Scope, Terms};
+pub(crate) use check::{Checks, Scope};
 pub use decision::{Decision, Decisions};
 pub(crate) use decision::{closest_to_denying, index_of_min};
 pub(crate) use memory::next_lease_id;

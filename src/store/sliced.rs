@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use smallvec::SmallVec;
 
 use super::{Check, CheckFuture, Decision, Decisions, Scope, Store, StoreError};
-use crate::policy::cost::Checks;
+use crate::store::Checks;
 
 /// The longest a slice lives, whatever its window.
 const MAX_LIFETIME: Duration = Duration::from_secs(1);

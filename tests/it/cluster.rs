@@ -349,7 +349,7 @@ async fn checks_queued_together_on_a_cluster_share_a_call_per_slot() {
             .all(|a| a.as_ref().unwrap()[0].admitted)
     );
     // One call per slot, one more for the busy client's first request,
-    // which went alone while the rest queued behind it, and the refused
+    // which went alone while the rest queued while it was in flight, and the refused
     // cross-slot request's own attempt (rejected before it runs, so not
     // among the calls).
     assert_eq!(fcalls(&cluster), slots.len() as u64 + 1);

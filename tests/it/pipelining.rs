@@ -189,9 +189,9 @@ fn calls(server: &RedisServer, command: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// Checks that arrive while a call is in flight go to Redis together once
-/// it returns (in calls of at most 32 policies, one after the other), and
-/// each gets its own decision, in arrival order.
+/// Checks that arrive while a call is in flight go to Redis together (in
+/// calls of at most 32 policies, one after the other), and each gets its
+/// own decision, in arrival order.
 #[tokio::test(flavor = "current_thread")]
 async fn checks_queued_together_are_decided_by_one_call_in_arrival_order() {
     let server = RedisServer::start();
@@ -214,7 +214,7 @@ async fn checks_queued_together_are_decided_by_one_call_in_arrival_order() {
         })
         .collect();
     let decisions = check_all(&store, checks).await;
-    // The first goes at once; the 119 that queue behind it in calls of 32.
+    // The first goes at once; the 119 that queue while it is in flight, in calls of 32.
     assert_eq!(calls(&server, "fcall"), 5, "120 checks queued together");
     let hot: Vec<_> = decisions.iter().step_by(2).collect();
     for (n, decision) in hot.iter().enumerate() {
@@ -261,7 +261,7 @@ async fn a_request_failing_inside_a_batch_leaves_the_others_decided() {
     for task in tasks {
         answers.push(task.await.unwrap());
     }
-    // The first at once, then the eight that queued behind it, then the
+    // The first at once, then the eight that queued while it was in flight, then the
     // failed one alone.
     assert_eq!(calls(&server, "fcall"), 3, "the batch, then the failed one");
     for (i, answer) in answers.iter().enumerate() {
@@ -345,7 +345,7 @@ async fn a_flood_of_queued_checks_is_split_into_calls_of_at_most_32_policies() {
         .map(|_| Check::new(&policy, Key::new("flooded")).unwrap())
         .collect();
     let decisions = check_all(&store, checks).await;
-    // The first at once, the 299 that queued behind it in calls of 32.
+    // The first at once, the 299 that queued while it was in flight in calls of 32.
     assert_eq!(calls(&server, "fcall"), 11, "300 checks in calls of 32");
     let admitted: Vec<bool> = decisions.iter().map(|d| d.admitted).collect();
     assert_eq!(admitted, [vec![true; 100], vec![false; 200]].concat());
@@ -369,7 +369,7 @@ async fn a_flood_of_queued_checks_is_split_into_calls_of_at_most_32_policies() {
     for task in tasks {
         assert!(task.await.unwrap().unwrap()[0].admitted);
     }
-    // The first request's three at once, the 33 that queued behind it in
+    // The first request's three at once, the 33 that queued while it was in flight in
     // calls of 32 and 3 (requests are not split).
     assert_eq!(calls(&server, "fcall"), 3, "36 policies in calls of 32");
 }
@@ -394,16 +394,15 @@ async fn a_window_changing_inside_a_batch_never_admits_past_a_logs_limit() {
         .collect();
     server.cli(&["config", "resetstat"]);
     let decisions = check_all(&store, checks).await;
-    // The first at once, the eleven that queued behind it in one batch.
+    // The first at once, the eleven that queued while it was in flight in one batch.
     assert_eq!(calls(&server, "fcall"), 2, "one batch");
     let admitted = decisions.iter().filter(|d| d.admitted).count();
     assert_eq!(admitted, 5, "{admitted} admitted at a limit of 5");
 }
 
 /// A check that went at once and whose request is dropped while its call
-/// is in flight (a client gone) still hands on its turn: the checks that
-/// queued behind it are sent and decided, and the next check finds the
-/// line free.
+/// is in flight (a client gone) leaves the checks that queued beside it
+/// to be sent and decided, and the next check decided too.
 #[tokio::test(flavor = "current_thread")]
 async fn a_dropped_check_in_flight_leaves_the_checks_behind_it_decided() {
     let server = RedisServer::start();
@@ -423,7 +422,7 @@ async fn a_dropped_check_in_flight_leaves_the_checks_behind_it_decided() {
             tokio::spawn(async move { store.check(&[check]).await })
         })
         .collect();
-    // Each queues behind the call in flight.
+    // Each queues beside the call in flight.
     tokio::task::yield_now().await;
     drop(first);
     for task in behind {

@@ -14,9 +14,10 @@ use crate::layer::checks::{Modes, SentChecks};
 use crate::layer::decide::decide;
 use crate::layer::future::Next;
 use crate::layer::outcome::outcome;
+use crate::layer::priced::Priced;
 use crate::metrics::Timer;
-use crate::policy::cost::Checks;
 use crate::policy::{Cost, Policies, Policy};
+use crate::store::Checks;
 use crate::store::{Check, CheckFuture, CheckOutcome, Decision, Store, StoreError};
 
 /// A store the parts under test must never ask.
@@ -110,9 +111,7 @@ fn answered(layer: &RateLimitLayer, fail_closed: bool, answer: CheckOutcome) -> 
     let policies = layer.shared.policies.load();
     let plan = policies.plan_in(&Method::GET, "/", true);
     let settings = layer.shared.settings;
-    let priced = plan
-        .priced(None, None, None, settings.shadow, settings.fail_mode)
-        .unwrap();
+    let priced = Priced::of(plan, None, None, None, settings.shadow, settings.fail_mode).unwrap();
     let key = Key::new("client");
     let mut checks: Checks = priced.prices.iter().map(|p| p.check(&key, None)).collect();
     let modes = priced

@@ -398,7 +398,7 @@ impl MemoryStore {
             let mut shard = lock(&self.inner.shards[self.shard_of(hash)]);
             let before = shard.pairs.len();
             shard.pairs.remove(&PairOf { hash, check });
-            crate::metrics::memory_keys(before, shard.pairs.len());
+            crate::store::gauges::memory_keys(before, shard.pairs.len());
         }
     }
 }

@@ -122,7 +122,7 @@ impl Shard {
         self.pairs.retain(|_, spent| !spent.is_idle(now));
         self.inserted = 0;
         self.sweep_after = self.pairs.len().max(MIN_SWEEP_AFTER);
-        crate::metrics::memory_keys(before, self.pairs.len());
+        crate::store::gauges::memory_keys(before, self.pairs.len());
         before - self.pairs.len()
     }
 
@@ -142,7 +142,7 @@ impl Shard {
         };
         let before = self.pairs.len();
         self.pairs.insert(pair, spent);
-        crate::metrics::memory_keys(before, self.pairs.len());
+        crate::store::gauges::memory_keys(before, self.pairs.len());
     }
 }
 

@@ -1,23 +1,24 @@
-//! Natural batching: a check that finds no call in flight goes to Redis
-//! at once, from its own task; checks that arrive while one is in flight
-//! wait, and go together as the next call when it returns.
+//! Batches: a check that finds no call of its line in flight goes to
+//! Redis at once, from its own task; checks that arrive while calls are
+//! in flight queue, and go together.
 //!
 //! The store keeps a *line* (on a cluster, one per slot, since a call
-//! stays in one slot). A check that finds its line idle marks it busy and
-//! sends its own call: no queue, no spawned task, no channel. Checks that
-//! find it busy join its queue. When the busy call ends (answered, failed,
-//! timed out or dropped with its request), whatever queued meanwhile is
-//! sent by a task spawned for it, as one `FCALL` of the batch function (or
-//! several, for more than 32 policies in all), and that task goes on
-//! sending what queues behind each call until the queue is found empty:
-//! alone, a check waits for nothing; under load, batches grow with it.
-//! The script decides the requests of a batch in queue order, each
+//! stays in one slot). A check that finds its line idle sends its own
+//! call: no queue, no spawned task, no channel, nothing added to a lone
+//! request's wait. One that finds a call in flight joins the line's
+//! queue, and the first to find the queue empty spawns its flush, which
+//! lets every task that is ready run (one yield, no timer), then sends
+//! the whole queue as one `FCALL` of the batch function (or several, for
+//! more than 32 policies in all). Calls are pipelined on the store's
+//! connections: a flush does not wait for the calls in flight, so Redis
+//! is kept busy under load while each call carries what queued since the
+//! last. The script decides the requests of a batch in queue order, each
 //! all-or-nothing on its own, and answers each separately: one request's
 //! error leaves the others' decisions standing.
 
 use std::collections::HashMap;
 use std::mem;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use deadpool_redis::redis::Value;
 use deadpool_redis::redis::cluster_routing::Slot;
@@ -39,7 +40,7 @@ pub(super) enum Verdict {
     Alone(Call),
 }
 
-/// A check waiting for the call in flight on its line to end.
+/// A check waiting for its flush.
 pub(super) struct Queued {
     pub(super) call: Call,
     pub(super) answer: oneshot::Sender<Verdict>,
@@ -49,163 +50,166 @@ pub(super) struct Queued {
 /// a cluster.
 type LineId = Option<Slot>;
 
-/// One line: whether a call is in flight on it, and what waits for it.
+/// One line: its calls in flight, and the checks waiting for a flush.
 #[derive(Default)]
 struct Line {
-    busy: bool,
+    in_flight: usize,
     waiting: Vec<Queued>,
+}
+
+impl Line {
+    fn is_idle(&self) -> bool {
+        self.in_flight == 0 && self.waiting.is_empty()
+    }
 }
 
 /// The lines of a store.
 enum Lines {
     /// A single server: one line.
     One(Line),
-    /// A cluster: a line per slot with a call in flight, dropped when idle.
+    /// A cluster: a line per slot in use, dropped when idle.
     BySlot(HashMap<Slot, Line>),
 }
 
-/// The store's lines, under one lock held only to look or push.
+impl Lines {
+    /// `id`'s line, made if need be; `None` for a check that cannot share
+    /// one (its keys span slots on a cluster).
+    fn get(&mut self, id: LineId) -> Option<&mut Line> {
+        match (self, id) {
+            (Self::One(one), _) => Some(one),
+            (Self::BySlot(slots), Some(slot)) => Some(slots.entry(slot).or_default()),
+            (Self::BySlot(_), None) => None,
+        }
+    }
+
+    /// Forgets `id`'s line if it is idle (on a cluster).
+    fn tidy(&mut self, id: LineId) {
+        if let (Self::BySlot(slots), Some(slot)) = (self, id)
+            && slots.get(&slot).is_some_and(Line::is_idle)
+        {
+            slots.remove(&slot);
+        }
+    }
+}
+
+/// The store's lines, under one lock held only to look, count or push.
 pub(super) struct Queue {
     lines: Mutex<Lines>,
+    by_slot: bool,
 }
 
 /// What a check finds on its line.
 enum Turn {
-    /// The line was idle: it is now this check's to send on.
+    /// The line was idle: the check goes at once.
     Go(Call),
-    /// A call is in flight: the check waits for this answer.
-    Wait(oneshot::Receiver<Verdict>),
+    /// Calls are in flight: the check waits for this answer, and spawns
+    /// the flush if it is the first to wait.
+    Wait(oneshot::Receiver<Verdict>, bool),
 }
 
 impl Queue {
     /// Idle lines, for the store's `connections`.
     pub(super) fn new(connections: &Connections) -> Self {
-        let lines = if connections.is_cluster() {
+        let by_slot = connections.is_cluster();
+        let lines = if by_slot {
             Lines::BySlot(HashMap::new())
         } else {
             Lines::One(Line::default())
         };
         Self {
             lines: Mutex::new(lines),
+            by_slot,
         }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Lines> {
+        self.lines.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The line of `call`; `None` for a call that cannot share one (its
     /// keys span slots on a cluster), which goes alone.
     fn line_of(&self, call: &Call) -> Option<LineId> {
-        match &*self.lock() {
-            Lines::One(_) => Some(None),
-            Lines::BySlot(_) => slot(call).map(Some),
+        if self.by_slot {
+            slot(call).map(Some)
+        } else {
+            Some(None)
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Lines> {
-        self.lines.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Takes `line` for `call` if it is idle, or queues `call` on it.
-    fn enter(&self, line: LineId, call: Call) -> Turn {
+    /// Sends `call` at once on an idle line (counted in flight), or
+    /// queues it.
+    fn enter(&self, id: LineId, call: Call) -> Turn {
         let mut lines = self.lock();
-        let line = match (&mut *lines, line) {
-            (Lines::One(one), _) => one,
-            (Lines::BySlot(slots), Some(slot)) => slots.entry(slot).or_default(),
-            (Lines::BySlot(_), None) => return Turn::Go(call),
+        let Some(line) = lines.get(id) else {
+            return Turn::Go(call);
         };
-        if !line.busy {
-            line.busy = true;
+        if line.is_idle() {
+            line.in_flight += 1;
             return Turn::Go(call);
         }
         let (answer, receiver) = oneshot::channel();
         line.waiting.push(Queued { call, answer });
-        Turn::Wait(receiver)
+        Turn::Wait(receiver, line.waiting.len() == 1)
     }
 
-    /// Ends the turn of the call in flight on `line`: returns what queued
-    /// behind it, for the caller to send (the line stays busy), or `None`,
-    /// and the line is idle.
-    fn next(&self, line: LineId) -> Option<Vec<Queued>> {
+    /// Everything queued on `id`'s line, counted in flight as one call.
+    fn take(&self, id: LineId) -> Vec<Queued> {
         let mut lines = self.lock();
-        match (&mut *lines, line) {
-            (Lines::One(one), _) => take_or_idle(one),
-            (Lines::BySlot(slots), Some(slot)) => {
-                let next = take_or_idle(slots.get_mut(&slot)?);
-                if next.is_none() {
-                    slots.remove(&slot);
-                }
-                next
-            }
-            (Lines::BySlot(_), None) => None,
+        let Some(line) = lines.get(id) else {
+            return Vec::new();
+        };
+        let queued = mem::take(&mut line.waiting);
+        if queued.is_empty() {
+            lines.tidy(id);
+        } else {
+            line.in_flight += 1;
         }
+        queued
+    }
+
+    /// Notes that a call on `id`'s line has ended.
+    fn ended(&self, id: LineId) {
+        let mut lines = self.lock();
+        if let Some(line) = lines.get(id) {
+            line.in_flight = line.in_flight.saturating_sub(1);
+        }
+        lines.tidy(id);
     }
 }
 
-/// What waits on `line`, which stays busy to send it, or nothing, and the
-/// line is idle.
-fn take_or_idle(line: &mut Line) -> Option<Vec<Queued>> {
-    // Those whose callers stopped waiting (their fail mode has answered)
-    // must count nothing.
-    line.waiting.retain(|queued| !queued.answer.is_closed());
-    if line.waiting.is_empty() {
-        line.busy = false;
-        None
-    } else {
-        Some(mem::take(&mut line.waiting))
-    }
-}
-
-/// A line's turn, held while its call is in flight: however that call
-/// ends (its request dropped included), what queued behind it is sent.
-struct Holding {
-    inner: Arc<Inner>,
+/// A call in flight on a line, counted until it ends however it ends
+/// (its request dropped included).
+struct InFlight<'a> {
+    queue: &'a Queue,
     line: LineId,
 }
 
-impl Drop for Holding {
+impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        let Some(queue) = &self.inner.queue else {
-            return;
-        };
-        let Some(waiting) = queue.next(self.line) else {
-            return;
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(self.inner.clone().flush(self.line, waiting));
-            }
-            Err(_) => {
-                // Nowhere to send them: they fail, and the line is left
-                // idle for the checks to come.
-                fail_all(waiting, || {
-                    StoreError::Internal("no Tokio runtime to send the batch on".to_owned())
-                });
-                while let Some(more) = queue.next(self.line) {
-                    fail_all(more, || {
-                        StoreError::Internal("no Tokio runtime to send the batch on".to_owned())
-                    });
-                }
-            }
-        }
+        self.queue.ended(self.line);
     }
 }
 
-/// The flush task's hold on its line: should the task be dropped before
-/// it is done (its runtime shutting down), what waits fails, and the line
-/// is left idle, rather than busy for good.
+/// A flush not yet started: should its task be dropped first (its
+/// runtime shutting down), what waits for it fails rather than waiting
+/// for a flush that no check would spawn again.
 struct Flushing<'a> {
     queue: &'a Queue,
     line: LineId,
-    done: bool,
+    taken: bool,
 }
 
 impl Drop for Flushing<'_> {
     fn drop(&mut self) {
-        if self.done {
-            return;
-        }
-        while let Some(waiting) = self.queue.next(self.line) {
-            fail_all(waiting, || {
+        if !self.taken {
+            let stranded = self.queue.take(self.line);
+            let had = !stranded.is_empty();
+            fail_all(stranded, || {
                 StoreError::Internal("the batch's task was stopped".to_owned())
             });
+            if had {
+                self.queue.ended(self.line);
+            }
         }
     }
 }
@@ -218,7 +222,7 @@ const MAX_BATCH_POLICIES: usize = 32;
 
 impl Inner {
     /// The decisions on `call`: sent at once when its line is idle, or
-    /// else with the checks that queue behind the call in flight.
+    /// else with the checks that queue beside it.
     pub(super) async fn check(
         self: Arc<Self>,
         call: Call,
@@ -232,40 +236,45 @@ impl Inner {
         };
         match queue.enter(line, call) {
             Turn::Go(call) => {
-                let _holding = Holding {
-                    inner: self.clone(),
-                    line,
-                };
+                let _in_flight = InFlight { queue, line };
                 self.run(call, deadline).await
             }
-            Turn::Wait(answer) => match tokio::time::timeout_at(deadline, answer).await {
-                Ok(Ok(Verdict::Decided(outcome))) => outcome,
-                Ok(Ok(Verdict::Alone(call))) => self.run(call, deadline).await,
-                Ok(Err(_)) => Err(StoreError::Internal(
-                    "a batched check lost its answer".to_owned(),
-                )),
-                Err(_) => Err(StoreError::Timeout(self.timeout)),
-            },
+            Turn::Wait(answer, first) => {
+                if first {
+                    tokio::spawn(self.clone().flush(line));
+                }
+                match tokio::time::timeout_at(deadline, answer).await {
+                    Ok(Ok(Verdict::Decided(outcome))) => outcome,
+                    Ok(Ok(Verdict::Alone(call))) => self.run(call, deadline).await,
+                    Ok(Err(_)) => Err(StoreError::Internal(
+                        "a batched check lost its answer".to_owned(),
+                    )),
+                    Err(_) => Err(StoreError::Timeout(self.timeout)),
+                }
+            }
         }
     }
 
-    /// Sends `queued`, then what queues on `line` behind each call, until
-    /// the line is found with nothing waiting and left idle.
-    async fn flush(self: Arc<Self>, line: LineId, mut queued: Vec<Queued>) {
+    /// Sends what has queued on `line`, once every task that is ready has
+    /// run (and may have queued its check).
+    async fn flush(self: Arc<Self>, line: LineId) {
         let Some(queue) = &self.queue else { return };
         let mut flushing = Flushing {
             queue,
             line,
-            done: false,
+            taken: false,
         };
-        loop {
-            self.clone().send(queued).await;
-            match queue.next(line) {
-                Some(next) => queued = next,
-                None => break,
-            }
+        tokio::task::yield_now().await;
+        let mut queued = queue.take(line);
+        flushing.taken = true;
+        if queued.is_empty() {
+            return;
         }
-        flushing.done = true;
+        let _in_flight = InFlight { queue, line };
+        // Those whose callers stopped waiting (their fail mode has
+        // answered) must count nothing.
+        queued.retain(|queued| !queued.answer.is_closed());
+        self.clone().send(queued).await;
     }
 
     /// Sends `queued` (checks of one slot) in calls of the batch function,
@@ -447,10 +456,7 @@ mod future_sizes {
                 "check",
                 std::mem::size_of_val(&inner.clone().check(call(), deadline)),
             ),
-            (
-                "flush",
-                std::mem::size_of_val(&inner.clone().flush(None, Vec::new())),
-            ),
+            ("flush", std::mem::size_of_val(&inner.clone().flush(None))),
         ];
         for (future, size) in sizes {
             assert!(size <= 2048, "the future of `{future}` is {size} bytes");

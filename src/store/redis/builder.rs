@@ -91,9 +91,9 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Whether checks that arrive while a call is in flight are decided
-    /// together by one script call once it returns (default on); a check
-    /// that finds no call in flight is sent at once. On a cluster, where a
+    /// Whether checks that arrive while calls are in flight are decided
+    /// together by one script call (default on); a check that finds no
+    /// call in flight is sent at once. On a cluster, where a
     /// call must stay in one slot, each slot batches on its own: the checks
     /// of one client (a busy one, a global limit) share a call. Each check is still decided
     /// all-or-nothing on its own, in arrival order, with its own timeout

@@ -296,12 +296,14 @@ struct Inner {
 /// and no check pays the pool's health check (a `PING` round trip per
 /// checkout).
 ///
-/// Checks are batched naturally ([`RedisStoreBuilder::with_batch`]`(false)`
+/// Checks are batched under load ([`RedisStoreBuilder::with_batch`]`(false)`
 /// turns this off): a check that finds no call of the store in flight is
 /// sent at once from its own task, with nothing added on its way; checks
-/// that arrive while one is in flight queue, and go as one call of the
-/// script's batch function as soon as it returns. Alone, a check waits for
-/// nothing; under load, batches grow with it. A call holds at most 32 policies, over
+/// that arrive while calls are in flight queue, and the first of them
+/// spawns a flush, which lets every ready task run once and then sends
+/// whatever has queued as one call of the script's batch function, with
+/// no timer waiting for company and without waiting for the calls in
+/// flight (they are pipelined). A call holds at most 32 policies, over
 /// all its requests: a flood goes as several calls, one after the other,
 /// so no one script holds Redis for long. The script decides the requests
 /// in arrival order, each all-or-nothing on its own, and answers each

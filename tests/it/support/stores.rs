@@ -35,7 +35,7 @@ pub async fn fill(store: &RedisStore, clock: &FakeClock, check: &Check, records:
 /// (on a current-thread runtime), in their order, and gives each its
 /// answer. A check that finds no call in flight goes alone, so a lead
 /// check (its own policy and client, counting nothing the requests read)
-/// is sent first, and the requests queue behind it.
+/// is sent first, and the requests queue while it is in flight.
 pub async fn in_one_batch(
     store: &Arc<RedisStore>,
     requests: Vec<Vec<Check>>,
