@@ -433,3 +433,32 @@ async fn on_the_memory_store_a_slice_changes_nothing() {
     assert_eq!(get_status(&one).await.0, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(get_status(&other).await.0, StatusCode::TOO_MANY_REQUESTS);
 }
+
+/// A layer whose policies take no slice calls the store for every
+/// request; a reload that brings a slice puts the slices in front of the
+/// store at once: from the next request on, one call serves a slice.
+#[tokio::test]
+async fn a_reload_that_brings_a_slice_serves_slices_from_the_next_request() {
+    let redis = RedisServer::start();
+    let plain = Policy::new("reloaded", 100_000, Duration::from_secs(60));
+    let layer = layer_on(redis.pool(4), plain.clone());
+    let handle = layer.policies_handle();
+    let app = router(layer);
+    let before = script_calls(&redis);
+    for _ in 0..20 {
+        assert_eq!(get_status(&app).await.0, StatusCode::OK);
+    }
+    assert_eq!(script_calls(&redis) - before, 20, "a call per request");
+
+    handle
+        .replace(Policies::single(plain.with_slice(100)).unwrap())
+        .unwrap();
+    let before = script_calls(&redis);
+    for _ in 0..50 {
+        assert_eq!(get_status(&app).await.0, StatusCode::OK);
+    }
+    // One call for the slice, and on a slow machine a give-back and a
+    // new slice for each second the 50 requests took; without slices, 50.
+    let calls = script_calls(&redis) - before;
+    assert!(calls <= 10, "{calls} calls for 50 requests in slices of 100");
+}
