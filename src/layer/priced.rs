@@ -118,19 +118,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::policy::{Policy, TierLimits};
-
-    fn plan() -> Plan {
-        let search = Policy::new("search", 5, Duration::from_secs(60)).with_tier(
-            "pro",
-            TierLimits::new()
-                .with_limit(50)
-                .with_window(Duration::from_millis(1500)),
-        );
-        let daily =
-            Policy::new("daily", 1000, Duration::from_secs(86_400)).with_fail_mode(FailMode::Open);
-        Plan::new(vec![Arc::new(search), Arc::new(daily)])
-    }
+    use crate::policy::Policy;
 
     #[test]
     fn a_policy_without_a_fail_mode_takes_the_layers() {
@@ -138,7 +126,7 @@ mod tests {
             let priced = Priced::of(plan, None, None, None, false, default).unwrap();
             priced.fail_closed
         };
-        let plan = plan();
+        let plan = Plan::sample();
         assert!(!fails_closed(&plan, FailMode::Open));
         assert!(fails_closed(&plan, FailMode::Closed));
         let closed = Plan::new(vec![Arc::new(
@@ -157,7 +145,7 @@ mod tests {
 
     #[test]
     fn a_policy_a_cost_exempts_does_not_decide_how_the_request_fails() {
-        let plan = plan();
+        let plan = Plan::sample();
         let closed = |costs: &Costs| {
             let priced = Priced::of(&plan, None, Some(costs), None, false, FailMode::Closed);
             priced.unwrap().fail_closed
@@ -183,7 +171,7 @@ mod tests {
 
     #[test]
     fn a_cost_above_the_clients_limit_is_refused_at_once() {
-        let plan = plan();
+        let plan = Plan::sample();
         let costs: Costs = [Cost::Units(6), Cost::Policy].into_iter().collect();
         let refused =
             Priced::of(&plan, None, Some(&costs), None, false, FailMode::Open).unwrap_err();

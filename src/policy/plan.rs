@@ -120,27 +120,33 @@ impl Plan {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::time::Duration;
+impl Plan {
+    /// A plan of two policies for tests: "search", 5 a minute (50 per
+    /// 1.5 s for the "pro" tier), and "daily", 1,000 a day, failing open.
+    pub(crate) fn sample() -> Self {
+        use std::time::Duration;
 
-    use super::*;
-    use crate::policy::TierLimits;
-
-    fn plan() -> Plan {
         let search = Policy::new("search", 5, Duration::from_secs(60)).with_tier(
             "pro",
-            TierLimits::new()
+            super::TierLimits::new()
                 .with_limit(50)
                 .with_window(Duration::from_millis(1500)),
         );
         let daily =
             Policy::new("daily", 1000, Duration::from_secs(86_400)).with_fail_mode(FailMode::Open);
-        Plan::new(vec![Arc::new(search), Arc::new(daily)])
+        Self::new(vec![Arc::new(search), Arc::new(daily)])
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
 
     #[test]
     fn each_tier_reads_its_own_limits_and_policy_field() {
-        let plan = plan();
+        let plan = Plan::sample();
         let pro = plan.tier(Some("pro"));
         assert_eq!(pro.terms[0].limits.limit, 50);
         assert_eq!(pro.terms[1].limits.limit, 1000);

@@ -16,7 +16,7 @@ use slidegate::{
     store::{Check, Decisions, RedisStore, Store, StoreError},
 };
 
-use crate::support::stores::{START, fill};
+use crate::support::stores::{START, all_at_once, fill};
 const MINUTE: Duration = Duration::from_secs(60);
 
 fn store(cluster: &RedisCluster, clock: &FakeClock) -> RedisStore {
@@ -324,17 +324,7 @@ async fn checks_queued_together_on_a_cluster_share_a_call_per_slot() {
         .chain([slot(&cluster, "{user:busy}")])
         .collect();
 
-    let tasks: Vec<_> = requests
-        .into_iter()
-        .map(|checks| {
-            let store = store.clone();
-            tokio::spawn(async move { store.check(&checks).await })
-        })
-        .collect();
-    let mut answers = Vec::new();
-    for task in tasks {
-        answers.push(task.await.unwrap());
-    }
+    let mut answers = all_at_once(&store, requests).await;
     let cross = answers.pop().unwrap();
     assert!(cross.is_err(), "a request spanning slots: {cross:?}");
     for (n, answer) in answers.iter().step_by(2).enumerate() {

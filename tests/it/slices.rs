@@ -460,5 +460,8 @@ async fn a_reload_that_brings_a_slice_serves_slices_from_the_next_request() {
     // One call for the slice, and on a slow machine a give-back and a
     // new slice for each second the 50 requests took; without slices, 50.
     let calls = script_calls(&redis) - before;
-    assert!(calls <= 10, "{calls} calls for 50 requests in slices of 100");
+    assert!(
+        calls <= 10,
+        "{calls} calls for 50 requests in slices of 100"
+    );
 }

@@ -42,8 +42,19 @@ pub async fn in_one_batch(
 ) -> Vec<Result<slidegate::store::Decisions, slidegate::store::StoreError>> {
     let lead = slidegate::Policy::new("batch-lead", u32::MAX, Duration::from_secs(1));
     let lead = Check::new(&lead, slidegate::key::Key::new("lead")).unwrap();
-    let tasks: Vec<_> = std::iter::once(vec![lead])
-        .chain(requests)
+    let mut answers = all_at_once(store, std::iter::once(vec![lead]).chain(requests)).await;
+    assert!(answers.remove(0).is_ok(), "the lead check is decided");
+    answers
+}
+
+/// Sends every request of `requests` at once, each from a task of its
+/// own spawned in their order, and gives each its answer.
+pub async fn all_at_once<S: Store>(
+    store: &Arc<S>,
+    requests: impl IntoIterator<Item = Vec<Check>>,
+) -> Vec<Result<slidegate::store::Decisions, slidegate::store::StoreError>> {
+    let tasks: Vec<_> = requests
+        .into_iter()
         .map(|checks| {
             let store = store.clone();
             tokio::spawn(async move { store.check(&checks).await })
@@ -53,7 +64,6 @@ pub async fn in_one_batch(
     for task in tasks {
         answers.push(task.await.unwrap());
     }
-    assert!(answers.remove(0).is_ok(), "the lead check is decided");
     answers
 }
 
