@@ -173,7 +173,11 @@ fn state_value(
         let t = ceil_seconds(decision.reset);
         let t = retry_after.map_or(t, |cap| t.min(cap));
         let remaining = decision.remaining;
-        let _ = write!(text, "{separator}\"{}\";r={remaining};t={t}", check.policy);
+        let _ = write!(
+            text,
+            "{separator}\"{}\";r={remaining};t={t}",
+            check.policy()
+        );
     }
     HeaderValue::try_from(text).ok()
 }
@@ -217,8 +221,8 @@ impl RateHeaders {
         if format.style.ietf() {
             let policy = policy.cloned().or_else(|| {
                 policy_value(checks.iter().map(|c| {
-                    let quota = quota(c.algorithm, c.limit, c.window, c.burst);
-                    (&*c.policy, quota)
+                    let quota = quota(c.algorithm(), c.limit, c.window(), c.burst);
+                    (&**c.policy(), quota)
                 }))
             });
             let state = state_value(checks, decisions, retry_after);

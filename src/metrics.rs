@@ -67,7 +67,7 @@ pub(crate) fn decided(policy: &Arc<str>, outcome: Outcome) {
 pub(crate) fn near_limit(check: &Check, decision: &Decision) {
     #[cfg(feature = "metrics")]
     if u64::from(decision.remaining) * 5 <= u64::from(decision.limit) {
-        handles::count(&check.policy, None);
+        handles::count(check.policy(), None);
     }
 }
 

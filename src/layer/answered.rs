@@ -112,8 +112,8 @@ pub(super) fn holds_its_most(
             ..*decision
         })
         .collect();
-    metrics::decided(&checks[full].policy, Outcome::Denied);
-    trace_decision(&checks[full].policy, Outcome::Denied, None);
+    metrics::decided(checks[full].policy(), Outcome::Denied);
+    trace_decision(checks[full].policy(), Outcome::Denied, None);
     let limited = Limited::new(checks, &denials, full, None);
     Next::Answer(reject(shared, parts, Rejection::Limited(&limited)))
 }
@@ -138,7 +138,7 @@ pub(super) fn denied_by(shared: &Shared, parts: &Parts, answered: &Answered<'_>)
     let (checks, decisions) = (&checks[..enforced], &decisions[..enforced]);
     for (check, decision) in checks.iter().zip(decisions) {
         if decision.retry_after.is_some() {
-            metrics::decided(&check.policy, Outcome::Denied);
+            metrics::decided(check.policy(), Outcome::Denied);
         }
     }
     if let (Some(cache), Some(sent_at)) = (&shared.deny_cache, deny_clock) {
@@ -149,13 +149,13 @@ pub(super) fn denied_by(shared: &Shared, parts: &Parts, answered: &Answered<'_>)
         let lasting = |index: usize| {
             counts.is_none_or(|counts| counts[index] == Count::All)
                 && settlements.is_none_or(|settled| settled[index].is_none())
-                && checks[index].algorithm != Algorithm::Concurrency
+                && checks[index].algorithm() != Algorithm::Concurrency
         };
         cache.remember(checks, decisions, sent_at, lasting);
     }
     // The policy that frees last is the one the client waits for.
     let denied = index_of_min(decisions, |d| Reverse(d.retry_after));
-    trace_decision(&checks[denied].policy, Outcome::Denied, took);
+    trace_decision(checks[denied].policy(), Outcome::Denied, took);
     let limited = Limited::new(checks, decisions, denied, None);
     Next::Answer(reject(shared, parts, Rejection::Limited(&limited)))
 }
@@ -163,10 +163,10 @@ pub(super) fn denied_by(shared: &Shared, parts: &Parts, answered: &Answered<'_>)
 /// Counts `outcome` for every check of a request, and traces it.
 pub(super) fn decided_all(checks: &[Check], outcome: Outcome, took: Option<Duration>) {
     for check in checks {
-        metrics::decided(&check.policy, outcome);
+        metrics::decided(check.policy(), outcome);
     }
     if let Some(check) = checks.first() {
-        trace_decision(&check.policy, outcome, took);
+        trace_decision(check.policy(), outcome, took);
     }
 }
 
@@ -189,10 +189,10 @@ pub(super) fn trace_decision(policy: &str, outcome: Outcome, took: Option<Durati
 /// A `429` from the deny cache, for checks it knows to be denied.
 pub(crate) fn cached_denial(shared: &Shared, parts: &Parts, denied: &Denied) -> Response<Bytes> {
     for check in denied.checks.iter() {
-        metrics::decided(&check.policy, Outcome::DenyCache);
+        metrics::decided(check.policy(), Outcome::DenyCache);
     }
     let index = index_of_min(&denied.decisions, |d| Reverse(d.retry_after));
-    trace_decision(&denied.checks[index].policy, Outcome::DenyCache, None);
+    trace_decision(denied.checks[index].policy(), Outcome::DenyCache, None);
     let limited = Limited::new(
         &denied.checks,
         &denied.decisions,

@@ -61,13 +61,13 @@ impl Modes {
         let shadow = |check: &Check| {
             settings.shadow
                 || plan
-                    .policy_named(&check.policy)
+                    .policy_named(check.policy())
                     .is_some_and(|policy| policy.is_shadow())
         };
         // Stable: enforced checks keep their order, and so do shadow ones.
         checks.sort_by_key(shadow);
         let shadow_from = checks.iter().position(shadow).unwrap_or(checks.len());
-        let policies = || checks.iter().map(|check| plan.policy_named(&check.policy));
+        let policies = || checks.iter().map(|check| plan.policy_named(check.policy()));
         let counts: SmallVec<[Count; 2]> = policies()
             .map(|policy| policy.map_or(Count::All, |policy| policy.count()))
             .collect();
@@ -140,7 +140,7 @@ pub(crate) fn check(store: &Arc<dyn Store>, checks: &[Check], shadow_from: usize
     };
     let leased = checks
         .iter()
-        .position(|check| check.algorithm == Algorithm::Concurrency);
+        .position(|check| check.algorithm() == Algorithm::Concurrency);
     match leased {
         Some(first) => released_unless_decided(store, checks, first, answer),
         None => answer,
@@ -243,7 +243,7 @@ impl Drop for InFlight {
     fn drop(&mut self) {
         let mut leases = Recorded::new(&self.store);
         for check in &self.checks {
-            if check.algorithm == Algorithm::Concurrency {
+            if check.algorithm() == Algorithm::Concurrency {
                 // A lease is released by its check's id; the time is not read.
                 leases.push(check, Duration::ZERO);
             }

@@ -135,7 +135,7 @@ impl Unpassed {
         for (check, decision) in checks.iter().zip(decisions) {
             if let (Some(at), false) = (
                 decision.recorded_at,
-                check.algorithm == Algorithm::Concurrency,
+                check.algorithm() == Algorithm::Concurrency,
             ) {
                 recorded.push_refund(check, decision, at);
             }
@@ -183,7 +183,7 @@ pub(crate) fn unheld(
     if keep_for_block
         && checks[..enforced]
             .iter()
-            .any(|check| check.block_micros > 0)
+            .any(|check| check.block_micros() > 0)
     {
         unpassed.keep();
     }

@@ -11,7 +11,7 @@ use smallvec::SmallVec;
 use crate::clock::{Clock, SystemClock, duration_micros};
 use crate::key::Key;
 use crate::layer::priced::Price;
-use crate::policy::Algorithm;
+use crate::policy::Terms;
 use crate::response::problem::TooManyBody;
 use crate::store::Checks;
 use crate::store::{Check, Decision, Scope};
@@ -33,51 +33,32 @@ struct Entry {
 }
 
 /// What a check asks of its policy's count: a denial answers a check of
-/// the same terms at the same cost or more.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// the same terms (one `PartialEq`, as a slice compares them, see
+/// `Check::counts_as`), the same client limit and burst, at the same cost
+/// or more.
+#[derive(Debug, Clone)]
 struct Asked {
+    terms: Arc<Terms>,
     limit: u32,
     burst: u32,
-    window: Duration,
-    block_micros: u64,
-    delay_micros: u64,
-    algorithm: Algorithm,
     cost: u32,
 }
 
 impl Asked {
     fn of_check(check: &Check) -> Self {
         Self {
+            terms: check.terms.clone(),
             limit: check.limit,
             burst: check.burst,
-            window: check.window,
-            block_micros: check.block_micros,
-            delay_micros: check.delay_micros,
-            algorithm: check.algorithm,
             cost: check.cost,
         }
     }
 
-    fn of_price(price: &Price<'_>) -> Self {
-        let terms = price.terms;
-        Self {
-            limit: price.limit,
-            burst: price.burst,
-            window: terms.limits.window,
-            block_micros: terms.block_micros,
-            delay_micros: terms.delay_micros,
-            algorithm: terms.algorithm,
-            cost: price.cost,
-        }
-    }
-
-    /// Whether the denial of `denied` answers this check too.
-    fn answered_by(self, denied: Asked) -> bool {
-        self.cost >= denied.cost
-            && Self {
-                cost: self.cost,
-                ..denied
-            } == self
+    /// Whether the denial of `denied` answers the check `price` asks.
+    fn answers(&self, price: &Price<'_>) -> bool {
+        price.cost >= self.cost
+            && (price.limit, price.burst) == (self.limit, self.burst)
+            && (Arc::ptr_eq(price.terms, &self.terms) || **price.terms == *self.terms)
     }
 }
 
@@ -211,7 +192,7 @@ impl DenyCache {
                 self.inner.entries.remove(&scope);
                 continue;
             }
-            if !Asked::of_price(price).answered_by(denial.denied) {
+            if !denial.denied.answers(price) {
                 continue;
             }
             let denied = found.get_or_insert_with(Denied::default);

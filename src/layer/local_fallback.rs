@@ -171,7 +171,7 @@ impl LocalLimits {
     /// the store is asked, so the store spends nothing on it.
     pub(crate) fn refuses(&self, local: &LocalChecks) -> Option<Decisions> {
         let failed_at = self.failed_at.load(Ordering::Relaxed);
-        let window = local.checks.iter().map(|check| check.window).max()?;
+        let window = local.checks.iter().map(|check| check.window()).max()?;
         let since = Duration::from_micros(self.now().saturating_sub(failed_at));
         if failed_at == 0 || since >= window {
             return None;
@@ -190,7 +190,7 @@ impl LocalLimits {
         let mut counts = SmallVec::<[Count; 2]>::new();
         for (check, &count) in local.checks.iter().zip(&local.counts) {
             // A lease the store gave is released to the store, never here.
-            if check.algorithm == Algorithm::Concurrency {
+            if check.algorithm() == Algorithm::Concurrency {
                 continue;
             }
             // A memory store answers at once; nothing to wait for.

@@ -193,9 +193,9 @@ fn decided_by(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Soon<Ne
                 let denials = unheld(store, checks, decisions, enforced, wait, true);
                 let checks = &checks[..enforced];
                 for check in checks {
-                    metrics::decided(&check.policy, Outcome::Denied);
+                    metrics::decided(check.policy(), Outcome::Denied);
                 }
-                trace_decision(&checks[0].policy, Outcome::Denied, None);
+                trace_decision(checks[0].policy(), Outcome::Denied, None);
                 let limited = Limited::new(checks, &denials, 0, None);
                 let answer = reject(shared, parts, Rejection::Limited(&limited));
                 return Soon::ready(Next::Answer(answer));
@@ -204,9 +204,9 @@ fn decided_by(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Soon<Ne
             None => {
                 unheld(store, checks, decisions, enforced, wait, false);
                 for check in &checks[..enforced] {
-                    metrics::decided(&check.policy, Outcome::DelayFull);
+                    metrics::decided(check.policy(), Outcome::DelayFull);
                 }
-                trace_decision(&checks[0].policy, Outcome::DelayFull, None);
+                trace_decision(checks[0].policy(), Outcome::DelayFull, None);
                 let rejection = Rejection::DelayFull { retry_after: wait };
                 return Soon::ready(Next::Answer(reject(shared, parts, rejection)));
             }
@@ -227,7 +227,7 @@ fn decided_by(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Soon<Ne
     };
     for (check, decision) in checks.iter().zip(decisions).skip(from) {
         if decision.admitted {
-            metrics::decided(&check.policy, admitted);
+            metrics::decided(check.policy(), admitted);
             metrics::near_limit(check, decision);
         } else {
             // A shadow check (the enforced ones all admitted), of a
@@ -235,16 +235,16 @@ fn decided_by(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Soon<Ne
             // policies that did not fit, as a denial is.
             outcome = Outcome::ShadowDenied;
             if decision.retry_after.is_some() {
-                metrics::decided(&check.policy, Outcome::ShadowDenied);
+                metrics::decided(check.policy(), Outcome::ShadowDenied);
                 tracing::debug!(
-                    policy = &*check.policy,
+                    policy = &**check.policy(),
                     "shadow policy would have denied the request"
                 );
             }
         }
     }
     let reported = closest_to_denying(decisions);
-    trace_decision(&checks[reported].policy, outcome, took);
+    trace_decision(checks[reported].policy(), outcome, took);
     // The headers are read once the request has waited.
     let shifted: Option<Decisions> = wait.map(|wait| {
         decisions

@@ -128,7 +128,7 @@ impl Owed {
                         Usage::settling(store, in_force)
                     })
                     .reserve(check, at, settlement, place, settlements.share);
-            } else if check.algorithm == Algorithm::Concurrency {
+            } else if check.algorithm() == Algorithm::Concurrency {
                 // A lease goes back when the body ends, whatever it says.
                 debts.get_or_insert_with(new).leases.push(check, at);
             } else if count != Count::All {
@@ -162,7 +162,7 @@ impl Owed {
         let leases = || {
             checks
                 .iter()
-                .filter(|check| check.algorithm == Algorithm::Concurrency)
+                .filter(|check| check.algorithm() == Algorithm::Concurrency)
         };
         leases().next()?;
         let upgrade = Upgrade::of(parts)?;

@@ -91,7 +91,7 @@ impl<'a> Priced<'a> {
 /// at the client's own limit and the request's cost.
 #[derive(Debug)]
 pub(crate) struct Price<'a> {
-    pub(crate) terms: &'a Terms,
+    pub(crate) terms: &'a Arc<Terms>,
     pub(crate) limit: u32,
     pub(crate) burst: u32,
     pub(crate) cost: u32,

@@ -80,7 +80,7 @@ impl Recorded {
     pub(crate) fn shortest_window(&self) -> Duration {
         self.checks
             .iter()
-            .map(|check| check.window)
+            .map(|check| check.window())
             .min()
             .unwrap_or_default()
     }

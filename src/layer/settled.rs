@@ -80,9 +80,9 @@ impl InForce {
         let policies = self.policies.load();
         let policy = policies
             .iter()
-            .find(|policy| policy.name() == &*reserved.policy)?;
+            .find(|policy| policy.name() == &**reserved.policy())?;
         let mut now = Check::of_valid(policy, &reserved.key, self.tier.as_deref());
-        if now.algorithm == reserved.algorithm {
+        if now.algorithm() == reserved.algorithm() {
             return None;
         }
         now.namespace.clone_from(&reserved.namespace);

@@ -29,7 +29,7 @@ impl Unsettled {
     /// holds fewer than `max`.
     pub(crate) fn take(self: &Arc<Self>, check: &Check, max: u32) -> Option<Place> {
         let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
-        let client = (check.policy.clone(), check.key.clone());
+        let client = (check.policy().clone(), check.key.clone());
         let count = held.get(&client).copied().unwrap_or(0);
         if count >= max {
             return None;
@@ -37,7 +37,7 @@ impl Unsettled {
         held.insert(client, count + 1);
         Some(Place {
             unsettled: self.clone(),
-            policy: check.policy.clone(),
+            policy: check.policy().clone(),
             key: check.key.clone(),
         })
     }

@@ -36,14 +36,17 @@ pub(crate) struct Plan {
 #[derive(Debug)]
 pub(crate) struct TierPlan {
     /// The terms of each policy's check for the tier.
-    pub(crate) terms: Box<[Terms]>,
+    pub(crate) terms: Box<[Arc<Terms>]>,
     /// `RateLimit-Policy` when every policy counts the request.
     pub(crate) ietf_policy: Option<HeaderValue>,
 }
 
 impl TierPlan {
     fn new(policies: &[Arc<Policy>], tier: Option<&str>) -> Self {
-        let terms: Box<[Terms]> = policies.iter().map(|p| Terms::of(p, tier)).collect();
+        let terms: Box<[Arc<Terms>]> = policies
+            .iter()
+            .map(|p| Arc::new(Terms::of(p, tier)))
+            .collect();
         let fields = policies.iter().zip(&terms).map(|(p, t)| {
             let l = &t.limits;
             (p.name(), quota(p.algorithm(), l.limit, l.window, l.burst))

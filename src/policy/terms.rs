@@ -13,7 +13,10 @@ use crate::clock::duration_micros;
 
 /// What a policy's check carries for a client of one tier, whoever the
 /// client is.
-#[derive(Debug)]
+///
+/// Two terms are equal when a count kept under one is kept under the
+/// other: everything but the tier's cost, which only prices a request.
+#[derive(Debug, Clone)]
 pub(crate) struct Terms {
     pub(crate) policy: Arc<str>,
     pub(crate) algorithm: Algorithm,
@@ -25,6 +28,20 @@ pub(crate) struct Terms {
     /// The policy's slice, 0 for none.
     pub(crate) slice: u32,
 }
+
+impl PartialEq for Terms {
+    fn eq(&self, other: &Self) -> bool {
+        let (ours, theirs) = (&self.limits, &other.limits);
+        self.policy == other.policy
+            && self.algorithm == other.algorithm
+            && (ours.limit, ours.window, ours.burst) == (theirs.limit, theirs.window, theirs.burst)
+            && (self.block_micros, self.delay_micros, self.span_micros)
+                == (other.block_micros, other.delay_micros, other.span_micros)
+            && self.slice == other.slice
+    }
+}
+
+impl Eq for Terms {}
 
 impl Terms {
     /// The terms of `policy` for clients of `tier`.

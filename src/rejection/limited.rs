@@ -51,7 +51,7 @@ impl<'a> Limited<'a> {
 
     /// The name of the policy that denied the request.
     pub fn policy(&self) -> &str {
-        &self.check.policy
+        self.check.policy()
     }
 
     /// The client's key as the store sees it: API keys and other secret or
@@ -67,7 +67,7 @@ impl<'a> Limited<'a> {
 
     /// The policy's window for this client's tier.
     pub fn window(&self) -> Duration {
-        self.check.window
+        self.check.window()
     }
 
     /// Units the request would have cost.

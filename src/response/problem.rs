@@ -62,8 +62,8 @@ pub(crate) struct TooManyBody {
 
 impl TooManyBody {
     pub(crate) fn new(check: &Check) -> Self {
-        let (policy, limit) = (&check.policy, check.limit);
-        let (what, measure) = match check.algorithm {
+        let (policy, limit) = (&check.policy(), check.limit);
+        let (what, measure) = match check.algorithm() {
             // A lease's time is no window: the limit is on requests at once.
             Algorithm::Concurrency => (
                 format!("concurrency limit of {limit} in flight"),
@@ -72,9 +72,9 @@ impl TooManyBody {
             _ => (
                 format!(
                     "rate limit of {limit} per {}",
-                    humantime::format_duration(check.window)
+                    humantime::format_duration(check.window())
                 ),
-                format!(",\"window_seconds\":{}", seconds_value(check.window)),
+                format!(",\"window_seconds\":{}", seconds_value(check.window())),
             ),
         };
         Self {

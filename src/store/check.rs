@@ -20,27 +20,21 @@ use crate::policy::{Algorithm, Limits, Policy, PolicyError, Terms};
 /// the same names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Check {
-    pub(crate) policy: Arc<str>,
+    /// What the policy's check carries for the client's tier, shared by
+    /// every check made from it.
+    pub(crate) terms: Arc<Terms>,
     pub(crate) namespace: Option<Arc<str>>,
     pub(crate) key: Key,
+    /// The client's limit and burst: the tier's, or the client's own.
     pub(crate) limit: u32,
-    pub(crate) window: Duration,
-    pub(crate) cost: u32,
-    pub(crate) algorithm: Algorithm,
     pub(crate) burst: u32,
-    /// The block and the delay in µs: a check is moved on every
-    /// request's path, and two `Duration`s would take 16 bytes more.
-    pub(crate) block_micros: u64,
-    pub(crate) delay_micros: u64,
+    pub(crate) cost: u32,
+    /// The units an instance takes at a time from a remote store
+    /// ([`Policy::with_slice`]), at most the burst; 0 for none (and for a
+    /// refund of units the store recorded for the request alone).
+    pub(crate) slice: u32,
     /// The id of the lease a concurrency check takes (0 otherwise).
     pub(crate) lease: u64,
-    /// For a sliding log, the longest window (µs) any of its policy's
-    /// tiers counts it under: the log keeps every record that window
-    /// covers from its first, whichever tier's request comes first.
-    pub(crate) span_micros: u64,
-    /// The units an instance takes at a time from a remote store
-    /// ([`Policy::with_slice`]), at most the burst; 0 for none.
-    pub(crate) slice: u32,
 }
 
 impl Check {
@@ -86,40 +80,35 @@ impl Check {
     /// The check of `policy` for `key` under `limits` (validated with the
     /// policy, or as a client's own limit), at their cost.
     pub(crate) fn from_limits(policy: &Policy, key: &Key, limits: Limits) -> Self {
-        let terms = Terms::with_limits(policy, limits);
+        let terms = Arc::new(Terms::with_limits(policy, limits));
         Self::of_terms(&terms, key, None, (limits.limit, limits.burst), limits.cost)
     }
 
     /// The check of the client `key` under `terms`, in `namespace`, at the
     /// client's own `(limit, burst)` and the request's `cost`.
     pub(crate) fn of_terms(
-        terms: &Terms,
+        terms: &Arc<Terms>,
         key: &Key,
         namespace: Option<&Arc<str>>,
         (limit, burst): (u32, u32),
         cost: u32,
     ) -> Self {
         Self {
-            policy: terms.policy.clone(),
+            terms: terms.clone(),
             namespace: namespace.cloned(),
             key: key.clone(),
             limit,
-            window: terms.limits.window,
-            cost,
-            algorithm: terms.algorithm,
             burst,
-            block_micros: terms.block_micros,
-            delay_micros: terms.delay_micros,
-            lease: match terms.algorithm {
-                Algorithm::Concurrency => next_lease_id(),
-                _ => 0,
-            },
-            span_micros: terms.span_micros,
+            cost,
             // A client allowed less than the policy's slice takes its
             // whole limit; one allowed a single unit, none.
             slice: match terms.slice.min(burst) {
                 0 | 1 => 0,
                 slice => slice,
+            },
+            lease: match terms.algorithm {
+                Algorithm::Concurrency => next_lease_id(),
+                _ => 0,
             },
         }
     }
@@ -140,7 +129,7 @@ impl Check {
     /// ```
     #[must_use]
     pub fn with_cost(mut self, cost: u32) -> Self {
-        self.cost = match self.algorithm {
+        self.cost = match self.algorithm() {
             Algorithm::Concurrency => 1,
             _ => cost.clamp(1, self.burst.saturating_add(1)),
         };
@@ -149,7 +138,7 @@ impl Check {
 
     /// The policy's name; part of the store key.
     pub fn policy(&self) -> &Arc<str> {
-        &self.policy
+        &self.terms.policy
     }
 
     /// The namespace of the layer that checks
@@ -172,7 +161,7 @@ impl Check {
 
     /// The sliding window (a concurrency policy's lease time).
     pub fn window(&self) -> Duration {
-        self.window
+        self.terms.limits.window
     }
 
     /// Units this request consumes.
@@ -182,7 +171,7 @@ impl Check {
 
     /// The counting algorithm.
     pub fn algorithm(&self) -> Algorithm {
-        self.algorithm
+        self.terms.algorithm
     }
 
     /// The units a client may spend at once: a token bucket's size, the
@@ -194,7 +183,7 @@ impl Check {
     /// How long a denial by this check's own count blocks the client;
     /// zero for a policy that does not block.
     pub fn block(&self) -> Duration {
-        Duration::from_micros(self.block_micros)
+        Duration::from_micros(self.terms.block_micros)
     }
 
     /// How long a request may be held instead of denied; zero for a
@@ -202,7 +191,7 @@ impl Check {
     /// no denial for the [`block`](Self::block): only a request beyond
     /// the delay starts one.
     pub fn delay(&self) -> Duration {
-        Duration::from_micros(self.delay_micros)
+        Duration::from_micros(self.terms.delay_micros)
     }
 
     /// The longest window any of the policy's tiers counts it under, and
@@ -210,7 +199,7 @@ impl Check {
     /// covers, whichever tier's request comes first. Other algorithms
     /// need not read it.
     pub fn span(&self) -> Duration {
-        Duration::from_micros(self.span_micros)
+        Duration::from_micros(self.terms.span_micros)
     }
 
     /// The id of the lease a concurrency check takes, `None` for other
@@ -223,21 +212,44 @@ impl Check {
     /// a check for each request, as the layer does, rather than sending
     /// one check again.
     pub fn lease_id(&self) -> Option<u64> {
-        (self.algorithm == Algorithm::Concurrency).then_some(self.lease)
+        (self.algorithm() == Algorithm::Concurrency).then_some(self.lease)
     }
 
     /// Whose count the check is: its namespace, policy and client.
     pub(crate) fn scope(&self) -> Scope {
         (
             self.namespace.clone(),
-            self.policy.clone(),
+            self.terms.policy.clone(),
             self.key.clone(),
         )
     }
 
+    /// Whether `other` counts under the same terms (one comparison, as
+    /// the deny cache makes it), at the same client limit, burst and
+    /// slice: what was taken or denied for one stands for the other.
+    pub(crate) fn counts_as(&self, other: &Check) -> bool {
+        (self.limit, self.burst, self.slice) == (other.limit, other.burst, other.slice)
+            && (Arc::ptr_eq(&self.terms, &other.terms) || self.terms == other.terms)
+    }
+
     /// The window in microseconds.
     pub(crate) fn window_micros(&self) -> u64 {
-        duration_micros(self.window)
+        duration_micros(self.terms.limits.window)
+    }
+
+    /// The block in microseconds (0 for none).
+    pub(crate) fn block_micros(&self) -> u64 {
+        self.terms.block_micros
+    }
+
+    /// The delay in microseconds (0 for none).
+    pub(crate) fn delay_micros(&self) -> u64 {
+        self.terms.delay_micros
+    }
+
+    /// The span in microseconds (see [`span`](Self::span)).
+    pub(crate) fn span_micros(&self) -> u64 {
+        self.terms.span_micros
     }
 }
 

@@ -36,7 +36,7 @@ const MAX_SLOTS: usize = 1_000_000;
 /// How long a slice of `check` lives: a tenth of its window, at most
 /// [`MAX_LIFETIME`].
 pub(crate) fn lifetime(check: &Check) -> Duration {
-    (check.window / 10).clamp(Duration::from_millis(1), MAX_LIFETIME)
+    (check.window() / 10).clamp(Duration::from_millis(1), MAX_LIFETIME)
 }
 
 /// A remote store, with the slices this process holds of it.
@@ -196,20 +196,7 @@ impl Slice {
     /// takes a new slice, so that none is spent under a larger limit or
     /// slice than the request's.
     fn serves(&self, check: &Check) -> bool {
-        let taken = &self.check;
-        (
-            taken.limit,
-            taken.window,
-            taken.algorithm,
-            taken.burst,
-            taken.slice,
-        ) == (
-            check.limit,
-            check.window,
-            check.algorithm,
-            check.burst,
-            check.slice,
-        )
+        self.check.counts_as(check)
     }
 
     fn is_live(&self, now: Instant) -> bool {

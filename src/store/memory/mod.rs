@@ -124,7 +124,7 @@ impl MemoryStore {
     fn hash_of(&self, check: &Check) -> u64 {
         self.inner.hasher.hash_one((
             check.namespace.as_deref(),
-            check.policy.as_ref(),
+            check.policy().as_ref(),
             check.key.as_str(),
         ))
     }
@@ -340,7 +340,7 @@ impl MemoryStore {
             // recorded: a time of zero) is counted as a check of its
             // algorithm would count it, in counts of that algorithm.
             let charge_alone = cost.is_some() && at.is_zero();
-            if !spent.state.is_of(check.algorithm) && !charge_alone {
+            if !spent.state.is_of(check.algorithm()) && !charge_alone {
                 continue;
             }
             let (_, mut prepared) = spent.prepare(now, check);
@@ -367,7 +367,7 @@ impl MemoryStore {
         checks
             .iter()
             .map(|check| {
-                if check.algorithm != Algorithm::Concurrency {
+                if check.algorithm() != Algorithm::Concurrency {
                     return true;
                 }
                 let hash = self.hash_of(check);

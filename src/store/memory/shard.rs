@@ -53,7 +53,7 @@ impl Hash for PairOf<'_> {
 
 impl Equivalent<Pair> for PairOf<'_> {
     fn equivalent(&self, pair: &Pair) -> bool {
-        pair.policy == self.check.policy
+        pair.policy == *self.check.policy()
             && pair.key == self.check.key
             && pair.namespace == self.check.namespace
     }
@@ -137,7 +137,7 @@ impl Shard {
         let pair = Pair {
             hash,
             namespace: check.namespace.clone(),
-            policy: check.policy.clone(),
+            policy: check.policy().clone(),
             key: check.key.clone(),
         };
         let before = self.pairs.len();

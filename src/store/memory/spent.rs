@@ -63,7 +63,7 @@ impl State {
         }
         match self {
             Self::Log(log) => {
-                let window = log.prepare(now, window, check.span_micros);
+                let window = log.prepare(now, window, check.span_micros());
                 (window.fits(check.limit, check.cost), Placed::Log(window))
             }
             Self::Counter(counter) => {
@@ -102,7 +102,7 @@ impl State {
             }
             Self::Calendar(quota) => {
                 let before = *quota;
-                let moved = match check.algorithm {
+                let moved = match check.algorithm() {
                     Algorithm::Calendar(calendar) => quota.place(now, calendar),
                     _ => false,
                 };
@@ -180,7 +180,7 @@ impl State {
                 leases.release(check.lease);
                 true
             }
-            Self::Calendar(quota) => match check.algorithm {
+            Self::Calendar(quota) => match check.algorithm() {
                 Algorithm::Calendar(calendar) => quota.refund(at, cost, calendar),
                 _ => false,
             },
@@ -269,7 +269,7 @@ impl Spent {
 
     /// A new state for `check`'s pair, brought up to `now`.
     pub(super) fn fresh(now: u64, check: &Check) -> (Self, Prepared) {
-        let mut spent = Self::new(check.algorithm);
+        let mut spent = Self::new(check.algorithm());
         let (_, prepared) = spent.prepare(now, check);
         (spent, prepared)
     }
@@ -281,8 +281,8 @@ impl Spent {
     /// [`unroll`](Self::unroll) is given puts it back unless it had to
     /// move (as the Redis script writes it only then).
     pub(super) fn prepare(&mut self, now: u64, check: &Check) -> (bool, Prepared) {
-        if !self.state.is_of(check.algorithm) {
-            self.state = State::new(check.algorithm);
+        if !self.state.is_of(check.algorithm()) {
+            self.state = State::new(check.algorithm());
         }
         let (fits, placed) = self.state.prepare(now, check);
         let blocked = self.is_blocked(now, check);
@@ -316,7 +316,7 @@ impl Spent {
         if prepared.fits {
             return (!self.is_blocked(now, check)).then_some(now);
         }
-        if check.delay_micros == 0 || self.is_blocked(now, check) {
+        if check.delay_micros() == 0 || self.is_blocked(now, check) {
             return None;
         }
         let retry = self
@@ -324,7 +324,7 @@ impl Spent {
             .decision(now, check, false, &prepared.placed)
             .retry_after
             .map_or(0, duration_micros);
-        (retry <= check.delay_micros).then_some(now + retry)
+        (retry <= check.delay_micros()).then_some(now + retry)
     }
 
     /// Whether the request fits at `pass` (see [`held_until`](Self::held_until)).
@@ -362,12 +362,12 @@ impl Spent {
     pub(super) fn denied(&mut self, now: u64, check: &Check, prepared: Prepared) -> Decision {
         let mut decision = self.decision(now, check, false, &prepared);
         // A denial the delay can hold is no denial for the block.
-        let beyond_delay = check.delay_micros == 0
+        let beyond_delay = check.delay_micros() == 0
             || decision
                 .retry_after
-                .is_some_and(|retry| duration_micros(retry) > check.delay_micros);
-        if check.block_micros > 0 && !prepared.fits && self.blocked_until <= now && beyond_delay {
-            self.blocked_until = now + check.block_micros;
+                .is_some_and(|retry| duration_micros(retry) > check.delay_micros());
+        if check.block_micros() > 0 && !prepared.fits && self.blocked_until <= now && beyond_delay {
+            self.blocked_until = now + check.block_micros();
             decision = self.decision(now, check, false, &prepared);
         }
         self.unroll(prepared);
@@ -395,7 +395,7 @@ impl Spent {
     /// by a policy that no longer blocks (reloaded without `block`) is
     /// lifted, as the Redis script no longer reads its key.
     pub(super) fn is_blocked(&self, now: u64, check: &Check) -> bool {
-        check.block_micros > 0 && self.blocked_until > now
+        check.block_micros() > 0 && self.blocked_until > now
     }
 
     pub(super) fn is_idle(&self, now: u64) -> bool {

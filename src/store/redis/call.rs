@@ -79,7 +79,7 @@ impl Call {
         };
         for check in checks {
             let key = |suffix| key_of(&store.inner.prefix, check, suffix);
-            let name = match check.algorithm {
+            let name = match check.algorithm() {
                 Algorithm::SlidingLog => {
                     // The header and newest page; the other pages.
                     call.keys.push(key(":l"));
@@ -107,14 +107,14 @@ impl Call {
                     calendar.period().name()
                 }
             };
-            let window = match check.algorithm {
+            let window = match check.algorithm() {
                 Algorithm::Calendar(calendar) => {
                     i64::from(calendar.utc_offset_seconds()) * 1_000_000
                 }
                 // At most 366 days: far below i64::MAX µs.
-                _ => i64::try_from(check.window.as_micros()).unwrap_or(i64::MAX),
+                _ => i64::try_from(check.window().as_micros()).unwrap_or(i64::MAX),
             };
-            let block = check.block_micros;
+            let block = check.block_micros();
             if block > 0 {
                 call.keys.push(key(":x"));
             }
@@ -125,13 +125,13 @@ impl Call {
                     window,
                     check.burst,
                     block,
-                    check.delay_micros,
-                    match check.algorithm {
-                        Algorithm::SlidingLog => check.span_micros,
+                    check.delay_micros(),
+                    match check.algorithm() {
+                        Algorithm::SlidingLog => check.span_micros(),
                         _ => 0,
                     },
                 ),
-                match check.algorithm {
+                match check.algorithm() {
                     Algorithm::Concurrency => check.lease,
                     _ => u64::from(check.cost),
                 },
@@ -145,7 +145,7 @@ impl Call {
 /// `suffix`, built in one allocation of its length.
 pub(super) fn key_of(prefix: &str, check: &Check, suffix: &str) -> String {
     let namespace = check.namespace.as_deref();
-    let (policy, client) = (&*check.policy, check.key.as_str());
+    let (policy, client) = (&**check.policy(), check.key.as_str());
     let length = prefix.len()
         + namespace.map_or(0, |namespace| namespace.len() + 1)
         + policy.len()
