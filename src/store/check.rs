@@ -260,3 +260,17 @@ pub(crate) type Scope = (Option<Arc<str>>, Arc<str>, Key);
 /// One request's checks: one per policy that counts it, inline for the
 /// usual one or two.
 pub(crate) type Checks = SmallVec<[Check; 2]>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A request's checks are moved on its way (into the request's future,
+    /// into a store's call): what is the same for every client of a tier
+    /// is shared behind one pointer, not copied.
+    #[test]
+    fn a_check_holds_only_what_differs_per_request() {
+        let size = std::mem::size_of::<Check>();
+        assert!(size <= 72, "a check is {size} bytes");
+    }
+}
