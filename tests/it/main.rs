@@ -27,6 +27,7 @@ mod faults;
 mod grpc;
 mod http;
 mod identity;
+mod layout;
 mod log_chunks;
 mod namespaces;
 mod own_limits;
