@@ -58,7 +58,7 @@ fn redis_bytes_per_client(runtime: &tokio::runtime::Runtime, redis: &RedisServer
             for _ in 0..limit {
                 clock.advance(Duration::from_millis(1));
                 let check = [Check::new(&policy, Key::new(&client)).unwrap()];
-                assert!(runtime.block_on(store.check(&check)).unwrap()[0].admitted);
+                assert!(runtime.block_on(store.check(&check)).unwrap()[0].admitted());
             }
             let keys: Vec<String> = redis
                 .cli(&["--scan", "--pattern", &format!("*{{user:{client}}}*")])

@@ -35,7 +35,7 @@ const ALGORITHMS: [(&str, Algorithm); 3] = [
 
 fn decide_now(store: &MemoryStore, check: Check) -> bool {
     match store.check(&[check]).into_ready() {
-        Ok(decisions) => decisions.unwrap()[0].admitted,
+        Ok(decisions) => decisions.unwrap()[0].admitted(),
         Err(_) => unreachable!("the memory store decides at once"),
     }
 }

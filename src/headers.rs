@@ -170,9 +170,9 @@ fn state_value(
     let mut text = String::new();
     for (check, decision) in checks.iter().zip(decisions) {
         let separator = if text.is_empty() { "" } else { ", " };
-        let t = ceil_seconds(decision.reset);
+        let t = ceil_seconds(decision.reset());
         let t = retry_after.map_or(t, |cap| t.min(cap));
-        let remaining = decision.remaining;
+        let remaining = decision.remaining();
         let _ = write!(
             text,
             "{separator}\"{}\";r={remaining};t={t}",
@@ -208,20 +208,21 @@ impl RateHeaders {
         if format.style.x_ratelimit() {
             let decision = &decisions[reported];
             let reset = match format.reset {
-                ResetFormat::DeltaSeconds => ceil_seconds(decision.reset),
+                ResetFormat::DeltaSeconds => ceil_seconds(decision.reset()),
                 ResetFormat::UnixSeconds => {
                     let now = SystemTime::now()
                         .duration_since(UNIX_EPOCH)
                         .unwrap_or_default();
-                    ceil_seconds(now + decision.reset)
+                    ceil_seconds(now + decision.reset())
                 }
             };
-            fields.x_ratelimit = Some([decision.limit.into(), decision.remaining.into(), reset]);
+            fields.x_ratelimit =
+                Some([decision.limit().into(), decision.remaining().into(), reset]);
         }
         if format.style.ietf() {
             let policy = policy.cloned().or_else(|| {
                 policy_value(checks.iter().map(|c| {
-                    let quota = quota(c.algorithm(), c.limit, c.window(), c.burst);
+                    let quota = quota(c.algorithm(), c.limit(), c.window(), c.burst);
                     (&**c.policy(), quota)
                 }))
             });

@@ -66,7 +66,7 @@ pub(crate) fn decided(policy: &Arc<str>, outcome: Outcome) {
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 pub(crate) fn near_limit(check: &Check, decision: &Decision) {
     #[cfg(feature = "metrics")]
-    if u64::from(decision.remaining) * 5 <= u64::from(decision.limit) {
+    if u64::from(decision.remaining()) * 5 <= u64::from(decision.limit()) {
         handles::count(check.policy(), None);
     }
 }

@@ -69,9 +69,9 @@ async fn inspect(
             "policy": policy,
             "key": key.as_str(),
             "tier": query.tier,
-            "limit": decision.limit,
-            "remaining": decision.remaining,
-            "reset_seconds": decision.reset.as_secs_f64().ceil() as u64,
+            "limit": decision.limit(),
+            "remaining": decision.remaining(),
+            "reset_seconds": decision.reset().as_secs_f64().ceil() as u64,
         }))
         .into_response(),
         Err(error) => failure(&error),

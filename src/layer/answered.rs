@@ -21,6 +21,7 @@ use crate::metrics::{self, Outcome};
 use crate::policy::{Algorithm, Count, Settlement};
 use crate::rejection::Rejection;
 use crate::rejection::limited::Limited;
+use crate::store::optional_micros;
 use crate::store::{Check, Decision, Decisions, Store, index_of_min};
 
 /// A request's decisions, as one store gave them.
@@ -68,16 +69,16 @@ pub(super) fn unsettled_places(
         .zip(decisions)
         .zip(settlements)
         .enumerate()
-        .map(
-            |(index, ((check, decision), settlement))| match (settlement, decision.recorded_at) {
+        .map(|(index, ((check, decision), settlement))| {
+            match (settlement, decision.recorded_at()) {
                 (Some(settlement), Some(_)) => shared
                     .unsettled
                     .take(check, settlement.max_unsettled)
                     .map(Some)
                     .ok_or(index),
                 _ => Ok(None),
-            },
-        )
+            }
+        })
         .collect()
 }
 
@@ -105,10 +106,14 @@ pub(super) fn holds_its_most(
         .enumerate()
         .map(|(index, decision)| Decision {
             admitted: false,
-            remaining: if index == full { 0 } else { decision.remaining },
-            retry_after: (index == full).then_some(UNSETTLED_RETRY),
-            recorded_at: None,
-            delayed_for: None,
+            remaining: if index == full {
+                0
+            } else {
+                decision.remaining()
+            },
+            retry_after_us: optional_micros((index == full).then_some(UNSETTLED_RETRY)),
+            recorded_at_us: optional_micros(None),
+            delayed_for_us: optional_micros(None),
             ..*decision
         })
         .collect();
@@ -137,7 +142,7 @@ pub(super) fn denied_by(shared: &Shared, parts: &Parts, answered: &Answered<'_>)
     } = answered;
     let (checks, decisions) = (&checks[..enforced], &decisions[..enforced]);
     for (check, decision) in checks.iter().zip(decisions) {
-        if decision.retry_after.is_some() {
+        if decision.retry_after().is_some() {
             metrics::decided(check.policy(), Outcome::Denied);
         }
     }
@@ -154,7 +159,7 @@ pub(super) fn denied_by(shared: &Shared, parts: &Parts, answered: &Answered<'_>)
         cache.remember(checks, decisions, sent_at, lasting);
     }
     // The policy that frees last is the one the client waits for.
-    let denied = index_of_min(decisions, |d| Reverse(d.retry_after));
+    let denied = index_of_min(decisions, |d| Reverse(d.retry_after()));
     trace_decision(checks[denied].policy(), Outcome::Denied, took);
     let limited = Limited::new(checks, decisions, denied, None);
     Next::Answer(reject(shared, parts, Rejection::Limited(&limited)))
@@ -191,7 +196,7 @@ pub(crate) fn cached_denial(shared: &Shared, parts: &Parts, denied: &Denied) -> 
     for check in denied.checks.iter() {
         metrics::decided(check.policy(), Outcome::DenyCache);
     }
-    let index = index_of_min(&denied.decisions, |d| Reverse(d.retry_after));
+    let index = index_of_min(&denied.decisions, |d| Reverse(d.retry_after()));
     trace_decision(denied.checks[index].policy(), Outcome::DenyCache, None);
     let limited = Limited::new(
         &denied.checks,

@@ -161,7 +161,7 @@ fn check_apart(store: &Arc<dyn Store>, checks: &[Check], shadow_from: usize) -> 
             });
         }
     };
-    if !decided.iter().all(|decision| decision.admitted) {
+    if !decided.iter().all(|decision| decision.admitted()) {
         return CheckFuture::ready(Ok(decided));
     }
     match store.check(shadow).into_ready() {
@@ -173,7 +173,7 @@ fn check_apart(store: &Arc<dyn Store>, checks: &[Check], shadow_from: usize) -> 
 /// The enforced checks' decisions, and the shadow checks' after them if
 /// the enforced ones admit the request.
 async fn with_shadow(store: &dyn Store, decided: Decisions, shadow: &[Check]) -> Decisions {
-    if !decided.iter().all(|decision| decision.admitted) {
+    if !decided.iter().all(|decision| decision.admitted()) {
         return decided;
     }
     join(decided, store.check(shadow).await)

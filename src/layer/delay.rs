@@ -29,6 +29,7 @@ use http::request::Parts;
 use crate::layer::owed::Owed;
 use crate::layer::recorded::{Recorded, report_refund};
 use crate::policy::Algorithm;
+use crate::store::optional_micros;
 use crate::store::{Check, Decision, Decisions, Store};
 
 /// Requests a layer holds at once unless set.
@@ -134,7 +135,7 @@ impl Unpassed {
         let mut recorded = Recorded::new(store);
         for (check, decision) in checks.iter().zip(decisions) {
             if let (Some(at), false) = (
-                decision.recorded_at,
+                decision.recorded_at(),
                 check.algorithm() == Algorithm::Concurrency,
             ) {
                 recorded.push_refund(check, decision, at);
@@ -191,9 +192,9 @@ pub(crate) fn unheld(
         .iter()
         .map(|d| Decision {
             admitted: false,
-            retry_after: Some(wait),
-            delayed_for: None,
-            recorded_at: None,
+            retry_after_us: optional_micros(Some(wait)),
+            delayed_for_us: optional_micros(None),
+            recorded_at_us: optional_micros(None),
             ..*d
         })
         .collect()

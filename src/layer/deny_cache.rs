@@ -48,7 +48,7 @@ impl Asked {
     fn of_check(check: &Check) -> Self {
         Self {
             terms: check.terms.clone(),
-            limit: check.limit,
+            limit: check.limit(),
             burst: check.burst,
             cost: check.cost,
         }
@@ -227,11 +227,11 @@ impl DenyCache {
         for (index, (check, decision)) in checks.iter().zip(decisions).enumerate() {
             // Unless blocked, a request that fits within its policy's
             // delay is the store's to hold: the denial stands until then.
-            let stands = match decision.blocked_for {
+            let stands = match decision.blocked_for() {
                 // The retry time counts the block in.
-                Some(_) if lasting(index) => decision.retry_after,
+                Some(_) if lasting(index) => decision.retry_after(),
                 Some(block) => Some(block),
-                None if lasting(index) => decision.retry_after.and_then(|retry| {
+                None if lasting(index) => decision.retry_after().and_then(|retry| {
                     retry
                         .checked_sub(check.delay())
                         .filter(|left| !left.is_zero())
@@ -243,8 +243,8 @@ impl DenyCache {
             };
             let denial = Entry {
                 until: sent_at.saturating_add(duration_micros(stands)),
-                reset_at: sent_at.saturating_add(duration_micros(decision.reset)),
-                remaining: decision.remaining,
+                reset_at: sent_at.saturating_add(duration_micros(decision.reset())),
+                remaining: decision.remaining(),
                 denied: Asked::of_check(check),
                 body: Arc::new(TooManyBody::new(check)),
             };

@@ -75,8 +75,8 @@ impl RateLimitLayer {
     /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies);
     /// let alice = Key::parse("jwt:alice").expect("a key in its label form");
     /// let now = layer.peek("search", &alice, None).await?;
-    /// println!("{} of {} left, more in {:?}", now.remaining, now.limit, now.reset);
-    /// assert_eq!((now.limit, now.remaining), (5, 5));
+    /// println!("{} of {} left, more in {:?}", now.remaining(), now.limit(), now.reset());
+    /// assert_eq!((now.limit(), now.remaining()), (5, 5));
     /// layer.reset("search", &alice).await?;
     /// # Ok(())
     /// # }

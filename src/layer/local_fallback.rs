@@ -139,7 +139,7 @@ impl LocalChecks {
 fn local_check(check: &Check, share: u32) -> Check {
     let mut local = check.clone();
     let share = share.max(1);
-    local.limit = (check.limit / share).max(1);
+    local.limit = (check.limit() / share).max(1);
     local.burst = (check.burst / share).max(1);
     let scaled =
         (u64::from(check.cost) * u64::from(local.burst)).div_ceil(u64::from(check.burst.max(1)));
@@ -177,7 +177,7 @@ impl LocalLimits {
             return None;
         }
         let decisions = self.store().peek(&local.checks).into_ready().ok()?.ok()?;
-        (!decisions.iter().all(|decision| decision.admitted)).then_some(decisions)
+        (!decisions.iter().all(|decision| decision.admitted())).then_some(decisions)
     }
 
     /// Records an admission the store made in the local counts, each
@@ -239,7 +239,7 @@ mod tests {
             (u32::MAX, u32::MAX, 1, u32::MAX, u32::MAX),
         ] {
             let local = local_check(&check(limit, cost), share);
-            assert_eq!((local.limit, local.cost), (local_limit, local_cost));
+            assert_eq!((local.limit(), local.cost), (local_limit, local_cost));
         }
     }
 }

@@ -25,6 +25,7 @@ use crate::rejection::Rejection;
 use crate::rejection::limited::Limited;
 use crate::store::Soon;
 use crate::store::closest_to_denying;
+use crate::store::micros;
 use crate::store::{Check, CheckOutcome, Decision, Decisions, StoreError};
 use crate::throttle::{STORE_FAILURES, STORE_FULL};
 
@@ -61,7 +62,7 @@ pub(crate) fn outcome(
         Ok(decisions) => {
             let decided = &checks[..decisions.len()];
             let enforced = enforced.min(decisions.len());
-            let admitted = decisions[..enforced].iter().all(|d| d.admitted);
+            let admitted = decisions[..enforced].iter().all(|d| d.admitted());
             let local = modes
                 .filter(|_| admitted)
                 .and_then(Modes::local)
@@ -158,7 +159,7 @@ fn decided_by(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Soon<Ne
     if decisions.is_empty() {
         return Soon::ready(Next::PASS);
     }
-    if !decisions[..enforced].iter().all(|d| d.admitted) {
+    if !decisions[..enforced].iter().all(|d| d.admitted()) {
         return Soon::ready(denied_by(shared, parts, &answered));
     }
     // A place for each reservation settled after the response; a client
@@ -176,7 +177,7 @@ fn decided_by(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Soon<Ne
     // Admitted once it has waited, in a place of the layer's.
     let wait = decisions[..enforced]
         .iter()
-        .filter_map(|d| d.delayed_for)
+        .filter_map(|d| d.delayed_for())
         .max()
         .filter(|wait| !wait.is_zero());
     let slot = match wait {
@@ -226,7 +227,7 @@ fn decided_by(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Soon<Ne
         enforced
     };
     for (check, decision) in checks.iter().zip(decisions).skip(from) {
-        if decision.admitted {
+        if decision.admitted() {
             metrics::decided(check.policy(), admitted);
             metrics::near_limit(check, decision);
         } else {
@@ -234,7 +235,7 @@ fn decided_by(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Soon<Ne
             // request that would have been denied; counted against the
             // policies that did not fit, as a denial is.
             outcome = Outcome::ShadowDenied;
-            if decision.retry_after.is_some() {
+            if decision.retry_after().is_some() {
                 metrics::decided(check.policy(), Outcome::ShadowDenied);
                 tracing::debug!(
                     policy = &**check.policy(),
@@ -250,7 +251,7 @@ fn decided_by(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Soon<Ne
         decisions
             .iter()
             .map(|d| Decision {
-                reset: d.reset.saturating_sub(wait),
+                reset_us: micros(d.reset().saturating_sub(wait)),
                 ..*d
             })
             .collect()

@@ -22,6 +22,7 @@ use crate::layer::usage::{InForce, Usage};
 use crate::policy::{Algorithm, Count, Policies, Settlement};
 use crate::store::Checks;
 use crate::store::closest_to_denying;
+use crate::store::micros;
 use crate::store::{Check, Decision, Decisions, Store};
 
 /// What an admitted request owes the store: refunds that wait for the
@@ -108,7 +109,7 @@ impl Owed {
             })
         };
         for (position, (check, decision)) in checks.iter().zip(decisions).enumerate() {
-            let Some(at) = decision.recorded_at else {
+            let Some(at) = decision.recorded_at() else {
                 continue;
             };
             let count = counts.map_or(Count::All, |counts| counts[position]);
@@ -293,14 +294,17 @@ impl HeaderSource {
     fn refunded(mut self, refunded: &[usize]) -> RateHeaders {
         let since = self.decided.elapsed();
         for decision in self.decisions.iter_mut() {
-            decision.reset = decision.reset.saturating_sub(since);
+            decision.reset_us = micros(decision.reset().saturating_sub(since));
         }
         for &index in refunded {
             let decision = &mut self.decisions[index];
             let cost = self.checks[index].cost;
-            decision.remaining = decision.remaining.saturating_add(cost).min(decision.limit);
-            if decision.remaining == decision.limit {
-                decision.reset = Duration::ZERO;
+            decision.remaining = decision
+                .remaining()
+                .saturating_add(cost)
+                .min(decision.limit());
+            if decision.remaining() == decision.limit() {
+                decision.reset_us = 0;
             }
         }
         let reported = closest_to_denying(&self.decisions);

@@ -34,16 +34,20 @@ impl Refusal {
         let decision = outcome.ok()?.first().copied()?;
         let checks = std::slice::from_ref(&self.check);
         if shadow {
-            if !decision.admitted {
+            if !decision.admitted() {
                 tracing::debug!("shadow mode: refused credentials past their limit");
             }
             return None;
         }
-        if decision.admitted {
-            if decision.remaining == 0 {
+        if decision.admitted() {
+            if decision.remaining() == 0 {
                 // No refusal fits until the oldest leaves the window.
-                let blocked =
-                    Decision::new_denied(decision.limit, 0, decision.reset, Some(decision.reset));
+                let blocked = Decision::new_denied(
+                    decision.limit(),
+                    0,
+                    decision.reset(),
+                    Some(decision.reset()),
+                );
                 self.blocked
                     .remember(checks, std::slice::from_ref(&blocked), self.sent_at, |_| {
                         true

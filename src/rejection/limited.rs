@@ -62,7 +62,7 @@ impl<'a> Limited<'a> {
 
     /// The policy's limit for this client's tier, in units per window.
     pub fn limit(&self) -> u32 {
-        self.check.limit
+        self.check.limit()
     }
 
     /// The policy's window for this client's tier.
@@ -77,7 +77,7 @@ impl<'a> Limited<'a> {
 
     /// Units left in the window now.
     pub fn remaining(&self) -> u32 {
-        self.decision.remaining
+        self.decision.remaining()
     }
 
     /// When to retry, in the whole seconds `Retry-After` carries.
@@ -89,7 +89,7 @@ impl<'a> Limited<'a> {
     /// of [`retry_after`](Self::retry_after) when the store gave no time).
     pub(crate) fn exact_retry_after(&self) -> Duration {
         self.decision
-            .retry_after
+            .retry_after()
             .filter(|retry| !retry.is_zero())
             .unwrap_or_else(|| self.retry_after())
     }

@@ -62,7 +62,7 @@ pub(crate) struct TooManyBody {
 
 impl TooManyBody {
     pub(crate) fn new(check: &Check) -> Self {
-        let (policy, limit) = (&check.policy(), check.limit);
+        let (policy, limit) = (&check.policy(), check.limit());
         let (what, measure) = match check.algorithm() {
             // A lease's time is no window: the limit is on requests at once.
             Algorithm::Concurrency => (
@@ -110,7 +110,7 @@ fn seconds_value(duration: Duration) -> serde_json::Value {
 /// `Retry-After` for a denied decision: whole seconds, rounded up, at
 /// least one.
 pub(crate) fn retry_after_seconds(decision: &Decision) -> u64 {
-    ceil_seconds(decision.retry_after.unwrap_or_default()).max(1)
+    ceil_seconds(decision.retry_after().unwrap_or_default()).max(1)
 }
 
 /// `422 Unprocessable Content`: the request costs more under a policy than

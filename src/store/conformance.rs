@@ -235,8 +235,8 @@ fn remember(
     checks: &[Check],
     decisions: &Decisions,
 ) {
-    let times: Option<Vec<Duration>> = decisions.iter().map(|d| d.recorded_at).collect();
-    if let Some(times) = times.filter(|_| decisions.iter().all(|d| d.admitted)) {
+    let times: Option<Vec<Duration>> = decisions.iter().map(|d| d.recorded_at()).collect();
+    if let Some(times) = times.filter(|_| decisions.iter().all(|d| d.admitted())) {
         admitted.push((checks.to_vec(), times));
     }
 }

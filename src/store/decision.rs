@@ -1,52 +1,31 @@
 //! The outcome of one policy's check.
 
 use std::cmp::Reverse;
+use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::time::Duration;
 
 use smallvec::SmallVec;
 
-/// What a store decided for one policy of a request.
+/// What a store decided for one policy of a request, read with the
+/// methods below.
 ///
 /// A request with several policies is admitted only if all admit it; the
 /// store then reports the same `admitted` value on every decision, and a
-/// denied request has consumed nothing from any of them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
+/// denied request has consumed nothing from any of them. Its times are
+/// kept in whole microseconds (56 bytes in all, moved on every request's
+/// way), and read as [`Duration`]s.
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Decision {
-    /// Whether the request was admitted (and its cost recorded).
-    pub admitted: bool,
-    /// The policy's limit, in units per window.
-    pub limit: u32,
-    /// Units left in the window after this request; never negative.
-    pub remaining: u32,
-    /// Time until the oldest counted unit leaves the window, that is, until
-    /// capacity next grows. Zero when nothing is counted.
-    pub reset: Duration,
-    /// When this policy cannot fit the request: the time until enough
-    /// capacity frees for its cost, exact to the microsecond. `None` when it
-    /// fits, and for an admitted request.
-    pub retry_after: Option<Duration>,
-    /// When the request was admitted after a delay (see
-    /// [`Policy::with_delay`](crate::Policy::with_delay)): how long it
-    /// waits before it passes. Its units are recorded at the time it
-    /// passes, under every policy of the request, so nothing admitted
-    /// meanwhile takes its place; a client that goes away meanwhile gives
-    /// them back with a [refund](crate::store::Store::refund). `None` for
-    /// a request that passes now, and for a denied one.
-    pub delayed_for: Option<Duration>,
-    /// When an admitted request's units were recorded, since the Unix
-    /// epoch on the store's clock: what [`Store::refund`](crate::store::Store::refund)
-    /// is given to take exactly those units back. `None` when nothing was
-    /// recorded, or the store takes no refunds.
-    pub recorded_at: Option<Duration>,
-    /// When the client is blocked by this policy (see
-    /// [`Policy::with_block`](crate::Policy::with_block)): how long the
-    /// block still lasts. A block ends only with its time (or a reset),
-    /// never with a refund, so a denial is known to stand this long even
-    /// under a policy that counts only some responses. `None` when the
-    /// client is not blocked.
-    pub blocked_for: Option<Duration>,
+    pub(crate) limit: u32,
+    pub(crate) remaining: u32,
+    /// Each time in µs; an optional one is [`UNSET`] when it is not set.
+    pub(crate) reset_us: u64,
+    pub(crate) retry_after_us: u64,
+    pub(crate) delayed_for_us: u64,
+    pub(crate) recorded_at_us: u64,
+    pub(crate) blocked_for_us: u64,
+    pub(crate) admitted: bool,
     /// Whether the units came from a slice this process holds (see
     /// [`Policy::with_slice`](crate::Policy::with_slice)) rather than from
     /// the store for this request alone: a refund goes back where they
@@ -54,7 +33,81 @@ pub struct Decision {
     pub(crate) sliced: bool,
 }
 
+/// An optional time of a [`Decision`] that is not set.
+pub(crate) const UNSET: u64 = u64::MAX;
+
+/// `duration` in whole microseconds, below [`UNSET`].
+pub(crate) fn micros(duration: Duration) -> u64 {
+    u64::try_from(duration.as_micros()).map_or(UNSET - 1, |us| us.min(UNSET - 1))
+}
+
+/// An optional time in microseconds, [`UNSET`] for `None`.
+pub(crate) fn optional_micros(duration: Option<Duration>) -> u64 {
+    duration.map_or(UNSET, micros)
+}
+
+fn optional(us: u64) -> Option<Duration> {
+    (us != UNSET).then(|| Duration::from_micros(us))
+}
+
 impl Decision {
+    /// Whether the request was admitted (and its cost recorded).
+    pub fn admitted(&self) -> bool {
+        self.admitted
+    }
+
+    /// The policy's limit, in units per window.
+    pub fn limit(&self) -> u32 {
+        self.limit
+    }
+
+    /// Units left in the window after this request; never negative.
+    pub fn remaining(&self) -> u32 {
+        self.remaining
+    }
+
+    /// Time until the oldest counted unit leaves the window, that is, until
+    /// capacity next grows. Zero when nothing is counted.
+    pub fn reset(&self) -> Duration {
+        Duration::from_micros(self.reset_us)
+    }
+
+    /// When this policy cannot fit the request: the time until enough
+    /// capacity frees for its cost, exact to the microsecond. `None` when it
+    /// fits, and for an admitted request.
+    pub fn retry_after(&self) -> Option<Duration> {
+        optional(self.retry_after_us)
+    }
+
+    /// When the request was admitted after a delay (see
+    /// [`Policy::with_delay`](crate::Policy::with_delay)): how long it
+    /// waits before it passes. Its units are recorded at the time it
+    /// passes, under every policy of the request, so nothing admitted
+    /// meanwhile takes its place; a client that goes away meanwhile gives
+    /// them back with a [refund](crate::store::Store::refund). `None` for
+    /// a request that passes now, and for a denied one.
+    pub fn delayed_for(&self) -> Option<Duration> {
+        optional(self.delayed_for_us)
+    }
+
+    /// When an admitted request's units were recorded, since the Unix
+    /// epoch on the store's clock: what [`Store::refund`](crate::store::Store::refund)
+    /// is given to take exactly those units back. `None` when nothing was
+    /// recorded, or the store takes no refunds.
+    pub fn recorded_at(&self) -> Option<Duration> {
+        optional(self.recorded_at_us)
+    }
+
+    /// When the client is blocked by this policy (see
+    /// [`Policy::with_block`](crate::Policy::with_block)): how long the
+    /// block still lasts. A block ends only with its time (or a reset),
+    /// never with a refund, so a denial is known to stand this long even
+    /// under a policy that counts only some responses. `None` when the
+    /// client is not blocked.
+    pub fn blocked_for(&self) -> Option<Duration> {
+        optional(self.blocked_for_us)
+    }
+
     /// An admitted request's decision: its cost is recorded, `remaining`
     /// units are left, and capacity next grows in `reset`. For stores of
     /// your own.
@@ -64,18 +117,18 @@ impl Decision {
     /// use std::time::Duration;
     ///
     /// let decision = Decision::new_admitted(10, 9, Duration::from_secs(60));
-    /// assert!(decision.admitted && decision.retry_after.is_none());
+    /// assert!(decision.admitted() && decision.retry_after().is_none());
     /// ```
     pub fn new_admitted(limit: u32, remaining: u32, reset: Duration) -> Self {
         Self {
-            admitted: true,
             limit,
             remaining,
-            reset,
-            retry_after: None,
-            delayed_for: None,
-            recorded_at: None,
-            blocked_for: None,
+            reset_us: micros(reset),
+            retry_after_us: UNSET,
+            delayed_for_us: UNSET,
+            recorded_at_us: UNSET,
+            blocked_for_us: UNSET,
+            admitted: true,
             sliced: false,
         }
     }
@@ -89,11 +142,11 @@ impl Decision {
     ///
     /// let wait = Duration::from_millis(120);
     /// let decision = Decision::new_admitted(10, 0, Duration::from_secs(1)).with_delayed_for(wait);
-    /// assert_eq!(decision.delayed_for, Some(wait));
+    /// assert_eq!(decision.delayed_for(), Some(wait));
     /// ```
     #[must_use]
     pub fn with_delayed_for(mut self, wait: Duration) -> Self {
-        self.delayed_for = Some(wait);
+        self.delayed_for_us = micros(wait);
         self
     }
 
@@ -107,11 +160,11 @@ impl Decision {
     ///
     /// let at = Duration::from_secs(1_800_000_000);
     /// let decision = Decision::new_admitted(10, 9, Duration::from_secs(60)).with_recorded_at(at);
-    /// assert_eq!(decision.recorded_at, Some(at));
+    /// assert_eq!(decision.recorded_at(), Some(at));
     /// ```
     #[must_use]
     pub fn with_recorded_at(mut self, at: Duration) -> Self {
-        self.recorded_at = Some(at);
+        self.recorded_at_us = micros(at);
         self
     }
 
@@ -125,7 +178,7 @@ impl Decision {
     ///
     /// let wait = Duration::from_secs(3);
     /// let decision = Decision::new_denied(10, 0, wait, Some(wait));
-    /// assert!(!decision.admitted);
+    /// assert!(!decision.admitted());
     /// ```
     pub fn new_denied(
         limit: u32,
@@ -134,15 +187,9 @@ impl Decision {
         retry_after: Option<Duration>,
     ) -> Self {
         Self {
+            retry_after_us: optional_micros(retry_after),
             admitted: false,
-            limit,
-            remaining,
-            reset,
-            retry_after,
-            delayed_for: None,
-            recorded_at: None,
-            blocked_for: None,
-            sliced: false,
+            ..Self::new_admitted(limit, remaining, reset)
         }
     }
 
@@ -155,12 +202,28 @@ impl Decision {
     ///
     /// let left = Duration::from_secs(600);
     /// let decision = Decision::new_denied(10, 0, left, Some(left)).with_blocked_for(left);
-    /// assert_eq!(decision.blocked_for, Some(left));
+    /// assert_eq!(decision.blocked_for(), Some(left));
     /// ```
     #[must_use]
     pub fn with_blocked_for(mut self, left: Duration) -> Self {
-        self.blocked_for = Some(left);
+        self.blocked_for_us = micros(left);
         self
+    }
+}
+
+impl fmt::Debug for Decision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Decision")
+            .field("admitted", &self.admitted)
+            .field("limit", &self.limit)
+            .field("remaining", &self.remaining)
+            .field("reset", &self.reset())
+            .field("retry_after", &self.retry_after())
+            .field("delayed_for", &self.delayed_for())
+            .field("recorded_at", &self.recorded_at())
+            .field("blocked_for", &self.blocked_for())
+            .field("sliced", &self.sliced)
+            .finish()
     }
 }
 
@@ -173,7 +236,7 @@ impl Decision {
 ///
 /// let mut decisions = Decisions::new();
 /// decisions.push(Decision::new_admitted(10, 9, Duration::from_secs(60)));
-/// assert!(decisions.iter().all(|d| d.admitted));
+/// assert!(decisions.iter().all(|d| d.admitted()));
 /// let copied: Decisions = decisions.iter().copied().collect();
 /// assert_eq!(copied, decisions);
 /// ```
@@ -252,6 +315,38 @@ pub(crate) fn index_of_min<K: Ord>(decisions: &[Decision], key: impl Fn(&Decisio
 /// denying (fewest units left, then the latest reset).
 pub(crate) fn closest_to_denying(decisions: &[Decision]) -> usize {
     index_of_min(decisions, |decision| {
-        (decision.remaining, Reverse(decision.reset))
+        (decision.remaining, Reverse(decision.reset_us))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A request's decisions are moved on its way (from the store, into
+    /// its headers and its future): times in whole microseconds, not
+    /// `Option<Duration>`s.
+    #[test]
+    fn a_decision_stays_small_and_keeps_its_times() {
+        let size = std::mem::size_of::<Decision>();
+        assert!(size <= 56, "a decision is {size} bytes");
+        let wait = Duration::from_micros(1_500);
+        let denied = Decision::new_denied(5, 0, wait, Some(wait)).with_blocked_for(wait);
+        assert_eq!(
+            (denied.retry_after(), denied.blocked_for()),
+            (Some(wait), Some(wait))
+        );
+        assert_eq!((denied.recorded_at(), denied.delayed_for()), (None, None));
+        assert_eq!(denied.reset(), wait);
+        let far = Decision::new_admitted(5, 4, Duration::MAX).with_recorded_at(Duration::ZERO);
+        assert_eq!(
+            far.recorded_at(),
+            Some(Duration::ZERO),
+            "a time of zero is set"
+        );
+        assert!(
+            far.reset() > Duration::from_secs(1 << 40),
+            "a huge time saturates"
+        );
+    }
 }

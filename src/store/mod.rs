@@ -63,7 +63,7 @@ pub use breaker::{BreakerSettings, BreakerState, CircuitBreaker};
 pub use check::Check;
 pub(crate) use check::{Checks, Scope};
 pub use decision::{Decision, Decisions};
-pub(crate) use decision::{closest_to_denying, index_of_min};
+pub(crate) use decision::{UNSET, closest_to_denying, index_of_min, micros, optional_micros};
 pub(crate) use memory::next_lease_id;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]

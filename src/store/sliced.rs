@@ -24,6 +24,7 @@ use smallvec::SmallVec;
 
 use super::{Check, CheckFuture, Decision, Decisions, Scope, Store, StoreError};
 use crate::store::Checks;
+use crate::store::UNSET;
 
 /// The longest a slice lives, whatever its window.
 const MAX_LIFETIME: Duration = Duration::from_secs(1);
@@ -127,7 +128,10 @@ impl State {
             .last
             .as_ref()
             .filter(|last| last.at.elapsed() < lifetime)?;
-        last.answer.as_ref().ok().map(|decision| decision.remaining)
+        last.answer
+            .as_ref()
+            .ok()
+            .map(|decision| decision.remaining())
     }
 }
 
@@ -315,10 +319,10 @@ impl Slot {
             .filter(|last| last.at >= waiting.since)?;
         match &last.answer {
             Err(error) => Some(Err(again(error))),
-            Ok(decision) if !decision.admitted && last.cost <= waiting.cost => {
+            Ok(decision) if !decision.admitted() && last.cost <= waiting.cost => {
                 Some(Ok(Answer::Denied(*decision)))
             }
-            Ok(decision) if decision.admitted && last.cost >= check.slice => None,
+            Ok(decision) if decision.admitted() && last.cost >= check.slice => None,
             Ok(_) => Some(Ok(Answer::Alone)),
         }
     }
@@ -471,12 +475,12 @@ impl Table {
                     return Err(error);
                 }
             };
-            if decision.admitted {
+            if decision.admitted() {
                 slot.remember(size, Ok(decision));
                 return Ok(self.install(slot, asked, check.cost, decision, (since, generation)));
             }
-            let fewer = if first && decision.remaining >= check.cost {
-                decision.remaining.min(size)
+            let fewer = if first && decision.remaining() >= check.cost {
+                decision.remaining().min(size)
             } else {
                 check.cost
             };
@@ -507,7 +511,7 @@ impl Table {
             generation: u64::MAX,
             cost: 0,
         };
-        let Some(recorded_at) = decision.recorded_at else {
+        let Some(recorded_at) = decision.recorded_at() else {
             // A store that names no time takes no give-back: the slice is
             // this request's alone, and the next are asked at their cost.
             self.go_exact();
@@ -521,9 +525,9 @@ impl Table {
             check: taken,
             recorded_at,
             since,
-            limit: decision.limit,
-            remaining: decision.remaining,
-            reset: decision.reset,
+            limit: decision.limit(),
+            remaining: decision.remaining(),
+            reset: decision.reset(),
         };
         let lifetime = lifetime(&slice.check);
         let mine = slice.decision(since);
@@ -536,7 +540,7 @@ impl Table {
                 // units from the fresh count), nor refunded (its record
                 // is the whole slice's): the slice is this request's alone.
                 let mut decision = decision;
-                decision.recorded_at = None;
+                decision.recorded_at_us = UNSET;
                 return Answer::Took(alone(), decision);
             }
             state.generation += 1;
@@ -741,7 +745,7 @@ fn merged(parts: Parts, answer: Result<Decisions, StoreError>) -> Result<Decisio
             return Err(error);
         }
     };
-    let admitted = decided.iter().all(|decision| decision.admitted);
+    let admitted = decided.iter().all(|decision| decision.admitted());
     let mut decided = decided.iter();
     let mut decisions = Decisions::new();
     for part in parts {
@@ -750,7 +754,7 @@ fn merged(parts: Parts, answer: Result<Decisions, StoreError>) -> Result<Decisio
                 if !admitted {
                     taken.put_back();
                     decision.admitted = false;
-                    decision.recorded_at = None;
+                    decision.recorded_at_us = UNSET;
                 }
                 decision
             }
@@ -776,11 +780,11 @@ fn denied(parts: Parts, checks: &[Check], index: usize, decision: Decision) -> D
             Part::Took(taken, mut decision) => {
                 taken.put_back();
                 decision.admitted = false;
-                decision.recorded_at = None;
+                decision.recorded_at_us = UNSET;
                 decision
             }
             Part::Store | Part::Short(_) => {
-                Decision::new_denied(check.limit, check.limit, Duration::ZERO, None)
+                Decision::new_denied(check.limit(), check.limit(), Duration::ZERO, None)
             }
         })
         .collect()

@@ -124,7 +124,7 @@ impl Replay {
     fn counted(&self, key: &Key) -> u32 {
         let mut probe = Check::new(&self.policy, key.clone()).unwrap();
         probe = probe.with_cost(self.policy.limit() + 1);
-        self.policy.limit() - decide(&self.store, probe).remaining
+        self.policy.limit() - decide(&self.store, probe).remaining()
     }
 }
 
@@ -170,20 +170,20 @@ fn sliding_counter_decides_like_the_exact_log() {
 
         // With no limit in reach, what is left after recording gives what
         // was counted before it, plus this request's cost.
-        let with_request = |replay: &Replay| UNBOUNDED - replay.spend(key, cost).remaining;
+        let with_request = |replay: &Replay| UNBOUNDED - replay.spend(key, cost).remaining();
         let over_exact = with_request(&every_log) > LIMIT;
         let over_estimate = with_request(&every_counter) > LIMIT;
         estimate[class].add(!over_exact, !over_estimate);
 
         let fits_exactly = admitted_log.counted(key) + cost <= LIMIT;
-        let counter_admits = deciding_counter.spend(key, cost).admitted;
+        let counter_admits = deciding_counter.spend(key, cost).admitted();
         same[class].add(fits_exactly, counter_admits);
         if counter_admits {
-            let in_window = UNBOUNDED - admitted_log.spend(key, cost).remaining;
+            let in_window = UNBOUNDED - admitted_log.spend(key, cost).remaining();
             worst_overshoot = worst_overshoot.max(in_window);
         }
 
-        let log_admits = exact.spend(key, cost).admitted;
+        let log_admits = exact.spend(key, cost).admitted();
         independent.add(log_admits, counter_admits);
         admitted_units[0] += u64::from(cost) * u64::from(log_admits);
         admitted_units[1] += u64::from(cost) * u64::from(counter_admits);

@@ -54,7 +54,7 @@ async fn redis_admits_exactly_the_limit_across_independent_stores() {
         let mut admitted = 0;
         for task in tasks {
             let decisions = task.await.unwrap().expect("no store errors");
-            admitted += u32::from(decisions[0].admitted);
+            admitted += u32::from(decisions[0].admitted());
         }
         let expected = (limit / cost).min(REQUESTS as u32);
         println!(
@@ -135,7 +135,7 @@ fn memory_store_admits_exactly_the_limit_across_threads() {
                                 vec![b, a]
                             };
                             let decisions = runtime.block_on(store.check(&checks)).unwrap();
-                            admitted += u32::from(decisions[0].admitted);
+                            admitted += u32::from(decisions[0].admitted());
                         }
                         admitted
                     })

@@ -54,7 +54,7 @@ async fn fill(store: &RedisStore, clock: &FakeClock, check: &Check, records: u32
             })
             .collect();
         for task in tasks {
-            assert!(task.await.unwrap().unwrap()[0].admitted);
+            assert!(task.await.unwrap().unwrap()[0].admitted());
         }
     }
 }
@@ -184,7 +184,7 @@ async fn every_path_on_a_log_of_100_000_records_holds_redis_briefly() {
     longest = longest.max(
         measured(&server, "300 requests one by one (pages sealed)", async {
             for _ in 0..300 {
-                assert!(one(&store, &check).await.admitted);
+                assert!(one(&store, &check).await.admitted());
             }
         })
         .await,
@@ -193,20 +193,20 @@ async fn every_path_on_a_log_of_100_000_records_holds_redis_briefly() {
     longest = longest.max(
         measured(&server, "a denial at cost = limit", async {
             let decision = one(&store, &full(&check)).await;
-            assert!(!decision.admitted);
+            assert!(!decision.admitted());
             assert!(
                 decision
-                    .retry_after
+                    .retry_after()
                     .is_some_and(|wait| wait > Duration::from_secs(3599))
             );
-            assert!(!one(&store, &full(&mixed)).await.admitted);
+            assert!(!one(&store, &full(&mixed)).await.admitted());
         })
         .await,
     );
     longest = longest.max(
         measured(&server, "a peek at cost = limit", async {
             let decision = store.peek(&[full(&check)]).await.unwrap()[0];
-            assert!(!decision.admitted && decision.remaining == 1_000_000 - RECORDS - 300);
+            assert!(!decision.admitted() && decision.remaining() == 1_000_000 - RECORDS - 300);
         })
         .await,
     );
@@ -217,7 +217,7 @@ async fn every_path_on_a_log_of_100_000_records_holds_redis_briefly() {
             async {
                 let mut short = Check::new(&units_minute, Key::new("mixed")).unwrap();
                 short = short.with_cost(units_minute.limit());
-                assert!(!one(&store, &short).await.admitted);
+                assert!(!one(&store, &short).await.admitted());
             },
         )
         .await,
@@ -232,7 +232,7 @@ async fn every_path_on_a_log_of_100_000_records_holds_redis_briefly() {
                 })
                 .collect();
             for task in tasks {
-                assert!(!task.await.unwrap().unwrap()[0].admitted);
+                assert!(!task.await.unwrap().unwrap()[0].admitted());
             }
         })
         .await,
@@ -245,7 +245,7 @@ async fn every_path_on_a_log_of_100_000_records_holds_redis_briefly() {
                 for client in [&check, &mixed] {
                     let mut recorded = Vec::new();
                     let decision = one(&store, &first_of(client)).await;
-                    recorded.push(decision.recorded_at.unwrap());
+                    recorded.push(decision.recorded_at().unwrap());
                     let oldest = Duration::from_micros(START + 1_000);
                     let middle = Duration::from_micros(START + 50_000);
                     for at in [oldest, middle, recorded[0]] {
@@ -263,7 +263,7 @@ async fn every_path_on_a_log_of_100_000_records_holds_redis_briefly() {
             async {
                 let mut costly = check.clone();
                 costly = costly.with_cost(65_536);
-                assert!(one(&store, &costly).await.admitted);
+                assert!(one(&store, &costly).await.admitted());
             },
         )
         .await,
@@ -278,9 +278,9 @@ async fn every_path_on_a_log_of_100_000_records_holds_redis_briefly() {
                 // base no longer fits 4 bytes.
                 let two_hours = Policy::new("units", 4_000_000_000, Duration::from_secs(7200));
                 let long = Check::new(&two_hours, Key::new("mixed")).unwrap();
-                assert!(one(&store, &long).await.admitted);
+                assert!(one(&store, &long).await.admitted());
                 clock.advance(Duration::from_secs(72 * 60));
-                assert!(one(&store, &long).await.admitted);
+                assert!(one(&store, &long).await.admitted());
             },
         )
         .await,
@@ -295,10 +295,10 @@ async fn every_path_on_a_log_of_100_000_records_holds_redis_briefly() {
                 fill(&store, &clock, &pair, RECORDS, 0).await;
                 log_every_call(&server);
                 let decision = one(&store, &pair.clone().with_cost(40_000)).await;
-                assert!(!decision.admitted && decision.remaining == 0);
+                assert!(!decision.admitted() && decision.remaining() == 0);
                 // The oldest 20,000 requests leave in an hour from the
                 // first: the retry time counts 20,000 records in.
-                let wait = decision.retry_after.unwrap();
+                let wait = decision.retry_after().unwrap();
                 assert!(wait > Duration::from_secs(3500) && wait < Duration::from_secs(3600));
             },
         )
@@ -325,7 +325,7 @@ async fn every_path_on_a_log_of_100_000_records_holds_redis_briefly() {
                         })
                         .collect();
                     for task in tasks {
-                        assert!(task.await.unwrap().unwrap()[0].admitted);
+                        assert!(task.await.unwrap().unwrap()[0].admitted());
                     }
                 }
             },
@@ -337,7 +337,7 @@ async fn every_path_on_a_log_of_100_000_records_holds_redis_briefly() {
             fill(&store, &clock, &check, RECORDS, 0).await;
             log_every_call(&server);
             clock.advance(Duration::from_secs(3600) - Duration::from_millis(50));
-            assert!(one(&store, &check).await.admitted);
+            assert!(one(&store, &check).await.admitted());
         })
         .await,
     );
@@ -348,7 +348,7 @@ async fn every_path_on_a_log_of_100_000_records_holds_redis_briefly() {
             async {
                 clock.advance(Duration::from_secs(3601));
                 let decision = one(&store, &check).await;
-                assert!(decision.admitted && decision.remaining == 1_000_000 - 1);
+                assert!(decision.admitted() && decision.remaining() == 1_000_000 - 1);
             },
         )
         .await,
@@ -364,7 +364,7 @@ async fn every_path_on_a_log_of_100_000_records_holds_redis_briefly() {
                 let decision = one(&store, &check).await;
                 // The gathered count: the request of the path before, the
                 // 100,000, and this one.
-                assert!(decision.admitted && decision.remaining == 1_000_000 - RECORDS - 2);
+                assert!(decision.admitted() && decision.remaining() == 1_000_000 - RECORDS - 2);
             },
         )
         .await,
@@ -464,7 +464,7 @@ async fn a_batch_of_32_logs_of_a_million_records_holds_redis_briefly() {
     println!("|---|---:|---:|");
     log_every_call(&server);
     for d in batch(3 * MILLION / 2).await {
-        assert!(!d.admitted && d.remaining == MILLION, "{d:?}");
+        assert!(!d.admitted() && d.remaining() == MILLION, "{d:?}");
     }
     let (denials, denial_calls) = slowest(&server).await;
     println!(
@@ -474,7 +474,7 @@ async fn a_batch_of_32_logs_of_a_million_records_holds_redis_briefly() {
     log_every_call(&server);
     clock.advance(Duration::from_secs(3600) - Duration::from_millis(500));
     for d in batch(1).await {
-        assert!(d.admitted, "{d:?}");
+        assert!(d.admitted(), "{d:?}");
     }
     let (pruned, prune_calls) = slowest(&server).await;
     println!(

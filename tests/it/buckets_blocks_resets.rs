@@ -28,30 +28,34 @@ async fn a_token_bucket_spends_its_burst_then_refills_at_its_rate(tested: StoreU
     let policy = bucket(10, 20);
     for left in (0..20).rev() {
         let d = s.one(&policy, "k").await;
-        assert!(d.admitted);
-        assert_eq!((d.limit, d.remaining), (20, left), "the burst is the limit");
+        assert!(d.admitted());
+        assert_eq!(
+            (d.limit(), d.remaining()),
+            (20, left),
+            "the burst is the limit"
+        );
     }
     let denied = s.one(&policy, "k").await;
-    assert!(!denied.admitted);
+    assert!(!denied.admitted());
     assert_eq!(
-        denied.retry_after,
+        denied.retry_after(),
         Some(100 * MS),
         "one unit refills in 100 ms"
     );
-    assert_eq!(denied.reset, 100 * MS);
+    assert_eq!(denied.reset(), 100 * MS);
     s.advance(100 * MS - Duration::from_micros(1));
-    assert!(!s.one(&policy, "k").await.admitted);
+    assert!(!s.one(&policy, "k").await.admitted());
     s.advance(Duration::from_micros(1));
-    assert!(s.one(&policy, "k").await.admitted);
-    assert!(!s.one(&policy, "k").await.admitted);
+    assert!(s.one(&policy, "k").await.admitted());
+    assert!(!s.one(&policy, "k").await.admitted());
     // A second refills ten units, never more than the burst.
     s.advance(SEC);
     for _ in 0..10 {
-        assert!(s.one(&policy, "k").await.admitted);
+        assert!(s.one(&policy, "k").await.admitted());
     }
-    assert!(!s.one(&policy, "k").await.admitted);
+    assert!(!s.one(&policy, "k").await.admitted());
     s.advance(60 * SEC);
-    assert_eq!(s.one(&policy, "k").await.remaining, 19);
+    assert_eq!(s.one(&policy, "k").await.remaining(), 19);
 }
 on_both_stores!(
     a_token_bucket_spends_its_burst_then_refills_at_its_rate,
@@ -62,25 +66,25 @@ async fn a_token_bucket_retries_when_the_whole_cost_fits(tested: StoreUnderTest)
     let s = Subject::from(tested);
     let big = bucket(10, 20).with_cost(15);
     let small = bucket(10, 20).with_cost(4);
-    assert_eq!(s.one(&big, "k").await.remaining, 5);
-    assert_eq!(s.one(&small, "k").await.remaining, 1);
+    assert_eq!(s.one(&big, "k").await.remaining(), 5);
+    assert_eq!(s.one(&small, "k").await.remaining(), 1);
     let denied = s.one(&big, "k").await;
-    assert!(!denied.admitted);
-    assert_eq!(denied.remaining, 1, "a denied request takes nothing");
+    assert!(!denied.admitted());
+    assert_eq!(denied.remaining(), 1, "a denied request takes nothing");
     // 14 more units: 1.4 s at 10 a second.
-    assert_eq!(denied.retry_after, Some(1400 * MS));
+    assert_eq!(denied.retry_after(), Some(1400 * MS));
     s.advance(1400 * MS);
-    assert!(s.one(&big, "k").await.admitted);
+    assert!(s.one(&big, "k").await.admitted());
     // A rate that is no whole number of µs a unit stays exact: three a
     // second is 333,333⅓ µs a unit, so one unit is back after 333,334 µs.
     let thirds = bucket(3, 1);
-    assert!(s.one(&thirds, "t").await.admitted);
+    assert!(s.one(&thirds, "t").await.admitted());
     let denied = s.one(&thirds, "t").await;
-    assert_eq!(denied.retry_after, Some(Duration::from_micros(333_334)));
+    assert_eq!(denied.retry_after(), Some(Duration::from_micros(333_334)));
     s.advance(Duration::from_micros(333_333));
-    assert!(!s.one(&thirds, "t").await.admitted);
+    assert!(!s.one(&thirds, "t").await.admitted());
     s.advance(Duration::from_micros(1));
-    assert!(s.one(&thirds, "t").await.admitted);
+    assert!(s.one(&thirds, "t").await.admitted());
     // A client that comes back exactly at each retry time gets one unit
     // every 333,334 µs (whole µs, rounded up): 179 within the next
     // minute, never more than three a second.
@@ -88,7 +92,7 @@ async fn a_token_bucket_retries_when_the_whole_cost_fits(tested: StoreUnderTest)
     let mut elapsed = Duration::ZERO;
     while elapsed < 60 * SEC {
         let d = s.one(&thirds, "t").await;
-        match d.retry_after {
+        match d.retry_after() {
             None => admitted += 1,
             Some(wait) => {
                 s.advance(wait);
@@ -107,7 +111,7 @@ async fn a_token_bucket_admits_exactly_its_burst_under_concurrency(tested: Store
     let tasks: Vec<_> = (0..600)
         .map(|_| {
             let (s, policy) = (s.clone(), policy.clone());
-            tokio::spawn(async move { s.one(&policy, "crowd").await.admitted })
+            tokio::spawn(async move { s.one(&policy, "crowd").await.admitted() })
         })
         .collect();
     let mut admitted = 0;
@@ -125,30 +129,30 @@ async fn a_denial_blocks_the_client_for_the_block_time(tested: StoreUnderTest) {
     let s = Subject::from(tested);
     let login = Policy::new("login", 3, 60 * SEC).with_block(600 * SEC);
     for _ in 0..3 {
-        assert!(s.one(&login, "mallory").await.admitted);
+        assert!(s.one(&login, "mallory").await.admitted());
     }
     let denied = s.one(&login, "mallory").await;
-    assert!(!denied.admitted);
+    assert!(!denied.admitted());
     assert_eq!(
-        denied.retry_after,
+        denied.retry_after(),
         Some(600 * SEC),
         "blocked from the denial"
     );
     // The window has long emptied, but the block holds.
     s.advance(120 * SEC);
     let blocked = s.one(&login, "mallory").await;
-    assert!(!blocked.admitted);
-    assert_eq!(blocked.remaining, 0);
-    assert_eq!(blocked.retry_after, Some(480 * SEC));
+    assert!(!blocked.admitted());
+    assert_eq!(blocked.remaining(), 0);
+    assert_eq!(blocked.retry_after(), Some(480 * SEC));
     // Requests during the block do not extend it.
     s.advance(480 * SEC - MS);
-    assert!(!s.one(&login, "mallory").await.admitted);
+    assert!(!s.one(&login, "mallory").await.admitted());
     s.advance(MS);
     let free = s.one(&login, "mallory").await;
-    assert!(free.admitted);
-    assert_eq!(free.remaining, 2);
+    assert!(free.admitted());
+    assert_eq!(free.remaining(), 2);
     // Another client was never blocked.
-    assert!(s.one(&login, "alice").await.admitted);
+    assert!(s.one(&login, "alice").await.admitted());
 }
 on_both_stores!(a_denial_blocks_the_client_for_the_block_time, fake_clock);
 
@@ -159,15 +163,15 @@ async fn only_a_policys_own_denial_blocks(tested: StoreUnderTest) {
     let blocking = Policy::new("blocking", 10, 60 * SEC).with_block(600 * SEC);
     let tight = Policy::new("tight", 1, 60 * SEC);
     let both = [&blocking, &tight];
-    assert!(s.check(&both, "k").await[0].admitted);
+    assert!(s.check(&both, "k").await[0].admitted());
     let denied = s.check(&both, "k").await;
-    assert!(!denied[0].admitted);
-    assert_eq!(denied[0].retry_after, None, "the blocking policy fits");
-    assert_eq!(denied[1].retry_after, Some(60 * SEC));
+    assert!(!denied[0].admitted());
+    assert_eq!(denied[0].retry_after(), None, "the blocking policy fits");
+    assert_eq!(denied[1].retry_after(), Some(60 * SEC));
     // The blocking policy alone still admits.
     let alone = s.one(&blocking, "k").await;
-    assert!(alone.admitted);
-    assert_eq!(alone.remaining, 8);
+    assert!(alone.admitted());
+    assert_eq!(alone.remaining(), 8);
 }
 on_both_stores!(only_a_policys_own_denial_blocks, fake_clock);
 
@@ -187,14 +191,14 @@ async fn a_reset_forgets_the_count_and_the_block(tested: StoreUnderTest) {
         let other = [Check::new(policy, Key::new("other")).unwrap()];
         s.one(policy, "other").await;
         let peeked = s.store.peek(&checks).await.unwrap()[0];
-        assert!(!peeked.admitted, "{}", policy.name());
+        assert!(!peeked.admitted(), "{}", policy.name());
         s.store.reset(&checks).await.unwrap();
         let peeked = s.store.peek(&checks).await.unwrap()[0];
-        assert!(peeked.admitted, "{}: {peeked:?}", policy.name());
-        assert_eq!(peeked.remaining, 2, "{}", policy.name());
+        assert!(peeked.admitted(), "{}: {peeked:?}", policy.name());
+        assert_eq!(peeked.remaining(), 2, "{}", policy.name());
         // Another client keeps its count.
         let kept = s.store.peek(&other).await.unwrap()[0];
-        assert_eq!(kept.remaining, 1, "{}", policy.name());
+        assert_eq!(kept.remaining(), 1, "{}", policy.name());
         // A reset of a client never seen is no error.
         let unknown = [Check::new(policy, Key::new("unknown")).unwrap()];
         s.store.reset(&unknown).await.unwrap();

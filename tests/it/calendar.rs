@@ -38,19 +38,22 @@ async fn a_month_rolls_over_on_february_29th(tested: StoreUnderTest) {
     let policy = monthly(2);
     for remaining in [1, 0] {
         let d = s.one(&policy, "alice").await;
-        assert!(d.admitted);
-        assert_eq!((d.remaining, d.reset), (remaining, SEC));
+        assert!(d.admitted());
+        assert_eq!((d.remaining(), d.reset()), (remaining, SEC));
     }
     let d = s.one(&policy, "alice").await;
-    assert!(!d.admitted);
-    assert_eq!(d.retry_after, Some(SEC), "to midnight, exactly");
+    assert!(!d.admitted());
+    assert_eq!(d.retry_after(), Some(SEC), "to midnight, exactly");
 
     s.advance(SEC - Duration::from_micros(1));
-    assert!(!s.one(&policy, "alice").await.admitted, "a µs before March");
+    assert!(
+        !s.one(&policy, "alice").await.admitted(),
+        "a µs before March"
+    );
     s.advance(Duration::from_micros(1));
     let d = s.one(&policy, "alice").await;
-    assert!(d.admitted, "March 1st");
-    assert_eq!((d.remaining, d.reset), (1, 31 * DAY));
+    assert!(d.admitted(), "March 1st");
+    assert_eq!((d.remaining(), d.reset()), (1, 31 * DAY));
 }
 on_both_stores!(a_month_rolls_over_on_february_29th, fake_clock);
 
@@ -62,18 +65,18 @@ async fn a_month_and_a_year_roll_over_on_december_31st(tested: StoreUnderTest) {
     let yearly = Policy::calendar("yearly", 5, Calendar::new(Period::Year));
     let policy = monthly(1);
     let d = s.check(&[&policy, &yearly], "bob").await;
-    assert!(d[0].admitted);
-    assert_eq!(d[0].reset, SEC / 2);
-    assert_eq!(d[1].reset, SEC / 2);
+    assert!(d[0].admitted());
+    assert_eq!(d[0].reset(), SEC / 2);
+    assert_eq!(d[1].reset(), SEC / 2);
     let d = s.one(&policy, "bob").await;
-    assert_eq!(d.retry_after, Some(SEC / 2));
+    assert_eq!(d.retry_after(), Some(SEC / 2));
 
     s.advance(SEC / 2);
     let d = s.check(&[&policy, &yearly], "bob").await;
-    assert!(d[0].admitted, "January");
-    assert_eq!((d[0].remaining, d[0].reset), (0, 31 * DAY));
+    assert!(d[0].admitted(), "January");
+    assert_eq!((d[0].remaining(), d[0].reset()), (0, 31 * DAY));
     // 2027 is no leap year.
-    assert_eq!((d[1].remaining, d[1].reset), (4, 365 * DAY));
+    assert_eq!((d[1].remaining(), d[1].reset()), (4, 365 * DAY));
 }
 on_both_stores!(a_month_and_a_year_roll_over_on_december_31st, fake_clock);
 
@@ -88,23 +91,23 @@ async fn offsets_and_weeks_move_the_boundaries(tested: StoreUnderTest) {
     );
     // 2026-06-30T21:59:59Z is June in UTC+2 for one more second.
     s.clock.set(at(1_782_856_799));
-    assert!(s.one(&berlin, "carol").await.admitted);
+    assert!(s.one(&berlin, "carol").await.admitted());
     let d = s.one(&berlin, "carol").await;
-    assert_eq!(d.retry_after, Some(SEC));
+    assert_eq!(d.retry_after(), Some(SEC));
     s.advance(SEC);
     let d = s.one(&berlin, "carol").await;
-    assert!(d.admitted, "July in UTC+2");
-    assert_eq!(d.reset, 31 * DAY);
+    assert!(d.admitted(), "July in UTC+2");
+    assert_eq!(d.reset(), 31 * DAY);
 
     let weekly = Policy::calendar("weekly", 1, Calendar::new(Period::Week));
     // Sunday 2026-11-29T23:59:59Z.
     s.clock.set(at(1_795_996_799));
-    assert!(s.one(&weekly, "carol").await.admitted);
-    assert_eq!(s.one(&weekly, "carol").await.retry_after, Some(SEC));
+    assert!(s.one(&weekly, "carol").await.admitted());
+    assert_eq!(s.one(&weekly, "carol").await.retry_after(), Some(SEC));
     s.advance(SEC);
     let d = s.one(&weekly, "carol").await;
-    assert!(d.admitted, "Monday");
-    assert_eq!(d.reset, 7 * DAY);
+    assert!(d.admitted(), "Monday");
+    assert_eq!(d.reset(), 7 * DAY);
 }
 on_both_stores!(offsets_and_weeks_move_the_boundaries, fake_clock);
 
@@ -137,8 +140,8 @@ async fn period_ends_agree_across_stores_at_random_instants() {
         for s in [&memory, &redis] {
             s.clock.set(now);
             let d = s.one(&policy, &key).await;
-            assert!(d.admitted);
-            resets.push(d.reset);
+            assert!(d.admitted());
+            resets.push(d.reset());
         }
         assert_eq!(resets[0], resets[1], "{calendar:?} at {now} µs");
         assert!(
@@ -161,25 +164,25 @@ async fn a_refund_gives_back_only_to_its_own_period(tested: StoreUnderTest) {
     let first = s.store.check(&[check()]).await.unwrap()[0];
     let second = s.store.check(&[check()]).await.unwrap()[0];
     s.store
-        .refund(&[check()], &[second.recorded_at.unwrap()])
+        .refund(&[check()], &[second.recorded_at().unwrap()])
         .await
         .unwrap();
     assert_eq!(
-        s.one(&policy, "dave").await.remaining,
+        s.one(&policy, "dave").await.remaining(),
         0,
         "one given back, one spent"
     );
 
     s.advance(SEC);
-    assert!(s.one(&policy, "dave").await.admitted, "March");
+    assert!(s.one(&policy, "dave").await.admitted(), "March");
     // February's unit is not taken from March's count.
     s.store
-        .refund(&[check()], &[first.recorded_at.unwrap()])
+        .refund(&[check()], &[first.recorded_at().unwrap()])
         .await
         .unwrap();
     let d = s.one(&policy, "dave").await;
-    assert!(d.admitted);
-    assert_eq!(d.remaining, 0);
+    assert!(d.admitted());
+    assert_eq!(d.remaining(), 0);
 }
 on_both_stores!(a_refund_gives_back_only_to_its_own_period, fake_clock);
 
@@ -190,16 +193,16 @@ async fn a_clock_stepped_back_never_ends_a_count_early(tested: StoreUnderTest) {
     let daily = Policy::calendar("daily", 3, Calendar::new(Period::Day));
     // 2027-01-01T00:00:05Z.
     s.clock.set(at(NEW_YEARS_EVE_LAST_SECOND + 6));
-    assert!(s.one(&daily, "erin").await.admitted);
-    assert!(s.one(&daily, "erin").await.admitted);
+    assert!(s.one(&daily, "erin").await.admitted());
+    assert!(s.one(&daily, "erin").await.admitted());
     // Stepped back to 2026-12-31T23:59:58Z.
     s.clock.set(at(NEW_YEARS_EVE_LAST_SECOND - 1));
     let d = s.one(&daily, "erin").await;
-    assert!(d.admitted);
-    assert_eq!(d.reset, DAY + 2 * SEC, "to the end of January 1st");
+    assert!(d.admitted());
+    assert_eq!(d.reset(), DAY + 2 * SEC, "to the end of January 1st");
     s.advance(2 * SEC);
     assert!(
-        !s.one(&daily, "erin").await.admitted,
+        !s.one(&daily, "erin").await.admitted(),
         "January 1st: three spent"
     );
 }
@@ -213,14 +216,14 @@ async fn a_count_reloaded_into_longer_periods_lasts_to_their_end(tested: StoreUn
     s.clock.set(at(LEAP_DAY_LAST_SECOND - 19 * 86_400 - 86_399));
     let daily = Policy::calendar("quota", 1, Calendar::new(Period::Day));
     let monthly = Policy::calendar("quota", 1, Calendar::new(Period::Month));
-    assert!(s.one(&daily, "frank").await.admitted);
+    assert!(s.one(&daily, "frank").await.admitted());
     s.advance(SEC);
     let d = s.one(&monthly, "frank").await;
-    assert!(!d.admitted);
-    assert_eq!(d.retry_after, Some(20 * DAY - SEC), "to March 1st");
+    assert!(!d.admitted());
+    assert_eq!(d.retry_after(), Some(20 * DAY - SEC), "to March 1st");
     // Past the day's end, still February: still spent.
     s.advance(DAY);
-    assert!(!s.one(&monthly, "frank").await.admitted);
+    assert!(!s.one(&monthly, "frank").await.admitted());
 }
 on_both_stores!(
     a_count_reloaded_into_longer_periods_lasts_to_their_end,

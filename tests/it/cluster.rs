@@ -53,17 +53,17 @@ async fn every_algorithm_and_mixed_batches_work_on_a_cluster() {
         let key = format!("client-{client}");
         for _ in 0..3 {
             let d = check(&store, &[&log, &counter, &fixed], &key).await;
-            assert!(d.iter().all(|d| d.admitted), "{key}: {d:?}");
+            assert!(d.iter().all(|d| d.admitted()), "{key}: {d:?}");
         }
         // The fixed window is spent: the request is denied as a whole.
         let denied = check(&store, &[&log, &counter, &fixed], &key).await;
-        assert!(denied.iter().all(|d| !d.admitted));
-        assert!(denied[2].retry_after.is_some());
-        assert_eq!((denied[0].remaining, denied[1].remaining), (2, 1));
+        assert!(denied.iter().all(|d| !d.admitted()));
+        assert!(denied[2].retry_after().is_some());
+        assert_eq!((denied[0].remaining(), denied[1].remaining()), (2, 1));
         // Each policy alone keeps exact counts.
-        assert_eq!(check(&store, &[&log], &key).await[0].remaining, 1);
-        assert_eq!(check(&store, &[&counter], &key).await[0].remaining, 0);
-        assert!(!check(&store, &[&counter], &key).await[0].admitted);
+        assert_eq!(check(&store, &[&log], &key).await[0].remaining(), 1);
+        assert_eq!(check(&store, &[&counter], &key).await[0].remaining(), 0);
+        assert!(!check(&store, &[&counter], &key).await[0].admitted());
     }
 
     // Every key of one client is on one primary, in one slot; the clients
@@ -101,7 +101,7 @@ async fn a_long_log_keeps_its_chunks_in_its_slot() {
     let check = Check::new(&long, Key::new("deep")).unwrap();
     fill(&store, &clock, &check, 20_000, 1000).await;
     let peek = store.peek(std::slice::from_ref(&check)).await.unwrap()[0];
-    assert_eq!(peek.remaining, 80_000);
+    assert_eq!(peek.remaining(), 80_000);
 
     let base = store.base_key(&check);
     let mine: Vec<(String, &crate::support::RedisServer)> = cluster
@@ -150,7 +150,7 @@ async fn concurrent_checks_through_two_cluster_pools_admit_exactly_the_limit() {
         }
         let mut admitted = 0;
         for task in tasks {
-            admitted += u32::from(task.await.unwrap().expect("the cluster answers")[0].admitted);
+            admitted += u32::from(task.await.unwrap().expect("the cluster answers")[0].admitted());
         }
         eprintln!("{algorithm:?}: 400 concurrent requests, limit {limit}: {admitted} admitted");
         assert_eq!(admitted, limit, "{algorithm:?}");
@@ -191,7 +191,7 @@ async fn counts_follow_a_slot_migrated_to_another_primary() {
     let policy = Policy::new("moving", 10, MINUTE);
     for remaining in (6..10).rev() {
         assert_eq!(
-            check(&store, &[&policy], "mover").await[0].remaining,
+            check(&store, &[&policy], "mover").await[0].remaining(),
             remaining
         );
     }
@@ -202,10 +202,10 @@ async fn counts_follow_a_slot_migrated_to_another_primary() {
     // The client follows MOVED to the new primary, where the log now is.
     for remaining in (0..6).rev() {
         let d = check(&store, &[&policy], "mover").await;
-        assert!(d[0].admitted);
-        assert_eq!(d[0].remaining, remaining);
+        assert!(d[0].admitted());
+        assert_eq!(d[0].remaining(), remaining);
     }
-    assert!(!check(&store, &[&policy], "mover").await[0].admitted);
+    assert!(!check(&store, &[&policy], "mover").await[0].admitted());
 }
 
 /// A node that lost the script and its function library (a restart
@@ -230,7 +230,7 @@ async fn a_lost_script_comes_back_while_another_node_is_down() {
         let checks = [Check::new(&policy, Key::new(format!("r{client}"))).unwrap()];
         let answer = store.check(&checks).await;
         assert!(answer.is_ok(), "client {client}: {answer:?}");
-        assert_eq!(answer.unwrap()[0].remaining, 98);
+        assert_eq!(answer.unwrap()[0].remaining(), 98);
     }
 }
 
@@ -245,7 +245,7 @@ async fn a_cluster_failover_is_invisible_to_requests() {
     let policy = Policy::new("c-failover", 5, MINUTE);
     let checks = [Check::new(&policy, Key::new("moving")).unwrap()];
     for _ in 0..3 {
-        assert!(store.check(&checks).await.unwrap()[0].admitted);
+        assert!(store.check(&checks).await.unwrap()[0].admitted());
     }
     let key = format!("{}:l", store.base_key(&checks[0]));
     let old_primary = cluster.primary_of(&key).port();
@@ -261,7 +261,7 @@ async fn a_cluster_failover_is_invisible_to_requests() {
     for _ in 0..3 {
         let answer = store.check(&checks).await;
         assert!(answer.is_ok(), "a request saw the failover: {answer:?}");
-        admitted.push(answer.unwrap()[0].admitted);
+        admitted.push(answer.unwrap()[0].admitted());
     }
     assert_eq!(
         admitted,
@@ -329,14 +329,14 @@ async fn checks_queued_together_on_a_cluster_share_a_call_per_slot() {
     assert!(cross.is_err(), "a request spanning slots: {cross:?}");
     for (n, answer) in answers.iter().step_by(2).enumerate() {
         let decision = answer.as_ref().expect("decided")[0];
-        assert_eq!(decision.admitted, n < 10, "busy request {n}");
+        assert_eq!(decision.admitted(), n < 10, "busy request {n}");
     }
     assert!(
         answers
             .iter()
             .skip(1)
             .step_by(2)
-            .all(|a| a.as_ref().unwrap()[0].admitted)
+            .all(|a| a.as_ref().unwrap()[0].admitted())
     );
     // One call per slot, one more for the busy client's first request,
     // which went alone while the rest queued while it was in flight, and the refused
@@ -371,7 +371,11 @@ async fn a_configured_timeout_past_half_a_second_is_the_one_that_counts_on_a_clu
     let answer = store.check(&check).await;
     let waited = started.elapsed();
     assert!(sleeper.join().unwrap());
-    assert_eq!(answer.unwrap()[0].remaining, 8, "after waiting {waited:?}");
+    assert_eq!(
+        answer.unwrap()[0].remaining(),
+        8,
+        "after waiting {waited:?}"
+    );
     assert!(
         waited > Duration::from_millis(500),
         "the node was busy, yet {waited:?}"

@@ -38,7 +38,7 @@ async fn per_request_alone(server: &RedisServer, store: &RedisStore, check: &Che
     server.cli(&["config", "resetstat"]);
     for _ in 0..ALONE {
         let decision = store.check(std::slice::from_ref(check)).await.unwrap()[0];
-        assert!(decision.admitted, "{decision:?}");
+        assert!(decision.admitted(), "{decision:?}");
     }
     let (calls, commands) = server.script_work();
     assert_eq!(calls, ALONE, "one call each");
@@ -79,7 +79,7 @@ async fn a_request_runs_few_redis_commands() {
     let (_, lead) = server.script_work();
     server.cli(&["config", "resetstat"]);
     let answers = in_one_batch(&store, vec![vec![batched.clone()]; 8]).await;
-    assert!(answers.iter().all(|a| a.as_ref().unwrap()[0].admitted));
+    assert!(answers.iter().all(|a| a.as_ref().unwrap()[0].admitted()));
     let (calls, commands) = server.script_work();
     assert_eq!(calls, 2, "the lead, then one batch");
     let batch = (commands - lead) as f64 / 8.0;

@@ -87,7 +87,7 @@ fn get_request(path: &str) -> Request<Body> {
 /// The units a check of `policy` would find free now.
 async fn free(store: &Arc<dyn Store>, policy: &Policy) -> u32 {
     let check = [Check::new(policy, Key::parse("global").unwrap()).unwrap()];
-    store.peek(&check).await.unwrap()[0].remaining
+    store.peek(&check).await.unwrap()[0].remaining()
 }
 
 /// Waits (at most five seconds) until every lease of `policy` is back:

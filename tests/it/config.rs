@@ -206,7 +206,7 @@ async fn memory_max_keys_bounds_the_memory_store() {
     let policy = Policy::new("p", 5, std::time::Duration::from_secs(60));
     for client in 0..1000 {
         let checks = [Check::new(&policy, Key::new(format!("c{client}"))).unwrap()];
-        assert!(store.check(&checks).await.unwrap()[0].admitted);
+        assert!(store.check(&checks).await.unwrap()[0].admitted());
     }
     assert!(store.len() <= 100, "{} tracked", store.len());
 }

@@ -177,7 +177,7 @@ async fn a_client_that_goes_away_frees_its_place(tested: StoreUnderTest) {
     loop {
         let now = layer.peek("one", &key, None).await.unwrap();
         if now
-            .retry_after
+            .retry_after()
             .is_some_and(|wait| wait <= Duration::from_millis(400))
         {
             break;
@@ -301,7 +301,7 @@ async fn others_filling_the_layer_never_block_a_client(tested: StoreUnderTest) {
             .peek("blocking", &key, None)
             .await
             .unwrap()
-            .retry_after
+            .retry_after()
             .is_none_or(|wait| wait > Duration::from_secs(10))
         {
             assert!(started.elapsed() < Duration::from_secs(60), "units kept");
@@ -577,13 +577,13 @@ async fn a_request_the_layer_has_no_room_for_gives_back_its_shadow_units(tested:
     let deadline = Instant::now() + Duration::from_secs(2);
     loop {
         let watched = layer.peek("watch", &key, None).await.unwrap();
-        if watched.remaining == 99 {
+        if watched.remaining() == 99 {
             break;
         }
         assert!(
             Instant::now() < deadline,
             "the shadow policy kept the units of refused requests: {} left",
-            watched.remaining
+            watched.remaining()
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }

@@ -187,8 +187,8 @@ fn peeks_and_refunds_agree() {
             let from_memory = runtime.block_on(memory.check(&checks)).unwrap();
             let from_redis = runtime.block_on(redis.check(&checks)).unwrap();
             prop_assert_eq!(&from_memory, &from_redis, "at {:?}", step);
-            if from_memory[0].admitted {
-                let recorded = from_memory.iter().map(|d| d.recorded_at.unwrap()).collect();
+            if from_memory[0].admitted() {
+                let recorded = from_memory.iter().map(|d| d.recorded_at().unwrap()).collect();
                 admitted.push((checks.clone(), recorded));
             }
             match *after {
@@ -197,7 +197,7 @@ fn peeks_and_refunds_agree() {
                     let from_memory = runtime.block_on(memory.peek(&checks)).unwrap();
                     let from_redis = runtime.block_on(redis.peek(&checks)).unwrap();
                     prop_assert_eq!(&from_memory, &from_redis, "peek at {:?}", step);
-                    prop_assert!(from_memory.iter().all(|d| d.recorded_at.is_none()));
+                    prop_assert!(from_memory.iter().all(|d| d.recorded_at().is_none()));
                 }
                 After::Refund(back) if !admitted.is_empty() => {
                     let (checks, recorded) = admitted.remove(admitted.len() - 1 - back % admitted.len());
@@ -238,27 +238,27 @@ fn a_refund_frees_exactly_its_units() {
             let mut recorded = Vec::new();
             for _ in 0..3 {
                 let decision = runtime.block_on(store.check(&check)).unwrap()[0];
-                assert!(decision.admitted);
-                recorded.push(decision.recorded_at.unwrap());
+                assert!(decision.admitted());
+                recorded.push(decision.recorded_at().unwrap());
                 clock.advance(Duration::from_millis(5));
             }
             let peeked = runtime.block_on(store.peek(&check)).unwrap()[0];
             assert!(
-                !peeked.admitted && peeked.remaining == 0,
+                !peeked.admitted() && peeked.remaining() == 0,
                 "{algorithm:?}: {peeked:?}"
             );
-            assert!(!runtime.block_on(store.check(&check)).unwrap()[0].admitted);
+            assert!(!runtime.block_on(store.check(&check)).unwrap()[0].admitted());
             // The second request's refund frees one unit, once.
             runtime
                 .block_on(store.refund(&check, &recorded[1..2]))
                 .unwrap();
             let peeked = runtime.block_on(store.peek(&check)).unwrap()[0];
             assert!(
-                peeked.admitted && peeked.remaining == 1,
+                peeked.admitted() && peeked.remaining() == 1,
                 "{algorithm:?}: {peeked:?}"
             );
-            assert!(runtime.block_on(store.check(&check)).unwrap()[0].admitted);
-            assert!(!runtime.block_on(store.check(&check)).unwrap()[0].admitted);
+            assert!(runtime.block_on(store.check(&check)).unwrap()[0].admitted());
+            assert!(!runtime.block_on(store.check(&check)).unwrap()[0].admitted());
             clock.advance(Duration::from_secs(120));
         }
     }
@@ -459,7 +459,7 @@ fn a_log_kept_alive_for_hours_decides_as_memory_does() {
             let from_memory = runtime.block_on(memory.check(&check)).unwrap();
             let from_redis = runtime.block_on(redis.check(&check)).unwrap();
             assert_eq!(from_memory, from_redis, "at minute {minute}");
-            denied += usize::from(!from_redis[0].admitted);
+            denied += usize::from(!from_redis[0].admitted());
         }
     }
     assert!(denied > 0, "the trace never reached the limit");
@@ -637,12 +637,12 @@ fn both_stores_keep_the_logs_rules() {
                     let (admitted_now, remaining, reset, retry) = model.decision(now, window, check.limit(), cost, fits && !peek);
                     let decision = from_redis[0];
                     prop_assert_eq!(
-                        (decision.admitted && !peek, decision.remaining, decision.reset.as_micros() as u64, decision.retry_after.map(|d| d.as_micros() as u64)),
+                        (decision.admitted() && !peek, decision.remaining(), decision.reset().as_micros() as u64, decision.retry_after().map(|d| d.as_micros() as u64)),
                         (admitted_now, remaining, reset, retry),
                         "at {:?}", step
                     );
-                    prop_assert_eq!(decision.recorded_at.map(|d| d.as_micros() as u64), recorded);
-                    if let Some(at) = decision.recorded_at {
+                    prop_assert_eq!(decision.recorded_at().map(|d| d.as_micros() as u64), recorded);
+                    if let Some(at) = decision.recorded_at() {
                         admitted.push((check, at));
                     }
                 }
@@ -751,19 +751,19 @@ fn both_stores_keep_the_logs_rules_over_thousands_of_records() {
         let micros = |d: Duration| d.as_micros() as u64;
         assert_eq!(
             (
-                decision.admitted && !peek,
-                decision.remaining,
-                micros(decision.reset),
-                decision.retry_after.map(micros)
+                decision.admitted() && !peek,
+                decision.remaining(),
+                micros(decision.reset()),
+                decision.retry_after().map(micros)
             ),
             expected,
             "step {step}"
         );
-        assert_eq!(decision.recorded_at.map(micros), recorded, "step {step}");
-        if let Some(at) = decision.recorded_at {
+        assert_eq!(decision.recorded_at().map(micros), recorded, "step {step}");
+        if let Some(at) = decision.recorded_at() {
             admitted.push((check, at));
         }
-        denied += usize::from(decision.retry_after.is_some());
+        denied += usize::from(decision.retry_after().is_some());
         most = most.max(model.records.len());
     }
     assert!(
@@ -850,13 +850,13 @@ fn held_requests_pass_within_the_limit() {
                 let from_redis = runtime.block_on(redis.check(&check)).unwrap();
                 prop_assert_eq!(&from_memory, &from_redis);
                 let decision = from_memory[0];
-                if !decision.admitted {
+                if !decision.admitted() {
                     continue;
                 }
-                let wait = decision.delayed_for.unwrap_or_default();
+                let wait = decision.delayed_for().unwrap_or_default();
                 if leaves && !wait.is_zero() {
                     // Gone before its slot: its units go back.
-                    let at = [decision.recorded_at.unwrap()];
+                    let at = [decision.recorded_at().unwrap()];
                     runtime.block_on(memory.refund(&check, &at)).unwrap();
                     runtime.block_on(redis.refund(&check, &at)).unwrap();
                     continue;
@@ -953,7 +953,7 @@ fn a_log_of_many_chunks_decides_as_memory_does() {
             let from_memory = runtime.block_on(memory.check(&check)).unwrap();
             let from_redis = runtime.block_on(redis.check(&check)).unwrap();
             assert_eq!(from_memory, from_redis, "phase {phase}, step {step}");
-            if let Some(at) = from_redis[0].recorded_at {
+            if let Some(at) = from_redis[0].recorded_at() {
                 admitted += 1;
                 recorded.push((check[0].clone(), at));
                 if recorded.len() > 5_000 {

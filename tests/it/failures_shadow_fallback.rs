@@ -66,7 +66,7 @@ async fn settled(store: &dyn Store, remaining: u32) {
     let started = Instant::now();
     loop {
         let decision = store.peek(&check).await.unwrap()[0];
-        if decision.remaining == remaining {
+        if decision.remaining() == remaining {
             return;
         }
         assert!(
@@ -215,13 +215,13 @@ async fn shadow_policies_never_deny(tested: StoreUnderTest) {
         .peek(&[Check::new(&trial, Key::new("client")).unwrap()])
         .await
         .unwrap()[0];
-    assert_eq!(peeked.remaining, 0);
+    assert_eq!(peeked.remaining(), 0);
     let search = Policy::new("search", 5, MINUTE);
     let peeked = store
         .peek(&[Check::new(&search, Key::new("client")).unwrap()])
         .await
         .unwrap()[0];
-    assert_eq!(peeked.remaining, 0);
+    assert_eq!(peeked.remaining(), 0);
 
     // The whole layer in shadow mode: a limit of 2 lets 10 through.
     let app = shadow_app(store, true);

@@ -410,7 +410,7 @@ async fn the_pool_follows_a_failover_that_demotes_the_old_primary() {
         store.check(&d)
     );
     for answer in [answers.0, answers.1, answers.2, answers.3] {
-        assert!(answer.unwrap()[0].admitted);
+        assert!(answer.unwrap()[0].admitted());
     }
 
     old.cli(&["replicaof", "127.0.0.1", &new.port().to_string()]);
@@ -456,7 +456,7 @@ async fn a_connection_that_falls_silent_is_replaced() {
         .unwrap();
     let policy = Policy::new("silent", 1_000_000, Duration::from_secs(60));
     let check = [Check::new(&policy, Key::new("c")).unwrap()];
-    assert!(store.check(&check).await.unwrap()[0].admitted);
+    assert!(store.check(&check).await.unwrap()[0].admitted());
 
     proxy.switch_to(new.port());
     proxy.silence_open_connections();
@@ -465,7 +465,7 @@ async fn a_connection_that_falls_silent_is_replaced() {
     loop {
         match store.check(&check).await {
             Ok(decisions) => {
-                assert!(decisions[0].admitted);
+                assert!(decisions[0].admitted());
                 break;
             }
             Err(slidegate::store::StoreError::Timeout(_)) => timeouts += 1,
@@ -480,7 +480,7 @@ async fn a_connection_that_falls_silent_is_replaced() {
     println!("silent connection: {timeouts} timeouts, replaced after {recovered:?}");
     // Answered by the new primary: a fresh count there.
     assert_eq!(
-        store.check(&check).await.unwrap()[0].remaining,
+        store.check(&check).await.unwrap()[0].remaining(),
         1_000_000 - 2
     );
     assert!(
@@ -519,7 +519,7 @@ async fn a_full_redis_refuses_new_counts_instead_of_growing_past_its_limit() {
         }
         let check = [Check::new(&policy, Key::new(format!("client-{client}"))).unwrap()];
         match store.check(&check).await {
-            Ok(decisions) => assert!(decisions[0].admitted),
+            Ok(decisions) => assert!(decisions[0].admitted()),
             Err(error) => {
                 refused += 1;
                 assert!(

@@ -79,7 +79,7 @@ async fn every_key_of_a_long_log_is_small_and_expires() {
     assert!(
         one(&store, &Check::new(&longer, Key::new("k")).unwrap())
             .await
-            .admitted
+            .admitted()
     );
     for chunk in &chunks {
         let ttl = number(&server.cli(&["pttl", chunk]));
@@ -116,16 +116,16 @@ async fn a_chunk_lost_in_the_middle_keeps_its_units() {
     assert_eq!(number(&server.cli(&["del", &format!("{base}:p:1")])), 1);
 
     let peek = store.peek(std::slice::from_ref(&check)).await.unwrap()[0];
-    assert_eq!(peek.remaining, 1_000_000 - 40_000);
+    assert_eq!(peek.remaining(), 1_000_000 - 40_000);
     let decision = one(&store, &Check::new(&short, Key::new("k")).unwrap()).await;
-    assert!(decision.admitted, "{decision:?}");
+    assert!(decision.admitted(), "{decision:?}");
     assert_eq!(
-        decision.remaining,
+        decision.remaining(),
         1_000_000 - 40_000 - 1,
         "every unit counts in the short window"
     );
     let peek = store.peek(std::slice::from_ref(&check)).await.unwrap()[0];
-    assert_eq!(peek.remaining, 1_000_000 - 40_000 - 1);
+    assert_eq!(peek.remaining(), 1_000_000 - 40_000 - 1);
 }
 
 /// A log written in the format that kept every sealed page in the one
@@ -171,7 +171,7 @@ async fn a_log_in_one_hash_counts_on_and_moves_to_chunks() {
         let of_flat = one(&store, &flat.clone().with_cost(cost)).await;
         let of_twin = one(&store, &twin.clone().with_cost(cost)).await;
         assert_eq!(of_flat, of_twin, "step {step}");
-        if let Some(at) = of_flat.recorded_at {
+        if let Some(at) = of_flat.recorded_at() {
             recorded.push(at);
         }
         if step % 40 == 39 {

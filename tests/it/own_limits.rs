@@ -176,8 +176,8 @@ async fn the_layer_peeks_at_and_resets_one_client(tested: StoreUnderTest) {
     let app = app(layer.clone());
     assert_eq!(admitted(&app, "mallory", 10).await, 3);
     let blocked = layer.peek("search", &key("mallory"), None).await.unwrap();
-    assert_eq!((blocked.limit, blocked.remaining), (3, 0));
-    assert!(!blocked.admitted);
+    assert_eq!((blocked.limit(), blocked.remaining()), (3, 0));
+    assert!(!blocked.admitted());
     // Denied and blocked; the deny cache (on Redis) answers the next ones.
     assert_eq!(
         send(&app, request("mallory")).await.status,
@@ -185,7 +185,7 @@ async fn the_layer_peeks_at_and_resets_one_client(tested: StoreUnderTest) {
     );
     layer.reset("search", &key("mallory")).await.unwrap();
     let fresh = layer.peek("search", &key("mallory"), None).await.unwrap();
-    assert_eq!(fresh.remaining, 3);
+    assert_eq!(fresh.remaining(), 3);
     assert_eq!(
         admitted(&app, "mallory", 10).await,
         3,

@@ -60,7 +60,7 @@ async fn checks_in_flight_share_the_connections_the_store_holds() {
             .map(|i| Check::new(&policy, Key::new(format!("c{i}"))).unwrap())
             .collect();
         let decisions = check_all(&store, checks).await;
-        assert!(decisions.iter().all(|d| d.admitted && d.remaining == 9));
+        assert!(decisions.iter().all(|d| d.admitted() && d.remaining() == 9));
         let size = store.pool().status().size;
         if batch {
             // Batches go to the lanes in turn, as many as there are flushes.
@@ -81,7 +81,7 @@ async fn a_pipeline_mixing_clients_denies_only_the_client_over_its_limit() {
     let policy = Policy::new("mixed", 3, Duration::from_secs(60));
     let spent = Check::new(&policy, Key::new("spent")).unwrap();
     for _ in 0..3 {
-        assert!(store.check(std::slice::from_ref(&spent)).await.unwrap()[0].admitted);
+        assert!(store.check(std::slice::from_ref(&spent)).await.unwrap()[0].admitted());
     }
     // Ten requests of the spent client among fifty of fresh ones, in flight
     // together.
@@ -98,13 +98,13 @@ async fn a_pipeline_mixing_clients_denies_only_the_client_over_its_limit() {
     for (i, decision) in decisions.iter().enumerate() {
         if i % 6 == 0 {
             assert!(
-                !decision.admitted,
+                !decision.admitted(),
                 "request {i} of the spent client admitted"
             );
-            assert!(decision.retry_after.is_some());
+            assert!(decision.retry_after().is_some());
         } else {
-            assert!(decision.admitted, "fresh client {i} denied: {decision:?}");
-            assert_eq!(decision.remaining, 2);
+            assert!(decision.admitted(), "fresh client {i} denied: {decision:?}");
+            assert_eq!(decision.remaining(), 2);
         }
     }
 }
@@ -159,9 +159,9 @@ async fn a_check_timing_out_in_a_pipeline_leaves_the_checks_behind_it_their_answ
     );
     let behind = check_all(&store, (0..8).map(|i| check(&format!("d{i}"))).collect()).await;
     for (i, decision) in behind.iter().enumerate() {
-        assert!(decision.admitted);
+        assert!(decision.admitted());
         assert_eq!(
-            decision.remaining,
+            decision.remaining(),
             10 - i as u32 - 1,
             "client d{i} got another check's answer"
         );
@@ -176,7 +176,7 @@ async fn a_check_timing_out_in_a_pipeline_leaves_the_checks_behind_it_their_answ
     // The abandoned check ran once Redis woke: a request answered by its
     // fail mode may still have been counted, never the other way round.
     let after = store.check(&[check("a")]).await.unwrap();
-    assert_eq!(after[0].remaining, 8);
+    assert_eq!(after[0].remaining(), 8);
 }
 
 /// The calls of `command` Redis has run since its statistics were reset.
@@ -219,15 +219,15 @@ async fn checks_queued_together_are_decided_by_one_call_in_arrival_order() {
     let hot: Vec<_> = decisions.iter().step_by(2).collect();
     for (n, decision) in hot.iter().enumerate() {
         // The first 40 in arrival order are admitted, with what was left.
-        assert_eq!(decision.admitted, n < 40, "hot request {n}");
-        assert_eq!(decision.remaining, 40u32.saturating_sub(n as u32 + 1));
+        assert_eq!(decision.admitted(), n < 40, "hot request {n}");
+        assert_eq!(decision.remaining(), 40u32.saturating_sub(n as u32 + 1));
     }
     assert!(
         decisions
             .iter()
             .skip(1)
             .step_by(2)
-            .all(|d| d.admitted && d.remaining == 39)
+            .all(|d| d.admitted() && d.remaining() == 39)
     );
 }
 
@@ -270,12 +270,15 @@ async fn a_request_failing_inside_a_batch_leaves_the_others_decided() {
             assert!(error.to_string().contains("(lua/log.lua:"), "{error}");
         } else {
             let decision = answer.as_ref().expect("the others are decided")[0];
-            assert!(decision.admitted && decision.remaining == 4, "{decision:?}");
+            assert!(
+                decision.admitted() && decision.remaining() == 4,
+                "{decision:?}"
+            );
         }
     }
     // Recorded: a second request of a fine client has one fewer left.
     let again = store.check(&[check("fine0")]).await.unwrap();
-    assert_eq!(again[0].remaining, 3);
+    assert_eq!(again[0].remaining(), 3);
 }
 
 /// Where an ACL refuses functions, the first batch is answered check by
@@ -296,7 +299,7 @@ async fn a_batch_refused_functions_is_decided_check_by_check() {
             .map(|_| Check::new(&policy, Key::new(format!("client{round}"))).unwrap())
             .collect();
         let decisions = check_all(&store, checks).await;
-        let admitted: Vec<bool> = decisions.iter().map(|d| d.admitted).collect();
+        let admitted: Vec<bool> = decisions.iter().map(|d| d.admitted()).collect();
         assert_eq!(admitted, [[true; 5].as_slice(), &[false; 7]].concat());
     }
     assert_eq!(calls(&server, "fcall"), 0, "no FCALL ran");
@@ -320,7 +323,11 @@ async fn a_configured_timeout_past_half_a_second_is_the_one_that_counts() {
     let answer = store.check(&check).await;
     let waited = started.elapsed();
     assert!(sleeper.join().unwrap());
-    assert_eq!(answer.unwrap()[0].remaining, 8, "after waiting {waited:?}");
+    assert_eq!(
+        answer.unwrap()[0].remaining(),
+        8,
+        "after waiting {waited:?}"
+    );
     assert!(
         waited > Duration::from_millis(500),
         "Redis was busy, yet {waited:?}"
@@ -347,7 +354,7 @@ async fn a_flood_of_queued_checks_is_split_into_calls_of_at_most_32_policies() {
     let decisions = check_all(&store, checks).await;
     // The first at once, the 299 that queued while it was in flight in calls of 32.
     assert_eq!(calls(&server, "fcall"), 11, "300 checks in calls of 32");
-    let admitted: Vec<bool> = decisions.iter().map(|d| d.admitted).collect();
+    let admitted: Vec<bool> = decisions.iter().map(|d| d.admitted()).collect();
     assert_eq!(admitted, [vec![true; 100], vec![false; 200]].concat());
     // Twelve requests of three policies each: 36 policies, two calls.
     let three = [
@@ -367,7 +374,7 @@ async fn a_flood_of_queued_checks_is_split_into_calls_of_at_most_32_policies() {
         })
         .collect();
     for task in tasks {
-        assert!(task.await.unwrap().unwrap()[0].admitted);
+        assert!(task.await.unwrap().unwrap()[0].admitted());
     }
     // The first request's three at once, the 33 that queued while it was in flight in
     // calls of 32 and 3 (requests are not split).
@@ -396,7 +403,7 @@ async fn a_window_changing_inside_a_batch_never_admits_past_a_logs_limit() {
     let decisions = check_all(&store, checks).await;
     // The first at once, the eleven that queued while it was in flight in one batch.
     assert_eq!(calls(&server, "fcall"), 2, "one batch");
-    let admitted = decisions.iter().filter(|d| d.admitted).count();
+    let admitted = decisions.iter().filter(|d| d.admitted()).count();
     assert_eq!(admitted, 5, "{admitted} admitted at a limit of 5");
 }
 
@@ -427,8 +434,11 @@ async fn a_dropped_check_in_flight_leaves_the_checks_behind_it_decided() {
     drop(first);
     for task in behind {
         let decision = task.await.unwrap().expect("decided")[0];
-        assert!(decision.admitted && decision.remaining == 9, "{decision:?}");
+        assert!(
+            decision.admitted() && decision.remaining() == 9,
+            "{decision:?}"
+        );
     }
     let next = store.check(&[check("next")]).await.unwrap()[0];
-    assert!(next.admitted && next.remaining == 9);
+    assert!(next.admitted() && next.remaining() == 9);
 }

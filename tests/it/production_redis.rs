@@ -33,10 +33,10 @@ async fn the_limit_holds(store: &RedisStore) {
     let check = [Check::new(&policy, Key::new("client")).unwrap()];
     for remaining in (0..3).rev() {
         let decision = store.check(&check).await.unwrap()[0];
-        assert!(decision.admitted);
-        assert_eq!(decision.remaining, remaining);
+        assert!(decision.admitted());
+        assert_eq!(decision.remaining(), remaining);
     }
-    assert!(!store.check(&check).await.unwrap()[0].admitted);
+    assert!(!store.check(&check).await.unwrap()[0].admitted());
 }
 
 #[tokio::test]
@@ -171,7 +171,7 @@ async fn an_acl_user_in_a_numbered_database_on_connections_named_slidegate() {
     store.connect(WITHIN).await.unwrap();
     let policy = Policy::new("acl", 2, Duration::from_secs(60));
     let check = [Check::new(&policy, Key::new("client")).unwrap()];
-    assert!(store.check(&check).await.unwrap()[0].admitted);
+    assert!(store.check(&check).await.unwrap()[0].admitted());
 
     let admin = |args: &[&str]| {
         let mut all = vec!["--user", "limiter", "--pass", "s3cret", "--no-auth-warning"];
@@ -221,9 +221,9 @@ fn sentinel_store(set: &SentinelSet) -> RedisStore {
 /// Takes a client to its limit of 3 and waits until the replica has it.
 async fn at_its_limit(store: &RedisStore, set: &SentinelSet, check: &[Check]) {
     for _ in 0..3 {
-        assert!(store.check(check).await.unwrap()[0].admitted);
+        assert!(store.check(check).await.unwrap()[0].admitted());
     }
-    assert!(!store.check(check).await.unwrap()[0].admitted);
+    assert!(!store.check(check).await.unwrap()[0].admitted());
     let primary = set.node(set.primary_port());
     assert_eq!(
         primary.cli(&["wait", "1", "30000"]).trim(),
@@ -247,10 +247,13 @@ async fn limited_by(
         eprintln!(
             "{:?} {:?}",
             since.elapsed(),
-            r.as_ref().map(|d| d[0].admitted)
+            r.as_ref().map(|d| d[0].admitted())
         );
         if let Ok(decisions) = r {
-            assert!(!decisions[0].admitted, "still at its limit: {decisions:?}");
+            assert!(
+                !decisions[0].admitted(),
+                "still at its limit: {decisions:?}"
+            );
             if primary
                 .cli(&["client", "list"])
                 .contains(" name=slidegate ")
@@ -345,10 +348,10 @@ async fn a_full_redis_keeps_limiting_the_clients_it_already_holds() {
         ]
     };
     for _ in 0..5 {
-        assert!(store.check(&checks("limited")).await.unwrap()[0].admitted);
+        assert!(store.check(&checks("limited")).await.unwrap()[0].admitted());
     }
     for _ in 0..2 {
-        assert!(store.check(&checks("under")).await.unwrap()[0].admitted);
+        assert!(store.check(&checks("under")).await.unwrap()[0].admitted());
     }
 
     let mut refused = 0;
@@ -371,7 +374,7 @@ async fn a_full_redis_keeps_limiting_the_clients_it_already_holds() {
         if new_clients.is_multiple_of(512) || refused > 0 {
             let decisions = store.check(&checks("limited")).await.unwrap();
             assert!(
-                !decisions[0].admitted,
+                !decisions[0].admitted(),
                 "at its limit throughout: {decisions:?}"
             );
         }
@@ -385,10 +388,10 @@ async fn a_full_redis_keeps_limiting_the_clients_it_already_holds() {
     let error = store.check(&checks("newest")).await.unwrap_err();
     assert!(error.to_string().contains("not tracked"), "{error}");
     let decisions = store.check(&checks("limited")).await.unwrap();
-    assert!(!decisions[0].admitted);
+    assert!(!decisions[0].admitted());
     let decisions = store.check(&checks("under")).await.unwrap();
-    assert!(decisions[0].admitted);
-    assert_eq!((decisions[0].remaining, decisions[1].remaining), (2, 2));
+    assert!(decisions[0].admitted());
+    assert_eq!((decisions[0].remaining(), decisions[1].remaining()), (2, 2));
     let mut together = tokio::task::JoinSet::new();
     for key in ["under", "limited", "newer"] {
         let (store, checks) = (store.clone(), checks(key));
@@ -397,8 +400,8 @@ async fn a_full_redis_keeps_limiting_the_clients_it_already_holds() {
     while let Some(joined) = together.join_next().await {
         let (key, outcome) = joined.unwrap();
         match key {
-            "under" => assert_eq!(outcome.unwrap()[0].remaining, 1),
-            "limited" => assert!(!outcome.unwrap()[0].admitted),
+            "under" => assert_eq!(outcome.unwrap()[0].remaining(), 1),
+            "limited" => assert!(!outcome.unwrap()[0].admitted()),
             _ => assert!(outcome.is_err(), "a new client is refused"),
         }
     }
@@ -430,16 +433,16 @@ async fn a_full_redis_denies_from_any_state_that_denies() {
         ]
     };
     for _ in 0..2 {
-        assert!(store.check(&blocked).await.unwrap()[0].admitted);
+        assert!(store.check(&blocked).await.unwrap()[0].admitted());
     }
     assert!(
-        !store.check(&blocked).await.unwrap()[0].admitted,
+        !store.check(&blocked).await.unwrap()[0].admitted(),
         "blocked now"
     );
     for _ in 0..3 {
-        assert!(store.check(&daily("daily")).await.unwrap()[0].admitted);
+        assert!(store.check(&daily("daily")).await.unwrap()[0].admitted());
     }
-    assert!(store.check(&daily("under")).await.unwrap()[0].admitted);
+    assert!(store.check(&daily("under")).await.unwrap()[0].admitted());
     // Their shorter-lived counts expire (deleted here, as expiry would).
     let deleted = server.cli(&[
         "del",
@@ -453,12 +456,12 @@ async fn a_full_redis_denies_from_any_state_that_denies() {
     server.cli(&["config", "set", "maxmemory", "100kb"]);
 
     let d = store.check(&blocked).await.expect("decided from its block")[0];
-    assert!(!d.admitted && d.blocked_for.is_some(), "{d:?}");
+    assert!(!d.admitted() && d.blocked_for().is_some(), "{d:?}");
     let d = store
         .check(&daily("daily"))
         .await
         .expect("decided from its day")[0];
-    assert!(!d.admitted, "{d:?}");
+    assert!(!d.admitted(), "{d:?}");
     let full = store.check(&daily("under")).await.unwrap_err();
     assert!(
         matches!(full, StoreError::Full(_)),
@@ -475,7 +478,7 @@ async fn a_full_redis_denies_from_any_state_that_denies() {
     while let Some(joined) = together.join_next().await {
         match joined.unwrap() {
             ("under", outcome) => assert!(matches!(outcome, Err(StoreError::Full(_)))),
-            (key, outcome) => assert!(!outcome.unwrap()[0].admitted, "{key}"),
+            (key, outcome) => assert!(!outcome.unwrap()[0].admitted(), "{key}"),
         }
     }
 }
@@ -563,7 +566,7 @@ async fn a_full_redis_never_fails_open_for_a_client_it_does_not_track() {
         .unwrap()
         .with_cost(6);
     let denied = store.check(std::slice::from_ref(&costly)).await.unwrap()[0];
-    assert!(!denied.admitted, "{denied:?}");
+    assert!(!denied.admitted(), "{denied:?}");
     let block_key = format!("{}:x", store.base_key(&costly));
     assert_eq!(
         server.cli(&["exists", &block_key]).trim(),

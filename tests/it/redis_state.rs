@@ -43,7 +43,7 @@ async fn spend(
     for _ in 0..requests {
         clock.advance(Duration::from_millis(1));
         let decision = store.check(&check).await.unwrap()[0];
-        assert!(decision.admitted, "{client}: {decision:?}");
+        assert!(decision.admitted(), "{client}: {decision:?}");
     }
 }
 
@@ -96,7 +96,7 @@ async fn a_full_sliding_log_takes_at_most_8_bytes_per_request() {
     for n in 0..requests {
         clock.advance(Duration::from_millis(1));
         check = check.with_cost([1, 7, 300, 65_536][n % 4]);
-        assert!(store.check(std::slice::from_ref(&check)).await.unwrap()[0].admitted);
+        assert!(store.check(std::slice::from_ref(&check)).await.unwrap()[0].admitted());
     }
     let (bytes, _) = log_bytes(&server, &store, &check);
     let per_request = bytes as f64 / requests as f64;
@@ -157,17 +157,17 @@ async fn an_evicted_log_starts_afresh_and_never_sticks() {
             .map(|n| Check::new(&policy, Key::new(format!("flood-{n}"))).unwrap())
             .collect();
         let decisions = store.check(&checks).await.unwrap();
-        assert!(decisions.iter().all(|d| d.admitted));
+        assert!(decisions.iter().all(|d| d.admitted()));
         flooded += 100;
     }
 
     let mut admitted = 0;
     for _ in 0..8 {
         let decision = store.check(std::slice::from_ref(&victim)).await.unwrap()[0];
-        if decision.admitted {
+        if decision.admitted() {
             admitted += 1;
         } else {
-            let retry = decision.retry_after.expect("a denial has a retry time");
+            let retry = decision.retry_after().expect("a denial has a retry time");
             assert!(retry > Duration::ZERO, "{decision:?}");
         }
     }
@@ -203,8 +203,11 @@ async fn a_redis_that_refuses_functions_still_decides_exactly() {
         .check(&[Check::new(&policy, Key::new("without")).unwrap()])
         .await
         .unwrap()[0];
-    assert!(!denied.admitted, "{denied:?}");
-    assert_eq!(denied.retry_after, Some(Duration::from_millis(60_000 - 2)));
+    assert!(!denied.admitted(), "{denied:?}");
+    assert_eq!(
+        denied.retry_after(),
+        Some(Duration::from_millis(60_000 - 2))
+    );
     assert_eq!(server.cli(&["function", "list"]).trim(), "");
 }
 
@@ -254,10 +257,10 @@ async fn a_longer_window_keeps_a_denied_clients_key_alive() {
         assert!(minute_ttl <= 180_001, "{algorithm:?}: {minute_ttl} ms");
 
         let denied = store.check(std::slice::from_ref(&check)).await.unwrap()[0];
-        assert!(!denied.admitted, "{algorithm:?}: {denied:?}");
+        assert!(!denied.admitted(), "{algorithm:?}: {denied:?}");
         let hour_ttl: u64 = server.cli(&["pttl", &key]).trim().parse().unwrap();
         // At least as long as the denial says the count is held.
-        let held = denied.retry_after.unwrap().as_millis() as u64;
+        let held = denied.retry_after().unwrap().as_millis() as u64;
         assert!(held > 180_000, "{algorithm:?}: held {held} ms");
         assert!(
             hour_ttl >= held,
@@ -358,9 +361,9 @@ async fn a_failing_request_leaves_the_log_its_batch_shares_as_it_was() {
 
     let batch = vec![vec![check(&long, "k")], vec![check(&short, "k"), broken]];
     let [first, failing]: [_; 2] = in_one_batch(&store, batch).await.try_into().unwrap();
-    assert!(first.unwrap()[0].admitted);
+    assert!(first.unwrap()[0].admitted());
     assert!(failing.is_err());
-    assert!(store.check(&[check(&long, "twin")]).await.unwrap()[0].admitted);
+    assert!(store.check(&[check(&long, "twin")]).await.unwrap()[0].admitted());
 
     let mut connection = slidegate::deadpool_redis::redis::Client::open(server.url())
         .unwrap()
@@ -413,18 +416,22 @@ async fn a_log_that_loses_its_pages_keeps_their_units() {
     spend(&store, &clock, &policy, "k", 700).await;
     assert_eq!(server.cli(&["del", &format!("{base}:p:0")]).trim(), "1");
     let peek = store.peek(std::slice::from_ref(&check)).await.unwrap()[0];
-    assert_eq!(peek.remaining, 300, "the lost pages' 500 units still count");
+    assert_eq!(
+        peek.remaining(),
+        300,
+        "the lost pages' 500 units still count"
+    );
     spend(&store, &clock, &policy, "k", 300).await;
     let denied = store.check(std::slice::from_ref(&check)).await.unwrap()[0];
-    assert!(!denied.admitted);
+    assert!(!denied.admitted());
     // The 500 leave a window after the tail's first record, less 1 µs.
     let gathered_at = first + 500_000 - 1;
     let retry = gathered_at + 60_000_000 - clock.now_micros();
-    assert_eq!(denied.retry_after, Some(Duration::from_micros(retry)));
+    assert_eq!(denied.retry_after(), Some(Duration::from_micros(retry)));
     // Once they have left, the tail's records count as they did.
     clock.set(gathered_at + 60_000_000);
     let peek = store.peek(std::slice::from_ref(&check)).await.unwrap()[0];
-    assert_eq!(peek.remaining, 500);
+    assert_eq!(peek.remaining(), 500);
 
     server.cli(&["flushall"]);
     spend(&store, &clock, &policy, "k", 700).await;
@@ -433,15 +440,15 @@ async fn a_log_that_loses_its_pages_keeps_their_units() {
     // count only its own requests.
     spend(&store, &clock, &policy, "k", 600).await;
     let peek = store.peek(std::slice::from_ref(&check)).await.unwrap()[0];
-    assert_eq!(peek.remaining, 400, "after losing :l");
+    assert_eq!(peek.remaining(), 400, "after losing :l");
     let mut full = check.clone();
     full = full.with_cost(400);
-    assert!(store.check(std::slice::from_ref(&full)).await.unwrap()[0].admitted);
+    assert!(store.check(std::slice::from_ref(&full)).await.unwrap()[0].admitted());
     let denied = store.check(std::slice::from_ref(&check)).await.unwrap()[0];
-    assert!(!denied.admitted);
+    assert!(!denied.admitted());
     // The first of the fresh requests leaves first.
     assert_eq!(
-        denied.retry_after,
+        denied.retry_after(),
         Some(Duration::from_millis(60_000 - 599))
     );
 }
@@ -465,7 +472,7 @@ async fn a_foreign_pages_key_fails_a_request_before_it_writes() {
     ];
     for _ in 0..5 {
         clock.advance(Duration::from_millis(1));
-        assert!(store.check(&checks).await.unwrap()[0].admitted);
+        assert!(store.check(&checks).await.unwrap()[0].admitted());
     }
     let pages = format!("{}:p:0", store.base_key(&checks[1]));
     server.cli(&["set", &pages, "not a hash"]);
@@ -476,7 +483,7 @@ async fn a_foreign_pages_key_fails_a_request_before_it_writes() {
         clock.advance(Duration::from_millis(1));
         match store.check(&checks).await {
             Ok(decisions) if admitted < 250 => {
-                assert!(decisions[0].admitted);
+                assert!(decisions[0].admitted());
                 admitted += 1;
             }
             failed => assert!(failed.is_err(), "request {}: {failed:?}", admitted + 1),
@@ -485,7 +492,7 @@ async fn a_foreign_pages_key_fails_a_request_before_it_writes() {
     assert_eq!(admitted, 250, "a full tail");
     let peek = store.peek(&checks[..1]).await.unwrap()[0];
     assert_eq!(
-        peek.remaining,
+        peek.remaining(),
         1_000 - 250,
         "nothing counted by the failed requests"
     );
@@ -521,7 +528,7 @@ async fn a_foreign_older_chunk_fails_a_seal_before_any_policy_writes() {
         clock.advance(Duration::from_millis(1));
         match store.check(&checks).await {
             Ok(decisions) if admitted < 150 => {
-                assert!(decisions[0].admitted);
+                assert!(decisions[0].admitted());
                 admitted += 1;
             }
             failed => {
@@ -533,7 +540,7 @@ async fn a_foreign_older_chunk_fails_a_seal_before_any_policy_writes() {
     assert_eq!(admitted, 150, "the tail filled");
     let peek = store.peek(&checks[..1]).await.unwrap()[0];
     assert_eq!(
-        peek.remaining,
+        peek.remaining(),
         1_000 - 150,
         "nothing counted by the failed requests"
     );
@@ -578,9 +585,9 @@ async fn page_numbers_carry_on_past_two_to_the_thirty_second() {
     for i in 1..2000u64 {
         clock.advance(Duration::from_micros(1));
         let d = store.check(&check).await.unwrap()[0];
-        assert!(d.admitted, "request {i}: {d:?}");
-        assert_eq!(d.remaining, 3000 - 1 - i as u32, "request {i}");
-        recorded.push(d.recorded_at.unwrap());
+        assert!(d.admitted(), "request {i}: {d:?}");
+        assert_eq!(d.remaining(), 3000 - 1 - i as u32, "request {i}");
+        recorded.push(d.recorded_at().unwrap());
     }
     let version = server.cli(&["getrange", "slidegate:wrap:{user:k}:l", "0", "0"]);
     assert_eq!(
@@ -592,10 +599,10 @@ async fn page_numbers_carry_on_past_two_to_the_thirty_second() {
     assert!(pages.lines().any(|page| page == "4294967297"), "{pages}");
     // Request 1500 sits in a page numbered past 2^32.
     store.refund(&check, &recorded[1499..1500]).await.unwrap();
-    assert_eq!(store.peek(&check).await.unwrap()[0].remaining, 1001);
+    assert_eq!(store.peek(&check).await.unwrap()[0].remaining(), 1001);
     // Records at START + 0..=1000 µs leave; 998 stay (1500 refunded).
     clock.set(START + span + 1000);
-    assert_eq!(store.peek(&check).await.unwrap()[0].remaining, 3000 - 998);
+    assert_eq!(store.peek(&check).await.unwrap()[0].remaining(), 3000 - 998);
 }
 
 /// A key of another type where the library expects its own fails the
@@ -647,7 +654,7 @@ async fn an_error_names_the_library_file_and_function_it_comes_from() {
                     assert!(message.contains(place), "in a batch: {message}");
                     assert!(message.contains(function), "in a batch: {message}");
                 }
-                Ok(decisions) if i != 1 => assert!(decisions[0].admitted),
+                Ok(decisions) if i != 1 => assert!(decisions[0].admitted()),
                 other => panic!("request {i}: {other:?}"),
             }
         }

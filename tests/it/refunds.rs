@@ -30,14 +30,14 @@ async fn a_late_refund_never_grows_a_buckets_burst(tested: StoreUnderTest) {
     let mut held = Vec::new();
     for _ in 0..8 {
         let d = s.store.check(&check).await.unwrap()[0];
-        assert!(d.admitted, "one a second fits: {d:?}");
-        held.push(d.recorded_at.expect("a bucket names its units"));
+        assert!(d.admitted(), "one a second fits: {d:?}");
+        held.push(d.recorded_at().expect("a bucket names its units"));
         s.advance(SEC);
     }
     let mut admitted = 0;
     for recorded in held {
         s.store.refund(&check, &[recorded]).await.unwrap();
-        if s.store.check(&check).await.unwrap()[0].admitted {
+        if s.store.check(&check).await.unwrap()[0].admitted() {
             admitted += 1;
         }
     }
@@ -62,31 +62,31 @@ async fn a_bucket_refund_gives_back_what_is_still_owed(tested: StoreUnderTest) {
     let check = [Check::new(&policy, Key::new("k")).unwrap()];
     let first = s.store.check(&check).await.unwrap()[0];
     let second = s.store.check(&check).await.unwrap()[0];
-    assert_eq!(second.remaining, 2);
+    assert_eq!(second.remaining(), 2);
     // At once: the second request's 4 units come back whole.
     s.store
-        .refund(&check, &[second.recorded_at.unwrap()])
+        .refund(&check, &[second.recorded_at().unwrap()])
         .await
         .unwrap();
-    assert_eq!(s.store.peek(&check).await.unwrap()[0].remaining, 6);
+    assert_eq!(s.store.peek(&check).await.unwrap()[0].remaining(), 6);
     let third = s.store.check(&check).await.unwrap()[0];
-    assert_eq!(third.remaining, 2);
+    assert_eq!(third.remaining(), 2);
     // 2 s on, 2 units have refilled: the third gives back the 2 of its 4
     // not yet repaid, had it been first.
     s.advance(2 * SEC);
-    assert_eq!(s.store.peek(&check).await.unwrap()[0].remaining, 4);
+    assert_eq!(s.store.peek(&check).await.unwrap()[0].remaining(), 4);
     s.store
-        .refund(&check, &[third.recorded_at.unwrap()])
+        .refund(&check, &[third.recorded_at().unwrap()])
         .await
         .unwrap();
-    assert_eq!(s.store.peek(&check).await.unwrap()[0].remaining, 6);
+    assert_eq!(s.store.peek(&check).await.unwrap()[0].remaining(), 6);
     // 5 s on, the first would have been repaid: nothing comes back.
     s.advance(3 * SEC);
     s.store
-        .refund(&check, &[first.recorded_at.unwrap()])
+        .refund(&check, &[first.recorded_at().unwrap()])
         .await
         .unwrap();
-    assert_eq!(s.store.peek(&check).await.unwrap()[0].remaining, 9);
+    assert_eq!(s.store.peek(&check).await.unwrap()[0].remaining(), 9);
 }
 on_both_stores!(a_bucket_refund_gives_back_what_is_still_owed, fake_clock);
 
@@ -108,15 +108,15 @@ async fn a_refund_counts_the_fastest_refill(tested: StoreUnderTest) {
         .check(&[slow[0].clone().with_cost(2)])
         .await
         .unwrap()[0];
-    assert!(a.admitted, "{a:?}");
+    assert!(a.admitted(), "{a:?}");
     s.advance(SEC / 2);
-    assert!(s.store.check(&fast).await.unwrap()[0].admitted, "B");
+    assert!(s.store.check(&fast).await.unwrap()[0].admitted(), "B");
     s.store
-        .refund(&[slow[0].clone().with_cost(2)], &[a.recorded_at.unwrap()])
+        .refund(&[slow[0].clone().with_cost(2)], &[a.recorded_at().unwrap()])
         .await
         .unwrap();
     let d = s.store.peek(&slow).await.unwrap()[0];
-    assert_eq!(d.remaining, 1, "B's unit is still owed: {d:?}");
+    assert_eq!(d.remaining(), 1, "B's unit is still owed: {d:?}");
 }
 on_both_stores!(a_refund_counts_the_fastest_refill, fake_clock);
 
@@ -138,15 +138,15 @@ async fn a_refund_counts_the_fastest_refill_across_windows(tested: StoreUnderTes
         .check(&[slow[0].clone().with_cost(2)])
         .await
         .unwrap()[0];
-    assert!(a.admitted, "{a:?}");
+    assert!(a.admitted(), "{a:?}");
     s.advance(SEC / 5);
-    assert!(s.store.check(&fast).await.unwrap()[0].admitted, "B");
+    assert!(s.store.check(&fast).await.unwrap()[0].admitted(), "B");
     s.store
-        .refund(&[slow[0].clone().with_cost(2)], &[a.recorded_at.unwrap()])
+        .refund(&[slow[0].clone().with_cost(2)], &[a.recorded_at().unwrap()])
         .await
         .unwrap();
     let d = s.store.peek(&slow).await.unwrap()[0];
-    assert_eq!(d.remaining, 1, "B's unit is still owed: {d:?}");
+    assert_eq!(d.remaining(), 1, "B's unit is still owed: {d:?}");
 }
 on_both_stores!(
     a_refund_counts_the_fastest_refill_across_windows,
@@ -167,17 +167,17 @@ async fn a_refund_across_a_clock_step_back_frees_no_repaid_units(tested: StoreUn
     let one = [Check::new(&policy, Key::new("k")).unwrap()];
     let two = [one[0].clone().with_cost(2)];
     let a = s.store.check(&two).await.unwrap()[0];
-    assert!(a.admitted, "{a:?}");
+    assert!(a.admitted(), "{a:?}");
     s.advance(SEC * 3 / 2);
-    assert!(s.store.check(&one).await.unwrap()[0].admitted, "B");
+    assert!(s.store.check(&one).await.unwrap()[0].admitted(), "B");
     s.clock.set(s.clock.now_micros() - 5_000_000);
     s.store
-        .refund(&two, &[a.recorded_at.unwrap()])
+        .refund(&two, &[a.recorded_at().unwrap()])
         .await
         .unwrap();
     let mut admitted = 0;
     for _ in 0..3 {
-        if s.store.check(&one).await.unwrap()[0].admitted {
+        if s.store.check(&one).await.unwrap()[0].admitted() {
             admitted += 1;
         }
     }
@@ -204,19 +204,19 @@ async fn a_refund_ahead_never_makes_a_later_refund_take_more(tested: StoreUnderT
     let b = s.store.check(&check).await.unwrap()[0];
     s.advance(SEC / 2);
     s.store
-        .refund(&check, &[a.recorded_at.unwrap()])
+        .refund(&check, &[a.recorded_at().unwrap()])
         .await
         .unwrap();
-    assert!(s.store.check(&check).await.unwrap()[0].admitted, "C");
+    assert!(s.store.check(&check).await.unwrap()[0].admitted(), "C");
     s.advance(SEC);
     s.store
-        .refund(&check, &[b.recorded_at.unwrap()])
+        .refund(&check, &[b.recorded_at().unwrap()])
         .await
         .unwrap();
     // C's unit is owed whole: two units fit only a second from now.
     let two = [check[0].clone().with_cost(2)];
     let d = s.store.peek(&two).await.unwrap()[0];
-    assert_eq!(d.retry_after, Some(SEC), "{d:?}");
+    assert_eq!(d.retry_after(), Some(SEC), "{d:?}");
 }
 on_both_stores!(
     a_refund_ahead_never_makes_a_later_refund_take_more,
@@ -241,17 +241,17 @@ async fn a_refund_after_the_window_gives_back_nothing(tested: StoreUnderTest) {
         s.advance(20 * SEC);
         for _ in 0..2 {
             assert!(
-                s.store.check(&check).await.unwrap()[0].admitted,
+                s.store.check(&check).await.unwrap()[0].admitted(),
                 "{algorithm:?}"
             );
         }
         s.store
-            .refund(&check, &[early.recorded_at.unwrap()])
+            .refund(&check, &[early.recorded_at().unwrap()])
             .await
             .unwrap();
         let d = s.store.check(&check).await.unwrap()[0];
         assert!(
-            !d.admitted,
+            !d.admitted(),
             "{algorithm:?}: the refund of a gone request made room: {d:?}"
         );
         s.advance(20 * SEC);
@@ -271,20 +271,20 @@ async fn a_refund_from_before_an_algorithm_change_keeps_the_new_counts(tested: S
     for policy in [&old_log, &old_lease] {
         let check = Check::new(policy, Key::new("k")).unwrap();
         let d = s.store.check(std::slice::from_ref(&check)).await.unwrap()[0];
-        assert!(d.admitted, "{d:?}");
-        in_flight.push((check, d.recorded_at.expect("recorded")));
+        assert!(d.admitted(), "{d:?}");
+        in_flight.push((check, d.recorded_at().expect("recorded")));
     }
     let bucket = [Check::new(&new_bucket, Key::new("k")).unwrap()];
     for _ in 0..2 {
-        assert!(s.store.check(&bucket).await.unwrap()[0].admitted);
+        assert!(s.store.check(&bucket).await.unwrap()[0].admitted());
     }
     for (check, recorded) in in_flight {
         s.store.refund(&[check], &[recorded]).await.unwrap();
     }
     let d = s.store.check(&bucket).await.unwrap()[0];
-    assert!(d.admitted);
-    assert_eq!(d.remaining, 0, "the bucket kept its two requests: {d:?}");
-    assert!(!s.store.check(&bucket).await.unwrap()[0].admitted);
+    assert!(d.admitted());
+    assert_eq!(d.remaining(), 0, "the bucket kept its two requests: {d:?}");
+    assert!(!s.store.check(&bucket).await.unwrap()[0].admitted());
 }
 on_both_stores!(
     a_refund_from_before_an_algorithm_change_keeps_the_new_counts,
@@ -304,25 +304,25 @@ async fn a_bucket_keeps_the_units_of_a_held_request_that_leaves(tested: StoreUnd
         .with_delay(SEC * 6 / 5);
     let check = [Check::new(&policy, Key::new("k")).unwrap()];
     for _ in 0..2 {
-        assert_eq!(s.store.check(&check).await.unwrap()[0].delayed_for, None);
+        assert_eq!(s.store.check(&check).await.unwrap()[0].delayed_for(), None);
     }
     let mut held = Vec::new();
     for _ in 0..3 {
         let d = s.store.check(&check).await.unwrap()[0];
-        assert!(d.admitted && d.delayed_for.is_some(), "{d:?}");
+        assert!(d.admitted() && d.delayed_for().is_some(), "{d:?}");
         held.push(d);
     }
     // The last passes at 1 s. The first one's client goes away.
-    assert_eq!(held[2].delayed_for, Some(SEC));
+    assert_eq!(held[2].delayed_for(), Some(SEC));
     s.store
-        .refund(&check, &[held[0].recorded_at.unwrap()])
+        .refund(&check, &[held[0].recorded_at().unwrap()])
         .await
         .unwrap();
     s.advance(SEC);
     // At 1 s the last held request passes: a new one waits its turn.
     let next = s.store.check(&check).await.unwrap()[0];
     assert!(
-        next.delayed_for.is_some_and(|wait| wait >= SEC / 3),
+        next.delayed_for().is_some_and(|wait| wait >= SEC / 3),
         "{next:?}"
     );
 }
@@ -345,7 +345,7 @@ async fn a_bucket_of_the_older_format_keeps_its_debt() {
         .with_burst(2);
     let two = [Check::new(&policy, Key::new("k")).unwrap().with_cost(2)];
     let a = s.store.check(&two).await.unwrap()[0];
-    assert!(a.admitted, "{a:?}");
+    assert!(a.admitted(), "{a:?}");
     let keys = redis.cli(&["KEYS", "*:b"]);
     let key = keys.trim();
     let at = s.clock.now_micros().to_string();
@@ -353,11 +353,11 @@ async fn a_bucket_of_the_older_format_keeps_its_debt() {
         "return redis.call('SET', KEYS[1], struct.pack('>I8I8I8I8', ARGV[1], ARGV[2], ARGV[3], 0))";
     redis.cli(&["EVAL", pack, "1", key, &at, "2000000", "1000000"]);
     s.advance(SEC / 2);
-    let repaid_by = a.recorded_at.unwrap() + 2 * SEC;
-    for named in [repaid_by, a.recorded_at.unwrap()] {
+    let repaid_by = a.recorded_at().unwrap() + 2 * SEC;
+    for named in [repaid_by, a.recorded_at().unwrap()] {
         s.store.refund(&two, &[named]).await.unwrap();
     }
     // Half a unit repaid of two: the next unit fits in half a second.
     let d = s.store.peek(&two).await.unwrap()[0];
-    assert_eq!((d.remaining, d.reset), (0, SEC / 2), "{d:?}");
+    assert_eq!((d.remaining(), d.reset()), (0, SEC / 2), "{d:?}");
 }

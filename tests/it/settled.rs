@@ -31,7 +31,7 @@ impl Subject {
     /// Admits a request of `policy` for `key` and returns its decision.
     async fn reserve(&self, policy: &Policy, key: &str) -> Decision {
         let d = self.one(policy, key).await;
-        assert!(d.admitted, "{d:?}");
+        assert!(d.admitted(), "{d:?}");
         d
     }
 
@@ -39,7 +39,7 @@ impl Subject {
     async fn settle(&self, policy: &Policy, key: &str, reserved: &Decision, cost: u64) {
         let check = Check::new(policy, Key::new(key)).unwrap();
         self.store
-            .settle(&[check], &[reserved.recorded_at.unwrap()], &[cost])
+            .settle(&[check], &[reserved.recorded_at().unwrap()], &[cost])
             .await
             .expect("the store settles");
     }
@@ -52,16 +52,16 @@ async fn a_charge_past_the_limit_denies_until_it_leaves(tested: StoreUnderTest) 
     let s = Subject::from(tested);
     let policy = tokens(Algorithm::SlidingLog);
     let reserved = s.reserve(&policy, "alice").await;
-    assert_eq!(reserved.remaining, 900);
+    assert_eq!(reserved.remaining(), 900);
     s.advance(10 * SEC);
     s.settle(&policy, "alice", &reserved, 1_500).await;
     let d = s.one(&policy, "alice").await;
-    assert!(!d.admitted);
-    assert_eq!((d.remaining, d.retry_after), (0, Some(MINUTE)));
+    assert!(!d.admitted());
+    assert_eq!((d.remaining(), d.retry_after()), (0, Some(MINUTE)));
     s.advance(MINUTE - Duration::from_micros(1));
-    assert!(!s.one(&policy, "alice").await.admitted);
+    assert!(!s.one(&policy, "alice").await.admitted());
     s.advance(Duration::from_micros(1));
-    assert_eq!(s.reserve(&policy, "alice").await.remaining, 900);
+    assert_eq!(s.reserve(&policy, "alice").await.remaining(), 900);
 }
 on_both_stores!(a_charge_past_the_limit_denies_until_it_leaves, fake_clock);
 
@@ -78,7 +78,7 @@ async fn a_smaller_cost_gives_the_difference_back(tested: StoreUnderTest) {
         let reserved = s.reserve(&policy, "bob").await;
         s.settle(&policy, "bob", &reserved, 30).await;
         let d = s.reserve(&policy, "bob").await;
-        assert_eq!(d.remaining, 1_000 - 30 - 100, "{algorithm:?}");
+        assert_eq!(d.remaining(), 1_000 - 30 - 100, "{algorithm:?}");
         s.advance(2 * 86_400 * SEC);
     }
 }
@@ -107,14 +107,14 @@ async fn every_algorithm_holds_an_overdraft(tested: StoreUnderTest) {
         let reserved = s.reserve(&policy, "carol").await;
         s.settle(&policy, "carol", &reserved, 3_000).await;
         let d = s.one(&policy, "carol").await;
-        assert!(!d.admitted, "{algorithm:?}");
+        assert!(!d.admitted(), "{algorithm:?}");
         let expected = if expected.is_zero() {
             86_400 * SEC - 10 * SEC
         } else {
             expected
         };
-        assert_eq!(d.retry_after, Some(expected), "{algorithm:?}");
-        assert_eq!(d.remaining, 0, "{algorithm:?}");
+        assert_eq!(d.retry_after(), Some(expected), "{algorithm:?}");
+        assert_eq!(d.remaining(), 0, "{algorithm:?}");
     }
 }
 on_both_stores!(every_algorithm_holds_an_overdraft, fake_clock);

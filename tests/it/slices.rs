@@ -196,7 +196,7 @@ async fn successes_not_counted_go_back_whichever_way_they_were_admitted() {
     let key = slidegate::key::Key::parse("global").unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let left = layer.peek("hot", &key, None).await.unwrap().remaining;
+        let left = layer.peek("hot", &key, None).await.unwrap().remaining();
         if left == 10_000 {
             break;
         }

@@ -63,8 +63,8 @@ impl Subject {
         let mut probe = Check::new(policy, Key::new(key)).unwrap();
         probe = probe.with_cost(policy.limit() + 1);
         let d = self.store.check(&[probe]).await.expect("store answers")[0];
-        assert!(!d.admitted, "the probe must not be admitted");
-        d.remaining
+        assert!(!d.admitted(), "the probe must not be admitted");
+        d.remaining()
     }
 
     pub(crate) fn advance(&self, by: Duration) {
@@ -77,61 +77,64 @@ async fn window_slides_entry_by_entry(tested: StoreUnderTest) {
     let policy = Policy::new("slide", 3, 60 * SEC);
     for expected_remaining in [2, 1, 0] {
         let d = s.one(&policy, "alice").await;
-        assert!(d.admitted);
-        assert_eq!(d.remaining, expected_remaining);
+        assert!(d.admitted());
+        assert_eq!(d.remaining(), expected_remaining);
         s.advance(10 * SEC);
     }
     // Now t = 30 s; entries at 0, 10, 20 s.
     let denied = s.one(&policy, "alice").await;
-    assert!(!denied.admitted);
-    assert_eq!(denied.remaining, 0);
-    assert_eq!(denied.retry_after, Some(30 * SEC));
-    assert_eq!(denied.reset, 30 * SEC);
+    assert!(!denied.admitted());
+    assert_eq!(denied.remaining(), 0);
+    assert_eq!(denied.retry_after(), Some(30 * SEC));
+    assert_eq!(denied.reset(), 30 * SEC);
 
     s.advance(30 * SEC - Duration::from_micros(1));
     let just_before = s.one(&policy, "alice").await;
-    assert!(!just_before.admitted);
-    assert_eq!(just_before.retry_after, Some(Duration::from_micros(1)));
+    assert!(!just_before.admitted());
+    assert_eq!(just_before.retry_after(), Some(Duration::from_micros(1)));
 
     s.advance(Duration::from_micros(1));
     let at_edge = s.one(&policy, "alice").await;
-    assert!(at_edge.admitted, "the entry at 0 s leaves at exactly 60 s");
-    assert_eq!(at_edge.remaining, 0);
+    assert!(
+        at_edge.admitted(),
+        "the entry at 0 s leaves at exactly 60 s"
+    );
+    assert_eq!(at_edge.remaining(), 0);
     assert_eq!(
-        at_edge.reset,
+        at_edge.reset(),
         10 * SEC,
         "the oldest counted entry is at 10 s"
     );
 
     // Another client is untouched.
-    assert_eq!(s.one(&policy, "bob").await.remaining, 2);
+    assert_eq!(s.one(&policy, "bob").await.remaining(), 2);
 }
 on_both_stores!(window_slides_entry_by_entry, fake_clock);
 
 async fn weighted_cost_and_exact_retry_after(tested: StoreUnderTest) {
     let s = Subject::from(tested);
     let policy = Policy::new("weighted", 10, 60 * SEC).with_cost(4);
-    assert_eq!(s.one(&policy, "k").await.remaining, 6);
+    assert_eq!(s.one(&policy, "k").await.remaining(), 6);
     s.advance(5 * SEC);
-    assert_eq!(s.one(&policy, "k").await.remaining, 2);
+    assert_eq!(s.one(&policy, "k").await.remaining(), 2);
     s.advance(5 * SEC);
     // 8 of 10 used; 4 more need the entry at 0 s to leave: at 60 s.
     let denied = s.one(&policy, "k").await;
-    assert!(!denied.admitted);
-    assert_eq!(denied.remaining, 2, "a denied request consumes nothing");
-    assert_eq!(denied.retry_after, Some(50 * SEC));
+    assert!(!denied.admitted());
+    assert_eq!(denied.remaining(), 2, "a denied request consumes nothing");
+    assert_eq!(denied.retry_after(), Some(50 * SEC));
     // A cheaper request still fits in what is left.
     let cheap = Policy::new("weighted", 10, 60 * SEC).with_cost(2);
     let fits = s.one(&cheap, "k").await;
-    assert!(fits.admitted);
-    assert_eq!(fits.remaining, 0);
+    assert!(fits.admitted());
+    assert_eq!(fits.remaining(), 0);
     // Now 4 + 4 + 2: a cost-4 request needs the first two entries gone.
     let denied = s.one(&policy, "k").await;
-    assert_eq!(denied.retry_after, Some(50 * SEC));
+    assert_eq!(denied.retry_after(), Some(50 * SEC));
     let big = Policy::new("weighted", 10, 60 * SEC).with_cost(10);
     let denied = s.one(&big, "k").await;
     assert_eq!(
-        denied.retry_after,
+        denied.retry_after(),
         Some(60 * SEC),
         "all three entries must leave"
     );
@@ -142,14 +145,14 @@ async fn denied_requests_record_nothing(tested: StoreUnderTest) {
     let s = Subject::from(tested);
     let policy = Policy::new("flood", 5, 60 * SEC);
     for _ in 0..5 {
-        assert!(s.one(&policy, "k").await.admitted);
+        assert!(s.one(&policy, "k").await.admitted());
     }
     for step in 0..200 {
         let d = s.one(&policy, "k").await;
-        assert!(!d.admitted);
-        assert_eq!(d.remaining, 0);
+        assert!(!d.admitted());
+        assert_eq!(d.remaining(), 0);
         assert_eq!(
-            d.retry_after,
+            d.retry_after(),
             Some(60 * SEC - step * Duration::from_millis(100))
         );
         s.advance(Duration::from_millis(100));
@@ -158,16 +161,19 @@ async fn denied_requests_record_nothing(tested: StoreUnderTest) {
     // admitted request leaves, and the others (recorded a microsecond
     // apart, as requests of one microsecond are) one by one after it.
     s.advance(40 * SEC - Duration::from_micros(1));
-    assert!(!s.one(&policy, "k").await.admitted);
+    assert!(!s.one(&policy, "k").await.admitted());
     for _ in 0..5 {
         s.advance(Duration::from_micros(1));
         let d = s.one(&policy, "k").await;
-        assert!(d.admitted);
-        assert_eq!(d.remaining, 0);
+        assert!(d.admitted());
+        assert_eq!(d.remaining(), 0);
     }
     let d = s.one(&policy, "k").await;
-    assert!(!d.admitted);
-    assert_eq!(d.retry_after, Some(60 * SEC - 4 * Duration::from_micros(1)));
+    assert!(!d.admitted());
+    assert_eq!(
+        d.retry_after(),
+        Some(60 * SEC - 4 * Duration::from_micros(1))
+    );
 }
 on_both_stores!(denied_requests_record_nothing, fake_clock);
 
@@ -177,19 +183,23 @@ async fn several_policies_are_all_or_nothing(tested: StoreUnderTest) {
     let account = Policy::new("account", 5, 3600 * SEC);
     for remaining in [(1, 4), (0, 3)] {
         let d = s.check(&[&endpoint, &account], "acct").await;
-        assert!(d[0].admitted && d[1].admitted);
-        assert_eq!((d[0].remaining, d[1].remaining), remaining);
+        assert!(d[0].admitted() && d[1].admitted());
+        assert_eq!((d[0].remaining(), d[1].remaining()), remaining);
     }
     let denied = s.check(&[&endpoint, &account], "acct").await;
-    assert!(!denied[0].admitted && !denied[1].admitted);
-    assert_eq!(denied[0].retry_after, Some(60 * SEC));
-    assert_eq!(denied[1].retry_after, None, "the account policy had room");
-    assert_eq!(denied[1].remaining, 3, "nothing was taken from the account");
+    assert!(!denied[0].admitted() && !denied[1].admitted());
+    assert_eq!(denied[0].retry_after(), Some(60 * SEC));
+    assert_eq!(denied[1].retry_after(), None, "the account policy had room");
+    assert_eq!(
+        denied[1].remaining(),
+        3,
+        "nothing was taken from the account"
+    );
     // The account budget is intact for another endpoint.
     let other = Policy::new("other", 10, 60 * SEC);
     let d = s.check(&[&other, &account], "acct").await;
-    assert!(d[0].admitted);
-    assert_eq!(d[1].remaining, 2);
+    assert!(d[0].admitted());
+    assert_eq!(d[1].remaining(), 2);
 }
 on_both_stores!(several_policies_are_all_or_nothing, fake_clock);
 
@@ -208,7 +218,7 @@ async fn boundary_burst_admits_exactly_the_limit(tested: StoreUnderTest) {
         for _ in 0..L {
             for (i, algorithm) in ALGORITHMS.into_iter().enumerate() {
                 let key = format!("burst-{algorithm:?}");
-                admitted[i] += u32::from(s.one(&policy(algorithm), &key).await.admitted);
+                admitted[i] += u32::from(s.one(&policy(algorithm), &key).await.admitted());
             }
         }
     }
@@ -238,26 +248,26 @@ async fn retry_after_is_exact_for_every_algorithm(tested: StoreUnderTest) {
         let mut denied = None;
         for _ in 0..10 {
             let d = s.one(&policy, &key).await;
-            if !d.admitted {
+            if !d.admitted() {
                 denied = Some(d);
                 break;
             }
             s.advance(Duration::from_millis(2433));
         }
         let denied = denied.expect("a cost-3 request is denied within 10 tries");
-        let retry = denied.retry_after.expect("a denied request says when");
+        let retry = denied.retry_after().expect("a denied request says when");
         assert!(retry > Duration::ZERO, "{algorithm:?}");
         s.advance(retry - Duration::from_micros(1));
         let early = s.one(&policy, &key).await;
-        assert!(!early.admitted, "{algorithm:?}: admitted 1 µs early");
+        assert!(!early.admitted(), "{algorithm:?}: admitted 1 µs early");
         assert_eq!(
-            early.retry_after,
+            early.retry_after(),
             Some(Duration::from_micros(1)),
             "{algorithm:?}"
         );
         s.advance(Duration::from_micros(1));
         assert!(
-            s.one(&policy, &key).await.admitted,
+            s.one(&policy, &key).await.admitted(),
             "{algorithm:?}: not admitted at retry_after"
         );
 
@@ -268,8 +278,8 @@ async fn retry_after_is_exact_for_every_algorithm(tested: StoreUnderTest) {
         s.one(&probe, &format!("{key}-reset")).await;
         s.advance(SEC);
         let second = s.one(&probe, &format!("{key}-reset")).await;
-        assert!(second.reset > Duration::ZERO, "{algorithm:?}");
-        s.advance(second.reset - Duration::from_micros(1));
+        assert!(second.reset() > Duration::ZERO, "{algorithm:?}");
+        s.advance(second.reset() - Duration::from_micros(1));
         let held = s.check_only(&probe, &format!("{key}-reset")).await;
         s.advance(Duration::from_micros(1));
         let grown = s.check_only(&probe, &format!("{key}-reset")).await;
@@ -291,19 +301,19 @@ async fn sliding_counter_weights_the_previous_window(tested: StoreUnderTest) {
     let start = (START / window_us + 1) * window_us;
     s.clock.set(start + 30_000_000);
     for _ in 0..10 {
-        assert!(s.one(&policy, "c").await.admitted);
+        assert!(s.one(&policy, "c").await.admitted());
     }
-    assert!(!s.one(&policy, "c").await.admitted);
+    assert!(!s.one(&policy, "c").await.admitted());
     // 25% into the next window the 10 weigh 7.5: two more fit, not three.
     s.clock.set(start + window_us + 15_000_000);
     let d = s.one(&policy, "c").await;
-    assert!(d.admitted);
-    assert_eq!(d.remaining, 1);
-    assert!(s.one(&policy, "c").await.admitted);
+    assert!(d.admitted());
+    assert_eq!(d.remaining(), 1);
+    assert!(s.one(&policy, "c").await.admitted());
     let denied = s.one(&policy, "c").await;
-    assert!(!denied.admitted);
+    assert!(!denied.admitted());
     // 10·(W − e)/W + 2 + 1 ≤ 10 once e ≥ 0.3·W: 3 s from now.
-    assert_eq!(denied.retry_after, Some(3 * SEC));
+    assert_eq!(denied.retry_after(), Some(3 * SEC));
 }
 on_both_stores!(sliding_counter_weights_the_previous_window, fake_clock);
 
@@ -315,16 +325,16 @@ async fn mixed_algorithms_are_all_or_nothing(tested: StoreUnderTest) {
     let fixed = Policy::new("mixed-fixed", 4, 60 * SEC).with_algorithm(Algorithm::FixedWindow);
     for _ in 0..3 {
         let d = s.check(&[&log, &counter, &fixed], "m").await;
-        assert!(d.iter().all(|d| d.admitted));
+        assert!(d.iter().all(|d| d.admitted()));
     }
     let denied = s.check(&[&log, &counter, &fixed], "m").await;
-    assert!(denied.iter().all(|d| !d.admitted));
-    assert!(denied[1].retry_after.is_some(), "the counter denied");
-    assert_eq!((denied[0].remaining, denied[2].remaining), (2, 1));
+    assert!(denied.iter().all(|d| !d.admitted()));
+    assert!(denied[1].retry_after().is_some(), "the counter denied");
+    assert_eq!((denied[0].remaining(), denied[2].remaining()), (2, 1));
     // Nothing was taken from the log or the fixed window.
     let d = s.check(&[&log, &fixed], "m").await;
-    assert!(d[0].admitted && d[1].admitted);
-    assert_eq!((d[0].remaining, d[1].remaining), (1, 0));
+    assert!(d[0].admitted() && d[1].admitted());
+    assert_eq!((d[0].remaining(), d[1].remaining()), (1, 0));
 }
 on_both_stores!(mixed_algorithms_are_all_or_nothing, fake_clock);
 
@@ -376,7 +386,7 @@ async fn memory_store_bounds_tracked_keys_and_never_refuses_a_check() {
             .try_check(&[&policy], &format!("c{client}"))
             .await
             .expect("a full memory store still decides");
-        assert!(decisions[0].admitted);
+        assert!(decisions[0].admitted());
         assert!(store.len() <= 640, "{} keys tracked", store.len());
     }
     assert!(store.len() > 600, "the bound is used: {}", store.len());
@@ -388,7 +398,7 @@ async fn a_store_of_one_key_still_decides_batches_whole() {
     let a = Policy::new("a", 2, 60 * SEC);
     let b = Policy::new("b", 1, 60 * SEC);
     let first = s.try_check(&[&a, &b], "k").await.unwrap();
-    assert!(first.iter().all(|d| d.admitted));
+    assert!(first.iter().all(|d| d.admitted()));
     assert_eq!(store.len(), 1);
     // `b` was pushed out by `a`, or the other way round: at worst one
     // more request is admitted, and every check is still answered.
@@ -412,13 +422,13 @@ async fn redis_keeps_counts_while_its_own_clock_runs_ahead_of_an_injected_one() 
     for policy in [&log, &counter, &fixed] {
         let mut spend = Check::new(policy, Key::new("still")).unwrap();
         spend = spend.with_cost(2);
-        assert!(s.store.check(&[spend]).await.unwrap()[0].admitted);
+        assert!(s.store.check(&[spend]).await.unwrap()[0].admitted());
     }
     // Real time passes well beyond every exact TTL; the fake clock does not.
     tokio::time::sleep(Duration::from_millis(50)).await;
     for policy in [&log, &counter, &fixed] {
         let d = s.one(policy, "still").await;
-        assert!(!d.admitted, "{} forgot its count: {d:?}", policy.name());
+        assert!(!d.admitted(), "{} forgot its count: {d:?}", policy.name());
     }
 }
 
@@ -436,12 +446,12 @@ async fn the_longest_window_is_counted(tested: StoreUnderTest) {
         let check = Check::new(&policy, Key::new("forever")).unwrap();
         for expected in [true, true, false] {
             let decision = s.store.check(std::slice::from_ref(&check)).await.unwrap()[0];
-            assert_eq!(decision.admitted, expected, "{algorithm:?}: {decision:?}");
+            assert_eq!(decision.admitted(), expected, "{algorithm:?}: {decision:?}");
             // A sliding counter may wait into the next window.
             let longest = 2 * MAX_WINDOW;
-            assert!(decision.reset <= longest, "{algorithm:?}: {decision:?}");
+            assert!(decision.reset() <= longest, "{algorithm:?}: {decision:?}");
             if !expected {
-                let retry = decision.retry_after.expect("denied");
+                let retry = decision.retry_after().expect("denied");
                 assert!(
                     retry > SEC && retry <= longest,
                     "{algorithm:?}: {decision:?}"
@@ -497,7 +507,7 @@ async fn a_clock_stepping_back_across_a_boundary_never_resets_a_count(tested: St
         for at in [boundary + 1_000, boundary - 1_000, boundary + 2_000] {
             s.clock.set(at);
             for _ in 0..5 {
-                admitted += usize::from(s.one(&policy, "stepper").await.admitted);
+                admitted += usize::from(s.one(&policy, "stepper").await.admitted());
             }
         }
         assert_eq!(admitted, 5, "{algorithm:?} admitted {admitted} within 3 ms");
@@ -505,7 +515,7 @@ async fn a_clock_stepping_back_across_a_boundary_never_resets_a_count(tested: St
         s.clock.set(boundary - 1_000);
         let denied = s.one(&policy, "stepper").await;
         assert!(
-            denied.retry_after.unwrap() > Duration::from_millis(2),
+            denied.retry_after().unwrap() > Duration::from_millis(2),
             "{algorithm:?}: {denied:?}"
         );
     }
@@ -531,24 +541,27 @@ async fn a_clock_stepping_back_by_an_hour_holds_a_count_two_windows_at_most(
         let at = START + 3_600_000_000 + 250_000;
         s.clock.set(at);
         for _ in 0..5 {
-            assert!(s.one(&policy, "leaper").await.admitted, "{algorithm:?}");
+            assert!(s.one(&policy, "leaper").await.admitted(), "{algorithm:?}");
         }
         s.clock.set(at - 3_600_000_000);
         for _ in 0..5 {
             let denied = s.one(&policy, "leaper").await;
             assert!(
-                !denied.admitted,
+                !denied.admitted(),
                 "{algorithm:?} forgot its count: {denied:?}"
             );
             assert!(
-                denied.retry_after.unwrap() <= 2 * SEC,
+                denied.retry_after().unwrap() <= 2 * SEC,
                 "{algorithm:?}: {denied:?}"
             );
         }
         s.advance(2 * SEC);
         for _ in 0..5 {
             let decision = s.one(&policy, "leaper").await;
-            assert!(decision.admitted, "{algorithm:?} still held: {decision:?}");
+            assert!(
+                decision.admitted(),
+                "{algorithm:?} still held: {decision:?}"
+            );
         }
     }
 }
@@ -578,7 +591,7 @@ async fn a_window_that_changes_between_requests_keeps_the_count(tested: StoreUnd
         let mut admitted = 0;
         for i in 0..24 {
             let decision = s.one(&windows[i % 3], "switcher").await;
-            admitted += usize::from(decision.admitted);
+            admitted += usize::from(decision.admitted());
             s.advance(Duration::from_millis(250));
         }
         assert_eq!(
@@ -590,7 +603,7 @@ async fn a_window_that_changes_between_requests_keeps_the_count(tested: StoreUnd
         let mut freed_after = None;
         for second in 0..=240 {
             let decision = s.one(&windows[second % 3], "switcher").await;
-            if decision.admitted {
+            if decision.admitted() {
                 freed_after = Some(second);
                 break;
             }
@@ -618,20 +631,20 @@ async fn a_shorter_window_tier_never_erases_a_longer_ones_count(tested: StoreUnd
     let minute = Policy::new("tiered", 5, 60 * SEC);
     let burst = Policy::new("tiered", 5, SEC);
     for _ in 0..5 {
-        assert!(s.one(&minute, "k").await.admitted);
+        assert!(s.one(&minute, "k").await.admitted());
     }
     s.advance(SEC);
     assert!(
-        s.one(&burst, "k").await.admitted,
+        s.one(&burst, "k").await.admitted(),
         "the burst tier sees one second"
     );
     s.advance(SEC);
     let d = s.one(&minute, "k").await;
-    assert!(!d.admitted, "the minute tier still sees all six: {d:?}");
-    assert_eq!(d.remaining, 0);
+    assert!(!d.admitted(), "the minute tier still sees all six: {d:?}");
+    assert_eq!(d.remaining(), 0);
     // Two must leave for it to fit: the second of the five, recorded a
     // microsecond after the first, leaves the minute 58 s and 1 µs on.
-    assert_eq!(d.retry_after, Some(58 * SEC + Duration::from_micros(1)));
+    assert_eq!(d.retry_after(), Some(58 * SEC + Duration::from_micros(1)));
 }
 on_both_stores!(
     a_shorter_window_tier_never_erases_a_longer_ones_count,
@@ -649,21 +662,21 @@ async fn a_cost_above_the_limit_waits_a_window(tested: StoreUnderTest) {
         check = check.with_cost(4);
         for _ in 0..2 {
             let d = s.store.check(std::slice::from_ref(&check)).await.unwrap()[0];
-            assert!(!d.admitted, "{algorithm:?}");
+            assert!(!d.admitted(), "{algorithm:?}");
             assert!(
-                d.retry_after
+                d.retry_after()
                     .is_some_and(|wait| wait > Duration::ZERO && wait <= 10 * SEC),
                 "{algorithm:?}: {d:?}"
             );
             // With records in the window, the same.
-            assert!(s.one(&policy, "k").await.admitted);
+            assert!(s.one(&policy, "k").await.admitted());
         }
     }
     let policy = Policy::new("log-window", 3, 10 * SEC);
     let mut check = Check::new(&policy, Key::new("k")).unwrap();
     check = check.with_cost(4);
     let d = s.store.check(std::slice::from_ref(&check)).await.unwrap()[0];
-    assert_eq!(d.retry_after, Some(10 * SEC));
+    assert_eq!(d.retry_after(), Some(10 * SEC));
 }
 on_both_stores!(a_cost_above_the_limit_waits_a_window, fake_clock);
 
@@ -677,7 +690,7 @@ async fn a_second_refund_of_one_request_takes_nothing(tested: StoreUnderTest) {
     let mut recorded = Vec::new();
     for _ in 0..3 {
         let d = s.store.check(&check).await.unwrap()[0];
-        recorded.push(d.recorded_at.expect("recorded"));
+        recorded.push(d.recorded_at().expect("recorded"));
     }
     assert_eq!(
         recorded[1] - recorded[0],
@@ -688,7 +701,7 @@ async fn a_second_refund_of_one_request_takes_nothing(tested: StoreUnderTest) {
         s.store.refund(&check, &recorded[1..2]).await.unwrap();
     }
     let peek = s.store.peek(&check).await.unwrap()[0];
-    assert_eq!(peek.remaining, 1, "one request's units came back, once");
+    assert_eq!(peek.remaining(), 1, "one request's units came back, once");
 }
 on_both_stores!(a_second_refund_of_one_request_takes_nothing, fake_clock);
 
@@ -704,13 +717,13 @@ async fn a_refund_of_a_gone_request_takes_nothing_and_the_rest_still_runs(tested
         Check::new(&long, Key::new("k")).unwrap(),
     ];
     let d = s.store.check(&checks).await.unwrap();
-    let recorded: Vec<Duration> = d.iter().map(|d| d.recorded_at.unwrap()).collect();
+    let recorded: Vec<Duration> = d.iter().map(|d| d.recorded_at().unwrap()).collect();
     // Long past the short window, and past the minute of grace the keys'
     // TTLs get with an injected clock.
     s.advance(100 * SEC);
     s.store.refund(&checks, &recorded).await.expect("no error");
     let d = s.store.check(&checks[1..]).await.unwrap()[0];
-    assert!(d.admitted, "the long policy's unit came back: {d:?}");
+    assert!(d.admitted(), "the long policy's unit came back: {d:?}");
 }
 on_both_stores!(
     a_refund_of_a_gone_request_takes_nothing_and_the_rest_still_runs,
@@ -727,14 +740,14 @@ async fn a_burst_lowered_below_the_debt_leaves_nothing(tested: StoreUnderTest) {
         .with_algorithm(Algorithm::TokenBucket)
         .with_tier("small", TierLimits::new().with_burst(2));
     let spend = Check::new(&policy, Key::new("k")).unwrap().with_cost(10);
-    assert!(s.store.check(&[spend]).await.unwrap()[0].admitted);
+    assert!(s.store.check(&[spend]).await.unwrap()[0].admitted());
     let small = Check::for_tier(&policy, Key::new("k"), Some("small")).unwrap();
     let d = s.store.check(&[small]).await.unwrap()[0];
-    assert!(!d.admitted);
-    assert_eq!((d.limit, d.remaining), (2, 0));
+    assert!(!d.admitted());
+    assert_eq!((d.limit(), d.remaining()), (2, 0));
     // A debt of 10 units in a bucket of 2: 9 must refill, one a second.
-    assert_eq!(d.reset, 9 * SEC);
-    assert_eq!(d.retry_after, Some(9 * SEC));
+    assert_eq!(d.reset(), 9 * SEC);
+    assert_eq!(d.retry_after(), Some(9 * SEC));
 }
 on_both_stores!(a_burst_lowered_below_the_debt_leaves_nothing, fake_clock);
 
@@ -752,18 +765,18 @@ async fn a_longer_tier_sees_records_a_shorter_one_began(tested: StoreUnderTest) 
     let long = Check::for_tier(&policy, Key::new("k"), Some("long")).unwrap();
     for _ in 0..10 {
         let d = s.store.check(std::slice::from_ref(&short)).await.unwrap()[0];
-        assert!(d.admitted, "{d:?}");
+        assert!(d.admitted(), "{d:?}");
         s.advance(SEC * 3 / 10);
     }
     let d = s.store.check(std::slice::from_ref(&long)).await.unwrap()[0];
-    assert!(!d.admitted, "ten units lie in the long window: {d:?}");
-    assert_eq!(d.remaining, 0);
+    assert!(!d.admitted(), "ten units lie in the long window: {d:?}");
+    assert_eq!(d.remaining(), 0);
     // The first of them leaves ten seconds after it came.
-    assert_eq!(d.retry_after, Some(10 * SEC - 3 * SEC));
+    assert_eq!(d.retry_after(), Some(10 * SEC - 3 * SEC));
     // The short tier still counts only its own second.
     let d = s.store.check(std::slice::from_ref(&short)).await.unwrap()[0];
-    assert!(d.admitted, "{d:?}");
-    assert_eq!(d.remaining, 6);
+    assert!(d.admitted(), "{d:?}");
+    assert_eq!(d.remaining(), 6);
 }
 on_both_stores!(a_longer_tier_sees_records_a_shorter_one_began, fake_clock);
 
@@ -776,20 +789,20 @@ async fn a_record_held_for_another_policy_stays_where_it_passes(tested: StoreUnd
     let s = Subject::from(tested);
     let quick = Policy::new("quick", 1, SEC);
     let slow = Policy::new("slow", 1, 6 * SEC).with_delay(5 * SEC);
-    assert!(s.check(&[&quick, &slow], "k").await[0].admitted);
+    assert!(s.check(&[&quick, &slow], "k").await[0].admitted());
     s.advance(SEC * 3 / 2);
     let held = s.check(&[&quick, &slow], "k").await;
-    assert!(held[0].admitted);
-    assert_eq!(held[0].delayed_for, Some(SEC * 9 / 2), "passes at 6 s");
+    assert!(held[0].admitted());
+    assert_eq!(held[0].delayed_for(), Some(SEC * 9 / 2), "passes at 6 s");
     s.advance(SEC / 2);
     assert!(
-        !s.one(&quick, "k").await.admitted,
+        !s.one(&quick, "k").await.admitted(),
         "2 s: the record at 6 s counts"
     );
     s.advance(SEC * 21 / 5);
     let late = s.one(&quick, "k").await;
     assert!(
-        !late.admitted,
+        !late.admitted(),
         "6.2 s: the held request passed at 6 s: {late:?}"
     );
 }
@@ -812,18 +825,18 @@ async fn held_units_survive_a_change_of_window_length(tested: StoreUnderTest) {
             .with_delay(20 * SEC);
         let short = Policy::new(name, 1, SEC).with_algorithm(algorithm);
         for _ in 0..2 {
-            assert!(s.one(&long, "k").await.admitted);
+            assert!(s.one(&long, "k").await.admitted());
         }
         s.advance(SEC);
         let held = s.one(&long, "k").await;
-        let wait = held.delayed_for.expect("held into the next window");
+        let wait = held.delayed_for().expect("held into the next window");
         s.advance(SEC / 2);
         let meanwhile = s.one(&short, "k").await;
-        assert!(!meanwhile.admitted, "{algorithm:?}: {meanwhile:?}");
+        assert!(!meanwhile.admitted(), "{algorithm:?}: {meanwhile:?}");
         // When the held request passes, the shorter window still counts it.
         s.advance(wait - SEC / 2);
         let beside = s.one(&short, "k").await;
-        assert!(!beside.admitted, "{algorithm:?}: {beside:?}");
+        assert!(!beside.admitted(), "{algorithm:?}: {beside:?}");
         s.advance(60 * SEC);
     }
 }
@@ -841,15 +854,15 @@ async fn a_bucket_holding_requests_keeps_them_across_a_change_of_window(tested: 
             .with_delay(5 * SEC)
     };
     let (second, two_seconds) = (bucket(1, SEC), bucket(2, 2 * SEC));
-    assert!(s.one(&second, "k").await.admitted);
+    assert!(s.one(&second, "k").await.admitted());
     for expected in [SEC, 2 * SEC] {
-        assert_eq!(s.one(&second, "k").await.delayed_for, Some(expected));
+        assert_eq!(s.one(&second, "k").await.delayed_for(), Some(expected));
     }
     s.advance(SEC / 2);
     // The same rate, another window: nothing passes beside the held two.
     let d = s.one(&two_seconds, "k").await;
-    assert!(!d.admitted, "{d:?}");
-    assert_eq!(d.retry_after, Some(SEC * 3 / 2));
+    assert!(!d.admitted(), "{d:?}");
+    assert_eq!(d.retry_after(), Some(SEC * 3 / 2));
 }
 on_both_stores!(
     a_bucket_holding_requests_keeps_them_across_a_change_of_window,

@@ -37,7 +37,7 @@ fn a_denial_answers_until_its_retry_time_only() {
     clock.advance(SEC);
     let denied = lookup(&cache, &[&policy], "k").unwrap();
     assert_eq!(denied.checks[..], [check]);
-    assert_eq!(denied.decisions[0].retry_after, Some(4 * SEC));
+    assert_eq!(denied.decisions[0].retry_after(), Some(4 * SEC));
     assert_eq!(denied.decisions[0].remaining, 2);
 
     clock.advance(4 * SEC - Duration::from_micros(1));
@@ -123,7 +123,7 @@ fn admitted_policies_of_a_denied_request_are_not_cached() {
     let tight_check = Check::new(&tight, Key::new("k")).unwrap();
     let loose_check = Check::new(&loose, Key::new("k")).unwrap();
     let fits = Decision {
-        retry_after: None,
+        retry_after_us: crate::store::UNSET,
         ..denied(SEC, 50)
     };
     cache.remember(

@@ -8,8 +8,7 @@
 //! validation keeps `B·W` below 2^52, so the Redis script's doubles are
 //! exact, and this side computes the same integers.
 
-use std::time::Duration;
-
+use crate::store::UNSET;
 use crate::store::{Check, Decision};
 
 /// A bucket's state: its debt at the time it was last placed at.
@@ -68,7 +67,7 @@ impl TokenBucket {
             let units = debt as f64 / self.window as f64;
             debt = ((units * window as f64).ceil() as u64).min(full);
         }
-        let limit = u64::from(check.limit.max(1));
+        let limit = u64::from(check.limit().max(1));
         let stepped_back = stored_at.saturating_sub(now) > window;
         let at = if stepped_back {
             now
@@ -105,7 +104,7 @@ impl TokenBucket {
             at,
             debt,
             window,
-            limit: check.limit.max(1),
+            limit: check.limit().max(1),
             fastest,
             floor,
             held_until: self.held_until,
@@ -203,7 +202,7 @@ impl TokenBucket {
         if need <= full {
             return 0;
         }
-        ceil_div(need - full, u64::from(check.limit.max(1))) + self.at.saturating_sub(now)
+        ceil_div(need - full, u64::from(check.limit().max(1))) + self.at.saturating_sub(now)
     }
 
     pub(super) fn decision(&self, now: u64, check: &Check, admitted: bool) -> Decision {
@@ -219,12 +218,15 @@ impl TokenBucket {
             admitted,
             limit: check.burst,
             remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
-            reset: Duration::from_micros(reset),
-            retry_after: (!admitted && !self.fits(check))
-                .then(|| Duration::from_micros(self.wait(now, check, u64::from(check.cost)))),
-            recorded_at: None,
-            delayed_for: None,
-            blocked_for: None,
+            reset_us: reset,
+            retry_after_us: if !admitted && !self.fits(check) {
+                self.wait(now, check, u64::from(check.cost))
+            } else {
+                UNSET
+            },
+            recorded_at_us: UNSET,
+            delayed_for_us: UNSET,
+            blocked_for_us: UNSET,
             sliced: false,
         }
     }
@@ -232,6 +234,8 @@ impl TokenBucket {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use crate::key::Key;
     use crate::policy::{Algorithm, Policy};
@@ -262,13 +266,13 @@ mod tests {
         let mut bucket = TokenBucket::default();
         for left in (0..5).rev() {
             let decision = take(&mut bucket, 0, &check);
-            assert!(decision.admitted);
-            assert_eq!((decision.limit, decision.remaining), (5, left));
+            assert!(decision.admitted());
+            assert_eq!((decision.limit(), decision.remaining()), (5, left));
         }
         let denied = take(&mut bucket, 0, &check);
-        assert!(!denied.admitted);
+        assert!(!denied.admitted());
         // One unit refills every 100 ms.
-        assert_eq!(denied.retry_after, Some(Duration::from_millis(100)));
+        assert_eq!(denied.retry_after(), Some(Duration::from_millis(100)));
         assert!(!take(&mut bucket, SECOND / 10 - 1, &check).admitted);
         assert!(take(&mut bucket, SECOND / 10, &check).admitted);
         assert!(!take(&mut bucket, SECOND / 10, &check).admitted);
@@ -277,10 +281,10 @@ mod tests {
     #[test]
     fn the_retry_time_is_when_the_whole_cost_fits() {
         let mut bucket = TokenBucket::default();
-        assert!(take(&mut bucket, 0, &check(5, 5)).admitted);
+        assert!(take(&mut bucket, 0, &check(5, 5)).admitted());
         let denied = take(&mut bucket, 0, &check(5, 3));
-        assert_eq!(denied.retry_after, Some(Duration::from_millis(300)));
-        assert_eq!(denied.reset, Duration::from_millis(100));
+        assert_eq!(denied.retry_after(), Some(Duration::from_millis(300)));
+        assert_eq!(denied.reset(), Duration::from_millis(100));
         // Fractional intervals are exact: 3 a second is 333,333.33 µs a unit.
         let policy = Policy::new("b", 3, Duration::from_secs(1))
             .with_algorithm(Algorithm::TokenBucket)
@@ -289,7 +293,7 @@ mod tests {
         let mut bucket = TokenBucket::default();
         assert!(take(&mut bucket, 0, &third).admitted);
         let denied = take(&mut bucket, 0, &third);
-        assert_eq!(denied.retry_after, Some(Duration::from_micros(333_334)));
+        assert_eq!(denied.retry_after(), Some(Duration::from_micros(333_334)));
         assert!(!take(&mut bucket, 333_333, &third).admitted);
         assert!(take(&mut bucket, 333_334, &third).admitted);
     }

@@ -86,9 +86,9 @@ mod tests {
         quota.record(3, noon);
         assert!(!quota.fits(3, 1));
         let decision = quota.decision(noon, 3, 1, false);
-        assert_eq!(decision.retry_after, Some(Duration::from_micros(DAY / 2)));
+        assert_eq!(decision.retry_after(), Some(Duration::from_micros(DAY / 2)));
         assert_eq!(
-            (decision.remaining, decision.reset),
+            (decision.remaining(), decision.reset()),
             (0, Duration::from_micros(DAY / 2))
         );
 

@@ -15,6 +15,7 @@
 use std::time::Duration;
 
 use crate::store::Decision;
+use crate::store::{micros, optional_micros};
 
 /// `floor(a / b)` for `b > 0`, with negative `a` giving 0.
 fn floor_div(a: i128, b: i128) -> i128 {
@@ -341,11 +342,11 @@ impl SlidingCounter {
             admitted,
             limit,
             remaining,
-            reset: Duration::from_micros(reset),
-            retry_after,
-            recorded_at: None,
-            delayed_for: None,
-            blocked_for: None,
+            reset_us: micros(Duration::from_micros(reset)),
+            retry_after_us: optional_micros(retry_after),
+            recorded_at_us: optional_micros(None),
+            delayed_for_us: optional_micros(None),
+            blocked_for_us: optional_micros(None),
             sliced: false,
         }
     }
@@ -497,11 +498,11 @@ pub(super) fn count_decision(
         admitted,
         limit,
         remaining: u32::try_from(u64::from(limit).saturating_sub(count)).unwrap_or(0),
-        reset: if count > 0 { ends_in } else { Duration::ZERO },
-        retry_after,
-        recorded_at: None,
-        delayed_for: None,
-        blocked_for: None,
+        reset_us: micros(if count > 0 { ends_in } else { Duration::ZERO }),
+        retry_after_us: optional_micros(retry_after),
+        recorded_at_us: optional_micros(None),
+        delayed_for_us: optional_micros(None),
+        blocked_for_us: optional_micros(None),
         sliced: false,
     }
 }
@@ -529,14 +530,14 @@ mod tests {
         assert!(counter.fits(10, 2));
         assert!(!counter.fits(10, 3));
         let decision = counter.decision(now, 10, 3, false);
-        assert_eq!(decision.remaining, 2);
+        assert_eq!(decision.remaining(), 2);
         // 3 units fit once the previous window weighs 7: at 30%.
         assert_eq!(
-            decision.retry_after,
+            decision.retry_after(),
             Some(Duration::from_micros(W_US * 3 / 10 - W_US / 4))
         );
         // One more unit (3 in all) is the same moment.
-        assert_eq!(decision.reset, decision.retry_after.unwrap());
+        assert_eq!(decision.reset(), decision.retry_after().unwrap());
     }
 
     #[test]
@@ -547,16 +548,16 @@ mod tests {
         let mut counter = counter_at(now);
         counter.record(10, 0);
         let decision = counter.decision(now, 10, 4, false);
-        assert_eq!(decision.remaining, 0);
+        assert_eq!(decision.remaining(), 0);
         // In window 6, 10·(W − e)/W ≤ 6 from e = 0.4·W.
         assert_eq!(
-            decision.retry_after,
+            decision.retry_after(),
             Some(Duration::from_micros(6 * W_US + W_US * 4 / 10 - now))
         );
         // A cost equal to the limit waits for the whole next window.
         let full = counter.decision(now, 10, 10, false);
         assert_eq!(
-            full.retry_after,
+            full.retry_after(),
             Some(Duration::from_micros(7 * W_US - now))
         );
     }
@@ -577,10 +578,10 @@ mod tests {
         window.roll(W_US - 10, W_US);
         window.record(3, 0);
         let decision = window.decision(W_US - 10, 3, 1, false);
-        assert_eq!(decision.retry_after, Some(Duration::from_micros(10)));
-        assert_eq!(decision.reset, Duration::from_micros(10));
+        assert_eq!(decision.retry_after(), Some(Duration::from_micros(10)));
+        assert_eq!(decision.reset(), Duration::from_micros(10));
         window.roll(W_US, W_US);
         assert!(window.fits(3, 3));
-        assert_eq!(window.decision(W_US, 3, 1, false).reset, Duration::ZERO);
+        assert_eq!(window.decision(W_US, 3, 1, false).reset(), Duration::ZERO);
     }
 }

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::store::{Check, Decision};
+use crate::store::{micros, optional_micros};
 
 /// How long a full set of leases tells a client to wait: leases end when
 /// their requests do, which no store knows in advance.
@@ -49,7 +50,7 @@ impl Leases {
     }
 
     pub(super) fn fits(&self, check: &Check) -> bool {
-        self.taken.len() < check.limit as usize
+        self.taken.len() < check.limit() as usize
     }
 
     /// Takes the lease `id` at `now` (again, if it holds it: one lease
@@ -91,13 +92,13 @@ impl Leases {
         let held = u32::try_from(self.taken.len()).unwrap_or(u32::MAX);
         Decision {
             admitted,
-            limit: check.limit,
-            remaining: check.limit.saturating_sub(held),
-            reset: if held == 0 { Duration::ZERO } else { RETRY },
-            retry_after: (!admitted && !self.fits(check)).then_some(RETRY),
-            recorded_at: None,
-            delayed_for: None,
-            blocked_for: None,
+            limit: check.limit(),
+            remaining: check.limit().saturating_sub(held),
+            reset_us: micros(if held == 0 { Duration::ZERO } else { RETRY }),
+            retry_after_us: optional_micros((!admitted && !self.fits(check)).then_some(RETRY)),
+            recorded_at_us: optional_micros(None),
+            delayed_for_us: optional_micros(None),
+            blocked_for_us: optional_micros(None),
             sliced: false,
         }
     }

@@ -50,9 +50,9 @@ struct Inner {
 /// let store = MemoryStore::new();
 /// let policy = Policy::new("api", 2, Duration::from_secs(60));
 /// let check = [Check::new(&policy, Key::new("alice")).unwrap()];
-/// assert!(store.check(&check).await.unwrap()[0].admitted);
-/// assert!(store.check(&check).await.unwrap()[0].admitted);
-/// assert!(!store.check(&check).await.unwrap()[0].admitted);
+/// assert!(store.check(&check).await.unwrap()[0].admitted());
+/// assert!(store.check(&check).await.unwrap()[0].admitted());
+/// assert!(!store.check(&check).await.unwrap()[0].admitted());
 /// # }
 /// ```
 ///
@@ -306,7 +306,7 @@ impl MemoryStore {
                 }
             })
             .collect();
-        let all_fit = decisions.iter().all(|d| d.retry_after.is_none());
+        let all_fit = decisions.iter().all(|d| d.retry_after().is_none());
         for decision in decisions.iter_mut() {
             decision.admitted = all_fit;
         }

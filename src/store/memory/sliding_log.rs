@@ -30,6 +30,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use crate::store::Decision;
+use crate::store::{micros, optional_micros};
 
 /// Records per page.
 const PAGE: usize = 64;
@@ -566,11 +567,11 @@ impl Log {
             admitted,
             limit,
             remaining: u32::try_from(u64::from(limit).saturating_sub(window.count)).unwrap_or(0),
-            reset: Duration::from_micros(reset),
-            retry_after,
-            recorded_at: None,
-            delayed_for: None,
-            blocked_for: None,
+            reset_us: micros(Duration::from_micros(reset)),
+            retry_after_us: optional_micros(retry_after),
+            recorded_at_us: optional_micros(None),
+            delayed_for_us: optional_micros(None),
+            blocked_for_us: optional_micros(None),
             sliced: false,
         }
     }

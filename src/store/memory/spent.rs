@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use crate::clock::duration_micros;
 use crate::policy::Algorithm;
+use crate::store::micros;
 use crate::store::{Check, Decision};
 
 /// What one client has spent under one policy, per algorithm.
@@ -64,7 +65,7 @@ impl State {
         match self {
             Self::Log(log) => {
                 let window = log.prepare(now, window, check.span_micros());
-                (window.fits(check.limit, check.cost), Placed::Log(window))
+                (window.fits(check.limit(), check.cost), Placed::Log(window))
             }
             Self::Counter(counter) => {
                 let before = *counter;
@@ -74,7 +75,7 @@ impl State {
                 } else {
                     Placed::Counter(before)
                 };
-                (counter.fits(check.limit, check.cost), placed)
+                (counter.fits(check.limit(), check.cost), placed)
             }
             Self::Fixed(fixed) => {
                 let before = *fixed;
@@ -84,7 +85,7 @@ impl State {
                 } else {
                     Placed::Fixed(before)
                 };
-                (fixed.fits(check.limit, check.cost), placed)
+                (fixed.fits(check.limit(), check.cost), placed)
             }
             Self::Bucket(bucket) => {
                 let before = *bucket;
@@ -112,7 +113,7 @@ impl State {
                 } else {
                     Placed::Calendar(before)
                 };
-                (quota.fits(check.limit, check.cost), placed)
+                (quota.fits(check.limit(), check.cost), placed)
             }
         }
     }
@@ -130,7 +131,7 @@ impl State {
     /// Whether the request fits at `pass`, later than now, after
     /// [`prepare`](Self::prepare) (see [`Spent::held_until`]).
     pub(super) fn fits_at(&self, check: &Check, pass: u64) -> bool {
-        let (limit, cost) = (check.limit, check.cost);
+        let (limit, cost) = (check.limit(), check.cost);
         match self {
             // The window only loses units as time passes.
             Self::Log(_) => cost <= limit,
@@ -204,7 +205,7 @@ impl State {
         let units = match self {
             Self::Leases(_) => return false,
             Self::Bucket(bucket) => bucket.chargeable(units),
-            Self::Counter(counter) => counter.chargeable(units, check.limit),
+            Self::Counter(counter) => counter.chargeable(units, check.limit()),
             _ => u32::try_from(units.min(u64::from(check.burst))).unwrap_or(u32::MAX),
         };
         if units == 0 {
@@ -220,7 +221,7 @@ impl State {
         admitted: bool,
         placed: &Placed,
     ) -> Decision {
-        let (limit, cost) = (check.limit, check.cost);
+        let (limit, cost) = (check.limit(), check.cost);
         match (self, placed) {
             (_, &Placed::HeldElsewhere(until)) => {
                 let wait = Duration::from_micros(until.saturating_sub(now));
@@ -322,7 +323,7 @@ impl Spent {
         let retry = self
             .state
             .decision(now, check, false, &prepared.placed)
-            .retry_after
+            .retry_after()
             .map_or(0, duration_micros);
         (retry <= check.delay_micros()).then_some(now + retry)
     }
@@ -364,7 +365,7 @@ impl Spent {
         // A denial the delay can hold is no denial for the block.
         let beyond_delay = check.delay_micros() == 0
             || decision
-                .retry_after
+                .retry_after()
                 .is_some_and(|retry| duration_micros(retry) > check.delay_micros());
         if check.block_micros() > 0 && !prepared.fits && self.blocked_until <= now && beyond_delay {
             self.blocked_until = now + check.block_micros();
@@ -385,8 +386,9 @@ impl Spent {
         if self.is_blocked(now, check) {
             let left = Duration::from_micros(self.blocked_until - now);
             decision.remaining = 0;
-            decision.retry_after = Some(decision.retry_after.map_or(left, |wait| wait.max(left)));
-            decision.blocked_for = Some(left);
+            decision.retry_after_us =
+                micros(decision.retry_after().map_or(left, |wait| wait.max(left)));
+            decision.blocked_for_us = micros(left);
         }
         decision
     }

@@ -121,7 +121,7 @@ impl Call {
             call.args.push((
                 (
                     name,
-                    check.limit,
+                    check.limit(),
                     window,
                     check.burst,
                     block,

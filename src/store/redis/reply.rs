@@ -3,14 +3,13 @@
 //! request, each with its own error; and a Redis error as the store
 //! reports it.
 
-use std::time::Duration;
-
 use deadpool_redis::redis::aio::ConnectionLike;
 use deadpool_redis::redis::{Cmd, ErrorKind, RedisError, RedisResult, Value};
 
 use super::call::{Call, PolicyArgs};
 use super::library::Library;
 use super::script;
+use crate::store::UNSET;
 use crate::store::{CheckOutcome, Decision, Decisions, StoreError};
 
 /// The bytes of one policy's five integers (`DECISION` in
@@ -30,7 +29,13 @@ pub(super) fn decisions(
             packed.len()
         )));
     }
-    let micros = |v: i64| Duration::from_micros(u64::try_from(v).unwrap_or(0));
+    // A time the script sent, in µs; one it marks -1 (or that does not
+    // apply) is not set.
+    let micros = |v: i64| u64::try_from(v).unwrap_or(0);
+    let time_if = |applies: bool, v: i64| match u64::try_from(v) {
+        Ok(us) if applies => us,
+        _ => UNSET,
+    };
     let integers = |bytes: &[u8]| -> [i64; 5] {
         std::array::from_fn(|i| {
             let mut integer = [0; 8];
@@ -51,12 +56,12 @@ pub(super) fn decisions(
                 admitted,
                 limit: burst,
                 remaining: u32::try_from(v[1]).unwrap_or(0),
-                reset: micros(v[2]),
+                reset_us: micros(v[2]),
                 // An admitted request's retry time is its wait.
-                retry_after: (!admitted && v[3] >= 0).then(|| micros(v[3])),
-                delayed_for: (admitted && v[3] >= 0).then(|| micros(v[3])),
-                recorded_at: (admitted && v[4] >= 0).then(|| micros(v[4])),
-                blocked_for: (!admitted && v[4] >= 0).then(|| micros(v[4])),
+                retry_after_us: time_if(!admitted, v[3]),
+                delayed_for_us: time_if(admitted, v[3]),
+                recorded_at_us: time_if(admitted, v[4]),
+                blocked_for_us: time_if(!admitted, v[4]),
                 sliced: false,
             }
         })

@@ -88,21 +88,21 @@ async fn a_refund_goes_back_into_the_slice_it_came_from() {
     let check = check_of(&Policy::new("hot", 100, HOUR).with_slice(30));
     for _ in 0..5 {
         let decision = sliced.check(std::slice::from_ref(&check)).await.unwrap()[0];
-        let at = decision.recorded_at.expect("a slice names its time");
+        let at = decision.recorded_at().expect("a slice names its time");
         sliced
             .refund(std::slice::from_ref(&check), &[at])
             .await
             .unwrap();
     }
     let decision = sliced.check(std::slice::from_ref(&check)).await.unwrap()[0];
-    assert_eq!(decision.remaining, 99, "five refunded, one spent");
+    assert_eq!(decision.remaining(), 99, "five refunded, one spent");
     // A refund naming another time (a slice given back since) is dropped.
     sliced
         .refund(std::slice::from_ref(&check), &[Duration::from_secs(1)])
         .await
         .unwrap();
     let decision = sliced.check(std::slice::from_ref(&check)).await.unwrap()[0];
-    assert_eq!(decision.remaining, 98);
+    assert_eq!(decision.remaining(), 98);
     assert_eq!(left_in_store(&memory, &check).await, 70);
 }
 
@@ -114,12 +114,15 @@ async fn a_request_denied_by_an_unsliced_check_puts_its_units_back() {
     let once = check_of(&Policy::new("once", 1, HOUR));
     let both = [hot.clone(), once.clone()];
     let first = sliced.check(&both).await.unwrap();
-    assert!(first.iter().all(|decision| decision.admitted));
+    assert!(first.iter().all(|decision| decision.admitted()));
     let second = sliced.check(&both).await.unwrap();
-    assert!(second.iter().all(|decision| !decision.admitted));
-    assert!(second[1].retry_after.is_some(), "the unsliced check denied");
+    assert!(second.iter().all(|decision| !decision.admitted()));
+    assert!(
+        second[1].retry_after().is_some(),
+        "the unsliced check denied"
+    );
     let alone = sliced.check(std::slice::from_ref(&hot)).await.unwrap()[0];
-    assert_eq!(alone.remaining, 98, "the denied request's unit went back");
+    assert_eq!(alone.remaining(), 98, "the denied request's unit went back");
 }
 
 #[tokio::test(start_paused = true)]
@@ -139,8 +142,8 @@ async fn near_the_limit_the_slice_is_what_is_left_then_the_request_alone() {
     }
     for left in (0..5).rev() {
         let decision = sliced.check(std::slice::from_ref(&check)).await.unwrap()[0];
-        assert!(decision.admitted);
-        assert_eq!(decision.remaining, left);
+        assert!(decision.admitted());
+        assert_eq!(decision.remaining(), left);
     }
     assert_eq!(
         calls.load(Ordering::SeqCst),
@@ -148,10 +151,11 @@ async fn near_the_limit_the_slice_is_what_is_left_then_the_request_alone() {
         "10 asked and denied, then the 5 left"
     );
     let denied = sliced.check(std::slice::from_ref(&check)).await.unwrap()[0];
-    assert!(!denied.admitted);
+    assert!(!denied.admitted());
     let exact_denial = memory.peek(std::slice::from_ref(&exact)).await.unwrap()[0];
     assert_eq!(
-        denied.retry_after, exact_denial.retry_after,
+        denied.retry_after(),
+        exact_denial.retry_after(),
         "the request's own denial"
     );
     assert_eq!(
@@ -170,7 +174,7 @@ async fn a_reset_drops_the_slice_in_hand() {
     sliced.reset(std::slice::from_ref(&check)).await.unwrap();
     assert_eq!(left_in_store(&memory, &check).await, 100);
     let decision = sliced.check(std::slice::from_ref(&check)).await.unwrap()[0];
-    assert_eq!(decision.remaining, 99, "a new slice, from a fresh count");
+    assert_eq!(decision.remaining(), 99, "a new slice, from a fresh count");
     assert_eq!(left_in_store(&memory, &check).await, 70);
 }
 
@@ -323,7 +327,8 @@ async fn a_slice_is_spent_only_under_the_terms_it_was_taken_under() {
     sliced.check(std::slice::from_ref(&before)).await.unwrap();
     let decision = sliced.check(std::slice::from_ref(&after)).await.unwrap()[0];
     assert_eq!(
-        decision.limit, 10,
+        decision.limit(),
+        10,
         "decided under the new limit, not from the old slice"
     );
     settle_tasks().await;
@@ -357,7 +362,7 @@ async fn a_request_dropped_while_its_slice_is_taken_leaves_the_slice() {
     assert_eq!(left_in_store(&memory, &check).await, 990);
     for _ in 0..10 {
         let decision = sliced.check(std::slice::from_ref(&check)).await.unwrap()[0];
-        assert!(decision.admitted);
+        assert!(decision.admitted());
     }
     assert_eq!(calls.load(Ordering::SeqCst), 1, "served from the slice");
     assert_eq!(left_in_store(&memory, &check).await, 990);
@@ -377,8 +382,8 @@ async fn a_reset_during_a_slice_s_call_leaves_no_slice() {
     sliced.reset(std::slice::from_ref(&check)).await.unwrap();
     gate.add_permits(1_000);
     let decision = asked.await.unwrap().unwrap()[0];
-    assert!(decision.admitted);
-    assert_eq!(decision.recorded_at, None, "nothing to refund");
+    assert!(decision.admitted());
+    assert_eq!(decision.recorded_at(), None, "nothing to refund");
     sliced.check(std::slice::from_ref(&check)).await.unwrap();
     assert_eq!(
         calls.load(Ordering::SeqCst),
@@ -404,7 +409,7 @@ async fn refunds_go_where_their_units_came_from() {
     let mut recorded = crate::layer::recorded::Recorded::new(&store);
     for request in requests {
         let decision = request.await.unwrap().unwrap()[0];
-        recorded.push_refund(&check, &decision, decision.recorded_at.unwrap());
+        recorded.push_refund(&check, &decision, decision.recorded_at().unwrap());
     }
     assert_eq!(left_in_store(&memory, &check).await, 1_000 - 2 - 1);
     assert!(!recorded.give_back(|outcome| outcome.expect("refunded")));
@@ -443,8 +448,8 @@ async fn waiters_a_new_slice_cannot_serve_ask_the_store_alone_together() {
     let mut admitted = 0;
     for request in requests {
         let decision = request.await.unwrap().unwrap()[0];
-        admitted += usize::from(decision.admitted);
-        assert!(decision.admitted || decision.retry_after.is_some());
+        admitted += usize::from(decision.admitted());
+        assert!(decision.admitted() || decision.retry_after().is_some());
     }
     assert_eq!(admitted, 4, "exactly what the store had left");
     assert_eq!(left_in_store(&memory, &check).await, 0);
@@ -489,7 +494,7 @@ async fn a_store_that_names_no_times_is_asked_request_by_request() {
             CheckFuture::new(async move {
                 let mut decisions = memory.check(&checks).await?;
                 for decision in decisions.iter_mut() {
-                    decision.recorded_at = None;
+                    decision.recorded_at_us = crate::store::UNSET;
                 }
                 Ok(decisions)
             })

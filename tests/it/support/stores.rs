@@ -26,7 +26,7 @@ pub async fn fill(store: &RedisStore, clock: &FakeClock, check: &Check, records:
             })
             .collect();
         for task in tasks {
-            assert!(task.await.unwrap().unwrap()[0].admitted);
+            assert!(task.await.unwrap().unwrap()[0].admitted());
         }
     }
 }

@@ -16,7 +16,7 @@ fn entry_leaves_exactly_one_window_later() {
     let window = log.prepare(W - 1, W, 0);
     assert!(!window.fits(1, 1));
     assert_eq!(
-        log.decision(W - 1, 1, 1, false, &window).retry_after,
+        log.decision(W - 1, 1, 1, false, &window).retry_after(),
         Some(Duration::from_micros(1))
     );
     assert!(log.prepare(W, W, 0).fits(1, 1));
@@ -51,12 +51,12 @@ fn weighted_retry_after_waits_for_enough_units() {
     let window = log.prepare(300, W, 0);
     assert!(!window.fits(10, 5));
     let decision = log.decision(300, 10, 5, false, &window);
-    assert_eq!(decision.remaining, 1);
+    assert_eq!(decision.remaining(), 1);
     assert_eq!(
-        decision.retry_after,
+        decision.retry_after(),
         Some(Duration::from_micros(100 + W - 300))
     );
-    assert_eq!(decision.reset, Duration::from_micros(W - 300));
+    assert_eq!(decision.reset(), Duration::from_micros(W - 300));
 }
 
 #[test]
