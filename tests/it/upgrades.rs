@@ -245,10 +245,24 @@ async fn lost_leases_are_taken_again_only_within_the_limit(tested: StoreUnderTes
     ];
     assert_eq!(open(address, "/ws").await.err(), Some(429));
     let lost = slidegate::store::Check::new(&sockets_policy(), Key::new("client")).unwrap();
-    tested.store.reset(&[lost]).await.unwrap();
-    for _ in 0..3 {
-        if let Ok(socket) = open(address, "/ws").await {
-            sockets.push(socket);
+    // A connection renews its lease at once, then every third of the
+    // lease time: a renewal that runs between the reset and the opens
+    // (a loaded machine runs the first ones late) takes the emptied set
+    // back first, within the limit, as it should. Then the store is
+    // emptied again, until sockets open into it.
+    for _ in 0..5 {
+        tested
+            .store
+            .reset(std::slice::from_ref(&lost))
+            .await
+            .unwrap();
+        for _ in 0..3 {
+            if let Ok(socket) = open(address, "/ws").await {
+                sockets.push(socket);
+            }
+        }
+        if sockets.len() > 2 {
+            break;
         }
     }
     assert!(sockets.len() > 2, "no socket opened into the emptied set");
