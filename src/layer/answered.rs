@@ -21,8 +21,8 @@ use crate::metrics::{self, Outcome};
 use crate::policy::{Algorithm, Count, Settlement};
 use crate::rejection::Rejection;
 use crate::rejection::limited::Limited;
-use crate::store::optional_micros;
 use crate::store::{Check, Decision, Decisions, Store, index_of_min};
+use crate::store::{UNSET, optional_micros};
 
 /// A request's decisions, as one store gave them.
 pub(super) struct Answered<'a> {
@@ -112,8 +112,8 @@ pub(super) fn holds_its_most(
                 decision.remaining()
             },
             retry_after_us: optional_micros((index == full).then_some(UNSETTLED_RETRY)),
-            recorded_at_us: optional_micros(None),
-            delayed_for_us: optional_micros(None),
+            recorded_at_us: UNSET,
+            delayed_for_us: UNSET,
             ..*decision
         })
         .collect();

@@ -29,8 +29,8 @@ use http::request::Parts;
 use crate::layer::owed::Owed;
 use crate::layer::recorded::{Recorded, report_refund};
 use crate::policy::Algorithm;
-use crate::store::optional_micros;
 use crate::store::{Check, Decision, Decisions, Store};
+use crate::store::{UNSET, micros};
 
 /// Requests a layer holds at once unless set.
 pub(crate) const DEFAULT_MAX_DELAYED: usize = 10_000;
@@ -192,9 +192,9 @@ pub(crate) fn unheld(
         .iter()
         .map(|d| Decision {
             admitted: false,
-            retry_after_us: optional_micros(Some(wait)),
-            delayed_for_us: optional_micros(None),
-            recorded_at_us: optional_micros(None),
+            retry_after_us: micros(wait),
+            delayed_for_us: UNSET,
+            recorded_at_us: UNSET,
             ..*d
         })
         .collect()

@@ -229,7 +229,8 @@ impl Check {
     /// slice: what was taken or denied for one stands for the other.
     pub(crate) fn counts_as(&self, other: &Check) -> bool {
         (self.limit, self.burst, self.slice) == (other.limit, other.burst, other.slice)
-            && (Arc::ptr_eq(&self.terms, &other.terms) || self.terms == other.terms)
+            // `Arc`'s own comparison: the same pointer, or equal terms.
+            && self.terms == other.terms
     }
 
     /// The window in microseconds.

@@ -186,9 +186,22 @@ impl Decision {
         reset: Duration,
         retry_after: Option<Duration>,
     ) -> Self {
+        Self::decided(false, limit, remaining, reset, retry_after)
+    }
+
+    /// A store's decision, `admitted` or not, with `retry_after` when this
+    /// policy does not fit the request: nothing recorded, delayed or
+    /// blocked (the `with_*` methods add them).
+    pub(crate) fn decided(
+        admitted: bool,
+        limit: u32,
+        remaining: u32,
+        reset: Duration,
+        retry_after: Option<Duration>,
+    ) -> Self {
         Self {
             retry_after_us: optional_micros(retry_after),
-            admitted: false,
+            admitted,
             ..Self::new_admitted(limit, remaining, reset)
         }
     }

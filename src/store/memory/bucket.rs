@@ -8,7 +8,8 @@
 //! validation keeps `B·W` below 2^52, so the Redis script's doubles are
 //! exact, and this side computes the same integers.
 
-use crate::store::UNSET;
+use std::time::Duration;
+
 use crate::store::{Check, Decision};
 
 /// A bucket's state: its debt at the time it was last placed at.
@@ -214,28 +215,20 @@ impl TokenBucket {
         } else {
             self.wait(now, check, remaining + 1)
         };
-        Decision {
+        let retry_after = (!admitted && !self.fits(check))
+            .then(|| Duration::from_micros(self.wait(now, check, u64::from(check.cost))));
+        Decision::decided(
             admitted,
-            limit: check.burst,
-            remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
-            reset_us: reset,
-            retry_after_us: if !admitted && !self.fits(check) {
-                self.wait(now, check, u64::from(check.cost))
-            } else {
-                UNSET
-            },
-            recorded_at_us: UNSET,
-            delayed_for_us: UNSET,
-            blocked_for_us: UNSET,
-            sliced: false,
-        }
+            check.burst,
+            u32::try_from(remaining).unwrap_or(u32::MAX),
+            Duration::from_micros(reset),
+            retry_after,
+        )
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
     use crate::key::Key;
     use crate::policy::{Algorithm, Policy};

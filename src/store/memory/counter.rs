@@ -15,7 +15,6 @@
 use std::time::Duration;
 
 use crate::store::Decision;
-use crate::store::{micros, optional_micros};
 
 /// `floor(a / b)` for `b > 0`, with negative `a` giving 0.
 fn floor_div(a: i128, b: i128) -> i128 {
@@ -338,17 +337,13 @@ impl SlidingCounter {
         let retry_after = (!admitted && !self.fits(limit, cost)).then(|| {
             Duration::from_micros(micros_until(self.first_fit_ms(at, limit, cost), now_us))
         });
-        Decision {
+        Decision::decided(
             admitted,
             limit,
             remaining,
-            reset_us: micros(Duration::from_micros(reset)),
-            retry_after_us: optional_micros(retry_after),
-            recorded_at_us: optional_micros(None),
-            delayed_for_us: optional_micros(None),
-            blocked_for_us: optional_micros(None),
-            sliced: false,
-        }
+            Duration::from_micros(reset),
+            retry_after,
+        )
     }
 }
 
@@ -494,17 +489,13 @@ pub(super) fn count_decision(
     ends_in: Duration,
     retry_after: Option<Duration>,
 ) -> Decision {
-    Decision {
+    Decision::decided(
         admitted,
         limit,
-        remaining: u32::try_from(u64::from(limit).saturating_sub(count)).unwrap_or(0),
-        reset_us: micros(if count > 0 { ends_in } else { Duration::ZERO }),
-        retry_after_us: optional_micros(retry_after),
-        recorded_at_us: optional_micros(None),
-        delayed_for_us: optional_micros(None),
-        blocked_for_us: optional_micros(None),
-        sliced: false,
-    }
+        u32::try_from(u64::from(limit).saturating_sub(count)).unwrap_or(0),
+        if count > 0 { ends_in } else { Duration::ZERO },
+        retry_after,
+    )
 }
 
 #[cfg(test)]

@@ -11,7 +11,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::store::{Check, Decision};
-use crate::store::{micros, optional_micros};
 
 /// How long a full set of leases tells a client to wait: leases end when
 /// their requests do, which no store knows in advance.
@@ -90,16 +89,12 @@ impl Leases {
 
     pub(super) fn decision(&self, check: &Check, admitted: bool) -> Decision {
         let held = u32::try_from(self.taken.len()).unwrap_or(u32::MAX);
-        Decision {
+        Decision::decided(
             admitted,
-            limit: check.limit(),
-            remaining: check.limit().saturating_sub(held),
-            reset_us: micros(if held == 0 { Duration::ZERO } else { RETRY }),
-            retry_after_us: optional_micros((!admitted && !self.fits(check)).then_some(RETRY)),
-            recorded_at_us: optional_micros(None),
-            delayed_for_us: optional_micros(None),
-            blocked_for_us: optional_micros(None),
-            sliced: false,
-        }
+            check.limit,
+            check.limit.saturating_sub(held),
+            if held == 0 { Duration::ZERO } else { RETRY },
+            (!admitted && !self.fits(check)).then_some(RETRY),
+        )
     }
 }

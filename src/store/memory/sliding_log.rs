@@ -30,7 +30,6 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use crate::store::Decision;
-use crate::store::{micros, optional_micros};
 
 /// Records per page.
 const PAGE: usize = 64;
@@ -563,17 +562,13 @@ impl Log {
                 .map_or(now, |at| self.time_at(at));
             Duration::from_micros(leaves + window.micros - now)
         });
-        Decision {
+        Decision::decided(
             admitted,
             limit,
-            remaining: u32::try_from(u64::from(limit).saturating_sub(window.count)).unwrap_or(0),
-            reset_us: micros(Duration::from_micros(reset)),
-            retry_after_us: optional_micros(retry_after),
-            recorded_at_us: optional_micros(None),
-            delayed_for_us: optional_micros(None),
-            blocked_for_us: optional_micros(None),
-            sliced: false,
-        }
+            u32::try_from(u64::from(limit).saturating_sub(window.count)).unwrap_or(0),
+            Duration::from_micros(reset),
+            retry_after,
+        )
     }
 }
 
