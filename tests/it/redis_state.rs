@@ -453,6 +453,28 @@ async fn a_log_that_loses_its_pages_keeps_their_units() {
     );
 }
 
+/// Sends `requests` requests of `checks`, a millisecond apart: the first
+/// `fit` are admitted, and every one after fails, its log's tail full and
+/// the pages key its seal would write of another type.
+async fn admitted_until_a_seal(
+    store: &RedisStore,
+    clock: &FakeClock,
+    checks: &[Check],
+    fit: usize,
+    requests: usize,
+) {
+    for n in 0..requests {
+        clock.advance(Duration::from_millis(1));
+        let answer = store.check(checks).await;
+        if n < fit {
+            assert!(answer.unwrap()[0].admitted(), "request {n}");
+        } else {
+            let error = answer.expect_err("the seal would write a foreign key");
+            assert!(error.to_string().contains("WRONGTYPE"), "{error}");
+        }
+    }
+}
+
 /// A log whose pages key holds another type fails a request before it
 /// writes anything, once the request would write a page (its tail full,
 /// to be sealed): its other policy's count stays as it was, where the
@@ -478,18 +500,7 @@ async fn a_foreign_pages_key_fails_a_request_before_it_writes() {
     server.cli(&["set", &pages, "not a hash"]);
     // Admitted while the tail has room; a page of four-byte records holds
     // 250, so the 251st request would seal it.
-    let mut admitted = 5;
-    for _ in 0..300 {
-        clock.advance(Duration::from_millis(1));
-        match store.check(&checks).await {
-            Ok(decisions) if admitted < 250 => {
-                assert!(decisions[0].admitted());
-                admitted += 1;
-            }
-            failed => assert!(failed.is_err(), "request {}: {failed:?}", admitted + 1),
-        }
-    }
-    assert_eq!(admitted, 250, "a full tail");
+    admitted_until_a_seal(&store, &clock, &checks, 245, 300).await;
     let peek = store.peek(&checks[..1]).await.unwrap()[0];
     assert_eq!(
         peek.remaining(),
@@ -523,21 +534,7 @@ async fn a_foreign_older_chunk_fails_a_seal_before_any_policy_writes() {
     assert_eq!(server.cli(&["type", &chunk]).trim(), "hash");
     server.cli(&["del", &chunk]);
     server.cli(&["set", &chunk, "not a hash"]);
-    let mut admitted = 0;
-    for _ in 0..200 {
-        clock.advance(Duration::from_millis(1));
-        match store.check(&checks).await {
-            Ok(decisions) if admitted < 150 => {
-                assert!(decisions[0].admitted());
-                admitted += 1;
-            }
-            failed => {
-                let error = failed.expect_err("the seal would write chunk 0");
-                assert!(error.to_string().contains("WRONGTYPE"), "{error}");
-            }
-        }
-    }
-    assert_eq!(admitted, 150, "the tail filled");
+    admitted_until_a_seal(&store, &clock, &checks, 150, 200).await;
     let peek = store.peek(&checks[..1]).await.unwrap()[0];
     assert_eq!(
         peek.remaining(),
