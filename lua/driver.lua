@@ -114,23 +114,50 @@ end
 -- span, and the request's cost.
 local ARGS = 8
 
+-- The number argument argv[i], named `what` in an error: a whole number
+-- from `least` up. A call whose arguments are malformed fails before it
+-- reads or writes a key, and a refund, settlement or reset checks every
+-- policy's arguments before its first write (see `policies_of`).
+local function whole(value, least, what)
+  local n = tonumber(value)
+  if n == nil or n ~= math.floor(n) or n < least or n == math.huge then
+    error('invalid ' .. what .. ' ' .. tostring(value))
+  end
+  return n
+end
+
 -- The policy described by the seven arguments from argv[a], its numbers
--- parsed; its span no shorter than its window.
+-- parsed and checked (a window of at least 1 µs); its span no shorter
+-- than its window.
 local function describe(argv, a)
   local algorithm = algorithms[argv[a]]
   if algorithm == nil then
     error('unknown algorithm ' .. tostring(argv[a]))
   end
+  -- A calendar's offset from UTC, which may be 0 or west of it.
+  local window = whole(argv[a + 2], algorithm == calendar and -math.huge or 1, 'window')
   return {
     algorithm = algorithm,
     period = argv[a],
-    limit = tonumber(argv[a + 1]),
-    window = tonumber(argv[a + 2]),
-    burst = tonumber(argv[a + 3]),
-    block = tonumber(argv[a + 4]),
-    delay = tonumber(argv[a + 5]),
-    span = math.max(tonumber(argv[a + 6]), tonumber(argv[a + 2])),
+    limit = whole(argv[a + 1], 0, 'limit'),
+    window = window,
+    burst = whole(argv[a + 3], 0, 'burst'),
+    block = whole(argv[a + 4], 0, 'block'),
+    delay = whole(argv[a + 5], 0, 'delay'),
+    span = math.max(whole(argv[a + 6], 0, 'span'), window),
   }
+end
+
+-- The cost argument `value` of `policy`: a whole number of units from 0
+-- up, or, for a lease, its id as sent.
+local function cost_of(value, policy)
+  if policy.algorithm == lease then
+    if value == nil then
+      error('missing lease id')
+    end
+    return value
+  end
+  return whole(value, 0, 'cost')
 end
 
 -- The keys of `policy`: two for a log, one otherwise, and one more for a
@@ -246,6 +273,9 @@ end
 -- recorded at that time under every policy, so no request admitted
 -- meanwhile can take its place; its retry integer is then the wait.
 local function decide(keys, first_key, count, policies, costs, peek, held_only, shared)
+  for i = 1, count do
+    costs[i] = cost_of(costs[i], policies[i])
+  end
   if count == 1 and not peek and not held_only
     and (shared == nil or shared[keys[first_key]] == 1 or known[keys[first_key]] ~= nil) then
     local result = log_common(keys, first_key, policies[1], costs[1])
@@ -384,6 +414,35 @@ local function charge(s, units)
   end
 end
 
+-- The policies a refund, settlement, renewal or reset names, each
+-- followed in ARGV by its arguments as for `check` and `extra` whole
+-- numbers more (a refund: the time its units were recorded at; a
+-- settlement: that, then its final units), all checked before the call
+-- writes anything, so that a malformed policy leaves the others as they
+-- were; and KEYS must hold exactly their keys. Each entry holds the
+-- policy (see `describe`), its cost (checked when `costed`), its extra
+-- numbers and the index of its first key.
+local function policies_of(keys, argv, extra, costed)
+  local parsed = {}
+  local k = 1
+  for a = 3, #argv, ARGS + extra do
+    local policy = describe(argv, a)
+    local p = { policy = policy, first_key = k, extra = {} }
+    if costed then
+      p.cost = cost_of(argv[a + ARGS - 1], policy)
+    end
+    for e = 1, extra do
+      p.extra[e] = whole(argv[a + ARGS - 1 + e], e == 1 and -math.huge or 0, 'refund argument')
+    end
+    parsed[#parsed + 1] = p
+    k = k + key_count(policy)
+  end
+  if k - 1 ~= #keys then
+    error('the policies name ' .. (k - 1) .. ' keys, the call has ' .. #keys)
+  end
+  return parsed
+end
+
 -- Refunds and settlements: ARGV[1] the time, ARGV[2] "refund" or
 -- "settle", then per policy its arguments as for `check`, the time (µs)
 -- its units were recorded at, and for a settlement the units the request
@@ -394,18 +453,16 @@ end
 local function refund(keys, argv)
   set_now(argv[1])
   local settle = argv[2] == 'settle'
-  local stride = settle and ARGS + 2 or ARGS + 1
-  local k = 1
-  for a = 3, #argv, stride do
-    local s
-    s, k = prepare(keys, k, describe(argv, a), argv[a + ARGS - 1])
+  local parsed = policies_of(keys, argv, settle and 2 or 1, true)
+  for _, p in ipairs(parsed) do
+    local s = prepare(keys, p.first_key, p.policy, p.cost)
     if s.algorithm == log then
       log_check_writes(s, nil, true)
     end
     if s.held_elsewhere == nil then
-      s.algorithm.refund(s, tonumber(argv[a + ARGS]), s.cost)
+      s.algorithm.refund(s, p.extra[1], s.cost)
       if settle then
-        charge(s, tonumber(argv[a + ARGS + 1]))
+        charge(s, p.extra[2])
       end
     end
     s.algorithm.remember(s)
@@ -420,17 +477,14 @@ end
 -- the one-hash version in the background). Returns an empty string.
 local function reset(keys, argv)
   set_now(argv[1])
-  local k = 1
-  for a = 3, #argv, ARGS do
-    local policy = describe(argv, a)
-    local count = key_count(policy)
-    if policy.algorithm == log then
+  for _, p in ipairs(policies_of(keys, argv, 0, false)) do
+    local k = p.first_key
+    if p.policy.algorithm == log then
       log_reset(keys[k], keys[k + 1])
     end
-    for j = k, k + count - 1 do
+    for j = k, k + key_count(p.policy) - 1 do
       redis.call('UNLINK', keys[j])
     end
-    k = k + count
   end
   return ''
 end
@@ -447,14 +501,13 @@ end
 -- gone and could not be taken again within the limit.
 local function renew(keys, argv)
   set_now(argv[1])
-  local k = 1
   local held = {}
-  for a = 3, #argv, ARGS do
-    local policy = describe(argv, a)
+  for _, p in ipairs(policies_of(keys, argv, 0, true)) do
+    local policy = p.policy
     local kept = '1'
     if policy.algorithm == lease then
-      local s = { key = keys[k], window = policy.window, limit = policy.limit }
-      local id = argv[a + ARGS - 1]
+      local s = { key = keys[p.first_key], window = policy.window, limit = policy.limit }
+      local id = p.cost
       local score = tonumber(redis.call('ZSCORE', s.key, id))
       if score ~= nil and score < 0 then
         kept = '1'
@@ -466,7 +519,6 @@ local function renew(keys, argv)
       end
     end
     held[#held + 1] = kept
-    k = k + key_count(policy)
   end
   return table.concat(held)
 end
@@ -487,13 +539,10 @@ end
 -- Whether the first key of each policy of a refund or settlement (its
 -- arguments as `refund` takes them) exists.
 local function refund_held(keys, argv)
-  local k = 1
-  local stride = argv[2] == 'settle' and ARGS + 2 or ARGS + 1
-  for a = 3, #argv, stride do
-    if redis.call('EXISTS', keys[k]) == 0 then
+  for _, p in ipairs(policies_of(keys, argv, argv[2] == 'settle' and 2 or 1, true)) do
+    if redis.call('EXISTS', keys[p.first_key]) == 0 then
       return false
     end
-    k = k + key_count(describe(argv, a))
   end
   return true
 end

@@ -29,6 +29,7 @@ mod http;
 mod identity;
 mod layout;
 mod log_chunks;
+mod malformed_calls;
 mod namespaces;
 mod own_limits;
 mod pipelining;

@@ -1,0 +1,246 @@
+//! Calls of the Redis library with malformed arguments, as a client other
+//! than this crate's (or a bug) might send them: each fails with an error
+//! that names what is wrong, and a refund, settlement or reset of several
+//! policies checks them all before it writes anything, so a malformed
+//! policy leaves every other one as it was.
+
+use std::time::Duration;
+
+use crate::support::RedisServer;
+use crate::support::stores::START;
+use slidegate::{
+    Policy,
+    clock::{Clock, FakeClock},
+    key::Key,
+    policy::Algorithm,
+    store::{Check, RedisStore, Store},
+};
+
+const HOUR_MICROS: &str = "3600000000";
+
+/// Two policies on one client, each with 10 units counted, the raw
+/// library call's parts, and the store and clock they were counted with.
+struct Counted {
+    server: RedisServer,
+    clock: FakeClock,
+    store: RedisStore,
+    checks: [Check; 2],
+    /// `FCALL <function> 2 <fixed window's key> <counter's key>`.
+    call: Vec<String>,
+    /// When the 10 units were recorded, in µs.
+    recorded: String,
+}
+
+impl Counted {
+    async fn new() -> Self {
+        let server = RedisServer::start();
+        let clock = FakeClock::new(START);
+        let store = RedisStore::builder(server.pool(2))
+            .with_clock(clock.clone())
+            .with_timeout(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        let policy = |name: &str, algorithm| {
+            Policy::new(name, 100, Duration::from_secs(3600)).with_algorithm(algorithm)
+        };
+        let checks = [
+            policy("fixed", Algorithm::FixedWindow),
+            policy("counter", Algorithm::SlidingCounter),
+        ]
+        .map(|policy| {
+            Check::new(&policy, Key::new("client"))
+                .unwrap()
+                .with_cost(10)
+        });
+        let decisions = store.check(&checks).await.unwrap();
+        assert!(decisions.iter().all(|decision| decision.admitted()));
+        let recorded = decisions[0].recorded_at().unwrap().as_micros().to_string();
+        let functions = server.cli(&["FUNCTION", "LIST"]);
+        let function = functions
+            .split_whitespace()
+            .find(|word| word.starts_with("slidegate_check_"))
+            .unwrap_or_else(|| panic!("no check function in {functions}"))
+            .to_owned();
+        let call = vec![
+            "FCALL".to_owned(),
+            function,
+            "2".to_owned(),
+            format!("{}:f", store.base_key(&checks[0])),
+            format!("{}:c", store.base_key(&checks[1])),
+        ];
+        Self {
+            server,
+            clock,
+            store,
+            checks,
+            call,
+            recorded,
+        }
+    }
+
+    /// The time argument of a raw call: the store's clock, in µs.
+    fn now(&self) -> String {
+        self.clock.now_micros().to_string()
+    }
+
+    /// Runs the raw call with `args` after the keys; Redis's answer.
+    fn raw(&self, args: &[&str]) -> String {
+        let mut command: Vec<&str> = self.call.iter().map(String::as_str).collect();
+        command.extend_from_slice(args);
+        self.server.cli(&command)
+    }
+
+    /// Each policy's remaining units, as a peek finds them.
+    async fn remaining(&self) -> [u32; 2] {
+        let decisions = self.store.peek(&self.checks).await.unwrap();
+        [decisions[0].remaining(), decisions[1].remaining()]
+    }
+}
+
+/// One policy's arguments as the library takes them, with cost 10.
+fn policy_args<'a>(algorithm: &'a str) -> [&'a str; 8] {
+    [algorithm, "100", HOUR_MICROS, "100", "0", "0", "0", "10"]
+}
+
+/// The ways the second policy of a call may be malformed: which argument
+/// (its index among the policy's) and the bad value.
+const MALFORMED: [(usize, &str); 8] = [
+    (0, "nope"),
+    (1, "x"),
+    (2, "0"),
+    (2, "-3600000000"),
+    (3, "1.5"),
+    (5, "inf"),
+    (6, "nan"),
+    (7, "-5"),
+];
+
+#[tokio::test]
+async fn a_malformed_policy_fails_a_refund_or_settlement_before_any_policy_is_written() {
+    let counted = Counted::new().await;
+    let now = counted.now();
+    for op in ["refund", "settle"] {
+        let refunded = |second: [&str; 8], extra: &[&str]| {
+            let mut args = vec![now.as_str(), op];
+            args.extend_from_slice(&policy_args("fixed"));
+            args.push(&counted.recorded);
+            if op == "settle" {
+                args.push("1");
+            }
+            args.extend_from_slice(&second);
+            args.extend_from_slice(extra);
+            counted.raw(&args)
+        };
+        let extra: &[&str] = if op == "settle" {
+            &[&counted.recorded, "1"]
+        } else {
+            &[&counted.recorded]
+        };
+        for (index, bad) in MALFORMED {
+            let mut second = policy_args("counter");
+            second[index] = bad;
+            let answer = refunded(second, extra);
+            assert!(answer.contains("ERR"), "{op}, {bad} at {index}: {answer}");
+            assert_eq!(
+                counted.remaining().await,
+                [90, 90],
+                "{op}, {bad} at {index}"
+            );
+        }
+        // A malformed recorded time or final cost.
+        let bad_extra: &[&[&str]] = if op == "settle" {
+            &[
+                &["soon", "1"],
+                &[&counted.recorded, "-1"],
+                &[&counted.recorded],
+            ]
+        } else {
+            &[&["soon"], &[]]
+        };
+        for extra in bad_extra {
+            let answer = refunded(policy_args("counter"), extra);
+            assert!(answer.contains("ERR"), "{op}, {extra:?}: {answer}");
+            assert_eq!(counted.remaining().await, [90, 90], "{op}, {extra:?}");
+        }
+    }
+    // The same call well formed gives both policies' units back.
+    let mut args = vec![now.as_str(), "refund"];
+    args.extend_from_slice(&policy_args("fixed"));
+    args.push(&counted.recorded);
+    args.extend_from_slice(&policy_args("counter"));
+    args.push(&counted.recorded);
+    let answer = counted.raw(&args);
+    assert!(!answer.contains("ERR"), "{answer}");
+    assert_eq!(counted.remaining().await, [100, 100]);
+}
+
+#[tokio::test]
+async fn a_malformed_policy_fails_a_reset_before_any_key_is_deleted() {
+    let counted = Counted::new().await;
+    let now = counted.now();
+    for (index, bad) in MALFORMED.into_iter().take(7) {
+        let mut second = policy_args("counter");
+        second[index] = bad;
+        let mut args = vec![now.as_str(), "reset"];
+        args.extend_from_slice(&policy_args("fixed"));
+        args.extend_from_slice(&second);
+        let answer = counted.raw(&args);
+        assert!(answer.contains("ERR"), "{bad} at {index}: {answer}");
+        assert_eq!(counted.remaining().await, [90, 90], "{bad} at {index}");
+    }
+    // One key fewer than the policies name.
+    let mut short = counted.call.clone();
+    short[2] = "1".to_owned();
+    short.pop();
+    let mut command: Vec<&str> = short.iter().map(String::as_str).collect();
+    command.extend_from_slice(&[now.as_str(), "reset"]);
+    command.extend_from_slice(&policy_args("fixed"));
+    command.extend_from_slice(&policy_args("counter"));
+    let answer = counted.server.cli(&command);
+    assert!(answer.contains("keys"), "{answer}");
+    assert_eq!(counted.remaining().await, [90, 90]);
+
+    let mut args = vec![now.as_str(), "reset"];
+    args.extend_from_slice(&policy_args("fixed"));
+    args.extend_from_slice(&policy_args("counter"));
+    let answer = counted.raw(&args);
+    assert!(!answer.contains("ERR"), "{answer}");
+    assert_eq!(counted.remaining().await, [100, 100]);
+}
+
+/// A check refuses a negative cost (which would take units off the
+/// count), a window of 0 and any other malformed number, and counts
+/// nothing under any policy.
+#[tokio::test]
+async fn a_check_with_a_malformed_policy_counts_nothing() {
+    let counted = Counted::new().await;
+    let now = counted.now();
+    for (index, bad) in MALFORMED {
+        for first in [true, false] {
+            let mut malformed = policy_args(if first { "fixed" } else { "counter" });
+            malformed[index] = bad;
+            let well_formed = policy_args(if first { "counter" } else { "fixed" });
+            let (a, b) = if first {
+                (malformed, well_formed)
+            } else {
+                (well_formed, malformed)
+            };
+            let mut args = vec![now.as_str()];
+            args.extend_from_slice(&a);
+            args.extend_from_slice(&b);
+            if !first {
+                // The keys in the order of the policies.
+                let mut swapped = counted.call.clone();
+                swapped.swap(3, 4);
+                let mut command: Vec<&str> = swapped.iter().map(String::as_str).collect();
+                command.extend_from_slice(&args);
+                let answer = counted.server.cli(&command);
+                assert!(answer.contains("ERR"), "{bad} at {index}: {answer}");
+            } else {
+                let answer = counted.raw(&args);
+                assert!(answer.contains("ERR"), "{bad} at {index}: {answer}");
+            }
+            assert_eq!(counted.remaining().await, [90, 90], "{bad} at {index}");
+        }
+    }
+}
