@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::RedisServer;
 use crate::support::proxy::TcpProxy;
+use crate::support::slow_link::SlowLink;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
@@ -600,5 +601,41 @@ async fn a_lease_whose_check_timed_out_is_released() {
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+    }
+}
+
+/// A Redis without the library (fresh, restarted, `FUNCTION FLUSH`):
+/// the checks that meet it wait for it to load, past the store's
+/// timeout, rather than fail as though Redis were down, where a policy
+/// that fails open would admit them uncounted. Over a link of 40 ms each
+/// way a warm check takes 80 ms, within the store's 200 ms; one that
+/// loads the library takes three round trips (240 ms), and the checks
+/// queued behind it wait as long. Before the load had a budget of its own,
+/// every check here timed out.
+#[tokio::test]
+async fn checks_that_find_the_library_missing_wait_for_it_to_load() {
+    let redis = RedisServer::start();
+    let link = SlowLink::start(redis.port(), Duration::from_millis(40)).await;
+    let store = RedisStore::builder(link.pool(4))
+        .with_timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    // The connections made before the clock starts.
+    store.connect(Duration::from_secs(10)).await.unwrap();
+    let policy = Policy::new("cold", 2, Duration::from_secs(60));
+    for round in ["fresh", "flushed"] {
+        let checks: Vec<[Check; 1]> = (0..4)
+            .map(|_| [Check::new(&policy, Key::new(round)).unwrap()])
+            .collect();
+        // One goes alone, the others queue behind it.
+        let answers =
+            futures_util::future::join_all(checks.iter().map(|check| store.check(check))).await;
+        let mut admitted = 0;
+        for answer in answers {
+            let decisions = answer.unwrap_or_else(|error| panic!("{round}: {error}"));
+            admitted += usize::from(decisions[0].admitted());
+        }
+        assert_eq!(admitted, 2, "{round}");
+        redis.cli(&["FUNCTION", "FLUSH"]);
     }
 }

@@ -98,7 +98,7 @@ impl Counted {
 }
 
 /// One policy's arguments as the library takes them, with cost 10.
-fn policy_args<'a>(algorithm: &'a str) -> [&'a str; 8] {
+fn policy_args(algorithm: &str) -> [&str; 8] {
     [algorithm, "100", HOUR_MICROS, "100", "0", "0", "0", "10"]
 }
 

@@ -10,7 +10,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::routing::get;
 use http::{Request, StatusCode};
-use slidegate::deadpool_redis::{Config, Pool, PoolConfig, Runtime};
+use slidegate::deadpool_redis::Pool;
 use slidegate::policy::{Algorithm, Count, FailMode};
 use slidegate::{Global, Policies, Policy, RateLimitLayer, store::RedisStore};
 
@@ -18,12 +18,6 @@ use crate::deny_cache::script_calls;
 use crate::support::RedisServer;
 use crate::support::reply::send;
 use crate::support::slow_link::SlowLink;
-
-fn pool_at(url: &str, size: usize) -> Pool {
-    let mut config = Config::from_url(url);
-    config.pool = Some(PoolConfig::new(size));
-    config.create_pool(Some(Runtime::Tokio1)).unwrap()
-}
 
 fn app_on(pool: Pool, policy: Policy) -> Router {
     router(layer_on(pool, policy))
@@ -359,7 +353,7 @@ async fn three_regions_on_a_slow_link_wait_locally_within_the_bound() {
                     Some(slice) => policy.with_slice(slice),
                     None => policy,
                 };
-                app_on(pool_at(&link.url(), 4), policy)
+                app_on(link.pool(4), policy)
             })
             .collect()
     };

@@ -243,7 +243,15 @@ impl Inner {
                 if first {
                     tokio::spawn(self.clone().flush(line));
                 }
-                match tokio::time::timeout_at(deadline, answer).await {
+                let mut answer = answer;
+                let answer = match tokio::time::timeout_at(deadline, &mut answer).await {
+                    // The call it waits for is loading the library.
+                    Err(_) if self.library.is_loading() => {
+                        tokio::time::timeout_at(Library::load_deadline(deadline), answer).await
+                    }
+                    answer => answer,
+                };
+                match answer {
                     Ok(Ok(Verdict::Decided(outcome))) => outcome,
                     Ok(Ok(Verdict::Alone(call))) => self.run(call, deadline).await,
                     Ok(Err(_)) => Err(StoreError::Internal(
@@ -376,25 +384,25 @@ impl Inner {
         };
         let fcall = batch(&self.library.batch_function);
         let connection = &mut ticket.connection;
-        let exchange = async {
-            let reply = match replies(&fcall, connection).await {
-                Err(error) if Library::missing(&error) => {
-                    // Boxed: rare, and its future would make every batch's larger.
-                    Box::pin(self.load(connection, &queued[0].call.keys[0])).await?;
-                    replies(&fcall, connection).await
-                }
-                reply => reply,
-            };
-            match reply {
-                // Clients already tracked are still decided; new ones get
-                // the error of their own.
-                Err(error) if Library::out_of_memory(&error) => {
-                    replies(&batch(&self.library.held_batch_function), connection).await
-                }
-                reply => reply,
-            }
-        };
-        let reply = tokio::time::timeout_at(deadline, exchange).await;
+        let mut reply = tokio::time::timeout_at(deadline, replies(&fcall, connection)).await;
+        let mut deadline = deadline;
+        if matches!(&reply, Ok(Err(error)) if Library::missing(error)) {
+            deadline = Library::load_deadline(deadline);
+            // Boxed: rare, and its future would make every batch's larger.
+            let loaded = Box::pin(async {
+                // Under way until the answer (see `Library::is_loading`).
+                let _loading = self.library.loading();
+                self.load(connection, &queued[0].call.keys[0]).await?;
+                replies(&fcall, connection).await
+            });
+            reply = tokio::time::timeout_at(deadline, loaded).await;
+        }
+        if matches!(&reply, Ok(Err(error)) if Library::out_of_memory(error)) {
+            // Clients already tracked are still decided; new ones get the
+            // error of their own.
+            let held = batch(&self.library.held_batch_function);
+            reply = tokio::time::timeout_at(deadline, replies(&held, connection)).await;
+        }
         call_ended(lanes, &ticket, reply)
     }
 }

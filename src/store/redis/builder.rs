@@ -113,6 +113,13 @@ impl RedisStoreBuilder {
     /// Bounds each call, from taking a connection to the reply (default
     /// 50 ms). Past it the call fails with [`StoreError::Timeout`](crate::store::StoreError::Timeout).
     ///
+    /// One case waits longer: a call that finds the check library missing
+    /// (a fresh or restarted Redis, a new node, `FUNCTION FLUSH`) loads it
+    /// and is sent again, and it and the checks queued meanwhile wait up
+    /// to 2 s for that, once per server, rather than fail as though Redis
+    /// were down (where a policy that fails open would admit them
+    /// uncounted).
+    ///
     /// The pool's connections also have redis-rs's own response timeout
     /// (500 ms unless the pool was built with another); when that is the
     /// shorter, it ends the call first, with the same error. Pools made

@@ -1,7 +1,8 @@
 //! The check library (`lua/`) as a Redis function library, and the errors that say
 //! it is missing or refused.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use deadpool_redis::redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
@@ -28,6 +29,26 @@ pub(super) struct Library {
     /// Set once Redis has refused functions (an ACL without `FUNCTION`
     /// or `FCALL`, a renamed command): every call is an `EVALSHA` then.
     refused: AtomicBool,
+    /// Loads of the library under way (see [`LOAD_TIMEOUT`]).
+    loads: AtomicUsize,
+}
+
+/// How long a call that finds the library missing (a fresh or restarted
+/// Redis, a new node, `FUNCTION FLUSH`) waits for it to load and for its
+/// own answer, when the store's timeout is shorter: Redis compiles the
+/// library once per server, and the checks that meet it (the call that
+/// loads it, and those queued meanwhile) wait for it rather than fail as
+/// though Redis were down, where a policy that fails open would admit
+/// them uncounted.
+pub(super) const LOAD_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A load of the library under way, counted while it lives.
+pub(super) struct Loading<'a>(&'a AtomicUsize);
+
+impl Drop for Loading<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Library {
@@ -55,7 +76,27 @@ impl Library {
             held_function,
             held_batch_function,
             refused: AtomicBool::new(false),
+            loads: AtomicUsize::new(0),
         }
+    }
+
+    /// Counts a load of the library (and the call sent again after it)
+    /// as under way until the guard drops.
+    pub(super) fn loading(&self) -> Loading<'_> {
+        self.loads.fetch_add(1, Ordering::Relaxed);
+        Loading(&self.loads)
+    }
+
+    /// Whether a load of the library is under way: checks queued
+    /// meanwhile wait for it (see [`LOAD_TIMEOUT`]).
+    pub(super) fn is_loading(&self) -> bool {
+        self.loads.load(Ordering::Relaxed) > 0
+    }
+
+    /// The deadline of a call from when it finds the library missing: at
+    /// least [`LOAD_TIMEOUT`] from now.
+    pub(super) fn load_deadline(deadline: tokio::time::Instant) -> tokio::time::Instant {
+        deadline.max(tokio::time::Instant::now() + LOAD_TIMEOUT)
     }
 
     pub(super) fn refused(&self) -> bool {

@@ -5,6 +5,9 @@
 
 use std::future::Future;
 
+use tokio::time::error::Elapsed;
+use tokio::time::timeout_at;
+
 use deadpool_redis::redis::aio::{ConnectionLike, MultiplexedConnection};
 use deadpool_redis::redis::cluster_async::ClusterConnection;
 use deadpool_redis::redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
@@ -55,8 +58,9 @@ impl Inner {
         S::Shared: Routed,
     {
         let mut ticket = ticket(lanes, deadline).await?;
-        let reply =
-            tokio::time::timeout_at(deadline, self.script_call(&mut ticket.connection, call)).await;
+        let reply = self
+            .script_call(&mut ticket.connection, call, deadline)
+            .await;
         call_ended(lanes, &ticket, reply)
     }
 
@@ -67,22 +71,34 @@ impl Inner {
         }
     }
 
-    /// `FCALL`, loading the library first where it is missing; `EVALSHA`
-    /// where Redis refuses functions.
+    /// `FCALL` by `deadline`, loading the library first where it is
+    /// missing (by [`Library::load_deadline`] then); `EVALSHA` where Redis
+    /// refuses functions.
     async fn script_call<C: Routed>(
         &self,
         connection: &mut C,
         call: &Call,
-    ) -> RedisResult<Vec<u8>> {
+        deadline: tokio::time::Instant,
+    ) -> Result<RedisResult<Vec<u8>>, Elapsed> {
         if self.library.refused() {
-            return Box::pin(self.evalsha(connection, call)).await;
+            return timeout_at(deadline, Box::pin(self.evalsha(connection, call))).await;
         }
         let fcall = self.fcall(&self.library.function, call);
-        match fcall.query_async(connection).await {
-            // Boxed, as every path but the first answer: their futures
-            // would make every call's larger, and it is copied at each move.
-            Err(error) => Box::pin(self.after_error(connection, call, fcall, error)).await,
-            reply => reply,
+        match timeout_at(deadline, fcall.query_async(connection)).await? {
+            Err(error) => {
+                // A load, and the call sent again, count as one under way
+                // until the answer (see `Library::is_loading`).
+                let loading = Library::missing(&error).then(|| self.library.loading());
+                let deadline = match loading {
+                    Some(_) => Library::load_deadline(deadline),
+                    None => deadline,
+                };
+                // Boxed, as every path but the first answer: their futures
+                // would make every call's larger, and it is copied at each move.
+                let rest = Box::pin(self.after_error(connection, call, fcall, error));
+                timeout_at(deadline, rest).await
+            }
+            reply => Ok(reply),
         }
     }
 

@@ -5,6 +5,8 @@
 
 use std::time::Duration;
 
+use slidegate::deadpool_redis::{Config, Pool, PoolConfig, Runtime};
+
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -49,6 +51,13 @@ impl SlowLink {
 
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// A pool of `size` connections through the link.
+    pub fn pool(&self, size: usize) -> Pool {
+        let mut config = Config::from_url(self.url());
+        config.pool = Some(PoolConfig::new(size));
+        config.create_pool(Some(Runtime::Tokio1)).unwrap()
     }
 }
 
