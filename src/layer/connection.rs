@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use http::StatusCode;
 use http::request::Parts;
+use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::layer::recorded::{Recorded, report_release};
 use crate::throttle::RELEASE_FAILURES;
@@ -65,9 +67,13 @@ use crate::throttle::RELEASE_FAILURES;
 ///   was down and failed open) is taken again only within the limit. A
 ///   connection whose lease cannot be had is told by
 ///   [`withdrawn`](Self::withdrawn): close it then (the example server's
-///   echo closes with 1013, try again later), so that within one renewal
-///   period (a third of the lease time) of the store's return a client
-///   holds at most its limit.
+///   echo closes with 1013, try again later). Leases are renewed at once
+///   when the store may have lost them (a Redis that answers again after
+///   failing, or one restarted empty; see
+///   [`Store::recoveries`](crate::store::Store::recoveries)), so within a
+///   call of the store's return a client holds at most its limit; on a
+///   store that cannot tell, within one renewal period (a third of the
+///   lease time).
 /// * **Silent peers.** A peer that vanishes without closing (a phone out
 ///   of range, a frozen proxy) leaves a connection that looks open, and
 ///   its leases renewed, for as long as TCP lets it: ping, and close a
@@ -228,25 +234,52 @@ impl Upgrade {
             return;
         }
         let lease_time = leases.shortest_window();
+        let recoveries = leases.store().recoveries();
         *held.leases() = Some(leases);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let _ = held.runtime.set(runtime.clone());
-            runtime.spawn(renew(Arc::downgrade(&held), lease_time));
+            runtime.spawn(renew(Arc::downgrade(&held), lease_time, recoveries));
         }
     }
 }
 
+/// The shortest time between two renewals of a connection's leases that
+/// the store's recoveries start.
+const RECOVERY_RENEWALS: Duration = Duration::from_secs(1);
+
 /// Renews the leases `held` at once (the handshake may have taken part of
 /// their time), then every third of `lease_time`, and a tenth of it after
-/// a renewal that failed, until the connection drops them. Each renewal
-/// keeps them alive until it is answered, so that their release comes
-/// after it.
-async fn renew(held: Weak<Held>, lease_time: Duration) {
+/// a renewal that failed, until the connection drops them; and at once
+/// when the store may have lost them (`recoveries`, see
+/// [`Store::recoveries`](crate::store::Store::recoveries)), at most once
+/// per [`RECOVERY_RENEWALS`]. Each renewal keeps them alive until it is
+/// answered, so that their release comes after it.
+async fn renew(
+    held: Weak<Held>,
+    lease_time: Duration,
+    mut recoveries: Option<watch::Receiver<u64>>,
+) {
     let floor = Duration::from_millis(1);
     let (every, after_failure) = ((lease_time / 3).max(floor), (lease_time / 10).max(floor));
     let mut wait = Duration::ZERO;
+    let mut renewed = Instant::now();
     loop {
-        tokio::time::sleep(wait).await;
+        let next = renewed + wait;
+        match recoveries.as_mut() {
+            Some(watched) => tokio::select! {
+                () = tokio::time::sleep_until(next) => {}
+                changed = watched.changed() => match changed {
+                    // A store that flaps renews no more often than this.
+                    Ok(()) => tokio::time::sleep_until(renewed + RECOVERY_RENEWALS.min(wait)).await,
+                    Err(_) => {
+                        recoveries = None;
+                        continue;
+                    }
+                },
+            },
+            None => tokio::time::sleep_until(next).await,
+        }
+        renewed = Instant::now();
         let Some(held) = held.upgrade() else {
             return;
         };

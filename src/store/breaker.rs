@@ -417,6 +417,10 @@ impl<S: Store> Store for CircuitBreaker<S> {
     fn shared_state(&self) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
         self.store.shared_state()
     }
+
+    fn recoveries(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        self.store.recoveries()
+    }
 }
 
 #[cfg(test)]

@@ -172,6 +172,20 @@ pub trait Store: Send + Sync + 'static {
         false
     }
 
+    /// A count that grows each time the store may have lost state it held
+    /// for clients: it answers again after calls failed, or it was
+    /// restarted empty (a Redis found without the check library). The
+    /// layer then renews upgraded connections' leases at once rather than
+    /// at their next renewal, so that once the store answers again a
+    /// client holds at most its limit's worth within one call: a lease
+    /// the store lost is taken again within the limit, or its connection
+    /// is [withdrawn](crate::layer::ConnectionLease::withdrawn). `None`
+    /// (the default) for a store that never loses its state, or cannot
+    /// tell; a store that wraps another answers the other's.
+    fn recoveries(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
+    }
+
     /// The state this store shares with its clones, when it can name it:
     /// layers on one state may not give one policy name in one namespace
     /// two meanings (see
@@ -224,6 +238,10 @@ impl<S: Store + ?Sized> Store for Arc<S> {
 
     fn shared_state(&self) -> Option<Arc<dyn Any + Send + Sync>> {
         (**self).shared_state()
+    }
+
+    fn recoveries(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        (**self).recoveries()
     }
 }
 

@@ -695,6 +695,10 @@ impl Store for Sliced {
     fn shared_state(&self) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
         self.table.store.shared_state()
     }
+
+    fn recoveries(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        self.table.store.recoveries()
+    }
 }
 
 impl Table {

@@ -316,6 +316,7 @@ impl Inner {
         let mut deferred = Vec::new();
         let deadline = tokio::time::Instant::now() + self.timeout;
         let replies = on_lanes!(&self.connections, lanes => self.batch_on_lane(lanes, &queued, deadline).await);
+        self.note(&replies);
         match replies {
             Ok(replies) if replies.len() == queued.len() => {
                 for (Queued { call, answer }, reply) in queued.into_iter().zip(replies) {
@@ -388,6 +389,7 @@ impl Inner {
         let mut deadline = deadline;
         if matches!(&reply, Ok(Err(error)) if Library::missing(error)) {
             deadline = Library::load_deadline(deadline);
+            self.recoveries.lost();
             // Boxed: rare, and its future would make every batch's larger.
             let loaded = Box::pin(async {
                 // Under way until the answer (see `Library::is_loading`).

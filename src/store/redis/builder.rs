@@ -182,6 +182,7 @@ impl RedisStoreBuilder {
                 connections,
                 queue,
                 library: Library::new(&script),
+                recoveries: super::recoveries::Recoveries::new(),
                 script,
                 prefix: self.prefix,
                 timeout: self.timeout,

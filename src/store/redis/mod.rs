@@ -20,6 +20,7 @@ mod call;
 mod lanes;
 mod library;
 mod pools;
+mod recoveries;
 mod reply;
 mod run;
 mod script;
@@ -189,6 +190,8 @@ struct Inner {
     queue: Option<Queue>,
     script: Script,
     library: Library,
+    /// When Redis may have lost state; see [`Store::recoveries`].
+    recoveries: recoveries::Recoveries,
     prefix: String,
     timeout: Duration,
     clock: Option<Box<dyn Clock>>,
@@ -577,6 +580,10 @@ impl Connections {
 impl Store for RedisStore {
     fn is_remote(&self) -> bool {
         true
+    }
+
+    fn recoveries(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        Some(self.inner.recoveries.watch())
     }
 
     fn shared_state(&self) -> Option<Arc<dyn std::any::Any + Send + Sync>> {

@@ -43,8 +43,22 @@ impl Inner {
         call: &Call,
         deadline: tokio::time::Instant,
     ) -> Result<Vec<u8>, StoreError> {
-        on_lanes!(&self.connections, lanes => self.on_lane(lanes, call, deadline).await)
-            .map_err(|failed| self.store_error(failed))
+        let packed =
+            on_lanes!(&self.connections, lanes => self.on_lane(lanes, call, deadline).await);
+        self.note(&packed);
+        packed.map_err(|failed| self.store_error(failed))
+    }
+
+    /// Notes how a call ended, for [`Recoveries`](super::recoveries::Recoveries):
+    /// failed where Redis was not reached, did not answer in time or could
+    /// not take the call (see [`worth_keeping_after`]); answered otherwise,
+    /// an error reply included.
+    pub(super) fn note<T>(&self, ended: &Result<T, Failed>) {
+        match ended {
+            Err(Failed::Timeout) => self.recoveries.failed(),
+            Err(Failed::Redis(error)) if !worth_keeping_after(error) => self.recoveries.failed(),
+            _ => self.recoveries.answered(),
+        }
     }
 
     /// Runs the script on a lane's connection by `deadline`.
@@ -88,7 +102,10 @@ impl Inner {
             Err(error) => {
                 // A load, and the call sent again, count as one under way
                 // until the answer (see `Library::is_loading`).
-                let loading = Library::missing(&error).then(|| self.library.loading());
+                let loading = Library::missing(&error).then(|| {
+                    self.recoveries.lost();
+                    self.library.loading()
+                });
                 let deadline = match loading {
                     Some(_) => Library::load_deadline(deadline),
                     None => deadline,
