@@ -54,8 +54,10 @@ function bucket.prepare(s)
     s.held_elsewhere = stored[4]
     return false
   end
+  -- A new key names no units taken before it (those of a bucket since
+  -- reset or evicted).
   local t, d = now, 0
-  s.h, s.f, s.z = 0, s.limit, 0
+  s.h, s.f, s.z = 0, s.limit, now - 1
   if stored ~= nil then
     t, d, s.h, s.f, s.z = stored[1], stored[2], stored[4], stored[5], stored[6]
     if stored[3] ~= s.window then
@@ -139,10 +141,11 @@ function bucket.refund(s, start, cost)
   end
   if unrepaid <= 0 then
     bucket.save(s)
-    return
+    return true
   end
   s.d = s.d - unrepaid
   bucket_write(s)
+  return true
 end
 
 function bucket.save(s)

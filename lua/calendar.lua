@@ -109,6 +109,7 @@ function calendar.refund(s, at, cost)
     s.count = math.max(0, s.count - cost)
     calendar_write(s)
   end
+  return true
 end
 
 function calendar.save(s)

@@ -5,8 +5,11 @@
 --
 -- Key: a hash with the current window id `w`, its count `c`, the previous
 -- window's count `p`, the window length `l` (windows in milliseconds),
--- `t`, the latest time (µs) a request was counted at, and `n`, the units
--- of requests held for their delay into the next window.
+-- `t`, the latest time (µs) a request was counted at, `n`, the units
+-- of requests held for their delay into the next window, and `b`, the
+-- time (µs) the key was made at: a refund naming an earlier time names
+-- units of a key since deleted (a reset, an eviction), and takes nothing
+-- from this one (0 in a key from before births were kept).
 
 local counter = {}
 
@@ -59,7 +62,7 @@ end
 
 function counter.prepare(s)
   local w = s.window / 1000
-  local stored = hash_fields(s, 'w', 'c', 'p', 't', 'l', 'n')
+  local stored = hash_fields(s, 'w', 'c', 'p', 't', 'l', 'n', 'b')
   local carried
   s.at, carried = high_water(stored[4], w * 1000)
   s.t = stored[4]
@@ -68,6 +71,7 @@ function counter.prepare(s)
   local stored_id = tonumber(stored[1])
   local c, p = tonumber(stored[2]) or 0, tonumber(stored[3]) or 0
   local n = tonumber(stored[6]) or 0
+  s.b = stored_id == nil and s.at or tonumber(stored[7]) or 0
   local old = tonumber(stored[5])
   if n > 0 and stored_id ~= nil and old ~= nil and old ~= w and now_ms < (stored_id + 2) * old then
     s.held_elsewhere = (stored_id + 2) * old * 1000
@@ -95,8 +99,8 @@ end
 
 -- Writes the counts, with `t` the latest time a unit was counted at.
 local function counter_write(s)
-  redis.call('HSET', s.key, 'w', s.id, 'c', s.c, 'p', s.p, 't', s.t, 'l', s.w, 'n', s.n)
-  s.stored = { s.id, s.c, s.p, s.t, s.w, s.n }
+  redis.call('HSET', s.key, 'w', s.id, 'c', s.c, 'p', s.p, 't', s.t, 'l', s.w, 'n', s.n, 'b', int(s.b))
+  s.stored = { s.id, s.c, s.p, s.t, s.w, s.n, s.b }
   -- The counts matter until the end of the next window (on Redis's own
   -- clock, which expires the key: the real `now`, not the high water),
   -- units held into the next window until the end of the one after.
@@ -178,10 +182,14 @@ local function micros_until(at_ms)
 end
 
 -- Takes back `cost` units counted at `at`, from the window that holds it
--- if that is the current or the previous one.
+-- if that is the current or the previous one, and the key was made by
+-- then.
 function counter.refund(s, at, cost)
   local bucket = idiv(idiv(at, 1000), s.w)
-  if bucket == s.id + 1 and s.n > 0 then
+  if at < s.b then
+    counter.save(s)
+    return true
+  elseif bucket == s.id + 1 and s.n > 0 then
     s.n = math.max(0, s.n - cost)
   elseif bucket == s.id and s.c > 0 then
     s.c = math.max(0, s.c - cost)
@@ -189,9 +197,10 @@ function counter.refund(s, at, cost)
     s.p = math.max(0, s.p - cost)
   else
     counter.save(s)
-    return
+    return true
   end
   counter_write(s)
+  return true
 end
 
 function counter.retry(s)

@@ -67,7 +67,11 @@
 --                      `prepare` changed that must be kept (counts
 --                      carried across a clock step, pruned records).
 --   refund(s, at, cost) takes back `cost` units recorded at `at`, if they
---                      are still counted, and writes the key.
+--                      are still counted (not for a time before the key
+--                      was made: units of a key since deleted), and
+--                      writes the key; returns whether a settlement then
+--                      counts its final units (not for a log's units
+--                      that have left its window).
 --   remember(s)        leaves what a later request of the same call
 --                      may take instead of reading the key again in
 --                      `known` (nothing, for leases and calendars);
@@ -448,7 +452,8 @@ end
 -- its units were recorded at, and for a settlement the units the request
 -- cost in the end. Each policy's units are taken back on their own (a
 -- lease is released); a settlement then counts its final units at `now`
--- (see `charge`). Counts held elsewhere (see `retry_of`) are left as
+-- (see `charge`), unless they were a log's and have left its window.
+-- Counts held elsewhere (see `retry_of`) are left as
 -- they are. Returns an empty string.
 local function refund(keys, argv)
   set_now(argv[1])
@@ -460,8 +465,10 @@ local function refund(keys, argv)
       log_check_writes(s, nil, true)
     end
     if s.held_elsewhere == nil then
-      s.algorithm.refund(s, p.extra[1], s.cost)
-      if settle then
+      local named = s.algorithm.refund(s, p.extra[1], s.cost)
+      -- Units that have left a log's window are not counted again; a
+      -- time of 0 names none, and the cost is charged alone.
+      if settle and (named or p.extra[1] == 0) then
         charge(s, p.extra[2])
       end
     end

@@ -2,13 +2,14 @@
 -- (see the interface at the top of `driver.lua`).
 --
 -- Key: a hash with the window id `w`, its count `c`, `t`, the latest time
--- (µs) a request was counted at, the window length `l` in µs, and `n`,
--- the units of requests held for their delay into the next window.
+-- (µs) a request was counted at, the window length `l` in µs, `n`, the
+-- units of requests held for their delay into the next window, and `b`,
+-- the time the key was made at (see `counter.lua`).
 
 local fixed = {}
 
 function fixed.prepare(s)
-  local stored = hash_fields(s, 'w', 'c', 't', 'l', 'n')
+  local stored = hash_fields(s, 'w', 'c', 't', 'l', 'n', 'b')
   local carried
   s.at, carried = high_water(stored[3], s.window)
   s.t = stored[3]
@@ -16,6 +17,7 @@ function fixed.prepare(s)
   s.c, s.n = 0, 0
   local stored_id = tonumber(stored[1])
   local c, n = tonumber(stored[2]) or 0, tonumber(stored[5]) or 0
+  s.b = stored_id == nil and s.at or tonumber(stored[6]) or 0
   local old = tonumber(stored[4])
   if n > 0 and stored_id ~= nil and old ~= nil and old ~= s.window and s.at < (stored_id + 2) * old then
     s.held_elsewhere = (stored_id + 2) * old
@@ -47,8 +49,8 @@ end
 
 -- Writes the count, with `t` the latest time a unit was counted at.
 local function fixed_write(s)
-  redis.call('HSET', s.key, 'w', s.id, 'c', s.c, 't', s.t, 'l', s.window, 'n', s.n)
-  s.stored = { s.id, s.c, s.t, s.window, s.n }
+  redis.call('HSET', s.key, 'w', s.id, 'c', s.c, 't', s.t, 'l', s.window, 'n', s.n, 'b', int(s.b))
+  s.stored = { s.id, s.c, s.t, s.window, s.n, s.b }
   local ends_in = s.ends_in
   if s.n > 0 then
     ends_in = ends_in + s.window
@@ -74,10 +76,12 @@ function fixed.fits_at(s, time)
 end
 
 -- Takes back `cost` units counted at `at`, if that was in this window
--- or held into the next.
+-- or held into the next, and the key was made by then.
 function fixed.refund(s, at, cost)
   local id = idiv(at, s.window)
-  if id == s.id + 1 and s.n > 0 then
+  if at < s.b then
+    fixed.save(s)
+  elseif id == s.id + 1 and s.n > 0 then
     s.n = math.max(0, s.n - cost)
     fixed_write(s)
   elseif id == s.id and s.c > 0 then
@@ -86,6 +90,7 @@ function fixed.refund(s, at, cost)
   else
     fixed.save(s)
   end
+  return true
 end
 
 function fixed.save(s)

@@ -74,6 +74,7 @@ function lease.refund(s, at, cost)
     redis.call('ZADD', s.key, int(-(now + s.window)), s.id)
     lease_keep(s)
   end
+  return true
 end
 
 function lease.save(s) end

@@ -373,8 +373,13 @@ end
 
 -- Takes back `cost` units recorded at `at`: the record of that time, if
 -- it is still live and of that cost. Nothing otherwise (it has left the
--- window, or was taken back already).
+-- window, or was taken back already, or the log was reset). Returns
+-- whether a settlement counts its final units: where it found the
+-- record, or where `at` is still in the window (a log reset or lost
+-- since); not for units that have left the window, which a late
+-- settlement would count again.
 function log.refund(s, at, cost)
+  local found = false
   if s.sum > 0 and at >= s.oldest and at <= s.newest then
     local m, i = live_from(s, seek(s, at - 1))
     if m ~= nil then
@@ -382,10 +387,12 @@ function log.refund(s, at, cost)
       local time, total = record_at(v, i)
       if time == at and total - total_before(v, i) == cost then
         log_remove(s, m, i, cost)
+        found = true
       end
     end
   end
   log_write(s)
+  return found or at > now - s.window
 end
 
 -- When enough units leave the window for the request to fit: the record

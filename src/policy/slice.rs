@@ -63,9 +63,10 @@ impl Policy {
     /// `I` counts layers: each [`RateLimitLayer::new`](crate::RateLimitLayer::new)
     /// holds its own slices (clones of a layer share them). In the window
     /// of a [reset](crate::RateLimitLayer::reset), each other layer may
-    /// admit what its slice held, and on a fixed window or a sliding
-    /// counter its give-back may take up to `n` more from the fresh
-    /// count: up to `2 × n` per other layer beyond the bound.
+    /// admit what its slice held: up to `n` per other layer beyond the
+    /// bound. Its give-back takes nothing from the fresh count (the count
+    /// is born after the slice was taken, and a give-back names a time
+    /// before it).
     ///
     /// A policy without a slice stays exact. The rate-limit headers say
     /// what the instance knows: `X-RateLimit-Remaining` is what the store

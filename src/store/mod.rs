@@ -110,8 +110,10 @@ pub trait Store: Send + Sync + 'static {
     /// [`recorded_at`](Decision::recorded_at)). A sliding log drops exactly
     /// that request's entry; a counter takes the units from the window
     /// that counted them. Units that have left the window are gone
-    /// already, and nothing else is taken. Each check's refund stands on
-    /// its own.
+    /// already, and nothing else is taken; nor is anything for units of
+    /// a state since reset or lost (a sliding counter's, a fixed
+    /// window's or a token bucket's made after the time named). Each
+    /// check's refund stands on its own.
     fn refund(&self, checks: &[Check], recorded_at: &[Duration]) -> CheckFuture<()> {
         let _ = (checks, recorded_at);
         CheckFuture::ready(Err(StoreError::Unsupported("refund")))
@@ -129,8 +131,9 @@ pub trait Store: Send + Sync + 'static {
     /// the whole limit already denies every request until it leaves); a
     /// sliding counter at most the limit, and no more than twice the
     /// limit in its current window; a token bucket keeps the whole debt,
-    /// up to 2^52 units × µs of window. Each check's settlement stands on
-    /// its own. A time of zero names no units: the cost is charged alone
+    /// up to 2^52 units × µs of window. A sliding log's units that have
+    /// left its window are not counted again: such a late settlement
+    /// counts nothing. Each check's settlement stands on its own. A time of zero names no units: the cost is charged alone
     /// (as the layer settles a policy a reload has made count by another
     /// algorithm since the request was admitted).
     fn settle(&self, checks: &[Check], recorded_at: &[Duration], costs: &[u64]) -> CheckFuture<()> {

@@ -361,3 +361,100 @@ async fn a_bucket_of_the_older_format_keeps_its_debt() {
     let d = s.store.peek(&two).await.unwrap()[0];
     assert_eq!((d.remaining(), d.reset()), (0, SEC / 2), "{d:?}");
 }
+
+/// The algorithms that count in aggregate and keep when their state was
+/// made, limit 100 an hour. (A calendar's 16-byte count has no room for
+/// it: a longer one would read as empty to an older instance.)
+fn aggregates() -> [Policy; 3] {
+    let hour = 3600 * SEC;
+    [
+        Policy::new("fixed", 100, hour).with_algorithm(Algorithm::FixedWindow),
+        Policy::new("counter", 100, hour).with_algorithm(Algorithm::SlidingCounter),
+        Policy::new("bucket", 100, hour)
+            .with_algorithm(Algorithm::TokenBucket)
+            .with_burst(100),
+    ]
+}
+
+/// A refund or settlement of units counted before a reset names units of
+/// a state that is gone: it takes nothing from the fresh count (where it
+/// took back the units of requests admitted since), and a settlement
+/// still counts its final cost. Each state is born at its first request
+/// after the reset, and a refund naming an earlier time gives back
+/// nothing.
+async fn a_refund_after_a_reset_takes_nothing_from_the_fresh_count(tested: StoreUnderTest) {
+    let s = Subject::from(tested);
+    for policy in aggregates() {
+        let name = policy.name().to_owned();
+        let check = [Check::new(&policy, Key::new("client"))
+            .unwrap()
+            .with_cost(10)];
+        for settle in [false, true] {
+            let before = s.store.check(&check).await.unwrap()[0];
+            let recorded = before.recorded_at().expect("a count names its units");
+            s.store.reset(&check).await.unwrap();
+            s.advance(Duration::from_millis(1));
+            let after = s.store.check(&check).await.unwrap()[0];
+            assert_eq!(after.remaining(), 90, "{name}");
+            s.advance(Duration::from_millis(1));
+            if settle {
+                s.store.settle(&check, &[recorded], &[3]).await.unwrap();
+            } else {
+                s.store.refund(&check, &[recorded]).await.unwrap();
+            }
+            let left = s.store.peek(&check).await.unwrap()[0].remaining();
+            let expected = if settle { 87 } else { 90 };
+            assert_eq!(left, expected, "{name}, settled: {settle}");
+            // The request admitted since the reset is still refunded.
+            s.store
+                .refund(&check, &[after.recorded_at().unwrap()])
+                .await
+                .unwrap();
+            let left = s.store.peek(&check).await.unwrap()[0].remaining();
+            assert_eq!(left, expected + 10, "{name}, settled: {settle}");
+            s.store.reset(&check).await.unwrap();
+            s.advance(Duration::from_millis(1));
+        }
+    }
+}
+on_both_stores!(
+    a_refund_after_a_reset_takes_nothing_from_the_fresh_count,
+    fake_clock
+);
+
+/// A settlement of a sliding log's request whose units have left the
+/// window counts nothing (they would count again, at the settlement's
+/// time, where the reserved units had already gone); one within the
+/// window replaces them, whether or not the log still holds them.
+async fn a_late_settlement_of_a_log_counts_nothing(tested: StoreUnderTest) {
+    let s = Subject::from(tested);
+    let policy = Policy::new("log", 100, 10 * SEC);
+    let check = [Check::new(&policy, Key::new("client"))
+        .unwrap()
+        .with_cost(10)];
+    let early = s.store.check(&check).await.unwrap()[0];
+    s.advance(11 * SEC);
+    s.store
+        .settle(&check, &[early.recorded_at().unwrap()], &[3])
+        .await
+        .unwrap();
+    assert_eq!(s.store.peek(&check).await.unwrap()[0].remaining(), 100);
+    // Within the window: replaced.
+    let timely = s.store.check(&check).await.unwrap()[0];
+    s.advance(SEC);
+    s.store
+        .settle(&check, &[timely.recorded_at().unwrap()], &[3])
+        .await
+        .unwrap();
+    assert_eq!(s.store.peek(&check).await.unwrap()[0].remaining(), 97);
+    // Within the window, the log reset since: the final cost counts.
+    let reset = s.store.check(&check).await.unwrap()[0];
+    s.store.reset(&check).await.unwrap();
+    s.advance(SEC);
+    s.store
+        .settle(&check, &[reset.recorded_at().unwrap()], &[3])
+        .await
+        .unwrap();
+    assert_eq!(s.store.peek(&check).await.unwrap()[0].remaining(), 97);
+}
+on_both_stores!(a_late_settlement_of_a_log_counts_nothing, fake_clock);

@@ -76,7 +76,9 @@ impl TokenBucket {
             stored_at.max(now)
         };
         let (mut fastest, mut floor) = if self.window == 0 {
-            (limit, 0)
+            // A new bucket, as the script makes a key: no refund names
+            // units taken before it (those of a bucket since reset).
+            (limit, now.saturating_sub(1))
         } else {
             (self.fastest, self.floor)
         };

@@ -324,8 +324,12 @@ impl MemoryStore {
             let cost = costs.map(|costs| costs[index]);
             let Some(mut spent) = shard.pairs.peek_mut(&PairOf { hash, check }) else {
                 // Nothing left to take back; a settlement's cost is still
-                // counted, on a new pair.
-                if let Some(cost) = cost {
+                // counted, on a new pair, but not for a log's units that
+                // have left its window (see `Refunded`).
+                let named = at.is_zero()
+                    || check.algorithm() != Algorithm::SlidingLog
+                    || spent::in_window(now, duration_micros(*at), check);
+                if let Some(cost) = cost.filter(|_| named) {
                     let (mut spent, mut prepared) = Spent::fresh(now, check);
                     if spent.state.charge(now, check, cost, &mut prepared.placed) {
                         shard.insert(hash, check, spent, now);
@@ -349,10 +353,12 @@ impl MemoryStore {
                 spent.unroll(prepared);
                 continue;
             }
-            let refunded = spent.refund(duration_micros(*at), check);
-            let charged =
-                cost.is_some_and(|cost| spent.state.charge(now, check, cost, &mut prepared.placed));
-            if !refunded && !charged {
+            let refunded = spent.refund(now, duration_micros(*at), check);
+            let charged = cost.is_some_and(|cost| {
+                (charge_alone || refunded.named)
+                    && spent.state.charge(now, check, cost, &mut prepared.placed)
+            });
+            if !refunded.changed && !charged {
                 spent.unroll(prepared);
             }
         }

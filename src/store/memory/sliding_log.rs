@@ -499,20 +499,20 @@ impl Log {
     /// Takes back `cost` units recorded at `at`, after
     /// [`prepare`](Self::prepare): the record of that time, if it is still
     /// live and of that cost. Nothing otherwise (it has left the window,
-    /// or was taken back already).
-    pub(super) fn refund(&mut self, at: u64, cost: u32) {
+    /// or was taken back already). Returns whether it found the record.
+    pub(super) fn refund(&mut self, at: u64, cost: u32) -> bool {
         if self.sum == 0 || at < self.oldest || at > self.newest {
-            return;
+            return false;
         }
         let Some((page, index)) = self.live_from(self.seek(at as i64 - 1)) else {
-            return;
+            return false;
         };
         let found = &self.page(page);
         let cost = u64::from(cost);
         if found.records[index].time != at
             || found.records[index].total - found.total_before(index) != cost
         {
-            return;
+            return false;
         }
         let records = &mut self.page_mut(page).records;
         records.remove(index);
@@ -531,6 +531,7 @@ impl Log {
             self.head = self.live_from(self.head).expect("a live record");
             self.oldest = self.time_at(self.head);
         }
+        true
     }
 
     /// Whether every record has left, so the log can be dropped.

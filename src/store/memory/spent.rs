@@ -167,12 +167,15 @@ impl State {
         }
     }
 
-    pub(super) fn refund(&mut self, at: u64, check: &Check) -> bool {
+    pub(super) fn refund(&mut self, now: u64, at: u64, check: &Check) -> Refunded {
         let cost = check.cost;
-        match self {
+        let changed = match self {
             Self::Log(log) => {
-                log.refund(at, cost);
-                true
+                let found = log.refund(at, cost);
+                return Refunded {
+                    changed: true,
+                    named: found || in_window(now, at, check),
+                };
             }
             Self::Counter(counter) => counter.refund(at, cost),
             Self::Fixed(fixed) => fixed.refund(at, cost),
@@ -185,6 +188,10 @@ impl State {
                 Algorithm::Calendar(calendar) => quota.refund(at, cost, calendar),
                 _ => false,
             },
+        };
+        Refunded {
+            changed,
+            named: true,
         }
     }
 
@@ -258,19 +265,21 @@ pub(super) struct Spent {
     pub(super) state: State,
     /// The end of the client's block (µs); 0 when never blocked.
     blocked_until: u64,
+    /// When the state was made (µs), as the Redis script keeps it in a
+    /// counter's or fixed window's key (`b`): a refund that
+    /// names an earlier time names units of a state since forgotten (a
+    /// reset), and takes nothing from this one.
+    born: u64,
 }
 
 impl Spent {
-    pub(super) fn new(algorithm: Algorithm) -> Self {
-        Self {
-            state: State::new(algorithm),
-            blocked_until: 0,
-        }
-    }
-
     /// A new state for `check`'s pair, brought up to `now`.
     pub(super) fn fresh(now: u64, check: &Check) -> (Self, Prepared) {
-        let mut spent = Self::new(check.algorithm());
+        let mut spent = Self {
+            state: State::new(check.algorithm()),
+            blocked_until: 0,
+            born: now,
+        };
         let (_, prepared) = spent.prepare(now, check);
         (spent, prepared)
     }
@@ -283,7 +292,9 @@ impl Spent {
     /// move (as the Redis script writes it only then).
     pub(super) fn prepare(&mut self, now: u64, check: &Check) -> (bool, Prepared) {
         if !self.state.is_of(check.algorithm()) {
+            // On Redis each algorithm has a key of its own, made now.
             self.state = State::new(check.algorithm());
+            self.born = now;
         }
         let (fits, placed) = self.state.prepare(now, check);
         let blocked = self.is_blocked(now, check);
@@ -335,8 +346,15 @@ impl Spent {
 
     /// Takes back `cost` units recorded at `at`, after
     /// [`prepare`](Self::prepare); says whether a counter changed.
-    pub(super) fn refund(&mut self, at: u64, check: &Check) -> bool {
-        self.state.refund(at, check)
+    pub(super) fn refund(&mut self, now: u64, at: u64, check: &Check) -> Refunded {
+        let aggregate = matches!(self.state, State::Counter(_) | State::Fixed(_));
+        if aggregate && at < self.born {
+            return Refunded {
+                changed: false,
+                named: true,
+            };
+        }
+        self.state.refund(now, at, check)
     }
 
     /// The decision of a request recorded at `at`, passing at `pass`.
@@ -403,6 +421,21 @@ impl Spent {
     pub(super) fn is_idle(&self, now: u64) -> bool {
         self.blocked_until <= now && self.state.is_idle(now)
     }
+}
+
+/// Whether units recorded at `at` are still in `check`'s window at `now`.
+pub(super) fn in_window(now: u64, at: u64, check: &Check) -> bool {
+    at.saturating_add(check.window_micros()) > now
+}
+
+/// What a refund did: whether it changed the counts, and whether a
+/// settlement then counts its final units: not for a log's units that
+/// have left its window, which a late settlement would count again (as
+/// in the Redis script).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Refunded {
+    pub(super) changed: bool,
+    pub(super) named: bool,
 }
 
 /// What [`Spent::prepare`] found for one decision: whether the request's
