@@ -421,12 +421,14 @@ end
 -- The policies a refund, settlement, renewal or reset names, each
 -- followed in ARGV by its arguments as for `check` and `extra` whole
 -- numbers more (a refund: the time its units were recorded at; a
--- settlement: that, then its final units), all checked before the call
+-- settlement: that, its final units and its id), all checked before the call
 -- writes anything, so that a malformed policy leaves the others as they
--- were; and KEYS must hold exactly their keys. Each entry holds the
--- policy (see `describe`), its cost (checked when `costed`), its extra
--- numbers and the index of its first key.
-local function policies_of(keys, argv, extra, costed)
+-- were; and KEYS must hold exactly their keys (with `marked`, as a
+-- settlement's do, one more after each policy's: see `mark_settled`).
+-- Each entry holds the policy (see `describe`), its cost (checked when
+-- `costed`), its extra numbers, the index of its first key and its
+-- marks' key.
+local function policies_of(keys, argv, extra, costed, marked)
   local parsed = {}
   local k = 1
   for a = 3, #argv, ARGS + extra do
@@ -435,11 +437,23 @@ local function policies_of(keys, argv, extra, costed)
     if costed then
       p.cost = cost_of(argv[a + ARGS - 1], policy)
     end
-    for e = 1, extra do
+    for e = 1, math.min(extra, 2) do
       p.extra[e] = whole(argv[a + ARGS - 1 + e], e == 1 and -math.huge or 0, 'refund argument')
+    end
+    if extra == 3 then
+      -- A settlement's id, kept as sent: a u64 past a double's precision.
+      local id = argv[a + ARGS + 2]
+      if id == nil or not string.find(id, '^%d+$') then
+        error('invalid settlement id ' .. tostring(id))
+      end
+      p.id = id ~= '0' and id or nil
     end
     parsed[#parsed + 1] = p
     k = k + key_count(policy)
+    if marked then
+      p.marks = keys[k]
+      k = k + 1
+    end
   end
   if k - 1 ~= #keys then
     error('the policies name ' .. (k - 1) .. ' keys, the call has ' .. #keys)
@@ -447,10 +461,51 @@ local function policies_of(keys, argv, extra, costed)
   return parsed
 end
 
+-- A settlement's marks: a sorted set per policy and client (`:s`, after
+-- the policy's keys in a settlement's KEYS) of the ids of the
+-- reservations settled (the id a settlement names; two requests may
+-- share a time), each scored with the time until which a second
+-- settlement of them could still give back or count units wrongly. A
+-- settlement whose id is marked (sent twice: a retry after a timeout)
+-- does nothing; one that names no id (0) is not marked.
+-- Marks are kept only that long: a second settlement later than that
+-- gives back nothing (its units are repaid or out of the window) and at
+-- worst counts its final units again.
+
+-- Until when (µs) a settlement of units recorded at `at` under `s` is
+-- remembered: a log's span; a counter's or fixed window's two windows
+-- (its count, then the previous one or units held into the next); a
+-- calendar's period; a bucket's window, or longer while the units may
+-- still be owed.
+local function settled_until(s, at)
+  local algorithm = s.algorithm
+  if algorithm == log then
+    return at + s.longest
+  elseif algorithm == calendar then
+    return period_end(s, at)
+  elseif algorithm == bucket then
+    return at + math.max(s.window, math.ceil(s.cost * s.window / math.max(1, s.limit)))
+  end
+  return at + 2 * s.window
+end
+
+-- Marks the settlement `id` of `s`'s units recorded at `at` in `key`,
+-- and forgets marks whose time is past.
+local function mark_settled(s, key, at, id)
+  local until_time = settled_until(s, at)
+  if until_time <= now then
+    return
+  end
+  redis.call('ZADD', key, int(until_time), id)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now))
+  local latest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  expire(key, idiv(tonumber(latest[2]) - now, 1000) + 1)
+end
+
 -- Refunds and settlements: ARGV[1] the time, ARGV[2] "refund" or
 -- "settle", then per policy its arguments as for `check`, the time (µs)
 -- its units were recorded at, and for a settlement the units the request
--- cost in the end. Each policy's units are taken back on their own (a
+-- cost in the end and the reservation's id (see `mark_settled`). Each policy's units are taken back on their own (a
 -- lease is released); a settlement then counts its final units at `now`
 -- (see `charge`), unless they were a log's and have left its window.
 -- Counts held elsewhere (see `retry_of`) are left as
@@ -458,21 +513,36 @@ end
 local function refund(keys, argv)
   set_now(argv[1])
   local settle = argv[2] == 'settle'
-  local parsed = policies_of(keys, argv, settle and 2 or 1, true)
-  for _, p in ipairs(parsed) do
-    local s = prepare(keys, p.first_key, p.policy, p.cost)
-    if s.algorithm == log then
-      log_check_writes(s, nil, true)
-    end
-    if s.held_elsewhere == nil then
-      local named = s.algorithm.refund(s, p.extra[1], s.cost)
-      -- Units that have left a log's window are not counted again; a
-      -- time of 0 names none, and the cost is charged alone.
-      if settle and (named or p.extra[1] == 0) then
-        charge(s, p.extra[2])
+  local parsed = policies_of(keys, argv, settle and 3 or 1, true, settle)
+  if settle then
+    -- Before any write: which settlements were made already.
+    for _, p in ipairs(parsed) do
+      if p.id ~= nil then
+        local until_time = tonumber(redis.call('ZSCORE', p.marks, p.id))
+        p.done = until_time ~= nil and until_time > now
       end
     end
-    s.algorithm.remember(s)
+  end
+  for _, p in ipairs(parsed) do
+    if not p.done then
+      local s = prepare(keys, p.first_key, p.policy, p.cost)
+      if s.algorithm == log then
+        log_check_writes(s, nil, true)
+      end
+      if s.held_elsewhere == nil then
+        local at = p.extra[1]
+        local named = s.algorithm.refund(s, at, s.cost)
+        -- Units that have left a log's window are not counted again; a
+        -- time of 0 names none, and the cost is charged alone.
+        if settle and (named or at == 0) then
+          charge(s, p.extra[2])
+        end
+        if p.id ~= nil and at ~= 0 then
+          mark_settled(s, p.marks, at, p.id)
+        end
+      end
+      s.algorithm.remember(s)
+    end
   end
   write_logs()
   return ''
@@ -546,7 +616,8 @@ end
 -- Whether the first key of each policy of a refund or settlement (its
 -- arguments as `refund` takes them) exists.
 local function refund_held(keys, argv)
-  for _, p in ipairs(policies_of(keys, argv, argv[2] == 'settle' and 2 or 1, true)) do
+  local settle = argv[2] == 'settle'
+  for _, p in ipairs(policies_of(keys, argv, settle and 3 or 1, true, settle)) do
     if redis.call('EXISTS', keys[p.first_key]) == 0 then
       return false
     end

@@ -172,7 +172,7 @@ impl Owed {
             // A lease id of its own: the failed check's id may have been
             // released (a tombstone), which a renewal would not take.
             let mut lease = check.clone();
-            lease.lease = crate::store::next_lease_id();
+            lease.id = crate::store::next_id();
             taken.push(&lease, Duration::ZERO);
         }
         Some(Self(Box::new(Debts {

@@ -194,7 +194,10 @@ impl Usage {
         share: u32,
     ) {
         if let Some(settled) = self.settled().as_mut() {
-            settled.reserved.push(check, at);
+            // Its settlement names it by an id of its own.
+            settled
+                .reserved
+                .push(&check.clone().with_settlement_id(), at);
             settled.reported.push(Reported {
                 header: settlement.header.clone(),
                 share: share.max(1),

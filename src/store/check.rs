@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
-use super::next_lease_id;
+use super::next_id;
 use crate::clock::duration_micros;
 use crate::key::Key;
 use crate::policy::{Algorithm, Limits, Policy, PolicyError, Terms};
@@ -33,8 +33,11 @@ pub struct Check {
     /// ([`Policy::with_slice`]), at most the burst; 0 for none (and for a
     /// refund of units the store recorded for the request alone).
     pub(crate) slice: u32,
-    /// The id of the lease a concurrency check takes (0 otherwise).
-    pub(crate) lease: u64,
+    /// The id of the lease a concurrency check takes; for a reservation
+    /// settled after the response, the id its settlement names (see
+    /// [`Store::settle`](crate::store::Store::settle)), so that one sent
+    /// twice counts once; 0 otherwise.
+    pub(crate) id: u64,
 }
 
 impl Check {
@@ -106,11 +109,35 @@ impl Check {
                 0 | 1 => 0,
                 slice => slice,
             },
-            lease: match terms.algorithm {
-                Algorithm::Concurrency => next_lease_id(),
+            id: match terms.algorithm {
+                Algorithm::Concurrency => next_id(),
                 _ => 0,
             },
         }
+    }
+
+    /// This check with an id of its own for the settlement of what it
+    /// reserves ([`Store::settle`](crate::store::Store::settle)): a store
+    /// settles one id's reservation once, however often the settlement is
+    /// sent (a retry after a timeout). The layer gives one to every
+    /// reservation it settles; a check without one is settled each time.
+    /// A concurrency check keeps its lease's id.
+    ///
+    /// ```
+    /// use slidegate::{Policy, key::Key, store::Check};
+    /// use std::time::Duration;
+    ///
+    /// let check = Check::new(&Policy::new("tokens", 10_000, Duration::from_secs(3600)), Key::new("a"))?;
+    /// let reserved = check.with_settlement_id();
+    /// assert_ne!(reserved, reserved.clone().with_settlement_id());
+    /// # Ok::<(), slidegate::policy::PolicyError>(())
+    /// ```
+    #[must_use]
+    pub fn with_settlement_id(mut self) -> Self {
+        if self.algorithm() != Algorithm::Concurrency {
+            self.id = next_id();
+        }
+        self
     }
 
     /// This check at a cost of `cost` units instead of the policy's: at
@@ -212,7 +239,7 @@ impl Check {
     /// a check for each request, as the layer does, rather than sending
     /// one check again.
     pub fn lease_id(&self) -> Option<u64> {
-        (self.algorithm() == Algorithm::Concurrency).then_some(self.lease)
+        (self.algorithm() == Algorithm::Concurrency).then_some(self.id)
     }
 
     /// Whose count the check is: its namespace, policy and client.

@@ -64,7 +64,7 @@ pub use check::Check;
 pub(crate) use check::{Checks, Scope};
 pub use decision::{Decision, Decisions};
 pub(crate) use decision::{UNSET, closest_to_denying, index_of_min, micros, optional_micros};
-pub(crate) use memory::next_lease_id;
+pub(crate) use memory::next_id;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]
 pub use redis::{PrefixError, RedisPool, RedisStore, RedisStoreBuilder};
@@ -133,7 +133,12 @@ pub trait Store: Send + Sync + 'static {
     /// limit in its current window; a token bucket keeps the whole debt,
     /// up to 2^52 units × µs of window. A sliding log's units that have
     /// left its window are not counted again: such a late settlement
-    /// counts nothing. Each check's settlement stands on its own. A time of zero names no units: the cost is charged alone
+    /// counts nothing. A check with a settlement id
+    /// ([`Check::with_settlement_id`], which the layer gives every
+    /// reservation it settles) is settled once: the same settlement sent
+    /// again (a retry after a timeout) does nothing, for as long as it
+    /// could still give back or count units wrongly (about two windows;
+    /// a calendar's period). Each check's settlement stands on its own. A time of zero names no units: the cost is charged alone
     /// (as the layer settles a policy a reload has made count by another
     /// algorithm since the request was admitted).
     fn settle(&self, checks: &[Check], recorded_at: &[Duration], costs: &[u64]) -> CheckFuture<()> {

@@ -522,7 +522,8 @@ impl Table {
             // same lock that makes the slice seen: no other can empty it
             // first.
             left: taken.cost - cost,
-            check: taken,
+            // Its give-back names it by an id of its own.
+            check: taken.with_settlement_id(),
             recorded_at,
             since,
             limit: decision.limit(),

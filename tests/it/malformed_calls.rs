@@ -90,6 +90,18 @@ impl Counted {
         self.server.cli(&command)
     }
 
+    /// [`raw`](Self::raw) for a settlement, whose keys name each policy's
+    /// settlement marks after its own.
+    fn raw_settlement(&self, args: &[&str]) -> String {
+        let marks = |key: &str| format!("{}:s", &key[..key.len() - 2]);
+        let (fixed, counter) = (&self.call[3], &self.call[4]);
+        let keys = [fixed.clone(), marks(fixed), counter.clone(), marks(counter)];
+        let mut command = vec![self.call[0].as_str(), self.call[1].as_str(), "4"];
+        command.extend(keys.iter().map(String::as_str));
+        command.extend_from_slice(args);
+        self.server.cli(&command)
+    }
+
     /// Each policy's remaining units, as a peek finds them.
     async fn remaining(&self) -> [u32; 2] {
         let decisions = self.store.peek(&self.checks).await.unwrap();
@@ -125,14 +137,18 @@ async fn a_malformed_policy_fails_a_refund_or_settlement_before_any_policy_is_wr
             args.extend_from_slice(&policy_args("fixed"));
             args.push(&counted.recorded);
             if op == "settle" {
-                args.push("1");
+                args.extend_from_slice(&["1", "7"]);
             }
             args.extend_from_slice(&second);
             args.extend_from_slice(extra);
-            counted.raw(&args)
+            if op == "settle" {
+                counted.raw_settlement(&args)
+            } else {
+                counted.raw(&args)
+            }
         };
         let extra: &[&str] = if op == "settle" {
-            &[&counted.recorded, "1"]
+            &[&counted.recorded, "1", "8"]
         } else {
             &[&counted.recorded]
         };
@@ -150,9 +166,11 @@ async fn a_malformed_policy_fails_a_refund_or_settlement_before_any_policy_is_wr
         // A malformed recorded time or final cost.
         let bad_extra: &[&[&str]] = if op == "settle" {
             &[
-                &["soon", "1"],
-                &[&counted.recorded, "-1"],
-                &[&counted.recorded],
+                &["soon", "1", "8"],
+                &[&counted.recorded, "-1", "8"],
+                &[&counted.recorded, "1", "-8"],
+                &[&counted.recorded, "1", "8.5"],
+                &[&counted.recorded, "1"],
             ]
         } else {
             &[&["soon"], &[]]
@@ -162,6 +180,18 @@ async fn a_malformed_policy_fails_a_refund_or_settlement_before_any_policy_is_wr
             assert!(answer.contains("ERR"), "{op}, {extra:?}: {answer}");
             assert_eq!(counted.remaining().await, [90, 90], "{op}, {extra:?}");
         }
+    }
+    // A settlement well formed replaces both policies' units, once
+    // however often it is sent.
+    let mut args = vec![now.as_str(), "settle"];
+    args.extend_from_slice(&policy_args("fixed"));
+    args.extend_from_slice(&[&counted.recorded, "4", "7"]);
+    args.extend_from_slice(&policy_args("counter"));
+    args.extend_from_slice(&[&counted.recorded, "4", "8"]);
+    for _ in 0..2 {
+        let answer = counted.raw_settlement(&args);
+        assert!(!answer.contains("ERR"), "{answer}");
+        assert_eq!(counted.remaining().await, [96, 96]);
     }
     // The same call well formed gives both policies' units back.
     let mut args = vec![now.as_str(), "refund"];

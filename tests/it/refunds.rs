@@ -458,3 +458,66 @@ async fn a_late_settlement_of_a_log_counts_nothing(tested: StoreUnderTest) {
     assert_eq!(s.store.peek(&check).await.unwrap()[0].remaining(), 97);
 }
 on_both_stores!(a_late_settlement_of_a_log_counts_nothing, fake_clock);
+
+/// A settlement sent twice (a retry after a timeout) counts once: a
+/// reservation of 10 settled to 3 beside 50 other units leaves 53 counted
+/// on every algorithm, where the second gave back 10 of the others' units
+/// (46 on the counters, the bucket and the calendar) or counted 3 again
+/// (56 on the log). Each settlement marks the reservation's id: another
+/// reservation recorded at the same time is settled on its own.
+async fn a_settlement_sent_twice_counts_once(tested: StoreUnderTest) {
+    let s = Subject::from(tested);
+    let hour = 3600 * SEC;
+    let calendar = Algorithm::Calendar(slidegate::policy::Calendar::new(
+        slidegate::policy::Period::Day,
+    ));
+    let policies = [
+        Policy::new("log", 100, hour),
+        Policy::new("counter", 100, hour).with_algorithm(Algorithm::SlidingCounter),
+        Policy::new("fixed", 100, hour).with_algorithm(Algorithm::FixedWindow),
+        Policy::new("bucket", 100, hour)
+            .with_algorithm(Algorithm::TokenBucket)
+            .with_burst(100),
+        Policy::new("calendar", 100, hour).with_algorithm(calendar),
+    ];
+    for policy in policies {
+        let name = policy.name().to_owned();
+        let check = |cost| {
+            [Check::new(&policy, Key::new("client"))
+                .unwrap()
+                .with_cost(cost)]
+        };
+        let [reservation] = check(10);
+        let reservation = [reservation.with_settlement_id()];
+        let reserved = s.store.check(&reservation).await.unwrap()[0];
+        // Another request at the same time, settled too (a batch's
+        // requests share their time): its id is its own.
+        let [twin] = check(10);
+        let twin = [twin.with_settlement_id()];
+        let other = s.store.check(&twin).await.unwrap()[0];
+        assert!(other.admitted(), "{name}");
+        let others = s.store.check(&check(40)).await.unwrap()[0];
+        assert!(reserved.admitted() && others.admitted(), "{name}");
+        let at = reserved.recorded_at().unwrap();
+        for _ in 0..2 {
+            s.store.settle(&reservation, &[at], &[3]).await.unwrap();
+            let left = s.store.peek(&check(1)).await.unwrap()[0].remaining();
+            assert_eq!(left, 47, "{name}");
+        }
+        // The twin's settlement counts, once.
+        for _ in 0..2 {
+            let twin_at = other.recorded_at().unwrap();
+            s.store.settle(&twin, &[twin_at], &[5]).await.unwrap();
+            let left = s.store.peek(&check(1)).await.unwrap()[0].remaining();
+            assert_eq!(left, 52, "{name}");
+        }
+        // The others' units are still theirs to give back.
+        s.store
+            .refund(&check(40), &[others.recorded_at().unwrap()])
+            .await
+            .unwrap();
+        let left = s.store.peek(&check(1)).await.unwrap()[0].remaining();
+        assert_eq!(left, 92, "{name}");
+    }
+}
+on_both_stores!(a_settlement_sent_twice_counts_once, fake_clock);

@@ -18,7 +18,7 @@ const RETRY: Duration = Duration::from_secs(1);
 
 /// A new lease id: unique in this process (a counter), and across
 /// processes with all but negligible odds (from a random start).
-pub(crate) fn next_lease_id() -> u64 {
+pub(crate) fn next_id() -> u64 {
     static START: OnceLock<u64> = OnceLock::new();
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let start = *START.get_or_init(|| RandomState::new().hash_one("slidegate lease ids"));
@@ -67,10 +67,10 @@ impl Leases {
     /// store's state was lost). Whether it is held.
     pub(super) fn renew(&mut self, now: u64, check: &Check) -> bool {
         self.prepare(now, check);
-        if !self.by_id.contains_key(&check.lease) && !self.fits(check) {
+        if !self.by_id.contains_key(&check.id) && !self.fits(check) {
             return false;
         }
-        self.record(now, check.lease);
+        self.record(now, check.id);
         true
     }
 

@@ -14,7 +14,7 @@ mod shard;
 mod sliding_log;
 mod spent;
 
-pub(crate) use leases::next_lease_id;
+pub(crate) use leases::next_id;
 
 use self::shard::{KEYS_PER_SHARD, PairOf, Shard, lock};
 use self::spent::{Placed, Spent, State};
@@ -322,21 +322,32 @@ impl MemoryStore {
             let hash = self.hash_of(check);
             let mut shard = lock(&self.inner.shards[self.shard_of(hash)]);
             let cost = costs.map(|costs| costs[index]);
+            let at_us = duration_micros(*at);
+            // A settlement's reservation, named by its id (none for a
+            // charge alone, or a check without one), recorded at `at_us`.
+            let settled = (cost.is_some() && at_us != 0 && check.id != 0).then_some(at_us);
             let Some(mut spent) = shard.pairs.peek_mut(&PairOf { hash, check }) else {
                 // Nothing left to take back; a settlement's cost is still
                 // counted, on a new pair, but not for a log's units that
                 // have left its window (see `Refunded`).
                 let named = at.is_zero()
                     || check.algorithm() != Algorithm::SlidingLog
-                    || spent::in_window(now, duration_micros(*at), check);
+                    || spent::in_window(now, at_us, check);
                 if let Some(cost) = cost.filter(|_| named) {
                     let (mut spent, mut prepared) = Spent::fresh(now, check);
                     if spent.state.charge(now, check, cost, &mut prepared.placed) {
+                        if let Some(at) = settled {
+                            spent.mark_settled(now, at, check);
+                        }
                         shard.insert(hash, check, spent, now);
                     }
                 }
                 continue;
             };
+            // Settled already (sent twice): nothing more.
+            if settled.is_some() && spent.was_settled(now, check.id) {
+                continue;
+            }
             // Units counted by another algorithm (the policy was reloaded
             // as another since) are not in these counts: the refund takes
             // nothing, and the new counts stay, as on Redis, where each
@@ -353,11 +364,14 @@ impl MemoryStore {
                 spent.unroll(prepared);
                 continue;
             }
-            let refunded = spent.refund(now, duration_micros(*at), check);
+            let refunded = spent.refund(now, at_us, check);
             let charged = cost.is_some_and(|cost| {
                 (charge_alone || refunded.named)
                     && spent.state.charge(now, check, cost, &mut prepared.placed)
             });
+            if let Some(at) = settled {
+                spent.mark_settled(now, at, check);
+            }
             if !refunded.changed && !charged {
                 spent.unroll(prepared);
             }

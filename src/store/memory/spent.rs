@@ -162,7 +162,7 @@ impl State {
             Self::Counter(counter) => Some(counter.record(cost, pass)),
             Self::Fixed(fixed) => Some(fixed.record(cost, pass)),
             Self::Bucket(bucket) => Some(bucket.record(cost, pass, pass > now)),
-            Self::Leases(leases) => Some(leases.record(now, check.lease)),
+            Self::Leases(leases) => Some(leases.record(now, check.id)),
             Self::Calendar(quota) => Some(quota.record(cost, now)),
         }
     }
@@ -181,7 +181,7 @@ impl State {
             Self::Fixed(fixed) => fixed.refund(at, cost),
             Self::Bucket(bucket) => bucket.refund(at, cost),
             Self::Leases(leases) => {
-                leases.release(check.lease);
+                leases.release(check.id);
                 true
             }
             Self::Calendar(quota) => match check.algorithm() {
@@ -270,6 +270,11 @@ pub(super) struct Spent {
     /// names an earlier time names units of a state since forgotten (a
     /// reset), and takes nothing from this one.
     born: u64,
+    /// The ids of the reservations settled (see `Check::id`), each with
+    /// the time until which it is kept (see [`settled_until`]): a second
+    /// settlement of one does nothing, as the Redis script's marks (`:s`)
+    /// say. Empty (no allocation) for most pairs, which settle nothing.
+    settled: Vec<(u64, u64)>,
 }
 
 impl Spent {
@@ -279,6 +284,7 @@ impl Spent {
             state: State::new(check.algorithm()),
             blocked_until: 0,
             born: now,
+            settled: Vec::new(),
         };
         let (_, prepared) = spent.prepare(now, check);
         (spent, prepared)
@@ -419,8 +425,47 @@ impl Spent {
     }
 
     pub(super) fn is_idle(&self, now: u64) -> bool {
-        self.blocked_until <= now && self.state.is_idle(now)
+        self.blocked_until <= now
+            && self.state.is_idle(now)
+            && self.settled.iter().all(|&(_, until)| until <= now)
     }
+
+    /// Whether the reservation `id` was settled already.
+    pub(super) fn was_settled(&self, now: u64, id: u64) -> bool {
+        self.settled
+            .iter()
+            .any(|&(marked, until)| marked == id && until > now)
+    }
+
+    /// Marks the settlement of `check`'s reservation (its id), recorded
+    /// at `at`, and forgets marks whose time is past.
+    pub(super) fn mark_settled(&mut self, now: u64, at: u64, check: &Check) {
+        let until = settled_until(at, check);
+        if until <= now {
+            return;
+        }
+        self.settled.retain(|&(_, until)| until > now);
+        self.settled.push((check.id, until));
+    }
+}
+
+/// Until when (µs) a settlement of `check`'s units recorded at `at` is
+/// remembered, as the Redis script keeps it (`settled_until` in
+/// `lua/driver.lua`): a log's span; a counter's or fixed window's two
+/// windows; a calendar's period; a bucket's window, or longer while the
+/// units may still be owed.
+fn settled_until(at: u64, check: &Check) -> u64 {
+    let window = check.window_micros();
+    let kept = match check.algorithm() {
+        Algorithm::SlidingLog => check.span_micros(),
+        Algorithm::Calendar(calendar) => return calendar.period_end(at),
+        Algorithm::TokenBucket => {
+            let owed = u64::from(check.cost) * window;
+            window.max(owed.div_ceil(u64::from(check.limit().max(1))))
+        }
+        _ => 2 * window,
+    };
+    at.saturating_add(kept)
 }
 
 /// Whether units recorded at `at` are still in `check`'s window at `now`.

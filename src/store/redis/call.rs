@@ -30,9 +30,10 @@ pub(super) enum Op {
     Peek,
     /// Per policy, the time (µs) its units were recorded at.
     Refund(Vec<u64>),
-    /// Per policy, the time (µs) its reservation was recorded at, and
-    /// the units the request cost in the end.
-    Settle(Vec<(u64, u64)>),
+    /// Per policy, the time (µs) its reservation was recorded at, the
+    /// units the request cost in the end, and the reservation's id (0:
+    /// none; see `Check::id`).
+    Settle(Vec<(u64, u64, u64)>),
     Reset,
     Renew,
 }
@@ -59,9 +60,10 @@ impl ToRedisArgs for Arguments<'_> {
             match &call.op {
                 Op::Refund(recorded) => recorded[index].write_redis_args(out),
                 Op::Settle(settled) => {
-                    let (recorded, cost) = settled[index];
+                    let (recorded, cost, id) = settled[index];
                     recorded.write_redis_args(out);
                     cost.write_redis_args(out);
+                    id.write_redis_args(out);
                 }
                 _ => {}
             }
@@ -118,6 +120,11 @@ impl Call {
             if block > 0 {
                 call.keys.push(key(":x"));
             }
+            if matches!(call.op, Op::Settle(_)) {
+                // The times whose settlements were made (see `mark_settled` in
+                // `lua/driver.lua`).
+                call.keys.push(key(":s"));
+            }
             call.args.push((
                 (
                     name,
@@ -132,7 +139,7 @@ impl Call {
                     },
                 ),
                 match check.algorithm() {
-                    Algorithm::Concurrency => check.lease,
+                    Algorithm::Concurrency => check.id,
                     _ => u64::from(check.cost),
                 },
             ));

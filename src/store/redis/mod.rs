@@ -615,7 +615,8 @@ impl Store for RedisStore {
         let settled = recorded_at
             .iter()
             .zip(costs)
-            .map(|(&at, &cost)| (duration_micros(at), cost))
+            .zip(checks)
+            .map(|((&at, &cost), check)| (duration_micros(at), cost, check.id))
             .collect();
         self.ask(
             checks,
