@@ -123,8 +123,8 @@ local ARGS = 8
 -- reads or writes a key, and a refund, settlement or reset checks every
 -- policy's arguments before its first write (see `policies_of`).
 local function whole(value, least, what)
-  local n = tonumber(value)
-  if n == nil or n ~= math.floor(n) or n < least or n == math.huge then
+  local n = type(value) == 'string' and string.find(value, '^%-?%d+$') and tonumber(value)
+  if not n or n < least or n == math.huge or n == -math.huge then
     error('invalid ' .. what .. ' ' .. tostring(value))
   end
   return n
@@ -463,43 +463,20 @@ end
 
 -- A settlement's marks: a sorted set per policy and client (`:s`, after
 -- the policy's keys in a settlement's KEYS) of the ids of the
--- reservations settled (the id a settlement names; two requests may
--- share a time), each scored with the time until which a second
--- settlement of them could still give back or count units wrongly. A
--- settlement whose id is marked (sent twice: a retry after a timeout)
--- does nothing; one that names no id (0) is not marked.
--- Marks are kept only that long: a second settlement later than that
--- gives back nothing (its units are repaid or out of the window) and at
--- worst counts its final units again.
+-- reservations settled (each request's own: two requests may share a
+-- time), each scored with the time until which it is kept: SETTLED_MARKS
+-- from when it landed, longer than the layer goes on sending a
+-- settlement that failed. A settlement whose id is marked (sent twice: a
+-- retry after a timeout) does nothing; one that names no id (0), or no
+-- time (a charge alone), is not marked.
+local SETTLED_MARKS = 300000000
 
--- Until when (µs) a settlement of units recorded at `at` under `s` is
--- remembered: a log's span; a counter's or fixed window's two windows
--- (its count, then the previous one or units held into the next); a
--- calendar's period; a bucket's window, or longer while the units may
--- still be owed.
-local function settled_until(s, at)
-  local algorithm = s.algorithm
-  if algorithm == log then
-    return at + s.longest
-  elseif algorithm == calendar then
-    return period_end(s, at)
-  elseif algorithm == bucket then
-    return at + math.max(s.window, math.ceil(s.cost * s.window / math.max(1, s.limit)))
-  end
-  return at + 2 * s.window
-end
-
--- Marks the settlement `id` of `s`'s units recorded at `at` in `key`,
--- and forgets marks whose time is past.
-local function mark_settled(s, key, at, id)
-  local until_time = settled_until(s, at)
-  if until_time <= now then
-    return
-  end
-  redis.call('ZADD', key, int(until_time), id)
+-- Marks the settlement `id` in `key`, and forgets marks whose time is
+-- past.
+local function mark_settled(key, id)
+  redis.call('ZADD', key, int(now + SETTLED_MARKS), id)
   redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now))
-  local latest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  expire(key, idiv(tonumber(latest[2]) - now, 1000) + 1)
+  expire(key, idiv(SETTLED_MARKS, 1000))
 end
 
 -- Refunds and settlements: ARGV[1] the time, ARGV[2] "refund" or
@@ -517,7 +494,7 @@ local function refund(keys, argv)
   if settle then
     -- Before any write: which settlements were made already.
     for _, p in ipairs(parsed) do
-      if p.id ~= nil then
+      if p.id ~= nil and p.extra[1] ~= 0 then
         local until_time = tonumber(redis.call('ZSCORE', p.marks, p.id))
         p.done = until_time ~= nil and until_time > now
       end
@@ -538,7 +515,7 @@ local function refund(keys, argv)
           charge(s, p.extra[2])
         end
         if p.id ~= nil and at ~= 0 then
-          mark_settled(s, p.marks, at, p.id)
+          mark_settled(p.marks, p.id)
         end
       end
       s.algorithm.remember(s)
@@ -549,12 +526,13 @@ local function refund(keys, argv)
 end
 
 -- Resets: ARGV[1] the time, ARGV[2] "reset", then per policy its
--- arguments as for `check`: every key of the policy is deleted (a log's
--- chunks of pages with its header, unlinked: Redis frees a large hash of
--- the one-hash version in the background). Returns an empty string.
+-- arguments as for `check`, and in KEYS its settlement marks after its
+-- keys: every key of the policy is deleted (a log's chunks of pages with
+-- its header, unlinked: Redis frees a large hash of the one-hash version
+-- in the background), and its marks. Returns an empty string.
 local function reset(keys, argv)
   set_now(argv[1])
-  for _, p in ipairs(policies_of(keys, argv, 0, false)) do
+  for _, p in ipairs(policies_of(keys, argv, 0, false, true)) do
     local k = p.first_key
     if p.policy.algorithm == log then
       log_reset(keys[k], keys[k + 1])
@@ -562,6 +540,7 @@ local function reset(keys, argv)
     for j = k, k + key_count(p.policy) - 1 do
       redis.call('UNLINK', keys[j])
     end
+    redis.call('UNLINK', p.marks)
   end
   return ''
 end
@@ -655,9 +634,27 @@ local function check_batch(keys, argv, held_only)
   set_now(argv[1])
   local named = {}
   local next_arg = 3
-  for i = 1, tonumber(argv[2]) do
+  for i = 1, whole(argv[2], 0, 'count of policies') do
     named[i] = describe(argv, next_arg)
     next_arg = next_arg + ARGS - 1
+  end
+  -- Before any request is decided: each names policies the call named,
+  -- and the keys are theirs.
+  local key_total = 0
+  local a = next_arg
+  while a <= #argv do
+    local count = whole(argv[a], 1, 'count of policies')
+    for i = 1, count do
+      local policy = named[whole(argv[a + 2 * i - 1], 1, 'policy')]
+      if policy == nil then
+        error('invalid policy ' .. tostring(argv[a + 2 * i - 1]))
+      end
+      key_total = key_total + key_count(policy)
+    end
+    a = a + 1 + 2 * count
+  end
+  if key_total ~= #keys then
+    error('the requests name ' .. key_total .. ' keys, the call has ' .. #keys)
   end
   -- How many requests of the batch use each key: a log used again
   -- takes the general path first, whose state the next request takes

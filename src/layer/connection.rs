@@ -69,11 +69,11 @@ use crate::throttle::RELEASE_FAILURES;
 ///   [`withdrawn`](Self::withdrawn): close it then (the example server's
 ///   echo closes with 1013, try again later). Leases are renewed at once
 ///   when the store may have lost them (a Redis that answers again after
-///   failing, or one restarted empty; see
-///   [`Store::recoveries`](crate::store::Store::recoveries)), so within a
-///   call of the store's return a client holds at most its limit; on a
-///   store that cannot tell, within one renewal period (a third of the
-///   lease time).
+///   failing for a second or more, or one restarted empty; see
+///   [`Store::recoveries`](crate::store::Store::recoveries)), at most once
+///   a second, so within about a second of the store's return a client
+///   holds at most its limit; on a store that cannot tell, within one
+///   renewal period (a third of the lease time).
 /// * **Silent peers.** A peer that vanishes without closing (a phone out
 ///   of range, a frozen proxy) leaves a connection that looks open, and
 ///   its leases renewed, for as long as TCP lets it: ping, and close a

@@ -94,7 +94,7 @@ impl Sent {
         }
         let answer = self.store.settle(&self.checks, &self.times, &self.costs);
         let first = match answer.into_ready() {
-            Ok(Err(error)) if retried(&error) => CheckFuture::ready(Err(error)),
+            Ok(Err(error)) if self.retried(&error) => CheckFuture::ready(Err(error)),
             Ok(outcome) => return self.done(outcome),
             Err(later) => later,
         };
@@ -128,17 +128,18 @@ impl Sent {
 
     /// Waits for `first`, the settlement's first answer, and sends it
     /// again while the store could not be reached (it failed, or its
-    /// circuit breaker is open), until it is taken or about a minute has
-    /// passed: a settlement lost to an outage would leave a client that
-    /// reported more than its reservation charged the reservation alone.
-    /// One that timed out is not sent again: it may well have landed, and
-    /// sent twice it would be charged twice.
+    /// circuit breaker is open) or did not answer in time, until it is
+    /// taken or about a minute has passed: a settlement lost to an outage
+    /// would leave a client that reported more than its reservation
+    /// charged the reservation alone. One that timed out may have landed:
+    /// it is sent again only when the store settles each reservation once
+    /// (see [`retried`](Self::retried)).
     pub(super) async fn until_answered(self, first: CheckFuture<()>) {
         let mut outcome = first.await;
         let mut wait = SETTLE_RETRY;
         for _ in 1..SETTLE_ATTEMPTS {
             match &outcome {
-                Err(error) if retried(error) => {}
+                Err(error) if self.retried(error) => {}
                 _ => break,
             }
             tokio::time::sleep(wait).await;
@@ -152,11 +153,24 @@ impl Sent {
     }
 }
 
-/// Whether a settlement that failed with `error` is sent again: the store
-/// could not be reached, or its breaker is open. One that timed out may
-/// have landed, and is not.
-pub(super) fn retried(error: &StoreError) -> bool {
-    matches!(error, StoreError::Backend(_) | StoreError::CircuitOpen)
+impl Sent {
+    /// Whether the settlement, failed with `error`, is sent again: the
+    /// store could not be reached, or its breaker is open; or it timed
+    /// out, and may have landed, when every reservation it settles is
+    /// named by its id (see [`Check::with_settlement_id`](crate::store::Check::with_settlement_id)),
+    /// which the store settles once. A charge alone names none, and is
+    /// not sent again after a timeout: it could count twice.
+    fn retried(&self, error: &StoreError) -> bool {
+        match error {
+            StoreError::Backend(_) | StoreError::CircuitOpen => true,
+            StoreError::Timeout(_) => {
+                matches!(self.turn, Turn::Settle { .. })
+                    && self.checks.iter().all(|check| check.id != 0)
+                    && self.times.iter().all(|at| !at.is_zero())
+            }
+            _ => false,
+        }
+    }
 }
 
 /// Warns of a settlement that failed: one that timed out may still land;
@@ -170,7 +184,7 @@ pub(super) fn report_settlement(outcome: Result<(), StoreError>) {
         return;
     };
     if matches!(error, StoreError::Timeout(_)) {
-        tracing::warn!(%error, held_back, "rate-limit settlement timed out; it may still land (it is not sent again, which could count it twice)");
+        tracing::warn!(%error, held_back, "rate-limit settlement timed out; it may still land");
     } else {
         tracing::warn!(%error, held_back, "rate-limit settlement failed; the reservation stays counted instead of the cost reported");
     }

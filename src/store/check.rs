@@ -119,9 +119,12 @@ impl Check {
     /// This check with an id of its own for the settlement of what it
     /// reserves ([`Store::settle`](crate::store::Store::settle)): a store
     /// settles one id's reservation once, however often the settlement is
-    /// sent (a retry after a timeout). The layer gives one to every
-    /// reservation it settles; a check without one is settled each time.
-    /// A concurrency check keeps its lease's id.
+    /// sent (a retry after a timeout), within five minutes of the first.
+    /// The layer gives one to every reservation it settles; a check
+    /// without one is settled each time. One id is one reservation: give
+    /// each request's check its own (as here), never clone one check with
+    /// an id for several requests, whose settlements after the first
+    /// would then count nothing. A concurrency check keeps its lease's id.
     ///
     /// ```
     /// use slidegate::{Policy, key::Key, store::Check};

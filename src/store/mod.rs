@@ -136,9 +136,9 @@ pub trait Store: Send + Sync + 'static {
     /// counts nothing. A check with a settlement id
     /// ([`Check::with_settlement_id`], which the layer gives every
     /// reservation it settles) is settled once: the same settlement sent
-    /// again (a retry after a timeout) does nothing, for as long as it
-    /// could still give back or count units wrongly (about two windows;
-    /// a calendar's period). Each check's settlement stands on its own. A time of zero names no units: the cost is charged alone
+    /// again within five minutes (a retry after a timeout) does nothing,
+    /// and a [reset](Self::reset) forgets it. Each check's settlement
+    /// stands on its own. A time of zero names no units: the cost is charged alone
     /// (as the layer settles a policy a reload has made count by another
     /// algorithm since the request was admitted).
     fn settle(&self, checks: &[Check], recorded_at: &[Duration], costs: &[u64]) -> CheckFuture<()> {
@@ -181,11 +181,11 @@ pub trait Store: Send + Sync + 'static {
     }
 
     /// A count that grows each time the store may have lost state it held
-    /// for clients: it answers again after calls failed, or it was
-    /// restarted empty (a Redis found without the check library). The
+    /// for clients: it answers again after calls failed for a while, or it
+    /// was restarted empty (a Redis found without the check library). The
     /// layer then renews upgraded connections' leases at once rather than
-    /// at their next renewal, so that once the store answers again a
-    /// client holds at most its limit's worth within one call: a lease
+    /// at their next renewal (at most once a second), so that once the
+    /// store answers again a client soon holds at most its limit: a lease
     /// the store lost is taken again within the limit, or its connection
     /// is [withdrawn](crate::layer::ConnectionLease::withdrawn). `None`
     /// (the default) for a store that never loses its state, or cannot

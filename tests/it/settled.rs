@@ -653,6 +653,60 @@ async fn a_settlement_that_failed_is_sent_again_once_the_store_answers() {
     until_left(&s, 300).await;
 }
 
+/// A settlement lost on its way (sent on a connection that fell silent)
+/// times out, and is sent again until it lands, on the connection that
+/// replaces it: the cost reported is charged once (700 of 1,000). Before,
+/// a settlement that timed out was never sent again, and the reservation
+/// alone stood (900 left).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settlement_that_timed_out_is_sent_again_and_counted_once() {
+    use crate::support::proxy::TcpProxy;
+    use slidegate::clock::FakeClock;
+    use slidegate::store::RedisStore;
+    use through_the_layer::{Parked, layer_of, post_to, routes, until_left};
+
+    let redis = crate::support::RedisServer::start();
+    let proxy = TcpProxy::start(redis.port());
+    let mut config = slidegate::deadpool_redis::Config::from_url(proxy.url());
+    config.pool = Some(slidegate::deadpool_redis::PoolConfig::new(4));
+    let pool = config
+        .create_pool(Some(slidegate::deadpool_redis::Runtime::Tokio1))
+        .unwrap();
+    let clock = FakeClock::new(crate::support::stores::START);
+    let store = RedisStore::builder(pool)
+        .with_clock(clock.clone())
+        .with_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let s = Subject::from(StoreUnderTest {
+        store: Arc::new(store),
+        clock: Some(clock.clone()),
+        redis: None,
+    });
+    // Counts read on a connection of their own, not through the proxy.
+    let observer = Subject::from(StoreUnderTest {
+        store: Arc::new(
+            RedisStore::builder(redis.pool(1))
+                .with_clock(clock)
+                .build()
+                .unwrap(),
+        ),
+        clock: Some(FakeClock::new(0)),
+        redis: None,
+    });
+    let parked = Parked::default();
+    let app = routes(layer_of(&s, tokens(Algorithm::SlidingLog)), &parked);
+    let reply = crate::support::reply::send(&app, post_to("/thread")).await;
+    assert_eq!(reply.status, http::StatusCode::OK);
+    until_left(&observer, 900).await;
+    proxy.silence_open_connections();
+    parked.report(700);
+    until_left(&observer, 300).await;
+    // However often it was sent, it counted once.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    until_left(&observer, 300).await;
+}
+
 /// A settlement made while a charge as the handle reported is still on
 /// its way waits for it, and counts what it landed once: with Redis
 /// frozen, 700 is charged, then 900 in all reported; once it thaws, the

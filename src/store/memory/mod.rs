@@ -323,9 +323,9 @@ impl MemoryStore {
             let mut shard = lock(&self.inner.shards[self.shard_of(hash)]);
             let cost = costs.map(|costs| costs[index]);
             let at_us = duration_micros(*at);
-            // A settlement's reservation, named by its id (none for a
-            // charge alone, or a check without one), recorded at `at_us`.
-            let settled = (cost.is_some() && at_us != 0 && check.id != 0).then_some(at_us);
+            // A settlement of a reservation named by its id (not a charge
+            // alone, nor a check without one).
+            let settled = cost.is_some() && at_us != 0 && check.id != 0;
             let Some(mut spent) = shard.pairs.peek_mut(&PairOf { hash, check }) else {
                 // Nothing left to take back; a settlement's cost is still
                 // counted, on a new pair, but not for a log's units that
@@ -336,8 +336,8 @@ impl MemoryStore {
                 if let Some(cost) = cost.filter(|_| named) {
                     let (mut spent, mut prepared) = Spent::fresh(now, check);
                     if spent.state.charge(now, check, cost, &mut prepared.placed) {
-                        if let Some(at) = settled {
-                            spent.mark_settled(now, at, check);
+                        if settled {
+                            spent.mark_settled(now, check);
                         }
                         shard.insert(hash, check, spent, now);
                     }
@@ -345,7 +345,7 @@ impl MemoryStore {
                 continue;
             };
             // Settled already (sent twice): nothing more.
-            if settled.is_some() && spent.was_settled(now, check.id) {
+            if settled && spent.was_settled(now, check.id) {
                 continue;
             }
             // Units counted by another algorithm (the policy was reloaded
@@ -369,8 +369,8 @@ impl MemoryStore {
                 (charge_alone || refunded.named)
                     && spent.state.charge(now, check, cost, &mut prepared.placed)
             });
-            if let Some(at) = settled {
-                spent.mark_settled(now, at, check);
+            if settled {
+                spent.mark_settled(now, check);
             }
             if !refunded.changed && !charged {
                 spent.unroll(prepared);

@@ -271,7 +271,7 @@ pub(super) struct Spent {
     /// reset), and takes nothing from this one.
     born: u64,
     /// The ids of the reservations settled (see `Check::id`), each with
-    /// the time until which it is kept (see [`settled_until`]): a second
+    /// the time until which it is kept (see [`SETTLED_MARKS`]): a second
     /// settlement of one does nothing, as the Redis script's marks (`:s`)
     /// say. Empty (no allocation) for most pairs, which settle nothing.
     settled: Vec<(u64, u64)>,
@@ -437,36 +437,18 @@ impl Spent {
             .any(|&(marked, until)| marked == id && until > now)
     }
 
-    /// Marks the settlement of `check`'s reservation (its id), recorded
-    /// at `at`, and forgets marks whose time is past.
-    pub(super) fn mark_settled(&mut self, now: u64, at: u64, check: &Check) {
-        let until = settled_until(at, check);
-        if until <= now {
-            return;
-        }
+    /// Marks the settlement of `check`'s reservation (its id), and
+    /// forgets marks whose time is past.
+    pub(super) fn mark_settled(&mut self, now: u64, check: &Check) {
         self.settled.retain(|&(_, until)| until > now);
-        self.settled.push((check.id, until));
+        self.settled.push((check.id, now + SETTLED_MARKS));
     }
 }
 
-/// Until when (µs) a settlement of `check`'s units recorded at `at` is
-/// remembered, as the Redis script keeps it (`settled_until` in
-/// `lua/driver.lua`): a log's span; a counter's or fixed window's two
-/// windows; a calendar's period; a bucket's window, or longer while the
-/// units may still be owed.
-fn settled_until(at: u64, check: &Check) -> u64 {
-    let window = check.window_micros();
-    let kept = match check.algorithm() {
-        Algorithm::SlidingLog => check.span_micros(),
-        Algorithm::Calendar(calendar) => return calendar.period_end(at),
-        Algorithm::TokenBucket => {
-            let owed = u64::from(check.cost) * window;
-            window.max(owed.div_ceil(u64::from(check.limit().max(1))))
-        }
-        _ => 2 * window,
-    };
-    at.saturating_add(kept)
-}
+/// How long (µs) a settlement's mark is kept from when it lands, as the
+/// Redis script keeps it (`SETTLED_MARKS` in `lua/driver.lua`): longer
+/// than the layer goes on sending a settlement that failed.
+const SETTLED_MARKS: u64 = 300_000_000;
 
 /// Whether units recorded at `at` are still in `check`'s window at `now`.
 pub(super) fn in_window(now: u64, at: u64, check: &Check) -> bool {

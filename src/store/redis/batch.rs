@@ -243,11 +243,12 @@ impl Inner {
                 if first {
                     tokio::spawn(self.clone().flush(line));
                 }
-                let mut answer = answer;
+                let (mut answer, mut deadline) = (answer, deadline);
                 let answer = match tokio::time::timeout_at(deadline, &mut answer).await {
                     // The call it waits for is loading the library.
                     Err(_) if self.library.is_loading() => {
-                        tokio::time::timeout_at(Library::load_deadline(deadline), answer).await
+                        deadline = Library::load_deadline(deadline);
+                        tokio::time::timeout_at(deadline, answer).await
                     }
                     answer => answer,
                 };

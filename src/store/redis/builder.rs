@@ -115,9 +115,9 @@ impl RedisStoreBuilder {
     ///
     /// One case waits longer: a call that finds the check library missing
     /// (a fresh or restarted Redis, a new node, `FUNCTION FLUSH`) loads it
-    /// and is sent again, and it and the checks queued meanwhile wait up
-    /// to 2 s for that, once per server, rather than fail as though Redis
-    /// were down (where a policy that fails open would admit them
+    /// and is sent again, and it and the checks queued while a load is
+    /// under way wait up to 2 s more for that, rather than fail as though
+    /// Redis were down (where a policy that fails open would admit them
     /// uncounted).
     ///
     /// The pool's connections also have redis-rs's own response timeout

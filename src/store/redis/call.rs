@@ -120,9 +120,9 @@ impl Call {
             if block > 0 {
                 call.keys.push(key(":x"));
             }
-            if matches!(call.op, Op::Settle(_)) {
-                // The times whose settlements were made (see `mark_settled` in
-                // `lua/driver.lua`).
+            if matches!(call.op, Op::Settle(_) | Op::Reset) {
+                // The reservations settled (see `mark_settled` in
+                // `lua/driver.lua`), which a reset forgets too.
                 call.keys.push(key(":s"));
             }
             call.args.push((

@@ -1,37 +1,62 @@
 //! When Redis may have lost state it held for clients: it answers again
-//! after calls failed (down, unreachable, too slow), or a call found the
-//! library missing (a server restarted empty, a new node). The layer
-//! watches the count (see [`Store::recoveries`](crate::store::Store::recoveries))
-//! to renew upgraded connections' leases at once.
+//! after calls failed for a while (down, unreachable, too slow), or a
+//! call found the library missing (a server restarted empty, a new node).
+//! The layer watches the count (see [`Store::recoveries`](crate::store::Store::recoveries))
+//! to renew upgraded connections' leases at once (each connection at most
+//! once a second); so that a Redis that is merely slow now and then
+//! starts no renewals, failures count only once they have lasted
+//! [`OUTAGE`].
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
+/// How long calls must have failed for an answer to count as a recovery.
+const OUTAGE: Duration = Duration::from_secs(1);
+
 pub(super) struct Recoveries {
-    /// Set by a call that failed, until one is answered.
-    failing: AtomicBool,
+    /// What the times below count from.
+    started: Instant,
+    /// When the first of the calls failing now failed, in µs from
+    /// `started`, plus one; 0 while calls are answered.
+    failing_since: AtomicU64,
     count: watch::Sender<u64>,
 }
 
 impl Recoveries {
     pub(super) fn new() -> Self {
         Self {
-            failing: AtomicBool::new(false),
+            started: Instant::now(),
+            failing_since: AtomicU64::new(0),
             count: watch::Sender::new(0),
         }
+    }
+
+    /// Now, in µs from `started`, plus one (never 0).
+    fn now(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_micros()).unwrap_or(u64::MAX - 1) + 1
     }
 
     /// Notes a call that failed: Redis was not reached, or did not answer
     /// in time.
     pub(super) fn failed(&self) {
-        self.failing.store(true, Ordering::Relaxed);
+        let _ = self.failing_since.compare_exchange(
+            0,
+            self.now(),
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
     }
 
-    /// Notes a call that Redis answered: a recovery, if calls failed
-    /// before it.
+    /// Notes a call that Redis answered: a recovery, if calls had failed
+    /// for [`OUTAGE`] before it.
     pub(super) fn answered(&self) {
-        if self.failing.load(Ordering::Relaxed) && self.failing.swap(false, Ordering::Relaxed) {
+        if self.failing_since.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let since = self.failing_since.swap(0, Ordering::Relaxed);
+        if since != 0 && self.now().saturating_sub(since) >= micros(OUTAGE) {
             self.recovered();
         }
     }
@@ -48,4 +73,8 @@ impl Recoveries {
     pub(super) fn watch(&self) -> watch::Receiver<u64> {
         self.count.subscribe()
     }
+}
+
+fn micros(duration: Duration) -> u64 {
+    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
 }

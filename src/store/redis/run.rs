@@ -50,13 +50,27 @@ impl Inner {
     }
 
     /// Notes how a call ended, for [`Recoveries`](super::recoveries::Recoveries):
-    /// failed where Redis was not reached, did not answer in time or could
-    /// not take the call (see [`worth_keeping_after`]); answered otherwise,
-    /// an error reply included.
+    /// failed where Redis was not reached, did not answer in time or
+    /// cannot take calls now (a replica, a primary whose own primary is
+    /// down, one still loading); answered otherwise, an error reply (out
+    /// of memory, a key of another type) included.
     pub(super) fn note<T>(&self, ended: &Result<T, Failed>) {
+        let unreachable = |error: &RedisError| {
+            error.is_io_error()
+                || error.is_connection_dropped()
+                || error.is_connection_refusal()
+                || matches!(
+                    error.kind(),
+                    ErrorKind::Server(
+                        ServerErrorKind::ReadOnly
+                            | ServerErrorKind::MasterDown
+                            | ServerErrorKind::BusyLoading
+                    )
+                )
+        };
         match ended {
             Err(Failed::Timeout) => self.recoveries.failed(),
-            Err(Failed::Redis(error)) if !worth_keeping_after(error) => self.recoveries.failed(),
+            Err(Failed::Redis(error)) if unreachable(error) => self.recoveries.failed(),
             _ => self.recoveries.answered(),
         }
     }
@@ -121,9 +135,9 @@ impl Inner {
 
     /// `FCALL` of `function` for `call`.
     fn fcall(&self, function: &str, call: &Call) -> Cmd {
-        // At most nine arguments per policy (seven, and a settlement's
-        // time and cost), and the operation (`peek`, `refund`, ...).
-        let mut fcall = sized_fcall(function, &call.keys, 1 + 9 * call.args.len());
+        // At most eleven arguments per policy (eight, and a settlement's
+        // time, cost and id), and the operation (`peek`, `refund`, ...).
+        let mut fcall = sized_fcall(function, &call.keys, 1 + 11 * call.args.len());
         fcall.arg(&call.keys).arg(self.time()).arg(Arguments(call));
         fcall
     }
