@@ -266,16 +266,15 @@ async fn renew(
     loop {
         let next = renewed + wait;
         match recoveries.as_mut() {
-            Some(watched) => tokio::select! {
-                () = tokio::time::sleep_until(next) => {}
-                changed = watched.changed() => match changed {
-                    // A store that flaps renews no more often than this.
-                    Ok(()) => tokio::time::sleep_until(renewed + RECOVERY_RENEWALS.min(wait)).await,
-                    Err(_) => {
-                        recoveries = None;
-                        continue;
-                    }
-                },
+            Some(watched) => match tokio::time::timeout_at(next, watched.changed()).await {
+                // Time for the renewal.
+                Err(_) => {}
+                // A store that flaps renews no more often than this.
+                Ok(Ok(())) => tokio::time::sleep_until(renewed + RECOVERY_RENEWALS.min(wait)).await,
+                Ok(Err(_)) => {
+                    recoveries = None;
+                    continue;
+                }
             },
             None => tokio::time::sleep_until(next).await,
         }
