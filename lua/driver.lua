@@ -467,8 +467,8 @@ end
 -- time), each scored with the time until which it is kept: SETTLED_MARKS
 -- from when it landed, longer than the layer goes on sending a
 -- settlement that failed. A settlement whose id is marked (sent twice: a
--- retry after a timeout) does nothing; one that names no id (0), or no
--- time (a charge alone), is not marked.
+-- retry after a timeout) does nothing, before a reset or after it; one
+-- that names no id (0), or no time (a charge alone), is not marked.
 local SETTLED_MARKS = 300000000
 
 -- Marks the settlement `id` in `key`, and forgets marks whose time is
@@ -526,13 +526,14 @@ local function refund(keys, argv)
 end
 
 -- Resets: ARGV[1] the time, ARGV[2] "reset", then per policy its
--- arguments as for `check`, and in KEYS its settlement marks after its
--- keys: every key of the policy is deleted (a log's chunks of pages with
--- its header, unlinked: Redis frees a large hash of the one-hash version
--- in the background), and its marks. Returns an empty string.
+-- arguments as for `check`: every key of the policy is deleted (a log's
+-- chunks of pages with its header, unlinked: Redis frees a large hash of
+-- the one-hash version in the background), but its settlement marks,
+-- which a settlement sent again after the reset still finds. Returns an
+-- empty string.
 local function reset(keys, argv)
   set_now(argv[1])
-  for _, p in ipairs(policies_of(keys, argv, 0, false, true)) do
+  for _, p in ipairs(policies_of(keys, argv, 0, false)) do
     local k = p.first_key
     if p.policy.algorithm == log then
       log_reset(keys[k], keys[k + 1])
@@ -540,7 +541,6 @@ local function reset(keys, argv)
     for j = k, k + key_count(p.policy) - 1 do
       redis.call('UNLINK', keys[j])
     end
-    redis.call('UNLINK', p.marks)
   end
   return ''
 end

@@ -137,8 +137,8 @@ pub trait Store: Send + Sync + 'static {
     /// ([`Check::with_settlement_id`], which the layer gives every
     /// reservation it settles) is settled once: the same settlement sent
     /// again within five minutes (a retry after a timeout) does nothing,
-    /// and a [reset](Self::reset) forgets it. Each check's settlement
-    /// stands on its own. A time of zero names no units: the cost is charged alone
+    /// whether or not a [reset](Self::reset) came between. Each check's
+    /// settlement stands on its own. A time of zero names no units: the cost is charged alone
     /// (as the layer settles a policy a reload has made count by another
     /// algorithm since the request was admitted).
     fn settle(&self, checks: &[Check], recorded_at: &[Duration], costs: &[u64]) -> CheckFuture<()> {

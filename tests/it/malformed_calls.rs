@@ -90,8 +90,8 @@ impl Counted {
         self.server.cli(&command)
     }
 
-    /// [`raw`](Self::raw) for a settlement or a reset, whose keys name
-    /// each policy's settlement marks after its own.
+    /// [`raw`](Self::raw) for a settlement, whose keys name each
+    /// policy's settlement marks after its own.
     fn raw_settlement(&self, args: &[&str]) -> String {
         let marks = |key: &str| format!("{}:s", &key[..key.len() - 2]);
         let (fixed, counter) = (&self.call[3], &self.call[4]);
@@ -214,7 +214,7 @@ async fn a_malformed_policy_fails_a_reset_before_any_key_is_deleted() {
         let mut args = vec![now.as_str(), "reset"];
         args.extend_from_slice(&policy_args("fixed"));
         args.extend_from_slice(&second);
-        let answer = counted.raw_settlement(&args);
+        let answer = counted.raw(&args);
         assert!(answer.contains("ERR"), "{bad} at {index}: {answer}");
         assert_eq!(counted.remaining().await, [90, 90], "{bad} at {index}");
     }
@@ -233,7 +233,7 @@ async fn a_malformed_policy_fails_a_reset_before_any_key_is_deleted() {
     let mut args = vec![now.as_str(), "reset"];
     args.extend_from_slice(&policy_args("fixed"));
     args.extend_from_slice(&policy_args("counter"));
-    let answer = counted.raw_settlement(&args);
+    let answer = counted.raw(&args);
     assert!(!answer.contains("ERR"), "{answer}");
     assert_eq!(counted.remaining().await, [100, 100]);
 }

@@ -518,6 +518,11 @@ async fn a_settlement_sent_twice_counts_once(tested: StoreUnderTest) {
             .unwrap();
         let left = s.store.peek(&check(1)).await.unwrap()[0].remaining();
         assert_eq!(left, 92, "{name}");
+        // Sent again after a reset, it still counts nothing.
+        s.store.reset(&check(1)).await.unwrap();
+        s.store.settle(&reservation, &[at], &[3]).await.unwrap();
+        let left = s.store.peek(&check(1)).await.unwrap()[0].remaining();
+        assert_eq!(left, 100, "{name}");
     }
 }
 on_both_stores!(a_settlement_sent_twice_counts_once, fake_clock);

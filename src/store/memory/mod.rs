@@ -326,6 +326,10 @@ impl MemoryStore {
             // A settlement of a reservation named by its id (not a charge
             // alone, nor a check without one).
             let settled = cost.is_some() && at_us != 0 && check.id != 0;
+            // Settled already (sent twice): nothing more.
+            if settled && shard.was_settled(now, check.id) {
+                continue;
+            }
             let Some(mut spent) = shard.pairs.peek_mut(&PairOf { hash, check }) else {
                 // Nothing left to take back; a settlement's cost is still
                 // counted, on a new pair, but not for a log's units that
@@ -336,18 +340,14 @@ impl MemoryStore {
                 if let Some(cost) = cost.filter(|_| named) {
                     let (mut spent, mut prepared) = Spent::fresh(now, check);
                     if spent.state.charge(now, check, cost, &mut prepared.placed) {
-                        if settled {
-                            spent.mark_settled(now, check);
-                        }
                         shard.insert(hash, check, spent, now);
+                        if settled {
+                            shard.mark_settled(now, check.id);
+                        }
                     }
                 }
                 continue;
             };
-            // Settled already (sent twice): nothing more.
-            if settled && spent.was_settled(now, check.id) {
-                continue;
-            }
             // Units counted by another algorithm (the policy was reloaded
             // as another since) are not in these counts: the refund takes
             // nothing, and the new counts stay, as on Redis, where each
@@ -369,11 +369,12 @@ impl MemoryStore {
                 (charge_alone || refunded.named)
                     && spent.state.charge(now, check, cost, &mut prepared.placed)
             });
-            if settled {
-                spent.mark_settled(now, check);
-            }
             if !refunded.changed && !charged {
                 spent.unroll(prepared);
+            }
+            drop(spent);
+            if settled {
+                shard.mark_settled(now, check.id);
             }
         }
     }

@@ -100,7 +100,22 @@ pub(super) struct Shard {
     inserted: usize,
     /// How many new pairs trigger the next sweep.
     sweep_after: usize,
+    /// The reservations settled (by their ids, see `Check::id`), each
+    /// with the time until which it is kept: a second settlement of one
+    /// does nothing, as the Redis script's marks (`:s`) say. Kept beside
+    /// the pairs, which most settle nothing into, and through a reset.
+    settled: foldhash::HashMap<u64, u64>,
+    /// How many marks trigger the next sweep of those past their time.
+    sweep_settled_after: usize,
 }
+
+/// How long (µs) a settlement's mark is kept from when it lands, as the
+/// Redis script keeps it (`SETTLED_MARKS` in `lua/driver.lua`): longer
+/// than the layer goes on sending a settlement that failed.
+const SETTLED_MARKS: u64 = 300_000_000;
+
+/// The fewest marks a sweep of those past their time waits for.
+const MIN_SETTLED_SWEEP: usize = 64;
 
 impl Shard {
     pub(super) fn new(capacity: usize) -> Self {
@@ -114,6 +129,23 @@ impl Shard {
             pairs: Cache::with_options(options, UnitWeighter, CarriedHash, Default::default()),
             inserted: 0,
             sweep_after: MIN_SWEEP_AFTER,
+            settled: foldhash::HashMap::default(),
+            sweep_settled_after: MIN_SETTLED_SWEEP,
+        }
+    }
+
+    /// Whether the reservation `id` was settled already.
+    pub(super) fn was_settled(&self, now: u64, id: u64) -> bool {
+        self.settled.get(&id).is_some_and(|&until| until > now)
+    }
+
+    /// Marks the settlement of the reservation `id`; marks past their
+    /// time are swept once they have doubled since the last sweep.
+    pub(super) fn mark_settled(&mut self, now: u64, id: u64) {
+        self.settled.insert(id, now + SETTLED_MARKS);
+        if self.settled.len() >= self.sweep_settled_after {
+            self.settled.retain(|_, until| *until > now);
+            self.sweep_settled_after = (2 * self.settled.len()).max(MIN_SETTLED_SWEEP);
         }
     }
 

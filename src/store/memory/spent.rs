@@ -270,11 +270,6 @@ pub(super) struct Spent {
     /// names an earlier time names units of a state since forgotten (a
     /// reset), and takes nothing from this one.
     born: u64,
-    /// The ids of the reservations settled (see `Check::id`), each with
-    /// the time until which it is kept (see [`SETTLED_MARKS`]): a second
-    /// settlement of one does nothing, as the Redis script's marks (`:s`)
-    /// say. Empty (no allocation) for most pairs, which settle nothing.
-    settled: Vec<(u64, u64)>,
 }
 
 impl Spent {
@@ -284,7 +279,6 @@ impl Spent {
             state: State::new(check.algorithm()),
             blocked_until: 0,
             born: now,
-            settled: Vec::new(),
         };
         let (_, prepared) = spent.prepare(now, check);
         (spent, prepared)
@@ -425,30 +419,9 @@ impl Spent {
     }
 
     pub(super) fn is_idle(&self, now: u64) -> bool {
-        self.blocked_until <= now
-            && self.state.is_idle(now)
-            && self.settled.iter().all(|&(_, until)| until <= now)
-    }
-
-    /// Whether the reservation `id` was settled already.
-    pub(super) fn was_settled(&self, now: u64, id: u64) -> bool {
-        self.settled
-            .iter()
-            .any(|&(marked, until)| marked == id && until > now)
-    }
-
-    /// Marks the settlement of `check`'s reservation (its id), and
-    /// forgets marks whose time is past.
-    pub(super) fn mark_settled(&mut self, now: u64, check: &Check) {
-        self.settled.retain(|&(_, until)| until > now);
-        self.settled.push((check.id, now + SETTLED_MARKS));
+        self.blocked_until <= now && self.state.is_idle(now)
     }
 }
-
-/// How long (µs) a settlement's mark is kept from when it lands, as the
-/// Redis script keeps it (`SETTLED_MARKS` in `lua/driver.lua`): longer
-/// than the layer goes on sending a settlement that failed.
-const SETTLED_MARKS: u64 = 300_000_000;
 
 /// Whether units recorded at `at` are still in `check`'s window at `now`.
 pub(super) fn in_window(now: u64, at: u64, check: &Check) -> bool {

@@ -120,9 +120,9 @@ impl Call {
             if block > 0 {
                 call.keys.push(key(":x"));
             }
-            if matches!(call.op, Op::Settle(_) | Op::Reset) {
+            if matches!(call.op, Op::Settle(_)) {
                 // The reservations settled (see `mark_settled` in
-                // `lua/driver.lua`), which a reset forgets too.
+                // `lua/driver.lua`).
                 call.keys.push(key(":s"));
             }
             call.args.push((
