@@ -482,10 +482,11 @@ end
 -- Refunds and settlements: ARGV[1] the time, ARGV[2] "refund" or
 -- "settle", then per policy its arguments as for `check`, the time (µs)
 -- its units were recorded at, and for a settlement the units the request
--- cost in the end and the reservation's id (see `mark_settled`). Each policy's units are taken back on their own (a
--- lease is released); a settlement then counts its final units at `now`
--- (see `charge`), unless they were a log's and have left its window.
--- Counts held elsewhere (see `retry_of`) are left as
+-- cost in the end and the reservation's id (see `mark_settled`; in KEYS,
+-- the policy's marks follow its keys). Each policy's units are taken
+-- back on their own (a lease is released); a settlement then counts its
+-- final units at `now` (see `charge`), unless they were a log's and have
+-- left its window. Counts held elsewhere (see `retry_of`) are left as
 -- they are. Returns an empty string.
 local function refund(keys, argv)
   set_now(argv[1])
