@@ -55,6 +55,12 @@ pub(super) const SETTLE_RETRY: Duration = Duration::from_millis(100);
 
 pub(super) const SETTLE_RETRY_MOST: Duration = Duration::from_secs(5);
 
+/// How long after its first sending a settlement is still sent again,
+/// whatever the store's timeout: within the five minutes a store keeps a
+/// settlement's mark, so that a copy sent again after one that landed
+/// late is still found settled.
+pub(super) const SETTLE_RESENT_FOR: Duration = Duration::from_secs(240);
+
 impl Sent {
     pub(super) fn new(
         store: Arc<dyn Store>,
@@ -129,18 +135,24 @@ impl Sent {
     /// Waits for `first`, the settlement's first answer, and sends it
     /// again while the store could not be reached (it failed, or its
     /// circuit breaker is open) or did not answer in time, until it is
-    /// taken or about a minute has passed: a settlement lost to an outage
+    /// taken, or after [`SETTLE_ATTEMPTS`] sendings (about a minute with a
+    /// short store timeout; never past [`SETTLE_RESENT_FOR`]): a
+    /// settlement lost to an outage
     /// would leave a client that reported more than its reservation
     /// charged the reservation alone. One that timed out may have landed:
     /// it is sent again only when the store settles each reservation once
     /// (see [`retried`](Self::retried)).
     pub(super) async fn until_answered(self, first: CheckFuture<()>) {
+        let started = tokio::time::Instant::now();
         let mut outcome = first.await;
         let mut wait = SETTLE_RETRY;
         for _ in 1..SETTLE_ATTEMPTS {
             match &outcome {
                 Err(error) if self.retried(error) => {}
                 _ => break,
+            }
+            if started.elapsed() + wait > SETTLE_RESENT_FOR {
+                break;
             }
             tokio::time::sleep(wait).await;
             wait = (wait * 2).min(SETTLE_RETRY_MOST);
@@ -187,5 +199,77 @@ pub(super) fn report_settlement(outcome: Result<(), StoreError>) {
         tracing::warn!(%error, held_back, "rate-limit settlement timed out; it may still land");
     } else {
         tracing::warn!(%error, held_back, "rate-limit settlement failed; the reservation stays counted instead of the cost reported");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::key::Key;
+    use crate::policy::Policy;
+    use crate::store::Check;
+
+    /// A store whose settlements each take `took`, then time out; it
+    /// notes when each was sent.
+    struct Slow {
+        took: Duration,
+        sent: Mutex<Vec<tokio::time::Instant>>,
+    }
+
+    impl Store for Slow {
+        fn check(&self, _: &[Check]) -> CheckFuture {
+            CheckFuture::ready(Err(StoreError::Unsupported("check")))
+        }
+
+        fn settle(&self, _: &[Check], _: &[Duration], _: &[u64]) -> CheckFuture<()> {
+            self.sent.lock().unwrap().push(tokio::time::Instant::now());
+            let took = self.took;
+            CheckFuture::new(async move {
+                tokio::time::sleep(took).await;
+                Err(StoreError::Timeout(took))
+            })
+        }
+    }
+
+    /// A settlement that times out is sent again, but never past
+    /// `SETTLE_RESENT_FOR` from its first sending, however long the
+    /// store's timeout: a late copy would land after the store forgot
+    /// the first, and count twice.
+    #[tokio::test(start_paused = true)]
+    async fn a_settlement_is_not_sent_again_past_the_time_its_mark_is_kept() {
+        for (took, sendings) in [
+            (Duration::from_millis(50), SETTLE_ATTEMPTS as usize),
+            (Duration::from_secs(60), 4),
+        ] {
+            let store = Arc::new(Slow {
+                took,
+                sent: Mutex::new(Vec::new()),
+            });
+            let dyn_store: Arc<dyn Store> = store.clone();
+            let policy = Policy::new("tokens", 1_000, Duration::from_secs(60));
+            let check = Check::new(&policy, Key::new("client"))
+                .unwrap()
+                .with_settlement_id();
+            let mut reserved = Recorded::new(&dyn_store);
+            reserved.push(&check, Duration::from_secs(1));
+            let turn = Turn::Settle {
+                lock: Arc::new(RwLock::new(())),
+                charged: SmallVec::from_elem(None, 1),
+            };
+            let sent = Sent::new(
+                dyn_store.clone(),
+                &reserved,
+                SmallVec::from_elem(3, 1),
+                turn,
+            );
+            let started = tokio::time::Instant::now();
+            let first = dyn_store.settle(&sent.checks, &sent.times, &sent.costs);
+            sent.until_answered(first).await;
+            let times = store.sent.lock().unwrap().clone();
+            assert_eq!(times.len(), sendings, "a store answering in {took:?}");
+            assert!(times.iter().all(|at| *at - started <= SETTLE_RESENT_FOR));
+        }
     }
 }
