@@ -388,11 +388,7 @@ async fn the_pool_follows_a_failover_that_demotes_the_old_primary() {
     let old = RedisServer::start();
     let new = RedisServer::start();
     let proxy = TcpProxy::start(old.port());
-    let mut config = slidegate::deadpool_redis::Config::from_url(proxy.url());
-    config.pool = Some(slidegate::deadpool_redis::PoolConfig::new(POOL));
-    let pool = config
-        .create_pool(Some(slidegate::deadpool_redis::Runtime::Tokio1))
-        .unwrap();
+    let pool = crate::support::pool_at(&proxy.url(), POOL);
     // The timeout is not under test (the old primary answers `READONLY`
     // at once): long, so that a loaded machine counts no timeout as a
     // failure of the failover.
@@ -446,11 +442,7 @@ async fn a_connection_that_falls_silent_is_replaced() {
     let old = RedisServer::start();
     let new = RedisServer::start();
     let proxy = TcpProxy::start(old.port());
-    let mut config = slidegate::deadpool_redis::Config::from_url(proxy.url());
-    config.pool = Some(slidegate::deadpool_redis::PoolConfig::new(4));
-    let pool = config
-        .create_pool(Some(slidegate::deadpool_redis::Runtime::Tokio1))
-        .unwrap();
+    let pool = crate::support::pool_at(&proxy.url(), 4);
     let store = RedisStore::builder(pool)
         .with_timeout(TIMEOUT)
         .build()

@@ -25,8 +25,10 @@ struct Counted {
     clock: FakeClock,
     store: RedisStore,
     checks: [Check; 2],
-    /// `FCALL <function> 2 <fixed window's key> <counter's key>`.
-    call: Vec<String>,
+    /// The library's check function.
+    function: String,
+    /// The fixed window's key and the counter's.
+    keys: [String; 2],
     /// When the 10 units were recorded, in µs.
     recorded: String,
 }
@@ -61,10 +63,7 @@ impl Counted {
             .find(|word| word.starts_with("slidegate_check_"))
             .unwrap_or_else(|| panic!("no check function in {functions}"))
             .to_owned();
-        let call = vec![
-            "FCALL".to_owned(),
-            function,
-            "2".to_owned(),
+        let keys = [
             format!("{}:f", store.base_key(&checks[0])),
             format!("{}:c", store.base_key(&checks[1])),
         ];
@@ -73,7 +72,8 @@ impl Counted {
             clock,
             store,
             checks,
-            call,
+            function,
+            keys,
             recorded,
         }
     }
@@ -83,23 +83,28 @@ impl Counted {
         self.clock.now_micros().to_string()
     }
 
-    /// Runs the raw call with `args` after the keys; Redis's answer.
-    fn raw(&self, args: &[&str]) -> String {
-        let mut command: Vec<&str> = self.call.iter().map(String::as_str).collect();
+    /// Runs the raw call with `keys`, then `args`; Redis's answer.
+    fn raw_on(&self, keys: &[&str], args: &[&str]) -> String {
+        let count = keys.len().to_string();
+        let mut command = vec!["FCALL", self.function.as_str(), count.as_str()];
+        command.extend_from_slice(keys);
         command.extend_from_slice(args);
         self.server.cli(&command)
+    }
+
+    /// [`raw_on`](Self::raw_on) the fixed window's key, then the counter's.
+    fn raw(&self, args: &[&str]) -> String {
+        let [fixed, counter] = &self.keys;
+        self.raw_on(&[fixed, counter], args)
     }
 
     /// [`raw`](Self::raw) for a settlement, whose keys name each
     /// policy's settlement marks after its own.
     fn raw_settlement(&self, args: &[&str]) -> String {
         let marks = |key: &str| format!("{}:s", &key[..key.len() - 2]);
-        let (fixed, counter) = (&self.call[3], &self.call[4]);
-        let keys = [fixed.clone(), marks(fixed), counter.clone(), marks(counter)];
-        let mut command = vec![self.call[0].as_str(), self.call[1].as_str(), "4"];
-        command.extend(keys.iter().map(String::as_str));
-        command.extend_from_slice(args);
-        self.server.cli(&command)
+        let [fixed, counter] = &self.keys;
+        let (fixed_marks, counter_marks) = (marks(fixed), marks(counter));
+        self.raw_on(&[fixed, &fixed_marks, counter, &counter_marks], args)
     }
 
     /// Each policy's remaining units, as a peek finds them.
@@ -219,14 +224,10 @@ async fn a_malformed_policy_fails_a_reset_before_any_key_is_deleted() {
         assert_eq!(counted.remaining().await, [90, 90], "{bad} at {index}");
     }
     // One key fewer than the policies name.
-    let mut short = counted.call.clone();
-    short[2] = "1".to_owned();
-    short.pop();
-    let mut command: Vec<&str> = short.iter().map(String::as_str).collect();
-    command.extend_from_slice(&[now.as_str(), "reset"]);
-    command.extend_from_slice(&policy_args("fixed"));
-    command.extend_from_slice(&policy_args("counter"));
-    let answer = counted.server.cli(&command);
+    let mut args = vec![now.as_str(), "reset"];
+    args.extend_from_slice(&policy_args("fixed"));
+    args.extend_from_slice(&policy_args("counter"));
+    let answer = counted.raw_on(&[&counted.keys[0]], &args);
     assert!(answer.contains("keys"), "{answer}");
     assert_eq!(counted.remaining().await, [90, 90]);
 
@@ -258,18 +259,14 @@ async fn a_check_with_a_malformed_policy_counts_nothing() {
             let mut args = vec![now.as_str()];
             args.extend_from_slice(&a);
             args.extend_from_slice(&b);
-            if !first {
-                // The keys in the order of the policies.
-                let mut swapped = counted.call.clone();
-                swapped.swap(3, 4);
-                let mut command: Vec<&str> = swapped.iter().map(String::as_str).collect();
-                command.extend_from_slice(&args);
-                let answer = counted.server.cli(&command);
-                assert!(answer.contains("ERR"), "{bad} at {index}: {answer}");
+            // The keys in the order of the policies.
+            let answer = if first {
+                counted.raw(&args)
             } else {
-                let answer = counted.raw(&args);
-                assert!(answer.contains("ERR"), "{bad} at {index}: {answer}");
-            }
+                let [fixed, counter] = &counted.keys;
+                counted.raw_on(&[counter, fixed], &args)
+            };
+            assert!(answer.contains("ERR"), "{bad} at {index}: {answer}");
             assert_eq!(counted.remaining().await, [90, 90], "{bad} at {index}");
         }
     }

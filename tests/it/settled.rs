@@ -667,11 +667,7 @@ async fn a_settlement_that_timed_out_is_sent_again_and_counted_once() {
 
     let redis = crate::support::RedisServer::start();
     let proxy = TcpProxy::start(redis.port());
-    let mut config = slidegate::deadpool_redis::Config::from_url(proxy.url());
-    config.pool = Some(slidegate::deadpool_redis::PoolConfig::new(4));
-    let pool = config
-        .create_pool(Some(slidegate::deadpool_redis::Runtime::Tokio1))
-        .unwrap();
+    let pool = crate::support::pool_at(&proxy.url(), 4);
     let clock = FakeClock::new(crate::support::stores::START);
     let store = RedisStore::builder(pool)
         .with_clock(clock.clone())

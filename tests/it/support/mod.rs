@@ -218,9 +218,7 @@ impl RedisServer {
 
     /// A deadpool-redis pool of at most `size` connections.
     pub fn pool(&self, size: usize) -> Pool {
-        let mut config = Config::from_url(self.url());
-        config.pool = Some(PoolConfig::new(size));
-        config.create_pool(Some(Runtime::Tokio1)).unwrap()
+        pool_at(&self.url(), size)
     }
 
     /// A pool logged in as a user whom this server refuses `FUNCTION` and
@@ -362,6 +360,14 @@ impl RedisServer {
         assert!(output.status.success(), "redis-cli {args:?} failed");
         String::from_utf8(output.stdout).unwrap()
     }
+}
+
+/// A deadpool-redis pool of at most `size` connections to `url` (a server,
+/// or a proxy in front of one).
+pub fn pool_at(url: &str, size: usize) -> Pool {
+    let mut config = Config::from_url(url);
+    config.pool = Some(PoolConfig::new(size));
+    config.create_pool(Some(Runtime::Tokio1)).unwrap()
 }
 
 impl Drop for RedisServer {

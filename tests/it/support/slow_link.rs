@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use slidegate::deadpool_redis::{Config, Pool, PoolConfig, Runtime};
+use slidegate::deadpool_redis::Pool;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -55,9 +55,7 @@ impl SlowLink {
 
     /// A pool of `size` connections through the link.
     pub fn pool(&self, size: usize) -> Pool {
-        let mut config = Config::from_url(self.url());
-        config.pool = Some(PoolConfig::new(size));
-        config.create_pool(Some(Runtime::Tokio1)).unwrap()
+        super::pool_at(&self.url(), size)
     }
 }
 
