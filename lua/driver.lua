@@ -70,8 +70,9 @@
 --                      are still counted (not for a time before the key
 --                      was made: units of a key since deleted), and
 --                      writes the key; returns whether a settlement then
---                      counts its final units (not for a log's units
---                      that have left its window).
+--                      counts its final units (a log's reserved units
+--                      that have left its window are not counted again:
+--                      it counts only those beyond them).
 --   remember(s)        leaves what a later request of the same call
 --                      may take instead of reading the key again in
 --                      `known` (nothing, for leases and calendars);
@@ -485,9 +486,9 @@ end
 -- cost in the end and the reservation's id (see `mark_settled`; in KEYS,
 -- the policy's marks follow its keys). Each policy's units are taken
 -- back on their own (a lease is released); a settlement then counts its
--- final units at `now` (see `charge`), unless they were a log's and have
--- left its window. Counts held elsewhere (see `retry_of`) are left as
--- they are. Returns an empty string.
+-- final units at `now` (see `charge`); for a log's units that have left
+-- its window, only those beyond the reservation. Counts held elsewhere
+-- (see `retry_of`) are left as they are. Returns an empty string.
 local function refund(keys, argv)
   set_now(argv[1])
   local settle = argv[2] == 'settle'
@@ -510,10 +511,16 @@ local function refund(keys, argv)
       if s.held_elsewhere == nil then
         local at = p.extra[1]
         local named = s.algorithm.refund(s, at, s.cost)
-        -- Units that have left a log's window are not counted again; a
-        -- time of 0 names none, and the cost is charged alone.
-        if settle and (named or at == 0) then
-          charge(s, p.extra[2])
+        if settle then
+          -- Reserved units that have left a log's window are not counted
+          -- again: only what the request cost beyond them, which no
+          -- record ever counted. A time of 0 names none, and the cost is
+          -- charged alone.
+          local units = p.extra[2]
+          if not named and at ~= 0 then
+            units = units - s.cost
+          end
+          charge(s, units)
         end
         if p.id ~= nil and at ~= 0 then
           mark_settled(p.marks, p.id)

@@ -376,8 +376,9 @@ end
 -- window, or was taken back already, or the log was reset). Returns
 -- whether a settlement counts its final units: where it found the
 -- record, or where `at` is still in the window (a log reset or lost
--- since); not for units that have left the window, which a late
--- settlement would count again.
+-- since); not where the reserved units have left the window, which a
+-- late settlement would count again (it counts only what the request
+-- cost beyond them).
 function log.refund(s, at, cost)
   local found = false
   if s.sum > 0 and at >= s.oldest and at <= s.newest then

@@ -131,9 +131,9 @@ pub trait Store: Send + Sync + 'static {
     /// the whole limit already denies every request until it leaves); a
     /// sliding counter at most the limit, and no more than twice the
     /// limit in its current window; a token bucket keeps the whole debt,
-    /// up to 2^52 units × µs of window. A sliding log's units that have
-    /// left its window are not counted again: such a late settlement
-    /// counts nothing. A check with a settlement id
+    /// up to 2^52 units × µs of window. A sliding log's reserved units
+    /// that have left its window are not counted again: such a late
+    /// settlement counts only what the request cost beyond them. A check with a settlement id
     /// ([`Check::with_settlement_id`], which the layer gives every
     /// reservation it settles) is settled once: the same settlement sent
     /// again within five minutes (a retry after a timeout) does nothing,

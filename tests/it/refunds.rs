@@ -422,11 +422,14 @@ on_both_stores!(
     fake_clock
 );
 
-/// A settlement of a sliding log's request whose units have left the
-/// window counts nothing (they would count again, at the settlement's
-/// time, where the reserved units had already gone); one within the
-/// window replaces them, whether or not the log still holds them.
-async fn a_late_settlement_of_a_log_counts_nothing(tested: StoreUnderTest) {
+/// A settlement of a sliding log's request whose reserved units have
+/// left the window does not count them again (they would count anew, at
+/// the settlement's time, where the reserved units had already gone): a
+/// slice's give-back counts nothing, and a reservation the request
+/// outgrew counts only the units beyond it, which no record ever
+/// counted. One within the window replaces them, whether or not the log
+/// still holds them.
+async fn a_late_settlement_of_a_log_counts_only_what_was_never_counted(tested: StoreUnderTest) {
     let s = Subject::from(tested);
     let policy = Policy::new("log", 100, 10 * SEC);
     let check = [Check::new(&policy, Key::new("client"))
@@ -439,6 +442,15 @@ async fn a_late_settlement_of_a_log_counts_nothing(tested: StoreUnderTest) {
         .await
         .unwrap();
     assert_eq!(s.store.peek(&check).await.unwrap()[0].remaining(), 100);
+    // A request that outlived the window and cost 25 of its 10 reserved.
+    let long = s.store.check(&check).await.unwrap()[0];
+    s.advance(11 * SEC);
+    s.store
+        .settle(&check, &[long.recorded_at().unwrap()], &[25])
+        .await
+        .unwrap();
+    assert_eq!(s.store.peek(&check).await.unwrap()[0].remaining(), 85);
+    s.advance(11 * SEC);
     // Within the window: replaced.
     let timely = s.store.check(&check).await.unwrap()[0];
     s.advance(SEC);
@@ -457,7 +469,10 @@ async fn a_late_settlement_of_a_log_counts_nothing(tested: StoreUnderTest) {
         .unwrap();
     assert_eq!(s.store.peek(&check).await.unwrap()[0].remaining(), 97);
 }
-on_both_stores!(a_late_settlement_of_a_log_counts_nothing, fake_clock);
+on_both_stores!(
+    a_late_settlement_of_a_log_counts_only_what_was_never_counted,
+    fake_clock
+);
 
 /// A settlement sent twice (a retry after a timeout) counts once: a
 /// reservation of 10 settled to 3 beside 50 other units leaves 53 counted

@@ -337,7 +337,8 @@ impl MemoryStore {
                 let named = at.is_zero()
                     || check.algorithm() != Algorithm::SlidingLog
                     || spent::in_window(now, at_us, check);
-                if let Some(cost) = cost.filter(|_| named) {
+                let cost = cost.map(|cost| settled_units(cost, named, check));
+                if let Some(cost) = cost.filter(|&cost| cost > 0) {
                     let (mut spent, mut prepared) = Spent::fresh(now, check);
                     if spent.state.charge(now, check, cost, &mut prepared.placed) {
                         shard.insert(hash, check, spent, now);
@@ -366,8 +367,8 @@ impl MemoryStore {
             }
             let refunded = spent.refund(now, at_us, check);
             let charged = cost.is_some_and(|cost| {
-                (charge_alone || refunded.named)
-                    && spent.state.charge(now, check, cost, &mut prepared.placed)
+                let units = settled_units(cost, charge_alone || refunded.named, check);
+                units > 0 && spent.state.charge(now, check, units, &mut prepared.placed)
             });
             if !refunded.changed && !charged {
                 spent.unroll(prepared);
@@ -377,6 +378,19 @@ impl MemoryStore {
                 shard.mark_settled(now, check.id);
             }
         }
+    }
+}
+
+/// The units a settlement of `check` counts, `cost` the request's final
+/// cost: all of them where its reserved units are still named, only
+/// those beyond the reservation where they are not (a log's that have
+/// left the window, which no record ever counted), as in the Redis
+/// script.
+fn settled_units(cost: u64, named: bool, check: &Check) -> u64 {
+    if named {
+        cost
+    } else {
+        cost.saturating_sub(u64::from(check.cost))
     }
 }
 

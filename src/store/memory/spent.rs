@@ -429,9 +429,9 @@ pub(super) fn in_window(now: u64, at: u64, check: &Check) -> bool {
 }
 
 /// What a refund did: whether it changed the counts, and whether a
-/// settlement then counts its final units: not for a log's units that
-/// have left its window, which a late settlement would count again (as
-/// in the Redis script).
+/// settlement then counts all its final units: not for a log's reserved
+/// units that have left its window, which a late settlement would count
+/// again (it counts only those beyond them, as in the Redis script).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Refunded {
     pub(super) changed: bool,
