@@ -8,7 +8,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use crate::layer::owed::Owed;
+use crate::layer::after::owed::Owed;
 use crate::response::grpc::call_failed;
 
 pin_project! {

@@ -14,8 +14,8 @@ use tower_service::Service;
 
 use crate::headers::RateHeaders;
 use crate::key::Identity;
+use crate::layer::after::owed::Owed;
 use crate::layer::body::ResponseBody;
-use crate::layer::owed::Owed;
 use crate::response::grpc::response_failed;
 
 /// Where a request goes once it is decided.

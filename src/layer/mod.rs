@@ -141,45 +141,30 @@
 //! # }
 //! ```
 
-// One request, in the order it meets them: `service` (the call), `decide`
-// (what is known now, the store asked), `outcome` (its answer into a call
-// or an answer), `future` and `body` (the inner service's response, and
-// what the request owes the store when it ends: `owed`).
+// The Tower core is here: the layer, `service` (the call), `future` and
+// `body` (the inner service's response). Beside it, a folder for each of
+// the rest: `decide` (one request's decision: what is known now, the store
+// asked, its answer turned into a call or an answer), `remembered` (what
+// the layer keeps between requests) and `after` (what a request owes the
+// store once its response says how it went, and its body ends).
 
-mod answered;
-mod background;
+pub(crate) mod after;
 mod body;
-mod checks;
-mod connection;
-pub(crate) mod credential_failures;
 mod decide;
-mod delay;
-pub(crate) mod deny_cache;
 mod future;
 mod inspect;
-mod local_fallback;
-mod outcome;
-mod owed;
-mod policy_names;
-pub(crate) mod priced;
-pub(crate) mod recorded;
-mod refused;
-mod reject;
+pub(crate) mod remembered;
 mod service;
 mod settings;
-mod settled;
-mod settlement;
 mod stores;
-mod unsettled;
-mod usage;
 
+pub use after::connection::ConnectionLease;
+pub use after::usage::Usage;
 pub use body::ResponseBody;
-pub use connection::ConnectionLease;
 pub use future::ResponseFuture;
 pub use inspect::LimitError;
-pub use policy_names::PoliciesHandle;
+pub use remembered::policy_names::PoliciesHandle;
 pub use service::RateLimit;
-pub use usage::Usage;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -196,8 +181,8 @@ use crate::lookup::Lookup;
 use crate::policy::Policy;
 use crate::policy::{Policies, RequestCost};
 use crate::store::Store;
-pub use credential_failures::CredentialFailures;
-pub use deny_cache::DenyCache;
+pub use remembered::credential_failures::CredentialFailures;
+pub use remembered::deny_cache::DenyCache;
 pub(crate) use settings::Shared;
 use settings::{DEFAULT_LIMIT_TTL, Settings};
 use stores::LayerStore;
@@ -245,7 +230,7 @@ impl RateLimitLayer {
     pub fn new(store: impl Store, key_extractor: impl KeyExtractor, policies: Policies) -> Self {
         let deny_cache = store
             .is_remote()
-            .then(|| DenyCache::new(deny_cache::DEFAULT_CAPACITY));
+            .then(|| DenyCache::new(remembered::deny_cache::DEFAULT_CAPACITY));
         let stores = Arc::new(LayerStore::new(Arc::new(store), &policies));
         Self {
             shared: Arc::new(Shared {
@@ -525,8 +510,11 @@ impl<S> Layer<S> for RateLimitLayer {
     fn layer(&self, inner: S) -> Self::Service {
         let shared = &self.shared;
         if let Some(state) = shared.stores.given().shared_state()
-            && let Err(conflict) =
-                policy_names::register(state, shared.namespace.as_ref(), &shared.policies)
+            && let Err(conflict) = remembered::policy_names::register(
+                state,
+                shared.namespace.as_ref(),
+                &shared.policies,
+            )
         {
             panic!("slidegate: {conflict}");
         }

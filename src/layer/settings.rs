@@ -10,10 +10,10 @@ use http::request::Parts;
 use crate::RateLimitLayer;
 use crate::headers::{HeaderFormat, HeaderStyle, ResetFormat};
 use crate::key::{Identity, KeyExtractor};
-use crate::layer::credential_failures::CredentialFailures;
-use crate::layer::delay::DelayedRequests;
-use crate::layer::deny_cache::DenyCache;
-use crate::layer::local_fallback::LocalLimits;
+use crate::layer::decide::delay::DelayedRequests;
+use crate::layer::remembered::credential_failures::CredentialFailures;
+use crate::layer::remembered::deny_cache::DenyCache;
+use crate::layer::remembered::local_fallback::LocalLimits;
 use crate::layer::stores::LayerStore;
 use crate::limits::ClientLimits;
 use crate::lookup::Lookup;
@@ -57,13 +57,13 @@ impl Default for Settings {
             insert_identity: false,
             shadow: false,
             local_share: 1,
-            max_delayed: crate::layer::delay::DEFAULT_MAX_DELAYED,
-            max_delayed_bytes: crate::layer::delay::DEFAULT_MAX_DELAYED_BYTES,
+            max_delayed: crate::layer::decide::delay::DEFAULT_MAX_DELAYED,
+            max_delayed_bytes: crate::layer::decide::delay::DEFAULT_MAX_DELAYED_BYTES,
         }
     }
 }
 
-/// Everything a [`RateLimit`] service shares with its clones.
+/// Everything a [`RateLimit`](crate::RateLimit) service shares with its clones.
 #[derive(Clone)]
 pub(crate) struct Shared {
     /// The store, with slices served in front of it once a policy takes
@@ -85,7 +85,7 @@ pub(crate) struct Shared {
     /// The requests held now instead of denied, in every clone.
     pub(crate) delayed: Arc<DelayedRequests>,
     /// The reservations each client holds unsettled, in every clone.
-    pub(crate) unsettled: Arc<crate::layer::unsettled::Unsettled>,
+    pub(crate) unsettled: Arc<crate::layer::after::max_unsettled::Unsettled>,
     /// The namespace of every store key the layer writes, if set.
     pub(crate) namespace: Option<Arc<str>>,
     pub(crate) settings: Settings,

@@ -48,7 +48,7 @@ struct Scoped {
 /// outside axum a request's path is matched against the patterns as axum's
 /// router would (`/users/42` falls under `/users/{id}`). Patterns axum
 /// would refuse are refused when the policies are built, with a
-/// [`PolicyError`](crate::policy::PolicyError) naming the pattern: an
+/// [`PolicyError`] naming the pattern: an
 /// unclosed `{id`, two that conflict, and axum 0.7's captures (`:id`,
 /// `*rest`, which axum 0.8 no longer routes, so such a policy would never
 /// apply; the error gives the spelling to use, `{id}` or `{*rest}`). The

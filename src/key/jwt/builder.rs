@@ -1,4 +1,4 @@
-//! [`JwtClaimBuilder`]: how a [`JwtClaim`](super::JwtClaim) is configured: its keys, the
+//! [`JwtClaimBuilder`]: how a [`JwtClaim`] is configured: its keys, the
 //! algorithms it allows, its claims and the checks on a token.
 
 use std::fmt;

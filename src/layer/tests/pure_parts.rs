@@ -10,11 +10,11 @@ use http::{HeaderMap, Method, Request, StatusCode};
 
 use crate::RateLimitLayer;
 use crate::key::{Global, Key, PeerIp};
-use crate::layer::checks::{Modes, SentChecks};
+use crate::layer::decide::checks::{Modes, SentChecks};
 use crate::layer::decide::decide;
+use crate::layer::decide::outcome::outcome;
+use crate::layer::decide::priced::Priced;
 use crate::layer::future::Next;
-use crate::layer::outcome::outcome;
-use crate::layer::priced::Priced;
 use crate::metrics::Timer;
 use crate::policy::{Cost, Policies, Policy};
 use crate::store::Checks;

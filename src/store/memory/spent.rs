@@ -197,7 +197,7 @@ impl State {
 
     /// Counts `units` more at `now`, past the limit if need be, after
     /// [`prepare`](Self::prepare): what a request settled after its
-    /// response cost (see [`Store::settle`]). As in the Redis script, a
+    /// response cost (see [`Store::settle`](crate::store::Store::settle)). As in the Redis script, a
     /// log, a fixed window and a calendar count at most the burst (a
     /// record of the whole limit already denies every request until it
     /// leaves); a sliding counter and a bucket as their arithmetic allows.

@@ -127,7 +127,7 @@ impl RedisStoreBuilder {
     /// server or Sentinel, and the store's own on a cluster, so the
     /// store's timeout is the one that counts; so does a pool made from a
     /// `SentinelClient`, and one made from a `ClusterClient` built with the
-    /// response timeout you choose (see [`RedisPool`](crate::store::RedisPool)).
+    /// response timeout you choose (see [`RedisPool`]).
     ///
     /// ```no_run
     /// # fn demo(pool: slidegate::deadpool_redis::Pool) {

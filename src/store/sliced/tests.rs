@@ -406,7 +406,7 @@ async fn refunds_go_where_their_units_came_from() {
     let store: Arc<dyn Store> = sliced;
     settle_tasks().await;
     gate.add_permits(1_000);
-    let mut recorded = crate::layer::recorded::Recorded::new(&store);
+    let mut recorded = crate::layer::after::recorded::Recorded::new(&store);
     for request in requests {
         let decision = request.await.unwrap().unwrap()[0];
         recorded.push_refund(&check, &decision, decision.recorded_at().unwrap());

@@ -1,5 +1,5 @@
 //! [`LocalLimits`]: the in-process counts of policies that fall back to a
-//! local limit ([`FailMode::Local`](crate::policy::FailMode::Local)) while the
+//! local limit ([`FailMode::Local`]) while the
 //! store is unavailable.
 //!
 //! The local count of a client is kept whether the store answers or not:
@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 
-use crate::layer::owed::Owed;
+use crate::layer::after::owed::Owed;
 use crate::policy::{Algorithm, Count, FailMode, Settlement};
 use crate::store::Checks;
 use crate::store::{Check, Decisions, MemoryStore, Store};

@@ -10,15 +10,15 @@ use http::request::Parts;
 
 use crate::headers::RateHeaders;
 use crate::layer::Shared;
-use crate::layer::answered::{
+use crate::layer::after::owed::{HeaderSource, Owed, Settlements};
+use crate::layer::decide::answered::{
     Answered, decided_all, denied_by, holds_its_most, trace_decision, unsettled_places,
 };
-use crate::layer::checks::{Modes, SentChecks};
-use crate::layer::delay::{Delayed, Slot, Unpassed, unheld};
+use crate::layer::decide::checks::{Modes, SentChecks};
+use crate::layer::decide::delay::{Delayed, Slot, Unpassed, unheld};
+use crate::layer::decide::reject::reject;
 use crate::layer::future::Next;
-use crate::layer::local_fallback::LocalChecks;
-use crate::layer::owed::{HeaderSource, Owed, Settlements};
-use crate::layer::reject::reject;
+use crate::layer::remembered::local_fallback::LocalChecks;
 use crate::metrics::{self, Outcome};
 use crate::policy::plan::Plan;
 use crate::rejection::Rejection;
@@ -340,7 +340,7 @@ fn full_locally(
 
 /// Denies a request the local counts refuse within a window of the
 /// store's last failure, before the store is asked (see
-/// [`LocalLimits`](super::local_fallback::LocalLimits)); `None` to ask
+/// [`LocalLimits`](crate::layer::remembered::local_fallback::LocalLimits)); `None` to ask
 /// the store.
 pub(crate) fn refused_locally(shared: &Shared, parts: &Parts, local: &LocalChecks) -> Option<Next> {
     let decisions = shared.local.refuses(local)?;

@@ -15,10 +15,10 @@ use http::{HeaderMap, HeaderValue, StatusCode};
 use smallvec::SmallVec;
 
 use crate::headers::{HeaderFormat, RateHeaders};
-use crate::layer::connection::{ConnectionLease, Upgrade};
-use crate::layer::recorded::{Recorded, report_refund, report_release};
-use crate::layer::unsettled::Place;
-use crate::layer::usage::{InForce, Usage};
+use crate::layer::after::connection::{ConnectionLease, Upgrade};
+use crate::layer::after::max_unsettled::Place;
+use crate::layer::after::recorded::{Recorded, report_refund, report_release};
+use crate::layer::after::usage::{InForce, Usage};
 use crate::policy::{Algorithm, Count, Policies, Settlement};
 use crate::store::Checks;
 use crate::store::closest_to_denying;
@@ -44,7 +44,7 @@ struct Debts {
     /// ends or is dropped and the handler lets go of its handle.
     settled: Option<Usage>,
     /// The same units in the local counts (see
-    /// [`LocalLimits`](super::local_fallback::LocalLimits)), given back with these.
+    /// [`LocalLimits`](crate::layer::remembered::local_fallback::LocalLimits)), given back with these.
     local: Option<Owed>,
     /// What the headers were written from; `None` when none are sent.
     headers: Option<HeaderSource>,

@@ -12,7 +12,7 @@ use http::request::Parts;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::layer::recorded::{Recorded, report_release};
+use crate::layer::after::recorded::{Recorded, report_release};
 use crate::throttle::RELEASE_FAILURES;
 
 /// The concurrency leases of a request whose connection is upgraded (a

@@ -11,10 +11,10 @@ use http::{HeaderMap, HeaderName};
 use smallvec::SmallVec;
 use tokio::sync::RwLock;
 
-use crate::layer::background::in_background_on;
-use crate::layer::recorded::Recorded;
-use crate::layer::settlement::{Sent, Turn, report_settlement};
-use crate::layer::unsettled::Place;
+use crate::layer::after::background::in_background_on;
+use crate::layer::after::max_unsettled::Place;
+use crate::layer::after::recorded::Recorded;
+use crate::layer::after::sending::{Sent, Turn, report_settlement};
 use crate::policy::Policies;
 use crate::store::{Check, Store};
 use crate::throttle::SETTLE_FAILURES;
@@ -24,43 +24,43 @@ use crate::throttle::SETTLE_FAILURES;
 /// or trailer its policy names, else the handle's. A reservation with
 /// neither stands.
 #[derive(Debug)]
-pub(super) struct Settled {
-    pub(super) reserved: Recorded,
+pub(crate) struct Settled {
+    pub(crate) reserved: Recorded,
     /// Per reservation, what was reported of it.
-    pub(super) reported: SmallVec<[Reported; 2]>,
-    pub(super) in_force: InForce,
+    pub(crate) reported: SmallVec<[Reported; 2]>,
+    pub(crate) in_force: InForce,
     /// The runtime the request ran on, to settle on when the last handle
     /// is dropped on a thread of none.
-    pub(super) runtime: Option<tokio::runtime::Handle>,
+    pub(crate) runtime: Option<tokio::runtime::Handle>,
     /// When the handle's reports were last charged as they came.
-    pub(super) charged_at: Option<std::time::Instant>,
+    pub(crate) charged_at: Option<std::time::Instant>,
     /// Held for reading by each charge on its way, and for writing by the
     /// settlement before it counts what the charges landed.
-    pub(super) charging: Arc<RwLock<()>>,
+    pub(crate) charging: Arc<RwLock<()>>,
 }
 
 /// What was reported of one reservation.
 #[derive(Debug)]
-pub(super) struct Reported {
+pub(crate) struct Reported {
     /// The header or trailer its policy reads.
-    pub(super) header: Option<HeaderName>,
+    pub(crate) header: Option<HeaderName>,
     /// The instances its count is shared by: it counts this share of
     /// what is reported (1 but in local counts).
-    pub(super) share: u32,
+    pub(crate) share: u32,
     /// The integer last found in it.
-    pub(super) value: Option<u64>,
+    pub(crate) value: Option<u64>,
     /// Units charged alone past the reservation as the handle reported
     /// them, before the settlement (see `charge_past_reservations`): sent,
     /// and landed.
-    pub(super) sent: u64,
-    pub(super) charged: Arc<AtomicU64>,
+    pub(crate) sent: u64,
+    pub(crate) charged: Arc<AtomicU64>,
     /// Its place among its client's unsettled reservations, held until
     /// it is settled.
-    pub(super) _place: Option<Place>,
+    pub(crate) _place: Option<Place>,
 }
 
 /// How often a handle's reports are charged as they come, at most.
-pub(super) const CHARGE_EVERY: Duration = Duration::from_secs(1);
+pub(crate) const CHARGE_EVERY: Duration = Duration::from_secs(1);
 
 /// The policies in force, which a reload may replace while a request
 /// runs, and the client's tier: a settlement is charged to its policy as
@@ -76,7 +76,7 @@ impl InForce {
     /// counts now, when a reload has made it count by another algorithm,
     /// in other keys: the reservation's keys are no longer read, so the
     /// cost goes to these. `None` when it counts as it did, or has gone.
-    pub(super) fn recounted(&self, reserved: &Check) -> Option<Check> {
+    pub(crate) fn recounted(&self, reserved: &Check) -> Option<Check> {
         let policies = self.policies.load();
         let policy = policies
             .iter()
@@ -91,7 +91,7 @@ impl InForce {
 }
 
 impl Settled {
-    pub(super) fn read(&mut self, headers: &HeaderMap) {
+    pub(crate) fn read(&mut self, headers: &HeaderMap) {
         for reported in &mut self.reported {
             let name = &reported.header;
             let Some(value) = name.as_ref().and_then(|name| headers.get(name)) else {
@@ -116,7 +116,7 @@ impl Settled {
     /// (no usage header), what `units` (the handle's value) is past the
     /// reservation and what was charged so far; at most once per
     /// `CHARGE_EVERY`. The settlement then counts the rest.
-    pub(super) fn charge_past_reservations(&mut self, units: u64) {
+    pub(crate) fn charge_past_reservations(&mut self, units: u64) {
         let now = std::time::Instant::now();
         if self
             .charged_at
@@ -163,13 +163,13 @@ impl Settled {
     /// response's head reported: they are charged when the head passes,
     /// whatever becomes of the body (a client that holds an HTTP/2 stream
     /// open, its flow-control window shut, holds no reservation).
-    pub(super) fn settle_reported(&mut self) {
+    pub(crate) fn settle_reported(&mut self) {
         self.settle_where(|reported| reported, false);
     }
 
     /// Replaces each reservation that has a reported cost other than its
     /// own by it, `handle` the handle's last value.
-    pub(super) fn settle(&mut self, handle: Option<u64>) {
+    pub(crate) fn settle(&mut self, handle: Option<u64>) {
         self.settle_where(|reported| reported.or(handle), true);
     }
 
@@ -179,7 +179,7 @@ impl Settled {
     /// count by another algorithm since is given back where it was
     /// counted, and its cost (else the reservation's) charged as the
     /// policy counts now.
-    pub(super) fn settle_where(&mut self, cost_of: impl Fn(Option<u64>) -> Option<u64>, all: bool) {
+    pub(crate) fn settle_where(&mut self, cost_of: impl Fn(Option<u64>) -> Option<u64>, all: bool) {
         let store = self.reserved.store().clone();
         let mut settled = Recorded::new(&store);
         let mut moved = Recorded::new(&store);
@@ -230,7 +230,7 @@ impl Settled {
 
 /// The whole number `value` holds (ASCII digits, spaces around them):
 /// past `u64::MAX`, that.
-pub(super) fn units_in(value: &[u8]) -> Option<u64> {
+pub(crate) fn units_in(value: &[u8]) -> Option<u64> {
     let digits = value.trim_ascii();
     if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
         return None;
@@ -247,7 +247,7 @@ mod tests {
     use super::*;
 
     #[test]
-    pub(super) fn usage_headers_hold_whole_numbers() {
+    pub(crate) fn usage_headers_hold_whole_numbers() {
         assert_eq!(units_in(b" 42 "), Some(42));
         assert_eq!(units_in(b"99999999999999999999999"), Some(u64::MAX));
         for bad in [&b""[..], b"-5", b"1e6", b"12.0", b"lots", b"\xff"] {

@@ -12,11 +12,11 @@ use http::request::Parts;
 use http::{HeaderValue, Response};
 
 use crate::layer::Shared;
-use crate::layer::delay::unheld;
-use crate::layer::deny_cache::Denied;
+use crate::layer::after::owed::{Owed, Places};
+use crate::layer::decide::delay::unheld;
+use crate::layer::decide::reject::reject;
 use crate::layer::future::Next;
-use crate::layer::owed::{Owed, Places};
-use crate::layer::reject::reject;
+use crate::layer::remembered::deny_cache::Denied;
 use crate::metrics::{self, Outcome};
 use crate::policy::{Algorithm, Count, Settlement};
 use crate::rejection::Rejection;
@@ -25,40 +25,40 @@ use crate::store::{Check, Decision, Decisions, Store, index_of_min};
 use crate::store::{UNSET, optional_micros};
 
 /// A request's decisions, as one store gave them.
-pub(super) struct Answered<'a> {
-    pub(super) store: &'a Arc<dyn Store>,
-    pub(super) checks: &'a [Check],
+pub(crate) struct Answered<'a> {
+    pub(crate) store: &'a Arc<dyn Store>,
+    pub(crate) checks: &'a [Check],
     /// One per check of `checks`: enforced ones before `enforced`, shadow
     /// ones after.
-    pub(super) decisions: &'a [Decision],
-    pub(super) enforced: usize,
+    pub(crate) decisions: &'a [Decision],
+    pub(crate) enforced: usize,
     /// What each check counts, when some count some responses only.
-    pub(super) counts: Option<&'a [Count]>,
+    pub(crate) counts: Option<&'a [Count]>,
     /// How each check's cost is settled, when some check's is after the
     /// response.
-    pub(super) settlements: Option<&'a [Option<Settlement>]>,
+    pub(crate) settlements: Option<&'a [Option<Settlement>]>,
     /// The client's tier, for a settlement to find its policy as it is
     /// when it lands.
-    pub(super) tier: Option<&'a str>,
+    pub(crate) tier: Option<&'a str>,
     /// The instances the limits are shared by, for local counts (1 for
     /// the store's): a settlement counts that share of the cost reported.
-    pub(super) share: u32,
-    pub(super) ietf_policy: Option<&'a HeaderValue>,
+    pub(crate) share: u32,
+    pub(crate) ietf_policy: Option<&'a HeaderValue>,
     /// When the checks were sent, on the deny cache's clock; `None` for the
     /// local limit's decisions.
-    pub(super) deny_clock: Option<u64>,
-    pub(super) took: Option<Duration>,
+    pub(crate) deny_clock: Option<u64>,
+    pub(crate) took: Option<Duration>,
     /// What the local counts recorded of the store's admission, to take
     /// back with the store's units.
-    pub(super) local: Option<Owed>,
+    pub(crate) local: Option<Owed>,
 }
 
-/// A place (see [`Unsettled`](super::unsettled::Unsettled)) for each
+/// A place (see [`Unsettled`](crate::layer::after::max_unsettled::Unsettled)) for each
 /// admitted enforced check (`checks`) that `settlements` settles after
 /// the response, in order (`None` for the others; a shadow check never
 /// denies, so takes none); or the index of the first check whose client
 /// holds as many reservations as its policy allows.
-pub(super) fn unsettled_places(
+pub(crate) fn unsettled_places(
     shared: &Shared,
     checks: &[Check],
     decisions: &[Decision],
@@ -86,7 +86,7 @@ pub(super) fn unsettled_places(
 /// policy of `answered`'s check at `full` as it allows, unsettled: its
 /// units are given back (and its leases), and it may try again in a
 /// second, when a reservation may have been settled.
-pub(super) fn holds_its_most(
+pub(crate) fn holds_its_most(
     shared: &Shared,
     parts: &Parts,
     answered: &Answered<'_>,
@@ -129,7 +129,7 @@ const UNSETTLED_RETRY: Duration = Duration::from_secs(1);
 
 /// A `429` for the decisions `answered` holds, some enforced one of which
 /// denies. A store's denial is remembered in the deny cache.
-pub(super) fn denied_by(shared: &Shared, parts: &Parts, answered: &Answered<'_>) -> Next {
+pub(crate) fn denied_by(shared: &Shared, parts: &Parts, answered: &Answered<'_>) -> Next {
     let &Answered {
         checks,
         decisions,
@@ -166,7 +166,7 @@ pub(super) fn denied_by(shared: &Shared, parts: &Parts, answered: &Answered<'_>)
 }
 
 /// Counts `outcome` for every check of a request, and traces it.
-pub(super) fn decided_all(checks: &[Check], outcome: Outcome, took: Option<Duration>) {
+pub(crate) fn decided_all(checks: &[Check], outcome: Outcome, took: Option<Duration>) {
     for check in checks {
         metrics::decided(check.policy(), outcome);
     }
@@ -177,7 +177,7 @@ pub(super) fn decided_all(checks: &[Check], outcome: Outcome, took: Option<Durat
 
 /// The debug-level `rate_limit` span of a decided request: the policy
 /// reported (or that denied), the outcome, and the store's time.
-pub(super) fn trace_decision(policy: &str, outcome: Outcome, took: Option<Duration>) {
+pub(crate) fn trace_decision(policy: &str, outcome: Outcome, took: Option<Duration>) {
     // Checked first: a span costs a few hundred instructions even when no
     // one listens (tracing's `log` fallback).
     if !tracing::enabled!(tracing::Level::DEBUG) {

@@ -23,7 +23,7 @@ pub(crate) struct Priced<'a> {
     pub(crate) prices: SmallVec<[Price<'a>; 2]>,
     /// Whether a policy that decides the request fails closed.
     pub(crate) fail_closed: bool,
-    /// Whether the checks need [`Modes`](crate::layer::checks::Modes): a
+    /// Whether the checks need [`Modes`](crate::layer::decide::checks::Modes): a
     /// shadow policy, one that counts some responses only or settles its
     /// costs, or one that falls back to a local limit.
     pub(crate) has_modes: bool,

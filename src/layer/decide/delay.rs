@@ -26,8 +26,8 @@ use std::time::Duration;
 
 use http::request::Parts;
 
-use crate::layer::owed::Owed;
-use crate::layer::recorded::{Recorded, report_refund};
+use crate::layer::after::owed::Owed;
+use crate::layer::after::recorded::{Recorded, report_refund};
 use crate::policy::Algorithm;
 use crate::store::{Check, Decision, Decisions, Store};
 use crate::store::{UNSET, micros};

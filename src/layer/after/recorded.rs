@@ -1,7 +1,7 @@
 //! [`Recorded`]: units a store recorded for some of a request's checks,
 //! to be given back by the times it recorded them at (refunds, a lease's
 //! release), and how a give-back that failed is reported. Shared by what
-//! a request owes ([`Owed`](super::owed::Owed)), a held request, an
+//! a request owes ([`Owed`](crate::layer::after::owed::Owed)), a held request, an
 //! upgraded connection's leases and the `Usage` handle.
 
 use std::sync::Arc;
@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
-use crate::layer::background::in_background_on;
+use crate::layer::after::background::in_background_on;
 use crate::store::Checks;
 use crate::store::{Check, CheckFuture, Decision, Store, StoreError};
 use crate::throttle::{REFUND_FAILURES, RELEASE_FAILURES};

@@ -9,15 +9,15 @@ use std::time::Duration;
 use smallvec::SmallVec;
 use tokio::sync::{OwnedRwLockReadGuard, RwLock};
 
-use crate::layer::background::spawn_on;
-use crate::layer::recorded::Recorded;
+use crate::layer::after::background::spawn_on;
+use crate::layer::after::recorded::Recorded;
 use crate::store::Checks;
 use crate::store::{CheckFuture, Store, StoreError};
 use crate::throttle::SETTLE_FAILURES;
 
 /// A settlement (or charges as a handle reports) sent to a store, kept
 /// to send again while the store cannot be reached.
-pub(super) struct Sent {
+pub(crate) struct Sent {
     store: Arc<dyn Store>,
     checks: Checks,
     times: SmallVec<[Duration; 2]>,
@@ -29,7 +29,7 @@ pub(super) struct Sent {
 /// so that each counts once: what one landed is taken from the
 /// settlement's cost, and what one did not land stays in it (one that
 /// timed out may have landed all the same, and then counts twice).
-pub(super) enum Turn {
+pub(crate) enum Turn {
     /// Charges as the handle reported: each cost, once it lands, is
     /// added to what its reservation was charged. They hold their
     /// request's lock for reading until answered.
@@ -49,20 +49,20 @@ pub(super) enum Turn {
 /// How many times a settlement is sent at most, and the wait before the
 /// second: doubled each time, to at most `SETTLE_RETRY_MOST`. About a
 /// minute in all.
-pub(super) const SETTLE_ATTEMPTS: u32 = 16;
+pub(crate) const SETTLE_ATTEMPTS: u32 = 16;
 
-pub(super) const SETTLE_RETRY: Duration = Duration::from_millis(100);
+pub(crate) const SETTLE_RETRY: Duration = Duration::from_millis(100);
 
-pub(super) const SETTLE_RETRY_MOST: Duration = Duration::from_secs(5);
+pub(crate) const SETTLE_RETRY_MOST: Duration = Duration::from_secs(5);
 
 /// How long after its first sending a settlement is still sent again,
 /// whatever the store's timeout: within the five minutes a store keeps a
 /// settlement's mark, so that a copy sent again after one that landed
 /// late is still found settled.
-pub(super) const SETTLE_RESENT_FOR: Duration = Duration::from_secs(240);
+pub(crate) const SETTLE_RESENT_FOR: Duration = Duration::from_secs(240);
 
 impl Sent {
-    pub(super) fn new(
+    pub(crate) fn new(
         store: Arc<dyn Store>,
         recorded: &Recorded,
         costs: SmallVec<[u64; 2]>,
@@ -81,7 +81,7 @@ impl Sent {
     /// the current runtime, or else `runtime`, sent again while the store
     /// cannot be reached (see [`until_answered`](Self::until_answered)),
     /// an open circuit breaker's answer at once included.
-    pub(super) fn send(mut self, runtime: Option<&tokio::runtime::Handle>) {
+    pub(crate) fn send(mut self, runtime: Option<&tokio::runtime::Handle>) {
         if let Turn::Settle { lock, .. } = &self.turn {
             if lock.try_write().is_err() {
                 let lock = lock.clone();
@@ -111,7 +111,7 @@ impl Sent {
 
     /// Takes from each cost of a settlement what the charges as the
     /// handle reported landed.
-    pub(super) fn less_landed(&mut self) {
+    pub(crate) fn less_landed(&mut self) {
         let Turn::Settle { charged, .. } = &self.turn else {
             return;
         };
@@ -123,7 +123,7 @@ impl Sent {
     }
 
     /// Counts what landed, and warns of what did not.
-    pub(super) fn done(&self, outcome: Result<(), StoreError>) {
+    pub(crate) fn done(&self, outcome: Result<(), StoreError>) {
         if let (Ok(()), Turn::Charge { charged, .. }) = (&outcome, &self.turn) {
             for (charged, units) in charged.iter().zip(&self.costs) {
                 charged.fetch_add(*units, Ordering::AcqRel);
@@ -142,7 +142,7 @@ impl Sent {
     /// charged the reservation alone. One that timed out may have landed:
     /// it is sent again only when the store settles each reservation once
     /// (see [`retried`](Self::retried)).
-    pub(super) async fn until_answered(self, first: CheckFuture<()>) {
+    pub(crate) async fn until_answered(self, first: CheckFuture<()>) {
         let started = tokio::time::Instant::now();
         let mut outcome = first.await;
         let mut wait = SETTLE_RETRY;
@@ -188,7 +188,7 @@ impl Sent {
 /// Warns of a settlement that failed: one that timed out may still land;
 /// one that failed otherwise (after its retries) leaves the reservation
 /// counted instead of the cost reported.
-pub(super) fn report_settlement(outcome: Result<(), StoreError>) {
+pub(crate) fn report_settlement(outcome: Result<(), StoreError>) {
     let Err(error) = outcome else {
         return;
     };

@@ -10,7 +10,7 @@ use smallvec::SmallVec;
 
 use crate::clock::{Clock, SystemClock, duration_micros};
 use crate::key::Key;
-use crate::layer::priced::Price;
+use crate::layer::decide::priced::Price;
 use crate::policy::Terms;
 use crate::response::problem::TooManyBody;
 use crate::store::Checks;

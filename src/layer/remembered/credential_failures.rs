@@ -10,8 +10,8 @@ use http::request::Parts;
 
 use crate::RateLimitLayer;
 use crate::key::{KeyExtractor, PeerIp};
-use crate::layer::deny_cache::{Denied, DenyCache};
-use crate::layer::priced::Priced;
+use crate::layer::decide::priced::Priced;
+use crate::layer::remembered::deny_cache::{Denied, DenyCache};
 use crate::policy::plan::Plan;
 use crate::policy::{CREDENTIAL_FAILURES, FailMode, Policy};
 use crate::store::Check;
@@ -144,7 +144,7 @@ impl CredentialFailures {
     }
 
     /// The addresses known to be blocked.
-    pub(super) fn blocked_addresses(&self) -> &DenyCache {
+    pub(crate) fn blocked_addresses(&self) -> &DenyCache {
         &self.blocked
     }
 }

@@ -1,7 +1,7 @@
 //! One request's decision, read top to bottom: what is known now (the
 //! plan, an exemption, the client, its costs and limits), the store asked,
 //! and its answer turned into a call or an answer (see
-//! [`outcome`](super::outcome)).
+//! [`outcome`](mod@outcome)).
 //!
 //! [`decide`] goes as far as it can without waiting and without
 //! allocating: on a store in process, or from the deny cache, that is to
@@ -12,6 +12,14 @@
 //! costs computed under it, so a reload of the policies never changes a
 //! request midway.
 
+pub(crate) mod answered;
+pub(crate) mod checks;
+pub(crate) mod delay;
+pub(crate) mod outcome;
+pub(crate) mod priced;
+pub(crate) mod refused;
+pub(crate) mod reject;
+
 use std::future::Future;
 use std::sync::Arc;
 
@@ -20,13 +28,12 @@ use http::request::Parts;
 use http::{Request, Response};
 
 use crate::key::{Identity, confirmed};
-use crate::layer::answered::cached_denial;
-use crate::layer::checks::{self, Modes, SentChecks};
+use crate::layer::decide::answered::cached_denial;
+use crate::layer::decide::outcome::{outcome, refused_locally};
+use crate::layer::decide::priced::Priced;
+use crate::layer::decide::refused::{blocked, refusal_of, refused};
+use crate::layer::decide::reject::reject;
 use crate::layer::future::{Continuation, Next};
-use crate::layer::outcome::{outcome, refused_locally};
-use crate::layer::priced::Priced;
-use crate::layer::refused::{blocked, refusal_of, refused};
-use crate::layer::reject::reject;
 use crate::layer::settings::Shared;
 use crate::limits::Found;
 use crate::lookup::{TIER_TIMED_OUT, within};
@@ -37,6 +44,7 @@ use crate::policy::plan::Plan;
 use crate::rejection::Rejection;
 use crate::store::Checks;
 use crate::store::{CheckFuture, Soon};
+use checks::{Modes, SentChecks};
 
 /// Decides the request whose head is `parts` as far as it can without
 /// waiting; `Err` is the rest of the decision of a request that must

@@ -9,10 +9,10 @@ use std::time::Duration;
 use http::HeaderMap;
 use smallvec::SmallVec;
 
-use crate::layer::recorded::Recorded;
-pub(crate) use crate::layer::settled::InForce;
-use crate::layer::settled::{Reported, Settled};
-use crate::layer::unsettled::Place;
+use crate::layer::after::max_unsettled::Place;
+use crate::layer::after::recorded::Recorded;
+pub(crate) use crate::layer::after::reservations::InForce;
+use crate::layer::after::reservations::{Reported, Settled};
 use crate::policy::Settlement;
 use crate::store::{Check, Store};
 

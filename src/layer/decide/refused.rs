@@ -8,9 +8,9 @@ use http::Response;
 use http::request::Parts;
 
 use crate::key::KeyRejection;
-use crate::layer::credential_failures::CredentialFailures;
-use crate::layer::deny_cache::{Denied, DenyCache};
-use crate::layer::reject::reject;
+use crate::layer::decide::reject::reject;
+use crate::layer::remembered::credential_failures::CredentialFailures;
+use crate::layer::remembered::deny_cache::{Denied, DenyCache};
 use crate::layer::settings::Shared;
 use crate::rejection::Rejection;
 use crate::rejection::limited::Limited;

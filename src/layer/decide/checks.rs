@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
-use crate::layer::local_fallback::LocalChecks;
-use crate::layer::recorded::{Recorded, report_release};
+use crate::layer::after::recorded::{Recorded, report_release};
+use crate::layer::remembered::local_fallback::LocalChecks;
 use crate::layer::settings::Settings;
 use crate::metrics::Timer;
 use crate::policy::plan::Plan;
@@ -56,7 +56,7 @@ pub(crate) struct Modes {
 impl Modes {
     /// The modes of `checks`, built from `plan`, which it puts in order:
     /// for checks that need more than counting (see
-    /// [`Priced::has_modes`](crate::layer::priced::Priced::has_modes)).
+    /// [`Priced::has_modes`](crate::layer::decide::priced::Priced::has_modes)).
     pub(crate) fn new(plan: &Plan, checks: &mut Checks, settings: Settings) -> Box<Self> {
         let shadow = |check: &Check| {
             settings.shadow
@@ -194,7 +194,7 @@ fn join(mut decided: Decisions, shadow: Result<Decisions, StoreError>) -> Decisi
 /// in flight, releases them by the ids the checks carry; so does an
 /// answer that leaves a check undecided (shadow checks that failed). A
 /// decided check's lease is the response's to release (see
-/// [`Owed`](super::owed::Owed)), and a denied one took nothing. Checks
+/// [`Owed`](crate::layer::after::owed::Owed)), and a denied one took nothing. Checks
 /// without a lease are not copied.
 fn released_unless_decided(
     store: &Arc<dyn Store>,

@@ -1,6 +1,6 @@
 use super::*;
 use crate::clock::FakeClock;
-use crate::layer::priced::Priced;
+use crate::layer::decide::priced::Priced;
 use crate::policy::plan::Plan;
 use crate::policy::{FailMode, Policy};
 
