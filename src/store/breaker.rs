@@ -324,9 +324,9 @@ impl Breaker {
                 let task = runtime.spawn(probing);
                 CheckFuture::new(async move {
                     task.await.unwrap_or_else(|stopped| {
-                        Err(StoreError::Backend(
-                            format!("the breaker's probe stopped: {stopped}").into(),
-                        ))
+                        Err(StoreError::backend(format!(
+                            "the breaker's probe stopped: {stopped}"
+                        )))
                     })
                 })
             }

@@ -46,6 +46,7 @@
 //! algorithm, with delays, blocks, tiers, peeks and refunds, as the
 //! crate's own tests hold the Redis store.
 
+pub(crate) mod background;
 mod breaker;
 mod check;
 #[cfg(any(test, feature = "test-util"))]
@@ -281,16 +282,18 @@ pub(crate) fn unpaired_settlement(
     })
 }
 
-/// Why a store could not decide.
-#[derive(Debug, thiserror::Error)]
+/// Why a store could not decide. Cloned for each request that waited on
+/// the one call that failed.
+#[derive(Clone, Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
     /// The backend did not answer in time.
     #[error("rate-limit store timed out after {0:?}")]
     Timeout(Duration),
-    /// The backend failed (connection refused, reset, script error, ...).
+    /// The backend failed (connection refused, reset, script error, ...):
+    /// made with [`StoreError::backend`].
     #[error("rate-limit store failed: {0}")]
-    Backend(#[source] Box<dyn std::error::Error + Send + Sync>),
+    Backend(#[source] Arc<dyn std::error::Error + Send + Sync>),
     /// The backend answered something this crate does not understand.
     #[error("rate-limit store answered unexpectedly: {0}")]
     Protocol(String),
@@ -314,4 +317,18 @@ pub enum StoreError {
     /// tracks, so a circuit breaker does not count this as a failure.
     #[error("rate-limit store is full and does not track this client: {0}")]
     Full(String),
+}
+
+impl StoreError {
+    /// A backend failure of `source`: an error, or a message.
+    ///
+    /// ```
+    /// use slidegate::store::StoreError;
+    ///
+    /// let error = StoreError::backend("connection reset");
+    /// assert_eq!(error.to_string(), "rate-limit store failed: connection reset");
+    /// ```
+    pub fn backend(source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Self::Backend(Arc::from(source.into()))
+    }
 }

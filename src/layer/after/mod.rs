@@ -1,12 +1,11 @@
 //! What happens after the response: what an admitted request owes the
 //! store ([`owed`]), the units it gives back ([`recorded`], on a task of
-//! its own: [`background`]), the reservations of policies settled after
+//! its own), the reservations of policies settled after
 //! the response ([`reservations`], [`max_unsettled`]), reported through
 //! the [`Usage`](crate::Usage) handle ([`usage`]) and sent to the store
 //! ([`sending`]), and the leases an upgraded connection holds
 //! ([`connection`]).
 
-pub(crate) mod background;
 pub(crate) mod connection;
 pub(crate) mod max_unsettled;
 pub(crate) mod owed;

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
-use crate::layer::after::background::in_background_on;
 use crate::store::Checks;
+use crate::store::background::in_background_on;
 use crate::store::{Check, CheckFuture, Decision, Store, StoreError};
 use crate::throttle::{REFUND_FAILURES, RELEASE_FAILURES};
 

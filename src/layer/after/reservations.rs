@@ -11,11 +11,11 @@ use http::{HeaderMap, HeaderName};
 use smallvec::SmallVec;
 use tokio::sync::RwLock;
 
-use crate::layer::after::background::in_background_on;
 use crate::layer::after::max_unsettled::Place;
 use crate::layer::after::recorded::Recorded;
 use crate::layer::after::sending::{Sent, Turn, report_settlement};
 use crate::policy::Policies;
+use crate::store::background::in_background_on;
 use crate::store::{Check, Store};
 use crate::throttle::SETTLE_FAILURES;
 

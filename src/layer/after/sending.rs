@@ -9,9 +9,9 @@ use std::time::Duration;
 use smallvec::SmallVec;
 use tokio::sync::{OwnedRwLockReadGuard, RwLock};
 
-use crate::layer::after::background::spawn_on;
 use crate::layer::after::recorded::Recorded;
 use crate::store::Checks;
+use crate::store::background::spawn_on;
 use crate::store::{CheckFuture, Store, StoreError};
 use crate::throttle::SETTLE_FAILURES;
 

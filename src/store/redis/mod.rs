@@ -503,7 +503,7 @@ impl RedisStore {
 fn failed_within(failed: Failed, within: Duration) -> StoreError {
     match failed {
         Failed::Timeout => StoreError::Timeout(within),
-        Failed::Redis(error) => StoreError::Backend(error.into()),
+        Failed::Redis(error) => StoreError::backend(error),
     }
 }
 

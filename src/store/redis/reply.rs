@@ -105,8 +105,8 @@ pub(super) fn store_error_of(error: RedisError) -> StoreError {
         StoreError::Full(error.detail().unwrap_or_default().to_owned())
     } else if let Some(annotated) = script::annotate(&error.to_string()) {
         // The library's line that failed, named in `lua/`.
-        StoreError::Backend(annotated.into())
+        StoreError::backend(annotated)
     } else {
-        StoreError::Backend(error.into())
+        StoreError::backend(error)
     }
 }

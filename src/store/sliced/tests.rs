@@ -76,8 +76,8 @@ async fn a_slice_ages_out_and_gives_back_what_it_did_not_use() {
     }
     assert_eq!(left_in_store(&memory, &check).await, 98);
     assert!(
-        lock(&sliced.table.slots).by_scope.is_empty(),
-        "the slot left the table"
+        lock(&sliced.table.entries).by_scope.is_empty(),
+        "the entry left the table"
     );
 }
 
