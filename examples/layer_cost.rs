@@ -40,7 +40,7 @@ use slidegate::{
     PeerIp, Policies, Policy, RateLimitLayer,
     headers::HeaderStyle,
     layer::DenyCache,
-    store::{Check, CheckFuture, MemoryStore, Store},
+    store::{Check, MemoryStore, Store, StoreFuture},
 };
 use tower::{Service, ServiceExt};
 
@@ -52,19 +52,19 @@ const CLIENTS: u32 = 256;
 struct Remote(MemoryStore);
 
 impl Store for Remote {
-    fn check(&self, checks: &[Check]) -> CheckFuture {
+    fn check(&self, checks: &[Check]) -> StoreFuture {
         self.0.check(checks)
     }
 
-    fn peek(&self, checks: &[Check]) -> CheckFuture {
+    fn peek(&self, checks: &[Check]) -> StoreFuture {
         self.0.peek(checks)
     }
 
-    fn refund(&self, checks: &[Check], recorded_at: &[Duration]) -> CheckFuture<()> {
+    fn refund(&self, checks: &[Check], recorded_at: &[Duration]) -> StoreFuture<()> {
         self.0.refund(checks, recorded_at)
     }
 
-    fn settle(&self, checks: &[Check], recorded_at: &[Duration], costs: &[u64]) -> CheckFuture<()> {
+    fn settle(&self, checks: &[Check], recorded_at: &[Duration], costs: &[u64]) -> StoreFuture<()> {
         self.0.settle(checks, recorded_at, costs)
     }
 

@@ -146,13 +146,13 @@ pub mod headers;
 pub mod key;
 pub mod layer;
 pub mod limits;
+mod log_lines;
 pub mod lookup;
 mod metrics;
 pub mod policy;
 pub mod rejection;
 mod response;
 pub mod store;
-mod throttle;
 
 #[cfg(feature = "jwt")]
 pub use key::JwtClaim;

@@ -60,9 +60,9 @@ use smallvec::SmallVec;
 use tokio::time::Instant;
 
 use crate::key::Key;
+use crate::log_lines::LIMIT_LOOKUP_INVALID;
 use crate::lookup::{LIMIT_REFRESH_TIMED_OUT, LIMIT_TIMED_OUT, Lookup, within};
 use crate::policy::Policy;
-use crate::throttle::LIMIT_LOOKUP_INVALID;
 
 /// Finds a client's own limit under a policy: a [`Lookup`] of the client's
 /// key and the policy. Set with

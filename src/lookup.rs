@@ -22,7 +22,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use crate::throttle::Throttle;
+use crate::log_lines::OncePerSecond;
 
 /// The future a [`Lookup`] returns.
 pub(crate) type LookupFuture<A> = Pin<Box<dyn Future<Output = A> + Send + 'static>>;
@@ -81,7 +81,7 @@ where
 
 /// What a lookup that timed out warns, at most once a second.
 pub(crate) struct TimedOut {
-    throttle: Throttle,
+    lines: OncePerSecond,
     /// What happens instead, for the warning.
     message: &'static str,
 }
@@ -89,7 +89,7 @@ pub(crate) struct TimedOut {
 impl TimedOut {
     pub(crate) const fn warning(message: &'static str) -> Self {
         Self {
-            throttle: Throttle::new(),
+            lines: OncePerSecond::new(),
             message,
         }
     }
@@ -120,7 +120,7 @@ pub(crate) async fn within<A>(
 ) -> Option<A> {
     let answer = tokio::time::timeout(timeout, lookup).await.ok();
     if answer.is_none()
-        && let Some(held_back) = timed_out.throttle.admit()
+        && let Some(held_back) = timed_out.lines.admit()
     {
         tracing::warn!(?timeout, held_back, "{}", timed_out.message);
     }

@@ -9,7 +9,7 @@ use http::request::Parts;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use super::{Identity, Key, KeyExtractor, KeyRejection};
-use crate::throttle::MISSING_PEER_ADDRESS;
+use crate::log_lines::MISSING_PEER_ADDRESS;
 
 /// Forwarding hops beyond this many are not examined.
 const MAX_HOPS: usize = 64;

@@ -46,7 +46,7 @@ impl RateLimitLayer {
             None => None,
         };
         let limits = policy.limits_with(tier, own);
-        let mut check = Check::from_limits(policy, key, limits);
+        let mut check = Check::of_limits(policy, key, limits);
         self.shared.in_namespace(&mut check);
         check
     }
@@ -118,7 +118,7 @@ impl RateLimitLayer {
     /// name; [`LimitError::Store`] if the store could not answer.
     pub async fn reset(&self, policy: &str, key: &Key) -> Result<(), LimitError> {
         let policy = self.policy_named(policy)?;
-        let mut check = Check::of_valid(&policy, key, None);
+        let mut check = Check::of_limits(&policy, key, policy.limits_for(None));
         self.shared.in_namespace(&mut check);
         self.shared
             .store()

@@ -62,8 +62,8 @@ mod tests {
     struct Remote;
 
     impl Store for Remote {
-        fn check(&self, _: &[crate::store::Check]) -> crate::store::CheckFuture {
-            crate::store::CheckFuture::ready(Ok(crate::store::Decisions::new()))
+        fn check(&self, _: &[crate::store::Check]) -> crate::store::StoreFuture {
+            crate::store::StoreFuture::ready(Ok(crate::store::Decisions::new()))
         }
 
         fn is_remote(&self) -> bool {

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http::Response;
 use http_body_util::BodyExt;
 
-use crate::throttle::INCOMPLETE_HOOK_BODIES;
+use crate::log_lines::INCOMPLETE_HOOK_BODIES;
 
 /// `response` with its body as bytes, when the body is complete now, as
 /// the bodies of axum's own responses are (strings, bytes, `Json`, `Html`,

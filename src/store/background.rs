@@ -1,7 +1,7 @@
 //! Store calls that nobody waits for: refunds and lease releases, made
 //! once a response is on its way.
 
-use crate::store::{CheckFuture, StoreError};
+use crate::store::{StoreError, StoreFuture};
 
 /// Lets `answer` run to its end without anyone waiting for it: at once
 /// for a store in process, on a task of its own otherwise; `report` is
@@ -13,7 +13,7 @@ use crate::store::{CheckFuture, StoreError};
 /// runtime.
 pub(crate) fn in_background_on(
     runtime: Option<&tokio::runtime::Handle>,
-    answer: CheckFuture<()>,
+    answer: StoreFuture<()>,
     report: fn(Result<(), StoreError>),
 ) -> bool {
     let outcome = match answer.into_ready() {

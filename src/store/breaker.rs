@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Check, CheckFuture, Store, StoreError};
+use super::{Check, Store, StoreError, StoreFuture};
 
 /// When a [`CircuitBreaker`] opens, and for how long.
 ///
@@ -277,17 +277,17 @@ impl Breaker {
     /// `answer` of a check sent in the closed period `passed`, watched.
     fn watch<T: Send + 'static>(
         self: &Arc<Self>,
-        answer: CheckFuture<T>,
+        answer: StoreFuture<T>,
         passed: Word,
-    ) -> CheckFuture<T> {
+    ) -> StoreFuture<T> {
         match answer.into_ready() {
             Ok(outcome) => {
                 self.observe(&outcome, passed);
-                CheckFuture::ready(outcome)
+                StoreFuture::ready(outcome)
             }
             Err(later) => {
                 let breaker = self.clone();
-                CheckFuture::new(async move {
+                StoreFuture::new(async move {
                     let outcome = later.await;
                     breaker.observe(&outcome, passed);
                     outcome
@@ -301,13 +301,13 @@ impl Breaker {
     /// runtime, bounded by the probe deadline.
     fn run_probe<T: Send + 'static>(
         &self,
-        answer: CheckFuture<T>,
+        answer: StoreFuture<T>,
         mut watch: ProbeWatch,
-    ) -> CheckFuture<T> {
+    ) -> StoreFuture<T> {
         let later = match answer.into_ready() {
             Ok(outcome) => {
                 watch.answered(&outcome);
-                return CheckFuture::ready(outcome);
+                return StoreFuture::ready(outcome);
             }
             Err(later) => later,
         };
@@ -322,7 +322,7 @@ impl Breaker {
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 let task = runtime.spawn(probing);
-                CheckFuture::new(async move {
+                StoreFuture::new(async move {
                     task.await.unwrap_or_else(|stopped| {
                         Err(StoreError::backend(format!(
                             "the breaker's probe stopped: {stopped}"
@@ -332,7 +332,7 @@ impl Breaker {
             }
             // Without a runtime the probe runs with its request; dropped,
             // it opens the breaker again.
-            Err(_) => CheckFuture::new(probing),
+            Err(_) => StoreFuture::new(probing),
         }
     }
 }
@@ -366,8 +366,8 @@ impl Drop for ProbeWatch {
 impl<S: Store> CircuitBreaker<S> {
     fn guarded<T: Send + 'static>(
         &self,
-        call: impl FnOnce(&S) -> CheckFuture<T>,
-    ) -> CheckFuture<T> {
+        call: impl FnOnce(&S) -> StoreFuture<T>,
+    ) -> StoreFuture<T> {
         match self.breaker.pass() {
             Pass::Closed(passed) => self.breaker.watch(call(&self.store), passed),
             Pass::Probe(probe) => {
@@ -380,33 +380,33 @@ impl<S: Store> CircuitBreaker<S> {
                 };
                 self.breaker.run_probe(call(&self.store), watch)
             }
-            Pass::Skip => CheckFuture::ready(Err(StoreError::CircuitOpen)),
+            Pass::Skip => StoreFuture::ready(Err(StoreError::CircuitOpen)),
         }
     }
 }
 
 impl<S: Store> Store for CircuitBreaker<S> {
-    fn check(&self, checks: &[Check]) -> CheckFuture {
+    fn check(&self, checks: &[Check]) -> StoreFuture {
         self.guarded(|store| store.check(checks))
     }
 
-    fn peek(&self, checks: &[Check]) -> CheckFuture {
+    fn peek(&self, checks: &[Check]) -> StoreFuture {
         self.guarded(|store| store.peek(checks))
     }
 
-    fn refund(&self, checks: &[Check], recorded_at: &[Duration]) -> CheckFuture<()> {
+    fn refund(&self, checks: &[Check], recorded_at: &[Duration]) -> StoreFuture<()> {
         self.guarded(|store| store.refund(checks, recorded_at))
     }
 
-    fn settle(&self, checks: &[Check], recorded_at: &[Duration], costs: &[u64]) -> CheckFuture<()> {
+    fn settle(&self, checks: &[Check], recorded_at: &[Duration], costs: &[u64]) -> StoreFuture<()> {
         self.guarded(|store| store.settle(checks, recorded_at, costs))
     }
 
-    fn renew(&self, checks: &[Check]) -> CheckFuture<Vec<bool>> {
+    fn renew(&self, checks: &[Check]) -> StoreFuture<Vec<bool>> {
         self.guarded(|store| store.renew(checks))
     }
 
-    fn reset(&self, checks: &[Check]) -> CheckFuture<()> {
+    fn reset(&self, checks: &[Check]) -> StoreFuture<()> {
         self.guarded(|store| store.reset(checks))
     }
 

@@ -71,18 +71,12 @@ impl Check {
     /// ```
     pub fn for_tier(policy: &Policy, key: Key, tier: Option<&str>) -> Result<Self, PolicyError> {
         policy.validate()?;
-        Ok(Self::of_valid(policy, &key, tier))
+        Ok(Self::of_limits(policy, &key, policy.limits_for(tier)))
     }
 
-    /// [`for_tier`](Self::for_tier) for a policy already validated.
-    pub(crate) fn of_valid(policy: &Policy, key: &Key, tier: Option<&str>) -> Self {
-        let limits = policy.limits_for(tier);
-        Self::from_limits(policy, key, limits)
-    }
-
-    /// The check of `policy` for `key` under `limits` (validated with the
-    /// policy, or as a client's own limit), at their cost.
-    pub(crate) fn from_limits(policy: &Policy, key: &Key, limits: Limits) -> Self {
+    /// The check of a valid `policy` for `key` under `limits` (the
+    /// policy's for a tier, or a client's own limit), at their cost.
+    pub(crate) fn of_limits(policy: &Policy, key: &Key, limits: Limits) -> Self {
         let terms = Arc::new(Terms::with_limits(policy, limits));
         Self::of_terms(&terms, key, None, (limits.limit, limits.burst), limits.cost)
     }

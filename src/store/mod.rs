@@ -70,8 +70,8 @@ pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]
 pub use redis::{PrefixError, RedisPool, RedisStore, RedisStoreBuilder};
 pub(crate) use sliced::Sliced;
-pub use soon::CheckFuture;
 pub(crate) use soon::Soon;
+pub use soon::StoreFuture;
 
 use std::any::Any;
 use std::sync::Arc;
@@ -86,8 +86,8 @@ pub(crate) type CheckOutcome = Result<Decisions, StoreError>;
 /// and its cost is recorded in all of them, or none records anything. It
 /// returns one [`Decision`] per check, in order. Implementations bound their
 /// own latency (a hung backend must become an error, not a hung request).
-/// A store that decides in process answers with [`CheckFuture::ready`]; one
-/// that waits on the network, with [`CheckFuture::new`].
+/// A store that decides in process answers with [`StoreFuture::ready`]; one
+/// that waits on the network, with [`StoreFuture::new`].
 ///
 /// `peek` and `refund` serve policies that count only some responses
 /// ([`Count`](crate::policy::Count)); a store without them answers
@@ -96,14 +96,14 @@ pub(crate) type CheckOutcome = Result<Decisions, StoreError>;
 pub trait Store: Send + Sync + 'static {
     /// Decides and, when admitted, records the request. The checks are
     /// borrowed: a store whose answer comes later copies what it needs.
-    fn check(&self, checks: &[Check]) -> CheckFuture;
+    fn check(&self, checks: &[Check]) -> StoreFuture;
 
     /// The checks' decisions as a `check` now would give them, recording
     /// nothing: `admitted` says whether every check fits, and a check that
     /// does not fit has its `retry_after`.
-    fn peek(&self, checks: &[Check]) -> CheckFuture {
+    fn peek(&self, checks: &[Check]) -> StoreFuture {
         let _ = checks;
-        CheckFuture::ready(Err(StoreError::Unsupported("peek")))
+        StoreFuture::ready(Err(StoreError::Unsupported("peek")))
     }
 
     /// Takes back what an admitted request recorded: for each check, the
@@ -115,9 +115,9 @@ pub trait Store: Send + Sync + 'static {
     /// a state since reset or lost (a sliding counter's, a fixed
     /// window's or a token bucket's made after the time named). Each
     /// check's refund stands on its own.
-    fn refund(&self, checks: &[Check], recorded_at: &[Duration]) -> CheckFuture<()> {
+    fn refund(&self, checks: &[Check], recorded_at: &[Duration]) -> StoreFuture<()> {
         let _ = (checks, recorded_at);
-        CheckFuture::ready(Err(StoreError::Unsupported("refund")))
+        StoreFuture::ready(Err(StoreError::Unsupported("refund")))
     }
 
     /// Replaces what each check's request reserved by what it cost in the
@@ -142,9 +142,9 @@ pub trait Store: Send + Sync + 'static {
     /// settlement stands on its own. A time of zero names no units: the cost is charged alone
     /// (as the layer settles a policy a reload has made count by another
     /// algorithm since the request was admitted).
-    fn settle(&self, checks: &[Check], recorded_at: &[Duration], costs: &[u64]) -> CheckFuture<()> {
+    fn settle(&self, checks: &[Check], recorded_at: &[Duration], costs: &[u64]) -> StoreFuture<()> {
         let _ = (checks, recorded_at, costs);
-        CheckFuture::ready(Err(StoreError::Unsupported("settle")))
+        StoreFuture::ready(Err(StoreError::Unsupported("settle")))
     }
 
     /// Keeps each concurrency check's lease, named by its id, for another
@@ -162,17 +162,17 @@ pub trait Store: Send + Sync + 'static {
     /// release takes the lease again (within the limit), for a lease
     /// time. Checks of other algorithms are left as they are, and answer
     /// `true`.
-    fn renew(&self, checks: &[Check]) -> CheckFuture<Vec<bool>> {
+    fn renew(&self, checks: &[Check]) -> StoreFuture<Vec<bool>> {
         let _ = checks;
-        CheckFuture::ready(Err(StoreError::Unsupported("renew")))
+        StoreFuture::ready(Err(StoreError::Unsupported("renew")))
     }
 
     /// Forgets everything each check's client has spent under the check's
     /// policy, its block included: its next request starts afresh. Only
     /// the check's policy, client and algorithm matter.
-    fn reset(&self, checks: &[Check]) -> CheckFuture<()> {
+    fn reset(&self, checks: &[Check]) -> StoreFuture<()> {
         let _ = checks;
-        CheckFuture::ready(Err(StoreError::Unsupported("reset")))
+        StoreFuture::ready(Err(StoreError::Unsupported("reset")))
     }
 
     /// Whether a check costs a network round trip, as with Redis; the
@@ -217,27 +217,27 @@ pub trait Store: Send + Sync + 'static {
 }
 
 impl<S: Store + ?Sized> Store for Arc<S> {
-    fn check(&self, checks: &[Check]) -> CheckFuture {
+    fn check(&self, checks: &[Check]) -> StoreFuture {
         (**self).check(checks)
     }
 
-    fn peek(&self, checks: &[Check]) -> CheckFuture {
+    fn peek(&self, checks: &[Check]) -> StoreFuture {
         (**self).peek(checks)
     }
 
-    fn refund(&self, checks: &[Check], recorded_at: &[Duration]) -> CheckFuture<()> {
+    fn refund(&self, checks: &[Check], recorded_at: &[Duration]) -> StoreFuture<()> {
         (**self).refund(checks, recorded_at)
     }
 
-    fn settle(&self, checks: &[Check], recorded_at: &[Duration], costs: &[u64]) -> CheckFuture<()> {
+    fn settle(&self, checks: &[Check], recorded_at: &[Duration], costs: &[u64]) -> StoreFuture<()> {
         (**self).settle(checks, recorded_at, costs)
     }
 
-    fn renew(&self, checks: &[Check]) -> CheckFuture<Vec<bool>> {
+    fn renew(&self, checks: &[Check]) -> StoreFuture<Vec<bool>> {
         (**self).renew(checks)
     }
 
-    fn reset(&self, checks: &[Check]) -> CheckFuture<()> {
+    fn reset(&self, checks: &[Check]) -> StoreFuture<()> {
         (**self).reset(checks)
     }
 

@@ -1,4 +1,4 @@
-//! [`CheckFuture`], a store's answer, and the [`Soon`] it is made of: a
+//! [`StoreFuture`], a store's answer, and the [`Soon`] it is made of: a
 //! value known now or to come.
 
 use std::fmt;
@@ -10,7 +10,7 @@ use super::{Decisions, StoreError};
 
 /// A value known now, which costs no allocation and lets the caller go on
 /// without a second poll, or a boxed future of it. The layer's own steps
-/// are one; a store's answer is one inside [`CheckFuture`].
+/// are one; a store's answer is one inside [`StoreFuture`].
 #[must_use = "nothing happens until the future is polled"]
 pub(crate) struct Soon<T>(Value<T>);
 
@@ -73,19 +73,19 @@ impl<T> fmt::Debug for Soon<T> {
 /// refund's, `()`.
 ///
 /// ```
-/// use slidegate::store::{CheckFuture, Decisions, StoreError};
+/// use slidegate::store::{StoreFuture, Decisions, StoreError};
 /// use std::time::Duration;
 ///
-/// let known = CheckFuture::ready(Ok(Decisions::new()));
+/// let known = StoreFuture::ready(Ok(Decisions::new()));
 /// assert!(known.into_ready().is_ok());
 ///
-/// let later: CheckFuture = CheckFuture::new(async { Err(StoreError::Timeout(Duration::from_millis(50))) });
+/// let later: StoreFuture = StoreFuture::new(async { Err(StoreError::Timeout(Duration::from_millis(50))) });
 /// assert!(later.into_ready().is_err(), "a boxed future is never taken as ready");
 /// ```
 #[must_use = "nothing happens until the future is polled"]
-pub struct CheckFuture<T = Decisions>(Soon<Result<T, StoreError>>);
+pub struct StoreFuture<T = Decisions>(Soon<Result<T, StoreError>>);
 
-impl<T> CheckFuture<T> {
+impl<T> StoreFuture<T> {
     /// `answer`, known now.
     pub fn ready(answer: Result<T, StoreError>) -> Self {
         Self(Soon::ready(answer))
@@ -102,7 +102,7 @@ impl<T> CheckFuture<T> {
     }
 }
 
-impl<T> Future for CheckFuture<T> {
+impl<T> Future for StoreFuture<T> {
     type Output = Result<T, StoreError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
@@ -110,8 +110,8 @@ impl<T> Future for CheckFuture<T> {
     }
 }
 
-impl<T> fmt::Debug for CheckFuture<T> {
+impl<T> fmt::Debug for StoreFuture<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("CheckFuture").field(&self.0).finish()
+        f.debug_tuple("StoreFuture").field(&self.0).finish()
     }
 }

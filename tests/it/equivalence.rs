@@ -14,7 +14,7 @@ use slidegate::{
     clock::{Clock, FakeClock},
     key::Key,
     policy::{Algorithm, Calendar, Period},
-    store::{Check, CheckFuture, MemoryStore, RedisStore, Store, conformance::Conformance},
+    store::{Check, MemoryStore, RedisStore, Store, StoreFuture, conformance::Conformance},
 };
 
 /// The longest delay a policy may hold a request for (`Policy::with_delay`).
@@ -1004,16 +1004,16 @@ fn the_conformance_trace_finds_a_store_that_forgets_refunds() {
     struct Forgetful(MemoryStore);
 
     impl Store for Forgetful {
-        fn check(&self, checks: &[Check]) -> CheckFuture {
+        fn check(&self, checks: &[Check]) -> StoreFuture {
             self.0.check(checks)
         }
 
-        fn peek(&self, checks: &[Check]) -> CheckFuture {
+        fn peek(&self, checks: &[Check]) -> StoreFuture {
             self.0.peek(checks)
         }
 
-        fn refund(&self, _: &[Check], _: &[Duration]) -> CheckFuture<()> {
-            CheckFuture::ready(Ok(()))
+        fn refund(&self, _: &[Check], _: &[Duration]) -> StoreFuture<()> {
+            StoreFuture::ready(Ok(()))
         }
     }
 

@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::layer::after::recorded::{Recorded, report_release};
-use crate::throttle::RELEASE_FAILURES;
+use crate::log_lines::RELEASE_FAILURES;
 
 /// The concurrency leases of a request whose connection is upgraded (a
 /// WebSocket, a `CONNECT` tunnel), held until the upgraded connection

@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
+use crate::log_lines::{REFUND_FAILURES, RELEASE_FAILURES};
 use crate::store::Checks;
 use crate::store::background::in_background_on;
-use crate::store::{Check, CheckFuture, Decision, Store, StoreError};
-use crate::throttle::{REFUND_FAILURES, RELEASE_FAILURES};
+use crate::store::{Check, Decision, Store, StoreError, StoreFuture};
 
 /// Units a store recorded for some of a request's checks, each at its
 /// time ([`Decision::recorded_at`]); the store takes them back by these.
@@ -87,7 +87,7 @@ impl Recorded {
 
     /// Keeps the leases among the checks a lease time from now; whether
     /// each is held (see [`Store::renew`]).
-    pub(crate) fn renew(&self) -> CheckFuture<Vec<bool>> {
+    pub(crate) fn renew(&self) -> StoreFuture<Vec<bool>> {
         self.store.renew(&self.checks)
     }
 

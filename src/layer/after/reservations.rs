@@ -14,10 +14,10 @@ use tokio::sync::RwLock;
 use crate::layer::after::max_unsettled::Place;
 use crate::layer::after::recorded::Recorded;
 use crate::layer::after::sending::{Sent, Turn, report_settlement};
+use crate::log_lines::SETTLE_FAILURES;
 use crate::policy::Policies;
 use crate::store::background::in_background_on;
 use crate::store::{Check, Store};
-use crate::throttle::SETTLE_FAILURES;
 
 /// Reservations of policies settled after the response, replaced by what
 /// the request reported it cost: per reservation, the value of the header
@@ -81,7 +81,11 @@ impl InForce {
         let policy = policies
             .iter()
             .find(|policy| policy.name() == &**reserved.policy())?;
-        let mut now = Check::of_valid(policy, &reserved.key, self.tier.as_deref());
+        let mut now = Check::of_limits(
+            policy,
+            &reserved.key,
+            policy.limits_for(self.tier.as_deref()),
+        );
         if now.algorithm() == reserved.algorithm() {
             return None;
         }

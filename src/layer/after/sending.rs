@@ -10,10 +10,10 @@ use smallvec::SmallVec;
 use tokio::sync::{OwnedRwLockReadGuard, RwLock};
 
 use crate::layer::after::recorded::Recorded;
+use crate::log_lines::SETTLE_FAILURES;
 use crate::store::Checks;
 use crate::store::background::spawn_on;
-use crate::store::{CheckFuture, Store, StoreError};
-use crate::throttle::SETTLE_FAILURES;
+use crate::store::{Store, StoreError, StoreFuture};
 
 /// A settlement (or charges as a handle reports) sent to a store, kept
 /// to send again while the store cannot be reached.
@@ -100,7 +100,7 @@ impl Sent {
         }
         let answer = self.store.settle(&self.checks, &self.times, &self.costs);
         let first = match answer.into_ready() {
-            Ok(Err(error)) if self.retried(&error) => CheckFuture::ready(Err(error)),
+            Ok(Err(error)) if self.retried(&error) => StoreFuture::ready(Err(error)),
             Ok(outcome) => return self.done(outcome),
             Err(later) => later,
         };
@@ -142,7 +142,7 @@ impl Sent {
     /// charged the reservation alone. One that timed out may have landed:
     /// it is sent again only when the store settles each reservation once
     /// (see [`retried`](Self::retried)).
-    pub(crate) async fn until_answered(self, first: CheckFuture<()>) {
+    pub(crate) async fn until_answered(self, first: StoreFuture<()>) {
         let started = tokio::time::Instant::now();
         let mut outcome = first.await;
         let mut wait = SETTLE_RETRY;
@@ -219,14 +219,14 @@ mod tests {
     }
 
     impl Store for Slow {
-        fn check(&self, _: &[Check]) -> CheckFuture {
-            CheckFuture::ready(Err(StoreError::Unsupported("check")))
+        fn check(&self, _: &[Check]) -> StoreFuture {
+            StoreFuture::ready(Err(StoreError::Unsupported("check")))
         }
 
-        fn settle(&self, _: &[Check], _: &[Duration], _: &[u64]) -> CheckFuture<()> {
+        fn settle(&self, _: &[Check], _: &[Duration], _: &[u64]) -> StoreFuture<()> {
             self.sent.lock().unwrap().push(tokio::time::Instant::now());
             let took = self.took;
-            CheckFuture::new(async move {
+            StoreFuture::new(async move {
                 tokio::time::sleep(took).await;
                 Err(StoreError::Timeout(took))
             })

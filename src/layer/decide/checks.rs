@@ -15,7 +15,7 @@ use crate::metrics::Timer;
 use crate::policy::plan::Plan;
 use crate::policy::{Algorithm, Count, FailMode, Settlement};
 use crate::store::Checks;
-use crate::store::{Check, CheckFuture, Decisions, Store, StoreError};
+use crate::store::{Check, Decisions, Store, StoreError, StoreFuture};
 
 /// A request's checks, as sent to the store.
 pub(crate) struct SentChecks {
@@ -132,7 +132,7 @@ impl Modes {
 /// The leases of concurrency checks the answer leaves undecided (a call
 /// that failed, a request dropped meanwhile) are released by their ids.
 #[inline]
-pub(crate) fn check(store: &Arc<dyn Store>, checks: &[Check], shadow_from: usize) -> CheckFuture {
+pub(crate) fn check(store: &Arc<dyn Store>, checks: &[Check], shadow_from: usize) -> StoreFuture {
     let answer = if shadow_from == 0 || shadow_from >= checks.len() {
         store.check(checks)
     } else {
@@ -147,26 +147,26 @@ pub(crate) fn check(store: &Arc<dyn Store>, checks: &[Check], shadow_from: usize
     }
 }
 
-fn check_apart(store: &Arc<dyn Store>, checks: &[Check], shadow_from: usize) -> CheckFuture {
+fn check_apart(store: &Arc<dyn Store>, checks: &[Check], shadow_from: usize) -> StoreFuture {
     let (enforced, shadow) = checks.split_at(shadow_from);
     let decided = match store.check(enforced).into_ready() {
         Ok(Ok(decisions)) => decisions,
-        Ok(Err(error)) => return CheckFuture::ready(Err(error)),
+        Ok(Err(error)) => return StoreFuture::ready(Err(error)),
         Err(later) => {
             let store = store.clone();
             let shadow: Checks = shadow.iter().cloned().collect();
-            return CheckFuture::new(async move {
+            return StoreFuture::new(async move {
                 let decisions = later.await?;
                 Ok(with_shadow(&*store, decisions, &shadow).await)
             });
         }
     };
     if !decided.iter().all(|decision| decision.admitted()) {
-        return CheckFuture::ready(Ok(decided));
+        return StoreFuture::ready(Ok(decided));
     }
     match store.check(shadow).into_ready() {
-        Ok(outcome) => CheckFuture::ready(Ok(join(decided, outcome))),
-        Err(later) => CheckFuture::new(async move { Ok(join(decided, later.await)) }),
+        Ok(outcome) => StoreFuture::ready(Ok(join(decided, outcome))),
+        Err(later) => StoreFuture::new(async move { Ok(join(decided, later.await)) }),
     }
 }
 
@@ -200,8 +200,8 @@ fn released_unless_decided(
     store: &Arc<dyn Store>,
     checks: &[Check],
     first: usize,
-    answer: CheckFuture,
-) -> CheckFuture {
+    answer: StoreFuture,
+) -> StoreFuture {
     let in_flight = |decided: usize| InFlight {
         store: store.clone(),
         checks: checks[first.max(decided)..].iter().cloned().collect(),
@@ -214,11 +214,11 @@ fn released_unless_decided(
             if decided < checks.len() {
                 drop(in_flight(decided));
             }
-            CheckFuture::ready(outcome)
+            StoreFuture::ready(outcome)
         }
         Err(later) => {
             let mut in_flight = in_flight(0);
-            CheckFuture::new(async move {
+            StoreFuture::new(async move {
                 let outcome = later.await;
                 if let Ok(decisions) = &outcome {
                     let decided = decisions.len().saturating_sub(first);

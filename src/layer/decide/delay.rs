@@ -55,12 +55,12 @@ impl DelayedRequests {
 /// One held request's place, given back when dropped (the request passed,
 /// or its client went away).
 #[derive(Debug)]
-pub(crate) struct Slot {
+pub(crate) struct Hold {
     delayed: Arc<DelayedRequests>,
     bytes: usize,
 }
 
-impl Slot {
+impl Hold {
     /// A place for the request whose head is `parts`, if the layer has
     /// room for it: at most `max` requests and `max_bytes` of heads.
     pub(crate) fn take(
@@ -86,7 +86,7 @@ impl Slot {
     }
 }
 
-impl Drop for Slot {
+impl Drop for Hold {
     fn drop(&mut self) {
         self.delayed.bytes.fetch_sub(self.bytes, Ordering::AcqRel);
         self.delayed.count.fetch_sub(1, Ordering::AcqRel);
@@ -99,16 +99,16 @@ impl Drop for Slot {
 pub(crate) struct Delayed<T> {
     wait: Duration,
     then: T,
-    _slot: Slot,
+    _hold: Hold,
     unpassed: Unpassed,
 }
 
 impl<T> Delayed<T> {
-    pub(crate) fn new(wait: Duration, then: T, slot: Slot, unpassed: Unpassed) -> Self {
+    pub(crate) fn new(wait: Duration, then: T, hold: Hold, unpassed: Unpassed) -> Self {
         Self {
             wait,
             then,
-            _slot: slot,
+            _hold: hold,
             unpassed,
         }
     }

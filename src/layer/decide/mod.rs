@@ -43,7 +43,7 @@ use crate::policy::cost::Costs;
 use crate::policy::plan::Plan;
 use crate::rejection::Rejection;
 use crate::store::Checks;
-use crate::store::{CheckFuture, Soon};
+use crate::store::{Soon, StoreFuture};
 use checks::{Modes, SentChecks};
 
 /// Decides the request whose head is `parts` as far as it can without
@@ -310,7 +310,7 @@ fn send(
     identity: &Identity,
     costs: Option<&Costs>,
     own: Option<&Found>,
-) -> Result<Soon<Next>, (SentChecks, CheckFuture)> {
+) -> Result<Soon<Next>, (SentChecks, StoreFuture)> {
     let tier = identity.tier.as_deref();
     let settings = shared.settings;
     let priced = match Priced::of(plan, tier, costs, own, settings.shadow, settings.fail_mode) {

@@ -15,10 +15,11 @@ use crate::layer::decide::answered::{
     Answered, decided_all, denied_by, holds_its_most, trace_decision, unsettled_places,
 };
 use crate::layer::decide::checks::{Modes, SentChecks};
-use crate::layer::decide::delay::{Delayed, Slot, Unpassed, unheld};
+use crate::layer::decide::delay::{Delayed, Hold, Unpassed, unheld};
 use crate::layer::decide::reject::reject;
 use crate::layer::future::Next;
 use crate::layer::remembered::local_fallback::LocalChecks;
+use crate::log_lines::{STORE_FAILURES, STORE_FULL};
 use crate::metrics::{self, Outcome};
 use crate::policy::plan::Plan;
 use crate::rejection::Rejection;
@@ -27,7 +28,6 @@ use crate::store::Soon;
 use crate::store::closest_to_denying;
 use crate::store::micros;
 use crate::store::{Check, CheckOutcome, Decision, Decisions, StoreError};
-use crate::throttle::{STORE_FAILURES, STORE_FULL};
 
 /// Where the store's answer to `sent` leads, for a client of `tier` under
 /// `plan`: the inner service with the rate-limit headers (once it has
@@ -180,14 +180,14 @@ fn decided_by(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Soon<Ne
         .filter_map(|d| d.delayed_for())
         .max()
         .filter(|wait| !wait.is_zero());
-    let slot = match wait {
-        Some(wait) => match Slot::take(
+    let hold = match wait {
+        Some(wait) => match Hold::take(
             &shared.delayed,
             settings.max_delayed,
             settings.max_delayed_bytes,
             parts,
         ) {
-            Some(slot) => Some((wait, slot)),
+            Some(hold) => Some((wait, hold)),
             // A layer that holds no request denies it, as its policies
             // would without a delay.
             None if settings.max_delayed == 0 => {
@@ -280,10 +280,10 @@ fn decided_by(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Soon<Ne
         owed.for_upgrade(parts);
     }
     let call = Next::Call(Some(headers), owed);
-    match slot {
-        Some((wait, slot)) => {
+    match hold {
+        Some((wait, hold)) => {
             let unpassed = Unpassed::of(store, checks, decisions);
-            Soon::new(Delayed::new(wait, call, slot, unpassed).pass())
+            Soon::new(Delayed::new(wait, call, hold, unpassed).pass())
         }
         None => Soon::ready(call),
     }

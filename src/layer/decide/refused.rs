@@ -14,7 +14,7 @@ use crate::layer::remembered::deny_cache::{Denied, DenyCache};
 use crate::layer::settings::Shared;
 use crate::rejection::Rejection;
 use crate::rejection::limited::Limited;
-use crate::store::{Check, CheckFuture, CheckOutcome, Decision};
+use crate::store::{Check, CheckOutcome, Decision, StoreFuture};
 
 /// A refusal of credentials, counted against the client's address.
 struct Refusal {
@@ -123,7 +123,7 @@ pub(crate) fn refused(
 pub(crate) struct Counting {
     refusal: Refusal,
     rejection: KeyRejection,
-    count: CheckFuture,
+    count: StoreFuture,
 }
 
 impl Counting {

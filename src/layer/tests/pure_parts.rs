@@ -18,14 +18,14 @@ use crate::layer::future::Next;
 use crate::metrics::Timer;
 use crate::policy::{Cost, Policies, Policy};
 use crate::store::Checks;
-use crate::store::{Check, CheckFuture, CheckOutcome, Decision, Store, StoreError};
+use crate::store::{Check, CheckOutcome, Decision, Store, StoreError, StoreFuture};
 
 /// A store the parts under test must never ask.
 #[derive(Debug)]
 struct Unasked;
 
 impl Store for Unasked {
-    fn check(&self, _: &[Check]) -> CheckFuture {
+    fn check(&self, _: &[Check]) -> StoreFuture {
         panic!("the store was asked")
     }
 }

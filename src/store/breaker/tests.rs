@@ -14,12 +14,12 @@ struct Flaky {
 }
 
 impl Store for Arc<Flaky> {
-    fn check(&self, _checks: &[Check]) -> CheckFuture {
+    fn check(&self, _checks: &[Check]) -> StoreFuture {
         self.calls.fetch_add(1, Ordering::Relaxed);
         if self.down.load(Ordering::Relaxed) {
-            CheckFuture::ready(Err(StoreError::Timeout(Duration::from_millis(50))))
+            StoreFuture::ready(Err(StoreError::Timeout(Duration::from_millis(50))))
         } else {
-            CheckFuture::ready(Ok(crate::store::Decisions::new()))
+            StoreFuture::ready(Ok(crate::store::Decisions::new()))
         }
     }
 }
@@ -96,10 +96,10 @@ impl Gated {
 }
 
 impl Store for Gated {
-    fn check(&self, _checks: &[Check]) -> CheckFuture {
+    fn check(&self, _checks: &[Check]) -> StoreFuture {
         self.calls.fetch_add(1, Ordering::Relaxed);
         let mut answers = self.answers.clone();
-        CheckFuture::new(async move {
+        StoreFuture::new(async move {
             let given = *answers
                 .wait_for(Option::is_some)
                 .await
@@ -133,7 +133,7 @@ fn a_full_store_is_answering_not_failing() {
 struct Panicking;
 
 impl Store for Panicking {
-    fn check(&self, _checks: &[Check]) -> CheckFuture {
+    fn check(&self, _checks: &[Check]) -> StoreFuture {
         panic!("a store bug");
     }
 }

@@ -9,16 +9,17 @@ use std::time::Duration;
 mod bucket;
 mod calendar;
 mod counter;
-mod leases;
+mod fixed;
+mod lease;
 mod shard;
 mod sliding_log;
 mod spent;
 
-pub(crate) use leases::next_id;
+pub(crate) use lease::next_id;
 
 use self::shard::{KEYS_PER_SHARD, PairOf, Shard, lock};
 use self::spent::{Placed, Spent, State};
-use super::{Check, CheckFuture, Decisions, Store, unpaired_refund, unpaired_settlement};
+use super::{Check, Decisions, Store, StoreFuture, unpaired_refund, unpaired_settlement};
 use crate::clock::{Clock, SystemClock, duration_micros};
 use crate::policy::Algorithm;
 use crate::store::Decision;
@@ -439,37 +440,37 @@ impl MemoryStore {
 }
 
 impl Store for MemoryStore {
-    fn check(&self, checks: &[Check]) -> CheckFuture {
-        CheckFuture::ready(Ok(self.check_now(checks)))
+    fn check(&self, checks: &[Check]) -> StoreFuture {
+        StoreFuture::ready(Ok(self.check_now(checks)))
     }
 
-    fn peek(&self, checks: &[Check]) -> CheckFuture {
-        CheckFuture::ready(Ok(self.peek_now(checks)))
+    fn peek(&self, checks: &[Check]) -> StoreFuture {
+        StoreFuture::ready(Ok(self.peek_now(checks)))
     }
 
-    fn refund(&self, checks: &[Check], recorded_at: &[Duration]) -> CheckFuture<()> {
+    fn refund(&self, checks: &[Check], recorded_at: &[Duration]) -> StoreFuture<()> {
         if let Some(unpaired) = unpaired_refund(checks, recorded_at) {
-            return CheckFuture::ready(Err(unpaired));
+            return StoreFuture::ready(Err(unpaired));
         }
         self.refund_now(checks, recorded_at, None);
-        CheckFuture::ready(Ok(()))
+        StoreFuture::ready(Ok(()))
     }
 
-    fn settle(&self, checks: &[Check], recorded_at: &[Duration], costs: &[u64]) -> CheckFuture<()> {
+    fn settle(&self, checks: &[Check], recorded_at: &[Duration], costs: &[u64]) -> StoreFuture<()> {
         if let Some(unpaired) = unpaired_settlement(checks, recorded_at, costs) {
-            return CheckFuture::ready(Err(unpaired));
+            return StoreFuture::ready(Err(unpaired));
         }
         self.refund_now(checks, recorded_at, Some(costs));
-        CheckFuture::ready(Ok(()))
+        StoreFuture::ready(Ok(()))
     }
 
-    fn renew(&self, checks: &[Check]) -> CheckFuture<Vec<bool>> {
-        CheckFuture::ready(Ok(self.renew_now(checks)))
+    fn renew(&self, checks: &[Check]) -> StoreFuture<Vec<bool>> {
+        StoreFuture::ready(Ok(self.renew_now(checks)))
     }
 
-    fn reset(&self, checks: &[Check]) -> CheckFuture<()> {
+    fn reset(&self, checks: &[Check]) -> StoreFuture<()> {
         self.reset_now(checks);
-        CheckFuture::ready(Ok(()))
+        StoreFuture::ready(Ok(()))
     }
 
     fn shared_state(&self) -> Option<Arc<dyn std::any::Any + Send + Sync>> {

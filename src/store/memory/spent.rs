@@ -4,8 +4,9 @@
 
 use super::bucket::TokenBucket;
 use super::calendar::CalendarCount;
-use super::counter::{FixedWindow, SlidingCounter};
-use super::leases::Leases;
+use super::counter::SlidingCounter;
+use super::fixed::FixedWindow;
+use super::lease::Leases;
 use super::sliding_log::{Log, Window};
 use std::time::Duration;
 

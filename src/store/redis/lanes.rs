@@ -126,7 +126,7 @@ where
 /// The lanes of one store, taken in turn.
 pub(super) struct Lanes<S: Source> {
     source: S,
-    lanes: Box<[Slot<S::Held>]>,
+    lanes: Box<[Lane<S::Held>]>,
     next: AtomicUsize,
     /// What the lanes' answer times are measured from.
     started: Instant,
@@ -138,15 +138,15 @@ pub(super) struct Lanes<S: Source> {
 /// A lane: its connection, once it has one, and a lock taken to give it
 /// one, so that calls arriving together at an empty lane take one
 /// connection from the pool, not one each.
-struct Slot<H> {
-    lane: Mutex<Option<Lane<H>>>,
+struct Lane<H> {
+    connected: Mutex<Option<Connected<H>>>,
     filling: tokio::sync::Mutex<()>,
     /// When the lane last had an answer (or its connection), in µs from
     /// [`Lanes::started`].
     answered: AtomicU64,
 }
 
-struct Lane<H> {
+struct Connected<H> {
     serial: u64,
     held: H,
 }
@@ -165,8 +165,8 @@ impl<S: Source> Lanes<S> {
         Self {
             source,
             lanes: (0..count.max(1))
-                .map(|_| Slot {
-                    lane: Mutex::new(None),
+                .map(|_| Lane {
+                    connected: Mutex::new(None),
                     filling: tokio::sync::Mutex::new(()),
                     answered: AtomicU64::new(0),
                 })
@@ -211,9 +211,9 @@ impl<S: Source> Lanes<S> {
             .store(self.micros(), Ordering::Relaxed);
         let serial = self.taken.fetch_add(1, Ordering::Relaxed);
         *self.lanes[lane]
-            .lane
+            .connected
             .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(Lane { serial, held });
+            .unwrap_or_else(|e| e.into_inner()) = Some(Connected { serial, held });
         Ok(Ticket {
             lane,
             serial,
@@ -222,11 +222,11 @@ impl<S: Source> Lanes<S> {
     }
 
     fn share(&self, lane: usize) -> Option<Ticket<S::Shared>> {
-        let slot = self.lanes[lane]
-            .lane
+        let connected = self.lanes[lane]
+            .connected
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        slot.as_ref().map(|filled| Ticket {
+        connected.as_ref().map(|filled| Ticket {
             lane,
             serial: filled.serial,
             connection: S::share(&filled.held),
@@ -261,14 +261,14 @@ impl<S: Source> Lanes<S> {
     /// already moved on to another; the lane's next call takes a fresh one.
     /// Returns whether it closed it.
     pub(super) fn retire(&self, ticket: &Ticket<S::Shared>) -> bool {
-        let mut slot = self.lanes[ticket.lane]
-            .lane
+        let mut connected = self.lanes[ticket.lane]
+            .connected
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        if slot
+        if connected
             .as_ref()
             .is_some_and(|filled| filled.serial == ticket.serial)
-            && let Some(retired) = slot.take()
+            && let Some(retired) = connected.take()
         {
             S::discard(retired.held);
             return true;

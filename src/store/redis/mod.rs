@@ -42,7 +42,7 @@ use self::call::{Call, Op};
 use self::lanes::{Lanes, Source};
 use self::library::Library;
 use self::run::{Failed, call_ended, ticket};
-use super::{Check, CheckFuture, Store, StoreError, unpaired_refund, unpaired_settlement};
+use super::{Check, Store, StoreError, StoreFuture, unpaired_refund, unpaired_settlement};
 use crate::clock::{Clock, duration_micros};
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
@@ -590,15 +590,15 @@ impl Store for RedisStore {
         Some(self.inner.clone())
     }
 
-    fn peek(&self, checks: &[Check]) -> CheckFuture {
+    fn peek(&self, checks: &[Check]) -> StoreFuture {
         self.ask(checks, Op::Peek, |inner, call, deadline| async move {
             inner.run(call, deadline).await
         })
     }
 
-    fn refund(&self, checks: &[Check], recorded_at: &[Duration]) -> CheckFuture<()> {
+    fn refund(&self, checks: &[Check], recorded_at: &[Duration]) -> StoreFuture<()> {
         if let Some(unpaired) = unpaired_refund(checks, recorded_at) {
-            return CheckFuture::ready(Err(unpaired));
+            return StoreFuture::ready(Err(unpaired));
         }
         let recorded = recorded_at.iter().map(|&at| duration_micros(at)).collect();
         self.ask(
@@ -608,9 +608,9 @@ impl Store for RedisStore {
         )
     }
 
-    fn settle(&self, checks: &[Check], recorded_at: &[Duration], costs: &[u64]) -> CheckFuture<()> {
+    fn settle(&self, checks: &[Check], recorded_at: &[Duration], costs: &[u64]) -> StoreFuture<()> {
         if let Some(unpaired) = unpaired_settlement(checks, recorded_at, costs) {
-            return CheckFuture::ready(Err(unpaired));
+            return StoreFuture::ready(Err(unpaired));
         }
         let settled = recorded_at
             .iter()
@@ -625,7 +625,7 @@ impl Store for RedisStore {
         )
     }
 
-    fn renew(&self, checks: &[Check]) -> CheckFuture<Vec<bool>> {
+    fn renew(&self, checks: &[Check]) -> StoreFuture<Vec<bool>> {
         let policies = checks.len();
         self.ask(checks, Op::Renew, move |inner, call, deadline| async move {
             let held = inner.packed(&call, deadline).await?;
@@ -639,13 +639,13 @@ impl Store for RedisStore {
         })
     }
 
-    fn reset(&self, checks: &[Check]) -> CheckFuture<()> {
+    fn reset(&self, checks: &[Check]) -> StoreFuture<()> {
         self.ask(checks, Op::Reset, |inner, call, deadline| async move {
             inner.packed(&call, deadline).await.map(drop)
         })
     }
 
-    fn check(&self, checks: &[Check]) -> CheckFuture {
+    fn check(&self, checks: &[Check]) -> StoreFuture {
         self.ask(checks, Op::Check, |inner, call, deadline| async move {
             inner.check(call, deadline).await
         })
@@ -660,13 +660,13 @@ impl RedisStore {
         checks: &[Check],
         op: Op,
         run: impl FnOnce(Arc<Inner>, Call, tokio::time::Instant) -> F + Send + 'static,
-    ) -> CheckFuture<T>
+    ) -> StoreFuture<T>
     where
         F: Future<Output = Result<T, StoreError>> + Send + 'static,
     {
         let call = Call::new(self, checks, op);
         let inner = self.inner.clone();
-        CheckFuture::new(async move {
+        StoreFuture::new(async move {
             let deadline = tokio::time::Instant::now() + inner.timeout;
             run(inner, call, deadline).await
         })

@@ -8,7 +8,7 @@ use super::entry::Entry;
 use super::table::Table;
 use super::{lifetime, lock};
 use crate::store::background::spawn_on;
-use crate::store::{Check, CheckFuture, Decision, Store, StoreError};
+use crate::store::{Check, Decision, Store, StoreError, StoreFuture};
 
 /// Units taken from the store ahead.
 pub(super) struct Slice {
@@ -54,7 +54,7 @@ impl Slice {
 
     /// Gives back to `store` the units not used: the record of the whole
     /// slice replaced by what was used. Nothing when every unit was.
-    pub(super) fn give_back(self, store: &dyn Store) -> Option<CheckFuture<()>> {
+    pub(super) fn give_back(self, store: &dyn Store) -> Option<StoreFuture<()>> {
         (self.left > 0).then(|| {
             let used = u64::from(self.check.cost - self.left);
             store.settle(
@@ -68,7 +68,7 @@ impl Slice {
 
 /// Runs a give-back to its end, on its own. A store that takes no
 /// settlement makes `table` exact from then on.
-pub(super) fn spawn_give_back(table: Weak<Table>, back: CheckFuture<()>) {
+pub(super) fn spawn_give_back(table: Weak<Table>, back: StoreFuture<()>) {
     let given = spawn_on(None, async move {
         match back.await {
             Ok(()) => {}

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 
-use super::{Check, CheckFuture, Decision, Decisions, Store, StoreError};
+use super::{Check, Decision, Decisions, Store, StoreError, StoreFuture};
 use crate::store::Checks;
 use crate::store::UNSET;
 use entry::{Answer, Taken, Waiting};
@@ -81,7 +81,7 @@ enum Part {
 type Parts = SmallVec<[Part; 2]>;
 
 impl Store for Sliced {
-    fn check(&self, checks: &[Check]) -> CheckFuture {
+    fn check(&self, checks: &[Check]) -> StoreFuture {
         if checks.iter().all(|check| check.slice == 0) || self.table.exact.load(Ordering::Relaxed) {
             return self.table.store.check(checks);
         }
@@ -111,7 +111,7 @@ impl Store for Sliced {
         }
         let table = self.table.clone();
         let checks: Checks = checks.iter().cloned().collect();
-        CheckFuture::new(async move {
+        StoreFuture::new(async move {
             let mut parts = parts;
             for (index, check) in checks.iter().enumerate() {
                 if !matches!(parts[index], Part::Short(_)) {
@@ -137,18 +137,18 @@ impl Store for Sliced {
         })
     }
 
-    fn peek(&self, checks: &[Check]) -> CheckFuture {
+    fn peek(&self, checks: &[Check]) -> StoreFuture {
         self.table.store.peek(checks)
     }
 
     /// A sliced check's units go back into the slice they came from,
     /// while it lives; after, the request stays counted.
-    fn refund(&self, checks: &[Check], recorded_at: &[Duration]) -> CheckFuture<()> {
+    fn refund(&self, checks: &[Check], recorded_at: &[Duration]) -> StoreFuture<()> {
         if checks.iter().all(|check| check.slice == 0) {
             return self.table.store.refund(checks, recorded_at);
         }
         if let Some(error) = super::unpaired_refund(checks, recorded_at) {
-            return CheckFuture::ready(Err(error));
+            return StoreFuture::ready(Err(error));
         }
         let mut rest = Checks::new();
         let mut times = SmallVec::<[Duration; 2]>::new();
@@ -161,22 +161,22 @@ impl Store for Sliced {
             }
         }
         if rest.is_empty() {
-            return CheckFuture::ready(Ok(()));
+            return StoreFuture::ready(Ok(()));
         }
         self.table.store.refund(&rest, &times)
     }
 
-    fn settle(&self, checks: &[Check], recorded_at: &[Duration], costs: &[u64]) -> CheckFuture<()> {
+    fn settle(&self, checks: &[Check], recorded_at: &[Duration], costs: &[u64]) -> StoreFuture<()> {
         self.table.store.settle(checks, recorded_at, costs)
     }
 
-    fn renew(&self, checks: &[Check]) -> CheckFuture<Vec<bool>> {
+    fn renew(&self, checks: &[Check]) -> StoreFuture<Vec<bool>> {
         self.table.store.renew(checks)
     }
 
     /// Drops the slices in hand of the checks' clients (the store forgets
     /// their units) before the store resets them.
-    fn reset(&self, checks: &[Check]) -> CheckFuture<()> {
+    fn reset(&self, checks: &[Check]) -> StoreFuture<()> {
         for check in checks.iter().filter(|check| check.slice > 0) {
             let entry = lock(&self.table.entries)
                 .by_scope
@@ -207,7 +207,7 @@ impl Store for Sliced {
 
 /// Every sliced check of the request has its units: the others go to the
 /// store, and the request stands or falls with its answer.
-fn finish(table: &Table, checks: &[Check], parts: Parts) -> CheckFuture {
+fn finish(table: &Table, checks: &[Check], parts: Parts) -> StoreFuture {
     let local: Option<Decisions> = parts
         .iter()
         .map(|part| match part {
@@ -216,7 +216,7 @@ fn finish(table: &Table, checks: &[Check], parts: Parts) -> CheckFuture {
         })
         .collect();
     if let Some(decisions) = local {
-        return CheckFuture::ready(Ok(decisions));
+        return StoreFuture::ready(Ok(decisions));
     }
     let rest: Checks = checks
         .iter()
@@ -225,8 +225,8 @@ fn finish(table: &Table, checks: &[Check], parts: Parts) -> CheckFuture {
         .map(|(check, _)| check.clone())
         .collect();
     match table.store.check(&rest).into_ready() {
-        Ok(answer) => CheckFuture::ready(merged(parts, answer)),
-        Err(later) => CheckFuture::new(async move { merged(parts, later.await) }),
+        Ok(answer) => StoreFuture::ready(merged(parts, answer)),
+        Err(later) => StoreFuture::new(async move { merged(parts, later.await) }),
     }
 }
 

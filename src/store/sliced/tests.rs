@@ -198,12 +198,12 @@ struct Stalling {
 }
 
 impl Store for Stalling {
-    fn check(&self, checks: &[Check]) -> CheckFuture {
+    fn check(&self, checks: &[Check]) -> StoreFuture {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let (gate, memory, fails) = (self.gate.clone(), self.memory.clone(), self.fails);
         let checks: Vec<Check> = checks.to_vec();
         let recorded = (!fails).then(|| memory.check(&checks));
-        CheckFuture::new(async move {
+        StoreFuture::new(async move {
             let _pass = gate.acquire().await.expect("the gate stays open");
             match recorded {
                 Some(recorded) => recorded.await,
@@ -212,15 +212,15 @@ impl Store for Stalling {
         })
     }
 
-    fn settle(&self, checks: &[Check], recorded_at: &[Duration], costs: &[u64]) -> CheckFuture<()> {
+    fn settle(&self, checks: &[Check], recorded_at: &[Duration], costs: &[u64]) -> StoreFuture<()> {
         self.memory.settle(checks, recorded_at, costs)
     }
 
-    fn refund(&self, checks: &[Check], recorded_at: &[Duration]) -> CheckFuture<()> {
+    fn refund(&self, checks: &[Check], recorded_at: &[Duration]) -> StoreFuture<()> {
         self.memory.refund(checks, recorded_at)
     }
 
-    fn reset(&self, checks: &[Check]) -> CheckFuture<()> {
+    fn reset(&self, checks: &[Check]) -> StoreFuture<()> {
         self.memory.reset(checks)
     }
 }
@@ -462,7 +462,7 @@ async fn waiters_a_new_slice_cannot_serve_ask_the_store_alone_together() {
 async fn a_store_that_takes_no_give_back_is_asked_request_by_request() {
     struct NoSettle(MemoryStore, Arc<std::sync::atomic::AtomicUsize>);
     impl Store for NoSettle {
-        fn check(&self, checks: &[Check]) -> CheckFuture {
+        fn check(&self, checks: &[Check]) -> StoreFuture {
             self.1.fetch_add(1, Ordering::SeqCst);
             self.0.check(checks)
         }
@@ -488,10 +488,10 @@ async fn a_store_that_takes_no_give_back_is_asked_request_by_request() {
 async fn a_store_that_names_no_times_is_asked_request_by_request() {
     struct Untimed(MemoryStore);
     impl Store for Untimed {
-        fn check(&self, checks: &[Check]) -> CheckFuture {
+        fn check(&self, checks: &[Check]) -> StoreFuture {
             let memory = self.0.clone();
             let checks = checks.to_vec();
-            CheckFuture::new(async move {
+            StoreFuture::new(async move {
                 let mut decisions = memory.check(&checks).await?;
                 for decision in decisions.iter_mut() {
                     decision.recorded_at_us = crate::store::UNSET;

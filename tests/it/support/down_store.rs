@@ -3,14 +3,14 @@
 
 use std::time::Duration;
 
-use slidegate::store::{Check, CheckFuture, Store, StoreError};
+use slidegate::store::{Check, Store, StoreError, StoreFuture};
 
 /// Every check fails with a timeout, at once.
 pub struct DownStore;
 
 impl Store for DownStore {
-    fn check(&self, _checks: &[Check]) -> CheckFuture {
-        CheckFuture::new(async { Err(StoreError::Timeout(Duration::from_millis(50))) })
+    fn check(&self, _checks: &[Check]) -> StoreFuture {
+        StoreFuture::new(async { Err(StoreError::Timeout(Duration::from_millis(50))) })
     }
 }
 
@@ -33,21 +33,21 @@ impl<D: Fn(u64) -> bool + Send + Sync + 'static> FlakyStore<D> {
 }
 
 impl<D: Fn(u64) -> bool + Send + Sync + 'static> Store for FlakyStore<D> {
-    fn check(&self, checks: &[Check]) -> CheckFuture {
+    fn check(&self, checks: &[Check]) -> StoreFuture {
         let call = self
             .calls
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if (self.down)(call) {
-            return CheckFuture::ready(Err(StoreError::Timeout(Duration::from_millis(50))));
+            return StoreFuture::ready(Err(StoreError::Timeout(Duration::from_millis(50))));
         }
         self.inner.check(checks)
     }
 
-    fn peek(&self, checks: &[Check]) -> CheckFuture {
+    fn peek(&self, checks: &[Check]) -> StoreFuture {
         self.inner.peek(checks)
     }
 
-    fn refund(&self, checks: &[Check], recorded_at: &[Duration]) -> CheckFuture<()> {
+    fn refund(&self, checks: &[Check], recorded_at: &[Duration]) -> StoreFuture<()> {
         self.inner.refund(checks, recorded_at)
     }
 
