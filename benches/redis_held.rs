@@ -45,7 +45,7 @@ async fn round(
         Policy::new("held", limit, Duration::from_millis(300)).with_delay(Duration::from_secs(1));
     let layer = RateLimitLayer::new(
         store,
-        Header::trusted(http::HeaderName::from_static("x-client")).with_public_values(),
+        Header::trusted(http::HeaderName::from_static("x-client")).with_public_values(true),
         Policies::single(policy).unwrap(),
     );
     let app = Router::new()

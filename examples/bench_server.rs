@@ -187,7 +187,7 @@ async fn app(args: &Args) -> Router {
             routes.route_layer(tower_governor::GovernorLayer::new(Arc::new(config)))
         }
         Variant::RedisUncached => routes.route_layer(
-            RateLimitLayer::new(batched_store(), args.peer_ip(), policies()).without_deny_cache(),
+            RateLimitLayer::new(batched_store(), args.peer_ip(), policies()).with_deny_cache(None),
         ),
         Variant::RedisUnbatched => routes.route_layer(RateLimitLayer::new(
             redis_store(args, false),
@@ -238,7 +238,7 @@ async fn app(args: &Args) -> Router {
             denied(),
         )),
         Variant::DeniedUncached => routes.route_layer(
-            RateLimitLayer::new(batched_store(), PeerIp::new(), denied()).without_deny_cache(),
+            RateLimitLayer::new(batched_store(), PeerIp::new(), denied()).with_deny_cache(None),
         ),
     }
 }

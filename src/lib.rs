@@ -157,7 +157,7 @@ pub mod store;
 #[cfg(feature = "jwt")]
 pub use key::JwtClaim;
 pub use key::{Global, Header, KeyExtractor, PeerIp};
-pub use layer::{PoliciesHandle, RateLimit, RateLimitLayer, ResponseFuture, Usage};
+pub use layer::{PoliciesHandle, RateLimit, RateLimitLayer, Usage};
 pub use policy::{Policies, Policy};
 pub use rejection::Rejection;
 

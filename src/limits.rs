@@ -182,6 +182,12 @@ impl ClientLimits {
     }
 
     /// The same lookup with answers kept for `ttl`, starting afresh.
+    /// How long an answer is fresh.
+    #[cfg(test)]
+    pub(crate) fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
     pub(crate) fn with_ttl(&self, ttl: Duration) -> Self {
         Self::new(self.lookup.clone(), ttl)
     }

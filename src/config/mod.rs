@@ -222,7 +222,7 @@ impl Config {
             source,
         )?);
         if limiter.unknown_api_key == UnknownApiKeyName::Reject {
-            api_key = api_key.with_unknown_rejected();
+            api_key = api_key.with_unknown_rejected(true);
         }
         let local_share = *limiter.local_share.get_ref();
         if local_share == 0 {
@@ -469,7 +469,7 @@ impl Config {
         }
         match self.deny_cache {
             Some(true) => layer.with_deny_cache(DenyCache::new(DEFAULT_DENY_CACHE)),
-            Some(false) => layer.without_deny_cache(),
+            Some(false) => layer.with_deny_cache(None),
             None => layer,
         }
     }

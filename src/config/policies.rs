@@ -290,7 +290,7 @@ fn settled(
                 "is not a valid header name",
             )),
         },
-        (None, Some(true)) => Ok(policy.with_settlement()),
+        (None, Some(true)) => Ok(policy.with_settlement(true)),
         (None, _) => Ok(policy),
     }
     .and_then(|policy| match &body.max_unsettled {

@@ -135,13 +135,13 @@ impl Header {
     ///     .body(())
     ///     .unwrap()
     ///     .into_parts();
-    /// let tenant = Header::trusted(http::HeaderName::from_static("x-tenant")).with_public_values();
+    /// let tenant = Header::trusted(http::HeaderName::from_static("x-tenant")).with_public_values(true);
     /// assert_eq!(tenant.extract(&parts).unwrap().unwrap().key.as_str(), "header:x-tenant:acme");
     /// ```
     #[must_use]
-    pub fn with_public_values(mut self) -> Self {
+    pub fn with_public_values(mut self, public: bool) -> Self {
         if let Trust::AsIs { secret } = &mut self.trust {
-            *secret = false;
+            *secret = !public;
         }
         self
     }
@@ -154,14 +154,14 @@ impl Header {
     ///
     /// let api_keys = Header::new(http::HeaderName::from_static("x-api-key"))
     ///     .with_keys(["sk_live_abc"])
-    ///     .with_unknown_rejected();
+    ///     .with_unknown_rejected(true);
     /// let (parts, _) = http::Request::builder().header("x-api-key", "guess").body(()).unwrap().into_parts();
     /// assert_eq!(api_keys.extract(&parts).unwrap_err().reason(), "unknown_api_key");
     /// ```
     #[must_use]
-    pub fn with_unknown_rejected(mut self) -> Self {
+    pub fn with_unknown_rejected(mut self, rejected: bool) -> Self {
         if let Trust::KnownOnly { reject_unknown } = &mut self.trust {
-            *reject_unknown = true;
+            *reject_unknown = rejected;
         }
         self
     }
@@ -379,7 +379,7 @@ mod tests {
         ];
         assert_eq!(extract(&keys, &twice), Ok(None));
         assert_eq!(
-            extract(&keys.with_unknown_rejected(), &twice)
+            extract(&keys.with_unknown_rejected(true), &twice)
                 .unwrap_err()
                 .reason(),
             "unknown_api_key"
@@ -395,7 +395,7 @@ mod tests {
         for unknown in [&b"key-c"[..], b"\xff\xfe{x}", &[b'k'; 16 * 1024]] {
             let value = HeaderValue::from_bytes(unknown).unwrap();
             assert_eq!(extract(&keys, std::slice::from_ref(&value)), Ok(None));
-            let refused = extract(&keys.clone().with_unknown_rejected(), &[value]).unwrap_err();
+            let refused = extract(&keys.clone().with_unknown_rejected(true), &[value]).unwrap_err();
             assert_eq!(refused.reason(), "unknown_api_key");
             assert_eq!(
                 refused.www_authenticate().unwrap(),
@@ -429,14 +429,14 @@ mod tests {
         assert_eq!(tier(&header, "key-a"), None);
         let trusted = Header::trusted(HeaderName::from_static("x-api-key"))
             .with_tiers([("secret-pro", "pro")])
-            .with_public_values();
+            .with_public_values(true);
         assert_eq!(tier(&trusted, "secret-pro").as_deref(), Some("pro"));
         assert_eq!(tier(&trusted, "anyone"), None);
     }
 
     #[test]
     fn public_leaves_api_keys_hashed() {
-        let keys = api_keys().with_public_values();
+        let keys = api_keys().with_public_values(true);
         let key = extract(&keys, &[HeaderValue::from_static("key-a")])
             .unwrap()
             .unwrap()

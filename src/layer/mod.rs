@@ -245,6 +245,7 @@ impl RateLimitLayer {
                 request_cost: None,
                 local: Arc::default(),
                 client_limits: None,
+                limit_ttl: DEFAULT_LIMIT_TTL,
                 delayed: Arc::default(),
                 unsettled: Arc::default(),
                 namespace: None,
@@ -319,9 +320,9 @@ impl RateLimitLayer {
         mut self,
         lookup: impl for<'a> Lookup<(&'a Key, &'a Policy), Answer = Option<u32>>,
     ) -> Self {
-        let ttl = DEFAULT_LIMIT_TTL;
-        Arc::make_mut(&mut self.shared).client_limits =
-            Some(Arc::new(ClientLimits::new(Arc::new(lookup), ttl)));
+        let shared = Arc::make_mut(&mut self.shared);
+        let limits = ClientLimits::new(Arc::new(lookup), shared.limit_ttl);
+        shared.client_limits = Some(Arc::new(limits));
         self
     }
 
@@ -329,7 +330,7 @@ impl RateLimitLayer {
     /// a client's new limit takes effect within it (and the time of one
     /// refresh). Past it, the answer is still served while a refresh runs
     /// in the background, so a slow lookup never lifts a client's own
-    /// limit meanwhile.
+    /// limit meanwhile. Set before or after the lookup, it holds for it.
     ///
     /// ```
     /// use slidegate::{Global, Policies, Policy, RateLimitLayer, limits::Overrides, store::MemoryStore};
@@ -343,6 +344,7 @@ impl RateLimitLayer {
     #[must_use]
     pub fn with_limit_lookup_ttl(mut self, ttl: Duration) -> Self {
         let shared = Arc::make_mut(&mut self.shared);
+        shared.limit_ttl = ttl;
         if let Some(limits) = &shared.client_limits {
             shared.client_limits = Some(Arc::new(limits.with_ttl(ttl)));
         }
@@ -376,8 +378,12 @@ impl RateLimitLayer {
     /// service untouched, touch no store, count nowhere and carry no
     /// rate-limit headers (an internal network, a health checker, a
     /// partner's key). Called for every request a policy applies to, before
-    /// the client is identified, so keep it cheap. Set twice, a request is
-    /// exempt when either says so.
+    /// the client is identified, so keep it cheap. Like
+    /// [`with_route`](crate::policy::PoliciesBuilder::with_route), it adds
+    /// an entry rather than replacing one: set twice, a request is exempt
+    /// when either says so, so a layer made from a configuration file
+    /// ([`Config::layer`](crate::config::Config::layer), with the file's
+    /// `exempt` lists) keeps them beside exemptions added in code.
     ///
     /// [`PeerIp::client`](crate::PeerIp::client) gives the client's address
     /// as the extractor resolves it. A request whose client a trusted proxy
@@ -445,6 +451,12 @@ impl RateLimitLayer {
     /// # Panics
     ///
     /// If `namespace` is not 1 to 64 ASCII letters, digits, `-` and `_`.
+    /// The layer has no `build()` to fail at: a namespace written in code
+    /// is a literal, wrong in every run (as
+    /// [`HeaderName::from_static`](http::HeaderName::from_static) panics),
+    /// and one read from a configuration file is refused as the file
+    /// loads, with a [`ConfigError`](crate::config::ConfigError) naming
+    /// `limiter.namespace`.
     #[must_use]
     pub fn with_namespace(mut self, namespace: &str) -> Self {
         assert!(
@@ -457,25 +469,21 @@ impl RateLimitLayer {
 
     /// Answers denied clients from `cache` until their retry time, without
     /// a store round trip (see [`DenyCache`]); for a store in process too,
-    /// which keeps none unless told.
-    #[must_use]
-    pub fn with_deny_cache(mut self, cache: DenyCache) -> Self {
-        Arc::make_mut(&mut self.shared).deny_cache = Some(cache);
-        self
-    }
-
-    /// Sends every request to the store, denied clients included.
+    /// which keeps none unless told. `None` sends every request to the
+    /// store, denied clients included.
     ///
     /// ```
-    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, store::MemoryStore};
+    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, layer::DenyCache, store::MemoryStore};
     /// use std::time::Duration;
     ///
     /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
-    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies).without_deny_cache();
+    /// let cached = RateLimitLayer::new(MemoryStore::new(), Global, policies.clone())
+    ///     .with_deny_cache(DenyCache::new(10_000));
+    /// let uncached = RateLimitLayer::new(MemoryStore::new(), Global, policies).with_deny_cache(None);
     /// ```
     #[must_use]
-    pub fn without_deny_cache(mut self) -> Self {
-        Arc::make_mut(&mut self.shared).deny_cache = None;
+    pub fn with_deny_cache(mut self, cache: impl Into<Option<DenyCache>>) -> Self {
+        Arc::make_mut(&mut self.shared).deny_cache = cache.into();
         self
     }
 

@@ -82,6 +82,9 @@ pub(crate) struct Shared {
     pub(crate) local: Arc<LocalLimits>,
     /// The clients' own limits, when the layer looks them up.
     pub(crate) client_limits: Option<Arc<ClientLimits>>,
+    /// How long a limit lookup's answer is fresh, set before or after the
+    /// lookup.
+    pub(crate) limit_ttl: Duration,
     /// The requests held now instead of denied, in every clone.
     pub(crate) delayed: Arc<DelayedRequests>,
     /// The reservations each client holds unsettled, in every clone.

@@ -106,14 +106,18 @@ impl Policy {
     /// // 1,000 tokens a minute, reserving 100 a request.
     /// let tokens = Policy::new("tokens", 1_000, Duration::from_secs(60))
     ///     .with_cost(100)
-    ///     .with_settlement();
+    ///     .with_settlement(true);
     /// assert!(tokens.is_settled_after_response());
     /// ```
     ///
     /// [`Usage`](crate::Usage) shows a handler that reports as it streams.
     #[must_use]
-    pub fn with_settlement(mut self) -> Self {
-        self.settlement.get_or_insert_with(Settlement::default);
+    pub fn with_settlement(mut self, settled: bool) -> Self {
+        if !settled {
+            self.settlement = None;
+        } else if self.settlement.is_none() {
+            self.settlement = Some(Settlement::default());
+        }
         self
     }
 
@@ -201,7 +205,7 @@ impl Policy {
     ///
     /// let tokens = Policy::new("tokens", 1_000, Duration::from_secs(60));
     /// assert_eq!(tokens.max_unsettled(), None);
-    /// assert_eq!(tokens.with_settlement().max_unsettled(), Some(8));
+    /// assert_eq!(tokens.with_settlement(true).max_unsettled(), Some(8));
     /// ```
     pub fn max_unsettled(&self) -> Option<u32> {
         Some(self.settlement.as_ref()?.max_unsettled)

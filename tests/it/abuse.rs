@@ -79,7 +79,7 @@ fn search_app(store: impl Store) -> Router {
         .unwrap();
     Router::new()
         .route("/api/search", get(|| async { "results" }))
-        .route_layer(RateLimitLayer::new(store, PeerIp::new(), policies).without_deny_cache())
+        .route_layer(RateLimitLayer::new(store, PeerIp::new(), policies).with_deny_cache(None))
 }
 
 async fn head_on_a_get_route_is_counted_as_the_get(tested: StoreUnderTest) {
@@ -241,7 +241,7 @@ async fn a_client_derived_cost_of_zero_is_never_free(tested: StoreUnderTest) {
     let app = root_app(
         RateLimitLayer::new(store, PeerIp::new(), policies)
             .with_request_cost(rows)
-            .without_deny_cache(),
+            .with_deny_cache(None),
     );
     let zeros = statuses(&app, 6, |_| {
         request("GET", "/", "192.0.2.1:1", &[("x-rows", b"0")])
@@ -260,7 +260,7 @@ fn login_app(store: Arc<dyn Store>, keys: impl KeyExtractor) -> Router {
         .unwrap();
     Router::new()
         .route("/api/login", post(|| async { "welcome" }))
-        .route_layer(RateLimitLayer::new(store, keys, policies).without_deny_cache())
+        .route_layer(RateLimitLayer::new(store, keys, policies).with_deny_cache(None))
 }
 
 /// `POST /api/login` from 192.0.2.9 with `headers`.
@@ -300,7 +300,7 @@ on_both_stores!(random_api_keys_are_limited_by_the_clients_address);
 async fn unknown_api_keys_can_be_refused_outright() {
     let app = login_app(
         Arc::new(MemoryStore::new()),
-        api_keys().with_unknown_rejected().or(PeerIp::new()),
+        api_keys().with_unknown_rejected(true).or(PeerIp::new()),
     );
     let reply = login(&app, &[("x-api-key", b"guess")]).await;
     assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
@@ -394,7 +394,7 @@ async fn no_closure_or_header_can_spend_another_sources_bucket() {
             .get("x-tenant")
             .map(|value| Key::new(value.as_bytes()))
     };
-    let tenant = Header::trusted(HeaderName::from_static("x-tenant")).with_public_values();
+    let tenant = Header::trusted(HeaderName::from_static("x-tenant")).with_public_values(true);
     let app = root_app(RateLimitLayer::new(
         store.clone(),
         forged.or(tenant).or(PeerIp::new()),
@@ -412,7 +412,7 @@ async fn no_closure_or_header_can_spend_another_sources_bucket() {
     assert_eq!(by_closure, [200, 200, 429]);
     let header_only = root_app(RateLimitLayer::new(
         store.clone(),
-        Header::trusted(HeaderName::from_static("x-tenant")).with_public_values(),
+        Header::trusted(HeaderName::from_static("x-tenant")).with_public_values(true),
         policies.clone(),
     ));
     for forged in [&b"ip:192.0.2.7"[..], b"global", b"jwt:alice"] {
@@ -641,7 +641,7 @@ async fn an_async_lookup_confirms_keys_outside_the_table(tested: StoreUnderTest)
         .with_lookup(database(calls.clone()))
         .or(PeerIp::new());
     let policies = Policies::single(Policy::new("all", 3, MINUTE)).unwrap();
-    let app = whoami_app(RateLimitLayer::new(store, keys, policies).without_deny_cache());
+    let app = whoami_app(RateLimitLayer::new(store, keys, policies).with_deny_cache(None));
     let get = |key: &'static [u8]| request("GET", "/", "192.0.2.80:1", &[("x-api-key", key)]);
 
     let pro = send(&app, get(b"db-pro")).await.json();
@@ -705,7 +705,7 @@ async fn an_unknown_key_falls_through_the_whole_chain_or_is_refused() {
     // a refused credential.
     let refusing = api_keys()
         .with_lookup(database(calls))
-        .with_unknown_rejected()
+        .with_unknown_rejected(true)
         .or(PeerIp::new());
     let policies = Policies::single(Policy::new("all", 100, MINUTE)).unwrap();
     let app = whoami_app(

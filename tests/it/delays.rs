@@ -209,7 +209,7 @@ async fn held(layer: &RateLimitLayer, count: usize) {
 
 /// Keys each request by its `x-client` header.
 fn clients() -> impl slidegate::key::KeyExtractor {
-    slidegate::Header::trusted(http::HeaderName::from_static("x-client")).with_public_values()
+    slidegate::Header::trusted(http::HeaderName::from_static("x-client")).with_public_values(true)
 }
 
 fn request_from(client: &str) -> Request<Body> {

@@ -54,7 +54,7 @@ fn app(redis: &RedisServer, clock: &FakeClock, cache: bool) -> Router {
     let layer = if cache {
         layer.with_deny_cache(DenyCache::with_clock(1000, clock.clone()))
     } else {
-        layer.without_deny_cache()
+        layer.with_deny_cache(None)
     };
     Router::new()
         .route("/", get(|| async { "ok" }))

@@ -22,7 +22,7 @@ const MINUTE: Duration = Duration::from_secs(60);
 
 /// Keys each request by its `x-client` header, as `header:x-client:<name>`.
 fn clients() -> impl KeyExtractor {
-    Header::trusted(http::HeaderName::from_static("x-client")).with_public_values()
+    Header::trusted(http::HeaderName::from_static("x-client")).with_public_values(true)
 }
 
 fn key(name: &str) -> Key {

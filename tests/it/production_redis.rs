@@ -581,7 +581,7 @@ async fn a_full_redis_never_fails_open_for_a_client_it_does_not_track() {
         client,
         slidegate::Policies::single(policy).unwrap(),
     )
-    .without_deny_cache();
+    .with_deny_cache(None);
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
         .route_layer(layer);

@@ -305,7 +305,7 @@ mod through_the_layer {
             OneClient,
             Policies::single(policy).unwrap(),
         )
-        .without_deny_cache()
+        .with_deny_cache(None)
     }
 
     /// The layer of `policy`, its cost from the `Usage` handle alone.
@@ -313,9 +313,9 @@ mod through_the_layer {
         RateLimitLayer::new(
             s.store.clone(),
             OneClient,
-            Policies::single(policy.with_settlement()).unwrap(),
+            Policies::single(policy.with_settlement(true)).unwrap(),
         )
-        .without_deny_cache()
+        .with_deny_cache(None)
     }
 
     pub(super) fn routes(layer: RateLimitLayer, parked: &Parked) -> Router {

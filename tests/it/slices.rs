@@ -134,7 +134,7 @@ async fn unused_units_go_back_when_the_slice_ages_out() {
     let window = Duration::from_secs(20);
     let policy = || Policy::new("hot", 20, window).with_slice(15);
     let one = app_on(redis.pool(2), policy());
-    let other = router(layer_on(redis.pool(2), policy()).without_deny_cache());
+    let other = router(layer_on(redis.pool(2), policy()).with_deny_cache(None));
     let start = Instant::now();
     assert_eq!(get_status(&one).await.0, StatusCode::OK);
     // The other instance can take the 5 left now, and the 14 `one` did

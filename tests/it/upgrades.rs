@@ -91,7 +91,7 @@ async fn server_leasing_for(
         .with_route("GET /forgetful", forgetful)
         .build()
         .unwrap();
-    let layer = RateLimitLayer::new(store, one_client, policies).without_deny_cache();
+    let layer = RateLimitLayer::new(store, one_client, policies).with_deny_cache(None);
     let app = Router::new()
         .route("/ws", get(|u, l| serve(u, l, true)))
         .route("/forgetful", get(|u, l| serve(u, l, false)))
@@ -197,8 +197,8 @@ async fn a_socket_holds_the_leases_of_nested_layers(tested: StoreUnderTest) {
     let outer = Policies::single(Policy::concurrency("service", 1).with_lease(LEASE)).unwrap();
     let app = Router::new()
         .route("/ws", get(|u, l| serve(u, l, true)))
-        .route_layer(RateLimitLayer::new(store.clone(), Global, inner).without_deny_cache())
-        .layer(RateLimitLayer::new(store, Global, outer).without_deny_cache());
+        .route_layer(RateLimitLayer::new(store.clone(), Global, inner).with_deny_cache(None))
+        .layer(RateLimitLayer::new(store, Global, outer).with_deny_cache(None));
     let (address, server) = listen(app).await;
     let first = open(address, "/ws").await.unwrap();
     tokio::time::sleep(4 * LEASE).await;

@@ -67,7 +67,7 @@ const UNSET: u64 = u64::MAX;
 ///
 /// let tokens = Policy::new("tokens", 100_000, Duration::from_secs(60))
 ///     .with_cost(500)
-///     .with_settlement();
+///     .with_settlement(true);
 ///
 /// // The handler: a stream that reports its tokens as it sends them.
 /// async fn complete(usage: Option<Extension<Usage>>) -> Body {

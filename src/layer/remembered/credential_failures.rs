@@ -50,7 +50,7 @@ const BLOCKED_CAPACITY: usize = 10_000;
 /// let proxies = PeerIp::new().with_trusted_proxies(["10.0.0.0/8".parse().unwrap()]);
 /// let api_keys = Header::new(http::HeaderName::from_static("x-api-key"))
 ///     .with_keys(["key-of-acme"])
-///     .with_unknown_rejected();
+///     .with_unknown_rejected(true);
 /// let policies = Policies::single(Policy::new("api", 100, Duration::from_secs(60))).unwrap();
 /// let layer = RateLimitLayer::new(MemoryStore::new(), api_keys, policies).with_credential_failures(
 ///     CredentialFailures::new(10, Duration::from_secs(60)).with_peer_ip(proxies),

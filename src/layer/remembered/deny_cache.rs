@@ -108,7 +108,7 @@ pub(crate) struct Denied {
 /// [`with_deny_cache(DenyCache::new(n))`](crate::RateLimitLayer::with_deny_cache)
 /// gives it room for `n` denials, one per client and policy (and turns it
 /// on for a store in process);
-/// [`without_deny_cache`](crate::RateLimitLayer::without_deny_cache) turns
+/// [`with_deny_cache(None)`](crate::RateLimitLayer::with_deny_cache) turns
 /// it off.
 ///
 /// ```

@@ -2,4 +2,5 @@
 //! alone, and requests that wait.
 
 mod pure_parts;
+mod setters;
 mod waiting;
