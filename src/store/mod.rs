@@ -69,7 +69,7 @@ pub(crate) use memory::next_id;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]
 pub use redis::{PrefixError, RedisPool, RedisStore, RedisStoreBuilder};
-pub(crate) use sliced::Sliced;
+pub(crate) use sliced::{Sliced, refund_of};
 pub(crate) use soon::Soon;
 pub use soon::StoreFuture;
 

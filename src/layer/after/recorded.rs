@@ -12,7 +12,7 @@ use smallvec::SmallVec;
 use crate::log_lines::{REFUND_FAILURES, RELEASE_FAILURES};
 use crate::store::Checks;
 use crate::store::background::in_background_on;
-use crate::store::{Check, Decision, Store, StoreError, StoreFuture};
+use crate::store::{Check, Decision, Store, StoreError, StoreFuture, refund_of};
 
 /// Units a store recorded for some of a request's checks, each at its
 /// time ([`Decision::recorded_at`]); the store takes them back by these.
@@ -60,12 +60,8 @@ impl Recorded {
     /// slice gave go back into it, units the store recorded for the
     /// request alone go back to the store (as a check without a slice).
     pub(crate) fn push_refund(&mut self, check: &Check, decision: &Decision, at: Duration) {
-        self.push(check, at);
-        if !decision.sliced
-            && let Some(pushed) = self.checks.last_mut()
-        {
-            pushed.slice = 0;
-        }
+        self.checks.push(refund_of(check, decision));
+        self.at.push(at);
     }
 
     pub(crate) fn is_empty(&self) -> bool {

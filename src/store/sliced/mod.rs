@@ -65,6 +65,18 @@ impl Sliced {
     }
 }
 
+/// The check a refund of `decision`'s units (a request's under `check`)
+/// names: units a slice gave go back into it, units the store recorded
+/// for the request alone go back to the store, as a check without a
+/// slice. All the layer needs to know of slices when it gives units back.
+pub(crate) fn refund_of(check: &Check, decision: &Decision) -> Check {
+    let mut check = check.clone();
+    if !decision.sliced {
+        check.slice = 0;
+    }
+    check
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
