@@ -11,8 +11,8 @@ mod calendar;
 mod counter;
 mod fixed;
 mod lease;
+mod log;
 mod shard;
-mod sliding_log;
 mod spent;
 
 pub(crate) use lease::next_id;

@@ -7,7 +7,7 @@ use super::calendar::CalendarCount;
 use super::counter::SlidingCounter;
 use super::fixed::FixedWindow;
 use super::lease::Leases;
-use super::sliding_log::{Log, Window};
+use super::log::{Log, Window};
 use std::time::Duration;
 
 use crate::clock::duration_micros;

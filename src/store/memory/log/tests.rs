@@ -1,4 +1,4 @@
-//! Unit tests of `sliding_log.rs`.
+//! Unit tests of `log.rs`.
 
 use super::*;
 
