@@ -38,8 +38,14 @@
 //!
 //! # Which policy they describe
 //!
-//! When several policies apply, the `X-RateLimit-*` headers describe the
-//! one closest to denying; a `429` describes the one that frees last.
+//! When several policies apply, the `X-RateLimit-*` headers of an admitted
+//! request describe the one closest to denying: the one that leaves the
+//! fewest requests of this request's cost (units left ÷ cost), and of
+//! those the one that resets last, since a client that waits for an
+//! earlier reset is still refused by the other. A completion that costs
+//! 3,000 of 10,000 tokens an hour, beside 600 requests an hour, shows the
+//! tokens (`X-RateLimit-Remaining: 7000` of `10000`: two more calls), not
+//! the 599 requests. A `429` describes the policy that frees last.
 //!
 //! # IETF fields
 //!
@@ -81,7 +87,9 @@ pub(crate) const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 #[non_exhaustive]
 pub enum HeaderStyle {
     /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`,
-    /// for the policy closest to denying (on a 429, the one that denied).
+    /// for the policy closest to denying (see [Which policy they
+    /// describe](self#which-policy-they-describe); on a 429, the one that
+    /// denied).
     #[default]
     XRateLimit,
     /// `RateLimit-Policy` and `RateLimit` as in

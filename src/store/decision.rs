@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
+use crate::store::Check;
+
 /// What a store decided for one policy of a request, read with the
 /// methods below.
 ///
@@ -324,12 +326,25 @@ pub(crate) fn index_of_min<K: Ord>(decisions: &[Decision], key: impl Fn(&Decisio
         .map_or(0, |(index, _)| index)
 }
 
-/// The decision the `X-RateLimit-*` fields report: the policy closest to
-/// denying (fewest units left, then the latest reset).
-pub(crate) fn closest_to_denying(decisions: &[Decision]) -> usize {
-    index_of_min(decisions, |decision| {
-        (decision.remaining, Reverse(decision.reset_us))
-    })
+/// The decision the `X-RateLimit-*` fields report, of a request whose
+/// checks are `checks`: the policy closest to denying, the one that leaves
+/// the fewest requests of this request's cost (units left ÷ cost), then
+/// the latest reset (a client that waits for an earlier one is still
+/// refused by the other). Raw units would mislead beside a budget of
+/// costly units: 597 of 600 requests left beside 3,500 of 10,000 tokens
+/// at 3,000 a call is one more call, not 597.
+pub(crate) fn closest_to_denying(checks: &[Check], decisions: &[Decision]) -> usize {
+    let cost = |index: usize| checks.get(index).map_or(1, |check| check.cost.max(1));
+    decisions
+        .iter()
+        .enumerate()
+        .min_by_key(|(index, decision)| {
+            (
+                decision.remaining / cost(*index),
+                Reverse(decision.reset_us),
+            )
+        })
+        .map_or(0, |(index, _)| index)
 }
 
 #[cfg(test)]

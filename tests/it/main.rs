@@ -36,6 +36,7 @@ mod pipelining;
 mod production_redis;
 mod redis_state;
 mod refunds;
+mod reported;
 mod settled;
 mod slices;
 mod upgrades;

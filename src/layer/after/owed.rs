@@ -307,7 +307,7 @@ impl HeaderSource {
                 decision.reset_us = 0;
             }
         }
-        let reported = closest_to_denying(&self.decisions);
+        let reported = closest_to_denying(&self.checks, &self.decisions);
         RateHeaders::admitted(
             &self.checks,
             &self.decisions,

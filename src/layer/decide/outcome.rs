@@ -244,7 +244,7 @@ fn decided_by(shared: &Shared, parts: &Parts, answered: Answered<'_>) -> Soon<Ne
             }
         }
     }
-    let reported = closest_to_denying(decisions);
+    let reported = closest_to_denying(checks, decisions);
     trace_decision(checks[reported].policy(), outcome, took);
     // The headers are read once the request has waited.
     let shifted: Option<Decisions> = wait.map(|wait| {
