@@ -112,7 +112,7 @@
 //! |---|---|---|
 //! | `slidegate_decisions_total` | counter | `policy`, `outcome`: `admitted`, `denied`, `deny_cache`, `shadow_denied`, `failed_open`, `failed_closed`, `exempt`, `local`, `delay_full` |
 //! | `slidegate_near_limit_total` | counter | `policy`: admitted with at most a fifth of the limit left |
-//! | `slidegate_store_seconds` | histogram | |
+//! | `slidegate_store_seconds` | histogram (a summary in metrics-exporter-prometheus unless buckets are set for it, as the example server sets them) | |
 //! | `slidegate_store_errors_total` | counter | `kind`: `timeout`, `backend`, `protocol`, `internal`, `circuit_open`, `unsupported`, `full` |
 //! | `slidegate_breaker_state` | gauge | 0 closed, 1 open, 2 probing |
 //! | `slidegate_memory_keys` | gauge | (policy, client) pairs the memory stores track |

@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | `slidegate_decisions_total` | counter | `policy`, `outcome` |
 //! | `slidegate_near_limit_total` | counter | `policy` |
-//! | `slidegate_store_seconds` | histogram | |
+//! | `slidegate_store_seconds` | histogram (a summary in metrics-exporter-prometheus unless buckets are set for it, as the example server sets them) | |
 //! | `slidegate_store_errors_total` | counter | `kind` |
 //! | `slidegate_breaker_state` | gauge (0 closed, 1 open, 2 probing) | |
 //! | `slidegate_memory_keys` | gauge | |

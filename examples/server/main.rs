@@ -24,12 +24,17 @@ use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use clap::Parser;
-use metrics_exporter_prometheus::PrometheusHandle;
+use metrics_exporter_prometheus::{Matcher, PrometheusHandle};
 use serde_json::{Value, json};
 use slidegate::config::Config;
 use slidegate::{Policies, PoliciesHandle, Policy, RateLimitLayer, key::Identity};
 
 const DEMO_CONFIG: &str = include_str!("../demo.toml");
+
+/// The buckets of `slidegate_store_seconds`, in seconds.
+const STORE_SECONDS_BUCKETS: [f64; 10] = [
+    0.000_25, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+];
 
 /// The slidegate example server.
 #[derive(Debug, Parser)]
@@ -72,7 +77,13 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     // Installed before the first request, so that every counter reports.
+    // The store's answer times as a Prometheus histogram (without buckets
+    // the exporter renders a summary, whose quantiles cannot be summed
+    // over instances): from 250 µs to the store's timeout and past it.
+    let store_seconds = Matcher::Full("slidegate_store_seconds".to_owned());
     let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .set_buckets_for_metric(store_seconds, &STORE_SECONDS_BUCKETS)
+        .map_err(|e| format!("cannot set the store's time buckets: {e}"))?
         .install_recorder()
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
     let (layer, store_name) = store::limiter(&config).await?;

@@ -9,7 +9,7 @@ use super::Calendar;
 /// | [`SlidingLog`](Algorithm::SlidingLog) (default) | one entry per admitted request | exact; `Retry-After` to the microsecond | most limits: exact, at one entry per request in the window |
 /// | [`SlidingCounter`](Algorithm::SlidingCounter) | two counters (current and previous epoch-aligned window) | estimates the previous window as spread evenly; `Retry-After` and reset solved exactly from that estimate | very high limits and millions of clients: constant memory, at a small approximation |
 /// | [`FixedWindow`](Algorithm::FixedWindow) | one counter | a client can spend up to twice the limit across a boundary | the cheapest count, where twice the limit across a boundary does no harm |
-/// | [`TokenBucket`](Algorithm::TokenBucket) | one timestamp and debt (32 bytes on Redis) | exact for its model: a steady rate with a burst; `Retry-After` to the microsecond | a steady rate that lets a client spend a [burst](crate::Policy::with_burst) at once |
+/// | [`TokenBucket`](Algorithm::TokenBucket) | one timestamp and debt (48 bytes on Redis) | exact for its model: a steady rate with a burst; `Retry-After` to the microsecond | a steady rate that lets a client spend a [burst](crate::Policy::with_burst) at once |
 /// | [`Concurrency`](Algorithm::Concurrency) ([`Policy::concurrency`](crate::Policy::concurrency)) | one lease per request in flight | exact: at most N in flight | slow or long requests (exports, WebSockets): how many at once, not how many a minute |
 /// | [`Calendar`](Algorithm::Calendar) ([`Policy::calendar`](crate::Policy::calendar)) | one count (16 bytes on Redis) | exact; starts again at each boundary of the period | quotas per day, week, month or year: "10,000 calls a month, from the 1st" |
 ///
@@ -41,7 +41,7 @@ pub enum Algorithm {
     /// One epoch-aligned fixed-window counter: the cheapest, but a client
     /// can spend up to twice the limit across a window boundary.
     FixedWindow,
-    /// A token bucket (GCRA, one timestamp per client, one 32-byte key per
+    /// A token bucket (GCRA, one timestamp per client, one 48-byte key per
     /// client and policy on Redis): a steady rate of `limit` units per
     /// `window`, with a bucket of [burst](crate::Policy::with_burst) units
     /// (default: the limit) that a client may spend at once. Exact for its

@@ -267,7 +267,7 @@ impl Policy {
     /// units a client may spend at once, refilled at `limit` per `window`
     /// (default: the limit). Refused for other algorithms.
     ///
-    /// The bucket is GCRA in one 32-byte key per client and policy, exact
+    /// The bucket is GCRA in one 48-byte key per client and policy, exact
     /// for its model: `Retry-After` is the moment the request's whole cost
     /// fits, to the microsecond, whatever the rate (three a second is
     /// 333,333⅓ µs a unit and stays exact). Headers report the burst as the

@@ -656,6 +656,14 @@ window = "60s"
     assert_eq!(decisions(text, "videos", "denied"), 2, "{text}");
     assert_eq!(decisions(text, "videos", "exempt"), 4, "{text}");
     assert!(!text.contains("127.0.0.1"), "no client key in a label");
+    // The store's answer times are a histogram, as the Grafana dashboard
+    // reads them (a summary has no buckets).
+    let every_answer = text
+        .lines()
+        .find(|line| line.starts_with("slidegate_store_seconds_bucket{le=\"+Inf\"}"))
+        .unwrap_or_else(|| panic!("no buckets of slidegate_store_seconds: {text}"));
+    let answers: u64 = every_answer.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(answers > 0, "{every_answer}");
     // Near the limit: at most a fifth of it left after an admitted request
     // (the third video, with none left).
     assert!(
