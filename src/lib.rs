@@ -13,16 +13,17 @@
 //!
 //! # How a request flows
 //!
-//! 1. **Who is asking.** The layer's [`KeyExtractor`] ([`PeerIp`], [`Header`],
-//!    `JwtClaim`, [`Global`], or a chain of them with [`KeyExtractor::or`])
-//!    turns the request head into the client's [`Key`](key::Key) and,
-//!    where a token or table says so, its tier ([`key`]).
-//! 2. **Which policies.** [`Policies`] pick the plan of the route the
+//! 1. **Which policies.** [`Policies`] pick the plan of the route the
 //!    router matched and the method; each [`Policy`] gives a limit per
 //!    window, its [`Algorithm`](policy::Algorithm), its cost and its tiers'
-//!    overrides ([`policy`]). A [`RequestCost`](policy::RequestCost) may
-//!    price the request, and a [limit lookup](limits) give the client a
-//!    limit of its own.
+//!    overrides ([`policy`]). A request of a route no policy covers, or one
+//!    the layer's exemption says yes to, goes on untouched.
+//! 2. **Who is asking.** The layer's [`KeyExtractor`] ([`PeerIp`], [`Header`],
+//!    `JwtClaim`, [`Global`], or a chain of them with [`KeyExtractor::or`])
+//!    turns the request head into the client's [`Key`](key::Key) and,
+//!    where a token or table says so, its tier ([`key`]). A
+//!    [`RequestCost`](policy::RequestCost) may price the request, and a
+//!    [limit lookup](limits) give the client a limit of its own.
 //! 3. **The deny cache.** A client the store denied recently is answered
 //!    `429` from memory until its retry time ([`layer::DenyCache`]),
 //!    without asking the store.
@@ -98,7 +99,7 @@
 //! | `config` | the TOML configuration file (`config`); its `[jwt]` section needs `jwt` | no |
 //! | `tonic` | `PeerIp` reads the peer address a tonic server records (`TcpConnectInfo`) | no |
 //! | `metrics` | counters, a histogram and gauges through the `metrics` facade | no |
-//! | `test-util` | `clock::FakeClock`, a clock tests move, for the memory store and `RedisStoreBuilder::with_clock` | no |
+//! | `test-util` | `clock::FakeClock`, a clock tests move, for the memory store and `RedisStoreBuilder::with_clock`; `store::conformance`, which checks a store of your own against the memory store | no |
 //!
 //! # Metrics
 //!

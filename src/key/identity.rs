@@ -11,7 +11,9 @@ use super::{Key, Unconfirmed};
 /// What the limiter resolved for a request: the key it counts against, and
 /// the client's tier when the extractor knows one.
 ///
-/// The layer stores it in the request extensions, so handlers can read it.
+/// With [`with_identity_extension(true)`](crate::RateLimitLayer::with_identity_extension)
+/// the layer puts it in an admitted request's extensions, for handlers to
+/// read; by default it does not.
 ///
 /// ```
 /// use slidegate::key::{Identity, Key};

@@ -55,8 +55,8 @@
 //! Serve the router with `into_make_service_with_connect_info::<SocketAddr>()`,
 //! which alone gives requests the `ConnectInfo<SocketAddr>` that
 //! [`PeerIp`](crate::PeerIp) reads the client's address from. Without it a
-//! request keyed by its address has none and is answered `500` (and a
-//! warning is traced, at most once a second).
+//! request keyed by its address has none and is answered `500` (and an
+//! error is logged, at most once a second).
 //!
 //! For one process, [`MemoryStore::new()`](crate::store::MemoryStore::new)
 //! takes the place of the `RedisStore`: the same decisions, sharded in

@@ -281,8 +281,8 @@ impl RateLimitLayer {
 
     /// The most bytes of request heads (URI and header fields) this layer
     /// holds at once in held requests; default 64 MiB. Past it, a request
-    /// the store would hold is answered `429`, as past
-    /// [`with_max_delayed`](Self::with_max_delayed).
+    /// the store would hold is answered `503` and its units given back, as
+    /// past [`with_max_delayed`](Self::with_max_delayed).
     ///
     /// ```
     /// use slidegate::{Global, Policies, Policy, RateLimitLayer, store::MemoryStore};

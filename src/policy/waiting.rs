@@ -23,9 +23,11 @@ impl Policy {
     /// of this one, and nor is a request this policy's own
     /// [delay](Self::with_delay) holds: with both, a request that fits
     /// within the delay is held, and only one beyond it starts the block.
-    /// A request the layer has no place to hold is answered `429` but stays
-    /// counted, as if it had been held, so a flood that fills the layer's
-    /// places still reaches its block.
+    /// A layer that holds no request (`max_delayed = 0`) answers such a
+    /// request `429` and keeps it counted, as if it had been held, so a
+    /// client that keeps asking still reaches its block. One the layer has
+    /// no room for because other requests fill its places is answered
+    /// `503`, its units given back: that is not the client's doing.
     ///
     /// With [`Count::Failures`](super::Count::Failures), requests still in flight count until their
     /// responses show otherwise, so a client with more requests in flight

@@ -89,10 +89,14 @@ pub(crate) type CheckOutcome = Result<Decisions, StoreError>;
 /// A store that decides in process answers with [`StoreFuture::ready`]; one
 /// that waits on the network, with [`StoreFuture::new`].
 ///
-/// `peek` and `refund` serve policies that count only some responses
-/// ([`Count`](crate::policy::Count)); a store without them answers
-/// [`StoreError::Unsupported`], and such a policy then counts every
-/// request.
+/// `peek` serves [`RateLimitLayer::peek`](crate::RateLimitLayer::peek)
+/// (and the layer's local counts, which a [`MemoryStore`] keeps). `refund`
+/// gives units back: those of policies that count only some responses
+/// ([`Count`](crate::policy::Count)), of a held request whose client went
+/// away, of a request a full layer could not hold, and a concurrency
+/// lease when its request ends. A store without them answers
+/// [`StoreError::Unsupported`]: `peek` then fails, and a policy that
+/// counts some responses only counts every request.
 pub trait Store: Send + Sync + 'static {
     /// Decides and, when admitted, records the request. The checks are
     /// borrowed: a store whose answer comes later copies what it needs.

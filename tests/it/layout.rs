@@ -98,3 +98,19 @@ fn no_top_level_module_imports_one_that_imports_it() {
         .collect();
     assert!(cycles.is_empty(), "imports that come back: {cycles:?}");
 }
+
+/// Every module of this binary is in `tests/README.md`'s table, so a
+/// reader looking for what a test shows finds it there.
+#[test]
+fn every_module_of_the_tests_is_in_the_readme() {
+    let tests = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let main = std::fs::read_to_string(tests.join("it/main.rs")).unwrap();
+    let readme = std::fs::read_to_string(tests.join("README.md")).unwrap();
+    let missing: Vec<&str> = main
+        .lines()
+        .filter_map(|line| line.strip_prefix("mod ")?.strip_suffix(';'))
+        .filter(|module| *module != "support")
+        .filter(|module| !readme.contains(&format!("| `{module}` |")))
+        .collect();
+    assert!(missing.is_empty(), "not in tests/README.md: {missing:?}");
+}
