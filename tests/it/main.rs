@@ -32,6 +32,7 @@ mod log_chunks;
 mod malformed_calls;
 mod namespaces;
 mod own_limits;
+mod package;
 mod pipelining;
 mod production_redis;
 mod redis_state;

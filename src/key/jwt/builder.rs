@@ -64,17 +64,25 @@ impl JwtClaimBuilder {
     /// Verifies RS*/PS*, ES256/ES384 or EdDSA tokens with this PEM-encoded
     /// public key (its type is read from the PEM).
     ///
-    /// ```
+    /// ```no_run
     /// use slidegate::JwtClaim;
     ///
-    /// let pem = std::fs::read("tests/fixtures/rsa_public.pem")?;
+    /// // The public key your identity provider publishes, deployed with the service.
+    /// let pem = std::fs::read("/etc/myapp/jwt-public.pem")?;
     /// let jwt = JwtClaim::builder()
     ///     .with_public_key_pem(&pem)
     ///     .with_algorithms(["RS256"])
     ///     .build()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// A key that does not parse is refused at `build()`:
+    ///
+    /// ```
+    /// use slidegate::JwtClaim;
+    ///
     /// let refused = JwtClaim::builder().with_public_key_pem(b"not a key").with_algorithms(["RS256"]);
     /// assert!(refused.build().is_err());
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn with_public_key_pem(self, pem: &[u8]) -> Self {
         self.with_key(None, public_key(pem))
