@@ -62,7 +62,9 @@
 //!
 //! Start with the example below and [`Policy`]; then [`key`] to tell
 //! clients apart, and [`store`] to share limits between instances. The
-//! repository's `docs/` holds the guides: `operations.md` (running it on
+//! repository's `docs/` holds the guides: `recipes.md` (five complete
+//! programs: a login limit, Redis failing closed, JWT tiers, LLM tokens,
+//! WebSockets), `operations.md` (running it on
 //! Redis in production, what to alert on), `configuration.md` (every key
 //! of the TOML file), `redis.md` (keys and records in Redis),
 //! `multi-region.md` (slices of a limit for hot keys and across regions,
@@ -178,3 +180,9 @@ struct ReadmeDoctests;
 #[doc = include_str!("../docs/operations.md")]
 #[doc = include_str!("../docs/redis.md")]
 struct GuideDoctests;
+
+/// The recipes, compiled as doc tests (each serves until stopped, so none
+/// is run); two need Redis and JWT support.
+#[cfg(all(doctest, feature = "redis", feature = "jwt"))]
+#[doc = include_str!("../docs/recipes.md")]
+struct RecipeDoctests;
