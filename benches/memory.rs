@@ -5,7 +5,7 @@
 //! one request each.
 //!
 //! ```sh
-//! cargo bench --bench memory --features test-util
+//! cargo bench --bench memory
 //! ```
 
 #[path = "../tests/it/support/mod.rs"]

@@ -501,11 +501,7 @@ impl KeyExtractor for CountingJwt {
 }
 
 fn fixture(name: &str) -> Vec<u8> {
-    std::fs::read(format!(
-        "{}/tests/fixtures/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    ))
-    .unwrap()
+    std::fs::read(format!("{}/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap()
 }
 
 fn rs256(private_pem: &str, sub: &str) -> String {

@@ -416,7 +416,7 @@ fn public_key_paths_are_relative_to_the_config_file() {
     let dir = std::env::temp_dir().join(format!("slidegate-jwt-{}", std::process::id()));
     std::fs::create_dir_all(dir.join("keys")).unwrap();
     std::fs::copy(
-        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/rsa_public.pem"),
+        concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/rsa_public.pem"),
         dir.join("keys/rsa_public.pem"),
     )
     .unwrap();

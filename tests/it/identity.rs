@@ -29,7 +29,7 @@ const SECRET: &[u8] = b"test-secret-of-the-api";
 const MINUTE: Duration = Duration::from_secs(60);
 
 fn fixture(name: &str) -> Vec<u8> {
-    let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
+    let path = format!("{}/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
     std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 

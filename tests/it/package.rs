@@ -20,8 +20,9 @@ fn included() -> Vec<String> {
         .collect()
 }
 
+/// The repository's root, where the library's package is.
 fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
 fn ships(included: &[String], path: &Path) -> bool {
