@@ -181,13 +181,13 @@ impl ClientLimits {
         }
     }
 
-    /// The same lookup with answers kept for `ttl`, starting afresh.
     /// How long an answer is fresh.
     #[cfg(test)]
     pub(crate) fn ttl(&self) -> Duration {
         self.ttl
     }
 
+    /// The same lookup with answers kept for `ttl`, starting afresh.
     pub(crate) fn with_ttl(&self, ttl: Duration) -> Self {
         Self::new(self.lookup.clone(), ttl)
     }

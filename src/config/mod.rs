@@ -86,7 +86,7 @@ pub struct Config {
     /// (hashed on the way in).
     api_key: Header,
     peer_ip: PeerIp,
-    /// `limiter.with_exemption`: client networks the limiter leaves alone.
+    /// `limiter.exempt`: client networks the limiter leaves alone.
     exempt: Arc<[IpNet]>,
     /// `limiter.exempt_api_keys`, by digest, and the header they come in.
     exempt_api_keys: Arc<HashSet<[u8; 16]>>,

@@ -111,6 +111,12 @@ impl Policy {
     /// ```
     ///
     /// [`Usage`](crate::Usage) shows a handler that reports as it streams.
+    ///
+    /// `false` turns settling off: the policy counts each request at its
+    /// cost, and the settlement's usage header and
+    /// [`max_unsettled`](Self::with_max_unsettled) go with it (a later
+    /// [`with_usage_header`](Self::with_usage_header) or `with_max_unsettled`
+    /// turns it on again, as each does).
     #[must_use]
     pub fn with_settlement(mut self, settled: bool) -> Self {
         if !settled {
@@ -129,7 +135,7 @@ impl Policy {
     /// bodies held back) spends in a window at most the limit plus that
     /// many overdrafts, even where no request says what it will cost. The
     /// count is kept in each process: with several instances, each holds
-    /// its own. Implies [`with_settlement`](Self::with_settlement).
+    /// its own. Implies [`with_settlement(true)`](Self::with_settlement).
     ///
     /// ```
     /// use slidegate::Policy;

@@ -334,6 +334,7 @@ pub(crate) fn index_of_min<K: Ord>(decisions: &[Decision], key: impl Fn(&Decisio
 /// costly units: 597 of 600 requests left beside 3,500 of 10,000 tokens
 /// at 3,000 a call is one more call, not 597.
 pub(crate) fn closest_to_denying(checks: &[Check], decisions: &[Decision]) -> usize {
+    debug_assert_eq!(checks.len(), decisions.len(), "one check per decision");
     let cost = |index: usize| checks.get(index).map_or(1, |check| check.cost.max(1));
     decisions
         .iter()

@@ -93,10 +93,12 @@ pub(crate) type CheckOutcome = Result<Decisions, StoreError>;
 /// (and the layer's local counts, which a [`MemoryStore`] keeps). `refund`
 /// gives units back: those of policies that count only some responses
 /// ([`Count`](crate::policy::Count)), of a held request whose client went
-/// away, of a request a full layer could not hold, and a concurrency
-/// lease when its request ends. A store without them answers
-/// [`StoreError::Unsupported`]: `peek` then fails, and a policy that
-/// counts some responses only counts every request.
+/// away, of a request a full layer could not hold or one refused for
+/// holding its most unsettled reservations, and a concurrency lease when
+/// its request ends. A store without them answers
+/// [`StoreError::Unsupported`]: `peek` then fails, a policy that counts
+/// some responses only counts every request, and a lease is held until
+/// its lease time passes.
 pub trait Store: Send + Sync + 'static {
     /// Decides and, when admitted, records the request. The checks are
     /// borrowed: a store whose answer comes later copies what it needs.

@@ -15,7 +15,7 @@
 //!   on its own; also how far over the limit the counter ever lets a client
 //!   get within one sliding window.
 //!
-//! `cargo test --release --all-features --test it accuracy -- --nocapture`
+//! `cargo test --release --test it accuracy -- --nocapture`
 //! prints the report.
 
 use std::time::Duration;

@@ -251,7 +251,7 @@ mod tests {
     use super::*;
 
     #[test]
-    pub(crate) fn usage_headers_hold_whole_numbers() {
+    fn usage_headers_hold_whole_numbers() {
         assert_eq!(units_in(b" 42 "), Some(42));
         assert_eq!(units_in(b"99999999999999999999999"), Some(u64::MAX));
         for bad in [&b""[..], b"-5", b"1e6", b"12.0", b"lots", b"\xff"] {

@@ -89,7 +89,7 @@ impl Drop for Waiting {
     }
 }
 
-/// Units a request took from a entry: put back if the request is not
+/// Units a request took from an entry: put back if the request is not
 /// admitted after all.
 pub(super) struct Taken {
     pub(super) entry: Arc<Entry>,

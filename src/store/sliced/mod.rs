@@ -37,10 +37,10 @@ use table::Table;
 /// The longest a slice lives, whatever its window.
 const MAX_LIFETIME: Duration = Duration::from_secs(1);
 
-/// Clients with a entry at once, past which a new client's checks go to
+/// Clients with an entry at once, past which a new client's checks go to
 /// the store one by one, exact: a flood of clients cannot grow the table
 /// without bound (entries leave it as their slices age out).
-const MAX_SLOTS: usize = 1_000_000;
+const MAX_ENTRIES: usize = 1_000_000;
 
 /// How long a slice of `check` lives: a tenth of its window, at most
 /// [`MAX_LIFETIME`].

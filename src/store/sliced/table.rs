@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::entry::Entry;
 use super::give_back::spawn_give_back;
-use super::{MAX_SLOTS, lock};
+use super::{MAX_ENTRIES, lock};
 use crate::store::{Check, Scope, Store};
 
 pub(super) struct Table {
@@ -21,7 +21,7 @@ pub(super) struct Table {
     pub(super) exact: AtomicBool,
 }
 
-/// The clients' entries. A entry leaves when its slice ages out, or when a
+/// The clients' entries. An entry leaves when its slice ages out, or when a
 /// request that found it empty is done with it and no other holds it;
 /// one left behind by a race is swept when the table doubles.
 #[derive(Default)]
@@ -56,7 +56,7 @@ impl Table {
                 .retain(|_, entry| !Entries::is_idle(entry, 1));
             entries.sweep_at = 2 * entries.by_scope.len();
         }
-        if entries.by_scope.len() >= MAX_SLOTS {
+        if entries.by_scope.len() >= MAX_ENTRIES {
             return None;
         }
         Some(entries.by_scope.entry(scope).or_default().clone())
