@@ -163,9 +163,7 @@ impl Sent {
         }
         self.done(outcome);
     }
-}
 
-impl Sent {
     /// Whether the settlement, failed with `error`, is sent again: the
     /// store could not be reached, or its breaker is open; or it timed
     /// out, and may have landed, when every reservation it settles is

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
+use crate::clock::duration_micros;
+
 /// How long calls must have failed for an answer to count as a recovery.
 const OUTAGE: Duration = Duration::from_secs(1);
 
@@ -35,7 +37,7 @@ impl Recoveries {
 
     /// Now, in µs from `started`, plus one (never 0).
     fn now(&self) -> u64 {
-        u64::try_from(self.started.elapsed().as_micros()).unwrap_or(u64::MAX - 1) + 1
+        duration_micros(self.started.elapsed()).min(u64::MAX - 1) + 1
     }
 
     /// Notes a call that failed: Redis was not reached, or did not answer
@@ -56,7 +58,7 @@ impl Recoveries {
             return;
         }
         let since = self.failing_since.swap(0, Ordering::Relaxed);
-        if since != 0 && self.now().saturating_sub(since) >= micros(OUTAGE) {
+        if since != 0 && self.now().saturating_sub(since) >= duration_micros(OUTAGE) {
             self.recovered();
         }
     }
@@ -73,8 +75,4 @@ impl Recoveries {
     pub(super) fn watch(&self) -> watch::Receiver<u64> {
         self.count.subscribe()
     }
-}
-
-fn micros(duration: Duration) -> u64 {
-    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
 }
