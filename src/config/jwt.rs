@@ -231,3 +231,9 @@ fn keyed_key(
 pub(super) fn boxed(jwt: &JwtClaim) -> Box<dyn crate::key::KeyExtractor> {
     Box::new(jwt.clone())
 }
+
+/// `jwt`'s verification, keyed by the claim `claim`, for a policy's
+/// `per = "jwt:<claim>"`.
+pub(super) fn per_claim(jwt: &JwtClaim, claim: &str) -> Box<dyn crate::key::KeyExtractor> {
+    Box::new(jwt.per_claim(claim))
+}

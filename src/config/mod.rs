@@ -52,6 +52,7 @@ mod jwt;
 #[path = "no_jwt.rs"]
 mod jwt;
 mod overrides;
+mod per;
 mod policies;
 mod raw;
 mod redis;
@@ -62,6 +63,7 @@ mod value;
 pub use error::ConfigError;
 
 use error::{not_utf8, syntax_error};
+use per::PerSources;
 use raw::{
     ForwardedHeaderName, HeaderStyleName, KeySource, RawConfig, RawCredentialFailures, ResetName,
     UnknownApiKeyName,
@@ -187,14 +189,17 @@ impl Config {
         }
         let keys = limiter.keys.get_ref();
         let keys_offset = limiter.keys.span().start;
+        let per_claims = per::names_a_claim(&raw.policy, raw.default.as_ref());
         let jwt = match raw.jwt {
-            Some(jwt) if keys.contains(&KeySource::Jwt) => Some(jwt_claim(jwt, source, base)?),
+            Some(jwt) if keys.contains(&KeySource::Jwt) || per_claims => {
+                Some(jwt_claim(jwt, source, base)?)
+            }
             Some(jwt) => {
                 return Err(ConfigError::at(
                     source,
                     jwt.span().start,
                     "jwt",
-                    "is configured but `limiter.keys` does not list \"jwt\"",
+                    "is configured but neither `limiter.keys` nor a policy's `per` names \"jwt\"",
                 ));
             }
             None if keys.contains(&KeySource::Jwt) => {
@@ -282,8 +287,18 @@ impl Config {
         }
 
         let extension_methods = extension_methods(&limiter.extension_methods, source)?;
-        let policies =
-            policies::build_policies(raw.policy, raw.default, &extension_methods, source)?;
+        let sources = PerSources {
+            peer_ip: &peer_ip,
+            api_key: &api_key,
+            jwt: jwt.as_ref(),
+        };
+        let policies = policies::build_policies(
+            raw.policy,
+            raw.default,
+            &extension_methods,
+            &sources,
+            source,
+        )?;
         let overrides = overrides::overrides(
             raw.overrides,
             limiter.keys.get_ref(),

@@ -20,6 +20,10 @@ pub(super) fn boxed(jwt: &JwtClaim) -> Box<dyn KeyExtractor> {
     match *jwt {}
 }
 
+pub(super) fn per_claim(jwt: &JwtClaim, _claim: &str) -> Box<dyn KeyExtractor> {
+    match *jwt {}
+}
+
 /// Refuses the `[jwt]` section: verifying tokens needs the `jwt` feature.
 pub(super) fn jwt_claim(
     raw: Spanned<RawJwt>,

@@ -9,6 +9,7 @@ use http::HeaderName;
 use toml::Spanned;
 
 use super::error::ConfigError;
+use super::per::PerSources;
 use super::raw::RawPolicy;
 use crate::policy::{Calendar, Period, Policies, Policy, Route, TierLimits};
 
@@ -18,6 +19,7 @@ pub(super) fn build_policies(
     raw: Vec<Spanned<RawPolicy>>,
     default: Option<Spanned<RawPolicy>>,
     extension_methods: &[http::Method],
+    sources: &PerSources<'_>,
     source: &str,
 ) -> Result<Policies, ConfigError> {
     let mut builder = Policies::builder();
@@ -49,7 +51,7 @@ pub(super) fn build_policies(
             ));
         }
         let offsets = (table_offset, name_span.start);
-        let policy = policy_from(&name, &body, &prefix, offsets, source)?;
+        let policy = policy_from(&name, &body, &prefix, offsets, sources, source)?;
         builder = match route {
             Some(route) => {
                 Route::parse_allowing(route.get_ref(), extension_methods).map_err(|e| {
@@ -96,6 +98,7 @@ pub(super) fn build_policies(
             body.get_ref(),
             "default",
             (offset, offset),
+            sources,
             source,
         )?;
         builder = builder.with_default(policy);
@@ -310,9 +313,11 @@ fn policy_from(
     body: &RawPolicy,
     prefix: &str,
     (table_offset, name_offset): (usize, usize),
+    sources: &PerSources<'_>,
     source: &str,
 ) -> Result<Policy, ConfigError> {
     let mut policy = kind_of(name, body, prefix, table_offset, source)?;
+    policy = sources.counted_per(policy, body, prefix, source)?;
     if let Some(algorithm) = body.algorithm {
         policy = policy.with_algorithm(algorithm.into());
     }

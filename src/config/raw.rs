@@ -288,6 +288,16 @@ pub(super) struct RawPolicy {
     pub(super) usage_header: Option<Spanned<String>>,
     pub(super) max_unsettled: Option<Spanned<u32>>,
     pub(super) slice: Option<Spanned<u32>>,
+    pub(super) per: Option<Spanned<String>>,
+    pub(super) per_missing: Option<Spanned<PerMissingName>>,
+}
+
+/// `per_missing`: what a request without a policy's `per` key gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum PerMissingName {
+    Skip,
+    Refuse,
 }
 
 /// A tier's overrides in `tiers = { pro = { limit = 50 } }`.

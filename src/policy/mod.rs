@@ -38,6 +38,8 @@
 //!   [`Policy::with_settlement`], with the [`Usage`] a handler
 //!   reports on, or [`Policy::with_usage_header`].
 //! * **Quotas by the calendar:** [`Policy::calendar`] and [`Calendar`].
+//! * **A count on another key than the client's** (everyone's, the
+//!   client's address, its organisation): [`Policy::per`].
 //! * **WebSockets and other upgraded connections:** a
 //!   [`Policy::concurrency`] limit held by a [`ConnectionLease`].
 //!
@@ -58,6 +60,7 @@ mod calendar;
 pub(crate) mod cost;
 mod count;
 mod error;
+mod per;
 pub(crate) mod plan;
 mod route;
 mod settlement;
@@ -73,6 +76,8 @@ pub use cost::{Cost, RequestCost};
 pub use count::Count;
 pub use error::PolicyError;
 use error::validate_limits;
+pub(crate) use per::Per;
+pub use per::PerMissing;
 pub(crate) use route::Route;
 pub(crate) use settlement::Settlement;
 pub use table::{Policies, PoliciesBuilder};
@@ -154,6 +159,7 @@ pub struct Policy {
     delay: Option<Duration>,
     settlement: Option<Settlement>,
     slice: Option<u32>,
+    per: Option<Per>,
 }
 
 impl Policy {
@@ -177,6 +183,7 @@ impl Policy {
             delay: None,
             settlement: None,
             slice: None,
+            per: None,
         }
     }
 

@@ -30,6 +30,9 @@ pub(crate) struct Plan {
     /// Whether a policy is in shadow mode, counts some responses only, or
     /// settles its costs after the response.
     special: bool,
+    /// Whether a policy counts under a key of its own
+    /// ([`Policy::per`]).
+    per: bool,
 }
 
 /// What a request of one tier reads: one entry per policy, in order.
@@ -88,8 +91,15 @@ impl Plan {
             special: policies
                 .iter()
                 .any(|p| p.is_shadow() || p.count() != Count::All || p.settlement.is_some()),
+            per: policies.iter().any(|p| p.is_per()),
             policies: policies.into(),
         }
+    }
+
+    /// Whether a policy counts under a key of its own ([`Policy::per`]),
+    /// so the request's keys are read beside its client's.
+    pub(crate) fn counts_per(&self) -> bool {
+        self.per
     }
 
     /// What a client of `tier` reads.

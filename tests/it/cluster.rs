@@ -1,7 +1,7 @@
 //! `RedisStore` on a real local Redis Cluster (three primaries, three
 //! replicas): every algorithm, requests of several policies in one slot,
-//! exactness under concurrency, requests across slots refused, and slot
-//! migration.
+//! exactness under concurrency, requests across slots all or nothing, and
+//! slot migration.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -157,30 +157,126 @@ async fn concurrent_checks_through_two_cluster_pools_admit_exactly_the_limit() {
     }
 }
 
+/// Two clients whose keys are in different slots.
+fn in_two_slots(cluster: &RedisCluster) -> (String, String) {
+    (0..)
+        .map(|i| (format!("a{i}"), format!("b{i}")))
+        .find(|(a, b)| {
+            slot(cluster, &format!("{{user:{a}}}")) != slot(cluster, &format!("{{user:{b}}}"))
+        })
+        .unwrap()
+}
+
+/// A request whose checks span slots (a policy per client beside one for
+/// everyone) is asked slot by slot: admitted in both, or counted in
+/// neither, whichever slot denies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_batch_across_slots_is_an_error_never_an_admit() {
+async fn a_request_across_slots_is_counted_in_all_of_them_or_in_none() {
     let cluster = RedisCluster::start();
     let clock = FakeClock::new(START);
     let store = store(&cluster, &clock);
-    let policy = Policy::new("cross", 5, MINUTE);
-    // Two clients in one request: their keys cannot be in one slot (find a
-    // pair that is not).
-    let (a, b) = (0..)
-        .map(|i| (format!("a{i}"), format!("b{i}")))
-        .find(|(a, b)| slot(&cluster, a) != slot(&cluster, b))
-        .unwrap();
-    let checks = vec![
-        Check::new(&policy, Key::new(&a)).unwrap(),
-        Check::new(&policy, Key::new(&b)).unwrap(),
-    ];
-    match store.check(&checks).await {
-        Err(StoreError::Backend(error)) => {
-            let message = error.to_string();
-            assert!(message.to_lowercase().contains("crossslot"), "{message}");
-        }
-        other => panic!("a request across slots must fail, got {other:?}"),
+    let per_client = Policy::new("cross-client", 3, MINUTE);
+    let everyone = Policy::new("cross-all", 4, MINUTE).with_algorithm(Algorithm::SlidingCounter);
+    let (client, all) = in_two_slots(&cluster);
+    let request = |client: &str| {
+        vec![
+            Check::new(&per_client, Key::new(client)).unwrap(),
+            Check::new(&everyone, Key::new(&all)).unwrap(),
+        ]
+    };
+    let remaining = |decisions: &Decisions| (decisions[0].remaining(), decisions[1].remaining());
+    let first = store.check(&request(&client)).await.unwrap();
+    assert!(first.iter().all(|d| d.admitted()));
+    assert_eq!(remaining(&first), (2, 3));
+    for _ in 0..2 {
+        assert!(
+            store
+                .check(&request(&client))
+                .await
+                .unwrap()
+                .iter()
+                .all(|d| d.admitted())
+        );
     }
-    assert!(cluster.keys().is_empty(), "nothing was recorded");
+    // The first slot denies: the second is not counted.
+    let denied = store.check(&request(&client)).await.unwrap();
+    assert!(!denied[0].admitted() && denied[0].retry_after().is_some());
+    let peeked = store.peek(&request(&client)).await.unwrap();
+    assert_eq!(remaining(&peeked), (0, 1), "everyone's count holds 3");
+
+    // Another client takes the last unit everyone has; the next request
+    // is denied by the second slot, and what the first granted is given
+    // back.
+    let (other, _) = in_two_slots(&cluster);
+    let other = format!("{other}-2");
+    assert!(
+        store
+            .check(&request(&other))
+            .await
+            .unwrap()
+            .iter()
+            .all(|d| d.admitted())
+    );
+    let denied = store.check(&request(&other)).await.unwrap();
+    assert!(denied[0].admitted(), "the first slot granted it");
+    assert!(!denied[1].admitted(), "the second denied it");
+    let peeked = store.peek(&request(&other)).await.unwrap();
+    assert_eq!(
+        peeked[0].remaining(),
+        2,
+        "the grant was given back: one request counted"
+    );
+}
+
+/// Many clients at once against a limit per client and one for everyone,
+/// in other slots: neither is ever passed, and each count holds exactly
+/// the requests admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_across_slots_never_pass_either_limit_under_concurrency() {
+    let cluster = RedisCluster::start();
+    let clock = FakeClock::new(START);
+    let store = Arc::new(store(&cluster, &clock));
+    let per_client = Policy::new("conc-client", 3, MINUTE);
+    let everyone = Policy::new("conc-all", 20, MINUTE);
+    let clients: Vec<String> = (0..12).map(|i| format!("c{i}")).collect();
+    let requests: Vec<Vec<Check>> = (0..120)
+        .map(|i| {
+            vec![
+                Check::new(&per_client, Key::new(&clients[i % clients.len()])).unwrap(),
+                Check::new(&everyone, Key::new("everyone")).unwrap(),
+            ]
+        })
+        .collect();
+    let answers = all_at_once(&store, requests).await;
+    let mut admitted_per_client = vec![0u32; clients.len()];
+    for (i, answer) in answers.iter().enumerate() {
+        let decisions = answer.as_ref().expect("decided");
+        if decisions.iter().all(|d| d.admitted()) {
+            admitted_per_client[i % clients.len()] += 1;
+        }
+    }
+    let admitted: u32 = admitted_per_client.iter().sum();
+    assert_eq!(
+        admitted, 20,
+        "everyone's limit, exactly: {admitted_per_client:?}"
+    );
+    assert!(
+        admitted_per_client.iter().all(|&n| n <= 3),
+        "{admitted_per_client:?}"
+    );
+    // What the counts hold is what was admitted: no grant left behind.
+    let all = store
+        .peek(&[Check::new(&everyone, Key::new("everyone")).unwrap()])
+        .await
+        .unwrap();
+    assert_eq!(all[0].remaining(), 0);
+    for (client, admitted) in clients.iter().zip(&admitted_per_client) {
+        let peeked = store
+            .peek(&[Check::new(&per_client, Key::new(client)).unwrap()])
+            .await
+            .unwrap();
+        assert_eq!(peeked[0].remaining(), 3 - admitted, "{client}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -289,8 +385,7 @@ fn fcalls(cluster: &RedisCluster) -> u64 {
 
 /// Checks queued together on a cluster batch per slot: the first of a
 /// slot goes at once, and the requests of one busy client that arrive
-/// while it is in flight share the next call, decided in arrival order;
-/// one request spanning two slots fails alone.
+/// while it is in flight share the next call, decided in arrival order.
 #[tokio::test(flavor = "current_thread")]
 async fn checks_queued_together_on_a_cluster_share_a_call_per_slot() {
     let cluster = RedisCluster::start();
@@ -306,27 +401,17 @@ async fn checks_queued_together_on_a_cluster_share_a_call_per_slot() {
     for node in cluster.primaries() {
         node.cli(&["config", "resetstat"]);
     }
-    let (a, b) = (0..)
-        .map(|i| (format!("a{i}"), format!("b{i}")))
-        .find(|(a, b)| slot(&cluster, a) != slot(&cluster, b))
-        .unwrap();
     let mut requests: Vec<Vec<Check>> = Vec::new();
     for i in 0..20 {
         requests.push(one("busy"));
         requests.push(one(&format!("other{i}")));
     }
-    requests.push(vec![
-        Check::new(&policy, Key::new(&a)).unwrap(),
-        Check::new(&policy, Key::new(&b)).unwrap(),
-    ]);
     let slots: HashSet<String> = (0..20)
         .map(|i| slot(&cluster, &format!("{{user:other{i}}}")))
         .chain([slot(&cluster, "{user:busy}")])
         .collect();
 
-    let mut answers = all_at_once(&store, requests).await;
-    let cross = answers.pop().unwrap();
-    assert!(cross.is_err(), "a request spanning slots: {cross:?}");
+    let answers = all_at_once(&store, requests).await;
     for (n, answer) in answers.iter().step_by(2).enumerate() {
         let decision = answer.as_ref().expect("decided")[0];
         assert_eq!(decision.admitted(), n < 10, "busy request {n}");
@@ -338,10 +423,9 @@ async fn checks_queued_together_on_a_cluster_share_a_call_per_slot() {
             .step_by(2)
             .all(|a| a.as_ref().unwrap()[0].admitted())
     );
-    // One call per slot, one more for the busy client's first request,
-    // which went alone while the rest queued while it was in flight, and the refused
-    // cross-slot request's own attempt (rejected before it runs, so not
-    // among the calls).
+    // One call per slot, and one more for the busy client's first
+    // request, which went alone while the rest queued while it was in
+    // flight.
     assert_eq!(fcalls(&cluster), slots.len() as u64 + 1);
 }
 

@@ -1305,7 +1305,7 @@ fn the_reference_lists_every_key_the_loader_takes() {
     }
     assert_eq!(
         keys_taken("[[policy]]\nname = \"p\"\nnot_a_key = 1\n").len(),
-        21
+        23
     );
     let inline = [
         ("`[redis]`", "tls", "[redis]\ntls = { not_a_key = 1 }\n"),

@@ -33,6 +33,7 @@ mod malformed_calls;
 mod namespaces;
 mod own_limits;
 mod package;
+mod per_keys;
 mod pipelining;
 mod production_redis;
 mod redis_state;

@@ -226,6 +226,7 @@ impl JwtClaimBuilder {
                 required,
                 key_claim,
                 tier_claim: self.tier_claim,
+                missing_claim_unkeyed: false,
             }),
         })
     }

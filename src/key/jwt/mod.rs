@@ -136,6 +136,7 @@ pub struct JwtClaim {
     inner: Arc<Inner>,
 }
 
+#[derive(Clone)]
 struct Inner {
     /// The verification keys, each with the `kid` it answers to, if any.
     keys: Vec<(Option<String>, DecodingKey)>,
@@ -147,6 +148,9 @@ struct Inner {
     required: Vec<&'static str>,
     key_claim: String,
     tier_claim: Option<String>,
+    /// Whether a verified token without the key claim is no key
+    /// (`Ok(None)`) rather than refused: see [`JwtClaim::per_claim`].
+    missing_claim_unkeyed: bool,
 }
 
 impl fmt::Debug for JwtClaim {
@@ -163,6 +167,38 @@ impl JwtClaim {
     /// Starts a builder; give it at least one key and an allow-list.
     pub fn builder() -> JwtClaimBuilder {
         JwtClaimBuilder::default()
+    }
+
+    /// The same verification, keyed by the claim `claim` (`jwt:<value>`)
+    /// and naming no tier, for a policy counted per that claim
+    /// ([`Policy::per`](crate::Policy::per)): an API's requests counted
+    /// per organisation, say, across its users. A valid token without the
+    /// claim is no key, so the policy's
+    /// [`per_missing`](crate::Policy::with_per_missing) decides; an invalid
+    /// token is refused as ever.
+    ///
+    /// ```
+    /// use slidegate::{JwtClaim, PeerIp, Policies, Policy, RateLimitLayer, store::MemoryStore};
+    /// use std::time::Duration;
+    ///
+    /// let jwt = JwtClaim::builder().with_secret("change-me").with_algorithms(["HS256"]).build()?;
+    /// let hour = Duration::from_secs(3600);
+    /// let policies = Policies::builder()
+    ///     .with_every_route(Policy::new("per_user", 1_000, hour))
+    ///     .with_every_route(Policy::new("per_org", 10_000, hour).per(jwt.per_claim("org")))
+    ///     .build()?;
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), jwt, policies);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn per_claim(&self, claim: impl Into<String>) -> Self {
+        let mut inner = (*self.inner).clone();
+        inner.key_claim = claim.into();
+        inner.tier_claim = None;
+        inner.missing_claim_unkeyed = true;
+        Self {
+            inner: Arc::new(inner),
+        }
     }
 
     /// Picks jsonwebtoken's crypto backend for the process, unless the
@@ -323,6 +359,10 @@ impl super::KeyExtractor for JwtClaim {
                 return Ok(None);
             };
             let claims = self.verify(token)?;
+            let unkeyed = |claim: Option<&Value>| claim.is_none_or(Value::is_null);
+            if self.inner.missing_claim_unkeyed && unkeyed(claims.get(&self.inner.key_claim)) {
+                return Ok(None);
+            }
             self.identity(&claims).map(Some)
         };
         verified().map_err(|rejection| {

@@ -16,6 +16,7 @@ pub(crate) mod answered;
 pub(crate) mod checks;
 pub(crate) mod delay;
 pub(crate) mod outcome;
+pub(crate) mod per_keys;
 pub(crate) mod priced;
 pub(crate) mod refused;
 pub(crate) mod reject;
@@ -27,10 +28,11 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{Request, Response};
 
-use crate::key::{Identity, confirmed};
+use crate::key::{Identity, KeyRejection, confirmed};
 use crate::layer::decide::answered::cached_denial;
 use crate::layer::decide::outcome::{outcome, refused_locally};
-use crate::layer::decide::priced::Priced;
+use crate::layer::decide::per_keys::{PerKeys, Unkeyed};
+use crate::layer::decide::priced::{Asked, Priced};
 use crate::layer::decide::refused::{blocked, refusal_of, refused};
 use crate::layer::decide::reject::reject;
 use crate::layer::future::{Continuation, Next};
@@ -42,7 +44,7 @@ use crate::policy::Policies;
 use crate::policy::cost::Costs;
 use crate::policy::plan::Plan;
 use crate::rejection::Rejection;
-use crate::store::Checks;
+use crate::store::{Check, Checks};
 use crate::store::{Soon, StoreFuture};
 use checks::{Modes, SentChecks};
 
@@ -71,24 +73,24 @@ pub(crate) fn decide(shared: &Arc<Shared>, parts: &mut Parts) -> Result<Next, Co
     let identity = match shared.keys.extract(parts) {
         Ok(Some(identity)) => identity,
         Ok(None) => return Ok(Next::Answer(unidentified(shared, parts))),
-        Err(rejection) => {
-            return match refused(shared, parts, refusal, rejection) {
-                Ok(answer) => Ok(Next::Answer(answer)),
-                Err(counting) => {
-                    let shared = shared.clone();
-                    Err(later(parts, |parts| async move {
-                        let answer = counting.answer(&shared, &parts).await;
-                        (parts, Next::Answer(answer))
-                    }))
-                }
-            };
+        Err(rejection) => return refused_now_or_later(shared, parts, refusal, rejection),
+    };
+    let per = match PerKeys::of(plan, parts) {
+        Ok(per) => per,
+        Err(Unkeyed::Missing) => return Ok(Next::Answer(without_per_key(shared, parts))),
+        Err(Unkeyed::Rejected(rejection)) => {
+            return refused_now_or_later(shared, parts, refusal, rejection);
         }
     };
     let costs = costs_of(shared, plan, parts);
+    let costs = match &per {
+        Some(per) => per.skip_in(costs),
+        None => costs,
+    };
     let timeout = shared.settings.lookup_timeout;
     if identity.unconfirmed.is_some() {
         let confirm = confirmed(identity, timeout);
-        let rest = Rest::new(shared, plan, costs);
+        let rest = Rest::new(shared, plan, costs, per);
         return Err(later(parts, |mut parts| async move {
             let next = match confirm.await {
                 Ok(Some(identity)) => rest.after_identity(&mut parts, identity).await,
@@ -104,7 +106,7 @@ pub(crate) fn decide(shared: &Arc<Shared>, parts: &mut Parts) -> Result<Next, Co
         }));
     }
     if let Some(lookup) = tier_lookup(shared, parts, &identity) {
-        let rest = Rest::new(shared, plan, costs);
+        let rest = Rest::new(shared, plan, costs, per);
         return Err(later(parts, |mut parts| async move {
             let identity = with_tier(identity, lookup.await);
             let next = rest.after_tier(&mut parts, identity).await;
@@ -115,7 +117,7 @@ pub(crate) fn decide(shared: &Arc<Shared>, parts: &mut Parts) -> Result<Next, Co
         None => None,
         Some(Ok(found)) => Some(found),
         Some(Err(lookup)) => {
-            let rest = Rest::new(shared, plan, costs);
+            let rest = Rest::new(shared, plan, costs, per);
             return Err(later(parts, |mut parts| async move {
                 let own = Some(lookup.await);
                 let next = rest.after_limits(&mut parts, identity, own).await;
@@ -123,10 +125,15 @@ pub(crate) fn decide(shared: &Arc<Shared>, parts: &mut Parts) -> Result<Next, Co
             }));
         }
     };
-    let next = match send(shared, parts, plan, &identity, costs.as_ref(), own.as_ref()) {
+    let asked = Asked {
+        costs: costs.as_ref(),
+        per: per.as_ref(),
+        own: own.as_ref(),
+    };
+    let next = match send(shared, parts, plan, &identity, asked) {
         Ok(next) => next,
         Err((sent, answer)) => {
-            let rest = Rest::new(shared, plan, costs);
+            let rest = Rest::new(shared, plan, costs, per);
             return Err(later(parts, |mut parts| async move {
                 let tier = identity.tier.as_deref();
                 let (shared, plan) = (&*rest.shared, &*rest.plan);
@@ -159,20 +166,47 @@ where
     Box::pin(rest(head))
 }
 
+/// The answer to a request whose credentials an extractor refused: at
+/// once, or once the refusal is counted.
+fn refused_now_or_later(
+    shared: &Arc<Shared>,
+    parts: &mut Parts,
+    refusal: Option<Check>,
+    rejection: KeyRejection,
+) -> Result<Next, Continuation> {
+    match refused(shared, parts, refusal, rejection) {
+        Ok(answer) => Ok(Next::Answer(answer)),
+        Err(counting) => {
+            let shared = shared.clone();
+            Err(later(parts, |parts| async move {
+                let answer = counting.answer(&shared, &parts).await;
+                (parts, Next::Answer(answer))
+            }))
+        }
+    }
+}
+
 /// What a waiting request is decided under: owned, as it outlives the
 /// call that began it.
 struct Rest {
     shared: Arc<Shared>,
     plan: Arc<Plan>,
     costs: Option<Costs>,
+    per: Option<PerKeys>,
 }
 
 impl Rest {
-    fn new(shared: &Arc<Shared>, plan: &Arc<Plan>, costs: Option<Costs>) -> Self {
+    fn new(
+        shared: &Arc<Shared>,
+        plan: &Arc<Plan>,
+        costs: Option<Costs>,
+        per: Option<PerKeys>,
+    ) -> Self {
         Self {
             shared: shared.clone(),
             plan: plan.clone(),
             costs,
+            per,
         }
     }
 
@@ -204,8 +238,13 @@ impl Rest {
         identity: Identity,
         own: Option<Found>,
     ) -> Next {
-        let (shared, plan, costs) = (&*self.shared, &*self.plan, self.costs.as_ref());
-        let next = match send(shared, parts, plan, &identity, costs, own.as_ref()) {
+        let (shared, plan) = (&*self.shared, &*self.plan);
+        let asked = Asked {
+            costs: self.costs.as_ref(),
+            per: self.per.as_ref(),
+            own: own.as_ref(),
+        };
+        let next = match send(shared, parts, plan, &identity, asked) {
             Ok(next) => next.await,
             Err((sent, answer)) => {
                 let tier = identity.tier.as_deref();
@@ -254,6 +293,15 @@ fn costs_of(shared: &Shared, plan: &Plan, parts: &Parts) -> Option<Costs> {
     )
 }
 
+/// The answer to a request without the key of a policy that counts per
+/// another key and refuses requests without one: `401`.
+fn without_per_key(shared: &Shared, parts: &Parts) -> Response<Bytes> {
+    let rejection = Rejection::Unidentified {
+        missing_credentials: true,
+    };
+    reject(shared, parts, rejection)
+}
+
 /// The answer to a request no extractor identified: `401` when the chain
 /// keys by credentials alone, `500` otherwise.
 fn unidentified(shared: &Shared, parts: &Parts) -> Response<Bytes> {
@@ -294,7 +342,7 @@ fn own_limits(shared: &Shared, plan: &Plan, identity: &Identity) -> Option<Soon<
     })
 }
 
-/// Prices the request of `identity` under `plan` (at its `own` limits),
+/// Prices the request of `identity` under `plan` (as `asked`),
 /// asks the deny cache, then builds the checks and sends them: the
 /// request's way on, when it is known without waiting (a cost above the
 /// limit, a request every policy exempts, a denial the deny cache or the
@@ -308,12 +356,11 @@ fn send(
     parts: &Parts,
     plan: &Plan,
     identity: &Identity,
-    costs: Option<&Costs>,
-    own: Option<&Found>,
+    asked: Asked<'_>,
 ) -> Result<Soon<Next>, (SentChecks, StoreFuture)> {
     let tier = identity.tier.as_deref();
     let settings = shared.settings;
-    let priced = match Priced::of(plan, tier, costs, own, settings.shadow, settings.fail_mode) {
+    let priced = match Priced::of(plan, tier, asked, settings.shadow, settings.fail_mode) {
         Ok(priced) => priced,
         Err(denied) => {
             let rejection = Rejection::CostAboveLimit(&denied);

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use crate::key::Key;
+use crate::layer::decide::per_keys::PerKeys;
 use crate::limits::Found;
 use crate::policy::cost::{Cost, Costs};
 use crate::policy::plan::Plan;
@@ -29,22 +30,34 @@ pub(crate) struct Priced<'a> {
     pub(crate) has_modes: bool,
 }
 
+/// What the request asks of each policy of its plan, one entry per
+/// policy where known: its cost (none where the policy's own), the key it
+/// counts under (none where the client's), the client's own limit (none
+/// where its tier's).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Asked<'a> {
+    pub(crate) costs: Option<&'a Costs>,
+    pub(crate) per: Option<&'a PerKeys>,
+    pub(crate) own: Option<&'a Found>,
+}
+
 impl<'a> Priced<'a> {
-    /// The request of a client of `tier`, priced under `plan`: under each policy, at
-    /// the request's cost where `costs` has one (none for a policy that
-    /// exempts it) and at the client's own limit where `own` has one (one
-    /// entry per policy). Under the layer's `shadow` mode no policy
-    /// decides; `default` is the layer's fail mode. A cost that can never
-    /// be admitted (above the limit, or a client's own limit below the
-    /// policy's cost) is an error, never retried.
+    /// The request of a client of `tier`, priced under `plan`: under each
+    /// policy, at the request's cost where `asked` has one (none for a
+    /// policy that exempts it), under the policy's own key where it
+    /// counts per another, and at the client's own limit where it has
+    /// one. Under the layer's `shadow` mode no policy decides; `default`
+    /// is the layer's fail mode. A cost that can never be admitted (above
+    /// the limit, or a client's own limit below the policy's cost) is an
+    /// error, never retried.
     pub(crate) fn of(
         plan: &'a Plan,
         tier: Option<&str>,
-        costs: Option<&Costs>,
-        own: Option<&Found>,
+        asked: Asked<'a>,
         shadow: bool,
         default: FailMode,
     ) -> Result<Self, CostAboveLimit> {
+        let Asked { costs, per, own } = asked;
         let mut priced = Self {
             prices: SmallVec::new(),
             fail_closed: false,
@@ -77,6 +90,7 @@ impl<'a> Priced<'a> {
             priced.fail_closed |= enforced && fail_mode.unwrap_or(default) == FailMode::Closed;
             priced.prices.push(Price {
                 terms,
+                key: per.and_then(|per| per.key(index)),
                 limit,
                 burst,
                 cost,
@@ -92,6 +106,9 @@ impl<'a> Priced<'a> {
 #[derive(Debug)]
 pub(crate) struct Price<'a> {
     pub(crate) terms: &'a Arc<Terms>,
+    /// The key the policy counts under, when not the client's
+    /// ([`Policy::per`](crate::Policy::per)).
+    pub(crate) key: Option<&'a Key>,
     pub(crate) limit: u32,
     pub(crate) burst: u32,
     pub(crate) cost: u32,
@@ -101,11 +118,18 @@ pub(crate) struct Price<'a> {
 }
 
 impl Price<'_> {
-    /// The check of the client `key`, in the layer's `namespace`.
-    pub(crate) fn check(&self, key: &Key, namespace: Option<&Arc<str>>) -> Check {
+    /// The key the check counts under: the policy's own, or the
+    /// client's, `client`.
+    pub(crate) fn key<'k>(&'k self, client: &'k Key) -> &'k Key {
+        self.key.unwrap_or(client)
+    }
+
+    /// The check of the request of the client `client`, in the layer's
+    /// `namespace`.
+    pub(crate) fn check(&self, client: &Key, namespace: Option<&Arc<str>>) -> Check {
         Check::of_terms(
             self.terms,
-            key,
+            self.key(client),
             namespace,
             (self.limit, self.burst),
             self.cost,
@@ -123,7 +147,7 @@ mod tests {
     #[test]
     fn a_policy_without_a_fail_mode_takes_the_layers() {
         let fails_closed = |plan: &Plan, default| {
-            let priced = Priced::of(plan, None, None, None, false, default).unwrap();
+            let priced = Priced::of(plan, None, Asked::default(), false, default).unwrap();
             priced.fail_closed
         };
         let plan = Plan::sample();
@@ -147,21 +171,22 @@ mod tests {
     fn a_policy_a_cost_exempts_does_not_decide_how_the_request_fails() {
         let plan = Plan::sample();
         let closed = |costs: &Costs| {
-            let priced = Priced::of(&plan, None, Some(costs), None, false, FailMode::Closed);
+            let asked = Asked {
+                costs: Some(costs),
+                ..Asked::default()
+            };
+            let priced = Priced::of(&plan, None, asked, false, FailMode::Closed);
             priced.unwrap().fail_closed
         };
         let both: Costs = [Cost::Units(2), Cost::Policy].into_iter().collect();
         assert!(closed(&both), "search takes the layer's closed default");
         let daily_only: Costs = [Cost::Exempt, Cost::Units(2)].into_iter().collect();
         assert!(!closed(&daily_only), "daily fails open");
-        let priced = Priced::of(
-            &plan,
-            None,
-            Some(&daily_only),
-            None,
-            false,
-            FailMode::Closed,
-        );
+        let asked = Asked {
+            costs: Some(&daily_only),
+            ..Asked::default()
+        };
+        let priced = Priced::of(&plan, None, asked, false, FailMode::Closed);
         let prices = priced.unwrap().prices;
         assert_eq!(
             (prices.len(), prices[0].limit, prices[0].cost),
@@ -173,12 +198,20 @@ mod tests {
     fn a_cost_above_the_clients_limit_is_refused_at_once() {
         let plan = Plan::sample();
         let costs: Costs = [Cost::Units(6), Cost::Policy].into_iter().collect();
-        let refused =
-            Priced::of(&plan, None, Some(&costs), None, false, FailMode::Open).unwrap_err();
+        let asked = Asked {
+            costs: Some(&costs),
+            ..Asked::default()
+        };
+        let refused = Priced::of(&plan, None, asked, false, FailMode::Open).unwrap_err();
         assert_eq!((refused.cost(), refused.limit()), (6, 5));
         let own: Found = [Some(1), None].into_iter().collect();
         let costs: Costs = [Cost::Units(2), Cost::Policy].into_iter().collect();
-        let refused = Priced::of(&plan, None, Some(&costs), Some(&own), false, FailMode::Open);
+        let asked = Asked {
+            costs: Some(&costs),
+            per: None,
+            own: Some(&own),
+        };
+        let refused = Priced::of(&plan, None, asked, false, FailMode::Open);
         assert_eq!(refused.unwrap_err().limit(), 1, "the client's own limit");
     }
 }

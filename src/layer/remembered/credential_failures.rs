@@ -10,7 +10,7 @@ use http::request::Parts;
 
 use crate::RateLimitLayer;
 use crate::key::{KeyExtractor, PeerIp};
-use crate::layer::decide::priced::Priced;
+use crate::layer::decide::priced::{Asked, Priced};
 use crate::layer::remembered::deny_cache::{Denied, DenyCache};
 use crate::policy::plan::Plan;
 use crate::policy::{CREDENTIAL_FAILURES, FailMode, Policy};
@@ -115,7 +115,7 @@ impl CredentialFailures {
 
     /// One refusal, priced: a unit of the policy.
     fn refusal(&self) -> Priced<'_> {
-        Priced::of(&self.plan, None, None, None, false, FailMode::Open)
+        Priced::of(&self.plan, None, Asked::default(), false, FailMode::Open)
             .expect("one unit fits a limit of at least one")
     }
 

@@ -185,7 +185,8 @@ impl DenyCache {
         let now = self.now();
         let mut found: Option<Denied> = None;
         for price in prices.iter().filter(|price| price.enforced) {
-            let scope = ScopeRef(namespace.map(|n| &**n), &price.terms.policy, key.as_str());
+            let counted = price.key(key).as_str();
+            let scope = ScopeRef(namespace.map(|n| &**n), &price.terms.policy, counted);
             let Some(denial) = self.inner.entries.get(&scope) else {
                 continue;
             };

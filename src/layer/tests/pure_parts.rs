@@ -13,7 +13,7 @@ use crate::key::{Global, Key, PeerIp};
 use crate::layer::decide::checks::{Modes, SentChecks};
 use crate::layer::decide::decide;
 use crate::layer::decide::outcome::outcome;
-use crate::layer::decide::priced::Priced;
+use crate::layer::decide::priced::{Asked, Priced};
 use crate::layer::future::Next;
 use crate::metrics::Timer;
 use crate::policy::{Cost, Policies, Policy};
@@ -111,7 +111,14 @@ fn answered(layer: &RateLimitLayer, fail_closed: bool, answer: CheckOutcome) -> 
     let policies = layer.shared.policies.load();
     let plan = policies.plan_in(&Method::GET, "/", true);
     let settings = layer.shared.settings;
-    let priced = Priced::of(plan, None, None, None, settings.shadow, settings.fail_mode).unwrap();
+    let priced = Priced::of(
+        plan,
+        None,
+        Asked::default(),
+        settings.shadow,
+        settings.fail_mode,
+    )
+    .unwrap();
     let key = Key::new("client");
     let mut checks: Checks = priced.prices.iter().map(|p| p.check(&key, None)).collect();
     let modes = priced

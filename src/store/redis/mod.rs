@@ -24,6 +24,7 @@ mod recoveries;
 mod reply;
 mod run;
 mod script;
+mod slots;
 
 pub use builder::{PrefixError, RedisStoreBuilder};
 use pools::{ClusterClientPool, ClusterManager, SentinelManager, SentinelPool};
@@ -238,6 +239,16 @@ struct Inner {
 /// every key of one client is in one slot, so each script call touches one
 /// slot. A batch that mixes clients is refused by the cluster
 /// (`CROSSSLOT`) and reported as a store error, never as an admission.
+///
+/// A request whose policies count under different keys
+/// ([`Policy::per`](crate::Policy::per): per client and for everyone,
+/// say) may span slots on a cluster. Its slots are then asked one after
+/// another, in the order of its checks, each all or nothing, and what an
+/// earlier slot granted is given back when a later one denies (or fails):
+/// no limit is ever passed, at the price of a brief over-denial (another
+/// request may be denied for units this one gives back a moment later),
+/// and a round trip per slot. On one server, or where the keys share a
+/// slot, it is one call as ever.
 /// Every key has a TTL: a counter's runs out just past the time its counts
 /// matter, a sliding log's within two spans (the longest window its
 /// policy's tiers count) of its newest record (the log sets it once a
@@ -321,7 +332,8 @@ struct Inner {
 /// serves 1.07× and 1.15× the requests such a script's middleware does
 /// (`BENCHMARKS.md`, "The hot path"). On a cluster, where one call must
 /// stay in one slot, each slot batches on its own (a client's keys share a
-/// slot), and a request whose keys span slots goes alone and fails alone.
+/// slot), and a request whose keys span slots is asked slot by slot, as
+/// above.
 ///
 /// # Timeouts and failed connections
 ///
@@ -591,6 +603,18 @@ impl Store for RedisStore {
     }
 
     fn peek(&self, checks: &[Check]) -> StoreFuture {
+        if let Some(groups) = self.by_slot(checks) {
+            let (store, checks) = (self.clone(), checks.to_vec());
+            return StoreFuture::new(async move {
+                let none = vec![(); checks.len()];
+                let parts = slots::each(&checks, &none, &groups, |part, _| {
+                    let peeked = store.peek(part);
+                    async move { peeked.await.map(|decisions| decisions.to_vec()) }
+                })
+                .await?;
+                Ok(slots::in_order(checks.len(), parts)?.into_iter().collect())
+            });
+        }
         self.ask(checks, Op::Peek, |inner, call, deadline| async move {
             inner.run(call, deadline).await
         })
@@ -599,6 +623,13 @@ impl Store for RedisStore {
     fn refund(&self, checks: &[Check], recorded_at: &[Duration]) -> StoreFuture<()> {
         if let Some(unpaired) = unpaired_refund(checks, recorded_at) {
             return StoreFuture::ready(Err(unpaired));
+        }
+        if let Some(groups) = self.by_slot(checks) {
+            let (store, checks, at) = (self.clone(), checks.to_vec(), recorded_at.to_vec());
+            return StoreFuture::new(async move {
+                slots::each(&checks, &at, &groups, |part, at| store.refund(part, at)).await?;
+                Ok(())
+            });
         }
         let recorded = recorded_at.iter().map(|&at| duration_micros(at)).collect();
         self.ask(
@@ -611,6 +642,23 @@ impl Store for RedisStore {
     fn settle(&self, checks: &[Check], recorded_at: &[Duration], costs: &[u64]) -> StoreFuture<()> {
         if let Some(unpaired) = unpaired_settlement(checks, recorded_at, costs) {
             return StoreFuture::ready(Err(unpaired));
+        }
+        if let Some(groups) = self.by_slot(checks) {
+            let store = self.clone();
+            let checks = checks.to_vec();
+            let settled: Vec<(Duration, u64)> = recorded_at
+                .iter()
+                .copied()
+                .zip(costs.iter().copied())
+                .collect();
+            return StoreFuture::new(async move {
+                slots::each(&checks, &settled, &groups, |part, settled| {
+                    let (at, costs): (Vec<Duration>, Vec<u64>) = settled.iter().copied().unzip();
+                    store.settle(part, &at, &costs)
+                })
+                .await?;
+                Ok(())
+            });
         }
         let settled = recorded_at
             .iter()
@@ -626,6 +674,15 @@ impl Store for RedisStore {
     }
 
     fn renew(&self, checks: &[Check]) -> StoreFuture<Vec<bool>> {
+        if let Some(groups) = self.by_slot(checks) {
+            let (store, checks) = (self.clone(), checks.to_vec());
+            return StoreFuture::new(async move {
+                let none = vec![(); checks.len()];
+                let parts =
+                    slots::each(&checks, &none, &groups, |part, _| store.renew(part)).await?;
+                slots::in_order(checks.len(), parts)
+            });
+        }
         let policies = checks.len();
         self.ask(checks, Op::Renew, move |inner, call, deadline| async move {
             let held = inner.packed(&call, deadline).await?;
@@ -640,12 +697,24 @@ impl Store for RedisStore {
     }
 
     fn reset(&self, checks: &[Check]) -> StoreFuture<()> {
+        if let Some(groups) = self.by_slot(checks) {
+            let (store, checks) = (self.clone(), checks.to_vec());
+            return StoreFuture::new(async move {
+                let none = vec![(); checks.len()];
+                slots::each(&checks, &none, &groups, |part, _| store.reset(part)).await?;
+                Ok(())
+            });
+        }
         self.ask(checks, Op::Reset, |inner, call, deadline| async move {
             inner.packed(&call, deadline).await.map(drop)
         })
     }
 
     fn check(&self, checks: &[Check]) -> StoreFuture {
+        if let Some(groups) = self.by_slot(checks) {
+            let checks = checks.iter().cloned().collect();
+            return StoreFuture::new(slots::check(self.clone(), checks, groups));
+        }
         self.ask(checks, Op::Check, |inner, call, deadline| async move {
             inner.check(call, deadline).await
         })
@@ -653,6 +722,12 @@ impl Store for RedisStore {
 }
 
 impl RedisStore {
+    /// `checks` by slot, when they span several slots of a cluster (see
+    /// [`slots`]).
+    fn by_slot(&self, checks: &[Check]) -> Option<slots::BySlot> {
+        slots::by_slot(self.inner.connections.is_cluster(), checks)
+    }
+
     /// `op` on `checks`, which `run` sends and reads within the store's
     /// timeout, counted from the first poll.
     fn ask<T, F>(

@@ -1,6 +1,6 @@
 use super::*;
 use crate::clock::FakeClock;
-use crate::layer::decide::priced::Priced;
+use crate::layer::decide::priced::{Asked, Priced};
 use crate::policy::plan::Plan;
 use crate::policy::{FailMode, Policy};
 
@@ -14,7 +14,7 @@ fn denied(retry: Duration, remaining: u32) -> Decision {
 /// `policies`, at their own costs.
 fn lookup(cache: &DenyCache, policies: &[&Policy], key: &str) -> Option<Denied> {
     let plan = Plan::new(policies.iter().map(|&p| Arc::new(p.clone())).collect());
-    let priced = Priced::of(&plan, None, None, None, false, FailMode::Open).unwrap();
+    let priced = Priced::of(&plan, None, Asked::default(), false, FailMode::Open).unwrap();
     cache.lookup(&Key::new(key), None, &priced.prices).ok()
 }
 
@@ -98,7 +98,7 @@ fn a_miss_tells_the_time_it_asked_at() {
     let clock = FakeClock::new(7_000_000);
     let cache = DenyCache::with_clock(100, clock);
     let plan = Plan::new(vec![Arc::new(Policy::new("p", 10, 60 * SEC))]);
-    let priced = Priced::of(&plan, None, None, None, false, FailMode::Open).unwrap();
+    let priced = Priced::of(&plan, None, Asked::default(), false, FailMode::Open).unwrap();
     let asked = cache.lookup(&Key::new("k"), None, &priced.prices);
     assert_eq!(asked.unwrap_err(), 7_000_000);
 }
