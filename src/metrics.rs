@@ -7,6 +7,7 @@
 //! |---|---|---|
 //! | `slidegate_decisions_total` | counter | `policy`, `outcome` |
 //! | `slidegate_near_limit_total` | counter | `policy` |
+//! | `slidegate_deny_list_total` | counter | `list` (`ips`, `api_keys`, `subjects`) |
 //! | `slidegate_store_seconds` | histogram (a summary in metrics-exporter-prometheus unless buckets are set for it, as the example server sets them) | |
 //! | `slidegate_store_errors_total` | counter | `kind` |
 //! | `slidegate_breaker_state` | gauge (0 closed, 1 open, 2 probing) | |
@@ -23,6 +24,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::rejection::Listed;
 use crate::store::{Check, Decision, StoreError};
 
 /// What became of a request under one policy.
@@ -53,6 +55,13 @@ impl Outcome {
             Self::DelayFull => "delay_full",
         }
     }
+}
+
+/// Counts a request a deny list refused, by the list.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn deny_listed(list: Listed) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("slidegate_deny_list_total", "list" => list.name()).increment(1);
 }
 
 /// Counts `outcome` once for `policy`.

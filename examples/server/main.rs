@@ -27,6 +27,7 @@ use clap::Parser;
 use metrics_exporter_prometheus::{Matcher, PrometheusHandle};
 use serde_json::{Value, json};
 use slidegate::config::Config;
+use slidegate::layer::Changes;
 use slidegate::{Policies, PoliciesHandle, Policy, RateLimitLayer, key::Identity};
 
 const DEMO_CONFIG: &str = include_str!("../demo.toml");
@@ -87,9 +88,14 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         .install_recorder()
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
     let (layer, store_name) = store::limiter(&config).await?;
+    // The deny list and limits set at run time, before the first request.
+    if let Err(error) = layer.changes().read().await {
+        tracing::error!("cannot read the deny list and limits set at run time: {error}");
+    }
     tokio::spawn(reload_on_sighup(
         args.config.clone(),
         layer.policies_handle(),
+        layer.changes(),
     ));
     let app = app(layer, metrics, config.admin_token());
 
@@ -250,7 +256,7 @@ fn warn_of_unserved_routes(policies: &Policies) {
 /// the same error as at start-up, and the policies in force stay, as they
 /// do when the file defines no policy at all. Counts are kept by policy
 /// name. Other sections (keys, Redis) need a restart.
-async fn reload_on_sighup(path: Option<PathBuf>, handle: PoliciesHandle) {
+async fn reload_on_sighup(path: Option<PathBuf>, handle: PoliciesHandle, changes: Changes) {
     use tokio::signal::unix::{SignalKind, signal};
 
     let Ok(mut hangups) = signal(SignalKind::hangup()) else {
@@ -277,9 +283,10 @@ async fn reload_on_sighup(path: Option<PathBuf>, handle: PoliciesHandle) {
                 match handle.replace(new.clone()) {
                     Ok(()) => {
                         log_changes(&old, &new);
+                        changes.replace_deny_list(config.deny_list().clone());
                         tracing::info!(
                             path = %path.display(),
-                            "SIGHUP: policies reloaded (other sections take a restart)"
+                            "SIGHUP: policies and [deny] reloaded (other sections take a restart)"
                         );
                     }
                     Err(error) => {

@@ -29,6 +29,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::HeaderName;
 use ipnet::IpNet;
@@ -37,10 +38,10 @@ use toml::Spanned;
 use crate::headers::{HeaderStyle, ResetFormat};
 #[cfg(feature = "jwt")]
 use crate::key::JwtClaim;
-use crate::key::{Global, Header, KeyExtractor, PeerIp, digest};
-use crate::layer::RateLimitLayer;
+use crate::key::{Global, Header, Key, KeyExtractor, PeerIp, digest};
 use crate::layer::remembered::credential_failures::CredentialFailures;
 use crate::layer::remembered::deny_cache::{DEFAULT_CAPACITY as DEFAULT_DENY_CACHE, DenyCache};
+use crate::layer::{DenyList, RateLimitLayer};
 use crate::limits::Overrides;
 use crate::policy::{FailMode, Policies};
 use crate::store::{MemoryStore, Store};
@@ -65,8 +66,8 @@ pub use error::ConfigError;
 use error::{not_utf8, syntax_error};
 use per::PerSources;
 use raw::{
-    ForwardedHeaderName, HeaderStyleName, KeySource, RawConfig, RawCredentialFailures, ResetName,
-    UnknownApiKeyName,
+    ForwardedHeaderName, HeaderStyleName, KeySource, RawConfig, RawCredentialFailures, RawDeny,
+    ResetName, UnknownApiKeyName,
 };
 
 pub use redis::{RedisSettings, RedisTls};
@@ -113,6 +114,9 @@ pub struct Config {
     namespace: Option<String>,
     /// `[admin] token`, when set.
     admin_token: Option<Arc<str>>,
+    /// `[deny]`, with the addresses and API keys read as the limiter reads
+    /// them.
+    deny_list: DenyList,
 }
 
 impl Config {
@@ -306,6 +310,7 @@ impl Config {
             &policies,
             source,
         )?;
+        let deny_list = deny_list(raw.deny, &peer_ip, &api_key_header, source)?;
         let admin_token = match raw.admin {
             Some(admin) => {
                 let token = admin.token.get_ref();
@@ -354,6 +359,7 @@ impl Config {
             max_delayed: limiter.max_delayed.map(Spanned::into_inner),
             namespace: limiter.namespace.map(Spanned::into_inner),
             admin_token,
+            deny_list,
             reset_format: match limiter.reset {
                 ResetName::Delta => ResetFormat::DeltaSeconds,
                 ResetName::Unix => ResetFormat::UnixSeconds,
@@ -411,6 +417,14 @@ impl Config {
     /// ```
     pub fn overrides(&self) -> &Overrides {
         &self.overrides
+    }
+
+    /// The clients `[deny]` refuses (empty without it), as
+    /// [`layer`](Self::layer) sets them; give it to
+    /// [`Changes::replace_deny_list`](crate::layer::Changes::replace_deny_list)
+    /// when the file is read again.
+    pub fn deny_list(&self) -> &DenyList {
+        &self.deny_list
     }
 
     /// The `[admin] token` an application's admin routes are to ask for,
@@ -479,6 +493,10 @@ impl Config {
         if let Some(max) = self.max_delayed {
             layer = layer.with_max_delayed(max);
         }
+        if !self.deny_list.is_empty() {
+            layer = layer.with_deny_list(self.deny_list.clone());
+        }
+        layer = layer.with_runtime_changes(RUNTIME_CHANGES_READ_EVERY);
         if let Some(namespace) = &self.namespace {
             layer = layer.with_namespace(namespace);
         }
@@ -488,6 +506,52 @@ impl Config {
             None => layer,
         }
     }
+}
+
+/// How often a layer built from a file reads the changes made at run time
+/// (see [`RateLimitLayer::with_runtime_changes`]).
+const RUNTIME_CHANGES_READ_EVERY: Duration = Duration::from_secs(1);
+
+/// `[deny]` as a [`DenyList`], its addresses behind `peer_ip`'s proxies
+/// and its API keys in `api_key_header`.
+fn deny_list(
+    raw: Option<RawDeny>,
+    peer_ip: &PeerIp,
+    api_key_header: &HeaderName,
+    source: &str,
+) -> Result<DenyList, ConfigError> {
+    let Some(raw) = raw else {
+        return Ok(DenyList::new());
+    };
+    if let Some(empty) = raw.api_keys.iter().find(|key| key.get_ref().is_empty()) {
+        return Err(ConfigError::at(
+            source,
+            empty.span().start,
+            "deny.api_keys",
+            "API keys must not be empty",
+        ));
+    }
+    let mut subjects = Vec::with_capacity(raw.subjects.len());
+    for subject in &raw.subjects {
+        let key = Key::parse(subject.get_ref()).ok_or_else(|| {
+            ConfigError::at(
+                source,
+                subject.span().start,
+                "deny.subjects",
+                format!(
+                    "`{}` is not a key in label form (jwt:mallory, ip:203.0.113.9)",
+                    subject.get_ref()
+                ),
+            )
+        })?;
+        subjects.push(key);
+    }
+    Ok(DenyList::new()
+        .with_peer_ip(peer_ip.clone())
+        .with_api_key_header(api_key_header.clone())
+        .with_networks(raw.ips.into_iter().map(|cidr| cidr.0))
+        .with_api_keys(raw.api_keys.iter().map(|key| key.get_ref().as_bytes()))
+        .with_keys(subjects))
 }
 
 /// The `[api_keys]` table as (API key, tier) pairs.

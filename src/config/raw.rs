@@ -26,7 +26,17 @@ pub(super) struct RawConfig {
     pub(super) policy: Vec<Spanned<RawPolicy>>,
     pub(super) default: Option<Spanned<RawPolicy>>,
     pub(super) overrides: Option<Spanned<RawOverrides>>,
+    pub(super) deny: Option<RawDeny>,
     pub(super) admin: Option<RawAdmin>,
+}
+
+/// `[deny]`: clients refused `403` before any limit is counted.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawDeny {
+    pub(super) ips: Vec<Cidr>,
+    pub(super) api_keys: Vec<Spanned<String>>,
+    pub(super) subjects: Vec<Spanned<String>>,
 }
 
 /// `[overrides]`: per client (its key in label form), per policy, a limit.

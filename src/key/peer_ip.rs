@@ -269,7 +269,6 @@ impl PeerIp {
     }
 
     /// The key a client at `ip` is counted under.
-    #[cfg(feature = "config")]
     pub(crate) fn key_of(&self, ip: IpAddr) -> Key {
         self.group(canonical(ip))
     }

@@ -1,10 +1,12 @@
 //! Looking at and resetting one client's count under one policy:
-//! [`RateLimitLayer::peek`] and [`RateLimitLayer::reset`].
+//! [`RateLimitLayer::peek`] and [`RateLimitLayer::reset`]; and the
+//! [`Changes`](crate::layer::Changes) handle.
 
 use std::sync::Arc;
 
 use crate::RateLimitLayer;
 use crate::key::Key;
+use crate::layer::changes;
 use crate::policy::Policy;
 use crate::store::{Check, Decision, StoreError};
 
@@ -15,22 +17,16 @@ pub enum LimitError {
     /// The layer has no policy of this name.
     #[error("no policy is named `{0}`")]
     UnknownPolicy(String),
+    /// A limit the policy cannot count, given to
+    /// [`Changes::set_limit`](crate::layer::Changes::set_limit).
+    #[error("{0}")]
+    InvalidLimit(String),
     /// The store could not answer.
     #[error(transparent)]
     Store(#[from] StoreError),
 }
 
 impl RateLimitLayer {
-    /// The policy in force named `name`.
-    fn policy_named(&self, name: &str) -> Result<Arc<Policy>, LimitError> {
-        let policies = self.shared.policies.load();
-        policies
-            .shared()
-            .find(|policy| policy.name() == name)
-            .cloned()
-            .ok_or_else(|| LimitError::UnknownPolicy(name.to_owned()))
-    }
-
     /// The check of `key` of `tier` under `policy`, at the client's own
     /// limit when the layer looks limits up.
     async fn check_of(&self, policy: &Arc<Policy>, key: &Key, tier: Option<&str>) -> Check {
@@ -45,6 +41,7 @@ impl RateLimitLayer {
             }
             None => None,
         };
+        let own = changes::limit_set(&self.shared, policy, key).or(own);
         let limits = policy.limits_with(tier, own);
         let mut check = Check::of_limits(policy, key, limits);
         self.shared.in_namespace(&mut check);
@@ -53,7 +50,8 @@ impl RateLimitLayer {
 
     /// Where the client `key` (of `tier`, for a tier's limits) stands
     /// under the policy named `policy`, recording nothing: its limit (its
-    /// own, when the layer has a [limit lookup](Self::with_limit_lookup)),
+    /// own, when the layer has a [limit lookup](Self::with_limit_lookup)
+    /// or one [set at run time](crate::layer::Changes::set_limit)),
     /// the units left, and when capacity next grows (`reset`). `admitted`
     /// says whether a request of the policy's cost would fit now.
     ///
@@ -92,7 +90,7 @@ impl RateLimitLayer {
         key: &Key,
         tier: Option<&str>,
     ) -> Result<Decision, LimitError> {
-        let policy = self.policy_named(policy)?;
+        let policy = self.shared.policy_named(policy)?;
         let check = self.check_of(&policy, key, tier).await;
         let decisions = self
             .shared
@@ -117,7 +115,7 @@ impl RateLimitLayer {
     /// [`LimitError::UnknownPolicy`] if no policy of the layer has that
     /// name; [`LimitError::Store`] if the store could not answer.
     pub async fn reset(&self, policy: &str, key: &Key) -> Result<(), LimitError> {
-        let policy = self.policy_named(policy)?;
+        let policy = self.shared.policy_named(policy)?;
         let mut check = Check::of_limits(&policy, key, policy.limits_for(None));
         self.shared.in_namespace(&mut check);
         self.shared

@@ -150,6 +150,7 @@
 
 pub(crate) mod after;
 mod body;
+pub(crate) mod changes;
 mod decide;
 mod future;
 mod inspect;
@@ -161,6 +162,7 @@ mod stores;
 pub use after::connection::ConnectionLease;
 pub use after::usage::Usage;
 pub use body::ResponseBody;
+pub use changes::{Changes, DenyList};
 pub use future::ResponseFuture;
 pub use inspect::LimitError;
 pub use remembered::policy_names::PoliciesHandle;
@@ -249,6 +251,7 @@ impl RateLimitLayer {
                 delayed: Arc::default(),
                 unsettled: Arc::default(),
                 namespace: None,
+                changes: Arc::default(),
                 settings: Settings::default(),
             }),
         }
@@ -485,6 +488,51 @@ impl RateLimitLayer {
     pub fn with_deny_cache(mut self, cache: impl Into<Option<DenyCache>>) -> Self {
         Arc::make_mut(&mut self.shared).deny_cache = cache.into();
         self
+    }
+
+    /// Refuses the clients `list` names with `403 Forbidden` on the routes
+    /// the layer limits, before any limit is counted (an exemption does
+    /// not lift it); see [`DenyList`]. The config file's `[deny]` fills
+    /// one. Clients denied while the layer serves are the
+    /// [`changes`](Self::changes) handle's.
+    #[must_use]
+    pub fn with_deny_list(self, list: DenyList) -> Self {
+        self.shared.changes.set_deny_list(list);
+        self
+    }
+
+    /// Reads the clients denied and the limits set at run time (see
+    /// [`Changes`]) from the store every `every` (a second in a layer
+    /// built from a config file), on a task of its own, started by the
+    /// first request due: another instance's change applies here within
+    /// `every` and one store call. Requests read the local copy, never
+    /// the store. `None` (the default) reads nothing: only this
+    /// instance's own changes apply. A read that fails keeps the last
+    /// copy, and a warning is logged; before the first read, only the
+    /// static [`DenyList`] applies ([`Changes::read`] at start-up reads
+    /// them at once).
+    ///
+    /// ```
+    /// use slidegate::{Global, Policies, Policy, RateLimitLayer, store::MemoryStore};
+    /// use std::time::Duration;
+    ///
+    /// let policies = Policies::single(Policy::new("all", 10, Duration::from_secs(1))).unwrap();
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Global, policies)
+    ///     .with_runtime_changes(Duration::from_secs(1));
+    /// ```
+    #[must_use]
+    pub fn with_runtime_changes(mut self, every: impl Into<Option<Duration>>) -> Self {
+        let every = every
+            .into()
+            .map(|every| every.max(Duration::from_millis(10)));
+        Arc::make_mut(&mut self.shared).settings.runtime_changes = every;
+        self
+    }
+
+    /// The handle that denies clients and sets their limits while the
+    /// layer serves, on every instance on its store: see [`Changes`].
+    pub fn changes(&self) -> Changes {
+        Changes::new(self.shared.clone())
     }
 
     /// How many requests this layer (with its clones) is delaying now

@@ -10,14 +10,16 @@ use http::request::Parts;
 use crate::RateLimitLayer;
 use crate::headers::{HeaderFormat, HeaderStyle, ResetFormat};
 use crate::key::{Identity, KeyExtractor};
+use crate::layer::changes::ChangeState;
 use crate::layer::decide::delay::DelayedRequests;
+use crate::layer::inspect::LimitError;
 use crate::layer::remembered::credential_failures::CredentialFailures;
 use crate::layer::remembered::deny_cache::DenyCache;
 use crate::layer::remembered::local_fallback::LocalLimits;
 use crate::layer::stores::LayerStore;
 use crate::limits::ClientLimits;
 use crate::lookup::Lookup;
-use crate::policy::{FailMode, Policies, RequestCost};
+use crate::policy::{FailMode, Policies, Policy, RequestCost};
 use crate::rejection::OnRejection;
 use crate::store::{Check, Store};
 
@@ -46,6 +48,8 @@ pub(crate) struct Settings {
     pub(crate) max_delayed: usize,
     /// The most bytes of request heads held at once.
     pub(crate) max_delayed_bytes: usize,
+    /// How often the store's changes are read, when they are.
+    pub(crate) runtime_changes: Option<Duration>,
 }
 
 impl Default for Settings {
@@ -59,6 +63,7 @@ impl Default for Settings {
             local_share: 1,
             max_delayed: crate::layer::decide::delay::DEFAULT_MAX_DELAYED,
             max_delayed_bytes: crate::layer::decide::delay::DEFAULT_MAX_DELAYED_BYTES,
+            runtime_changes: None,
         }
     }
 }
@@ -91,6 +96,8 @@ pub(crate) struct Shared {
     pub(crate) unsettled: Arc<crate::layer::after::max_unsettled::Unsettled>,
     /// The namespace of every store key the layer writes, if set.
     pub(crate) namespace: Option<Arc<str>>,
+    /// The deny list and the changes made at run time, in every clone.
+    pub(crate) changes: Arc<ChangeState>,
     pub(crate) settings: Settings,
 }
 
@@ -103,6 +110,16 @@ impl Shared {
     /// `check` in the layer's namespace.
     pub(crate) fn in_namespace(&self, check: &mut Check) {
         check.namespace.clone_from(&self.namespace);
+    }
+
+    /// The policy in force named `name`.
+    pub(crate) fn policy_named(&self, name: &str) -> Result<Arc<Policy>, LimitError> {
+        let policies = self.policies.load();
+        policies
+            .shared()
+            .find(|policy| policy.name() == name)
+            .cloned()
+            .ok_or_else(|| LimitError::UnknownPolicy(name.to_owned()))
     }
 }
 

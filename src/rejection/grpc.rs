@@ -5,7 +5,8 @@ use http::{HeaderValue, Response};
 
 use super::Rejection;
 use crate::response::grpc::{
-    INTERNAL, RESOURCE_EXHAUSTED, UNAUTHENTICATED, UNAVAILABLE, pushback_ms, status_response,
+    INTERNAL, PERMISSION_DENIED, RESOURCE_EXHAUSTED, UNAUTHENTICATED, UNAVAILABLE, pushback_ms,
+    status_response,
 };
 
 impl Rejection<'_> {
@@ -18,6 +19,7 @@ impl Rejection<'_> {
     /// | over a limit | `RESOURCE_EXHAUSTED`, with `grpc-retry-pushback-ms` (the time until the call fits) |
     /// | a cost above the limit | `RESOURCE_EXHAUSTED`, with `grpc-retry-pushback-ms: -1` (never retry) |
     /// | credentials that do not verify, or none where they are needed | `UNAUTHENTICATED` |
+    /// | a client on a deny list | `PERMISSION_DENIED` |
     /// | no client identified otherwise | `INTERNAL` |
     /// | the store down, failing closed | `UNAVAILABLE`, with `grpc-retry-pushback-ms: 1000` |
     ///
@@ -70,6 +72,11 @@ impl Rejection<'_> {
             Self::Unidentified { .. } => (
                 INTERNAL,
                 "the rate limiter could not identify the client".to_owned(),
+                None,
+            ),
+            Self::DenyListed(list) => (
+                PERMISSION_DENIED,
+                format!("the client is on a deny list ({})", list.name()),
                 None,
             ),
             Self::DelayFull { retry_after } => (

@@ -163,8 +163,10 @@
 
 mod grpc;
 pub(crate) mod limited;
+mod listed;
 
 pub use limited::Limited;
+pub use listed::Listed;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -214,6 +216,11 @@ pub enum Rejection<'a> {
     /// The store failed and a policy of the request fails closed: `503
     /// Service Unavailable` with `Retry-After: 1`.
     StoreUnavailable(&'a StoreError),
+    /// A deny list names the client (see
+    /// [`DenyList`](crate::layer::DenyList) and
+    /// [`Changes::deny`](crate::layer::Changes::deny)): `403 Forbidden`,
+    /// before any limit is counted.
+    DenyListed(Listed),
     /// The store would hold the request for its policies' delay, but the
     /// layer holds as many requests as it may
     /// ([`with_max_delayed`](crate::RateLimitLayer::with_max_delayed), or
@@ -246,6 +253,7 @@ impl Rejection<'_> {
             } => StatusCode::UNAUTHORIZED,
             Self::Unidentified { .. } => StatusCode::INTERNAL_SERVER_ERROR,
             Self::CostAboveLimit(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::DenyListed(_) => StatusCode::FORBIDDEN,
             Self::StoreUnavailable(_) | Self::DelayFull { .. } => StatusCode::SERVICE_UNAVAILABLE,
         }
     }

@@ -16,6 +16,7 @@ const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
 
 /// gRPC status codes the limiter answers with.
+pub(crate) const PERMISSION_DENIED: u64 = 7;
 pub(crate) const RESOURCE_EXHAUSTED: u64 = 8;
 pub(crate) const INTERNAL: u64 = 13;
 pub(crate) const UNAVAILABLE: u64 = 14;

@@ -12,6 +12,7 @@ use serde_json::json;
 use crate::key::KeyRejection;
 use crate::policy::Algorithm;
 use crate::policy::terms::ceil_seconds;
+use crate::rejection::Listed;
 use crate::store::{Check, Decision};
 
 const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
@@ -198,6 +199,16 @@ pub(crate) fn missing_credentials() -> Response<Bytes> {
         "this endpoint is rate-limited per client, and the request carried no credentials that \
          identify one",
         &[("reason", json!("missing_credentials"))],
+    )
+}
+
+/// `403 Forbidden`: a deny list names the client.
+pub(crate) fn deny_listed(list: Listed) -> Response<Bytes> {
+    problem(
+        StatusCode::FORBIDDEN,
+        "Client Denied",
+        "this client is refused by the service's deny list",
+        &[("list", json!(list.name()))],
     )
 }
 

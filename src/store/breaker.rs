@@ -410,6 +410,18 @@ impl<S: Store> Store for CircuitBreaker<S> {
         self.guarded(|store| store.reset(checks))
     }
 
+    fn entries(&self, table: &str) -> StoreFuture<Vec<(String, String)>> {
+        self.guarded(|store| store.entries(table))
+    }
+
+    fn set_entry(&self, table: &str, field: &str, value: &str) -> StoreFuture<()> {
+        self.guarded(|store| store.set_entry(table, field, value))
+    }
+
+    fn remove_entry(&self, table: &str, field: &str) -> StoreFuture<()> {
+        self.guarded(|store| store.remove_entry(table, field))
+    }
+
     fn is_remote(&self) -> bool {
         self.store.is_remote()
     }

@@ -181,6 +181,29 @@ pub trait Store: Send + Sync + 'static {
         StoreFuture::ready(Err(StoreError::Unsupported("reset")))
     }
 
+    /// The entries of the table `table`, as `(field, value)` pairs in no
+    /// particular order: what the layer's [changes at run
+    /// time](crate::layer::Changes) are kept in (the deny list, clients'
+    /// limits), so that every instance on the store reads them and they
+    /// outlive the instances. A table no entry was ever set in is empty.
+    /// On Redis a table is one hash, `<prefix>:<table>`.
+    fn entries(&self, table: &str) -> StoreFuture<Vec<(String, String)>> {
+        let _ = table;
+        StoreFuture::ready(Err(StoreError::Unsupported("entries")))
+    }
+
+    /// Sets the entry `field` of the table `table` to `value`.
+    fn set_entry(&self, table: &str, field: &str, value: &str) -> StoreFuture<()> {
+        let _ = (table, field, value);
+        StoreFuture::ready(Err(StoreError::Unsupported("set_entry")))
+    }
+
+    /// Removes the entry `field` of the table `table`, if it is there.
+    fn remove_entry(&self, table: &str, field: &str) -> StoreFuture<()> {
+        let _ = (table, field);
+        StoreFuture::ready(Err(StoreError::Unsupported("remove_entry")))
+    }
+
     /// Whether a check costs a network round trip, as with Redis; the
     /// layer then keeps a [`DenyCache`](crate::layer::DenyCache) by default.
     fn is_remote(&self) -> bool {
@@ -245,6 +268,18 @@ impl<S: Store + ?Sized> Store for Arc<S> {
 
     fn reset(&self, checks: &[Check]) -> StoreFuture<()> {
         (**self).reset(checks)
+    }
+
+    fn entries(&self, table: &str) -> StoreFuture<Vec<(String, String)>> {
+        (**self).entries(table)
+    }
+
+    fn set_entry(&self, table: &str, field: &str, value: &str) -> StoreFuture<()> {
+        (**self).set_entry(table, field, value)
+    }
+
+    fn remove_entry(&self, table: &str, field: &str) -> StoreFuture<()> {
+        (**self).remove_entry(table, field)
     }
 
     fn is_remote(&self) -> bool {

@@ -1292,6 +1292,7 @@ fn the_reference_lists_every_key_the_loader_takes() {
             "`[[policy]]` and `[default]`",
             "[[policy]]\nname = \"p\"\nnot_a_key = 1\n",
         ),
+        ("`[deny]`", "[deny]\nnot_a_key = 1\n"),
         ("`[admin]`", "[admin]\nnot_a_key = 1\n"),
     ];
     for (heading, probe) in tables {

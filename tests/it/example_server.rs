@@ -993,6 +993,137 @@ fn admin_routes_inspect_and_reset_a_client_behind_the_token() {
     assert_eq!(demo.request("DELETE", me, &[BEARER]).status, 404);
 }
 
+/// Asks `server` for `path` until it answers `status` (each try an
+/// admitted request, or a refused one); how long that took.
+fn until_status(server: &ExampleServer, path: &str, status: u16) -> Duration {
+    let started = Instant::now();
+    while server.get(path).status != status {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{path} was not answered {status} within 20 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    started.elapsed()
+}
+
+/// `PUT` and `DELETE /admin/deny/{key}` and `/admin/overrides/{policy}/{key}`
+/// on one instance reach another on the same Redis within a few seconds,
+/// and a restarted instance keeps them.
+#[test]
+fn admin_denials_and_limits_reach_every_instance_and_survive_a_restart() {
+    let redis = RedisServer::start();
+    let dir = std::env::temp_dir().join(format!("slidegate-changes-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("admin.toml");
+    std::fs::write(&path, ADMIN_CONFIG.replace("limit = 5", "limit = 500")).unwrap();
+    let args = ["--config", path.to_str().unwrap()];
+    let env = [("REDIS_URL", redis.url())];
+    let env: Vec<(&str, &str)> = env.iter().map(|(n, v)| (*n, v.as_str())).collect();
+    let (one, mut other) = (
+        ExampleServer::start(&args, &env),
+        ExampleServer::start(&args, &env),
+    );
+    let me = "ip%3A127.0.0.1";
+    assert_eq!(other.get("/api/search").status, 200);
+
+    // Bad requests: no token, a bad key, a bad body, an unknown policy, a
+    // limit no policy can count.
+    assert_eq!(
+        one.request("PUT", &format!("/admin/deny/{me}"), &[]).status,
+        401
+    );
+    assert_eq!(
+        one.request("PUT", "/admin/deny/jwt%3A%7Bx%7D", &[BEARER])
+            .status,
+        400
+    );
+    let put = |server: &ExampleServer, path: &str, body: &str| {
+        server
+            .request_with_body("PUT", path, &[BEARER], body)
+            .status
+    };
+    assert_eq!(
+        put(&one, &format!("/admin/deny/{me}"), r#"{"seconds": "x"}"#),
+        400
+    );
+    assert_eq!(
+        put(&one, &format!("/admin/deny/{me}"), r#"{"seconds": 0}"#),
+        400
+    );
+    assert_eq!(
+        put(
+            &one,
+            &format!("/admin/overrides/serch/{me}"),
+            r#"{"limit": 5}"#
+        ),
+        404
+    );
+    assert_eq!(
+        put(
+            &one,
+            &format!("/admin/overrides/search/{me}"),
+            r#"{"limit": 0}"#
+        ),
+        422
+    );
+    assert_eq!(
+        put(&one, &format!("/admin/overrides/search/{me}"), "5"),
+        400
+    );
+
+    assert_eq!(put(&one, &format!("/admin/deny/{me}"), ""), 204);
+    assert_eq!(
+        one.get("/api/search").status,
+        403,
+        "at once where it was made"
+    );
+    let took = until_status(&other, "/api/search", 403);
+    eprintln!("a denial reached the other instance in {took:?}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    drop(other);
+    other = ExampleServer::start(&args, &env);
+    assert_eq!(
+        other.get("/api/search").status,
+        403,
+        "kept across a restart"
+    );
+    assert_eq!(
+        one.request("DELETE", &format!("/admin/deny/{me}"), &[BEARER])
+            .status,
+        204
+    );
+    until_status(&other, "/api/search", 200);
+
+    // A limit below the count denies at once; it reaches the other
+    // instance, and outlives it.
+    assert_eq!(
+        put(
+            &one,
+            &format!("/admin/overrides/search/{me}"),
+            r#"{"limit": 1}"#
+        ),
+        204
+    );
+    let denied = one.get("/api/search");
+    assert_eq!(
+        (denied.status, denied.header("x-ratelimit-limit")),
+        (429, Some("1"))
+    );
+    until_status(&other, "/api/search", 429);
+    drop(other);
+    other = ExampleServer::start(&args, &env);
+    assert_eq!(
+        other.get("/api/search").status,
+        429,
+        "kept across a restart"
+    );
+    let path = format!("/admin/overrides/search/{me}");
+    assert_eq!(one.request("DELETE", &path, &[BEARER]).status, 204);
+    until_status(&other, "/api/search", 200);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// An instance killed while its requests hold leases: another instance on
 /// the same Redis counts them until their lease time is over, then never
 /// again.

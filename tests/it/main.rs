@@ -14,6 +14,7 @@ mod atomicity;
 mod bounded;
 mod buckets_blocks_resets;
 mod calendar;
+mod changes;
 mod cluster;
 mod commands;
 mod concurrency;

@@ -29,6 +29,7 @@ use http::request::Parts;
 use http::{Request, Response};
 
 use crate::key::{Identity, KeyRejection, confirmed};
+use crate::layer::changes;
 use crate::layer::decide::answered::cached_denial;
 use crate::layer::decide::outcome::{outcome, refused_locally};
 use crate::layer::decide::per_keys::{PerKeys, Unkeyed};
@@ -43,7 +44,7 @@ use crate::metrics::{self, Outcome, Timer};
 use crate::policy::Policies;
 use crate::policy::cost::Costs;
 use crate::policy::plan::Plan;
-use crate::rejection::Rejection;
+use crate::rejection::{Listed, Rejection};
 use crate::store::{Check, Checks};
 use crate::store::{Soon, StoreFuture};
 use checks::{Modes, SentChecks};
@@ -57,6 +58,10 @@ pub(crate) fn decide(shared: &Arc<Shared>, parts: &mut Parts) -> Result<Next, Co
     let plan = plan_for(&policies, parts);
     if plan.policies.is_empty() {
         return Ok(Next::PASS);
+    }
+    changes::read_if_due(shared);
+    if let Some(list) = changes::refused_before_identity(shared, parts) {
+        return Ok(Next::Answer(deny_listed(shared, parts, list)));
     }
     if shared.exempt.as_ref().is_some_and(|exempt| exempt(parts)) {
         exempted(plan);
@@ -75,6 +80,9 @@ pub(crate) fn decide(shared: &Arc<Shared>, parts: &mut Parts) -> Result<Next, Co
         Ok(None) => return Ok(Next::Answer(unidentified(shared, parts))),
         Err(rejection) => return refused_now_or_later(shared, parts, refusal, rejection),
     };
+    if let Some(list) = changes::refused_as(shared, &identity.key) {
+        return Ok(Next::Answer(deny_listed(shared, parts, list)));
+    }
     let per = match PerKeys::of(plan, parts) {
         Ok(per) => per,
         Err(Unkeyed::Missing) => return Ok(Next::Answer(without_per_key(shared, parts))),
@@ -293,6 +301,12 @@ fn costs_of(shared: &Shared, plan: &Plan, parts: &Parts) -> Option<Costs> {
     )
 }
 
+/// The answer to a request of a client a deny list names: `403`.
+fn deny_listed(shared: &Shared, parts: &Parts, list: Listed) -> Response<Bytes> {
+    metrics::deny_listed(list);
+    reject(shared, parts, Rejection::DenyListed(list))
+}
+
 /// The answer to a request without the key of a policy that counts per
 /// another key and refuses requests without one: `401`.
 fn without_per_key(shared: &Shared, parts: &Parts) -> Response<Bytes> {
@@ -360,6 +374,13 @@ fn send(
 ) -> Result<Soon<Next>, (SentChecks, StoreFuture)> {
     let tier = identity.tier.as_deref();
     let settings = shared.settings;
+    let per = asked.per;
+    let counted = |index| per.and_then(|per| per.key(index)).unwrap_or(&identity.key);
+    let set = changes::with_limits_set(shared, plan, asked.own, counted);
+    let asked = Asked {
+        own: set.as_ref().or(asked.own),
+        ..asked
+    };
     let priced = match Priced::of(plan, tier, asked, settings.shadow, settings.fail_mode) {
         Ok(priced) => priced,
         Err(denied) => {

@@ -2,6 +2,7 @@
 //! S3-FIFO-style admission so a flood of new keys never pushes out the
 //! clients that keep coming back.
 
+use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -35,6 +36,8 @@ struct Inner {
     /// on the request path.
     hasher: foldhash::quality::RandomState,
     clock: Box<dyn Clock>,
+    /// The tables of [`Store::entries`], by name.
+    tables: Mutex<HashMap<String, HashMap<String, String>>>,
 }
 
 /// The embedded store, for one process: exact sliding logs in sharded
@@ -468,6 +471,31 @@ impl Store for MemoryStore {
         StoreFuture::ready(Ok(self.renew_now(checks)))
     }
 
+    fn entries(&self, table: &str) -> StoreFuture<Vec<(String, String)>> {
+        let tables = tables_of(&self.inner);
+        let entries = tables.get(table).map_or_else(Vec::new, |entries| {
+            entries
+                .iter()
+                .map(|(field, value)| (field.clone(), value.clone()))
+                .collect()
+        });
+        StoreFuture::ready(Ok(entries))
+    }
+
+    fn set_entry(&self, table: &str, field: &str, value: &str) -> StoreFuture<()> {
+        let mut tables = tables_of(&self.inner);
+        let entries = tables.entry(table.to_owned()).or_default();
+        entries.insert(field.to_owned(), value.to_owned());
+        StoreFuture::ready(Ok(()))
+    }
+
+    fn remove_entry(&self, table: &str, field: &str) -> StoreFuture<()> {
+        if let Some(entries) = tables_of(&self.inner).get_mut(table) {
+            entries.remove(field);
+        }
+        StoreFuture::ready(Ok(()))
+    }
+
     fn reset(&self, checks: &[Check]) -> StoreFuture<()> {
         self.reset_now(checks);
         StoreFuture::ready(Ok(()))
@@ -538,7 +566,17 @@ impl MemoryStoreBuilder {
                 shards,
                 hasher: foldhash::quality::RandomState::default(),
                 clock: self.clock,
+                tables: Mutex::default(),
             }),
         }
     }
+}
+
+/// The tables of [`Store::entries`], locked: a panic while they were held
+/// left each entry whole.
+fn tables_of(inner: &Inner) -> MutexGuard<'_, HashMap<String, HashMap<String, String>>> {
+    inner
+        .tables
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }

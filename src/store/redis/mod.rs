@@ -25,6 +25,7 @@ mod reply;
 mod run;
 mod script;
 mod slots;
+mod tables;
 
 pub use builder::{PrefixError, RedisStoreBuilder};
 use pools::{ClusterClientPool, ClusterManager, SentinelManager, SentinelPool};
@@ -708,6 +709,18 @@ impl Store for RedisStore {
         self.ask(checks, Op::Reset, |inner, call, deadline| async move {
             inner.packed(&call, deadline).await.map(drop)
         })
+    }
+
+    fn entries(&self, table: &str) -> StoreFuture<Vec<(String, String)>> {
+        self.hash_entries(table)
+    }
+
+    fn set_entry(&self, table: &str, field: &str, value: &str) -> StoreFuture<()> {
+        self.hash_set(table, field, value)
+    }
+
+    fn remove_entry(&self, table: &str, field: &str) -> StoreFuture<()> {
+        self.hash_remove(table, field)
     }
 
     fn check(&self, checks: &[Check]) -> StoreFuture {

@@ -92,7 +92,7 @@ impl Inner {
         call_ended(lanes, &ticket, reply)
     }
 
-    fn store_error(&self, failed: Failed) -> StoreError {
+    pub(super) fn store_error(&self, failed: Failed) -> StoreError {
         match failed {
             Failed::Timeout => StoreError::Timeout(self.timeout),
             Failed::Redis(error) => store_error_of(error),

@@ -204,6 +204,18 @@ impl Store for Sliced {
         self.table.store.reset(checks)
     }
 
+    fn entries(&self, table: &str) -> StoreFuture<Vec<(String, String)>> {
+        self.table.store.entries(table)
+    }
+
+    fn set_entry(&self, table: &str, field: &str, value: &str) -> StoreFuture<()> {
+        self.table.store.set_entry(table, field, value)
+    }
+
+    fn remove_entry(&self, table: &str, field: &str) -> StoreFuture<()> {
+        self.table.store.remove_entry(table, field)
+    }
+
     fn is_remote(&self) -> bool {
         self.table.store.is_remote()
     }
