@@ -249,6 +249,6 @@ mod tests {
         }
         let reported: BTreeSet<String> = reported.iter().map(|&n| n.to_owned()).collect();
         assert_eq!(queried, reported);
-        assert_eq!(reported.len(), 6, "{reported:?}");
+        assert_eq!(reported.len(), 7, "{reported:?}");
     }
 }

@@ -1,12 +1,13 @@
 //! `GET /ws/echo`: a WebSocket that sends back every message it gets, for
-//! trying limits on upgraded connections.
+//! trying limits on upgraded connections and on the messages sent over
+//! them.
 
 use std::time::Duration;
 
 use axum::Extension;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade, close_code};
 use axum::response::Response;
-use slidegate::layer::ConnectionLease;
+use slidegate::layer::{ConnectionLease, MessageLimit};
 use tokio::time::{Instant, interval_at, timeout};
 
 /// How often the echo pings a socket.
@@ -21,14 +22,17 @@ const SILENT_FOR: Duration = Duration::from_secs(25);
 const SEND_WITHIN: Duration = Duration::from_secs(5);
 
 /// Upgrades to the echo. The connection keeps the request's concurrency
-/// lease (the `sockets` policy's) until it closes.
+/// lease (the `sockets` policy's) until it closes, and each message it
+/// gets is counted against the policy's message rate, when it has one.
 pub(crate) async fn echo(
     upgrade: WebSocketUpgrade,
     lease: Option<Extension<ConnectionLease>>,
+    messages: Option<Extension<MessageLimit>>,
 ) -> Response {
     upgrade.on_upgrade(move |socket| async move {
         let withdrawn = lease.as_ref().map(|Extension(lease)| lease.withdrawn());
-        echo_until_closed(socket, withdrawn).await;
+        let messages = messages.map(|Extension(messages)| messages);
+        echo_until_closed(socket, withdrawn, messages).await;
         drop(lease);
     })
 }
@@ -38,8 +42,14 @@ pub(crate) async fn echo(
 /// `PING_EVERY` (closed with 1001, going away), or the limiter withdraws
 /// the socket's lease: it was lost with the store's state, or the socket
 /// opened while the store was down, and the client holds its limit's
-/// worth of others (closed with 1013, try again later).
-async fn echo_until_closed(mut socket: WebSocket, withdrawn: Option<impl Future<Output = ()>>) {
+/// worth of others (closed with 1013, try again later), or the client
+/// sends a message over its message rate (closed with the policy's close
+/// code, 1008 unless set, and not echoed).
+async fn echo_until_closed(
+    mut socket: WebSocket,
+    withdrawn: Option<impl Future<Output = ()>>,
+    messages: Option<MessageLimit>,
+) {
     let mut pings = interval_at(Instant::now() + PING_EVERY, PING_EVERY);
     let mut heard = Instant::now();
     let withdrawn = async {
@@ -64,6 +74,16 @@ async fn echo_until_closed(mut socket: WebSocket, withdrawn: Option<impl Future<
                 heard = Instant::now();
                 match message {
                     Message::Text(_) | Message::Binary(_) => {
+                        if let Some(messages) = &messages
+                            && let Err(refused) = messages.admit().await
+                        {
+                            let frame = CloseFrame {
+                                code: refused.close_code(),
+                                reason: refused.reason().into(),
+                            };
+                            send(&mut socket, Message::Close(Some(frame))).await;
+                            return;
+                        }
                         if !send(&mut socket, message).await {
                             return;
                         }

@@ -286,7 +286,7 @@ async fn reload_on_sighup(path: Option<PathBuf>, handle: PoliciesHandle, changes
                         changes.replace_deny_list(config.deny_list().clone());
                         tracing::info!(
                             path = %path.display(),
-                            "SIGHUP: policies and [deny] reloaded (other sections take a restart)"
+                            "SIGHUP: policies reloaded, and [deny] (other sections take a restart)"
                         );
                     }
                     Err(error) => {

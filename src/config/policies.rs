@@ -11,7 +11,7 @@ use toml::Spanned;
 use super::error::ConfigError;
 use super::per::PerSources;
 use super::raw::RawPolicy;
-use crate::policy::{Calendar, Period, Policies, Policy, Route, TierLimits};
+use crate::policy::{Calendar, MessageRate, Period, Policies, Policy, Route, TierLimits};
 
 /// The policies of `raw` (`[[policy]]`, in order) and `default`, with
 /// routes that may name `extension_methods`.
@@ -345,6 +345,17 @@ fn policy_from(
     if let Some(slice) = &body.slice {
         policy = policy.with_slice(*slice.get_ref());
     }
+    if let Some(messages) = &body.messages {
+        let raw = messages.get_ref();
+        let mut rate = MessageRate::new(raw.limit, raw.window.0);
+        if let Some(per_socket) = raw.per_socket {
+            rate = rate.with_per_socket(per_socket);
+        }
+        if let Some(code) = raw.close_code {
+            rate = rate.with_close_code(code);
+        }
+        policy = policy.with_messages(rate);
+    }
     policy = settled(policy, body, prefix, source)?;
     Policies::single(policy.clone()).map_err(|error| {
         let key = error.field();
@@ -361,6 +372,7 @@ fn policy_from(
             "settled" => offset_of(body.settled.as_ref()).or(offset_of(body.usage_header.as_ref())),
             "max_unsettled" => offset_of(body.max_unsettled.as_ref()),
             "slice" => offset_of(body.slice.as_ref()),
+            "messages" => offset_of(body.messages.as_ref()),
             "name" => Some(name_offset),
             _ => None,
         }

@@ -300,6 +300,18 @@ pub(super) struct RawPolicy {
     pub(super) slice: Option<Spanned<u32>>,
     pub(super) per: Option<Spanned<String>>,
     pub(super) per_missing: Option<Spanned<PerMissingName>>,
+    pub(super) messages: Option<Spanned<RawMessages>>,
+}
+
+/// `messages = { limit = 20, window = "10s" }`: the messages a client sends
+/// over the route's upgraded connections.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawMessages {
+    pub(super) limit: u32,
+    pub(super) window: HumanDuration,
+    pub(super) per_socket: Option<u32>,
+    pub(super) close_code: Option<u16>,
 }
 
 /// `per_missing`: what a request without a policy's `per` key gets.

@@ -160,6 +160,7 @@ mod settings;
 mod stores;
 
 pub use after::connection::ConnectionLease;
+pub use after::messages::{MessageLimit, MessageRefused};
 pub use after::usage::Usage;
 pub use body::ResponseBody;
 pub use changes::{Changes, DenyList};

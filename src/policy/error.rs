@@ -46,6 +46,15 @@ pub enum PolicyError {
         /// The repeated name.
         name: String,
     },
+    /// A message rate that cannot be counted (see
+    /// [`MessageRate`](crate::policy::MessageRate)).
+    #[error("policy `{name}`: messages: {reason}")]
+    InvalidMessages {
+        /// The policy.
+        name: String,
+        /// What is wrong with the rate.
+        reason: String,
+    },
     /// A limit of zero admits nothing.
     #[error("policy `{name}`: limit must be at least 1")]
     ZeroLimit {
@@ -274,6 +283,7 @@ impl PolicyError {
             Self::SettledWithoutRate { .. } => "settled",
             Self::ZeroMaxUnsettled { .. } => "max_unsettled",
             Self::InvalidSlice { .. } | Self::SliceWith { .. } => "slice",
+            Self::InvalidMessages { .. } => "messages",
             Self::CalendarWithDelay { .. } | Self::CalendarWithWindow { .. } => "calendar",
             Self::InvalidRoute { .. }
             | Self::InvalidPattern { .. }

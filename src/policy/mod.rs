@@ -41,7 +41,8 @@
 //! * **A count on another key than the client's** (everyone's, the
 //!   client's address, its organisation): [`Policy::per`].
 //! * **WebSockets and other upgraded connections:** a
-//!   [`Policy::concurrency`] limit held by a [`ConnectionLease`].
+//!   [`Policy::concurrency`] limit held by a [`ConnectionLease`], and the
+//!   rate of the messages sent over them ([`Policy::with_messages`]).
 //!
 //! A policy may also count only the requests that failed, or succeeded
 //! ([`Count`]), and run in shadow mode, counting and deciding without ever
@@ -60,6 +61,7 @@ mod calendar;
 pub(crate) mod cost;
 mod count;
 mod error;
+mod messages;
 mod per;
 pub(crate) mod plan;
 mod route;
@@ -76,6 +78,7 @@ pub use cost::{Cost, RequestCost};
 pub use count::Count;
 pub use error::PolicyError;
 use error::validate_limits;
+pub use messages::{MessageRate, POLICY_VIOLATION};
 pub(crate) use per::Per;
 pub use per::PerMissing;
 pub(crate) use route::Route;
@@ -160,6 +163,7 @@ pub struct Policy {
     settlement: Option<Settlement>,
     slice: Option<u32>,
     per: Option<Per>,
+    messages: Option<MessageRate>,
 }
 
 impl Policy {
@@ -184,6 +188,7 @@ impl Policy {
             settlement: None,
             slice: None,
             per: None,
+            messages: None,
         }
     }
 
@@ -548,6 +553,9 @@ impl Policy {
         }
         validate_limits(name(), self.limits_for(None), self.algorithm)?;
         self.validate_slice()?;
+        if let Some(messages) = &self.messages {
+            messages.validate(&self.name)?;
+        }
         for (tier, _) in &self.tiers {
             let name = format!("{} (tier `{tier}`)", self.name);
             validate_limits(name, self.limits_for(Some(tier)), self.algorithm)?;

@@ -33,6 +33,8 @@ pub(crate) struct Plan {
     /// Whether a policy counts under a key of its own
     /// ([`Policy::per`]).
     per: bool,
+    /// Whether a policy limits the messages of upgraded connections.
+    messages: bool,
 }
 
 /// What a request of one tier reads: one entry per policy, in order.
@@ -92,8 +94,15 @@ impl Plan {
                 .iter()
                 .any(|p| p.is_shadow() || p.count() != Count::All || p.settlement.is_some()),
             per: policies.iter().any(|p| p.is_per()),
+            messages: policies.iter().any(|p| p.messages().is_some()),
             policies: policies.into(),
         }
+    }
+
+    /// Whether a policy limits the messages of upgraded connections
+    /// ([`Policy::with_messages`]).
+    pub(crate) fn counts_messages(&self) -> bool {
+        self.messages
     }
 
     /// Whether a policy counts under a key of its own ([`Policy::per`]),

@@ -12,7 +12,6 @@ use serde_json::json;
 use crate::key::KeyRejection;
 use crate::policy::Algorithm;
 use crate::policy::terms::ceil_seconds;
-use crate::rejection::Listed;
 use crate::store::{Check, Decision};
 
 const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
@@ -202,13 +201,13 @@ pub(crate) fn missing_credentials() -> Response<Bytes> {
     )
 }
 
-/// `403 Forbidden`: a deny list names the client.
-pub(crate) fn deny_listed(list: Listed) -> Response<Bytes> {
+/// `403 Forbidden`: the deny list named `list` names the client.
+pub(crate) fn deny_listed(list: &'static str) -> Response<Bytes> {
     problem(
         StatusCode::FORBIDDEN,
         "Client Denied",
         "this client is refused by the service's deny list",
-        &[("list", json!(list.name()))],
+        &[("list", json!(list))],
     )
 }
 

@@ -1306,7 +1306,7 @@ fn the_reference_lists_every_key_the_loader_takes() {
     }
     assert_eq!(
         keys_taken("[[policy]]\nname = \"p\"\nnot_a_key = 1\n").len(),
-        23
+        24
     );
     let inline = [
         ("`[redis]`", "tls", "[redis]\ntls = { not_a_key = 1 }\n"),
@@ -1320,6 +1320,11 @@ fn the_reference_lists_every_key_the_loader_takes() {
             "`[[policy]]` and `[default]`",
             "tiers",
             "[[policy]]\nname = \"p\"\nlimit = 1\nwindow = \"1s\"\ntiers = { t = { not_a_key = 1 } }\n",
+        ),
+        (
+            "`[[policy]]` and `[default]`",
+            "messages",
+            "[[policy]]\nname = \"p\"\nlimit = 1\nwindow = \"1s\"\nmessages = { not_a_key = 1 }\n",
         ),
     ];
     for (heading, key, probe) in inline {

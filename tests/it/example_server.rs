@@ -859,6 +859,46 @@ async fn the_websocket_echoes() {
     socket.close(None).await.unwrap();
 }
 
+/// The demo's `sockets` policy counts the messages of a client's sockets:
+/// 100 per 10 s are echoed, and the one past them closes its socket with
+/// 1008, unechoed.
+#[tokio::test]
+async fn a_websocket_past_its_message_rate_is_closed_with_1008() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+
+    let server = ExampleServer::start(&[], &[]);
+    let url = format!("ws://127.0.0.1:{}/ws/echo", server.port);
+    let (mut socket, _) = tokio_tungstenite::connect_async(url).await.unwrap();
+    let mut echoed = 0;
+    let closed = loop {
+        socket
+            .send(Message::text(format!("m{echoed}")))
+            .await
+            .unwrap();
+        let answer = loop {
+            let next = tokio::time::timeout(Duration::from_secs(60), socket.next())
+                .await
+                .expect("an answer within a minute")
+                .expect("the socket open")
+                .unwrap();
+            if !next.is_ping() {
+                break next;
+            }
+        };
+        match answer {
+            Message::Text(text) => {
+                assert_eq!(text.as_str(), format!("m{echoed}"));
+                echoed += 1;
+            }
+            Message::Close(frame) => break frame.map(|frame| u16::from(frame.code)),
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(echoed <= 100, "more than 100 messages echoed");
+    };
+    assert_eq!((echoed, closed), (100, Some(1008)));
+}
+
 /// The demo's `sockets` policy: a third WebSocket of a client is refused
 /// while two are open, and admitted once one of them closes.
 #[tokio::test]

@@ -31,6 +31,7 @@ mod identity;
 mod layout;
 mod log_chunks;
 mod malformed_calls;
+mod messages;
 mod namespaces;
 mod own_limits;
 mod package;

@@ -3,11 +3,12 @@
 //! its own), the reservations of policies settled after
 //! the response ([`reservations`], [`max_unsettled`]), reported through
 //! the [`Usage`](crate::Usage) handle ([`usage`]) and sent to the store
-//! ([`sending`]), and the leases an upgraded connection holds
-//! ([`connection`]).
+//! ([`sending`]), the leases an upgraded connection holds
+//! ([`connection`]) and the messages sent over it ([`messages`]).
 
 pub(crate) mod connection;
 pub(crate) mod max_unsettled;
+pub(crate) mod messages;
 pub(crate) mod owed;
 pub(crate) mod recorded;
 pub(crate) mod reservations;

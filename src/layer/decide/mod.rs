@@ -29,6 +29,7 @@ use http::request::Parts;
 use http::{Request, Response};
 
 use crate::key::{Identity, KeyRejection, confirmed};
+use crate::layer::after::messages;
 use crate::layer::changes;
 use crate::layer::decide::answered::cached_denial;
 use crate::layer::decide::outcome::{outcome, refused_locally};
@@ -95,6 +96,9 @@ pub(crate) fn decide(shared: &Arc<Shared>, parts: &mut Parts) -> Result<Next, Co
         Some(per) => per.skip_in(costs),
         None => costs,
     };
+    if identity.unconfirmed.is_none() {
+        messages::lend(shared, plan, &identity.key, per.as_ref(), parts);
+    }
     let timeout = shared.settings.lookup_timeout;
     if identity.unconfirmed.is_some() {
         let confirm = confirmed(identity, timeout);
@@ -221,6 +225,13 @@ impl Rest {
     /// The decision from a confirmed client on: its tier looked up if
     /// need be, then [`after_tier`](Self::after_tier).
     async fn after_identity(&self, parts: &mut Parts, identity: Identity) -> Next {
+        messages::lend(
+            &self.shared,
+            &self.plan,
+            &identity.key,
+            self.per.as_ref(),
+            parts,
+        );
         let identity = match tier_lookup(&self.shared, parts, &identity) {
             Some(lookup) => with_tier(identity, lookup.await),
             None => identity,

@@ -152,7 +152,7 @@ fn own_answer(rejection: &Rejection<'_>, format: HeaderFormat) -> Response<Bytes
             denied.window(),
         ),
         Rejection::StoreUnavailable(_) => problem::limiter_unavailable(),
-        Rejection::DenyListed(list) => problem::deny_listed(list),
+        Rejection::DenyListed(list) => problem::deny_listed(list.name()),
         Rejection::DelayFull { retry_after } => problem::delay_full(retry_after),
     }
 }
