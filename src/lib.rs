@@ -16,14 +16,18 @@
 //! 1. **Which policies.** [`Policies`] pick the plan of the route the
 //!    router matched and the method; each [`Policy`] gives a limit per
 //!    window, its [`Algorithm`](policy::Algorithm), its cost and its tiers'
-//!    overrides ([`policy`]). A request of a route no policy covers, or one
-//!    the layer's exemption says yes to, goes on untouched.
+//!    overrides ([`policy`]). A request of a route no policy covers goes
+//!    on untouched. A client a [deny list](layer::DenyList) names is
+//!    refused `403`; one the layer's exemption says yes to goes on
+//!    untouched.
 //! 2. **Who is asking.** The layer's [`KeyExtractor`] ([`PeerIp`], [`Header`],
 //!    `JwtClaim`, [`Global`], or a chain of them with [`KeyExtractor::or`])
 //!    turns the request head into the client's [`Key`](key::Key) and,
-//!    where a token or table says so, its tier ([`key`]). A
+//!    where a token or table says so, its tier ([`key`]); a policy
+//!    [counted per another key](Policy::per) reads its own. A
 //!    [`RequestCost`](policy::RequestCost) may price the request, and a
-//!    [limit lookup](limits) give the client a limit of its own.
+//!    [limit lookup](limits) or a [change at run time](layer::Changes)
+//!    give the client a limit of its own.
 //! 3. **The deny cache.** A client the store denied recently is answered
 //!    `429` from memory until its retry time ([`layer::DenyCache`]),
 //!    without asking the store.
@@ -42,7 +46,9 @@
 //!    response a policy does not count ([`Count`](policy::Count)), a cost
 //!    settled from what the handler reports ([`Usage`]), and a lease
 //!    released when a request or WebSocket ends
-//!    ([`ConnectionLease`](layer::ConnectionLease)).
+//!    ([`ConnectionLease`](layer::ConnectionLease)); the messages a
+//!    WebSocket carries are counted by its
+//!    [`MessageLimit`](layer::MessageLimit).
 //!
 //! # Modules
 //!
@@ -52,7 +58,7 @@
 //! | [`policy`] | limits, windows, algorithms, tiers, costs, fail modes, calendars |
 //! | [`key`] | who the client is: addresses, API keys, JWT claims, chains |
 //! | [`store`] | the [`Store`](store::Store) trait, the memory and Redis stores, the breaker |
-//! | [`layer`] | the middleware and what it keeps: deny cache, refused credentials, leases, live policy changes |
+//! | [`layer`] | the middleware and what it keeps: deny cache, refused credentials, leases, message limits, deny lists and changes at run time, live policy changes |
 //! | [`headers`] | the `X-RateLimit-*` and IETF `RateLimit` fields |
 //! | [`rejection`] | why the limiter answers itself, and its `429`, `401`, `422`, `503` |
 //! | [`limits`] | per-client limits: a lookup, or a static table |
@@ -115,6 +121,7 @@
 //! |---|---|---|
 //! | `slidegate_decisions_total` | counter | `policy`, `outcome`: `admitted`, `denied`, `deny_cache`, `shadow_denied`, `failed_open`, `failed_closed`, `exempt`, `local`, `delay_full` |
 //! | `slidegate_near_limit_total` | counter | `policy`: admitted with at most a fifth of the limit left |
+//! | `slidegate_deny_list_total` | counter | `list`: `ips`, `api_keys`, `subjects`: refused `403` by a deny list |
 //! | `slidegate_store_seconds` | histogram (a summary in metrics-exporter-prometheus unless buckets are set for it, as the example server sets them) | |
 //! | `slidegate_store_errors_total` | counter | `kind`: `timeout`, `backend`, `protocol`, `internal`, `circuit_open`, `unsupported`, `full` |
 //! | `slidegate_breaker_state` | gauge | 0 closed, 1 open, 2 probing |

@@ -27,7 +27,7 @@ use slidegate::deadpool_redis::redis::cluster_async::ClusterConnection;
 use slidegate::deadpool_redis::redis::{Client, Script};
 use slidegate::deadpool_redis::{Config, PoolConfig, Runtime, cluster};
 use slidegate::{
-    PeerIp, Policies, Policy, RateLimitLayer,
+    Global, PeerIp, Policies, Policy, RateLimitLayer,
     store::{MemoryStore, RedisPool, RedisStore},
 };
 
@@ -62,6 +62,11 @@ enum Variant {
     Governor,
     /// slidegate on Redis.
     Redis,
+    /// slidegate on Redis, the per-client policy beside one for every
+    /// client together (`Policy::per(Global)`), which never denies.
+    RedisGlobal,
+    /// slidegate on the in-memory store, per client and for everyone.
+    MemoryGlobal,
     /// slidegate on Redis, each instance taking slices of 100 units
     /// (`Policy::with_slice`).
     RedisSliced,
@@ -169,6 +174,16 @@ async fn app(args: &Args) -> Router {
     let (limit, window) = args.limit();
     let policies = || Policies::single(Policy::new("bench", limit, window)).unwrap();
     let denied = || Policies::single(Policy::new("denied", 1, Duration::from_secs(3600))).unwrap();
+    // A login's two limits: per client, and for everyone (one key every
+    // request touches), both sliding logs, as `per = "global"` writes it.
+    let with_everyone = || {
+        let everyone = Policy::new("everyone", NEVER, Duration::from_secs(1)).per(Global);
+        Policies::builder()
+            .with_every_route(Policy::new("bench", limit, window))
+            .with_every_route(everyone)
+            .build()
+            .unwrap()
+    };
     let batched_store = || redis_store(args, true);
     match args.variant {
         Variant::Bare => routes,
@@ -198,6 +213,16 @@ async fn app(args: &Args) -> Router {
             batched_store(),
             args.peer_ip(),
             policies(),
+        )),
+        Variant::RedisGlobal => routes.route_layer(RateLimitLayer::new(
+            batched_store(),
+            args.peer_ip(),
+            with_everyone(),
+        )),
+        Variant::MemoryGlobal => routes.route_layer(RateLimitLayer::new(
+            MemoryStore::new(),
+            args.peer_ip(),
+            with_everyone(),
         )),
         Variant::RedisSliced => routes.route_layer(RateLimitLayer::new(
             batched_store(),

@@ -10,7 +10,8 @@
 //!
 //! Variants: `bare` (axum alone), `noop-layer` (axum with a `route_layer`
 //! that does nothing, to tell axum's cost of a route layer from ours),
-//! `memory` (slidegate on `MemoryStore`), `no-headers` (the same without
+//! `memory` (slidegate on `MemoryStore`), `global` (the same policy beside
+//! one for every client together, `Policy::per(Global)`), `no-headers` (the same without
 //! rate-limit headers), `identity` (the same, handing the `Identity`
 //! extension to the handler), `denied` (every request from a denied
 //! client, answered by the deny cache), and the other kinds of limit at
@@ -22,7 +23,9 @@
 //! and, on a memory store that says it is remote (the layer's path for
 //! Redis, with its deny cache, but no network): `remote` (the policy of
 //! `memory`) and `sliced` (the same with slices of 100, answered in
-//! process).
+//! process). `message` is not a request: each turn is one WebSocket
+//! message of a client admitted by its `MessageLimit` (4,000 an hour per
+//! client), the handle the layer lends the request that opened the socket.
 //!
 //! Requests come from 256 client addresses in turn, each allowed 4,000 an
 //! hour: every request of a run (300,000 by default) is admitted, and the
@@ -31,21 +34,27 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::routing::get;
+use axum::{Extension, Router};
 use http::Request;
 use slidegate::{
-    PeerIp, Policies, Policy, RateLimitLayer,
+    Global, PeerIp, Policies, Policy, RateLimitLayer,
     headers::HeaderStyle,
-    layer::DenyCache,
+    layer::{DenyCache, MessageLimit},
+    policy::MessageRate,
     store::{Check, MemoryStore, Store, StoreFuture},
 };
 use tower::{Service, ServiceExt};
 
 /// Clients the requests come from, in turn.
 const CLIENTS: u32 = 256;
+
+thread_local! {
+    /// The message limits the `message` variant's requests are lent.
+    static LENT: std::cell::RefCell<Vec<MessageLimit>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 
 /// A memory store that says it is remote, so that the layer takes the path
 /// it takes for Redis.
@@ -114,14 +123,36 @@ fn app(variant: &str) -> Router {
             PeerIp::new(),
             kind(open_log().with_slice(100)),
         )),
+        "global" => routes.route_layer(layer(
+            Policies::builder()
+                .with_every_route(open_log())
+                .with_every_route(
+                    Policy::new("everyone", 1_000_000_000, Duration::from_secs(3600)).per(Global),
+                )
+                .build()
+                .expect("valid policies"),
+        )),
+        "message" => Router::new()
+            .route(
+                "/",
+                get(|Extension(limit): Extension<MessageLimit>| async move {
+                    LENT.with(|lent| lent.borrow_mut().push(limit));
+                    "socket"
+                }),
+            )
+            .route_layer(layer(kind(
+                Policy::new("bench", 4_000, Duration::from_secs(3600))
+                    .with_messages(MessageRate::new(4_000, Duration::from_secs(3600))),
+            ))),
         "calendar" => routes.route_layer(layer(kind(Policy::calendar(
             "bench",
             4_000,
             slidegate::policy::Calendar::new(slidegate::policy::Period::Month),
         )))),
         other => panic!(
-            "unknown variant `{other}`: bare, noop-layer, memory, no-headers, identity, denied, \
-             bucket, concurrency, blocking, delay, settled, calendar, remote or sliced"
+            "unknown variant `{other}`: bare, noop-layer, memory, global, no-headers, identity, \
+             denied, bucket, concurrency, blocking, delay, settled, calendar, remote, sliced or \
+             message"
         ),
     }
 }
@@ -141,6 +172,25 @@ async fn main() {
     let peers: Vec<SocketAddr> = (0..CLIENTS)
         .map(|n| SocketAddr::from(([10, 0, (n / 256) as u8, (n % 256) as u8], 5000)))
         .collect();
+    if variant == "message" {
+        // One socket per client: the request that opens it, then its
+        // messages in turn.
+        for peer in &peers {
+            let mut request = Request::get("/").body(Body::empty()).expect("a request");
+            request.extensions_mut().insert(ConnectInfo(*peer));
+            let ready = service.ready().await.expect("the router is always ready");
+            ready.call(request).await.expect("infallible");
+        }
+        let sockets = LENT.with(|lent| std::mem::take(&mut *lent.borrow_mut()));
+        let started = Instant::now();
+        for n in 0..requests {
+            let admitted = sockets[(n % CLIENTS) as usize].admit().await;
+            assert!(std::hint::black_box(admitted).is_ok(), "within the rate");
+        }
+        let per_message = started.elapsed().as_nanos() / u128::from(requests);
+        println!("{variant}: {per_message} ns/message");
+        return;
+    }
     let started = Instant::now();
     for n in 0..requests {
         let mut request = Request::get("/").body(Body::empty()).expect("a request");

@@ -493,10 +493,11 @@ impl Config {
         if let Some(max) = self.max_delayed {
             layer = layer.with_max_delayed(max);
         }
-        if !self.deny_list.is_empty() {
-            layer = layer.with_deny_list(self.deny_list.clone());
-        }
-        layer = layer.with_runtime_changes(RUNTIME_CHANGES_READ_EVERY);
+        // Even empty: clients denied at run time are found by its address
+        // resolver, behind the trusted proxies.
+        layer = layer
+            .with_deny_list(self.deny_list.clone())
+            .with_runtime_changes(RUNTIME_CHANGES_READ_EVERY);
         if let Some(namespace) = &self.namespace {
             layer = layer.with_namespace(namespace);
         }
@@ -512,16 +513,20 @@ impl Config {
 /// (see [`RateLimitLayer::with_runtime_changes`]).
 const RUNTIME_CHANGES_READ_EVERY: Duration = Duration::from_secs(1);
 
-/// `[deny]` as a [`DenyList`], its addresses behind `peer_ip`'s proxies
-/// and its API keys in `api_key_header`.
+/// `[deny]` as a [`DenyList`] (empty without it), its addresses behind
+/// `peer_ip`'s proxies and its API keys in `api_key_header`: the list that
+/// also finds the clients denied at run time.
 fn deny_list(
     raw: Option<RawDeny>,
     peer_ip: &PeerIp,
     api_key_header: &HeaderName,
     source: &str,
 ) -> Result<DenyList, ConfigError> {
+    let list = DenyList::new()
+        .with_peer_ip(peer_ip.clone())
+        .with_api_key_header(api_key_header.clone());
     let Some(raw) = raw else {
-        return Ok(DenyList::new());
+        return Ok(list);
     };
     if let Some(empty) = raw.api_keys.iter().find(|key| key.get_ref().is_empty()) {
         return Err(ConfigError::at(
@@ -546,9 +551,7 @@ fn deny_list(
         })?;
         subjects.push(key);
     }
-    Ok(DenyList::new()
-        .with_peer_ip(peer_ip.clone())
-        .with_api_key_header(api_key_header.clone())
+    Ok(list
         .with_networks(raw.ips.into_iter().map(|cidr| cidr.0))
         .with_api_keys(raw.api_keys.iter().map(|key| key.get_ref().as_bytes()))
         .with_keys(subjects))

@@ -55,9 +55,12 @@ impl Policy {
     /// request, in place of the client's: [`Global`](crate::Global) for
     /// one count shared by every client, [`PeerIp`](crate::PeerIp) for the
     /// address whoever the client is, a JWT claim for its organisation, a
-    /// header. The client (the layer's extractor) still chooses the tier,
-    /// and its own limits; the request is still decided all or nothing
-    /// across its policies: one that a policy denies counts in none.
+    /// header. The count is shared, so no client's tier or own limit
+    /// applies to it: it counts at the policy's base limits, or at the
+    /// limit set for its key at run time
+    /// ([`Changes::set_limit`](crate::layer::Changes::set_limit)). The
+    /// request is still decided all or nothing across its policies: one
+    /// that a policy denies counts in none.
     ///
     /// A request the extractor finds no key in meets
     /// [`with_per_missing`](Self::with_per_missing) (skip the policy, by

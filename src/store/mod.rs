@@ -198,9 +198,11 @@ pub trait Store: Send + Sync + 'static {
         StoreFuture::ready(Err(StoreError::Unsupported("set_entry")))
     }
 
-    /// Removes the entry `field` of the table `table`, if it is there.
-    fn remove_entry(&self, table: &str, field: &str) -> StoreFuture<()> {
-        let _ = (table, field);
+    /// Removes the entry `field` of the table `table`, if it is there and,
+    /// when `holding` is given, holds that value (an entry set again
+    /// meanwhile stays).
+    fn remove_entry(&self, table: &str, field: &str, holding: Option<&str>) -> StoreFuture<()> {
+        let _ = (table, field, holding);
         StoreFuture::ready(Err(StoreError::Unsupported("remove_entry")))
     }
 
@@ -278,8 +280,8 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         (**self).set_entry(table, field, value)
     }
 
-    fn remove_entry(&self, table: &str, field: &str) -> StoreFuture<()> {
-        (**self).remove_entry(table, field)
+    fn remove_entry(&self, table: &str, field: &str, holding: Option<&str>) -> StoreFuture<()> {
+        (**self).remove_entry(table, field, holding)
     }
 
     fn is_remote(&self) -> bool {

@@ -29,7 +29,10 @@ type Socket =
 
 /// Echoes each message the limit admits; closes the socket with the
 /// refusal's code at the first it refuses.
-async fn chat(upgrade: WebSocketUpgrade, limit: Option<Extension<MessageLimit>>) -> Response {
+async fn chat_handler(
+    upgrade: WebSocketUpgrade,
+    limit: Option<Extension<MessageLimit>>,
+) -> Response {
     let Extension(limit) = limit.expect("the layer lends a message limit");
     upgrade.on_upgrade(move |mut socket: WebSocket| async move {
         while let Some(Ok(message)) = socket.recv().await {
@@ -63,7 +66,9 @@ async fn server(store: Arc<dyn Store>, rate: MessageRate) -> SocketAddr {
         .build()
         .unwrap();
     let layer = RateLimitLayer::new(store, one_client, policies).with_deny_cache(None);
-    let app = Router::new().route("/chat", get(chat)).route_layer(layer);
+    let app = Router::new()
+        .route("/chat", get(chat_handler))
+        .route_layer(layer);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
@@ -202,4 +207,29 @@ async fn a_clients_messages_are_one_count_in_redis() {
         keys.contains("slidegate:chat:messages:{user:client}"),
         "{keys}"
     );
+}
+
+/// A message rate in shadow mode counts and never refuses.
+#[tokio::test]
+async fn a_message_rate_in_shadow_mode_never_closes_a_socket() {
+    let store: Arc<dyn Store> = Arc::new(slidegate::store::MemoryStore::new());
+    let one_client = |_: &http::request::Parts| Some(Key::new("client"));
+    let chat = Policy::new("chat", 100, MINUTE)
+        .with_messages(MessageRate::new(2, MINUTE).with_per_socket(1))
+        .with_shadow(true);
+    let policies = Policies::builder()
+        .with_route("GET /chat", chat)
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::new(store, one_client, policies);
+    let app = Router::new()
+        .route("/chat", get(chat_handler))
+        .route_layer(layer);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let mut socket = open(address).await;
+    for n in 0..5 {
+        assert_eq!(say(&mut socket, &format!("m{n}")).await, Ok(()));
+    }
 }

@@ -92,6 +92,61 @@ async fn a_login_is_limited_per_address_and_for_everyone(tested: StoreUnderTest)
 
 on_both_stores!(a_login_is_limited_per_address_and_for_everyone);
 
+/// A client's tier and own limit are its own: a count shared with every
+/// client keeps the policy's base limit, whatever the client's.
+async fn a_clients_own_limit_never_raises_a_shared_count(tested: StoreUnderTest) {
+    use slidegate::limits::Overrides;
+    use slidegate::policy::TierLimits;
+
+    let everyone = Policy::new("login_all", 3, MINUTE)
+        .per(Global)
+        .with_tier("pro", TierLimits::new().with_limit(1000));
+    let policies = Policies::builder()
+        .with_route("POST /login", Policy::new("login", 100, MINUTE))
+        .with_route("POST /login", everyone)
+        .build()
+        .unwrap();
+    let big = Key::parse("ip:192.0.2.1").unwrap();
+    let overrides = Overrides::new().with_limit(big, "login_all", 1000);
+    let pro = |parts: &http::request::Parts| {
+        let peer = parts.extensions.get::<ConnectInfo<SocketAddr>>()?.0.ip();
+        let mut identity = slidegate::key::Identity::from(Key::new(peer.to_string()));
+        identity.tier = Some("pro".into());
+        Some(identity)
+    };
+    let by_address = RateLimitLayer::new(tested.store.clone(), PeerIp::new(), policies.clone())
+        .with_limit_lookup(overrides);
+    let by_tier = RateLimitLayer::new(tested.store.clone(), ExtractedBy(pro), policies)
+        .with_namespace("tiered");
+    for (name, layer) in [("an own limit", by_address), ("a tier", by_tier)] {
+        let app = Router::new()
+            .route("/login", post(|| async { "ok" }))
+            .route_layer(layer);
+        let mut statuses = Vec::new();
+        for _ in 0..4 {
+            statuses.push(send(&app, login("192.0.2.1:1000")).await.status.as_u16());
+        }
+        assert_eq!(statuses, [200, 200, 200, 429], "{name}");
+    }
+}
+
+on_both_stores!(a_clients_own_limit_never_raises_a_shared_count);
+
+/// An extractor from a closure that names a tier too.
+struct ExtractedBy<F>(F);
+
+impl<F> slidegate::KeyExtractor for ExtractedBy<F>
+where
+    F: Fn(&http::request::Parts) -> Option<slidegate::key::Identity> + Send + Sync + 'static,
+{
+    fn extract(
+        &self,
+        parts: &http::request::Parts,
+    ) -> Result<Option<slidegate::key::Identity>, slidegate::key::KeyRejection> {
+        Ok((self.0)(parts))
+    }
+}
+
 /// What the store holds for `key` under a 3-a-minute `policy`: the
 /// requests it has left.
 async fn layer_peek(tested: &StoreUnderTest, policy: &str, key: &str) -> u32 {
@@ -172,10 +227,18 @@ async fn an_organisation_shares_one_pool_across_its_users(tested: StoreUnderTest
         StatusCode::UNAUTHORIZED
     );
     assert_eq!(
-        layer_peek(&tested, "per_org", "jwt:globex").await,
+        layer_peek(&tested, "per_org", "jwt.org:globex").await,
         2,
         "carol's alone"
     );
+    // An organisation's key is no subject's: a user named `globex` has a
+    // count of its own, and draws on acme's pool.
+    let named_globex = token(&claims("globex", Some("acme")));
+    assert_eq!(
+        send(&skipping, api(&named_globex)).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(layer_peek(&tested, "per_user", "jwt:globex").await, 3);
 }
 
 on_both_stores!(an_organisation_shares_one_pool_across_its_users);

@@ -227,6 +227,7 @@ impl JwtClaimBuilder {
                 key_claim,
                 tier_claim: self.tier_claim,
                 missing_claim_unkeyed: false,
+                label: "jwt".to_owned(),
             }),
         })
     }

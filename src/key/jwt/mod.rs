@@ -151,6 +151,9 @@ struct Inner {
     /// Whether a verified token without the key claim is no key
     /// (`Ok(None)`) rather than refused: see [`JwtClaim::per_claim`].
     missing_claim_unkeyed: bool,
+    /// The label of its keys: `jwt`, or `jwt.<claim>` for another claim
+    /// than the client's (see [`JwtClaim::per_claim`]).
+    label: String,
 }
 
 impl fmt::Debug for JwtClaim {
@@ -169,8 +172,9 @@ impl JwtClaim {
         JwtClaimBuilder::default()
     }
 
-    /// The same verification, keyed by the claim `claim` (`jwt:<value>`)
-    /// and naming no tier, for a policy counted per that claim
+    /// The same verification, keyed by the claim `claim` under a label of
+    /// its own (`jwt.org:acme` for `org`, so that no claim's value names a
+    /// subject's key) and naming no tier, for a policy counted per that claim
     /// ([`Policy::per`](crate::Policy::per)): an API's requests counted
     /// per organisation, say, across its users. A valid token without the
     /// claim is no key, so the policy's
@@ -196,6 +200,14 @@ impl JwtClaim {
         inner.key_claim = claim.into();
         inner.tier_claim = None;
         inner.missing_claim_unkeyed = true;
+        inner.label = if crate::policy::is_valid_name(&inner.key_claim) {
+            format!("jwt.{}", inner.key_claim)
+        } else {
+            format!(
+                "jwt.{}",
+                super::hex_of(&super::digest(inner.key_claim.as_bytes()))
+            )
+        };
         Self {
             inner: Arc::new(inner),
         }
@@ -346,7 +358,10 @@ impl JwtClaim {
                 }
             }
         });
-        let mut identity = Identity::new(Key::labelled("jwt", &sanitized(material.as_bytes())));
+        let mut identity = Identity::new(Key::labelled(
+            &self.inner.label,
+            &sanitized(material.as_bytes()),
+        ));
         identity.tier = tier;
         Ok(identity)
     }

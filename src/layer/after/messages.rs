@@ -13,7 +13,7 @@ use crate::layer::decide::per_keys::PerKeys;
 use crate::layer::settings::Shared;
 use crate::policy::FailMode;
 use crate::policy::plan::Plan;
-use crate::store::{Check, Checks, Store, StoreError};
+use crate::store::{Check, Checks, Decisions, Store, StoreError};
 
 /// Decides each message a client sends over the socket a request of a
 /// route with a [`MessageRate`](crate::policy::MessageRate) upgraded to:
@@ -56,9 +56,16 @@ impl std::fmt::Debug for MessageLimit {
 
 struct Messages {
     store: Arc<dyn Store>,
-    /// One per policy of the request with a message rate: the client's
-    /// count of messages.
+    /// One per enforced policy of the request with a message rate: the
+    /// client's count of messages.
     checks: Checks,
+    /// The same of the policies in shadow mode (or all, in a layer in
+    /// shadow mode): counted once the enforced ones admit the message,
+    /// never refusing it.
+    shadow: Checks,
+    /// Where the checks of policies that fall back to a local limit are
+    /// decided while the store fails, each at its share of the limit.
+    local: Option<(Arc<dyn Store>, Checks)>,
     /// Per such policy with a bound per socket: the bound, its window,
     /// and when this socket's messages in it were sent.
     sockets: Mutex<SmallVec<[SocketWindow; 1]>>,
@@ -150,39 +157,97 @@ impl MessageLimit {
             unavailable: false,
         };
         let now = Instant::now();
-        {
-            let mut sockets = inner.sockets.lock().unwrap_or_else(PoisonError::into_inner);
-            for socket in sockets.iter_mut() {
-                if !socket.fits(now) {
-                    return Err(refused(Some(socket.retry_after(now))));
-                }
-            }
+        // Taken in the socket's windows before the store is asked, so that
+        // messages decided at once on one socket never share a place.
+        if let Some(retry_after) = inner.take_socket_places(now) {
+            return Err(refused(Some(retry_after)));
         }
-        let decided = match inner.store.check(&inner.checks).into_ready() {
-            Ok(decided) => decided,
-            Err(later) => later.await,
+        let decided = if inner.checks.is_empty() {
+            Ok(Decisions::new())
+        } else {
+            match inner.store.check(&inner.checks).into_ready() {
+                Ok(decided) => decided,
+                Err(later) => later.await,
+            }
         };
-        match decided {
-            Ok(decisions) if decisions.iter().all(|decision| decision.admitted()) => {}
-            Ok(decisions) => {
-                let retry_after = decisions.iter().filter_map(|d| d.retry_after()).max();
-                return Err(refused(retry_after));
-            }
-            Err(error) => return inner.failed(&error),
+        let outcome = match decided {
+            Ok(decisions) if decisions.iter().all(|decision| decision.admitted()) => Ok(()),
+            Ok(decisions) => Err(refused(
+                decisions.iter().filter_map(|d| d.retry_after()).max(),
+            )),
+            Err(error) => inner.failed(&error).await,
+        };
+        match outcome {
+            Ok(()) if !inner.shadow.is_empty() => inner.count_shadow().await,
+            Ok(()) => {}
+            Err(_) => inner.give_socket_places_back(now),
         }
-        let mut sockets = inner.sockets.lock().unwrap_or_else(PoisonError::into_inner);
-        for socket in sockets.iter_mut() {
-            socket.sent.push_back(now);
-        }
-        Ok(())
+        outcome
     }
 }
 
 impl Messages {
-    /// A message the store could not count: refused when a policy fails
-    /// closed, passed otherwise.
-    fn failed(&self, error: &StoreError) -> Result<(), MessageRefused> {
+    /// Takes a place for a message sent at `now` in each of the socket's
+    /// windows; when one is full, takes none and says when it frees.
+    fn take_socket_places(&self, now: Instant) -> Option<Duration> {
+        let mut sockets = self.sockets.lock().unwrap_or_else(PoisonError::into_inner);
+        for socket in sockets.iter_mut() {
+            if !socket.fits(now) {
+                return Some(socket.retry_after(now));
+            }
+        }
+        for socket in sockets.iter_mut() {
+            socket.sent.push_back(now);
+        }
+        None
+    }
+
+    /// Gives back the places taken at `now` for a message refused.
+    fn give_socket_places_back(&self, now: Instant) {
+        let mut sockets = self.sockets.lock().unwrap_or_else(PoisonError::into_inner);
+        for socket in sockets.iter_mut() {
+            if let Some(place) = socket.sent.iter().rposition(|&sent| sent == now) {
+                socket.sent.remove(place);
+            }
+        }
+    }
+
+    /// Counts an admitted message under the shadow policies, which never
+    /// refuse it.
+    async fn count_shadow(&self) {
+        let counted = match self.store.check(&self.shadow).into_ready() {
+            Ok(counted) => counted,
+            Err(later) => later.await,
+        };
+        match counted {
+            Ok(decisions) if decisions.iter().any(|decision| !decision.admitted()) => {
+                tracing::debug!("a shadow message rate would have refused a message");
+            }
+            Ok(_) => {}
+            Err(error) => tracing::debug!(%error, "shadow message rates undecided"),
+        }
+    }
+
+    /// A message the store could not count: decided by the local limits
+    /// of policies that fall back to them, else refused when a policy
+    /// fails closed, and passed otherwise.
+    async fn failed(&self, error: &StoreError) -> Result<(), MessageRefused> {
         tracing::debug!(%error, "a message could not be counted");
+        if let Some((local, checks)) = &self.local {
+            let decided = match local.check(checks).into_ready() {
+                Ok(decided) => decided,
+                Err(later) => later.await,
+            };
+            if let Ok(decisions) = decided
+                && !decisions.iter().all(|decision| decision.admitted())
+            {
+                return Err(MessageRefused {
+                    retry_after: decisions.iter().filter_map(|d| d.retry_after()).max(),
+                    close_code: self.close_code,
+                    unavailable: false,
+                });
+            }
+        }
         if self.fail_closed {
             return Err(MessageRefused {
                 retry_after: Some(Duration::from_secs(1)),
@@ -207,7 +272,8 @@ pub(crate) fn lend(
     if !plan.counts_messages() {
         return;
     }
-    let mut checks = Checks::new();
+    let settings = shared.settings;
+    let (mut checks, mut shadow, mut local) = (Checks::new(), Checks::new(), Checks::new());
     let mut sockets = SmallVec::new();
     let (mut fail_closed, mut close_code) = (false, None);
     for (index, policy) in plan.policies.iter().enumerate() {
@@ -218,14 +284,23 @@ pub(crate) fn lend(
             continue;
         };
         let key = per.and_then(|per| per.key(index)).unwrap_or(key);
-        let limits = (terms.limits.limit, terms.limits.burst);
-        checks.push(Check::of_terms(
-            terms,
-            key,
-            shared.namespace.as_ref(),
-            limits,
-            1,
-        ));
+        let namespace = shared.namespace.as_ref();
+        let (limit, burst) = (terms.limits.limit, terms.limits.burst);
+        let check = Check::of_terms(terms, key, namespace, (limit, burst), 1);
+        if settings.shadow || policy.is_shadow() {
+            shadow.push(check);
+            continue;
+        }
+        match policy.fail_mode().unwrap_or(settings.fail_mode) {
+            FailMode::Closed => fail_closed = true,
+            FailMode::Local => {
+                let share = |units: u32| (units / settings.local_share.max(1)).max(1);
+                let at_share = (share(limit), share(burst));
+                local.push(Check::of_terms(terms, key, namespace, at_share, 1));
+            }
+            FailMode::Open => {}
+        }
+        checks.push(check);
         if let Some(limit) = rate.per_socket() {
             sockets.push(SocketWindow {
                 limit,
@@ -233,16 +308,16 @@ pub(crate) fn lend(
                 sent: VecDeque::new(),
             });
         }
-        let fail_mode = policy.fail_mode().unwrap_or(shared.settings.fail_mode);
-        fail_closed |= fail_mode == FailMode::Closed;
         close_code.get_or_insert(rate.close_code());
     }
-    if checks.is_empty() {
+    if checks.is_empty() && shadow.is_empty() {
         return;
     }
     parts.extensions.insert(MessageLimit(Arc::new(Messages {
         store: shared.store().clone(),
         checks,
+        shadow,
+        local: (!local.is_empty()).then(|| (shared.local.store().clone(), local)),
         sockets: Mutex::new(sockets),
         fail_closed,
         close_code: close_code.unwrap_or(crate::policy::POLICY_VIOLATION),

@@ -11,6 +11,13 @@ use ipnet::IpNet;
 use crate::key::{Key, PeerIp, digest};
 use crate::rejection::Listed;
 
+/// The network an `ip:` key names with a prefix (`ip:203.0.113.0/24`,
+/// and an IPv6 client's group, `ip:2001:db8::/64`).
+pub(super) fn network_of(key: &Key) -> Option<IpNet> {
+    let text = key.as_str().strip_prefix("ip:")?;
+    text.contains('/').then(|| text.parse().ok()).flatten()
+}
+
 /// Clients the layer refuses with `403 Forbidden` before any limit is
 /// counted, on the routes it limits: addresses and networks, API keys,
 /// and keys in their label form (a token's subject, `jwt:mallory`).
@@ -88,10 +95,18 @@ impl DenyList {
     }
 
     /// Refuses clients the layer identifies by one of `keys` (in label
-    /// form: `jwt:mallory`, `ip:198.51.100.7`).
+    /// form: `jwt:mallory`, `ip:198.51.100.7`); an `ip:` key that names a
+    /// network (`ip:203.0.113.0/24`) refuses every address in it.
     #[must_use]
     pub fn with_keys(mut self, keys: impl IntoIterator<Item = Key>) -> Self {
-        self.keys.extend(keys);
+        for key in keys {
+            match network_of(&key) {
+                Some(network) => self.networks.push(network),
+                None => {
+                    self.keys.insert(key);
+                }
+            }
+        }
         self
     }
 
@@ -137,6 +152,11 @@ impl DenyList {
             return Some(Listed::ApiKey);
         }
         None
+    }
+
+    /// Whether the list names keys (beside networks and API keys).
+    pub(crate) fn names_keys(&self) -> bool {
+        !self.keys.is_empty()
     }
 
     /// Whether the list names `key`.

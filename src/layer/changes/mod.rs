@@ -47,8 +47,7 @@ pub(crate) struct ChangeState {
     /// Whether anything can refuse or change a request: a deny list, a
     /// change in the copy, or the store's changes read.
     active: AtomicBool,
-    /// When the copy is next read from the store, in ms from `started`;
-    /// `u64::MAX` while a read is under way or none is to be made.
+    /// When the copy is next read from the store, in ms from `started`.
     next_read: AtomicU64,
     started: Instant,
     /// Whether a read is under way.
@@ -129,19 +128,30 @@ pub(crate) fn read_if_due(shared: &Shared) {
     }
     state.active.store(true, Ordering::Relaxed);
     let (store, tables) = (shared.store().clone(), Tables::of(shared));
-    let state = Arc::clone(state);
+    let reading = Reading(Arc::clone(state), every);
     let read = async move {
-        if let Err(error) = read(&*store, &tables, &state).await
+        let state = &reading.0;
+        if let Err(error) = read(&*store, &tables, state).await
             && let Some(held_back) = RUNTIME_CHANGES_UNREAD.admit()
         {
             tracing::warn!(%error, held_back, "the store's deny list and limits could not be read; the last copy stands");
         }
-        let next = state.elapsed_ms().saturating_add(duration_ms(every));
-        state.next_read.store(next, Ordering::Relaxed);
-        state.reading.store(false, Ordering::Release);
     };
     if spawn_on(None, read).is_err() {
         shared.changes.reading.store(false, Ordering::Release);
+    }
+}
+
+/// A read under way: when it ends, however (a panic included), the next is
+/// due a period later.
+struct Reading(Arc<ChangeState>, Duration);
+
+impl Drop for Reading {
+    fn drop(&mut self) {
+        let state = &self.0;
+        let next = state.elapsed_ms().saturating_add(duration_ms(self.1));
+        state.next_read.store(next, Ordering::Relaxed);
+        state.reading.store(false, Ordering::Release);
     }
 }
 
@@ -164,22 +174,27 @@ impl Tables {
     }
 }
 
-/// Reads the store's changes into `state`'s copy; the entries of denials
-/// that have ended are removed from the store on the way.
+/// Reads the store's changes into `state`'s copy, unless this instance
+/// changed its copy meanwhile (the read may have missed that change: the
+/// next one reads it); the entries of denials that ended a while ago are
+/// removed from the store on the way, each only while it still holds what
+/// was read (a denial set again meanwhile stays).
 async fn read(store: &dyn Store, tables: &Tables, state: &ChangeState) -> Result<(), StoreError> {
+    let before = state.snapshot.load_full();
     let denied = store.entries(&tables.deny).await?;
     let limits = store.entries(&tables.limits).await?;
     let (snapshot, ended) = Snapshot::read(&denied, &limits, unix_ms());
-    state.snapshot.store(Arc::new(snapshot));
-    for field in ended {
+    state.snapshot.compare_and_swap(&before, Arc::new(snapshot));
+    for (field, until) in ended {
         // Another instance may remove it first: either is the same.
-        let _ = store.remove_entry(&tables.deny, &field).await;
+        let _ = store.remove_entry(&tables.deny, &field, Some(&until)).await;
     }
     Ok(())
 }
 
 /// Which list refuses the request before its client is identified: its
-/// address (a network, or an address denied at run time) or its API key.
+/// address (a network, or an address listed by its key, in the static
+/// list or at run time) or its API key.
 pub(crate) fn refused_before_identity(shared: &Shared, parts: &Parts) -> Option<Listed> {
     let state = &shared.changes;
     if state.idle() {
@@ -187,25 +202,25 @@ pub(crate) fn refused_before_identity(shared: &Shared, parts: &Parts) -> Option<
     }
     let list = state.deny_list.load();
     let snapshot = state.snapshot.load();
+    if list.is_empty() && snapshot.denies_nothing() {
+        return None;
+    }
     let client = list.client(parts);
     if let Some(listed) = list.refuses(parts, client) {
         return Some(listed);
     }
-    if snapshot.denies_nothing() {
+    if !list.names_keys() && snapshot.denies_nothing() {
         return None;
     }
     let now = unix_ms();
-    if let Some(ip) = client
-        && (snapshot.denies_address(ip, now)
-            || list
-                .address_keys(ip)
-                .iter()
-                .any(|key| snapshot.denies(key, now)))
-    {
-        return Some(Listed::Address);
+    if let Some(ip) = client {
+        let listed = |key: &Key| list.names(key) || snapshot.denies(key, now);
+        if snapshot.denies_address(ip, now) || list.address_keys(ip).iter().any(listed) {
+            return Some(Listed::Address);
+        }
     }
     list.api_key(parts)
-        .filter(|key| snapshot.denies(key, now))
+        .filter(|key| list.names(key) || snapshot.denies(key, now))
         .map(|_| Listed::ApiKey)
 }
 
@@ -341,7 +356,7 @@ impl Changes {
     /// The store's, when it could not remove the entry.
     pub async fn remove_denial(&self, key: &Key) -> Result<(), StoreError> {
         let deny = table(&self.shared, DENY_TABLE);
-        self.store().remove_entry(&deny, key.as_str()).await?;
+        self.store().remove_entry(&deny, key.as_str(), None).await?;
         self.update(|snapshot| snapshot.remove_denial(key));
         Ok(())
     }
@@ -389,7 +404,7 @@ impl Changes {
         self.shared.policy_named(policy)?;
         let limits = table(&self.shared, LIMITS_TABLE);
         let field = format!("{policy}:{}", key.as_str());
-        self.store().remove_entry(&limits, &field).await?;
+        self.store().remove_entry(&limits, &field, None).await?;
         self.update(|snapshot| snapshot.clear_limit(policy, key));
         Ok(())
     }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use ipnet::IpNet;
 use smallvec::SmallVec;
 
+use super::deny_list::network_of;
 use crate::key::Key;
 
 /// One client's own limits, by policy name.
@@ -24,6 +25,11 @@ pub(super) struct Snapshot {
     limits: HashMap<Key, OwnLimits>,
 }
 
+/// How long past its end a denial's entry stays in the store: an instance
+/// whose clock runs ahead by less never removes a denial early for the
+/// others.
+const KEPT_PAST_ITS_END_MS: u64 = 60_000;
+
 /// Whether an entry that ends at `until` (0: never) stands at `now`.
 fn stands(until: u64, now: u64) -> bool {
     until == 0 || until > now
@@ -31,13 +37,14 @@ fn stands(until: u64, now: u64) -> bool {
 
 impl Snapshot {
     /// The copy of the store's `denied` and `limits` tables at `now`
-    /// (Unix ms), with the fields of denials that have ended. Entries no
-    /// layer could have written are passed over.
+    /// (Unix ms), with the entries (field and value) of denials that ended
+    /// over a minute ago. Entries no layer could have written are passed
+    /// over.
     pub(super) fn read(
         denied: &[(String, String)],
         limits: &[(String, String)],
         now: u64,
-    ) -> (Self, Vec<String>) {
+    ) -> (Self, Vec<(String, String)>) {
         let mut snapshot = Self::default();
         let mut ended = Vec::new();
         for (field, until) in denied {
@@ -46,8 +53,8 @@ impl Snapshot {
             };
             if stands(until, now) {
                 snapshot.deny(&key, until);
-            } else {
-                ended.push(field.clone());
+            } else if until.saturating_add(KEPT_PAST_ITS_END_MS) <= now {
+                ended.push((field.clone(), until.to_string()));
             }
         }
         for (field, limit) in limits {
@@ -131,13 +138,6 @@ impl Snapshot {
     }
 }
 
-/// The network an `ip:` key names with a prefix (`ip:203.0.113.0/24`);
-/// an IPv6 client's group is such a key too, and is matched as a network.
-fn network_of(key: &Key) -> Option<IpNet> {
-    let text = key.as_str().strip_prefix("ip:")?;
-    text.contains('/').then(|| text.parse().ok()).flatten()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -149,16 +149,23 @@ mod tests {
             ("ip:198.51.100.7".to_owned(), "2000".to_owned()),
             ("ip:203.0.113.0/24".to_owned(), "0".to_owned()),
             ("jwt:gone".to_owned(), "500".to_owned()),
+            ("jwt:just-gone".to_owned(), "900".to_owned()),
             ("{bad}".to_owned(), "0".to_owned()),
         ];
         let limits = [
             ("search:jwt:alice".to_owned(), "50".to_owned()),
             ("nonsense".to_owned(), "1".to_owned()),
         ];
-        let (snapshot, ended) = Snapshot::read(&denied, &limits, 1000);
-        assert_eq!(ended, ["jwt:gone"]);
+        let (snapshot, ended) = Snapshot::read(&denied, &limits, 60_600);
+        assert_eq!(
+            ended,
+            [("jwt:gone".to_owned(), "500".to_owned())],
+            "a minute past its end"
+        );
+        assert!(!snapshot.denies(&Key::parse("jwt:just-gone").unwrap(), 60_600));
         let key = |text| Key::parse(text).unwrap();
         assert!(snapshot.denies(&key("jwt:mallory"), u64::MAX - 1));
+        let (snapshot, _) = Snapshot::read(&denied, &limits, 1000);
         assert!(snapshot.denies(&key("ip:198.51.100.7"), 1999));
         assert!(!snapshot.denies(&key("ip:198.51.100.7"), 2000));
         assert!(snapshot.denies_address("203.0.113.9".parse().unwrap(), 1000));

@@ -225,6 +225,11 @@ impl Rest {
     /// The decision from a confirmed client on: its tier looked up if
     /// need be, then [`after_tier`](Self::after_tier).
     async fn after_identity(&self, parts: &mut Parts, identity: Identity) -> Next {
+        // The client may be another than the one first found: an API key
+        // the lookup does not know leaves it to the next extractor.
+        if let Some(list) = changes::refused_as(&self.shared, &identity.key) {
+            return Next::Answer(deny_listed(&self.shared, parts, list));
+        }
         messages::lend(
             &self.shared,
             &self.plan,
@@ -387,9 +392,12 @@ fn send(
     let settings = shared.settings;
     let per = asked.per;
     let counted = |index| per.and_then(|per| per.key(index)).unwrap_or(&identity.key);
-    let set = changes::with_limits_set(shared, plan, asked.own, counted);
+    // The client's own limits are not those of a key shared with others.
+    let clients = per.zip(asked.own).map(|(per, own)| per.clients_only(own));
+    let own = clients.as_ref().or(asked.own);
+    let set = changes::with_limits_set(shared, plan, own, counted);
     let asked = Asked {
-        own: set.as_ref().or(asked.own),
+        own: set.as_ref().or(own),
         ..asked
     };
     let priced = match Priced::of(plan, tier, asked, settings.shadow, settings.fail_mode) {

@@ -6,6 +6,7 @@ use http::request::Parts;
 use smallvec::SmallVec;
 
 use crate::key::{Key, KeyRejection};
+use crate::limits::Found;
 use crate::policy::PerMissing;
 use crate::policy::cost::{Cost, Costs};
 use crate::policy::plan::Plan;
@@ -55,6 +56,15 @@ impl PerKeys {
     /// The key the policy at `index` counts under, when not the client's.
     pub(crate) fn key(&self, index: usize) -> Option<&Key> {
         self.keys.get(index).and_then(Option::as_ref)
+    }
+
+    /// `own`, the client's own limits, without those of the policies
+    /// that count under another key.
+    pub(crate) fn clients_only(&self, own: &Found) -> Found {
+        own.iter()
+            .zip(&self.keys)
+            .map(|(&limit, key)| if key.is_some() { None } else { limit })
+            .collect()
     }
 
     /// `costs` (the policies' own when `None`), with every policy that

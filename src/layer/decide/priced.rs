@@ -32,8 +32,8 @@ pub(crate) struct Priced<'a> {
 
 /// What the request asks of each policy of its plan, one entry per
 /// policy where known: its cost (none where the policy's own), the key it
-/// counts under (none where the client's), the client's own limit (none
-/// where its tier's).
+/// counts under (none where the client's), the own limit of that key
+/// (none where its tier's).
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Asked<'a> {
     pub(crate) costs: Option<&'a Costs>,
@@ -63,7 +63,15 @@ impl<'a> Priced<'a> {
             fail_closed: false,
             has_modes: plan.needs_modes(shadow, default),
         };
+        let base = plan.tier(None);
         for (index, terms) in plan.tier(tier).terms.iter().enumerate() {
+            // A count shared by many clients is not the client's: its
+            // tier's limits are the base ones (its own limit, a limit set
+            // for the key it counts under).
+            let (terms, tier) = match per.and_then(|per| per.key(index)) {
+                Some(_) => (&base.terms[index], None),
+                None => (terms, tier),
+            };
             let (mut limit, mut burst) = (terms.limits.limit, terms.limits.burst);
             if let Some(own) = own.and_then(|own| own[index]) {
                 let limits = plan.policies[index].limits_with(tier, Some(own));

@@ -489,8 +489,11 @@ impl Store for MemoryStore {
         StoreFuture::ready(Ok(()))
     }
 
-    fn remove_entry(&self, table: &str, field: &str) -> StoreFuture<()> {
-        if let Some(entries) = tables_of(&self.inner).get_mut(table) {
+    fn remove_entry(&self, table: &str, field: &str, holding: Option<&str>) -> StoreFuture<()> {
+        if let Some(entries) = tables_of(&self.inner).get_mut(table)
+            && holding
+                .is_none_or(|holding| entries.get(field).is_some_and(|value| value == holding))
+        {
             entries.remove(field);
         }
         StoreFuture::ready(Ok(()))

@@ -719,14 +719,14 @@ impl Store for RedisStore {
         self.hash_set(table, field, value)
     }
 
-    fn remove_entry(&self, table: &str, field: &str) -> StoreFuture<()> {
-        self.hash_remove(table, field)
+    fn remove_entry(&self, table: &str, field: &str, holding: Option<&str>) -> StoreFuture<()> {
+        self.hash_remove(table, field, holding)
     }
 
     fn check(&self, checks: &[Check]) -> StoreFuture {
         if let Some(groups) = self.by_slot(checks) {
             let checks = checks.iter().cloned().collect();
-            return StoreFuture::new(slots::check(self.clone(), checks, groups));
+            return slots::check_apart(self.clone(), checks, groups, self.inner.timeout);
         }
         self.ask(checks, Op::Check, |inner, call, deadline| async move {
             inner.check(call, deadline).await

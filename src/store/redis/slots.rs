@@ -7,9 +7,14 @@
 //!
 //! No limit is ever passed: each slot's call is all or nothing on its
 //! own, and a grant is in its count before the next slot is asked. The
-//! price is a brief over-denial: between a grant and its give-back,
-//! another request of that count may be denied for units this one then
-//! returns. The other operations (peek, refund, settle, renew, reset)
+//! slots are asked on a task of their own, so that a request dropped
+//! between two of them still has its grants given back; the request waits
+//! at most the store's timeout, as for one call, while the task runs on
+//! (each slot's call bounded by the timeout too). The price is a brief
+//! over-denial: between a grant and its give-back, another request of that
+//! count may be denied for units this one then returns; and a give-back
+//! that fails (Redis gone between two slots) leaves its units to leave
+//! with their window, as a refund that fails does. The other operations (peek, refund, settle, renew, reset)
 //! stand per check, so each slot's part is sent on its own, one after
 //! another.
 
@@ -19,7 +24,7 @@ use deadpool_redis::redis::cluster_routing::Slot;
 use smallvec::SmallVec;
 
 use super::RedisStore;
-use crate::store::{Check, Checks, Decision, Decisions, Store, StoreError};
+use crate::store::{Check, Checks, Decision, Decisions, Store, StoreError, StoreFuture};
 
 /// The indices of a request's checks, by slot, in the order each slot
 /// first appears among the checks.
@@ -62,14 +67,36 @@ fn part(checks: &[Check], group: &[usize]) -> Checks {
         .collect()
 }
 
-/// Decides `checks` slot by slot (see the module): their decisions, in
-/// the checks' order. On a denial, the slots not yet asked are peeked, so
-/// that every check has its decision, and nothing they hold is taken.
-pub(super) async fn check(
+/// Decides `checks` slot by slot (see [`check`]) on a task of its own, so
+/// that what earlier slots grant is given back whatever becomes of the
+/// request (dropped between two slots, say); the answer within `timeout`,
+/// as one call's, while the task runs to its end.
+pub(super) fn check_apart(
     store: RedisStore,
     checks: Checks,
     groups: BySlot,
-) -> Result<Decisions, StoreError> {
+    timeout: Duration,
+) -> StoreFuture {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        let none = StoreError::Internal("no Tokio runtime to ask the slots on".to_owned());
+        return StoreFuture::ready(Err(none));
+    };
+    let decided = runtime.spawn(check(store, checks, groups));
+    StoreFuture::new(async move {
+        match tokio::time::timeout(timeout, decided).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(failed)) => Err(StoreError::Internal(format!(
+                "the check across slots ended without an answer: {failed}"
+            ))),
+            Err(_) => Err(StoreError::Timeout(timeout)),
+        }
+    })
+}
+
+/// Decides `checks` slot by slot (see the module): their decisions, in
+/// the checks' order. On a denial, the slots not yet asked are peeked, so
+/// that every check has its decision, and nothing they hold is taken.
+async fn check(store: RedisStore, checks: Checks, groups: BySlot) -> Result<Decisions, StoreError> {
     let mut decided: SmallVec<[Option<Decision>; 4]> = SmallVec::from_elem(None, checks.len());
     let mut granted: SmallVec<[usize; 4]> = SmallVec::new();
     for (asked, group) in groups.iter().enumerate() {
@@ -146,7 +173,8 @@ async fn give_back(
 
 /// Runs `op` on each slot's part of `checks` (and of `values`, one per
 /// check), one part after another: per part, the indices of its checks
-/// and its answer. The first error ends the run.
+/// and its answer. Every part is sent, whatever became of the others; the
+/// first error is the answer then.
 pub(super) async fn each<V: Clone, T, F>(
     checks: &[Check],
     values: &[V],
@@ -157,12 +185,21 @@ where
     F: Future<Output = Result<T, StoreError>>,
 {
     let mut answers = Vec::with_capacity(groups.len());
+    let mut failed = None;
     for group in groups {
         let part: Checks = group.iter().map(|&index| checks[index].clone()).collect();
         let values: Vec<V> = group.iter().map(|&index| values[index].clone()).collect();
-        answers.push((group.clone(), op(&part, &values).await?));
+        match op(&part, &values).await {
+            Ok(answer) => answers.push((group.clone(), answer)),
+            Err(error) => {
+                failed.get_or_insert(error);
+            }
+        }
     }
-    Ok(answers)
+    match failed {
+        Some(error) => Err(error),
+        None => Ok(answers),
+    }
 }
 
 /// The parts' answers of [`each`], one per check, back in the checks'

@@ -11,6 +11,10 @@ use super::run::{Failed, call_ended, ticket};
 use super::{Connections, RedisStore};
 use crate::store::StoreFuture;
 
+/// Removes a hash's field only while it holds the value given.
+const REMOVE_IF_HOLDING: &str = "if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then \
+     redis.call('HDEL', KEYS[1], ARGV[1]) end return 0";
+
 impl RedisStore {
     /// The hash that holds `table`.
     fn table_key(&self, table: &str) -> String {
@@ -32,10 +36,27 @@ impl RedisStore {
         self.command::<()>(command)
     }
 
-    /// `HDEL` of `field` in `table`.
-    pub(super) fn hash_remove(&self, table: &str, field: &str) -> StoreFuture<()> {
-        let mut command = cmd("HDEL");
-        command.arg(self.table_key(table)).arg(field);
+    /// `HDEL` of `field` in `table`; when `holding` is given, only while
+    /// the field holds it (checked and removed in one script).
+    pub(super) fn hash_remove(
+        &self,
+        table: &str,
+        field: &str,
+        holding: Option<&str>,
+    ) -> StoreFuture<()> {
+        let key = self.table_key(table);
+        let Some(holding) = holding else {
+            let mut command = cmd("HDEL");
+            command.arg(key).arg(field);
+            return self.command::<()>(command);
+        };
+        let mut command = cmd("EVAL");
+        command
+            .arg(REMOVE_IF_HOLDING)
+            .arg(1)
+            .arg(key)
+            .arg(field)
+            .arg(holding);
         self.command::<()>(command)
     }
 

@@ -212,8 +212,8 @@ impl Store for Sliced {
         self.table.store.set_entry(table, field, value)
     }
 
-    fn remove_entry(&self, table: &str, field: &str) -> StoreFuture<()> {
-        self.table.store.remove_entry(table, field)
+    fn remove_entry(&self, table: &str, field: &str, holding: Option<&str>) -> StoreFuture<()> {
+        self.table.store.remove_entry(table, field, holding)
     }
 
     fn is_remote(&self) -> bool {
