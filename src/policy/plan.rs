@@ -101,12 +101,14 @@ impl Plan {
 
     /// Whether a policy limits the messages of upgraded connections
     /// ([`Policy::with_messages`]).
+    #[inline]
     pub(crate) fn counts_messages(&self) -> bool {
         self.messages
     }
 
     /// Whether a policy counts under a key of its own ([`Policy::per`]),
     /// so the request's keys are read beside its client's.
+    #[inline]
     pub(crate) fn counts_per(&self) -> bool {
         self.per
     }

@@ -262,6 +262,7 @@ impl Messages {
 /// Puts a [`MessageLimit`] in `parts`' extensions when a policy of `plan`
 /// limits messages: for the client `key`, or the key a policy counts
 /// under (`per`).
+#[inline]
 pub(crate) fn lend(
     shared: &Shared,
     plan: &Plan,
@@ -269,9 +270,12 @@ pub(crate) fn lend(
     per: Option<&PerKeys>,
     parts: &mut Parts,
 ) {
-    if !plan.counts_messages() {
-        return;
+    if plan.counts_messages() {
+        lend_to(shared, plan, key, per, parts);
     }
+}
+
+fn lend_to(shared: &Shared, plan: &Plan, key: &Key, per: Option<&PerKeys>, parts: &mut Parts) {
     let settings = shared.settings;
     let (mut checks, mut shadow, mut local) = (Checks::new(), Checks::new(), Checks::new());
     let mut sockets = SmallVec::new();

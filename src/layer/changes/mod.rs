@@ -88,6 +88,7 @@ impl ChangeState {
     }
 
     /// Whether no request can be refused or changed by a change.
+    #[inline]
     fn idle(&self) -> bool {
         !self.active.load(Ordering::Relaxed)
     }
@@ -116,10 +117,14 @@ fn unix_ms() -> u64 {
 
 /// Starts a read of the store's changes when one is due (at most one at a
 /// time, on a task of its own): never a store call on the request's path.
+#[inline]
 pub(crate) fn read_if_due(shared: &Shared) {
-    let Some(every) = shared.settings.runtime_changes else {
-        return;
-    };
+    if let Some(every) = shared.settings.runtime_changes {
+        start_read_if_due(shared, every);
+    }
+}
+
+fn start_read_if_due(shared: &Shared, every: Duration) {
     let state = &shared.changes;
     let now = state.elapsed_ms();
     if now < state.next_read.load(Ordering::Relaxed) || state.reading.swap(true, Ordering::Acquire)
@@ -195,11 +200,15 @@ async fn read(store: &dyn Store, tables: &Tables, state: &ChangeState) -> Result
 /// Which list refuses the request before its client is identified: its
 /// address (a network, or an address listed by its key, in the static
 /// list or at run time) or its API key.
+#[inline]
 pub(crate) fn refused_before_identity(shared: &Shared, parts: &Parts) -> Option<Listed> {
-    let state = &shared.changes;
-    if state.idle() {
+    if shared.changes.idle() {
         return None;
     }
+    listed_address_or_api_key(&shared.changes, parts)
+}
+
+fn listed_address_or_api_key(state: &ChangeState, parts: &Parts) -> Option<Listed> {
     let list = state.deny_list.load();
     let snapshot = state.snapshot.load();
     if list.is_empty() && snapshot.denies_nothing() {
@@ -225,11 +234,15 @@ pub(crate) fn refused_before_identity(shared: &Shared, parts: &Parts) -> Option<
 }
 
 /// Which list refuses the client identified by `key`.
+#[inline]
 pub(crate) fn refused_as(shared: &Shared, key: &Key) -> Option<Listed> {
-    let state = &shared.changes;
-    if state.idle() {
+    if shared.changes.idle() {
         return None;
     }
+    listed_key(&shared.changes, key)
+}
+
+fn listed_key(state: &ChangeState, key: &Key) -> Option<Listed> {
     let denied = state.deny_list.load().names(key) || state.snapshot.load().denies(key, unix_ms());
     denied.then(|| Listed::of(key))
 }
@@ -252,16 +265,26 @@ pub(crate) fn limit_set(shared: &Shared, policy: &Policy, key: &Key) -> Option<u
 
 /// `own` with the limits set at run time for the keys the plan's policies
 /// count under (`key_of(index)`), which take the place of any other.
+#[inline]
 pub(crate) fn with_limits_set<'k>(
     shared: &Shared,
     plan: &Plan,
     own: Option<&Found>,
     key_of: impl Fn(usize) -> &'k Key,
 ) -> Option<Found> {
-    let state = &shared.changes;
-    if state.idle() {
+    if shared.changes.idle() {
         return None;
     }
+    limits_set_over(shared, plan, own, key_of)
+}
+
+fn limits_set_over<'k>(
+    shared: &Shared,
+    plan: &Plan,
+    own: Option<&Found>,
+    key_of: impl Fn(usize) -> &'k Key,
+) -> Option<Found> {
+    let state = &shared.changes;
     if !state.snapshot.load().sets_limits() {
         return None;
     }

@@ -32,10 +32,15 @@ pub(crate) enum Unkeyed {
 impl PerKeys {
     /// The keys of `plan`'s policies that count under one of their own,
     /// read from `parts`; `None` when every policy counts per client.
+    #[inline]
     pub(crate) fn of(plan: &Plan, parts: &Parts) -> Result<Option<Self>, Unkeyed> {
         if !plan.counts_per() {
             return Ok(None);
         }
+        Self::read(plan, parts).map(Some)
+    }
+
+    fn read(plan: &Plan, parts: &Parts) -> Result<Self, Unkeyed> {
         let mut per_keys = Self::default();
         for policy in &plan.policies {
             let (key, skipped) = match policy.per_extractor() {
@@ -50,7 +55,7 @@ impl PerKeys {
             per_keys.keys.push(key);
             per_keys.skipped.push(skipped);
         }
-        Ok(Some(per_keys))
+        Ok(per_keys)
     }
 
     /// The key the policy at `index` counts under, when not the client's.

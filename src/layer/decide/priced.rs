@@ -63,13 +63,12 @@ impl<'a> Priced<'a> {
             fail_closed: false,
             has_modes: plan.needs_modes(shadow, default),
         };
-        let base = plan.tier(None);
         for (index, terms) in plan.tier(tier).terms.iter().enumerate() {
             // A count shared by many clients is not the client's: its
             // tier's limits are the base ones (its own limit, a limit set
             // for the key it counts under).
             let (terms, tier) = match per.and_then(|per| per.key(index)) {
-                Some(_) => (&base.terms[index], None),
+                Some(_) => (&plan.tier(None).terms[index], None),
                 None => (terms, tier),
             };
             let (mut limit, mut burst) = (terms.limits.limit, terms.limits.burst);
