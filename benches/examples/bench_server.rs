@@ -65,6 +65,9 @@ enum Variant {
     /// slidegate on Redis, the per-client policy beside one for every
     /// client together (`Policy::per(Global)`), which never denies.
     RedisGlobal,
+    /// `RedisGlobal` with the count for everyone in slices of 100
+    /// (`Policy::with_slice`): a hot key answered in process.
+    RedisGlobalSliced,
     /// slidegate on the in-memory store, per client and for everyone.
     MemoryGlobal,
     /// slidegate on Redis, each instance taking slices of 100 units
@@ -176,14 +179,18 @@ async fn app(args: &Args) -> Router {
     let denied = || Policies::single(Policy::new("denied", 1, Duration::from_secs(3600))).unwrap();
     // A login's two limits: per client, and for everyone (one key every
     // request touches), both sliding logs, as `per = "global"` writes it.
-    let with_everyone = || {
-        let everyone = Policy::new("everyone", NEVER, Duration::from_secs(1)).per(Global);
+    let with_everyone_in = |slice: Option<u32>| {
+        let mut everyone = Policy::new("everyone", NEVER, Duration::from_secs(1)).per(Global);
+        if let Some(slice) = slice {
+            everyone = everyone.with_slice(slice);
+        }
         Policies::builder()
             .with_every_route(Policy::new("bench", limit, window))
             .with_every_route(everyone)
             .build()
             .unwrap()
     };
+    let with_everyone = || with_everyone_in(None);
     let batched_store = || redis_store(args, true);
     match args.variant {
         Variant::Bare => routes,
@@ -218,6 +225,11 @@ async fn app(args: &Args) -> Router {
             batched_store(),
             args.peer_ip(),
             with_everyone(),
+        )),
+        Variant::RedisGlobalSliced => routes.route_layer(RateLimitLayer::new(
+            batched_store(),
+            args.peer_ip(),
+            with_everyone_in(Some(100)),
         )),
         Variant::MemoryGlobal => routes.route_layer(RateLimitLayer::new(
             MemoryStore::new(),
