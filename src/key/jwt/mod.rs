@@ -200,14 +200,7 @@ impl JwtClaim {
         inner.key_claim = claim.into();
         inner.tier_claim = None;
         inner.missing_claim_unkeyed = true;
-        inner.label = if crate::policy::is_valid_name(&inner.key_claim) {
-            format!("jwt.{}", inner.key_claim)
-        } else {
-            format!(
-                "jwt.{}",
-                super::hex_of(&super::digest(inner.key_claim.as_bytes()))
-            )
-        };
+        inner.label = format!("jwt.{}", sanitized(inner.key_claim.as_bytes()));
         Self {
             inner: Arc::new(inner),
         }
