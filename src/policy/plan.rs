@@ -48,9 +48,11 @@ pub(crate) struct TierPlan {
 
 impl TierPlan {
     fn new(policies: &[Arc<Policy>], tier: Option<&str>) -> Self {
+        // A count shared by many clients (`Policy::per`) is no client's:
+        // every tier reads its base terms.
         let terms: Box<[Arc<Terms>]> = policies
             .iter()
-            .map(|p| Arc::new(Terms::of(p, tier)))
+            .map(|p| Arc::new(Terms::of(p, tier.filter(|_| !p.is_per()))))
             .collect();
         let fields = policies.iter().zip(&terms).map(|(p, t)| {
             let l = &t.limits;
@@ -186,6 +188,25 @@ mod tests {
                 "\"search\";q=5;w=60, \"daily\";q=1000;w=86400"
             );
         }
+    }
+
+    #[test]
+    fn a_count_shared_through_per_reads_its_base_terms_in_every_tier() {
+        let shared = Policy::new("everyone", 100, Duration::from_secs(60))
+            .per(crate::Global)
+            .with_tier("pro", super::super::TierLimits::new().with_limit(1000));
+        let own = Policy::new("own", 5, Duration::from_secs(60))
+            .with_tier("pro", super::super::TierLimits::new().with_limit(50));
+        let plan = Plan::new(vec![Arc::new(own), Arc::new(shared)]);
+        let pro = plan.tier(Some("pro"));
+        assert_eq!(
+            (pro.terms[0].limits.limit, pro.terms[1].limits.limit),
+            (50, 100)
+        );
+        assert_eq!(
+            pro.ietf_policy.as_ref().unwrap(),
+            "\"own\";q=50;w=60, \"everyone\";q=100;w=60"
+        );
     }
 
     #[test]

@@ -65,12 +65,9 @@ impl<'a> Priced<'a> {
         };
         for (index, terms) in plan.tier(tier).terms.iter().enumerate() {
             // A count shared by many clients is not the client's: its
-            // tier's limits are the base ones (its own limit, a limit set
-            // for the key it counts under).
-            let (terms, tier) = match per.and_then(|per| per.key(index)) {
-                Some(_) => (&plan.tier(None).terms[index], None),
-                None => (terms, tier),
-            };
+            // terms are the base ones in every tier (the plan's), and so is
+            // its own limit, one set for the key it counts under.
+            let tier = tier.filter(|_| per.and_then(|per| per.key(index)).is_none());
             let (mut limit, mut burst) = (terms.limits.limit, terms.limits.burst);
             if let Some(own) = own.and_then(|own| own[index]) {
                 let limits = plan.policies[index].limits_with(tier, Some(own));
