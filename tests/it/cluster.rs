@@ -474,3 +474,49 @@ async fn a_configured_timeout_past_half_a_second_is_the_one_that_counts_on_a_clu
     assert!(sleeper.join().unwrap());
     assert!(matches!(answer, Err(StoreError::Timeout(_))), "{answer:?}");
 }
+
+/// Requests across slots dropped at any moment (a client gone, a timeout
+/// of the caller's): each is counted in every slot or in none, never in
+/// the first slot alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_across_slots_dropped_midway_is_counted_everywhere_or_nowhere() {
+    let cluster = RedisCluster::start();
+    let clock = FakeClock::new(START);
+    let store = store(&cluster, &clock);
+    let per_client = Policy::new("dropped-client", 1000, MINUTE);
+    let everyone = Policy::new("dropped-all", 1000, MINUTE);
+    let (client, all) = in_two_slots(&cluster);
+    let request = || {
+        vec![
+            Check::new(&per_client, Key::new(&client)).unwrap(),
+            Check::new(&everyone, Key::new(&all)).unwrap(),
+        ]
+    };
+    // Warm: the library loaded on both primaries.
+    store.check(&request()).await.unwrap();
+    for trial in 0..60u64 {
+        // Dropped after 0 to 3 ms: before, between or after the slots.
+        let within = Duration::from_micros(trial % 4 * 1000);
+        let _ = tokio::time::timeout(within, store.check(&request())).await;
+    }
+    let counted = |policy: &Policy, key: &str| {
+        let check = Check::new(policy, Key::new(key)).unwrap();
+        let store = &store;
+        async move { store.peek(&[check]).await.unwrap()[0].remaining() }
+    };
+    let started = std::time::Instant::now();
+    loop {
+        let (mine, everyones) = (
+            counted(&per_client, &client).await,
+            counted(&everyone, &all).await,
+        );
+        if mine == everyones {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the client's count left {mine}, everyone's {everyones}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
