@@ -579,6 +579,26 @@ fn sighup_reloads_the_policies_and_keeps_the_counts() {
     let reply = server.get("/api/search?q=a");
     assert_eq!(reply.header("x-ratelimit-limit"), Some("10"));
     assert_eq!(reply.header("x-ratelimit-remaining"), Some("5"));
+
+    // [deny] is reloaded with the policies, and so is its removal.
+    std::fs::write(
+        &file,
+        format!("{}[deny]\nips = [\"127.0.0.0/8\"]\n", config(10)),
+    )
+    .unwrap();
+    hangup(&server);
+    wait_for_line(&log, "policies reloaded");
+    assert_eq!(server.get("/api/search?q=a").status, 403);
+    std::fs::write(&file, config(10)).unwrap();
+    hangup(&server);
+    wait_for_line(&log, "policies reloaded");
+    let reply = server.get("/api/search?q=a");
+    assert_eq!(reply.status, 200);
+    assert_eq!(
+        reply.header("x-ratelimit-remaining"),
+        Some("4"),
+        "the refused request uncounted"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
