@@ -60,7 +60,7 @@
 //! | [`store`] | the [`Store`](store::Store) trait, the memory and Redis stores, the breaker |
 //! | [`layer`] | the middleware and what it keeps: deny cache, refused credentials, leases, message limits, deny lists and changes at run time, live policy changes |
 //! | [`headers`] | the `X-RateLimit-*` and IETF `RateLimit` fields |
-//! | [`rejection`] | why the limiter answers itself, and its `429`, `401`, `422`, `503` |
+//! | [`rejection`] | why the limiter answers itself, and its `429`, `401`, `403`, `422`, `503` |
 //! | [`limits`] | per-client limits: a lookup, or a static table |
 //! | [`lookup`] | the one trait for asking a database while a request waits |
 //! | [`clock`] | time sources, and a clock tests move |

@@ -31,6 +31,9 @@ pub(crate) static MISSING_PEER_ADDRESS: OncePerSecond = OncePerSecond::new();
 /// Limit lookups that answered a limit the policy cannot count.
 pub(crate) static LIMIT_LOOKUP_INVALID: OncePerSecond = OncePerSecond::new();
 
+/// WebSocket messages the store could not count, passed.
+pub(crate) static MESSAGES_UNCOUNTED: OncePerSecond = OncePerSecond::new();
+
 /// The store's deny list and limits could not be read.
 pub(crate) static RUNTIME_CHANGES_UNREAD: OncePerSecond = OncePerSecond::new();
 

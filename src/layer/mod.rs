@@ -506,7 +506,9 @@ impl RateLimitLayer {
     /// [`Changes`]) from the store every `every` (a second in a layer
     /// built from a config file), on a task of its own, started by the
     /// first request due: another instance's change applies here within
-    /// `every` and one store call. Requests read the local copy, never
+    /// `every` and one store call of the requests that find a read due (an
+    /// instance that was idle decides its first request on the copy it
+    /// has, and reads meanwhile). Requests read the local copy, never
     /// the store. `None` (the default) reads nothing: only this
     /// instance's own changes apply. A read that fails keeps the last
     /// copy, and a warning is logged; before the first read, only the

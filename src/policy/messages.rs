@@ -75,7 +75,8 @@ impl MessageRate {
     }
 
     /// The close code a [`MessageLimit`](crate::layer::MessageLimit)
-    /// refusal names (1008 unless set; 4000 to 4999 are the
+    /// refusal names: 1008 unless set; one a socket may be closed with
+    /// (1000 to 1003, 1007 to 1014, 3000 to 4999; 4000 to 4999 are the
     /// application's own).
     #[must_use]
     pub fn with_close_code(mut self, code: u16) -> Self {
@@ -133,9 +134,13 @@ impl MessageRate {
         if self.per_socket == Some(0) {
             return Err(invalid("per_socket must be at least 1".to_owned()));
         }
-        if !(1000..=4999).contains(&self.close_code) {
+        // RFC 6455: 1004 is reserved, and 1005, 1006 and 1015 are never
+        // sent; 3000 to 4999 are registered or the application's own.
+        let sendable = matches!(self.close_code, 1000..=1003 | 1007..=1014 | 3000..=4999);
+        if !sendable {
             return Err(invalid(format!(
-                "close code {} is not one a socket may be closed with (1000 to 4999)",
+                "close code {} is not one a socket may be closed with (1000 to 1003, 1007 to \
+                 1014, 3000 to 4999)",
                 self.close_code
             )));
         }

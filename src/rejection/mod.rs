@@ -25,10 +25,12 @@
 //! | token present but invalid | `401`, `application/problem+json` with `reason` |
 //! | unknown API key, with `unknown_api_key = "reject"` | `401`, `application/problem+json` with `reason: "unknown_api_key"` |
 //! | no credentials, and every key source needs them (API keys or tokens only) | `401`, `application/problem+json` with `reason: "missing_credentials"` |
+//! | a policy counted per another key (`per`) finds none, with `per_missing = "refuse"` | `401`, `application/problem+json` with `reason: "missing_credentials"` |
+//! | the client on a deny list (`[deny]`, `DenyList`, or denied at run time) | `403`, `application/problem+json` with `list` (`ips`, `api_keys`, `subjects`); nothing is counted |
 //! | no key source identifies the client otherwise (no peer address) | `500`, `application/problem+json` |
 //! | fits within the `delay`, but the layer's places are all taken ([`with_max_delayed`], [`with_max_delayed_bytes`]) | `503`, `application/problem+json`; nothing is counted |
 //! | store down, policy fails closed | `503`, `application/problem+json` |
-//! | any of the above, for a gRPC call (a `POST` with `content-type: application/grpc`) | `200`, `application/grpc`, no body: `grpc-status` `8` (`RESOURCE_EXHAUSTED`) for `429` and `422`, `16` for `401`, `13` for `500`, `14` for `503` (see [gRPC](#grpc)) |
+//! | any of the above, for a gRPC call (a `POST` with `content-type: application/grpc`) | `200`, `application/grpc`, no body: `grpc-status` `8` (`RESOURCE_EXHAUSTED`) for `429` and `422`, `16` for `401`, `7` (`PERMISSION_DENIED`) for `403`, `13` for `500`, `14` for `503` (see [gRPC](#grpc)) |
 //!
 //! A `401` for a token never names the token's algorithm nor the allowed
 //! ones; a token whose `exp`/`nbf` is not a number, or (when checked) whose

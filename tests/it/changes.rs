@@ -444,3 +444,45 @@ async fn an_address_denied_at_run_time_is_refused_behind_a_trusted_proxy() {
         StatusCode::OK
     );
 }
+
+/// A change names a key as the layer matches it, however its address is
+/// written; and a client keyed by its address is in a denied network
+/// whatever resolves the list's own addresses (here, a layer behind a
+/// proxy whose deny list was given no proxies).
+#[tokio::test]
+async fn addresses_are_matched_however_written_and_by_the_layers_key() {
+    let policies = Policies::single(Policy::new("search", 5, MINUTE)).unwrap();
+    let behind_a_proxy = PeerIp::new().with_trusted_proxies(["10.0.0.0/8".parse().unwrap()]);
+    let layer = RateLimitLayer::new(
+        slidegate::store::MemoryStore::new(),
+        behind_a_proxy,
+        policies,
+    );
+    let changes = layer.changes();
+    changes.deny(&key("ip:2001:DB8::1"), None).await.unwrap();
+    changes
+        .deny(&key("ip:203.0.113.77/24"), None)
+        .await
+        .unwrap();
+    changes
+        .set_limit("search", &key("ip:198.51.100.7"), 1)
+        .await
+        .unwrap();
+    let app = app(layer);
+    let mut v6 = Request::get("/search").body(Body::empty()).unwrap();
+    v6.extensions_mut().insert(ConnectInfo(
+        "[2001:db8::1]:4000".parse::<SocketAddr>().unwrap(),
+    ));
+    assert_eq!(send(&app, v6).await.status, StatusCode::FORBIDDEN);
+    let through = |client: &str| search("10.0.0.1", &[("x-forwarded-for", client)]);
+    assert_eq!(
+        send(&app, through("203.0.113.9")).await.status,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        send(&app, through("203.0.114.9")).await.status,
+        StatusCode::OK
+    );
+    let reply = send(&app, through("198.51.100.7")).await;
+    assert_eq!(reply.header("x-ratelimit-limit"), Some("1"));
+}

@@ -520,3 +520,48 @@ async fn a_request_across_slots_dropped_midway_is_counted_everywhere_or_nowhere(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A request that one slot would hold for a delay and another would admit
+/// at once is given back in both and refused with the wait: each slot
+/// records it at the time it would pass there, and the earlier record
+/// would let the next request of that count in before its time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_held_in_one_slot_alone_is_refused_with_its_wait() {
+    let cluster = RedisCluster::start();
+    let clock = FakeClock::new(START);
+    let store = store(&cluster, &clock);
+    let per_client = Policy::new("held-client", 100, MINUTE);
+    let everyone = Policy::new("held-all", 1, Duration::from_millis(400))
+        .with_delay(Duration::from_millis(500));
+    let (client, all) = in_two_slots(&cluster);
+    let request = || {
+        vec![
+            Check::new(&per_client, Key::new(&client)).unwrap(),
+            Check::new(&everyone, Key::new(&all)).unwrap(),
+        ]
+    };
+    let first = store.check(&request()).await.unwrap();
+    assert!(
+        first
+            .iter()
+            .all(|d| d.admitted() && d.delayed_for().is_none())
+    );
+    let second = store.check(&request()).await.unwrap();
+    assert!(second[0].admitted(), "the client's slot admits it at once");
+    assert!(!second[1].admitted(), "refused, not held");
+    let wait = second[1].retry_after().unwrap();
+    assert!(
+        wait > Duration::ZERO && wait <= Duration::from_millis(400),
+        "{wait:?}"
+    );
+    let peeked = store.peek(&request()).await.unwrap();
+    assert_eq!(
+        peeked[0].remaining(),
+        99,
+        "the client's grant was given back"
+    );
+    assert!(
+        peeked[1].retry_after().is_some(),
+        "everyone's count holds the first alone"
+    );
+}

@@ -175,6 +175,10 @@ fn the_config_file_sets_a_message_rate() {
             "{ limit = 5, window = \"10s\", close_code = 999 }",
             "close code",
         ),
+        (
+            "{ limit = 5, window = \"10s\", close_code = 1006 }",
+            "close code",
+        ),
         ("{ limit = 5 }", "missing field `window`"),
         ("{ limit = 5, window = \"10s\", rate = 1 }", "unknown field"),
     ] {

@@ -11,6 +11,7 @@ use smallvec::SmallVec;
 use crate::key::Key;
 use crate::layer::decide::per_keys::PerKeys;
 use crate::layer::settings::Shared;
+use crate::log_lines::MESSAGES_UNCOUNTED;
 use crate::policy::FailMode;
 use crate::policy::plan::Plan;
 use crate::store::{Check, Checks, Decisions, Store, StoreError};
@@ -20,7 +21,9 @@ use crate::store::{Check, Checks, Decisions, Store, StoreError};
 /// the layer puts one in the extensions of each such request, for the
 /// handler to take with the upgrade (axum:
 /// `Option<Extension<MessageLimit>>`). Each request's handle counts its
-/// own socket; every socket of a client counts in its store count.
+/// own socket; every socket of a client counts in its store count. A
+/// client denied once its socket is open (a deny list changed at run
+/// time) keeps that socket: close it from the application if need be.
 ///
 /// ```no_run
 /// use axum::Extension;
@@ -228,11 +231,27 @@ impl Messages {
         }
     }
 
-    /// A message the store could not count: decided by the local limits
-    /// of policies that fall back to them, else refused when a policy
-    /// fails closed, and passed otherwise.
+    /// A message the store could not count: refused when a policy fails
+    /// closed; else decided by the local limits of policies that fall
+    /// back to them, and passed otherwise (a warning is logged, at most
+    /// once a second).
     async fn failed(&self, error: &StoreError) -> Result<(), MessageRefused> {
-        tracing::debug!(%error, "a message could not be counted");
+        if self.fail_closed {
+            tracing::debug!(%error, "a message could not be counted; refused");
+            return Err(MessageRefused {
+                retry_after: Some(Duration::from_secs(1)),
+                close_code: self.close_code,
+                unavailable: true,
+            });
+        }
+        if let Some(held_back) = MESSAGES_UNCOUNTED.admit() {
+            tracing::warn!(
+                %error,
+                held_back,
+                local = self.local.is_some(),
+                "messages could not be counted in the store; passed on their local limits, if any"
+            );
+        }
         if let Some((local, checks)) = &self.local {
             let decided = match local.check(checks).into_ready() {
                 Ok(decided) => decided,
@@ -247,13 +266,6 @@ impl Messages {
                     unavailable: false,
                 });
             }
-        }
-        if self.fail_closed {
-            return Err(MessageRefused {
-                retry_after: Some(Duration::from_secs(1)),
-                close_code: self.close_code,
-                unavailable: true,
-            });
         }
         Ok(())
     }

@@ -18,6 +18,31 @@ pub(super) fn network_of(key: &Key) -> Option<IpNet> {
     text.contains('/').then(|| text.parse().ok()).flatten()
 }
 
+/// The address an `ip:` key names: its own, or its network's first.
+pub(super) fn address_of(key: &Key) -> Option<IpAddr> {
+    let text = key.as_str().strip_prefix("ip:")?;
+    text.parse()
+        .ok()
+        .or_else(|| text.parse::<IpNet>().ok().map(|net| net.network()))
+}
+
+/// `key` as the layer writes it: an `ip:` key's address or network in its
+/// one canonical form (`ip:2001:DB8::1` is `ip:2001:db8::1`, and
+/// `ip:203.0.113.9/24` is `ip:203.0.113.0/24`), any other as it is; so
+/// that a change names the key requests are matched by.
+pub(crate) fn canonical(key: &Key) -> Key {
+    let Some(text) = key.as_str().strip_prefix("ip:") else {
+        return key.clone();
+    };
+    if let Ok(address) = text.parse::<IpAddr>() {
+        return Key::formatted("ip", address.to_canonical());
+    }
+    match text.parse::<IpNet>() {
+        Ok(network) => Key::formatted("ip", network.trunc()),
+        Err(_) => key.clone(),
+    }
+}
+
 /// Clients the layer refuses with `403 Forbidden` before any limit is
 /// counted, on the routes it limits: addresses and networks, API keys,
 /// and keys in their label form (a token's subject, `jwt:mallory`).
@@ -99,7 +124,7 @@ impl DenyList {
     /// network (`ip:203.0.113.0/24`) refuses every address in it.
     #[must_use]
     pub fn with_keys(mut self, keys: impl IntoIterator<Item = Key>) -> Self {
-        for key in keys {
+        for key in keys.into_iter().map(|key| canonical(&key)) {
             match network_of(&key) {
                 Some(network) => self.networks.push(network),
                 None => {
@@ -138,7 +163,7 @@ impl DenyList {
     /// refuses the request: its address's networks or its API key.
     pub(crate) fn refuses(&self, parts: &Parts, client: Option<IpAddr>) -> Option<Listed> {
         if let Some(ip) = client
-            && self.networks.iter().any(|net| net.contains(&ip))
+            && self.holds(ip)
         {
             return Some(Listed::Address);
         }
@@ -157,6 +182,11 @@ impl DenyList {
     /// Whether the list names keys (beside networks and API keys).
     pub(crate) fn names_keys(&self) -> bool {
         !self.keys.is_empty()
+    }
+
+    /// Whether one of the list's networks holds `ip`.
+    pub(crate) fn holds(&self, ip: IpAddr) -> bool {
+        self.networks.iter().any(|net| net.contains(&ip))
     }
 
     /// Whether the list names `key`.

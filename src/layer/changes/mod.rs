@@ -32,6 +32,10 @@ use crate::store::background::spawn_on;
 use crate::store::{Store, StoreError};
 use snapshot::Snapshot;
 
+/// How long a read of the store's changes may take before it is given up
+/// (a store of your own that never answers), and the next is due.
+const READ_WITHIN: Duration = Duration::from_secs(10);
+
 /// The table of denied clients: field the key's label, value the Unix
 /// time (ms) the entry ends at, `0` for never.
 const DENY_TABLE: &str = "deny";
@@ -126,9 +130,13 @@ pub(crate) fn read_if_due(shared: &Shared) {
 
 fn start_read_if_due(shared: &Shared, every: Duration) {
     let state = &shared.changes;
-    let now = state.elapsed_ms();
-    if now < state.next_read.load(Ordering::Relaxed) || state.reading.swap(true, Ordering::Acquire)
-    {
+    let due = || state.elapsed_ms() >= state.next_read.load(Ordering::Acquire);
+    if !due() || state.reading.swap(true, Ordering::Acquire) {
+        return;
+    }
+    if !due() {
+        // A read ended between the two looks: the next is not due yet.
+        state.reading.store(false, Ordering::Release);
         return;
     }
     state.active.store(true, Ordering::Relaxed);
@@ -136,7 +144,13 @@ fn start_read_if_due(shared: &Shared, every: Duration) {
     let reading = Reading(Arc::clone(state), every);
     let read = async move {
         let state = &reading.0;
-        if let Err(error) = read(&*store, &tables, state).await
+        let read = tokio::time::timeout(READ_WITHIN, read(&*store, &tables, state)).await;
+        let failed = match read {
+            Ok(Ok(())) => None,
+            Ok(Err(error)) => Some(error.to_string()),
+            Err(_) => Some(format!("no answer within {READ_WITHIN:?}")),
+        };
+        if let Some(error) = failed
             && let Some(held_back) = RUNTIME_CHANGES_UNREAD.admit()
         {
             tracing::warn!(%error, held_back, "the store's deny list and limits could not be read; the last copy stands");
@@ -243,7 +257,14 @@ pub(crate) fn refused_as(shared: &Shared, key: &Key) -> Option<Listed> {
 }
 
 fn listed_key(state: &ChangeState, key: &Key) -> Option<Listed> {
-    let denied = state.deny_list.load().names(key) || state.snapshot.load().denies(key, unix_ms());
+    let (list, snapshot, now) = (state.deny_list.load(), state.snapshot.load(), unix_ms());
+    // A client keyed by its address is in the networks denied too,
+    // wherever the list's own address resolver would have found it.
+    let in_a_network = || {
+        deny_list::address_of(key)
+            .is_some_and(|ip| list.holds(ip) || snapshot.denies_address(ip, now))
+    };
+    let denied = list.names(key) || snapshot.denies(key, now) || in_a_network();
     denied.then(|| Listed::of(key))
 }
 
@@ -359,6 +380,7 @@ impl Changes {
     /// The store's, when it could not write the entry (this instance's
     /// copy is then left as it was).
     pub async fn deny(&self, key: &Key, lasting: Option<Duration>) -> Result<(), StoreError> {
+        let key = &deny_list::canonical(key);
         let until = match lasting {
             Some(lasting) => unix_ms().saturating_add(duration_ms(lasting)).max(1),
             None => 0,
@@ -378,6 +400,7 @@ impl Changes {
     ///
     /// The store's, when it could not remove the entry.
     pub async fn remove_denial(&self, key: &Key) -> Result<(), StoreError> {
+        let key = &deny_list::canonical(key);
         let deny = table(&self.shared, DENY_TABLE);
         self.store().remove_entry(&deny, key.as_str(), None).await?;
         self.update(|snapshot| snapshot.remove_denial(key));
@@ -398,6 +421,7 @@ impl Changes {
     /// its algorithm's bounds), [`LimitError::Store`] when the store could
     /// not write it.
     pub async fn set_limit(&self, policy: &str, key: &Key, limit: u32) -> Result<(), LimitError> {
+        let key = &deny_list::canonical(key);
         let named = self.shared.policy_named(policy)?;
         if limit == 0 {
             return Err(LimitError::InvalidLimit(
@@ -424,6 +448,7 @@ impl Changes {
     /// [`LimitError::UnknownPolicy`] for a policy the layer does not have,
     /// [`LimitError::Store`] when the store could not remove it.
     pub async fn clear_limit(&self, policy: &str, key: &Key) -> Result<(), LimitError> {
+        let key = &deny_list::canonical(key);
         self.shared.policy_named(policy)?;
         let limits = table(&self.shared, LIMITS_TABLE);
         let field = format!("{policy}:{}", key.as_str());

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use ipnet::IpNet;
 use smallvec::SmallVec;
 
-use super::deny_list::network_of;
+use super::deny_list::{canonical, network_of};
 use crate::key::Key;
 
 /// One client's own limits, by policy name.
@@ -48,13 +48,14 @@ impl Snapshot {
         let mut snapshot = Self::default();
         let mut ended = Vec::new();
         for (field, until) in denied {
-            let (Some(key), Ok(until)) = (Key::parse(field), until.parse::<u64>()) else {
+            let (Some(key), Ok(ends)) = (Key::parse(field), until.parse::<u64>()) else {
                 continue;
             };
-            if stands(until, now) {
-                snapshot.deny(&key, until);
-            } else if until.saturating_add(KEPT_PAST_ITS_END_MS) <= now {
-                ended.push((field.clone(), until.to_string()));
+            if stands(ends, now) {
+                snapshot.deny(&canonical(&key), ends);
+            } else if ends.saturating_add(KEPT_PAST_ITS_END_MS) <= now {
+                // Removed while it holds the value as read, byte for byte.
+                ended.push((field.clone(), until.clone()));
             }
         }
         for (field, limit) in limits {
@@ -62,7 +63,7 @@ impl Snapshot {
                 continue;
             };
             if let (Some(key), Ok(limit)) = (Key::parse(key), limit.parse::<u32>()) {
-                snapshot.set_limit(&Arc::from(policy), &key, limit);
+                snapshot.set_limit(&Arc::from(policy), &canonical(&key), limit);
             }
         }
         (snapshot, ended)

@@ -7,10 +7,12 @@
 //!
 //! No limit is ever passed: each slot's call is all or nothing on its
 //! own, and a grant is in its count before the next slot is asked. The
-//! slots are asked on a task of their own, so that a request dropped
-//! between two of them still has its grants given back; the request waits
-//! at most the store's timeout, as for one call, while the task runs on
-//! (each slot's call bounded by the timeout too). The price is a brief
+//! slots are asked on a task of their own: the request waits at most the
+//! store's timeout, as for one call, and a request dropped or given up on
+//! meanwhile (answered by its fail mode) has every grant given back once
+//! the task ends. A request the slots would hold for different delays is
+//! given back and refused with the longest wait (each slot records a held
+//! request at the time it would pass there). The price is a brief
 //! over-denial: between a grant and its give-back, another request of that
 //! count may be denied for units this one then returns; and a give-back
 //! that fails (Redis gone between two slots) leaves its units to leave
@@ -69,8 +71,9 @@ fn part(checks: &[Check], group: &[usize]) -> Checks {
 
 /// Decides `checks` slot by slot (see [`check`]) on a task of its own, so
 /// that what earlier slots grant is given back whatever becomes of the
-/// request (dropped between two slots, say); the answer within `timeout`,
-/// as one call's, while the task runs to its end.
+/// request: dropped between two slots, or given up on once `timeout` (one
+/// call's) has passed, the request takes no answer, and every grant is
+/// given back then.
 pub(super) fn check_apart(
     store: RedisStore,
     checks: Checks,
@@ -81,13 +84,26 @@ pub(super) fn check_apart(
         let none = StoreError::Internal("no Tokio runtime to ask the slots on".to_owned());
         return StoreFuture::ready(Err(none));
     };
-    let decided = runtime.spawn(check(store, checks, groups));
+    let (answer, answered) = tokio::sync::oneshot::channel();
+    runtime.spawn(async move {
+        let decided = check(&store, &checks, &groups).await;
+        // Nobody takes the answer: an admission is given back (a denial
+        // gave back its grants already).
+        if let Err(Ok(decisions)) = answer.send(decided)
+            && decisions.iter().all(Decision::admitted)
+        {
+            let decided: SmallVec<[Option<Decision>; 4]> =
+                decisions.iter().map(|decision| Some(*decision)).collect();
+            let granted: SmallVec<[usize; 4]> = (0..checks.len()).collect();
+            give_back(&store, &checks, &decided, &granted).await;
+        }
+    });
     StoreFuture::new(async move {
-        match tokio::time::timeout(timeout, decided).await {
+        match tokio::time::timeout(timeout, answered).await {
             Ok(Ok(answer)) => answer,
-            Ok(Err(failed)) => Err(StoreError::Internal(format!(
-                "the check across slots ended without an answer: {failed}"
-            ))),
+            Ok(Err(_)) => Err(StoreError::Internal(
+                "the check across slots ended without an answer".to_owned(),
+            )),
             Err(_) => Err(StoreError::Timeout(timeout)),
         }
     })
@@ -96,14 +112,18 @@ pub(super) fn check_apart(
 /// Decides `checks` slot by slot (see the module): their decisions, in
 /// the checks' order. On a denial, the slots not yet asked are peeked, so
 /// that every check has its decision, and nothing they hold is taken.
-async fn check(store: RedisStore, checks: Checks, groups: BySlot) -> Result<Decisions, StoreError> {
+async fn check(
+    store: &RedisStore,
+    checks: &[Check],
+    groups: &BySlot,
+) -> Result<Decisions, StoreError> {
     let mut decided: SmallVec<[Option<Decision>; 4]> = SmallVec::from_elem(None, checks.len());
     let mut granted: SmallVec<[usize; 4]> = SmallVec::new();
     for (asked, group) in groups.iter().enumerate() {
-        let decisions = match store.check(&part(&checks, group)).await {
+        let decisions = match store.check(&part(checks, group)).await {
             Ok(decisions) if decisions.len() == group.len() => decisions,
             Ok(decisions) => {
-                give_back(&store, &checks, &decided, &granted).await;
+                give_back(store, checks, &decided, &granted).await;
                 return Err(StoreError::Protocol(format!(
                     "{} decisions for {} checks",
                     decisions.len(),
@@ -111,7 +131,7 @@ async fn check(store: RedisStore, checks: Checks, groups: BySlot) -> Result<Deci
                 )));
             }
             Err(error) => {
-                give_back(&store, &checks, &decided, &granted).await;
+                give_back(store, checks, &decided, &granted).await;
                 return Err(error);
             }
         };
@@ -123,9 +143,9 @@ async fn check(store: RedisStore, checks: Checks, groups: BySlot) -> Result<Deci
             granted.extend_from_slice(group);
             continue;
         }
-        give_back(&store, &checks, &decided, &granted).await;
+        give_back(store, checks, &decided, &granted).await;
         for group in &groups[asked + 1..] {
-            let peeked = store.peek(&part(&checks, group)).await;
+            let peeked = store.peek(&part(checks, group)).await;
             for (position, &index) in group.iter().enumerate() {
                 let check = &checks[index];
                 decided[index] = Some(match &peeked {
@@ -138,11 +158,46 @@ async fn check(store: RedisStore, checks: Checks, groups: BySlot) -> Result<Deci
         }
         break;
     }
+    if granted.len() == checks.len() {
+        held_alike(store, checks, &mut decided, &granted).await;
+    }
     let mut answer = Decisions::new();
     for decision in decided {
         answer.push(decision.ok_or_else(|| StoreError::Protocol("a check left undecided".into()))?);
     }
     Ok(answer)
+}
+
+/// A request every slot admitted, some holding it for a delay
+/// ([`Policy::with_delay`](crate::Policy::with_delay)) longer than
+/// others': each slot recorded it at the time it would pass there, while
+/// the request would pass at the latest, so a slot that recorded it
+/// sooner would let the next request in early. Such a request is given
+/// back everywhere, and refused with the longest wait as its retry time:
+/// a brief over-denial, never more than a limit.
+async fn held_alike(
+    store: &RedisStore,
+    checks: &[Check],
+    decided: &mut [Option<Decision>],
+    granted: &[usize],
+) {
+    let delay =
+        |decision: &Option<Decision>| decision.and_then(|d| d.delayed_for()).unwrap_or_default();
+    let longest = decided.iter().map(delay).max().unwrap_or_default();
+    if longest.is_zero() || decided.iter().all(|decision| delay(decision) == longest) {
+        return;
+    }
+    give_back(store, checks, decided, granted).await;
+    for decision in decided.iter_mut().flatten() {
+        if decision.delayed_for() == Some(longest) {
+            *decision = Decision::new_denied(
+                decision.limit(),
+                decision.remaining(),
+                decision.reset(),
+                Some(longest),
+            );
+        }
+    }
 }
 
 /// Gives back what the checks at `granted` were granted (their decisions

@@ -4,16 +4,21 @@
 
 use std::collections::HashMap;
 
-use deadpool_redis::redis::{Cmd, FromRedisValue, cmd};
+use std::sync::OnceLock;
+
+use deadpool_redis::redis::{Cmd, FromRedisValue, Script, cmd};
 
 use super::lanes::{Lanes, Source};
 use super::run::{Failed, call_ended, ticket};
 use super::{Connections, RedisStore};
 use crate::store::StoreFuture;
 
-/// Removes a hash's field only while it holds the value given.
-const REMOVE_IF_HOLDING: &str = "if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then \
-     redis.call('HDEL', KEYS[1], ARGV[1]) end return 0";
+/// Removes a hash's field only while it holds the value given, by
+/// `EVALSHA` (loaded with `EVAL` where Redis lacks it).
+fn remove_if_holding() -> &'static Script {
+    static SCRIPT: OnceLock<Script> = OnceLock::new();
+    SCRIPT.get_or_init(|| Script::new(include_str!("../../../lua/remove_if_holding.lua")))
+}
 
 impl RedisStore {
     /// The hash that holds `table`.
@@ -50,14 +55,16 @@ impl RedisStore {
             command.arg(key).arg(field);
             return self.command::<()>(command);
         };
-        let mut command = cmd("EVAL");
-        command
-            .arg(REMOVE_IF_HOLDING)
-            .arg(1)
-            .arg(key)
-            .arg(field)
-            .arg(holding);
-        self.command::<()>(command)
+        let (field, holding) = (field.to_owned(), holding.to_owned());
+        let inner = self.inner.clone();
+        StoreFuture::new(async move {
+            let deadline = tokio::time::Instant::now() + inner.timeout;
+            let removed = on_lanes!(&inner.connections, lanes => {
+                removed_if_holding(lanes, &key, &field, &holding, deadline).await
+            });
+            inner.note(&removed);
+            removed.map_err(|failed| inner.store_error(failed))
+        })
     }
 
     /// `command`'s reply, within the store's timeout from the first poll.
@@ -71,6 +78,22 @@ impl RedisStore {
             reply.map_err(|failed| inner.store_error(failed))
         })
     }
+}
+
+/// [`remove_if_holding`] run on one of `lanes` by `deadline`.
+async fn removed_if_holding<S: Source>(
+    lanes: &Lanes<S>,
+    key: &str,
+    field: &str,
+    holding: &str,
+    deadline: tokio::time::Instant,
+) -> Result<(), Failed> {
+    let mut ticket = ticket(lanes, deadline).await?;
+    let mut invocation = remove_if_holding().key(key);
+    invocation.arg(field).arg(holding);
+    let removed = invocation.invoke_async::<()>(&mut ticket.connection);
+    let reply = tokio::time::timeout_at(deadline, removed).await;
+    call_ended(lanes, &ticket, reply)
 }
 
 /// `command` sent on one of `lanes` by `deadline`.
