@@ -18,13 +18,21 @@ use super::{
 /// The label of API keys in store keys.
 const API_KEY_LABEL: &str = "key";
 
+/// The key of the API key whose [`digest`] is `digest`, in label form
+/// (`key:#<hash>`): the key [`Header`] gives a known one.
+pub(crate) fn api_key_of(digest: &[u8; 16]) -> Key {
+    Key::labelled(API_KEY_LABEL, &hex_of(digest))
+}
+
 /// Who may write the header, and so what its value proves.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 enum Trust {
-    /// The client writes it: only values in the table are identities.
+    /// The client writes it: only values in the table are identities,
+    /// each keyed `key:<hash>` ([`api_key_of`]).
     KnownOnly { reject_unknown: bool },
-    /// A gateway of yours writes it: every value is the client.
-    AsIs { secret: bool },
+    /// A gateway of yours writes it: every value is the client, keyed
+    /// under `label`, `header:<name>`.
+    AsIs { secret: bool, label: Arc<str> },
 }
 
 /// Keys a request by one header's value: an API key in the header you
@@ -59,8 +67,6 @@ enum Trust {
 pub struct Header {
     name: HeaderName,
     trust: Trust,
-    /// The label of this header's keys: `key`, or `header:<name>`.
-    label: Arc<str>,
     /// Known values by their digest, with their tiers: the table never
     /// holds a raw API key after construction.
     known: Arc<HashMap<[u8; 16], Option<Arc<str>>>>,
@@ -88,7 +94,6 @@ impl Header {
             trust: Trust::KnownOnly {
                 reject_unknown: false,
             },
-            label: Arc::from(API_KEY_LABEL),
             known: Arc::default(),
             lookup: None,
         }
@@ -114,9 +119,11 @@ impl Header {
     /// ```
     pub fn trusted(name: HeaderName) -> Self {
         Self {
-            label: Arc::from(format!("header:{name}")),
+            trust: Trust::AsIs {
+                secret: true,
+                label: Arc::from(format!("header:{name}")),
+            },
             name,
-            trust: Trust::AsIs { secret: true },
             known: Arc::default(),
             lookup: None,
         }
@@ -140,7 +147,7 @@ impl Header {
     /// ```
     #[must_use]
     pub fn with_public_values(mut self, public: bool) -> Self {
-        if let Trust::AsIs { secret } = &mut self.trust {
+        if let Trust::AsIs { secret, .. } = &mut self.trust {
             *secret = !public;
         }
         self
@@ -304,9 +311,9 @@ impl KeyExtractor for Header {
         };
         let digest = digest(value);
         let tier = self.known.get(&digest);
-        match self.trust {
+        match &self.trust {
             Trust::KnownOnly { reject_unknown } => {
-                let mut identity = Identity::new(Key::labelled(&self.label, &hex_of(&digest)));
+                let mut identity = Identity::new(api_key_of(&digest));
                 match (tier, &self.lookup) {
                     (Some(tier), _) => identity.tier = tier.clone(),
                     (None, Some(lookup)) => {
@@ -324,13 +331,13 @@ impl KeyExtractor for Header {
                 }
                 Ok(Some(identity))
             }
-            Trust::AsIs { secret } => {
-                let material = if secret {
+            Trust::AsIs { secret, label } => {
+                let material = if *secret {
                     hex_of(&digest).into()
                 } else {
                     sanitized(value)
                 };
-                let mut identity = Identity::new(Key::labelled(&self.label, &material));
+                let mut identity = Identity::new(Key::labelled(label, &material));
                 identity.tier = tier.cloned().flatten();
                 Ok(Some(identity))
             }

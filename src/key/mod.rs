@@ -188,6 +188,7 @@ pub(crate) use api_key_lookup::{ApiKeyLookup, Otherwise, Unconfirmed, confirmed}
 pub(crate) use extractor::Extracted;
 pub use extractor::{Global, KeyExtractor, Or};
 pub use header::Header;
+pub(crate) use header::api_key_of;
 pub use identity::{Identity, KeyRejection};
 #[cfg(feature = "jwt")]
 pub use jwt::{JwtClaim, JwtClaimBuilder, JwtError};

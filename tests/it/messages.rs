@@ -54,15 +54,16 @@ async fn chat_handler(
     })
 }
 
-/// `/chat` for one client: 5 messages a minute across its sockets, 3 on
-/// any one.
+/// `/chat` for one client, 100 sockets a minute, its messages at `rate`.
 async fn server(store: Arc<dyn Store>, rate: MessageRate) -> SocketAddr {
+    serve(store, Policy::new("chat", 100, MINUTE).with_messages(rate)).await
+}
+
+/// `/chat` for one client under `chat`, on a loopback port.
+async fn serve(store: Arc<dyn Store>, chat: Policy) -> SocketAddr {
     let one_client = |_: &http::request::Parts| Some(Key::new("client"));
     let policies = Policies::builder()
-        .with_route(
-            "GET /chat",
-            Policy::new("chat", 100, MINUTE).with_messages(rate),
-        )
+        .with_route("GET /chat", chat)
         .build()
         .unwrap();
     let layer = RateLimitLayer::new(store, one_client, policies).with_deny_cache(None);
@@ -217,21 +218,10 @@ async fn a_clients_messages_are_one_count_in_redis() {
 #[tokio::test]
 async fn a_message_rate_in_shadow_mode_never_closes_a_socket() {
     let store: Arc<dyn Store> = Arc::new(slidegate::store::MemoryStore::new());
-    let one_client = |_: &http::request::Parts| Some(Key::new("client"));
     let chat = Policy::new("chat", 100, MINUTE)
         .with_messages(MessageRate::new(2, MINUTE).with_per_socket(1))
         .with_shadow(true);
-    let policies = Policies::builder()
-        .with_route("GET /chat", chat)
-        .build()
-        .unwrap();
-    let layer = RateLimitLayer::new(store, one_client, policies);
-    let app = Router::new()
-        .route("/chat", get(chat_handler))
-        .route_layer(layer);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let address = serve(store, chat).await;
     let mut socket = open(address).await;
     for n in 0..5 {
         assert_eq!(say(&mut socket, &format!("m{n}")).await, Ok(()));

@@ -31,6 +31,22 @@ fn login(peer: &str) -> Request<Body> {
     request
 }
 
+/// `POST /login` answering "ok", behind `layer`.
+fn login_app(layer: RateLimitLayer) -> Router {
+    Router::new()
+        .route("/login", post(|| async { "ok" }))
+        .route_layer(layer)
+}
+
+/// The statuses of `count` logins from `peer`.
+async fn logins(app: &Router, peer: &str, count: usize) -> Vec<u16> {
+    let mut statuses = Vec::with_capacity(count);
+    for _ in 0..count {
+        statuses.push(send(app, login(peer)).await.status.as_u16());
+    }
+    statuses
+}
+
 fn token(claims: &Value) -> String {
     JwtClaim::install_crypto_provider();
     let key = EncodingKey::from_secret(SECRET.as_bytes());
@@ -67,19 +83,11 @@ async fn a_login_is_limited_per_address_and_for_everyone(tested: StoreUnderTest)
         .build()
         .unwrap();
     let layer = RateLimitLayer::new(tested.store.clone(), PeerIp::new(), policies);
-    let app = Router::new()
-        .route("/login", post(|| async { "ok" }))
-        .route_layer(layer);
-    let mut statuses = Vec::new();
-    for _ in 0..4 {
-        statuses.push(send(&app, login("192.0.2.1:1000")).await.status.as_u16());
-    }
+    let app = login_app(layer);
+    let statuses = logins(&app, "192.0.2.1:1000", 4).await;
     assert_eq!(statuses, [200, 200, 200, 429], "3 per address");
     // Another address has its own 3, but everyone's 5 leave it 2.
-    let mut statuses = Vec::new();
-    for _ in 0..3 {
-        statuses.push(send(&app, login("192.0.2.2:1000")).await.status.as_u16());
-    }
+    let statuses = logins(&app, "192.0.2.2:1000", 3).await;
     assert_eq!(statuses, [200, 200, 429], "5 for everyone");
     // A request everyone's limit denied counted nowhere: a third address
     // is denied by everyone's limit, and its own count stays empty.
@@ -119,13 +127,7 @@ async fn a_clients_own_limit_never_raises_a_shared_count(tested: StoreUnderTest)
     let by_tier = RateLimitLayer::new(tested.store.clone(), ExtractedBy(pro), policies)
         .with_namespace("tiered");
     for (name, layer) in [("an own limit", by_address), ("a tier", by_tier)] {
-        let app = Router::new()
-            .route("/login", post(|| async { "ok" }))
-            .route_layer(layer);
-        let mut statuses = Vec::new();
-        for _ in 0..4 {
-            statuses.push(send(&app, login("192.0.2.1:1000")).await.status.as_u16());
-        }
+        let statuses = logins(&login_app(layer), "192.0.2.1:1000", 4).await;
         assert_eq!(statuses, [200, 200, 200, 429], "{name}");
     }
 }
@@ -277,9 +279,7 @@ async fn the_config_file_counts_a_policy_per_another_key() {
         .find(|policy| policy.name() == "login_all")
         .unwrap();
     assert_eq!(all.per_missing(), Some(PerMissing::Skip));
-    let app = Router::new()
-        .route("/login", post(|| async { "ok" }))
-        .route_layer(config.layer(slidegate::store::MemoryStore::new()));
+    let app = login_app(config.layer(slidegate::store::MemoryStore::new()));
     let mut statuses = Vec::new();
     for peer in [
         "192.0.2.1",

@@ -197,9 +197,6 @@ impl DenyList {
     /// The label of the API key the request sends, if it sends one.
     pub(crate) fn api_key(&self, parts: &Parts) -> Option<Key> {
         let value = parts.headers.get(&self.api_key_header)?;
-        Some(Key::labelled(
-            "key",
-            &crate::key::hex_of(&digest(value.as_bytes())),
-        ))
+        Some(crate::key::api_key_of(&digest(value.as_bytes())))
     }
 }

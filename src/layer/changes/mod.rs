@@ -275,13 +275,16 @@ pub(crate) fn limit_set(shared: &Shared, policy: &Policy, key: &Key) -> Option<u
     if state.idle() {
         return None;
     }
-    // Another instance may run other policies: a limit this one's policy
-    // cannot count is passed over.
-    state
-        .snapshot
-        .load()
+    countable_limit(&state.snapshot.load(), policy, key)
+}
+
+/// The limit `snapshot` sets for `key` under `policy`, if the policy can
+/// count it: another instance may run other policies, and a limit this
+/// one's cannot count (0 among them) is passed over.
+fn countable_limit(snapshot: &Snapshot, policy: &Policy, key: &Key) -> Option<u32> {
+    snapshot
         .limit(policy.name(), key)
-        .filter(|&limit| limit > 0 && policy.validate_own_limit(limit).is_ok())
+        .filter(|&limit| policy.validate_own_limit(limit).is_ok())
 }
 
 /// `own` with the limits set at run time for the keys the plan's policies
@@ -305,13 +308,13 @@ fn limits_set_over<'k>(
     own: Option<&Found>,
     key_of: impl Fn(usize) -> &'k Key,
 ) -> Option<Found> {
-    let state = &shared.changes;
-    if !state.snapshot.load().sets_limits() {
+    let snapshot = shared.changes.snapshot.load();
+    if !snapshot.sets_limits() {
         return None;
     }
     let mut found: Option<Found> = None;
     for (index, policy) in plan.policies.iter().enumerate() {
-        if let Some(limit) = limit_set(shared, policy, key_of(index)) {
+        if let Some(limit) = countable_limit(&snapshot, policy, key_of(index)) {
             let found = found.get_or_insert_with(|| {
                 own.cloned()
                     .unwrap_or_else(|| plan.policies.iter().map(|_| None).collect())
@@ -423,11 +426,6 @@ impl Changes {
     pub async fn set_limit(&self, policy: &str, key: &Key, limit: u32) -> Result<(), LimitError> {
         let key = &deny_list::canonical(key);
         let named = self.shared.policy_named(policy)?;
-        if limit == 0 {
-            return Err(LimitError::InvalidLimit(
-                "a limit must be at least 1".to_owned(),
-            ));
-        }
         named
             .validate_own_limit(limit)
             .map_err(|invalid| LimitError::InvalidLimit(invalid.to_string()))?;
