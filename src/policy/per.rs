@@ -64,7 +64,10 @@ impl Policy {
     ///
     /// A request the extractor finds no key in meets
     /// [`with_per_missing`](Self::with_per_missing) (skip the policy, by
-    /// default); one whose credentials it refuses (a bad token) is
+    /// default: a client that can leave the key out, an API key or a
+    /// header, is then not counted there, so refuse where it must be
+    /// there; a header is the client's own choice unless your gateway
+    /// sets it); one whose credentials it refuses (a bad token) is
     /// answered `401`, as the layer's own extractor's refusal is. An API
     /// key that only an async lookup knows
     /// ([`Header::with_lookup`](crate::Header::with_lookup)) is no key
